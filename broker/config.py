@@ -1,0 +1,201 @@
+"""Broker and topic configuration: definitions, defaults, validation (Kafka's dotted names).
+
+Topic configs (`segment.bytes`, `retention.ms`, ...) are what CreateTopics / AlterConfigs take and
+what `LogConfig` carries into the log. Each has a broker-level default under Kafka's broker key
+(`log.segment.bytes`, `log.retention.ms`, ...), set in `conf/broker.toml`. Every value is checked
+against its type and bounds; a bad one raises InvalidConfigError naming the key.
+
+A limit on everything: the relations between limits are checked too (a batch must fit a segment;
+segment positions must fit the int32 relative positions of the offset index).
+"""
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from broker.errors import InvalidConfigError, InvalidTopicError
+
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
+
+@dataclass(frozen=True)
+class ConfigDef:
+    """One config key: its type, default, bounds and meaning."""
+
+    name: str
+    kind: type
+    default: Any
+    doc: str
+    minimum: int | None = None
+    maximum: int | None = None
+    choices: tuple[str, ...] | None = None
+
+    def parse(self, value: Any) -> Any:
+        """Coerce `value` (a TOML value or a CLI string) and check bounds."""
+        try:
+            if self.kind is int:
+                if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                    raise ValueError
+                parsed = int(value)
+            elif self.kind is bool:
+                parsed = value if isinstance(value, bool) else {"true": True, "false": False}[str(value).lower()]
+            else:
+                parsed = str(value)
+        except (ValueError, KeyError, TypeError):
+            raise InvalidConfigError(f"{self.name}: {value!r} is not a valid {self.kind.__name__}") from None
+        if self.minimum is not None and parsed < self.minimum:
+            raise InvalidConfigError(f"{self.name}: {parsed} is below the minimum {self.minimum}")
+        if self.maximum is not None and parsed > self.maximum:
+            raise InvalidConfigError(f"{self.name}: {parsed} is above the maximum {self.maximum}")
+        if self.choices is not None and parsed not in self.choices:
+            raise InvalidConfigError(f"{self.name}: {parsed!r} is not one of {', '.join(self.choices)}")
+        return parsed
+
+
+# Topic-level configs and the broker key that holds each one's default.
+TOPIC_CONFIGS: dict[str, tuple[ConfigDef, str]] = {
+    d.name: (d, broker_key)
+    for d, broker_key in [
+        (ConfigDef("segment.bytes", int, 1 << 30, "roll the active segment at this size", 4096, INT32_MAX), "log.segment.bytes"),
+        (ConfigDef("segment.ms", int, 7 * 86_400_000, "roll the active segment after this age", 1, INT64_MAX), "log.roll.ms"),
+        (ConfigDef("retention.ms", int, 7 * 86_400_000, "delete segments older than this; -1 keeps forever", -1, INT64_MAX), "log.retention.ms"),
+        (ConfigDef("retention.bytes", int, -1, "delete oldest segments while the partition is larger; -1 no limit", -1, INT64_MAX), "log.retention.bytes"),
+        (ConfigDef("index.interval.bytes", int, 4096, "bytes between offset/time index entries", 0, INT32_MAX), "log.index.interval.bytes"),
+        (ConfigDef("flush.messages", int, INT64_MAX, "fsync after this many messages", 1, INT64_MAX), "log.flush.interval.messages"),
+        (ConfigDef("flush.ms", int, INT64_MAX, "fsync when unflushed data is older than this", 0, INT64_MAX), "log.flush.interval.ms"),
+        (ConfigDef("max.message.bytes", int, 8 << 20, "largest record batch accepted", 128, INT32_MAX), "message.max.bytes"),
+        (ConfigDef("message.timestamp.type", str, "CreateTime", "record timestamps: producer's or broker's", choices=("CreateTime", "LogAppendTime")), "log.message.timestamp.type"),
+        (ConfigDef("cleanup.policy", str, "delete", "what retention does to old segments", choices=("delete",)), "log.cleanup.policy"),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """The effective configs of one topic's partition logs (python names of the dotted keys)."""
+
+    segment_bytes: int = 1 << 30
+    segment_ms: int = 7 * 86_400_000
+    retention_ms: int = 7 * 86_400_000
+    retention_bytes: int = -1
+    index_interval_bytes: int = 4096
+    flush_messages: int = INT64_MAX
+    flush_ms: int = INT64_MAX
+    max_message_bytes: int = 8 << 20
+    message_timestamp_type: str = "CreateTime"
+    cleanup_policy: str = "delete"
+
+    def __post_init__(self) -> None:
+        if self.max_message_bytes > self.segment_bytes:
+            raise InvalidConfigError(
+                f"max.message.bytes ({self.max_message_bytes}) must not exceed segment.bytes ({self.segment_bytes})"
+            )
+
+    @classmethod
+    def from_dotted(cls, values: dict[str, Any], defaults: "LogConfig | None" = None) -> "LogConfig":
+        """Overlay dotted topic configs onto `defaults`, validating each key."""
+        parsed = parse_topic_configs(values)
+        return replace(defaults or cls(), **{k.replace(".", "_"): v for k, v in parsed.items()})
+
+    def to_dotted(self) -> dict[str, Any]:
+        return {f.name.replace("_", "."): getattr(self, f.name) for f in fields(self)}
+
+
+def parse_topic_configs(values: dict[str, Any]) -> dict[str, Any]:
+    """Validate a map of dotted topic configs; unknown keys and bad values raise InvalidConfigError."""
+    out = {}
+    for key, value in values.items():
+        if key not in TOPIC_CONFIGS:
+            raise InvalidConfigError(f"unknown topic config {key!r}; known: {', '.join(sorted(TOPIC_CONFIGS))}")
+        out[key] = TOPIC_CONFIGS[key][0].parse(value)
+    return out
+
+
+BROKER_CONFIGS: dict[str, ConfigDef] = {
+    d.name: d
+    for d in [
+        ConfigDef("broker.id", int, 0, "this broker's id", 0, INT32_MAX),
+        ConfigDef("host", str, "127.0.0.1", "address to listen on"),
+        ConfigDef("port", int, 9092, "TCP port to listen on (0 picks a free one)", 0, 65535),
+        ConfigDef("log.dir", str, "data", "directory holding partition logs and metadata"),
+        ConfigDef("num.partitions", int, 1, "partitions of a topic created without a count", 1, 100_000),
+        ConfigDef("socket.request.max.bytes", int, 100 << 20, "largest request frame accepted", 1024, INT32_MAX),
+        ConfigDef("connections.max.idle.ms", int, 600_000, "close connections idle this long", 100, INT64_MAX),
+        ConfigDef("max.connections", int, 1000, "connections accepted at once", 1, 1_000_000),
+        ConfigDef("queued.max.requests", int, 500, "requests in flight per connection before reads pause", 1, 100_000),
+        ConfigDef("fetch.max.bytes", int, 55 << 20, "largest fetch response", 1024, INT32_MAX),
+        ConfigDef("log.retention.check.interval.ms", int, 300_000, "how often retention runs", 10, INT64_MAX),
+        ConfigDef("log.flush.scheduler.interval.ms", int, 1000, "how often flush.ms is checked", 10, INT64_MAX),
+        ConfigDef("event.loop", str, "uvloop", "asyncio event loop", choices=("uvloop", "asyncio")),
+    ]
+}
+for _d, _broker_key in TOPIC_CONFIGS.values():
+    BROKER_CONFIGS[_broker_key] = replace(_d, name=_broker_key)
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    """Broker settings: flat dotted keys, as in Kafka's server.properties."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.values:
+            return self.values[key]
+        return BROKER_CONFIGS[key].default
+
+    @property
+    def log_defaults(self) -> LogConfig:
+        """Topic config defaults from the broker's `log.*` keys."""
+        return LogConfig(**{name.replace(".", "_"): self[broker_key] for name, (_, broker_key) in TOPIC_CONFIGS.items()})
+
+    @classmethod
+    def from_mapping(cls, values: dict[str, Any]) -> "BrokerConfig":
+        parsed = {}
+        for key, value in values.items():
+            if key not in BROKER_CONFIGS:
+                raise InvalidConfigError(f"unknown broker config {key!r}")
+            parsed[key] = BROKER_CONFIGS[key].parse(value)
+        config = cls(parsed)
+        config.log_defaults  # checks relations between limits at start-up
+        if config["message.max.bytes"] + 1024 > config["socket.request.max.bytes"]:
+            raise InvalidConfigError("socket.request.max.bytes must exceed message.max.bytes")
+        return config
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> "BrokerConfig":
+        """Read a TOML file (dotted keys may be nested tables) and apply `overrides`."""
+        values: dict[str, Any] = {}
+        if path is not None:
+            with open(path, "rb") as f:
+                values = _flatten(tomllib.load(f))
+        values.update(overrides or {})
+        return cls.from_mapping(values)
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+TOPIC_NAME_MAX = 249
+_LEGAL = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+
+
+def validate_topic_name(name: Any) -> str:
+    """Kafka's rules: 1..249 chars of [a-zA-Z0-9._-], not '.' or '..'. Raises InvalidTopicError."""
+    if not isinstance(name, str) or not name or len(name) > TOPIC_NAME_MAX:
+        raise InvalidTopicError(f"topic name must be 1..{TOPIC_NAME_MAX} characters")
+    if name in (".", "..") or not set(name) <= _LEGAL:
+        raise InvalidTopicError(f"illegal topic name {name!r}: use letters, digits, '.', '_' and '-'")
+    return name
+

@@ -1,0 +1,210 @@
+"""pymq's one error taxonomy: a base `PymqError`, one subclass per wire error code.
+
+Every error that crosses the wire is a named code (DESIGN.md section 4). The broker raises these
+classes inside handlers; the server turns them into `error_code` fields; the client turns the codes
+back into the same classes with `error_for_code`. `retriable` tells the client whether retrying the
+same request (after a metadata refresh or a backoff) can succeed.
+"""
+from __future__ import annotations
+
+
+class PymqError(Exception):
+    """Base of every pymq error. Subclasses set `code` (wire value) and `retriable`."""
+
+    code: int = -1
+    retriable: bool = False
+
+    @classmethod
+    def name(cls) -> str:
+        return _NAMES.get(cls, cls.__name__)
+
+
+class UnknownServerError(PymqError):
+    code = -1
+
+
+class CorruptMessageError(PymqError):
+    """A record batch failed validation: bad magic, length, CRC or header fields."""
+
+    code = 2
+    retriable = True  # Kafka treats a corrupt batch on the wire as a retriable transport fault.
+
+
+class UnknownTopicOrPartitionError(PymqError):
+    code = 3
+    retriable = True  # the topic may still be being created
+
+
+class OffsetOutOfRangeError(PymqError):
+    code = 1
+
+
+class InvalidFetchSizeError(PymqError):
+    code = 4
+
+
+class NotLeaderError(PymqError):
+    code = 6
+    retriable = True
+
+
+class RequestTimedOutError(PymqError):
+    code = 7
+    retriable = True
+
+
+class MessageTooLargeError(PymqError):
+    code = 10
+
+
+class NetworkError(PymqError):
+    """The connection failed or closed before a response arrived."""
+
+    code = 13
+    retriable = True
+
+
+class InvalidTopicError(PymqError):
+    code = 17
+
+
+class RecordListTooLargeError(PymqError):
+    code = 18
+
+
+class NotEnoughReplicasError(PymqError):
+    code = 19
+    retriable = True
+
+
+class InvalidRequiredAcksError(PymqError):
+    code = 21
+
+
+class IllegalGenerationError(PymqError):
+    code = 22
+
+
+class InvalidTimestampError(PymqError):
+    code = 32
+
+
+class UnsupportedVersionError(PymqError):
+    code = 35
+
+
+class TopicAlreadyExistsError(PymqError):
+    code = 36
+
+
+class InvalidPartitionsError(PymqError):
+    code = 37
+
+
+class InvalidReplicationFactorError(PymqError):
+    code = 38
+
+
+class InvalidRequestError(PymqError):
+    """The request is malformed: bad framing, bad control fields, unknown API key."""
+
+    code = 42
+
+
+class RebalanceInProgressError(PymqError):
+    code = 27
+    retriable = True
+
+
+class OutOfOrderSequenceError(PymqError):
+    code = 45
+
+
+class InvalidConfigError(PymqError):
+    code = 40
+
+
+class KafkaStorageError(PymqError):
+    """The log directory failed an I/O operation (disk full, permission, read error)."""
+
+    code = 56
+    retriable = True
+
+
+class PolicyViolationError(PymqError):
+    code = 44
+
+
+class BrokerNotAvailableError(PymqError):
+    code = 8
+    retriable = True
+
+
+# Client-side conditions that never come from a broker use codes >= 1000.
+class ProducerClosedError(PymqError):
+    code = 1000
+
+
+class DeliveryTimeoutError(PymqError):
+    """A record was not acknowledged within the producer's `delivery_timeout_ms`."""
+
+    code = 1001
+
+
+class ConsumerStoppedError(PymqError):
+    code = 1002
+
+
+class NoOffsetForPartitionError(PymqError):
+    code = 1003
+
+
+_NAMES: dict[type[PymqError], str] = {
+    UnknownServerError: "UNKNOWN_SERVER_ERROR",
+    CorruptMessageError: "CORRUPT_MESSAGE",
+    UnknownTopicOrPartitionError: "UNKNOWN_TOPIC_OR_PARTITION",
+    OffsetOutOfRangeError: "OFFSET_OUT_OF_RANGE",
+    InvalidFetchSizeError: "INVALID_FETCH_SIZE",
+    NotLeaderError: "NOT_LEADER",
+    RequestTimedOutError: "REQUEST_TIMED_OUT",
+    MessageTooLargeError: "MESSAGE_TOO_LARGE",
+    NetworkError: "NETWORK_EXCEPTION",
+    InvalidTopicError: "INVALID_TOPIC_EXCEPTION",
+    RecordListTooLargeError: "RECORD_LIST_TOO_LARGE",
+    NotEnoughReplicasError: "NOT_ENOUGH_REPLICAS",
+    InvalidRequiredAcksError: "INVALID_REQUIRED_ACKS",
+    IllegalGenerationError: "ILLEGAL_GENERATION",
+    InvalidTimestampError: "INVALID_TIMESTAMP",
+    UnsupportedVersionError: "UNSUPPORTED_VERSION",
+    TopicAlreadyExistsError: "TOPIC_ALREADY_EXISTS",
+    InvalidPartitionsError: "INVALID_PARTITIONS",
+    InvalidReplicationFactorError: "INVALID_REPLICATION_FACTOR",
+    InvalidRequestError: "INVALID_REQUEST",
+    RebalanceInProgressError: "REBALANCE_IN_PROGRESS",
+    OutOfOrderSequenceError: "OUT_OF_ORDER_SEQUENCE",
+    InvalidConfigError: "INVALID_CONFIG",
+    KafkaStorageError: "STORAGE_ERROR",
+    PolicyViolationError: "POLICY_VIOLATION",
+    BrokerNotAvailableError: "BROKER_NOT_AVAILABLE",
+    ProducerClosedError: "PRODUCER_CLOSED",
+    DeliveryTimeoutError: "DELIVERY_TIMEOUT",
+    ConsumerStoppedError: "CONSUMER_STOPPED",
+    NoOffsetForPartitionError: "NO_OFFSET_FOR_PARTITION",
+}
+
+NONE = 0
+_BY_CODE: dict[int, type[PymqError]] = {cls.code: cls for cls in _NAMES}
+assert len(_BY_CODE) == len(_NAMES), "two error classes share a wire code"
+
+
+def error_for_code(code: int, message: str | None = None) -> PymqError:
+    """The exception instance for a wire `code` (UnknownServerError for codes we do not know)."""
+    cls = _BY_CODE.get(code, UnknownServerError)
+    return cls(message or cls.name())
+
+
+def error_name(code: int) -> str:
+    """The wire name of `code`, e.g. 3 -> 'UNKNOWN_TOPIC_OR_PARTITION'; 0 -> 'NONE'."""
+    if code == NONE:
+        return "NONE"
+    return _BY_CODE.get(code, UnknownServerError).name()

@@ -1,0 +1,335 @@
+"""Record batch codec: the one format on the wire, on disk and in object storage (DESIGN.md section 2).
+
+A record batch is a fixed 61-byte little-endian header followed by an Arrow IPC stream holding
+exactly one record batch:
+
+    offset size field
+    0      8    base_offset (int64)            written by the partition leader when it appends
+    8      4    batch_length (int32)           bytes after this field
+    12     4    partition_leader_epoch (int32) written by the leader
+    16     1    magic (int8) = 1
+    17     4    crc (uint32)                   CRC32C of bytes 21..end, so the leader can rewrite
+                                               base_offset and epoch without recomputing it
+    21     2    attributes (int16)             bit 3 timestamp type (0 create, 1 log-append),
+                                               bit 4 transactional, bit 5 control; others reserved
+    23     4    last_offset_delta (int32)      record_count - 1
+    27     8    base_timestamp (int64, ms)     smallest record timestamp
+    35     8    max_timestamp (int64, ms)      largest record timestamp
+    43     8    producer_id (int64)            -1 when none
+    51     2    producer_epoch (int16)
+    53     4    base_sequence (int32)
+    57     4    record_count (int32)
+    61     ...  body: Arrow IPC stream (schema + one record batch), lz4_frame or zstd buffer compression
+
+Body schema: key binary, value binary, timestamp timestamp[ms, UTC], headers
+list<struct<key string, value binary>>; offsets are implicit (record i has base_offset + i).
+
+This module is pure: bytes in, values out, no I/O. The broker only calls `validate_batch` and
+`patch_offsets` (it never decodes a body); clients call `encode_batch` and `decode_batch`.
+"""
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import dataclass
+from typing import Iterator, Literal
+
+import crc32c as _crc32c
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from broker.errors import CorruptMessageError, MessageTooLargeError
+
+HEADER = struct.Struct("<qiibIhiqqqhii")
+HEADER_SIZE = HEADER.size
+assert HEADER_SIZE == 61
+LENGTH_PREFIX = 12  # base_offset + batch_length: the bytes not counted in batch_length
+CRC_START = 21
+MAGIC = 1
+_CRC = struct.Struct("<I")
+_OFFSET_AND_LENGTH = struct.Struct("<qi")
+_EPOCH = struct.Struct("<i")
+_IPC_CONTINUATION = b"\xff\xff\xff\xff"
+
+TIMESTAMP_TYPE_BIT = 1 << 3
+TRANSACTIONAL_BIT = 1 << 4
+CONTROL_BIT = 1 << 5
+_KNOWN_ATTRIBUTE_BITS = TIMESTAMP_TYPE_BIT | TRANSACTIONAL_BIT | CONTROL_BIT
+
+HEADERS_TYPE = pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
+TIMESTAMP_TYPE = pa.timestamp("ms", tz="UTC")
+BODY_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("timestamp", TIMESTAMP_TYPE, nullable=False),
+        pa.field("headers", HEADERS_TYPE),
+    ]
+)
+
+Compression = Literal["none", "lz4", "zstd"]
+COMPRESSIONS: tuple[str, ...] = ("none", "lz4", "zstd")
+_WRITE_OPTIONS = {
+    "none": pa.ipc.IpcWriteOptions(),
+    "lz4": pa.ipc.IpcWriteOptions(compression="lz4"),
+    "zstd": pa.ipc.IpcWriteOptions(compression="zstd"),
+}
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds since the epoch: the unit of every record timestamp."""
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """The decoded 61-byte header of one record batch."""
+
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    base_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @property
+    def size(self) -> int:
+        """Bytes the whole batch occupies (header + body)."""
+        return LENGTH_PREFIX + self.batch_length
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def log_append_time(self) -> bool:
+        return bool(self.attributes & TIMESTAMP_TYPE_BIT)
+
+    @property
+    def is_transactional(self) -> bool:
+        return bool(self.attributes & TRANSACTIONAL_BIT)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_BIT)
+
+
+def make_body(
+    values: pa.Array | list,
+    keys: pa.Array | list | None = None,
+    timestamps_ms: pa.Array | list | int | None = None,
+    headers: pa.Array | list | None = None,
+) -> pa.RecordBatch:
+    """Build a body RecordBatch in the standard schema from columns (Arrow arrays or Python lists).
+
+    `timestamps_ms` may be one int for every record; None means all null keys / headers.
+    """
+    values = values if isinstance(values, pa.Array) else pa.array(values, pa.binary())
+    n = len(values)
+    if keys is None:
+        keys = pa.nulls(n, pa.binary())
+    elif not isinstance(keys, pa.Array):
+        keys = pa.array(keys, pa.binary())
+    if timestamps_ms is None or isinstance(timestamps_ms, int):
+        ts = now_ms() if timestamps_ms is None else timestamps_ms
+        timestamps = pa.array(np.full(n, ts, dtype=np.int64))
+    elif isinstance(timestamps_ms, pa.Array):
+        timestamps = timestamps_ms
+    else:
+        timestamps = pa.array(timestamps_ms, pa.int64())
+    if timestamps.type != TIMESTAMP_TYPE:
+        timestamps = timestamps.cast(TIMESTAMP_TYPE)
+    if headers is None:
+        headers = pa.nulls(n, HEADERS_TYPE)
+    elif not isinstance(headers, pa.Array):
+        headers = pa.array(headers, HEADERS_TYPE)
+    return pa.RecordBatch.from_arrays([keys, values, timestamps, headers], schema=BODY_SCHEMA)
+
+
+def encode_body(body: pa.RecordBatch, compression: str = "none") -> pa.Buffer:
+    """Serialize `body` as an Arrow IPC stream (schema + one batch) with buffer compression."""
+    try:
+        options = _WRITE_OPTIONS[compression]
+    except KeyError:
+        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}") from None
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, body.schema, options=options) as writer:
+        writer.write_batch(body)
+    return sink.getvalue()
+
+
+def encode_batch(
+    body: pa.RecordBatch,
+    *,
+    compression: str = "none",
+    base_offset: int = 0,
+    partition_leader_epoch: int = -1,
+    attributes: int = 0,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+) -> bytearray:
+    """Encode one record batch: header + IPC body, CRC32C over bytes 21..end.
+
+    The body must have at least one row and a non-null `timestamp` column. Returns a bytearray so
+    that callers (the broker, tests) can patch offsets in place.
+    """
+    count = body.num_rows
+    if count == 0:
+        raise ValueError("a record batch holds at least one record")
+    ts = body.column("timestamp")
+    if ts.null_count:
+        raise ValueError("record timestamps must not be null")
+    bounds = pc.min_max(ts.cast(pa.int64()))
+    return frame_body(
+        encode_body(body, compression),
+        record_count=count,
+        base_timestamp=bounds["min"].as_py(),
+        max_timestamp=bounds["max"].as_py(),
+        base_offset=base_offset,
+        partition_leader_epoch=partition_leader_epoch,
+        attributes=attributes,
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=base_sequence,
+    )
+
+
+def frame_body(
+    ipc_body: pa.Buffer | bytes,
+    *,
+    record_count: int,
+    base_timestamp: int,
+    max_timestamp: int,
+    base_offset: int = 0,
+    partition_leader_epoch: int = -1,
+    attributes: int = 0,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+) -> bytearray:
+    """Put the 61-byte header in front of an already-serialized IPC body and compute the CRC."""
+    out = bytearray(HEADER_SIZE + len(ipc_body))
+    out[HEADER_SIZE:] = memoryview(ipc_body)
+    HEADER.pack_into(
+        out, 0, base_offset, len(out) - LENGTH_PREFIX, partition_leader_epoch, MAGIC, 0,
+        attributes, record_count - 1, base_timestamp, max_timestamp, producer_id, producer_epoch,
+        base_sequence, record_count,
+    )
+    _CRC.pack_into(out, 17, _crc32c.crc32c(memoryview(out)[CRC_START:]))
+    return out
+
+
+def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
+    """Decode the header at `pos` without checking the CRC. Raises CorruptMessageError if short."""
+    if len(buf) - pos < HEADER_SIZE:
+        raise CorruptMessageError(f"truncated batch header at byte {pos}")
+    return BatchHeader(*HEADER.unpack_from(buf, pos))
+
+
+def batch_size_at(buf: bytes | bytearray | memoryview, pos: int) -> int | None:
+    """Total size of the batch starting at `pos` from its length field, or None if fewer than 12
+    bytes remain. Cheap: used to walk a buffer of concatenated batches."""
+    if len(buf) - pos < LENGTH_PREFIX:
+        return None
+    return LENGTH_PREFIX + _OFFSET_AND_LENGTH.unpack_from(buf, pos)[1]
+
+
+def validate_batch(
+    buf: bytes | bytearray | memoryview, pos: int = 0, *, max_batch_bytes: int | None = None
+) -> BatchHeader:
+    """Check one batch at `pos` completely except for decoding its body, and return its header.
+
+    Checks: header present, magic, length in bounds and fully present, reserved attribute bits,
+    record_count / last_offset_delta agreement, timestamps ordered, the body starts as an Arrow IPC
+    stream, and the CRC. Raises CorruptMessageError (or MessageTooLargeError past the limit)
+    naming the field that failed.
+    """
+    header = read_header(buf, pos)
+    if header.magic != MAGIC:
+        raise CorruptMessageError(f"batch at byte {pos}: magic {header.magic}, expected {MAGIC}")
+    size = header.size
+    if header.batch_length < HEADER_SIZE - LENGTH_PREFIX + len(_IPC_CONTINUATION):
+        raise CorruptMessageError(f"batch at byte {pos}: batch_length {header.batch_length} too small")
+    if max_batch_bytes is not None and size > max_batch_bytes:
+        raise MessageTooLargeError(f"batch of {size} bytes exceeds max.message.bytes {max_batch_bytes}")
+    if pos + size > len(buf):
+        raise CorruptMessageError(
+            f"batch at byte {pos}: batch_length says {size} bytes, only {len(buf) - pos} present"
+        )
+    if header.attributes & ~_KNOWN_ATTRIBUTE_BITS:
+        raise CorruptMessageError(f"batch at byte {pos}: reserved attribute bits set ({header.attributes:#x})")
+    if header.record_count < 1 or header.last_offset_delta != header.record_count - 1:
+        raise CorruptMessageError(
+            f"batch at byte {pos}: record_count {header.record_count} does not match "
+            f"last_offset_delta {header.last_offset_delta}"
+        )
+    if header.max_timestamp < header.base_timestamp:
+        raise CorruptMessageError(f"batch at byte {pos}: max_timestamp before base_timestamp")
+    view = memoryview(buf)
+    if view[pos + HEADER_SIZE : pos + HEADER_SIZE + 4] != _IPC_CONTINUATION:
+        raise CorruptMessageError(f"batch at byte {pos}: body is not an Arrow IPC stream")
+    crc = _crc32c.crc32c(view[pos + CRC_START : pos + size])
+    if crc != header.crc:
+        raise CorruptMessageError(f"batch at byte {pos}: CRC {crc:#010x} != stored {header.crc:#010x}")
+    return header
+
+
+def iter_batches(
+    buf: bytes | bytearray | memoryview, *, verify: bool = True
+) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield (position, header) of each complete batch in a buffer of concatenated batches.
+
+    A partial batch at the end is skipped silently: fetch responses may end mid-batch by design.
+    With `verify`, every yielded batch passed `validate_batch`.
+    """
+    pos, end = 0, len(buf)
+    while True:
+        size = batch_size_at(buf, pos)
+        if size is None or size < HEADER_SIZE or pos + size > end:
+            if size is not None and size < HEADER_SIZE:
+                raise CorruptMessageError(f"batch at byte {pos}: batch_length {size - LENGTH_PREFIX} too small")
+            return
+        header = validate_batch(buf, pos) if verify else read_header(buf, pos)
+        yield pos, header
+        pos += size
+
+
+def patch_offsets(buf: bytearray | memoryview, pos: int, base_offset: int, leader_epoch: int) -> None:
+    """Rewrite base_offset and partition_leader_epoch in place; the CRC stays valid by design."""
+    struct.pack_into("<q", buf, pos, base_offset)
+    _EPOCH.pack_into(buf, pos + 12, leader_epoch)
+
+
+def decode_body(buf: bytes | bytearray | memoryview | pa.Buffer, header: BatchHeader, pos: int = 0) -> pa.RecordBatch:
+    """Decode the Arrow body of the batch at `pos` (zero-copy over `buf` when uncompressed)."""
+    body = pa.py_buffer(buf) if not isinstance(buf, pa.Buffer) else buf
+    body = body.slice(pos + HEADER_SIZE, header.size - HEADER_SIZE)
+    try:
+        reader = pa.ipc.open_stream(body)
+        batch = reader.read_next_batch()
+    except (pa.ArrowInvalid, StopIteration, OSError) as err:
+        raise CorruptMessageError(f"batch at offset {header.base_offset}: bad Arrow body: {err}") from err
+    if batch.num_rows != header.record_count:
+        raise CorruptMessageError(
+            f"batch at offset {header.base_offset}: body has {batch.num_rows} rows, header says {header.record_count}"
+        )
+    return batch
+
+
+def decode_batch(buf: bytes | bytearray | memoryview, pos: int = 0, *, verify: bool = True) -> tuple[BatchHeader, pa.RecordBatch]:
+    """Validate (optionally) and decode the batch at `pos`: its header and Arrow body."""
+    header = validate_batch(buf, pos) if verify else read_header(buf, pos)
+    return header, decode_body(buf, header, pos)
