@@ -1,0 +1,240 @@
+"""Broker and topic configuration (broker/config.py): parsing, bounds, relations between limits,
+TOML loading and topic-name rules."""
+from __future__ import annotations
+
+import pytest
+
+from broker.config import (
+    BROKER_CONFIGS,
+    INT32_MAX,
+    TOPIC_CONFIGS,
+    TOPIC_NAME_MAX,
+    BrokerConfig,
+    ConfigDef,
+    LogConfig,
+    parse_topic_configs,
+    validate_topic_name,
+)
+from broker.errors import InvalidConfigError, InvalidTopicError
+
+INT_DEF = ConfigDef("test.bytes", int, 10, "an int", minimum=1, maximum=100)
+BOOL_DEF = ConfigDef("test.enable", bool, False, "a bool")
+CHOICE_DEF = ConfigDef("test.mode", str, "a", "a choice", choices=("a", "b"))
+
+
+# -- ConfigDef ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "definition, raw, expected",
+    [
+        (INT_DEF, "42", 42),
+        (INT_DEF, 42, 42),
+        (INT_DEF, 42.0, 42),
+        (INT_DEF, "1", 1),
+        (INT_DEF, "100", 100),
+        (BOOL_DEF, "true", True),
+        (BOOL_DEF, "FALSE", False),
+        (BOOL_DEF, "True", True),
+        (BOOL_DEF, True, True),
+        (CHOICE_DEF, "b", "b"),
+        (ConfigDef("test.name", str, "", "free text"), "anything at all", "anything at all"),
+    ],
+    ids=["int_str", "int", "int_valued_float", "int_minimum", "int_maximum", "bool_true", "bool_upper_false",
+         "bool_title", "bool_native", "choice", "free_str"],
+)
+def test_parse_coerces_strings_and_native_values(definition, raw, expected):
+    """parse turns CLI strings and TOML values into the config's type, bounds inclusive."""
+    parsed = definition.parse(raw)
+    assert parsed == expected and type(parsed) is type(expected)
+
+
+@pytest.mark.parametrize(
+    "definition, raw, match",
+    [
+        (INT_DEF, "0", "minimum"),
+        (INT_DEF, "101", "maximum"),
+        (INT_DEF, "ten", "not a valid int"),
+        (INT_DEF, "1.5", "not a valid int"),
+        (INT_DEF, 1.5, "not a valid int"),
+        (INT_DEF, True, "not a valid int"),
+        (INT_DEF, None, "not a valid int"),
+        (BOOL_DEF, "yes", "not a valid bool"),
+        (BOOL_DEF, "1", "not a valid bool"),
+        (CHOICE_DEF, "c", "not one of"),
+    ],
+    ids=["below_min", "above_max", "word_as_int", "decimal_str", "fraction", "bool_as_int", "none_as_int",
+         "yes_as_bool", "one_as_bool", "bad_choice"],
+)
+def test_parse_rejects_bad_values_naming_the_key(definition, raw, match):
+    """A value of the wrong type, out of bounds or not among the choices raises INVALID_CONFIG naming the key."""
+    with pytest.raises(InvalidConfigError, match=match) as info:
+        definition.parse(raw)
+    assert definition.name in str(info.value)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=pytest.fail.Exception,
+    reason="ConfigDef.parse coerces any value with str() for str configs, so a TOML array or table "
+    "(e.g. log.dir = [\"a\", \"b\"]) silently becomes the string \"['a', 'b']\"",
+)
+def test_str_config_rejects_a_toml_array():
+    """A str config given a list (a TOML array) raises INVALID_CONFIG instead of stringifying it."""
+    with pytest.raises(InvalidConfigError):
+        BROKER_CONFIGS["log.dir"].parse(["a", "b"])
+
+
+def test_every_topic_config_default_parses_and_has_a_broker_key():
+    """Each topic config's default passes its own checks, and its broker-level key exists too."""
+    for name, (definition, broker_key) in TOPIC_CONFIGS.items():
+        assert definition.parse(definition.default) == definition.default
+        assert BROKER_CONFIGS[broker_key].default == definition.default
+        assert BROKER_CONFIGS[broker_key].name == broker_key
+
+
+# -- topic configs --------------------------------------------------------------------------------
+
+
+def test_unknown_topic_config_is_rejected():
+    """A dotted key that is not a topic config raises INVALID_CONFIG naming it."""
+    with pytest.raises(InvalidConfigError, match="log.segment.bytes"):
+        parse_topic_configs({"log.segment.bytes": "4096"})  # a broker key, not a topic key
+
+
+def test_from_dotted_overlays_parsed_values_on_defaults():
+    """from_dotted parses string values and keeps every other field from the given defaults."""
+    defaults = LogConfig(retention_ms=1_000, segment_bytes=1 << 20, max_message_bytes=1 << 16)
+    config = LogConfig.from_dotted({"segment.bytes": "65536", "message.timestamp.type": "LogAppendTime"}, defaults)
+    assert config.segment_bytes == 65536
+    assert config.message_timestamp_type == "LogAppendTime"
+    assert config.retention_ms == 1_000
+    assert config.max_message_bytes == 1 << 16
+
+
+def test_from_dotted_without_defaults_uses_class_defaults():
+    """With no defaults given, unspecified fields take LogConfig's built-in values."""
+    config = LogConfig.from_dotted({"retention.ms": -1})
+    assert config == LogConfig(retention_ms=-1)
+
+
+def test_to_dotted_round_trips_through_from_dotted():
+    """to_dotted yields exactly the topic config keys, and feeding them back gives the same config."""
+    config = LogConfig(segment_bytes=8192, max_message_bytes=4096, retention_bytes=10)
+    dotted = config.to_dotted()
+    assert set(dotted) == set(TOPIC_CONFIGS)
+    assert LogConfig.from_dotted(dotted) == config
+
+
+def test_max_message_bytes_larger_than_segment_bytes_is_rejected():
+    """A batch must fit in a segment: max.message.bytes > segment.bytes raises INVALID_CONFIG."""
+    with pytest.raises(InvalidConfigError, match="max.message.bytes"):
+        LogConfig(segment_bytes=4096, max_message_bytes=4097)
+    with pytest.raises(InvalidConfigError, match="max.message.bytes"):
+        LogConfig.from_dotted({"segment.bytes": 4096})  # default max.message.bytes is 8 MiB
+    assert LogConfig(segment_bytes=4096, max_message_bytes=4096).segment_bytes == 4096
+
+
+@pytest.mark.parametrize(
+    "values",
+    [{"segment.bytes": 4095}, {"segment.bytes": INT32_MAX + 1}, {"retention.ms": -2}, {"cleanup.policy": "compact"},
+     {"message.timestamp.type": "createtime"}],
+    ids=["segment_below_min", "segment_over_int32", "retention_below_minus_one", "compact_unsupported",
+         "timestamp_type_case"],
+)
+def test_out_of_range_topic_configs_are_rejected(values):
+    """Topic configs outside their bounds or choices raise INVALID_CONFIG."""
+    with pytest.raises(InvalidConfigError):
+        LogConfig.from_dotted(values)
+
+
+# -- broker config --------------------------------------------------------------------------------
+
+
+def test_broker_config_load_reads_nested_dotted_toml_keys(tmp_path):
+    """Bare dotted keys (nested tables to TOML) and quoted dotted keys flatten to Kafka's names."""
+    path = tmp_path / "broker.toml"
+    path.write_text(
+        'broker.id = 3\n'
+        'port = 0\n'
+        'message.max.bytes = 4096\n'
+        'log.segment.bytes = 8192\n'
+        'log.dir = "/tmp/pymq-data"\n'
+        'log.retention.ms = 60000\n'
+        '"log.index.interval.bytes" = 512\n'
+    )
+    config = BrokerConfig.load(path)
+    assert config["broker.id"] == 3
+    assert config["port"] == 0
+    assert config["log.dir"] == "/tmp/pymq-data"
+    assert config["log.segment.bytes"] == 8192
+    assert config["num.partitions"] == BROKER_CONFIGS["num.partitions"].default
+    defaults = config.log_defaults
+    assert (defaults.segment_bytes, defaults.max_message_bytes, defaults.retention_ms) == (8192, 4096, 60_000)
+    assert defaults.index_interval_bytes == 512
+
+
+def test_broker_config_overrides_win_over_the_file_and_are_parsed(tmp_path):
+    """A [log] table flattens too, and CLI-style string overrides replace file values, parsed alike."""
+    path = tmp_path / "broker.toml"
+    path.write_text("port = 9000\n[log]\nsegment.bytes = 16777216\n")
+    config = BrokerConfig.load(path, overrides={"port": "9100", "event.loop": "asyncio"})
+    assert config["port"] == 9100
+    assert config["event.loop"] == "asyncio"
+    assert config["log.segment.bytes"] == 16 << 20
+
+
+def test_broker_config_load_without_a_file_uses_defaults():
+    """No file and no overrides gives every default."""
+    config = BrokerConfig.load()
+    assert config["port"] == 9092
+    assert config.log_defaults == LogConfig()
+
+
+def test_broker_segment_smaller_than_message_max_is_rejected_at_load(tmp_path):
+    """A segment smaller than the default 8 MiB message.max.bytes fails at start-up, not later."""
+    path = tmp_path / "broker.toml"
+    path.write_text("[log]\nsegment.bytes = 8192\n")
+    with pytest.raises(InvalidConfigError, match="max.message.bytes"):
+        BrokerConfig.load(path)
+
+
+def test_socket_request_max_must_exceed_message_max():
+    """A request frame must hold a full batch plus framing: message.max.bytes + 1 KiB <= socket.request.max.bytes."""
+    with pytest.raises(InvalidConfigError, match="socket.request.max.bytes"):
+        BrokerConfig.from_mapping({"socket.request.max.bytes": 8 << 20})
+    BrokerConfig.from_mapping({"socket.request.max.bytes": (8 << 20) + 1024})
+
+
+@pytest.mark.parametrize(
+    "values, match",
+    [({"no.such.key": 1}, "no.such.key"), ({"port": 70000}, "port"), ({"event.loop": "trio"}, "event.loop"),
+     ({"segment.bytes": 8192}, "segment.bytes")],
+    ids=["unknown_key", "port_out_of_range", "bad_choice", "topic_key_at_broker_level"],
+)
+def test_bad_broker_configs_are_rejected(values, match):
+    """Unknown broker keys and out-of-range values raise INVALID_CONFIG naming the key."""
+    with pytest.raises(InvalidConfigError, match=match):
+        BrokerConfig.from_mapping(values)
+
+
+# -- topic names ----------------------------------------------------------------------------------
+
+VALID_NAMES = [("a", "single_char"), ("a.b_c-1", "all_legal_punctuation"), ("x" * TOPIC_NAME_MAX, "249_chars"),
+               ("...", "three_dots"), ("__consumer_offsets", "internal_topic")]
+INVALID_NAMES = [("", "empty"), (".", "dot"), ("..", "dot_dot"), ("a/b", "slash"), ("a b", "space"),
+                 ("x" * (TOPIC_NAME_MAX + 1), "250_chars"), ("caf\u00e9", "non_ascii"), ("a\n", "newline"),
+                 (None, "none"), (42, "int"), (b"abc", "bytes")]
+
+
+@pytest.mark.parametrize("name", [n for n, _ in VALID_NAMES], ids=[i for _, i in VALID_NAMES])
+def test_valid_topic_names_are_accepted(name):
+    """Names of 1..249 characters from [a-zA-Z0-9._-], other than '.' and '..', are returned unchanged."""
+    assert validate_topic_name(name) == name
+
+
+@pytest.mark.parametrize("name", [n for n, _ in INVALID_NAMES], ids=[i for _, i in INVALID_NAMES])
+def test_invalid_topic_names_raise_invalid_topic(name):
+    """Empty, '.', '..', too long, illegal characters and non-strings raise INVALID_TOPIC_EXCEPTION."""
+    with pytest.raises(InvalidTopicError):
+        validate_topic_name(name)
