@@ -42,8 +42,10 @@ class ConfigDef:
                 parsed = int(value)
             elif self.kind is bool:
                 parsed = value if isinstance(value, bool) else {"true": True, "false": False}[str(value).lower()]
+            elif isinstance(value, str):
+                parsed = value
             else:
-                parsed = str(value)
+                raise ValueError
         except (ValueError, KeyError, TypeError):
             raise InvalidConfigError(f"{self.name}: {value!r} is not a valid {self.kind.__name__}") from None
         if self.minimum is not None and parsed < self.minimum:
@@ -129,6 +131,8 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("fetch.max.bytes", int, 55 << 20, "largest fetch response", 1024, INT32_MAX),
         ConfigDef("log.retention.check.interval.ms", int, 300_000, "how often retention runs", 10, INT64_MAX),
         ConfigDef("log.flush.scheduler.interval.ms", int, 1000, "how often flush.ms is checked", 10, INT64_MAX),
+        ConfigDef("file.delete.delay.ms", int, 60_000, "keep deleted segments' files this long for in-flight reads", 0, INT64_MAX),
+        ConfigDef("zero.copy", bool, True, "send fetch data with sendfile when the event loop supports it"),
         ConfigDef("event.loop", str, "uvloop", "asyncio event loop", choices=("uvloop", "asyncio")),
     ]
 }

@@ -134,8 +134,9 @@ class FrameDecoder:
                 end = pos + 4 + size
                 if len(buf) < end:
                     break
-                yield _decode_request(buf, pos, end, api_key, api_version, correlation_id, control_length)
-                pos = end
+                frame = _decode_request(buf, pos, end, api_key, api_version, correlation_id, control_length)
+                pos = end  # consumed before yielding: a caller that stops iterating never sees it twice
+                yield frame
         finally:
             if pos:
                 del buf[:pos]
@@ -194,11 +195,16 @@ class ResponseDecoder:
                     break
                 start = pos + RESPONSE_HEADER.size
                 frame = bytes(buf[start:end])
+                pos = end
                 if control_length < 0 or control_length > len(frame):
                     raise InvalidRequestError(f"response control_length {control_length} outside the frame")
-                control = msgpack.unpackb(frame[:control_length], raw=False)
+                try:
+                    control = msgpack.unpackb(frame[:control_length], raw=False)
+                except Exception as err:  # msgpack raises several unrelated types for bad input
+                    raise InvalidRequestError(f"response control fields are not valid msgpack: {err}") from err
+                if not isinstance(control, dict):
+                    raise InvalidRequestError("response control fields must be a msgpack map")
                 yield Response(correlation_id, control, memoryview(frame)[control_length:])
-                pos = end
         finally:
             if pos:
                 del buf[:pos]
@@ -216,8 +222,9 @@ def field(control: dict[str, Any], name: str, kind: type | tuple[type, ...], def
         if default is _MISSING:
             raise InvalidRequestError(f"missing field {name!r}")
         return default
-    if isinstance(value, bool) and kind is int:
-        raise InvalidRequestError(f"field {name!r} must be {kind.__name__}, got bool")
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        raise InvalidRequestError(f"field {name!r} must not be a bool")
     if not isinstance(value, kind):
         raise InvalidRequestError(f"field {name!r} has type {type(value).__name__}")
     return value

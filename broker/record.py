@@ -263,12 +263,12 @@ def validate_batch(
     size = header.size
     if header.batch_length < HEADER_SIZE - LENGTH_PREFIX + len(_IPC_CONTINUATION):
         raise CorruptMessageError(f"batch at byte {pos}: batch_length {header.batch_length} too small")
-    if max_batch_bytes is not None and size > max_batch_bytes:
-        raise MessageTooLargeError(f"batch of {size} bytes exceeds max.message.bytes {max_batch_bytes}")
     if pos + size > len(buf):
         raise CorruptMessageError(
             f"batch at byte {pos}: batch_length says {size} bytes, only {len(buf) - pos} present"
         )
+    if max_batch_bytes is not None and size > max_batch_bytes:
+        raise MessageTooLargeError(f"batch of {size} bytes exceeds max.message.bytes {max_batch_bytes}")
     if header.attributes & ~_KNOWN_ATTRIBUTE_BITS:
         raise CorruptMessageError(f"batch at byte {pos}: reserved attribute bits set ({header.attributes:#x})")
     if header.record_count < 1 or header.last_offset_delta != header.record_count - 1:
@@ -319,8 +319,13 @@ def decode_body(buf: bytes | bytearray | memoryview | pa.Buffer, header: BatchHe
     body = body.slice(pos + HEADER_SIZE, header.size - HEADER_SIZE)
     try:
         reader = pa.ipc.open_stream(body)
+        if not reader.schema.equals(BODY_SCHEMA):
+            raise CorruptMessageError(f"batch at offset {header.base_offset}: body schema is not the record schema")
         batch = reader.read_next_batch()
-    except (pa.ArrowInvalid, StopIteration, OSError) as err:
+        # A CRC only proves the producer's bytes arrived intact, not that they are valid Arrow: a
+        # structurally broken body could crash the reader later, so check it fully here.
+        batch.validate(full=True)
+    except (pa.ArrowException, MemoryError, StopIteration, OSError) as err:
         raise CorruptMessageError(f"batch at offset {header.base_offset}: bad Arrow body: {err}") from err
     if batch.num_rows != header.record_count:
         raise CorruptMessageError(

@@ -73,12 +73,6 @@ def test_parse_rejects_bad_values_naming_the_key(definition, raw, match):
     assert definition.name in str(info.value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="ConfigDef.parse coerces any value with str() for str configs, so a TOML array or table "
-    "(e.g. log.dir = [\"a\", \"b\"]) silently becomes the string \"['a', 'b']\"",
-)
 def test_str_config_rejects_a_toml_array():
     """A str config given a list (a TOML array) raises INVALID_CONFIG instead of stringifying it."""
     with pytest.raises(InvalidConfigError):

@@ -178,12 +178,6 @@ def test_payload_is_a_writable_view_that_outlives_the_decoder_buffer():
     assert bytes(request.payload) == b"XYcdef"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="FrameDecoder.feed advances `pos` only after the `yield` resumes, so when a caller stops "
-    "iterating (break / exception) the last yielded frame stays buffered and is yielded again",
-)
 def test_frame_is_not_redelivered_when_the_caller_stops_iterating():
     """A caller that takes one frame and abandons the generator never sees that frame again."""
     decoder = FrameDecoder(1 << 20)
@@ -264,12 +258,6 @@ def test_response_control_length_outside_frame_raises_invalid_request():
         list(ResponseDecoder(1_000).feed(frame))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=msgpack.exceptions.UnpackException,
-    reason="ResponseDecoder calls msgpack.unpackb unguarded: bad control bytes leak msgpack's own "
-    "exceptions (FormatError, ExtraData, ...) instead of a PymqError",
-)
 def test_response_with_undecodable_control_raises_invalid_request():
     """A response whose control bytes are not msgpack raises INVALID_REQUEST, like other bad framing."""
     frame = struct.pack(">iii", 9, 1, 1) + b"\xc1"
@@ -308,12 +296,6 @@ def test_field_of_the_wrong_type_raises_invalid_request(control, kind):
         field(control, "x", kind)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="field's bool guard only fires when `kind is int`; with a tuple kind such as (int, str) "
-    "a bool passes because bool subclasses int",
-)
 def test_field_rejects_bool_for_a_tuple_kind_containing_int():
     """bool is not int even when int is one of several accepted kinds."""
     with pytest.raises(InvalidRequestError):

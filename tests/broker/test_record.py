@@ -285,12 +285,6 @@ def test_validate_batch_enforces_max_batch_bytes():
         validate_batch(buf, max_batch_bytes=len(buf) - 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=MessageTooLargeError,
-    reason="validate_batch checks max_batch_bytes before checking the batch is fully present, so a "
-    "corrupt/torn length field is reported as non-retriable MESSAGE_TOO_LARGE instead of CORRUPT_MESSAGE",
-)
 def test_length_beyond_the_buffer_is_corrupt_even_with_a_size_limit():
     """A batch_length claiming more bytes than exist is CORRUPT_MESSAGE even when a limit is set."""
     buf = _tiny_batch()
@@ -372,12 +366,6 @@ def _reframed_flips(compression: str):
         yield bit, buf, validate_batch(buf)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="decode_body catches only ArrowInvalid/StopIteration/OSError: a compressed buffer whose "
-    "declared uncompressed length is corrupt leaks ArrowMemoryError (after a huge malloc attempt)",
-)
 def test_decode_body_raises_only_corrupt_message_for_garbage_bodies():
     """Any CRC-consistent corruption of a compressed body decodes or raises CORRUPT_MESSAGE, nothing else."""
     leaked = {}
@@ -391,12 +379,6 @@ def test_decode_body_raises_only_corrupt_message_for_garbage_bodies():
     assert leaked == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="decode_body does not run RecordBatch.validate(full=True): bodies with out-of-range "
-    "offsets or short buffers are returned, and reading them (to_pylist) segfaults the process",
-)
 def test_decode_body_never_returns_a_structurally_invalid_batch():
     """A CRC-consistent body with broken offsets/buffers is rejected, never handed to the caller."""
     invalid = {}
@@ -412,12 +394,6 @@ def test_decode_body_never_returns_a_structurally_invalid_batch():
     assert invalid == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=pytest.fail.Exception,
-    reason="decode_body never compares the body schema with BODY_SCHEMA, so any Arrow stream "
-    "(e.g. a single int64 column) decodes as if it were records",
-)
 def test_decode_body_rejects_a_body_outside_the_standard_schema():
     """A CRC-valid batch whose body has some other schema is CORRUPT_MESSAGE, not a foreign batch."""
     other = pa.record_batch({"x": pa.array([1, 2], pa.int64())})
