@@ -1,0 +1,78 @@
+"""Leader-epoch checkpoint `leader-epoch.checkpoint`: the first offset written under each epoch.
+
+    <epoch> <start_offset>\\n    one line per epoch; epochs and start offsets both increase
+
+Kafka's LeaderEpochFileCache: a follower asks "where did epoch E end?" to find where its log
+diverges from the new leader's, so the entries must survive restarts and follow truncation at
+either end of the log. Rewritten atomically (checkpoint.py) on every change; changes are rare
+(one per leader election), so the fsync on the append path is acceptable.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from broker.errors import KafkaStorageError
+from broker.log.checkpoint import write_atomically
+
+
+class LeaderEpochCache:
+    """Ordered (epoch, start_offset) entries backed by the checkpoint file. Not thread-safe:
+    PartitionLog calls it under its lock."""
+
+    def __init__(self, path: Path, entries: list[tuple[int, int]]) -> None:
+        self.path = path
+        self._entries = entries
+
+    @classmethod
+    def load(cls, path: Path) -> LeaderEpochCache:
+        """Read the checkpoint (none yet: no entries). Raises KafkaStorageError if malformed."""
+        try:
+            lines = path.read_text(encoding="ascii").split("\n")
+        except FileNotFoundError:
+            return cls(path, [])
+        except OSError as err:
+            raise KafkaStorageError(f"cannot read {path}: {err}") from err
+        try:
+            entries = [(int(epoch), int(start)) for epoch, start in (line.split() for line in lines if line.strip())]
+        except ValueError as err:
+            raise KafkaStorageError(f"{path} is malformed: {err}") from err
+        if any(a[0] >= b[0] or a[1] > b[1] for a, b in zip(entries, entries[1:])):
+            raise KafkaStorageError(f"{path}: entries out of order")
+        return cls(path, entries)
+
+    @property
+    def entries(self) -> list[tuple[int, int]]:
+        return list(self._entries)
+
+    @property
+    def latest_epoch(self) -> int | None:
+        return self._entries[-1][0] if self._entries else None
+
+    def assign(self, epoch: int, start_offset: int) -> None:
+        """Record that `epoch` starts at `start_offset` if it is newer than the latest epoch."""
+        if self._entries:
+            last_epoch, last_start = self._entries[-1]
+            assert epoch >= last_epoch, f"leader epoch {epoch} goes back from {last_epoch}"
+            if epoch == last_epoch:
+                return
+            assert start_offset >= last_start, (start_offset, last_start)
+        self._entries.append((epoch, start_offset))
+        self._store()
+
+    def truncate_from_end(self, end_offset: int) -> None:
+        """Forget epochs that start at or after `end_offset` (the log was cut there)."""
+        kept = [entry for entry in self._entries if entry[1] < end_offset]
+        if len(kept) != len(self._entries):
+            self._entries = kept
+            self._store()
+
+    def truncate_from_start(self, start_offset: int) -> None:
+        """Forget epochs wholly below `start_offset`; the one covering it now starts there (Kafka)."""
+        below = [entry for entry in self._entries if entry[1] <= start_offset]
+        if not below or below == [(below[0][0], start_offset)]:
+            return
+        self._entries = [(below[-1][0], start_offset)] + self._entries[len(below) :]
+        self._store()
+
+    def _store(self) -> None:
+        write_atomically(self.path, "".join(f"{epoch} {start}\n" for epoch, start in self._entries))
