@@ -91,9 +91,13 @@ class LogConfig:
     cleanup_policy: str = "delete"
 
     def __post_init__(self) -> None:
-        if self.max_message_bytes > self.segment_bytes:
+        # A batch larger than segment.bytes goes alone into a fresh segment (as in Kafka), so a
+        # segment can reach segment.bytes + max.message.bytes: that must fit the offset index's
+        # int32 relative positions.
+        if self.segment_bytes + self.max_message_bytes > INT32_MAX:
             raise InvalidConfigError(
-                f"max.message.bytes ({self.max_message_bytes}) must not exceed segment.bytes ({self.segment_bytes})"
+                f"segment.bytes ({self.segment_bytes}) + max.message.bytes ({self.max_message_bytes}) "
+                f"must fit in {INT32_MAX} bytes (the offset index stores 32-bit positions)"
             )
 
     @classmethod

@@ -120,13 +120,11 @@ def test_to_dotted_round_trips_through_from_dotted():
     assert LogConfig.from_dotted(dotted) == config
 
 
-def test_max_message_bytes_larger_than_segment_bytes_is_rejected():
-    """A batch must fit in a segment: max.message.bytes > segment.bytes raises INVALID_CONFIG."""
-    with pytest.raises(InvalidConfigError, match="max.message.bytes"):
-        LogConfig(segment_bytes=4096, max_message_bytes=4097)
-    with pytest.raises(InvalidConfigError, match="max.message.bytes"):
-        LogConfig.from_dotted({"segment.bytes": 4096})  # default max.message.bytes is 8 MiB
-    assert LogConfig(segment_bytes=4096, max_message_bytes=4096).segment_bytes == 4096
+def test_segment_plus_largest_batch_must_fit_32_bit_positions():
+    """segment.bytes + max.message.bytes beyond 2^31-1 raises INVALID_CONFIG; a batch bigger than a segment is fine."""
+    with pytest.raises(InvalidConfigError, match="32-bit positions"):
+        LogConfig(segment_bytes=2**31 - 1, max_message_bytes=4096)
+    assert LogConfig.from_dotted({"segment.bytes": 4096}).max_message_bytes == 8 << 20
 
 
 @pytest.mark.parametrize(
@@ -185,11 +183,11 @@ def test_broker_config_load_without_a_file_uses_defaults():
     assert config.log_defaults == LogConfig()
 
 
-def test_broker_segment_smaller_than_message_max_is_rejected_at_load(tmp_path):
-    """A segment smaller than the default 8 MiB message.max.bytes fails at start-up, not later."""
+def test_broker_limits_that_overflow_positions_are_rejected_at_load(tmp_path):
+    """log.segment.bytes + message.max.bytes past 2^31-1 fails at start-up, not at the first append."""
     path = tmp_path / "broker.toml"
-    path.write_text("[log]\nsegment.bytes = 8192\n")
-    with pytest.raises(InvalidConfigError, match="max.message.bytes"):
+    path.write_text("[log]\nsegment.bytes = 2147483000\n")
+    with pytest.raises(InvalidConfigError, match="32-bit positions"):
         BrokerConfig.load(path)
 
 

@@ -1,0 +1,50 @@
+"""The `pymq` command-line interface (console script `pymq = broker.cli:main`).
+
+Commands:
+    pymq broker start [--config FILE] [-o KEY=VALUE ...]    run a broker in the foreground
+    pymq broker configs                                      every broker config key, default and meaning
+    pymq topic create NAME [-p N] [-r N] [-c KEY=VALUE ...]  create a topic
+    pymq topic list                                          topic names
+    pymq topic describe NAME...                              partitions, offsets and configs
+    pymq topic alter NAME [--add-partitions N] [-c KEY=VALUE ...] [--delete-config KEY ...]
+    pymq topic delete NAME... [--yes]                        delete topics and their data
+    pymq produce TOPIC [--file F] [--key-separator SEP]      one record per input line
+    pymq consume TOPIC [--from-beginning|--offset N|--timestamp T] [--format text|json|table|csv]
+    pymq perf produce TOPIC -n N -s BYTES [--mode send|batch] [--json]
+    pymq perf consume TOPIC [-n N] [--mode arrow|records] [--json]
+
+Client commands take `-b/--bootstrap-server` (before or after the command; default
+$PYMQ_BOOTSTRAP or 127.0.0.1:9092). Operating errors print `error: NAME: message` on stderr and
+exit with 1; usage errors exit with 2.
+"""
+from __future__ import annotations
+
+import click
+
+from broker.cli.broker import broker_group
+from broker.cli.common import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, PymqGroup, remember_bootstrap
+from broker.cli.consume import consume
+from broker.cli.perf import perf_group
+from broker.cli.produce import produce
+from broker.cli.topic import topic_group
+
+__all__ = ["cli", "main"]
+
+
+@click.group(cls=PymqGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("-b", "--bootstrap-server", envvar=BOOTSTRAP_ENV, default=DEFAULT_BOOTSTRAP, show_default=True,
+              expose_value=False, callback=remember_bootstrap,
+              help=f"broker address host:port[,host:port...] for client commands (env {BOOTSTRAP_ENV})")
+@click.version_option(package_name="pymq", prog_name="pymq")
+def cli() -> None:
+    """pymq: a Kafka-like broker with Arrow record batches. Run a broker, manage topics,
+    produce and consume records, and measure performance."""
+
+
+for _command in (broker_group, topic_group, produce, consume, perf_group):
+    cli.add_command(_command)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    cli(prog_name="pymq")

@@ -1,0 +1,4 @@
+"""`python -m broker.cli ...` runs the pymq CLI."""
+from broker.cli import main
+
+main()

@@ -1,0 +1,65 @@
+"""`pymq broker start` and `pymq broker configs`."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from broker.cli.common import KEY_VALUE, console
+from broker.config import BROKER_CONFIGS, INT32_MAX, INT64_MAX, BrokerConfig, ConfigDef
+
+DEFAULT_CONFIG = Path("conf/broker.toml")
+
+
+@click.group("broker")
+def broker_group() -> None:
+    """Run a broker and list the broker's configuration keys."""
+
+
+@broker_group.command("start")
+@click.option("--config", "config_path", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help=f"TOML config file [default: {DEFAULT_CONFIG} if it exists, else built-in defaults]")
+@click.option("-o", "--override", "overrides", type=KEY_VALUE, multiple=True,
+              help="set a broker config key, e.g. -o port=0 -o log.dir=/tmp/pymq (repeatable; wins over the file)")
+def start(config_path: Path | None, overrides: tuple[tuple[str, str], ...]) -> None:
+    """Start a broker in the foreground; SIGTERM or Ctrl-C stops it cleanly.
+
+    Prints "pymq broker ID listening on HOST:PORT" once it accepts connections.
+    See `pymq broker configs` for every key.
+    """
+    if config_path is None and DEFAULT_CONFIG.is_file():
+        config_path = DEFAULT_CONFIG
+    config = BrokerConfig.load(config_path, dict(overrides))
+    from broker import server  # the whole broker stack, only when a broker is really started
+
+    server.run(config)
+
+
+@broker_group.command("configs")
+def configs() -> None:
+    """List every broker config key with its type, default, valid values and meaning."""
+    table = Table(title="broker configs", show_lines=False)
+    for header in ("key", "type", "default", "valid values", "meaning"):
+        table.add_column(header, overflow="fold", no_wrap=header == "key")
+    for definition in sorted(BROKER_CONFIGS.values(), key=lambda d: d.name):
+        table.add_row(definition.name, definition.kind.__name__, _show(definition.default), _valid_values(definition),
+                      definition.doc)
+    console().print(table)
+
+
+def _valid_values(definition: ConfigDef) -> str:
+    if definition.choices:
+        return ", ".join(definition.choices)
+    if definition.minimum is None and definition.maximum is None:
+        return ""
+    low = "" if definition.minimum is None else _show(definition.minimum)
+    high = "" if definition.maximum is None else _show(definition.maximum)
+    return f"{low}..{high}"
+
+
+def _show(value: object) -> str:
+    """Values as a user types them; the int limits by name, not as 19 digits."""
+    if value is True or value is False:
+        return str(value).lower()
+    return {INT64_MAX: "2^63-1", INT32_MAX: "2^31-1"}.get(value, str(value)) if isinstance(value, int) else str(value)

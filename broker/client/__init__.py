@@ -1,0 +1,9 @@
+"""The lightweight pymq client: Producer, Consumer and Admin, each with an asyncio core."""
+from broker.client.admin import EARLIEST, LATEST, Admin, AdminError, AsyncAdmin, TopicDescription
+from broker.client.consumer import RECORD_SCHEMA, AsyncConsumer, Consumer, ConsumerRecord
+from broker.client.producer import AsyncProducer, Producer, RecordFuture, RecordMetadata
+
+__all__ = [
+    "Admin", "AdminError", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "Consumer", "ConsumerRecord",
+    "EARLIEST", "LATEST", "Producer", "RECORD_SCHEMA", "RecordFuture", "RecordMetadata", "TopicDescription",
+]

@@ -1,0 +1,127 @@
+"""Cluster: bootstrap, the metadata cache (topics, partitions, leaders) and one connection per broker.
+
+Clients ask the cluster for a partition's leader and for the connection to it; after a retriable
+error (NOT_LEADER, UNKNOWN_TOPIC_OR_PARTITION, a lost connection) they call `refresh` and retry.
+Loop-local.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from broker.client.connection import BrokerConnection, raise_for_error
+from broker.errors import BrokerNotAvailableError, NetworkError, PymqError, UnknownTopicOrPartitionError, error_for_code
+from broker.protocol import ApiKey
+
+log = logging.getLogger("pymq.client")
+
+
+def parse_bootstrap(servers: str | list[str]) -> list[tuple[str, int]]:
+    """'host:port,host:port' (or a list of them) -> [(host, port)]."""
+    items = servers.split(",") if isinstance(servers, str) else servers
+    out = []
+    for item in items:
+        host, sep, port = item.strip().rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"bootstrap server {item!r} must look like host:port")
+        out.append((host or "127.0.0.1", int(port)))
+    if not out:
+        raise ValueError("no bootstrap servers given")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    topic: str
+    partition: int
+    leader: int
+    leader_epoch: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+
+
+class Cluster:
+    def __init__(self, bootstrap_servers: str | list[str], *, request_timeout_ms: int = 30_000,
+                 max_in_flight: int = 64) -> None:
+        self.bootstrap = parse_bootstrap(bootstrap_servers)
+        self.request_timeout_s = request_timeout_ms / 1000
+        self.max_in_flight = max_in_flight
+        self.brokers: dict[int, tuple[str, int]] = {}
+        self.topics: dict[str, list[PartitionInfo]] = {}
+        self.topic_errors: dict[str, PymqError] = {}
+        self._connections: dict[int | tuple[str, int], BrokerConnection] = {}
+        self._lock = asyncio.Lock()
+
+    async def request(self, node: int | None, api_key: int, control: dict[str, Any], payload: Any = (),
+                      *, expect_response: bool = True, timeout_s: float | None = None) -> tuple[dict[str, Any], memoryview]:
+        """Send a request to broker `node` (None: any broker) and raise its top-level error, if any."""
+        conn = await (self.connection(node) if node is not None else self.any_connection())
+        control_out, payload_out = await conn.request(api_key, control, payload, expect_response=expect_response,
+                                                      timeout_s=timeout_s or self.request_timeout_s)
+        raise_for_error(control_out)
+        return control_out, payload_out
+
+    async def connection(self, node: int) -> BrokerConnection:
+        conn = self._connections.get(node)
+        if conn is not None and not conn.closed:
+            return conn
+        if node not in self.brokers:
+            await self.refresh()
+        if node not in self.brokers:
+            raise BrokerNotAvailableError(f"broker {node} is not in the cluster metadata")
+        host, port = self.brokers[node]
+        conn = await BrokerConnection.open(host, port, self.request_timeout_s, max_in_flight=self.max_in_flight)
+        self._connections[node] = conn
+        return conn
+
+    async def any_connection(self) -> BrokerConnection:
+        for conn in self._connections.values():
+            if not conn.closed:
+                return conn
+        errors = []
+        for address in [*self.brokers.values(), *self.bootstrap]:
+            try:
+                conn = await BrokerConnection.open(*address, self.request_timeout_s, max_in_flight=self.max_in_flight)
+            except NetworkError as err:
+                errors.append(str(err))
+                continue
+            self._connections[address] = conn
+            return conn
+        raise NetworkError("no broker reachable: " + "; ".join(errors))
+
+    async def refresh(self, topics: list[str] | None = None) -> None:
+        """Reload broker addresses and partition leaders (all topics, or just `topics`)."""
+        async with self._lock:
+            control, _ = await self.request(None, ApiKey.METADATA, {"topics": topics})
+            self.brokers = {b["node_id"]: (b["host"], b["port"]) for b in control["brokers"]}
+            for t in control["topics"]:
+                if t["error_code"]:
+                    self.topic_errors[t["name"]] = error_for_code(t["error_code"], t.get("error_message"))
+                    self.topics.pop(t["name"], None)
+                    continue
+                self.topic_errors.pop(t["name"], None)
+                self.topics[t["name"]] = [
+                    PartitionInfo(t["name"], p["partition"], p["leader"], p["leader_epoch"], tuple(p["replicas"]), tuple(p["isr"]))
+                    for p in sorted(t["partitions"], key=lambda p: p["partition"])
+                ]
+
+    async def partitions(self, topic: str) -> list[PartitionInfo]:
+        """The topic's partitions, refreshing metadata once if the topic is not cached."""
+        if topic not in self.topics:
+            await self.refresh([topic])
+        if topic not in self.topics:
+            raise self.topic_errors.get(topic) or UnknownTopicOrPartitionError(f"unknown topic {topic!r}")
+        return self.topics[topic]
+
+    async def leader(self, topic: str, partition: int) -> int:
+        parts = await self.partitions(topic)
+        if not 0 <= partition < len(parts):
+            raise UnknownTopicOrPartitionError(f"topic {topic!r} has no partition {partition}")
+        return parts[partition].leader
+
+    async def close(self) -> None:
+        for conn in self._connections.values():
+            conn.close()
+        self._connections.clear()

@@ -1,0 +1,121 @@
+"""BrokerConnection: one pipelined TCP connection to a broker, responses matched by correlation id.
+
+Requests are written as soon as they are made (up to `max_in_flight` outstanding); each gets a
+future resolved by its response. Closing the connection, or losing it, fails every pending future
+with NetworkError so no caller waits forever. Loop-local.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import Any, Iterable
+
+from broker import protocol
+from broker.errors import NetworkError, PymqError, RequestTimedOutError, error_for_code
+
+log = logging.getLogger("pymq.client")
+
+Reply = tuple[dict[str, Any], memoryview]
+DEFAULT_MAX_RESPONSE_BYTES = 256 << 20
+
+
+def raise_for_error(control: dict[str, Any]) -> None:
+    """Raise the PymqError a response's top-level `error_code` names, if any."""
+    code = control.get("error_code", 0)
+    if code:
+        raise error_for_code(code, control.get("error_message"))
+
+
+class BrokerConnection(asyncio.Protocol):
+    def __init__(self, host: str, port: int, max_in_flight: int = 64,
+                 max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
+        self.host, self.port = host, port
+        self.decoder = protocol.ResponseDecoder(max_response_bytes)
+        self._pending: dict[int, asyncio.Future[Reply]] = {}
+        self._ids = itertools.count(1)
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._transport: asyncio.Transport | None = None
+        self._closed_error: PymqError | None = None
+        self._drained = asyncio.Event()
+        self._drained.set()
+
+    @classmethod
+    async def open(cls, host: str, port: int, timeout_s: float = 10.0, **kwargs: Any) -> "BrokerConnection":
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(loop.create_connection(lambda: cls(host, port, **kwargs), host, port), timeout_s)
+        except (OSError, TimeoutError) as err:
+            raise NetworkError(f"cannot connect to broker {host}:{port}: {err}") from err
+        return conn
+
+    @property
+    def closed(self) -> bool:
+        return self._transport is None or self._transport.is_closing()
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail_all(NetworkError(f"connection to {self.host}:{self.port} lost: {exc or 'closed by broker'}"))
+        self._drained.set()
+
+    def pause_writing(self) -> None:
+        self._drained.clear()
+
+    def resume_writing(self) -> None:
+        self._drained.set()
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            for response in self.decoder.feed(data):
+                future = self._pending.pop(response.correlation_id, None)
+                if future is None:
+                    log.warning("response for unknown correlation id %d from %s:%d", response.correlation_id, self.host, self.port)
+                elif not future.done():
+                    future.set_result((response.control, response.payload))
+        except PymqError as err:
+            log.error("bad response frame from %s:%d: %s", self.host, self.port, err)
+            self.close()
+
+    # -- requests --------------------------------------------------------------------------------
+
+    async def request(self, api_key: int, control: dict[str, Any], payload: Iterable[bytes | bytearray | memoryview] = (),
+                      *, expect_response: bool = True, timeout_s: float | None = 30.0, api_version: int = 0) -> Reply:
+        """Send one request and wait for its reply (or for the write only, if no response is expected)."""
+        if self.closed:
+            raise self._closed_error or NetworkError(f"connection to {self.host}:{self.port} is closed")
+        payload = list(payload)
+        async with self._slots:
+            await self._drained.wait()
+            if self.closed:
+                raise self._closed_error or NetworkError(f"connection to {self.host}:{self.port} is closed")
+            correlation_id = next(self._ids) & 0x7FFFFFFF
+            size = sum(len(p) for p in payload)
+            header = protocol.encode_request(api_key, api_version, correlation_id, control, size)
+            assert self._transport is not None
+            if not expect_response:
+                self._transport.writelines([header, *payload])
+                return {}, memoryview(b"")
+            future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+            self._pending[correlation_id] = future
+            self._transport.writelines([header, *payload])
+            try:
+                return await asyncio.wait_for(future, timeout_s)
+            except TimeoutError:
+                self._pending.pop(correlation_id, None)
+                raise RequestTimedOutError(f"no response from {self.host}:{self.port} within {timeout_s}s") from None
+
+    def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+        self._fail_all(NetworkError(f"connection to {self.host}:{self.port} closed"))
+
+    def _fail_all(self, err: PymqError) -> None:
+        self._closed_error = err
+        pending, self._pending = self._pending, {}
+        for future in pending.values():
+            if not future.done():
+                future.set_exception(err)

@@ -1,0 +1,422 @@
+"""The consumer: assign partitions, seek, and poll records or Arrow tables, with prefetching.
+
+A background fetcher keeps one long-polling Fetch per leader in flight for every assigned
+partition whose buffered data is below `max_buffer_bytes`, so the next `poll` usually finds data
+already decoded. Fetch responses are raw record batches: the consumer checks each batch's CRC
+(`check_crcs`), decodes the Arrow body zero-copy, drops rows before the fetch position (a fetch
+from mid-batch returns the whole batch) and adds `topic`, `partition`, `offset` and
+`timestamp_type` columns with Arrow kernels, never per record in Python.
+
+`poll_arrow()` returns one pyarrow Table (schema `RECORD_SCHEMA`); `poll()` returns
+`ConsumerRecord`s built from the same table. An out-of-range position is reset per
+`auto_offset_reset` ("earliest", "latest") or raised ("none").
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+import pyarrow as pa
+
+from broker import protocol, record
+from broker.client.cluster import Cluster
+from broker.client.loop_thread import LoopThread
+from broker.errors import (
+    ConsumerStoppedError,
+    NetworkError,
+    OffsetOutOfRangeError,
+    PymqError,
+    RequestTimedOutError,
+    error_for_code,
+)
+from broker.protocol import ApiKey
+
+log = logging.getLogger("pymq.consumer")
+
+TopicPartition = tuple[str, int]
+RECORD_SCHEMA = pa.schema([
+    pa.field("topic", pa.string(), nullable=False),
+    pa.field("partition", pa.int32(), nullable=False),
+    pa.field("offset", pa.int64(), nullable=False),
+    pa.field("timestamp", record.TIMESTAMP_TYPE, nullable=False),
+    pa.field("timestamp_type", pa.int8(), nullable=False),
+    pa.field("key", pa.binary()),
+    pa.field("value", pa.binary()),
+    pa.field("headers", record.HEADERS_TYPE),
+])
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerRecord:
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+    timestamp_type: int
+    key: bytes | None
+    value: bytes | None
+    headers: list[tuple[str, bytes]] | None
+
+
+def to_record_batch(topic: str, partition: int, header: record.BatchHeader, body: pa.RecordBatch, skip: int) -> pa.RecordBatch:
+    """One fetched batch as RECORD_SCHEMA rows, starting `skip` rows in."""
+    if skip:
+        body = body.slice(skip)
+    n = body.num_rows
+    first = header.base_offset + skip
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int8)), pa.array([topic])).cast(pa.string()),
+            pa.array(np.full(n, partition, np.int32)),
+            pa.array(np.arange(first, first + n, dtype=np.int64)),
+            body.column(2),
+            pa.array(np.full(n, 1 if header.log_append_time else 0, np.int8)),
+            body.column(0),
+            body.column(1),
+            body.column(3),
+        ],
+        schema=RECORD_SCHEMA,
+    )
+
+
+class AsyncConsumer:
+    """The consumer core; use on one event loop (`Consumer` wraps it for threads)."""
+
+    def __init__(self, bootstrap_servers: str | list[str], *, auto_offset_reset: str = "latest",
+                 fetch_max_wait_ms: int = 500, fetch_min_bytes: int = 1, fetch_max_bytes: int = 50 << 20,
+                 max_partition_fetch_bytes: int = 8 << 20, max_buffer_bytes: int = 64 << 20,
+                 check_crcs: bool = True, request_timeout_ms: int = 30_000, retry_backoff_ms: int = 100) -> None:
+        if auto_offset_reset not in ("earliest", "latest", "none"):
+            raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
+        self.auto_offset_reset = auto_offset_reset
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.fetch_min_bytes = fetch_min_bytes
+        self.fetch_max_bytes = fetch_max_bytes
+        self.max_partition_fetch_bytes = max_partition_fetch_bytes
+        self.max_buffer_bytes = max_buffer_bytes
+        self.check_crcs = check_crcs
+        self.retry_backoff_s = retry_backoff_ms / 1000
+        self.request_timeout_s = request_timeout_ms / 1000
+        self.cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms)
+        self.positions: dict[TopicPartition, int] = {}
+        self.high_watermarks: dict[TopicPartition, int] = {}
+        self._assigned: list[TopicPartition] = []
+        self._buffer: deque[tuple[TopicPartition, pa.RecordBatch]] = deque()
+        self._buffered_bytes = 0
+        self._data_ready = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._error: PymqError | None = None
+        self._fetchers: dict[int, asyncio.Task[None]] = {}
+        self._epoch = 0  # bumped on every assign/seek: fetched data from an older epoch is dropped
+        self._closed = False
+
+    async def start(self) -> "AsyncConsumer":
+        await self.cluster.refresh()
+        return self
+
+    # -- assignment and positions ----------------------------------------------------------------
+
+    async def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """Consume exactly these partitions; positions start per auto_offset_reset unless sought."""
+        wanted = list(dict.fromkeys((t, int(p)) for t, p in partitions))
+        for topic, partition in wanted:
+            await self.cluster.leader(topic, partition)  # raises for unknown topics/partitions
+        self._assigned = wanted
+        self.positions = {tp: pos for tp, pos in self.positions.items() if tp in wanted}
+        missing = [tp for tp in wanted if tp not in self.positions]
+        if missing:
+            if self.auto_offset_reset == "none":
+                pass  # positions must be set with seek before poll
+            else:
+                await self._reset(missing, self.auto_offset_reset)
+        self._invalidate()
+
+    def assignment(self) -> list[TopicPartition]:
+        return list(self._assigned)
+
+    async def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._require_assigned(tp)
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"offset {offset} is negative")
+        self.positions[tp] = offset
+        self._invalidate()
+
+    async def seek_to_beginning(self, *tps: TopicPartition) -> None:
+        await self._reset(list(tps) or self._assigned, "earliest")
+        self._invalidate()
+
+    async def seek_to_end(self, *tps: TopicPartition) -> None:
+        await self._reset(list(tps) or self._assigned, "latest")
+        self._invalidate()
+
+    def position(self, tp: TopicPartition) -> int:
+        self._require_assigned(tp)
+        return self.positions[tp]
+
+    async def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int] | None]:
+        """For each partition, (offset, timestamp) of the first record at or after the time, or None."""
+        found = await self.list_offsets(timestamps)
+        return {tp: (off, ts) if off >= 0 else None for tp, (off, ts) in found.items()}
+
+    async def beginning_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: o for tp, (o, _) in (await self.list_offsets({tp: protocol.EARLIEST_TIMESTAMP for tp in tps})).items()}
+
+    async def end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return {tp: o for tp, (o, _) in (await self.list_offsets({tp: protocol.LATEST_TIMESTAMP for tp in tps})).items()}
+
+    async def list_offsets(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
+        return await list_offsets(self.cluster, timestamps)
+
+    def _require_assigned(self, tp: TopicPartition) -> None:
+        if tp not in self._assigned:
+            raise ValueError(f"{tp[0]}-{tp[1]} is not assigned to this consumer")
+
+    async def _reset(self, tps: list[TopicPartition], where: str) -> None:
+        for tp in tps:
+            self._require_assigned(tp)
+        target = protocol.EARLIEST_TIMESTAMP if where == "earliest" else protocol.LATEST_TIMESTAMP
+        for tp, (offset, _) in (await self.list_offsets({tp: target for tp in tps})).items():
+            self.positions[tp] = offset
+
+    def _invalidate(self) -> None:
+        """Positions changed: drop buffered data and restart fetchers from the new positions."""
+        self._epoch += 1
+        self._buffer.clear()
+        self._buffered_bytes = 0
+        self._data_ready.clear()
+        self._changed.set()
+        self._ensure_fetchers()
+
+    # -- polling ---------------------------------------------------------------------------------
+
+    async def poll_arrow(self, timeout_ms: int = 1000, max_records: int | None = None) -> pa.Table:
+        """Fetched records as one Arrow table (possibly empty after `timeout_ms`)."""
+        if self._closed:
+            raise ConsumerStoppedError("consumer is closed")
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err
+        if not self._buffer and timeout_ms > 0:
+            try:
+                await asyncio.wait_for(self._data_ready.wait(), timeout_ms / 1000)
+            except TimeoutError:
+                pass
+            if self._error is not None:
+                err, self._error = self._error, None
+                raise err
+        batches = []
+        taken = 0
+        limit = max_records if max_records is not None else float("inf")
+        while self._buffer and taken < limit:
+            tp, batch = self._buffer.popleft()
+            if taken + batch.num_rows > limit:
+                keep = int(limit - taken)
+                self._buffer.appendleft((tp, batch.slice(keep)))
+                batch = batch.slice(0, keep)
+            else:
+                self._buffered_bytes -= batch.nbytes
+            batches.append(batch)
+            taken += batch.num_rows
+        if not self._buffer:
+            self._data_ready.clear()
+        self._changed.set()  # room in the buffer: fetchers may go on
+        return pa.Table.from_batches(batches, schema=RECORD_SCHEMA)
+
+    async def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
+        return table_to_records(await self.poll_arrow(timeout_ms, max_records))
+
+    # -- fetching --------------------------------------------------------------------------------
+
+    def _ensure_fetchers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for node in {p.leader for t, ps in self.cluster.topics.items() for p in ps if (t, p.partition) in self._assigned}:
+            task = self._fetchers.get(node)
+            if task is None or task.done():
+                self._fetchers[node] = loop.create_task(self._fetch_loop(node))
+
+    async def _fetch_loop(self, node: int) -> None:
+        while not self._closed:
+            self._changed.clear()
+            mine = [tp for tp in self._assigned if tp in self.positions and self._leader(tp) == node]
+            if not mine or self._buffered_bytes >= self.max_buffer_bytes:
+                await self._changed.wait()
+                continue
+            epoch = self._epoch
+            try:
+                await self._fetch_once(node, mine, epoch)
+            except (NetworkError, RequestTimedOutError) as err:
+                log.info("fetch from broker %d failed: %s; retrying", node, err)
+                await asyncio.sleep(self.retry_backoff_s)
+                await self._refresh_quietly()
+            except PymqError as err:
+                self._error = err
+                self._data_ready.set()
+                await self._changed.wait()
+
+    def _leader(self, tp: TopicPartition) -> int | None:
+        parts = self.cluster.topics.get(tp[0])
+        return parts[tp[1]].leader if parts and tp[1] < len(parts) else None
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self.cluster.refresh()
+        except PymqError as err:
+            log.info("metadata refresh failed: %s", err)
+
+    async def _fetch_once(self, node: int, tps: list[TopicPartition], epoch: int) -> None:
+        topics: dict[str, list[dict[str, int]]] = {}
+        for topic, partition in tps:
+            topics.setdefault(topic, []).append({"partition": partition, "fetch_offset": self.positions[(topic, partition)],
+                                                 "max_bytes": self.max_partition_fetch_bytes})
+        control = {"max_wait_ms": self.fetch_max_wait_ms, "min_bytes": self.fetch_min_bytes, "max_bytes": self.fetch_max_bytes,
+                   "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
+        reply, payload = await self.cluster.request(node, ApiKey.FETCH, control,
+                                                    timeout_s=self.request_timeout_s + self.fetch_max_wait_ms / 1000)
+        if epoch != self._epoch:
+            return  # positions moved while the fetch was out: its data starts at stale offsets
+        pos = 0
+        reset: list[TopicPartition] = []
+        for t in reply["topics"]:
+            for p in t["partitions"]:
+                tp = (t["name"], p["partition"])
+                size = p.get("size", 0)
+                data = payload[pos : pos + size]
+                pos += size
+                if p["error_code"]:
+                    err = error_for_code(p["error_code"], p.get("error_message"))
+                    if isinstance(err, OffsetOutOfRangeError) and self.auto_offset_reset != "none":
+                        reset.append(tp)
+                        continue
+                    if err.retriable:
+                        await self._refresh_quietly()
+                        continue
+                    raise err
+                self.high_watermarks[tp] = p.get("high_watermark", -1)
+                self._absorb(tp, data)
+        if reset:
+            log.warning("offsets out of range for %s; resetting to %s", reset, self.auto_offset_reset)
+            await self._reset(reset, self.auto_offset_reset)
+
+    def _absorb(self, tp: TopicPartition, data: memoryview) -> None:
+        """Decode the complete batches of one partition's fetched bytes into the buffer."""
+        position = self.positions[tp]
+        for pos, header in record.iter_batches(data, verify=self.check_crcs):
+            if header.next_offset <= position:
+                continue
+            body = record.decode_body(data, header, pos)
+            batch = to_record_batch(tp[0], tp[1], header, body, max(position - header.base_offset, 0))
+            self._buffer.append((tp, batch))
+            self._buffered_bytes += batch.nbytes
+            position = header.next_offset
+        if position != self.positions[tp]:
+            self.positions[tp] = position
+            self._data_ready.set()
+
+    async def close(self) -> None:
+        self._closed = True
+        self._changed.set()
+        for task in self._fetchers.values():
+            task.cancel()
+        await asyncio.gather(*self._fetchers.values(), return_exceptions=True)
+        await self.cluster.close()
+
+
+async def list_offsets(cluster: Cluster, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
+    """ListOffsets for many partitions, one request per leader; raises the first partition error."""
+    by_node: dict[int, dict[str, list[dict[str, int]]]] = {}
+    for (topic, partition), ts in timestamps.items():
+        node = await cluster.leader(topic, partition)
+        by_node.setdefault(node, {}).setdefault(topic, []).append({"partition": partition, "timestamp": ts})
+    out: dict[TopicPartition, tuple[int, int]] = {}
+    for node, topics in by_node.items():
+        reply, _ = await cluster.request(node, ApiKey.LIST_OFFSETS, {"topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]})
+        for t in reply["topics"]:
+            for p in t["partitions"]:
+                if p["error_code"]:
+                    raise error_for_code(p["error_code"], p.get("error_message"))
+                out[(t["name"], p["partition"])] = (p["offset"], p["timestamp"])
+    return out
+
+
+def table_to_records(table: pa.Table) -> list[ConsumerRecord]:
+    """Rows of a RECORD_SCHEMA table as ConsumerRecords (one Python object per record)."""
+    if table.num_rows == 0:
+        return []
+    timestamps = table.column("timestamp").cast(pa.int64()).to_pylist()
+    headers = table.column("headers")
+    header_values: Iterable[Any] = (
+        [None if h is None else [(e["key"], e["value"]) for e in h] for h in headers.to_pylist()]
+        if headers.null_count < len(headers) else [None] * table.num_rows
+    )
+    return list(map(ConsumerRecord, table.column("topic").to_pylist(), table.column("partition").to_pylist(),
+                    table.column("offset").to_pylist(), timestamps, table.column("timestamp_type").to_pylist(),
+                    table.column("key").to_pylist(), table.column("value").to_pylist(), header_values))
+
+
+class Consumer:
+    """Synchronous consumer over a private background loop.
+
+        consumer = Consumer("127.0.0.1:9092", auto_offset_reset="earliest")
+        consumer.assign([("orders", 0), ("orders", 1)])
+        table = consumer.poll_arrow(timeout_ms=500)   # pyarrow.Table, RECORD_SCHEMA
+    """
+
+    def __init__(self, bootstrap_servers: str | list[str], **config: Any) -> None:
+        self._thread = LoopThread("pymq-consumer")
+        try:
+            self._core: AsyncConsumer = self._thread.run(AsyncConsumer(bootstrap_servers, **config).start())
+        except BaseException:
+            self._thread.stop()
+            raise
+
+    def _run(self, coro: Any) -> Any:
+        return self._thread.run(coro)
+
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        self._run(self._core.assign(list(partitions)))
+
+    def assignment(self) -> list[TopicPartition]:
+        return self._core.assignment()
+
+    def seek(self, tp: TopicPartition, offset: int) -> None:
+        self._run(self._core.seek(tp, offset))
+
+    def seek_to_beginning(self, *tps: TopicPartition) -> None:
+        self._run(self._core.seek_to_beginning(*tps))
+
+    def seek_to_end(self, *tps: TopicPartition) -> None:
+        self._run(self._core.seek_to_end(*tps))
+
+    def position(self, tp: TopicPartition) -> int:
+        return self._core.position(tp)
+
+    def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int] | None]:
+        return self._run(self._core.offsets_for_times(timestamps))
+
+    def beginning_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return self._run(self._core.beginning_offsets(list(tps)))
+
+    def end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
+        return self._run(self._core.end_offsets(list(tps)))
+
+    def poll_arrow(self, timeout_ms: int = 1000, max_records: int | None = None) -> pa.Table:
+        return self._run(self._core.poll_arrow(timeout_ms, max_records))
+
+    def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
+        return table_to_records(self.poll_arrow(timeout_ms, max_records))
+
+    def close(self) -> None:
+        try:
+            self._run(self._core.close())
+        finally:
+            self._thread.stop()
+
+    def __enter__(self) -> "Consumer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,40 @@
+"""LoopThread: an event loop on a daemon thread, for the clients' synchronous facades.
+
+The async clients are the real implementation; `Producer`, `Consumer` and `Admin` run one of them
+on a private loop and call into it with `run`. Work that must not wait for the loop (the
+producer's `send`) touches thread-safe structures directly instead.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Coroutine, TypeVar
+
+import uvloop
+
+T = TypeVar("T")
+
+
+class LoopThread:
+    def __init__(self, name: str) -> None:
+        self.loop = uvloop.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Run `coro` on the loop and wait for its result in the calling thread."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+
+    def call_soon(self, callback: Any, *args: Any) -> None:
+        self.loop.call_soon_threadsafe(callback, *args)
+
+    def stop(self) -> None:
+        if self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(5)
+        if not self.loop.is_running():
+            self.loop.close()

@@ -1,0 +1,652 @@
+"""The producer: accumulate records per partition, seal them into Arrow record batches, send.
+
+Throughput/latency dial: a partition's open batch is sealed when it reaches `batch_size` bytes
+or when it is `linger_ms` old, whichever comes first. Sealed batches are encoded (Arrow IPC,
+optional lz4/zstd) and grouped per leader into Produce requests; up to `max_in_flight` requests
+per broker are outstanding. Retriable errors (NOT_LEADER, lost connection, ...) are retried with
+exponential backoff after a metadata refresh, until `delivery_timeout_ms` after the record was
+sent. As in Kafka without idempotence, retries with `max_in_flight > 1` may reorder a partition;
+use `max_in_flight=1` when order under failure matters.
+
+`send()` is cheap: it appends to per-partition Python lists under one lock and returns a
+`RecordFuture` that shares its batch's completion (one event per batch, not per record).
+`send_batch()` is the columnar path: a whole Arrow table is partitioned with Arrow/numpy
+kernels and each partition's rows become batches without any per-record Python.
+
+Two faces, one core: `AsyncProducer` for asyncio code, `Producer` (a loop on a background thread)
+for everything else. The accumulator is thread-safe so `Producer.send` never waits for the loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from broker import record
+from broker.client.cluster import Cluster
+from broker.client.loop_thread import LoopThread
+from broker.client.partitioner import StickyPartitioner, partition_for_key, partitions_for_keys
+from broker.errors import (
+    DeliveryTimeoutError,
+    NetworkError,
+    ProducerClosedError,
+    PymqError,
+    RequestTimedOutError,
+    error_for_code,
+)
+from broker.protocol import ApiKey
+
+log = logging.getLogger("pymq.producer")
+
+Headers = list[tuple[str, bytes]] | None
+RECORD_OVERHEAD = 16  # bytes counted per record on top of key + value when sizing batches
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMetadata:
+    """Where a record landed. `offset` is -1 with acks=0 (the broker does not answer)."""
+
+    topic: str
+    partition: int
+    offset: int
+    timestamp: int
+
+
+class BatchResult:
+    """Completion shared by every record of one batch; completed once, on the producer's loop."""
+
+    __slots__ = ("topic", "partition", "base_offset", "log_append_time", "error", "_event", "_futures")
+
+    def __init__(self, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.base_offset = -1
+        self.log_append_time = -1
+        self.error: BaseException | None = None
+        self._event = threading.Event()
+        self._futures: list[asyncio.Future[None]] = []
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def complete(self, base_offset: int, log_append_time: int = -1, error: BaseException | None = None) -> None:
+        if self._event.is_set():
+            return
+        self.base_offset, self.log_append_time, self.error = base_offset, log_append_time, error
+        self._event.set()
+        for future in self._futures:
+            if not future.done():
+                future.get_loop().call_soon_threadsafe(_resolve, future)
+
+    def wait(self, timeout_s: float | None) -> None:
+        if not self._event.wait(timeout_s):
+            raise TimeoutError(f"record not acknowledged within {timeout_s}s")
+
+    async def wait_async(self) -> None:
+        if self._event.is_set():
+            return
+        future = asyncio.get_running_loop().create_future()
+        self._futures.append(future)
+        if self._event.is_set():  # completed between the check and the append
+            return
+        await future
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class RecordFuture:
+    """The future `send()` returns: `.result()` blocks, `await` suspends; both give RecordMetadata."""
+
+    __slots__ = ("_batch", "_index", "_timestamp")
+
+    def __init__(self, batch: BatchResult, index: int, timestamp: int) -> None:
+        self._batch, self._index, self._timestamp = batch, index, timestamp
+
+    def done(self) -> bool:
+        return self._batch.done()
+
+    def result(self, timeout: float | None = None) -> RecordMetadata:
+        self._batch.wait(timeout)
+        return self._metadata()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        self._batch.wait(timeout)
+        return self._batch.error
+
+    def __await__(self) -> Any:
+        yield from self._batch.wait_async().__await__()
+        return self._metadata()
+
+    def _metadata(self) -> RecordMetadata:
+        batch = self._batch
+        if batch.error is not None:
+            raise batch.error
+        offset = batch.base_offset + self._index if batch.base_offset >= 0 else -1
+        timestamp = batch.log_append_time if batch.log_append_time >= 0 else self._timestamp
+        return RecordMetadata(batch.topic, batch.partition, offset, timestamp)
+
+
+class ProducerBatch:
+    """Records for one partition: open (lists growing) until sealed, then encoded once and sent."""
+
+    __slots__ = ("topic", "partition", "keys", "values", "timestamps", "headers", "body", "size",
+                 "created", "result", "encoded", "attempts", "record_count")
+
+    def __init__(self, topic: str, partition: int, body: pa.RecordBatch | None = None) -> None:
+        self.topic, self.partition = topic, partition
+        self.keys: list[bytes | None] = []
+        self.values: list[bytes | None] = []
+        self.timestamps: list[int] = []
+        self.headers: list[Headers] | None = None
+        self.body = body
+        self.size = body.nbytes if body is not None else 0
+        self.record_count = body.num_rows if body is not None else 0
+        self.created = time.monotonic()
+        self.result = BatchResult(topic, partition)
+        self.encoded: bytearray | None = None
+        self.attempts = 0
+
+    def encode(self, compression: str) -> bytearray:
+        if self.encoded is None:
+            if self.body is None:
+                headers = None
+                if self.headers is not None:
+                    headers = [None if h is None else [{"key": k, "value": v} for k, v in h] for h in self.headers]
+                self.body = record.make_body(pa.array(self.values, pa.binary()), pa.array(self.keys, pa.binary()),
+                                             pa.array(self.timestamps, pa.int64()), headers)
+                self.keys = self.values = self.timestamps = []  # type: ignore[assignment]
+                self.headers = None
+            self.encoded = record.encode_batch(self.body, compression=compression)
+        return self.encoded
+
+
+class RecordAccumulator:
+    """Per-partition open batches plus the queue of sealed ones. Thread-safe (one lock)."""
+
+    def __init__(self, batch_size: int, linger_ms: int, buffer_memory: int) -> None:
+        self.batch_size = batch_size
+        self.linger_s = linger_ms / 1000
+        self.buffer_memory = buffer_memory
+        self.lock = threading.Lock()
+        self.space = threading.Condition(self.lock)
+        self.open: dict[tuple[str, int], ProducerBatch] = {}
+        self.sealed: deque[ProducerBatch] = deque()
+        self.buffered_bytes = 0
+        self.incomplete: set[BatchResult] = set()
+
+    def append(self, topic: str, partition: int, key: bytes | None, value: bytes | None, timestamp: int,
+               headers: Headers) -> tuple[RecordFuture, bool]:
+        """Add one record; returns its future and whether the loop should wake (new or sealed batch)."""
+        size = (len(key) if key else 0) + (len(value) if value else 0) + RECORD_OVERHEAD
+        with self.lock:
+            batch = self.open.get((topic, partition))
+            wake = batch is None
+            if batch is None:
+                batch = self.open[(topic, partition)] = ProducerBatch(topic, partition)
+                self.incomplete.add(batch.result)
+            index = len(batch.values)
+            batch.keys.append(key)
+            batch.values.append(value)
+            batch.timestamps.append(timestamp)
+            if headers is not None and batch.headers is None:
+                batch.headers = [None] * index
+            if batch.headers is not None:
+                batch.headers.append(headers)
+            batch.size += size
+            batch.record_count += 1
+            self.buffered_bytes += size
+            if batch.size >= self.batch_size:
+                del self.open[(topic, partition)]
+                self.sealed.append(batch)
+                wake = True
+            return RecordFuture(batch.result, index, timestamp), wake
+
+    def append_body(self, topic: str, partition: int, body: pa.RecordBatch) -> BatchResult:
+        """Queue an already-built Arrow body as one sealed batch (the columnar path)."""
+        batch = ProducerBatch(topic, partition, body)
+        with self.lock:
+            self.incomplete.add(batch.result)
+            self.buffered_bytes += batch.size
+            self.sealed.append(batch)
+        return batch.result
+
+    def drain(self, force: bool = False) -> tuple[list[ProducerBatch], float | None]:
+        """Sealed batches plus open ones past linger (all open ones with `force`), and the time
+        until the next open batch lingers out (None if none is open)."""
+        now = time.monotonic()
+        with self.lock:
+            ready = list(self.sealed)
+            self.sealed.clear()
+            next_due = None
+            for tp, batch in list(self.open.items()):
+                due = batch.created + self.linger_s - now
+                if force or due <= 0:
+                    ready.append(self.open.pop(tp))
+                else:
+                    next_due = due if next_due is None else min(next_due, due)
+            return ready, next_due
+
+    def requeue(self, batches: list[ProducerBatch]) -> None:
+        with self.lock:
+            self.sealed.extendleft(reversed(batches))
+
+    def done(self, batch: ProducerBatch) -> None:
+        with self.lock:
+            self.incomplete.discard(batch.result)
+            self.buffered_bytes -= batch.size
+            self.space.notify_all()
+
+    def has_room(self) -> bool:
+        return self.buffered_bytes < self.buffer_memory
+
+
+class AsyncProducer:
+    """The producer core. Create and use it on one event loop (`Producer` wraps it for threads)."""
+
+    def __init__(self, bootstrap_servers: str | list[str], *, acks: int | str = 1, linger_ms: int = 5,
+                 batch_size: int = 256 * 1024, compression: str = "none", max_in_flight: int = 5,
+                 retries: int = 2**31 - 1, retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
+                 delivery_timeout_ms: int = 120_000, request_timeout_ms: int = 30_000,
+                 max_request_size: int = 16 << 20, buffer_memory: int = 64 << 20, max_block_ms: int = 60_000) -> None:
+        self.acks = {"all": -1, "-1": -1, "1": 1, "0": 0}.get(str(acks), acks)
+        if self.acks not in (-1, 0, 1):
+            raise ValueError(f"acks must be 0, 1 or 'all', got {acks!r}")
+        if compression not in record.COMPRESSIONS:
+            raise ValueError(f"compression must be one of {record.COMPRESSIONS}, got {compression!r}")
+        if batch_size <= 0 or linger_ms < 0 or max_in_flight < 1:
+            raise ValueError("batch_size must be > 0, linger_ms >= 0, max_in_flight >= 1")
+        self.compression = compression
+        self.max_in_flight = max_in_flight
+        self.retries = retries
+        self.retry_backoff_s = retry_backoff_ms / 1000
+        self.retry_backoff_max_s = retry_backoff_max_ms / 1000
+        self.delivery_timeout_s = delivery_timeout_ms / 1000
+        self.max_request_size = max_request_size
+        self.max_block_s = max_block_ms / 1000
+        self.cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms, max_in_flight=max_in_flight)
+        self.accumulator = RecordAccumulator(batch_size, linger_ms, buffer_memory)
+        self.sticky = StickyPartitioner()
+        self.partition_counts: dict[str, int] = {}
+        self._wakeup = asyncio.Event()
+        self._in_flight: dict[int, asyncio.Semaphore] = {}
+        self._requests: set[asyncio.Task[None]] = set()
+        self._sender: asyncio.Task[None] | None = None
+        self._closed = False
+        self._flush_requested = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def start(self) -> "AsyncProducer":
+        self._loop = asyncio.get_running_loop()
+        await self.cluster.refresh()
+        self.partition_counts = {t: len(ps) for t, ps in self.cluster.topics.items()}
+        self._sender = self._loop.create_task(self._send_loop())
+        return self
+
+    async def __aenter__(self) -> "AsyncProducer":
+        return await self.start()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+
+    # -- partitioning ----------------------------------------------------------------------------
+
+    async def partitions_of(self, topic: str) -> int:
+        count = self.partition_counts.get(topic)
+        if count is None:
+            count = self.partition_counts[topic] = len(await self.cluster.partitions(topic))
+        return count
+
+    def choose_partition(self, topic: str, count: int, key: bytes | None, partition: int | None) -> int:
+        if partition is not None:
+            if not 0 <= partition < count:
+                raise ValueError(f"partition {partition} outside 0..{count - 1} of topic {topic!r}")
+            return partition
+        if key is not None:
+            return partition_for_key(key, count)
+        return self.sticky.partition(topic, count)
+
+    # -- sending ---------------------------------------------------------------------------------
+
+    def append(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
+               timestamp_ms: int | None, headers: Headers) -> RecordFuture:
+        """Thread-safe enqueue of one record for an already chosen partition."""
+        if self._closed:
+            raise ProducerClosedError("producer is closed")
+        if key is not None and not isinstance(key, (bytes, bytearray, memoryview)):
+            raise TypeError(f"key must be bytes or None, got {type(key).__name__}")
+        if value is not None and not isinstance(value, (bytes, bytearray, memoryview)):
+            raise TypeError(f"value must be bytes or None, got {type(value).__name__}")
+        future, wake = self.accumulator.append(topic, partition, key, value,
+                                               record.now_ms() if timestamp_ms is None else timestamp_ms, headers)
+        if wake:
+            if key is None:
+                self.sticky.next(topic, self.partition_counts.get(topic, 1), partition)
+            self._wake()
+        return future
+
+    async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
+                   partition: int | None = None, timestamp_ms: int | None = None, headers: Headers = None) -> RecordFuture:
+        """Queue one record; await the returned future for its RecordMetadata."""
+        while not self.accumulator.has_room():
+            await asyncio.sleep(0.001)
+        count = await self.partitions_of(topic)
+        return self.append(topic, self.choose_partition(topic, count, key, partition), key, value, timestamp_ms, headers)
+
+    async def send_batch(self, topic: str, data: Any, *, partition: int | None = None,
+                         timestamp_ms: int | None = None) -> list[BatchResult]:
+        """Send a pyarrow Table/RecordBatch or pandas DataFrame with a `value` column and optional
+        `key`, `timestamp` and `headers` columns. Rows are partitioned by key with vectorized
+        murmur3 (null keys spread in batch_size chunks); returns one BatchResult per batch sent."""
+        table = _as_table(data)
+        count = await self.partitions_of(topic)
+        results = []
+        for part, body in self._split(topic, table, count, partition, timestamp_ms):
+            results.append(self.accumulator.append_body(topic, part, body))
+        self._wake()
+        return results
+
+    def _split(self, topic: str, table: pa.Table, count: int, partition: int | None,
+               timestamp_ms: int | None) -> Iterable[tuple[int, pa.RecordBatch]]:
+        body = _standard_body(table, timestamp_ms)
+        if partition is not None:
+            self.choose_partition(topic, count, None, partition)
+            yield from ((partition, chunk) for chunk in self._chunks(body))
+            return
+        keys = body.column("key").combine_chunks()
+        assignment = partitions_for_keys(keys, count) if keys.null_count < len(keys) else np.full(len(keys), -1, np.int32)
+        order = np.argsort(assignment, kind="stable")
+        sorted_parts = assignment[order]
+        bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
+        for rows in np.split(order, bounds):
+            if not len(rows):
+                continue
+            target = int(assignment[rows[0]])
+            subset = body.take(pa.array(rows)) if len(rows) < len(body) else body
+            for chunk in self._chunks(subset):
+                if target >= 0:
+                    yield target, chunk
+                else:
+                    sticky = self.sticky.partition(topic, count)
+                    self.sticky.next(topic, count, sticky)
+                    yield sticky, chunk
+
+    def _chunks(self, table: pa.Table) -> Iterable[pa.RecordBatch]:
+        """Slices of about batch_size bytes (zero-copy), each combined into one RecordBatch."""
+        if table.num_rows == 0:
+            return
+        rows_per_batch = max(1, int(table.num_rows * self.accumulator.batch_size / max(table.nbytes, 1)))
+        for start in range(0, table.num_rows, rows_per_batch):
+            yield table.slice(start, rows_per_batch).combine_chunks().to_batches()[0]
+
+    def _wake(self) -> None:
+        loop = self._loop
+        if loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:
+            self._wakeup.set()
+        else:
+            loop.call_soon_threadsafe(self._wakeup.set)
+
+    async def flush(self, timeout_s: float | None = None) -> None:
+        """Send everything buffered now and wait until each of those records is acknowledged."""
+        pending = list(self.accumulator.incomplete)
+        self._flush_requested = True
+        self._wakeup.set()
+        await asyncio.wait_for(asyncio.gather(*(r.wait_async() for r in pending)), timeout_s)
+
+    async def close(self, timeout_s: float | None = 60.0) -> None:
+        """Flush, stop the sender, close connections. Records still unsent after `timeout_s` fail."""
+        if self._closed:
+            return
+        try:
+            await self.flush(timeout_s)
+        finally:
+            self._closed = True
+            self._wakeup.set()
+            if self._sender is not None:
+                self._sender.cancel()
+                await asyncio.gather(self._sender, return_exceptions=True)
+            for task in list(self._requests):
+                task.cancel()
+            await asyncio.gather(*self._requests, return_exceptions=True)
+            for result in list(self.accumulator.incomplete):
+                result.complete(-1, error=ProducerClosedError("producer closed before the record was sent"))
+            await self.cluster.close()
+
+    # -- the sender ------------------------------------------------------------------------------
+
+    async def _send_loop(self) -> None:
+        while True:
+            force, self._flush_requested = self._flush_requested, False
+            batches, next_due = self.accumulator.drain(force=force)
+            if batches:
+                await self._dispatch(batches)
+                continue
+            self._wakeup.clear()
+            if self.accumulator.sealed or self._flush_requested:
+                continue
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), next_due)
+            except TimeoutError:
+                pass
+
+    async def _dispatch(self, batches: list[ProducerBatch]) -> None:
+        """Group batches per leader into requests of at most max_request_size and send them."""
+        now = time.monotonic()
+        by_node: dict[int, list[ProducerBatch]] = {}
+        for batch in batches:
+            if now - batch.created > self.delivery_timeout_s:
+                self._fail(batch, DeliveryTimeoutError(f"{batch.record_count} records to {batch.topic}-{batch.partition} "
+                                                       f"not acknowledged within {self.delivery_timeout_s}s"))
+                continue
+            try:
+                node = await self.cluster.leader(batch.topic, batch.partition)
+            except PymqError as err:
+                await self._retry_or_fail([batch], err)
+                continue
+            by_node.setdefault(node, []).append(batch)
+        for node, node_batches in by_node.items():
+            request: list[ProducerBatch] = []
+            size = 0
+            for batch in node_batches:
+                encoded = batch.encode(self.compression)
+                if request and size + len(encoded) > self.max_request_size:
+                    await self._launch(node, request)
+                    request, size = [], 0
+                request.append(batch)
+                size += len(encoded)
+            if request:
+                await self._launch(node, request)
+
+    async def _launch(self, node: int, batches: list[ProducerBatch]) -> None:
+        slots = self._in_flight.setdefault(node, asyncio.Semaphore(self.max_in_flight))
+        await slots.acquire()
+        task = asyncio.get_running_loop().create_task(self._produce(node, batches))
+        self._requests.add(task)
+        task.add_done_callback(lambda t: (self._requests.discard(t), slots.release()))
+
+    async def _produce(self, node: int, batches: list[ProducerBatch]) -> None:
+        topics: dict[str, list[dict[str, int]]] = {}
+        ordered: list[ProducerBatch] = []
+        for batch in sorted(batches, key=lambda b: b.topic):
+            topics.setdefault(batch.topic, []).append({"partition": batch.partition, "size": len(batch.encoded or b"")})
+            ordered.append(batch)
+        control = {"acks": self.acks, "timeout_ms": int(self.delivery_timeout_s * 1000),
+                   "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
+        for batch in ordered:
+            batch.attempts += 1
+        try:
+            reply, _ = await self.cluster.request(node, ApiKey.PRODUCE, control, [b.encoded for b in ordered],
+                                                  expect_response=self.acks != 0)
+        except (NetworkError, RequestTimedOutError) as err:
+            await self._retry_or_fail(ordered, err)
+            return
+        except PymqError as err:
+            for batch in ordered:
+                self._fail(batch, err)
+            return
+        if self.acks == 0:
+            for batch in ordered:
+                self._succeed(batch, -1, -1)
+            return
+        results = {(t["name"], p["partition"]): p for t in reply["topics"] for p in t["partitions"]}
+        retry: list[ProducerBatch] = []
+        for batch in ordered:
+            outcome = results.get((batch.topic, batch.partition))
+            if outcome is None:
+                self._fail(batch, NetworkError("broker response omitted the partition"))
+            elif outcome["error_code"] == 0:
+                self._succeed(batch, outcome["base_offset"], outcome.get("log_append_time", -1))
+            else:
+                err = error_for_code(outcome["error_code"], outcome.get("error_message"))
+                if err.retriable:
+                    retry.append(batch)
+                else:
+                    self._fail(batch, err)
+        if retry:
+            await self._retry_or_fail(retry, error_for_code(results[(retry[0].topic, retry[0].partition)]["error_code"]))
+
+    async def _retry_or_fail(self, batches: list[ProducerBatch], err: PymqError) -> None:
+        retryable = [b for b in batches if b.attempts <= self.retries and err.retriable
+                     and time.monotonic() - b.created < self.delivery_timeout_s]
+        for batch in batches:
+            if batch not in retryable:
+                self._fail(batch, err)
+        if not retryable:
+            return
+        attempts = max(b.attempts for b in retryable)
+        backoff = min(self.retry_backoff_s * 2 ** max(attempts - 1, 0), self.retry_backoff_max_s)
+        log.info("retrying %d batches after %s (attempt %d, backoff %.3fs)", len(retryable), err.name(), attempts, backoff)
+        await asyncio.sleep(backoff)
+        try:
+            await self.cluster.refresh()
+        except PymqError as refresh_err:
+            log.info("metadata refresh failed: %s", refresh_err)
+        self.accumulator.requeue(retryable)
+        self._wakeup.set()
+
+    def _succeed(self, batch: ProducerBatch, base_offset: int, log_append_time: int) -> None:
+        batch.result.complete(base_offset, log_append_time)
+        self.accumulator.done(batch)
+
+    def _fail(self, batch: ProducerBatch, err: BaseException) -> None:
+        batch.result.complete(-1, error=err)
+        self.accumulator.done(batch)
+
+
+def _as_table(data: Any) -> pa.Table:
+    if isinstance(data, pa.Table):
+        return data
+    if isinstance(data, pa.RecordBatch):
+        return pa.Table.from_batches([data])
+    try:
+        import pandas as pd
+    except ImportError:  # pragma: no cover - pandas is a dependency
+        pd = None
+    if pd is not None and isinstance(data, pd.DataFrame):
+        return pa.Table.from_pandas(data, preserve_index=False)
+    raise TypeError(f"send_batch takes a pyarrow Table/RecordBatch or a pandas DataFrame, got {type(data).__name__}")
+
+
+def _standard_body(table: pa.Table, timestamp_ms: int | None) -> pa.Table:
+    """Project a user table onto the body schema (key, value, timestamp, headers), casting types."""
+    if "value" not in table.column_names:
+        raise ValueError("send_batch needs a 'value' column")
+    n = table.num_rows
+
+    def column(name: str, kind: pa.DataType) -> pa.ChunkedArray:
+        if name not in table.column_names:
+            return pa.chunked_array([record.null_headers(n) if kind == record.HEADERS_TYPE else pa.nulls(n, kind)])
+        col = table.column(name)
+        if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+            col = pc.cast(col, pa.binary())
+        return col.cast(kind)
+
+    if "timestamp" in table.column_names:
+        ts = table.column("timestamp")
+        ts = ts.cast(pa.int64()).cast(record.TIMESTAMP_TYPE) if not pa.types.is_timestamp(ts.type) else ts.cast(record.TIMESTAMP_TYPE)
+    else:
+        now = record.now_ms() if timestamp_ms is None else timestamp_ms
+        ts = pa.chunked_array([pa.array(np.full(n, now, dtype=np.int64)).cast(record.TIMESTAMP_TYPE)])
+    return pa.table([column("key", pa.binary()), column("value", pa.binary()), ts, column("headers", record.HEADERS_TYPE)],
+                    schema=record.BODY_SCHEMA)
+
+
+class Producer:
+    """Synchronous producer: `send()` from any thread; I/O runs on a private background loop.
+
+        with Producer("127.0.0.1:9092", linger_ms=5) as producer:
+            future = producer.send("orders", b"value", key=b"customer-7")
+            producer.flush()
+            print(future.result())          # RecordMetadata(topic, partition, offset, timestamp)
+    """
+
+    def __init__(self, bootstrap_servers: str | list[str], **config: Any) -> None:
+        self._thread = LoopThread("pymq-producer")
+        try:
+            self._core: AsyncProducer = self._thread.run(self._create(bootstrap_servers, config))
+        except BaseException:
+            self._thread.stop()
+            raise
+
+    @staticmethod
+    async def _create(bootstrap_servers: str | list[str], config: dict[str, Any]) -> AsyncProducer:
+        return await AsyncProducer(bootstrap_servers, **config).start()
+
+    def send(self, topic: str, value: bytes | None = None, key: bytes | None = None, *, partition: int | None = None,
+             timestamp_ms: int | None = None, headers: Headers = None) -> RecordFuture:
+        """Queue one record (thread-safe, does not wait for the network). Blocks up to max_block_ms
+        when buffer_memory is full."""
+        core = self._core
+        count = core.partition_counts.get(topic)
+        if count is None:
+            count = self._thread.run(core.partitions_of(topic))
+        accumulator = core.accumulator
+        if accumulator.buffered_bytes >= accumulator.buffer_memory:
+            self._wait_for_room()
+        return core.append(topic, core.choose_partition(topic, count, key, partition), key, value, timestamp_ms, headers)
+
+    def _wait_for_room(self) -> None:
+        accumulator = self._core.accumulator
+        deadline = time.monotonic() + self._core.max_block_s
+        with accumulator.space:
+            while accumulator.buffered_bytes >= accumulator.buffer_memory:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise DeliveryTimeoutError(f"buffer_memory full for {self._core.max_block_s}s (max_block_ms)")
+                accumulator.space.wait(remaining)
+
+    def send_batch(self, topic: str, data: Any, *, partition: int | None = None,
+                   timestamp_ms: int | None = None) -> list[BatchResult]:
+        """Columnar send of a pyarrow Table/RecordBatch or pandas DataFrame (see AsyncProducer.send_batch)."""
+        return self._thread.run(self._core.send_batch(topic, data, partition=partition, timestamp_ms=timestamp_ms))
+
+    def flush(self, timeout_s: float | None = None) -> None:
+        self._thread.run(self._core.flush(timeout_s))
+
+    def close(self, timeout_s: float | None = 60.0) -> None:
+        try:
+            self._thread.run(self._core.close(timeout_s))
+        finally:
+            self._thread.stop()
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

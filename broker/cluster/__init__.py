@@ -1,0 +1,1 @@
+"""Cluster coordination: the metadata store (local or etcd), topics and partition state."""

@@ -1,0 +1,339 @@
+"""Request handlers: one method per API key, control fields in, (control, payload parts) out.
+
+Handlers never see frames or sockets: the server decodes a `Request`, calls `handle`, and writes
+what comes back. A result is `(control, parts)` where parts are bytes-like objects or
+`FetchSlice`s (segment byte ranges the server sends with sendfile), or None for "no response"
+(produce with acks=0). Handlers that may wait (fetch long poll, admin writes to the metadata
+store) are coroutines; the rest return synchronously so produce appends happen in arrival order.
+
+Errors: a PymqError raised for one partition becomes that partition's `error_code`; one raised
+for the whole request becomes the response's top-level `error_code`. Nothing here touches a
+stored byte unless every check for that partition passed (the log validates before it writes).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Awaitable, Callable, Union
+
+from broker import protocol
+from broker.cluster.topics import TopicRegistry
+from broker.config import BrokerConfig
+from broker.errors import (
+    NONE,
+    InvalidRequestError,
+    InvalidRequiredAcksError,
+    PymqError,
+    UnknownServerError,
+    UnknownTopicOrPartitionError,
+    UnsupportedVersionError,
+)
+from broker.log import FetchSlice, LogManager, PartitionLog
+from broker.protocol import ApiKey, entries, field
+from broker.purgatory import FetchPurgatory
+
+log = logging.getLogger("pymq.handlers")
+
+Part = Union[bytes, bytearray, memoryview, FetchSlice]
+Result = tuple[dict[str, Any], list[Part]] | None
+MAX_WAIT_MS_LIMIT = 300_000
+
+
+def error_fields(err: PymqError) -> dict[str, Any]:
+    return {"error_code": err.code, "error_message": str(err)}
+
+
+class RequestHandlers:
+    """The broker's API. Loop-local: call from the event-loop thread only."""
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        registry: TopicRegistry,
+        logs: LogManager,
+        purgatory: FetchPurgatory,
+        advertised: Callable[[], tuple[str, int]],
+        on_append: Callable[[PartitionLog], None],
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.logs = logs
+        self.purgatory = purgatory
+        self.advertised = advertised
+        self.on_append = on_append
+        self.broker_id: int = config["broker.id"]
+        self._table: dict[int, Callable[[dict[str, Any], memoryview], Result | Awaitable[Result]]] = {
+            ApiKey.API_VERSIONS: self.api_versions,
+            ApiKey.METADATA: self.metadata,
+            ApiKey.CREATE_TOPICS: self.create_topics,
+            ApiKey.DELETE_TOPICS: self.delete_topics,
+            ApiKey.CREATE_PARTITIONS: self.create_partitions,
+            ApiKey.DESCRIBE_CONFIGS: self.describe_configs,
+            ApiKey.ALTER_CONFIGS: self.alter_configs,
+            ApiKey.PRODUCE: self.produce,
+            ApiKey.FETCH: self.fetch,
+            ApiKey.LIST_OFFSETS: self.list_offsets,
+        }
+
+    def handle(self, request: protocol.Request) -> Result | Awaitable[Result]:
+        """Dispatch one request. Raises PymqError for request-level failures."""
+        handler = self._table.get(request.api_key)
+        if handler is None:
+            raise InvalidRequestError(f"unknown api_key {request.api_key}")
+        low, high = protocol.SUPPORTED_VERSIONS[ApiKey(request.api_key)]
+        if not low <= request.api_version <= high:
+            raise UnsupportedVersionError(
+                f"{ApiKey(request.api_key).name} version {request.api_version} not in {low}..{high}"
+            )
+        return handler(request.control, request.payload)
+
+    # -- cluster ---------------------------------------------------------------------------------
+
+    def api_versions(self, control: dict[str, Any], payload: memoryview) -> Result:
+        keys = [{"api_key": int(k), "name": k.name, "min_version": lo, "max_version": hi}
+                for k, (lo, hi) in protocol.SUPPORTED_VERSIONS.items()]
+        return {"error_code": NONE, "api_keys": keys}, []
+
+    def metadata(self, control: dict[str, Any], payload: memoryview) -> Result:
+        names = field(control, "topics", list, None)
+        host, port = self.advertised()
+        topics = []
+        for name in (sorted(self.registry.topics) if names is None else names):
+            if not isinstance(name, str):
+                raise InvalidRequestError("topic names must be strings")
+            try:
+                info = self.registry.get(name)
+            except PymqError as err:
+                topics.append({"name": name, **error_fields(err), "partitions": []})
+                continue
+            partitions = [
+                {"partition": p, "error_code": NONE, "leader": s.leader, "leader_epoch": s.leader_epoch,
+                 "replicas": list(s.replicas), "isr": list(s.isr)}
+                for p, s in sorted(info.partitions.items())
+            ]
+            topics.append({"name": name, "error_code": NONE, "topic_id": info.topic_id, "partitions": partitions})
+        brokers = [{"node_id": self.broker_id, "host": host, "port": port}]
+        return {"error_code": NONE, "brokers": brokers, "controller_id": self.broker_id, "topics": topics}, []
+
+    # -- admin -----------------------------------------------------------------------------------
+
+    async def create_topics(self, control: dict[str, Any], payload: memoryview) -> Result:
+        validate_only = field(control, "validate_only", bool, False)
+        results = []
+        for item in entries(control, "topics"):
+            name = item.get("name")
+            try:
+                partitions = field(item, "num_partitions", int, -1)
+                if partitions == -1:
+                    partitions = self.config["num.partitions"]
+                replication = field(item, "replication_factor", int, -1)
+                replication = 1 if replication == -1 else replication
+                configs = field(item, "configs", dict, {})
+                if validate_only:
+                    self.registry.validate_new_topic(name, partitions, replication, configs)
+                else:
+                    info = await self.registry.create(name, partitions, replication, configs)
+                    config = info.log_config(self.registry.log_defaults)
+                    for p in range(partitions):
+                        self.logs.create(name, p, config)
+                    log.info("created topic %s with %d partitions", name, partitions)
+                results.append({"name": name, "error_code": NONE})
+            except PymqError as err:
+                results.append({"name": name, **error_fields(err)})
+        return {"error_code": NONE, "topics": results}, []
+
+    async def delete_topics(self, control: dict[str, Any], payload: memoryview) -> Result:
+        results = []
+        for name in field(control, "topics", list):
+            try:
+                if not isinstance(name, str):
+                    raise InvalidRequestError("topic names must be strings")
+                await self.registry.delete(name)
+                self.logs.delete_topic(name)
+                log.info("deleted topic %s", name)
+                results.append({"name": name, "error_code": NONE})
+            except PymqError as err:
+                results.append({"name": name, **error_fields(err)})
+        return {"error_code": NONE, "topics": results}, []
+
+    async def create_partitions(self, control: dict[str, Any], payload: memoryview) -> Result:
+        validate_only = field(control, "validate_only", bool, False)
+        results = []
+        for item in entries(control, "topics"):
+            name = item.get("name")
+            try:
+                count = field(item, "count", int)
+                if validate_only:
+                    self.registry.validate_partition_count(name, count)
+                else:
+                    config = self.registry.log_config(name)
+                    for p in await self.registry.add_partitions(name, count):
+                        self.logs.create(name, p, config)
+                    log.info("topic %s now has %d partitions", name, count)
+                results.append({"name": name, "error_code": NONE})
+            except PymqError as err:
+                results.append({"name": name, **error_fields(err)})
+        return {"error_code": NONE, "topics": results}, []
+
+    def describe_configs(self, control: dict[str, Any], payload: memoryview) -> Result:
+        results = []
+        for name in field(control, "topics", list):
+            try:
+                info = self.registry.get(name)
+                effective = info.log_config(self.registry.log_defaults).to_dotted()
+                configs = [
+                    {"name": key, "value": value, "source": "topic" if key in info.configs else "broker_default"}
+                    for key, value in sorted(effective.items())
+                ]
+                results.append({"name": name, "error_code": NONE, "configs": configs})
+            except PymqError as err:
+                results.append({"name": name, **error_fields(err), "configs": []})
+        return {"error_code": NONE, "topics": results}, []
+
+    async def alter_configs(self, control: dict[str, Any], payload: memoryview) -> Result:
+        """Incremental: each topic names configs to `set` and configs to `delete` (reset to default)."""
+        validate_only = field(control, "validate_only", bool, False)
+        results = []
+        for item in entries(control, "topics"):
+            name = item.get("name")
+            try:
+                set_configs = field(item, "set", dict, {})
+                delete = field(item, "delete", list, [])
+                if validate_only:
+                    self.registry.validate_config_change(name, set_configs, delete)
+                else:
+                    config = await self.registry.alter_configs(name, set_configs, delete)
+                    self.logs.update_config(name, config)
+                    log.info("altered configs of %s: set %s, reset %s", name, set_configs, delete)
+                results.append({"name": name, "error_code": NONE})
+            except PymqError as err:
+                results.append({"name": name, **error_fields(err)})
+        return {"error_code": NONE, "topics": results}, []
+
+    # -- data ------------------------------------------------------------------------------------
+
+    def _partition_log(self, topic: Any, partition: Any) -> PartitionLog:
+        if not isinstance(topic, str) or not isinstance(partition, int) or isinstance(partition, bool):
+            raise InvalidRequestError("topic must be a string and partition an integer")
+        partition_log = self.logs.get(topic, partition)
+        if partition_log is None:
+            raise UnknownTopicOrPartitionError(f"unknown topic-partition {topic}-{partition}")
+        return partition_log
+
+    def produce(self, control: dict[str, Any], payload: memoryview) -> Result:
+        acks = field(control, "acks", int, 1)
+        if acks not in (-1, 0, 1):
+            raise InvalidRequiredAcksError(f"acks must be -1, 0 or 1, got {acks}")
+        topics = entries(control, "topics")
+        slices: list[tuple[str, list[tuple[Any, memoryview]]]] = []
+        pos = 0
+        for item in topics:
+            parts = []
+            for p in entries(item, "partitions"):
+                size = field(p, "size", int)
+                if size < 0 or pos + size > len(payload):
+                    raise InvalidRequestError("partition sizes do not match the payload")
+                parts.append((p.get("partition"), payload[pos : pos + size]))
+                pos += size
+            slices.append((item.get("name"), parts))
+        if pos != len(payload):
+            raise InvalidRequestError(f"payload has {len(payload) - pos} bytes not claimed by any partition")
+        results = []
+        for name, parts in slices:
+            partition_results = []
+            for partition, data in parts:
+                partition_results.append({"partition": partition, **self._append(name, partition, data)})
+            results.append({"name": name, "partitions": partition_results})
+        if acks == 0:
+            return None
+        return {"error_code": NONE, "topics": results}, []
+
+    def _append(self, topic: Any, partition: Any, data: memoryview) -> dict[str, Any]:
+        try:
+            partition_log = self._partition_log(topic, partition)
+            leader_epoch = self.registry.get(topic).partitions[partition].leader_epoch
+            info = partition_log.append(data, leader_epoch)
+        except PymqError as err:
+            return {**error_fields(err), "base_offset": -1, "log_append_time": -1, "log_start_offset": -1}
+        self.purgatory.notify((topic, partition))
+        self.on_append(partition_log)
+        return {"error_code": NONE, "base_offset": info.first_offset, "log_append_time": info.log_append_time_ms,
+                "log_start_offset": info.log_start_offset}
+
+    async def fetch(self, control: dict[str, Any], payload: memoryview) -> Result:
+        max_wait_ms = min(max(field(control, "max_wait_ms", int, 0), 0), MAX_WAIT_MS_LIMIT)
+        min_bytes = max(field(control, "min_bytes", int, 1), 0)
+        max_bytes = min(max(field(control, "max_bytes", int, self.config["fetch.max.bytes"]), 1),
+                        self.config["fetch.max.bytes"])
+        wanted = []
+        for item in entries(control, "topics"):
+            for p in entries(item, "partitions"):
+                wanted.append((item.get("name"), p.get("partition"), field(p, "fetch_offset", int),
+                               max(field(p, "max_bytes", int, max_bytes), 1)))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max_wait_ms / 1000
+        while True:
+            control_out, parts, total, failed = self._read_fetch(wanted, max_bytes)
+            remaining = deadline - loop.time()
+            if total >= min_bytes or failed or remaining <= 0:
+                return control_out, parts
+            await self.purgatory.wait([(t, p) for t, p, _, _ in wanted], remaining)
+
+    def _read_fetch(self, wanted: list[tuple[Any, Any, int, int]], max_bytes: int) -> tuple[dict[str, Any], list[Part], int, bool]:
+        by_topic: dict[str, list[dict[str, Any]]] = {}
+        parts: list[Part] = []
+        total = 0
+        failed = False
+        for topic, partition, offset, partition_max in wanted:
+            entry: dict[str, Any] = {"partition": partition, "error_code": NONE, "size": 0}
+            try:
+                partition_log = self._partition_log(topic, partition)
+                entry["high_watermark"] = partition_log.high_watermark
+                entry["log_start_offset"] = partition_log.log_start_offset
+                budget = min(partition_max, max_bytes - total)
+                if budget > 0 or total == 0:
+                    piece = partition_log.read(offset, max(budget, 1), partition_log.high_watermark)
+                    if piece.size:
+                        parts.append(piece)
+                        entry["size"] = piece.size
+                        total += piece.size
+            except PymqError as err:
+                entry.update(error_fields(err))
+                failed = True
+            by_topic.setdefault(topic, []).append(entry)
+        topics = [{"name": name, "partitions": ps} for name, ps in by_topic.items()]
+        return {"error_code": NONE, "topics": topics}, parts, total, failed
+
+    def list_offsets(self, control: dict[str, Any], payload: memoryview) -> Result:
+        results = []
+        for item in entries(control, "topics"):
+            name = item.get("name")
+            partitions = []
+            for p in entries(item, "partitions"):
+                partition = p.get("partition")
+                try:
+                    timestamp = field(p, "timestamp", int)
+                    partition_log = self._partition_log(name, partition)
+                    offset, found_ts = self._offset_for(partition_log, timestamp)
+                    partitions.append({"partition": partition, "error_code": NONE, "offset": offset, "timestamp": found_ts})
+                except PymqError as err:
+                    partitions.append({"partition": partition, **error_fields(err), "offset": -1, "timestamp": -1})
+            results.append({"name": name, "partitions": partitions})
+        return {"error_code": NONE, "topics": results}, []
+
+    @staticmethod
+    def _offset_for(partition_log: PartitionLog, timestamp: int) -> tuple[int, int]:
+        if timestamp == protocol.LATEST_TIMESTAMP:
+            return partition_log.high_watermark, -1
+        if timestamp == protocol.EARLIEST_TIMESTAMP:
+            return partition_log.log_start_offset, -1
+        if timestamp < 0:
+            raise InvalidRequestError(f"timestamp {timestamp} is neither -1, -2 nor a time")
+        found = partition_log.offset_for_timestamp(timestamp)
+        return found if found is not None else (-1, -1)
+
+
+def unexpected_error(err: BaseException) -> dict[str, Any]:
+    """The response fields for a bug: logged with its traceback, reported as UNKNOWN_SERVER_ERROR."""
+    log.exception("handler failed", exc_info=err)
+    return error_fields(UnknownServerError(f"{type(err).__name__}: {err}"))

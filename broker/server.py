@@ -1,0 +1,321 @@
+"""The broker process: asyncio TCP server, connections, background duties, lifecycle.
+
+This is the only asyncio edge of the broker (STYLE.md): it turns bytes into `Request`s with the
+protocol's `FrameDecoder`, hands them to `RequestHandlers`, and writes responses. Per connection:
+
+- Requests are dispatched in arrival order. Synchronous handlers (produce, metadata, list
+  offsets) run inline, so pipelined produces append in order; coroutine handlers (fetch long
+  poll, admin) run as tasks. Responses carry correlation ids and may complete out of order.
+- Responses never interleave: while a response with segment ranges is being sent with
+  `loop.sendfile`, later responses queue behind it.
+- At most `queued.max.requests` requests are in flight; past that, and whenever the socket's
+  write buffer is full, the connection stops reading (backpressure instead of memory growth).
+- Connections idle for `connections.max.idle.ms` are closed; at most `max.connections` are open.
+
+Zero copy: the stock asyncio loop implements `loop.sendfile` with os.sendfile; uvloop does not,
+so under uvloop fetch ranges are read with one `os.pread` each and written (still no decoding).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+import sys
+from collections import deque
+from pathlib import Path
+from collections.abc import Awaitable
+from typing import Any
+
+from broker import protocol
+from broker.cluster.metadata_store import LocalMetadataStore, MetadataStore
+from broker.cluster.topics import TopicRegistry
+from broker.config import BrokerConfig
+from broker.errors import InvalidRequestError, MessageTooLargeError, PymqError
+from broker.handlers import Part, RequestHandlers, Result, error_fields, unexpected_error
+from broker.log import FetchSlice, LogManager, PartitionLog
+from broker.purgatory import FetchPurgatory
+from broker.record import now_ms
+
+log = logging.getLogger("pymq.server")
+
+METADATA_FILE = "__cluster_metadata.json"
+
+
+class Connection(asyncio.Protocol):
+    """One client connection. Loop-local."""
+
+    def __init__(self, broker: "Broker") -> None:
+        self.broker = broker
+        self.loop = asyncio.get_running_loop()
+        self.decoder = protocol.FrameDecoder(broker.config["socket.request.max.bytes"])
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self.last_active = self.loop.time()
+        self.in_flight: set[asyncio.Task[None]] = set()
+        self._queue: deque[tuple[bytes, list[Part]]] = deque()
+        self._writer: asyncio.Task[None] | None = None
+        self._write_paused = False
+        self._read_paused = False
+
+    # -- asyncio.Protocol ------------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.peer = str(transport.get_extra_info("peername"))
+        if len(self.broker.connections) >= self.broker.config["max.connections"]:
+            log.warning("refusing %s: max.connections reached", self.peer)
+            transport.close()
+            return
+        self.broker.connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.broker.connections.discard(self)
+        for task in self.in_flight:
+            task.cancel()
+        self._queue.clear()
+        if self._writer is not None:
+            self._writer.cancel()
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+        self._update_reading()
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        self._update_reading()
+
+    def data_received(self, data: bytes) -> None:
+        self.last_active = self.loop.time()
+        try:
+            for frame in self.decoder.feed(data):
+                self._dispatch(frame)
+        except InvalidRequestError as err:
+            log.warning("closing %s: unrecoverable framing error: %s", self.peer, err)
+            assert self.transport is not None
+            self.transport.close()
+
+    # -- requests --------------------------------------------------------------------------------
+
+    def _dispatch(self, frame: protocol.Frame) -> None:
+        if isinstance(frame, protocol.OversizeRequest):
+            limit = self.decoder.max_frame_bytes
+            err: PymqError = MessageTooLargeError(f"request of {frame.size} bytes exceeds socket.request.max.bytes {limit}")
+            self._respond(frame.correlation_id, (error_fields(err), []))
+            return
+        if isinstance(frame, protocol.MalformedRequest):
+            self._respond(frame.correlation_id, (error_fields(InvalidRequestError(frame.reason)), []))
+            return
+        try:
+            result = self.broker.handlers.handle(frame)
+        except PymqError as err:
+            result = (error_fields(err), [])
+        except Exception as err:  # a bug must not take the connection down
+            result = (unexpected_error(err), [])
+        if isinstance(result, Awaitable):
+            task = self.loop.create_task(self._finish(frame.correlation_id, result))
+            self.in_flight.add(task)
+            task.add_done_callback(self._task_done)
+            self._update_reading()
+        else:
+            self._respond(frame.correlation_id, result)
+
+    async def _finish(self, correlation_id: int, pending: Awaitable[Result]) -> None:
+        try:
+            result = await pending
+        except PymqError as err:
+            result = (error_fields(err), [])
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            result = (unexpected_error(err), [])
+        self._respond(correlation_id, result)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self.in_flight.discard(task)
+        self._update_reading()
+
+    def _update_reading(self) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        should_pause = self._write_paused or len(self.in_flight) >= self.broker.config["queued.max.requests"]
+        if should_pause and not self._read_paused:
+            self.transport.pause_reading()
+        elif not should_pause and self._read_paused:
+            self.transport.resume_reading()
+        self._read_paused = should_pause
+
+    # -- responses -------------------------------------------------------------------------------
+
+    def _respond(self, correlation_id: int, result: Result) -> None:
+        if result is None or self.transport is None or self.transport.is_closing():
+            return
+        control, parts = result
+        size = sum(p.size if isinstance(p, FetchSlice) else len(p) for p in parts)
+        header = protocol.encode_response(correlation_id, control, size)
+        self.last_active = self.loop.time()
+        if self._queue or (self.broker.zero_copy and any(isinstance(p, FetchSlice) for p in parts)):
+            self._queue.append((header, parts))
+            if self._writer is None:
+                self._writer = self.loop.create_task(self._drain_queue())
+            return
+        self.transport.writelines([header, *(p.read_bytes() if isinstance(p, FetchSlice) else p for p in parts)])
+
+    async def _drain_queue(self) -> None:
+        """Write queued responses in order, sending segment ranges with sendfile."""
+        transport = self.transport
+        assert transport is not None
+        try:
+            while self._queue:
+                header, parts = self._queue.popleft()
+                transport.write(header)
+                for part in parts:
+                    if isinstance(part, FetchSlice):
+                        await self.loop.sendfile(transport, part.file, part.position, part.size, fallback=False)
+                    else:
+                        transport.write(part)
+        except (ConnectionError, RuntimeError, OSError) as err:
+            log.info("connection %s failed while sending: %s", self.peer, err)
+            transport.abort()
+        finally:
+            self._writer = None
+
+
+class Broker:
+    """One broker: metadata, logs, handlers, the TCP listener and background duties."""
+
+    def __init__(self, config: BrokerConfig, store: MetadataStore | None = None) -> None:
+        self.config = config
+        self.log_dir = Path(config["log.dir"])
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.store = store or LocalMetadataStore(self.log_dir / METADATA_FILE)
+        self.registry = TopicRegistry(self.store, config["broker.id"], config.log_defaults)
+        self.logs = LogManager(self.log_dir)
+        self.purgatory = FetchPurgatory()
+        self.handlers = RequestHandlers(config, self.registry, self.logs, self.purgatory, self.advertised, self._after_append)
+        self.connections: set[Connection] = set()
+        self.zero_copy = config["zero.copy"] and config["event.loop"] == "asyncio"
+        self._server: asyncio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._flushing: set[PartitionLog] = set()
+        self._stopped = asyncio.Event()
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None, "broker not started"
+        return self._server.sockets[0].getsockname()[1]
+
+    def advertised(self) -> tuple[str, int]:
+        return self.config["host"], self.port
+
+    async def start(self) -> None:
+        await self.registry.load()
+        configs = {name: info.log_config(self.registry.log_defaults) for name, info in self.registry.topics.items()}
+        self.logs.load(configs)
+        for name, info in self.registry.topics.items():
+            for p in range(info.partition_count):
+                if self.logs.get(name, p) is None:
+                    self.logs.create(name, p, configs[name])
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: Connection(self), self.config["host"], self.config["port"], reuse_address=True, backlog=1024
+        )
+        for sock in self._server.sockets:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        self._tasks = [
+            loop.create_task(self._every(self.config["log.retention.check.interval.ms"], self._retention)),
+            loop.create_task(self._every(self.config["log.flush.scheduler.interval.ms"], self._scheduled_flush)),
+            loop.create_task(self._every(1000, self._close_idle)),
+        ]
+        log.info("pymq broker %d listening on %s:%d (log.dir %s, %d topics)", self.config["broker.id"],
+                 self.config["host"], self.port, self.log_dir, len(self.registry.topics))
+
+    async def stop(self) -> None:
+        """Clean shutdown: stop accepting, close connections, flush every log, write recovery points."""
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        while self._flushing:
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(self.logs.close)
+        await self.store.close()
+        self._stopped.set()
+        log.info("pymq broker %d stopped cleanly", self.config["broker.id"])
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    # -- background duties -----------------------------------------------------------------------
+
+    async def _every(self, interval_ms: int, duty: Any) -> None:
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            try:
+                await duty()
+            except Exception:
+                log.exception("background duty %s failed", duty.__name__)
+
+    async def _retention(self) -> None:
+        now = now_ms()
+        deleted = self.logs.run_retention(now)
+        if deleted:
+            log.info("retention deleted %d segments", deleted)
+        self.logs.purge_deleted(now, self.config["file.delete.delay.ms"])
+
+    async def _scheduled_flush(self) -> None:
+        for partition_log in self.logs.logs_needing_flush(now_ms()):
+            self._flush(partition_log)
+
+    def _after_append(self, partition_log: PartitionLog) -> None:
+        if partition_log.needs_flush(now_ms()):
+            self._flush(partition_log)
+
+    def _flush(self, partition_log: PartitionLog) -> None:
+        """fsync off the event loop; at most one flush per log at a time."""
+        if partition_log in self._flushing:
+            return
+        self._flushing.add(partition_log)
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(partition_log.flush))
+        task.add_done_callback(lambda t: self._flush_done(partition_log, t))
+
+    def _flush_done(self, partition_log: PartitionLog, task: asyncio.Task[None]) -> None:
+        self._flushing.discard(partition_log)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("flush of %s-%d failed: %s", partition_log.topic, partition_log.partition, task.exception())
+
+    async def _close_idle(self) -> None:
+        limit_s = self.config["connections.max.idle.ms"] / 1000
+        now = asyncio.get_running_loop().time()
+        for conn in list(self.connections):
+            if not conn.in_flight and now - conn.last_active > limit_s and conn.transport is not None:
+                log.info("closing idle connection %s", conn.peer)
+                conn.transport.close()
+
+
+async def serve(config: BrokerConfig) -> None:
+    """Run a broker until SIGTERM / SIGINT, then shut down cleanly."""
+    broker = Broker(config)
+    await broker.start()
+    print(f"pymq broker {config['broker.id']} listening on {config['host']}:{broker.port}", flush=True)
+    loop = asyncio.get_running_loop()
+    stopping: list[asyncio.Task[None]] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: stopping.append(loop.create_task(broker.stop())) if not stopping else None)
+    await broker.wait_stopped()
+
+
+def run(config: BrokerConfig) -> None:
+    """Entry point for `pymq broker start`: pick the event loop and serve."""
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if config["event.loop"] == "uvloop":
+        import uvloop
+
+        uvloop.run(serve(config))
+    else:
+        asyncio.run(serve(config))

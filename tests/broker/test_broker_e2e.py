@@ -1,0 +1,208 @@
+"""End-to-end scenarios over real broker processes on loopback, through the real client."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from broker import record
+from broker.client import EARLIEST, LATEST, Admin, Consumer, Producer
+from broker.errors import OffsetOutOfRangeError
+
+
+def consume_all(bootstrap: str, topic: str, partitions: int, expected: int, timeout_s: float = 60.0) -> pa.Table:
+    """Everything in the topic from the beginning, as one table (fails if `expected` rows never come)."""
+    consumer = Consumer(bootstrap, auto_offset_reset="earliest")
+    try:
+        consumer.assign([(topic, p) for p in range(partitions)])
+        tables, received = [], 0
+        deadline = time.monotonic() + timeout_s
+        while received < expected and time.monotonic() < deadline:
+            table = consumer.poll_arrow(timeout_ms=500)
+            tables.append(table)
+            received += table.num_rows
+        assert received == expected, f"received {received} of {expected} records"
+        assert consumer.poll_arrow(timeout_ms=200).num_rows == 0, "more records than produced"
+        return pa.concat_tables(tables)
+    finally:
+        consumer.close()
+
+
+def values_table(n: int, start: int = 0) -> pa.Table:
+    ids = np.arange(start, start + n)
+    values = pc.cast(pa.array(ids), pa.string()).cast(pa.binary())
+    return pa.table({"key": values, "value": values})
+
+
+def create(bootstrap: str, topic: str, partitions: int, **configs: object) -> None:
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic, partitions=partitions, configs=configs)
+
+
+def assert_in_order_without_gaps(table: pa.Table, partitions: int) -> None:
+    for p in range(partitions):
+        offsets = table.filter(pc.equal(table["partition"], p))["offset"].to_numpy()
+        assert (offsets == np.arange(len(offsets))).all(), f"partition {p} offsets are not 0..n-1 in order"
+
+
+def test_round_trip_of_100k_records_on_3_partitions_keeps_order_and_loses_nothing(broker):
+    """100,000 keyed records produced columnar and per record come back complete and in partition order."""
+    create(broker.bootstrap, "round-trip", 3)
+    with Producer(broker.bootstrap, linger_ms=2, batch_size=64 * 1024) as producer:
+        producer.send_batch("round-trip", values_table(90_000))
+        futures = [producer.send("round-trip", str(i).encode(), key=str(i).encode()) for i in range(90_000, 100_000)]
+        producer.flush()
+    assert all(f.result().offset >= 0 for f in futures)
+    table = consume_all(broker.bootstrap, "round-trip", 3, 100_000)
+    assert sorted(int(v) for v in table["value"].to_pylist()) == list(range(100_000))
+    assert_in_order_without_gaps(table, 3)
+    for p in range(3):
+        # per-partition order: record ids produced by send() appear in increasing order
+        values = [int(v) for v in table.filter(pc.equal(table["partition"], p))["value"].to_pylist()]
+        sent_one_by_one = [v for v in values if v >= 90_000]
+        assert sent_one_by_one == sorted(sent_one_by_one)
+
+
+def test_records_with_one_key_land_on_one_partition(broker):
+    """Every record keyed 'customer-42', sent one by one or columnar, lands on the same partition."""
+    create(broker.bootstrap, "keyed", 3)
+    with Producer(broker.bootstrap, linger_ms=1) as producer:
+        singles = [producer.send("keyed", b"v%d" % i, key=b"customer-42") for i in range(200)]
+        producer.send_batch("keyed", pa.table({"key": [b"customer-42"] * 300, "value": [b"x"] * 300}))
+        producer.flush()
+    partitions = {f.result().partition for f in singles}
+    assert len(partitions) == 1
+    table = consume_all(broker.bootstrap, "keyed", 3, 500)
+    assert set(table["partition"].to_pylist()) == partitions
+
+
+@pytest.mark.parametrize("crash", [True, False], ids=["sigkill", "clean-stop"])
+def test_restart_keeps_every_acknowledged_record(broker_factory, crash):
+    """After SIGKILL or SIGTERM and a restart, topics and all acknowledged records are still there."""
+    broker = broker_factory(**{"log.flush.interval.messages": 1}).start()
+    create(broker.bootstrap, "durable", 2, **{"segment.bytes": 64 * 1024})
+    with Producer(broker.bootstrap, acks=1, linger_ms=1) as producer:
+        producer.send_batch("durable", values_table(20_000))
+        producer.flush()
+    if crash:
+        broker.kill()
+    else:
+        assert broker.stop() == 0
+    broker.start()
+    table = consume_all(broker.bootstrap, "durable", 2, 20_000)
+    assert sorted(int(v) for v in table["value"].to_pylist()) == list(range(20_000))
+    with Producer(broker.bootstrap) as producer:  # the log is writable where it left off
+        metadata = producer.send("durable", b"after-restart", partition=0).result(10)
+    assert metadata.offset == table.filter(pc.equal(table["partition"], 0)).num_rows
+
+
+def test_torn_tail_is_truncated_on_recovery_and_earlier_records_survive(broker_factory):
+    """Half a batch appended by hand to the active segment is cut off at restart; the rest reads fine."""
+    broker = broker_factory().start()
+    create(broker.bootstrap, "torn", 1)
+    with Producer(broker.bootstrap, linger_ms=0) as producer:
+        for chunk in range(5):
+            producer.send_batch("torn", values_table(100, start=chunk * 100))
+            producer.flush()
+    broker.kill()
+    segment = sorted((broker.log_dir / "torn-0").glob("*.log"))[-1]
+    size_before = segment.stat().st_size
+    torn = record.encode_batch(record.make_body([b"torn"] * 50, timestamps_ms=1))
+    with open(segment, "ab") as f:
+        f.write(torn[: len(torn) // 2])
+    broker.start()
+    table = consume_all(broker.bootstrap, "torn", 1, 500)
+    assert table["offset"].to_pylist() == list(range(500))
+    assert segment.stat().st_size == size_before
+    with Producer(broker.bootstrap) as producer:
+        assert producer.send("torn", b"next", partition=0).result(10).offset == 500
+
+
+def test_retention_deletes_old_segments_and_moves_the_log_start(broker_factory):
+    """With retention.bytes small, whole old segments go and ListOffsets EARLIEST moves past them."""
+    broker = broker_factory(**{"log.retention.check.interval.ms": 100, "file.delete.delay.ms": 0}).start()
+    create(broker.bootstrap, "retained", 1, **{"segment.bytes": 16 * 1024, "retention.bytes": 48 * 1024})
+    with Producer(broker.bootstrap, linger_ms=0, batch_size=4096) as producer:
+        producer.send_batch("retained", values_table(20_000))
+        producer.flush()
+    partition_dir = broker.log_dir / "retained-0"
+    limit = 48 * 1024 + 16 * 1024  # retention.bytes plus the active segment
+
+    def stored_bytes() -> int:
+        total = 0
+        for segment in partition_dir.glob("*.log"):
+            try:
+                total += segment.stat().st_size
+            except FileNotFoundError:  # deleted by retention between glob and stat
+                pass
+        return total
+
+    deadline = time.monotonic() + 15
+    while stored_bytes() > limit and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert stored_bytes() <= limit
+    with Admin(broker.bootstrap) as admin:
+        start = admin.list_offsets({("retained", 0): EARLIEST})[("retained", 0)][0]
+        end = admin.list_offsets({("retained", 0): LATEST})[("retained", 0)][0]
+    assert 0 < start < end == 20_000
+    segments = list(partition_dir.glob("*.log"))
+    assert int(sorted(segments)[0].stem) == start
+    consumer = Consumer(broker.bootstrap, auto_offset_reset="none")
+    try:
+        consumer.assign([("retained", 0)])
+        consumer.seek(("retained", 0), 0)
+        with pytest.raises(OffsetOutOfRangeError):
+            consumer.poll_arrow(timeout_ms=5000)
+        consumer.seek(("retained", 0), start)
+        assert consumer.poll_arrow(timeout_ms=5000)["offset"][0].as_py() == start
+    finally:
+        consumer.close()
+
+
+def test_long_poll_returns_as_soon_as_data_arrives(broker):
+    """A fetch waiting up to 10 s answers within a fraction of a second of a produce."""
+    create(broker.bootstrap, "long-poll", 1)
+    consumer = Consumer(broker.bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=10_000)
+    try:
+        consumer.assign([("long-poll", 0)])
+        time.sleep(0.5)  # the fetcher is now parked in the broker's purgatory
+        sent_at: list[float] = []
+
+        def produce_later() -> None:
+            time.sleep(0.5)
+            with Producer(broker.bootstrap, linger_ms=0) as producer:
+                sent_at.append(time.monotonic())
+                producer.send("long-poll", b"wake up", partition=0).result(10)
+
+        thread = threading.Thread(target=produce_later)
+        thread.start()
+        table = consumer.poll_arrow(timeout_ms=9000)
+        received_at = time.monotonic()
+        thread.join()
+        assert table["value"].to_pylist() == [b"wake up"]
+        assert received_at - sent_at[0] < 2.0, "the fetch waited for its timeout instead of the data"
+    finally:
+        consumer.close()
+
+
+def test_offsets_for_times_finds_the_first_record_at_or_after_a_time(broker):
+    """offsets_for_times maps a timestamp to the first offset with a timestamp at or after it."""
+    create(broker.bootstrap, "timed", 1)
+    with Producer(broker.bootstrap, linger_ms=0) as producer:
+        for i, ts in enumerate([1_000, 2_000, 3_000]):
+            producer.send_batch("timed", pa.table({"value": [b"a", b"b"], "timestamp": [ts, ts]}))
+            producer.flush()
+    consumer = Consumer(broker.bootstrap)
+    try:
+        consumer.assign([("timed", 0)])
+        found = consumer.offsets_for_times({("timed", 0): 1_500})
+        assert found[("timed", 0)] == (2, 2_000)
+        assert consumer.offsets_for_times({("timed", 0): 9_999})[("timed", 0)] is None
+    finally:
+        consumer.close()
