@@ -258,7 +258,8 @@ class AsyncProducer:
                  batch_size: int = 256 * 1024, compression: str = "none", max_in_flight: int = 5,
                  retries: int = 2**31 - 1, retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
                  delivery_timeout_ms: int = 120_000, request_timeout_ms: int = 30_000,
-                 max_request_size: int = 16 << 20, buffer_memory: int = 64 << 20, max_block_ms: int = 60_000) -> None:
+                 max_request_size: int = 16 << 20, buffer_memory: int = 64 << 20, max_block_ms: int = 60_000,
+                 metadata_max_age_ms: int = 300_000) -> None:
         self.acks = {"all": -1, "-1": -1, "1": 1, "0": 0}.get(str(acks), acks)
         if self.acks not in (-1, 0, 1):
             raise ValueError(f"acks must be 0, 1 or 'all', got {acks!r}")
@@ -274,6 +275,8 @@ class AsyncProducer:
         self.delivery_timeout_s = delivery_timeout_ms / 1000
         self.max_request_size = max_request_size
         self.max_block_s = max_block_ms / 1000
+        self.metadata_max_age_s = metadata_max_age_ms / 1000
+        self._metadata_refreshed = 0.0
         self.cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms, max_in_flight=max_in_flight)
         self.accumulator = RecordAccumulator(batch_size, linger_ms, buffer_memory)
         self.sticky = StickyPartitioner()
@@ -288,8 +291,7 @@ class AsyncProducer:
 
     async def start(self) -> "AsyncProducer":
         self._loop = asyncio.get_running_loop()
-        await self.cluster.refresh()
-        self.partition_counts = {t: len(ps) for t, ps in self.cluster.topics.items()}
+        await self._refresh_metadata()
         self._sender = self._loop.create_task(self._send_loop())
         return self
 
@@ -306,6 +308,12 @@ class AsyncProducer:
         if count is None:
             count = self.partition_counts[topic] = len(await self.cluster.partitions(topic))
         return count
+
+    async def _refresh_metadata(self) -> None:
+        """Reload leaders and partition counts (new partitions start receiving records)."""
+        await self.cluster.refresh()
+        self.partition_counts = {t: len(ps) for t, ps in self.cluster.topics.items()}
+        self._metadata_refreshed = time.monotonic()
 
     def choose_partition(self, topic: str, count: int, key: bytes | None, partition: int | None) -> int:
         if partition is not None:
@@ -448,6 +456,11 @@ class AsyncProducer:
     async def _dispatch(self, batches: list[ProducerBatch]) -> None:
         """Group batches per leader into requests of at most max_request_size and send them."""
         now = time.monotonic()
+        if now - self._metadata_refreshed > self.metadata_max_age_s:
+            try:
+                await self._refresh_metadata()
+            except PymqError as err:
+                log.info("periodic metadata refresh failed: %s", err)
         by_node: dict[int, list[ProducerBatch]] = {}
         for batch in batches:
             if now - batch.created > self.delivery_timeout_s:
@@ -534,7 +547,7 @@ class AsyncProducer:
         log.info("retrying %d batches after %s (attempt %d, backoff %.3fs)", len(retryable), err.name(), attempts, backoff)
         await asyncio.sleep(backoff)
         try:
-            await self.cluster.refresh()
+            await self._refresh_metadata()
         except PymqError as refresh_err:
             log.info("metadata refresh failed: %s", refresh_err)
         self.accumulator.requeue(retryable)

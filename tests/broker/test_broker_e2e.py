@@ -206,3 +206,16 @@ def test_offsets_for_times_finds_the_first_record_at_or_after_a_time(broker):
         assert consumer.offsets_for_times({("timed", 0): 9_999})[("timed", 0)] is None
     finally:
         consumer.close()
+
+
+def test_producer_starts_using_added_partitions_after_a_metadata_refresh(broker):
+    """After CreatePartitions, a running producer spreads keys over the new partitions too."""
+    create(broker.bootstrap, "growing", 1)
+    with Producer(broker.bootstrap, linger_ms=0, metadata_max_age_ms=200) as producer:
+        assert {producer.send("growing", b"x", key=b"k%d" % i).result(10).partition for i in range(20)} == {0}
+        with Admin(broker.bootstrap) as admin:
+            admin.create_partitions("growing", 3)
+        time.sleep(0.3)
+        producer.send("growing", b"x", key=b"trigger").result(10)  # the dispatch that refreshes
+        used = {producer.send("growing", b"x", key=b"k%d" % i).result(10).partition for i in range(50)}
+    assert used == {0, 1, 2}
