@@ -327,6 +327,20 @@ def patch_offsets(buf: bytearray | memoryview, pos: int, base_offset: int, leade
     _EPOCH.pack_into(buf, pos + 12, leader_epoch)
 
 
+def stamp_log_append_time(buf: bytearray | memoryview, pos: int, header: BatchHeader, base_offset: int,
+                          leader_epoch: int, now_ms: int) -> None:
+    """Rewrite a header for LogAppendTime in place: offsets, epoch, the timestamp-type bit, base
+    and max timestamp = now, and the CRC (which covers attributes and timestamps). Readers take
+    every record's timestamp from the header for such batches, so the body is left untouched."""
+    fields = [
+        base_offset, header.batch_length, leader_epoch, header.magic, 0,
+        header.attributes | TIMESTAMP_TYPE_BIT, header.last_offset_delta, now_ms, now_ms,
+        header.producer_id, header.producer_epoch, header.base_sequence, header.record_count,
+    ]
+    HEADER.pack_into(buf, pos, *fields)
+    _CRC.pack_into(buf, pos + 17, _crc32c.crc32c(memoryview(buf)[pos + CRC_START : pos + header.size]))
+
+
 def decode_body(buf: bytes | bytearray | memoryview | pa.Buffer, header: BatchHeader, pos: int = 0) -> pa.RecordBatch:
     """Decode the Arrow body of the batch at `pos` (zero-copy over `buf` when uncompressed)."""
     body = pa.py_buffer(buf) if not isinstance(buf, pa.Buffer) else buf

@@ -71,12 +71,15 @@ def to_record_batch(topic: str, partition: int, header: record.BatchHeader, body
         body = body.slice(skip)
     n = body.num_rows
     first = header.base_offset + skip
+    # LogAppendTime: the broker's append time in the header is every record's timestamp.
+    timestamps = (pa.array(np.full(n, header.max_timestamp, np.int64)).cast(record.TIMESTAMP_TYPE)
+                  if header.log_append_time else body.column(2))
     return pa.RecordBatch.from_arrays(
         [
             pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int8)), pa.array([topic])).cast(pa.string()),
             pa.array(np.full(n, partition, np.int32)),
             pa.array(np.arange(first, first + n, dtype=np.int64)),
-            body.column(2),
+            timestamps,
             pa.array(np.full(n, 1 if header.log_append_time else 0, np.int8)),
             body.column(0),
             body.column(1),

@@ -27,8 +27,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import crc32c
-
 from broker import record
 from broker.config import INT32_MAX, LogConfig
 from broker.errors import CorruptMessageError, KafkaStorageError, OffsetOutOfRangeError
@@ -300,7 +298,7 @@ class PartitionLog:
         for position, header in headers:
             max_timestamp = header.max_timestamp
             if log_append_time:
-                _stamp_log_append_time(view, position, header, next_offset, leader_epoch, now)
+                record.stamp_log_append_time(view, position, header, next_offset, leader_epoch, now)
                 max_timestamp = now
             else:
                 record.patch_offsets(view, position, next_offset, leader_epoch)
@@ -507,17 +505,3 @@ class PartitionLog:
             segment.close()
         self._closed = True
 
-
-def _stamp_log_append_time(
-    view: memoryview, position: int, header: record.BatchHeader, base_offset: int, leader_epoch: int, now_ms: int
-) -> None:
-    """Rewrite a header for LogAppendTime: offsets, epoch, timestamp-type bit, base and max
-    timestamp = now, and the CRC (which covers attributes and timestamps)."""
-    fields = [
-        base_offset, header.batch_length, leader_epoch, header.magic, 0,
-        header.attributes | record.TIMESTAMP_TYPE_BIT, header.last_offset_delta, now_ms, now_ms,
-        header.producer_id, header.producer_epoch, header.base_sequence, header.record_count,
-    ]
-    record.HEADER.pack_into(view, position, *fields)
-    fields[4] = crc32c.crc32c(view[position + record.CRC_START : position + header.size])
-    record.HEADER.pack_into(view, position, *fields)

@@ -219,3 +219,15 @@ def test_producer_starts_using_added_partitions_after_a_metadata_refresh(broker)
         producer.send("growing", b"x", key=b"trigger").result(10)  # the dispatch that refreshes
         used = {producer.send("growing", b"x", key=b"k%d" % i).result(10).partition for i in range(50)}
     assert used == {0, 1, 2}
+
+
+def test_log_append_time_topic_reports_the_broker_time_to_consumers(broker):
+    """With message.timestamp.type=LogAppendTime, consumers see the append time, not the producer's."""
+    create(broker.bootstrap, "append-time", 1, **{"message.timestamp.type": "LogAppendTime"})
+    before = record.now_ms()
+    with Producer(broker.bootstrap, linger_ms=0) as producer:
+        metadata = producer.send("append-time", b"x", timestamp_ms=1_000).result(10)
+    assert metadata.timestamp >= before
+    table = consume_all(broker.bootstrap, "append-time", 1, 1)
+    assert table["timestamp_type"].to_pylist() == [1]
+    assert table["timestamp"].cast(pa.int64()).to_pylist() == [metadata.timestamp]
