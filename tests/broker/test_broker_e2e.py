@@ -51,8 +51,10 @@ def assert_in_order_without_gaps(table: pa.Table, partitions: int) -> None:
         assert (offsets == np.arange(len(offsets))).all(), f"partition {p} offsets are not 0..n-1 in order"
 
 
-def test_round_trip_of_100k_records_on_3_partitions_keeps_order_and_loses_nothing(broker):
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"], ids=["uvloop-pread", "asyncio-sendfile"])
+def test_round_trip_of_100k_records_on_3_partitions_keeps_order_and_loses_nothing(broker_factory, event_loop):
     """100,000 keyed records produced columnar and per record come back complete and in partition order."""
+    broker = broker_factory(**{"event.loop": event_loop}).start()
     create(broker.bootstrap, "round-trip", 3)
     with Producer(broker.bootstrap, linger_ms=2, batch_size=64 * 1024) as producer:
         producer.send_batch("round-trip", values_table(90_000))
