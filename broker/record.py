@@ -184,21 +184,12 @@ def encode_body(body: pa.RecordBatch, compression: str = "none") -> pa.Buffer:
     return sink.getvalue()
 
 
-def encode_batch(
-    body: pa.RecordBatch,
-    *,
-    compression: str = "none",
-    base_offset: int = 0,
-    partition_leader_epoch: int = -1,
-    attributes: int = 0,
-    producer_id: int = -1,
-    producer_epoch: int = -1,
-    base_sequence: int = -1,
-) -> bytearray:
+def encode_batch(body: pa.RecordBatch, *, compression: str = "none", **header_fields: int) -> bytearray:
     """Encode one record batch: header + IPC body, CRC32C over bytes 21..end.
 
-    The body must have at least one row and a non-null `timestamp` column. Returns a bytearray so
-    that callers (the broker, tests) can patch offsets in place.
+    `header_fields` are frame_body's optional header fields (base_offset, partition_leader_epoch,
+    attributes, producer_id, producer_epoch, base_sequence). The body must have at least one row
+    and no null timestamp. Returns a bytearray so callers can patch offsets in place.
     """
     count = body.num_rows
     if count == 0:
@@ -207,18 +198,8 @@ def encode_batch(
     if ts.null_count:
         raise ValueError("record timestamps must not be null")
     bounds = pc.min_max(ts.cast(pa.int64()))
-    return frame_body(
-        encode_body(body, compression),
-        record_count=count,
-        base_timestamp=bounds["min"].as_py(),
-        max_timestamp=bounds["max"].as_py(),
-        base_offset=base_offset,
-        partition_leader_epoch=partition_leader_epoch,
-        attributes=attributes,
-        producer_id=producer_id,
-        producer_epoch=producer_epoch,
-        base_sequence=base_sequence,
-    )
+    return frame_body(encode_body(body, compression), record_count=count, base_timestamp=bounds["min"].as_py(),
+                      max_timestamp=bounds["max"].as_py(), **header_fields)
 
 
 def frame_body(
