@@ -53,6 +53,7 @@ class Connection(asyncio.Protocol):
         self.peer = "?"
         self.last_active = self.loop.time()
         self.in_flight: set[asyncio.Task[None]] = set()
+        self._fetches: set[asyncio.Task[None]] = set()
         self._queue: deque[tuple[bytes, list[Part]]] = deque()
         self._writer: asyncio.Task[None] | None = None
         self._write_paused = False
@@ -71,7 +72,9 @@ class Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.broker.connections.discard(self)
-        for task in self.in_flight:
+        # Parked fetches have nobody to answer; admin changes run to completion so that
+        # metadata and logs never disagree because a client hung up mid-request.
+        for task in self._fetches:
             task.cancel()
         self._queue.clear()
         if self._writer is not None:
@@ -115,6 +118,8 @@ class Connection(asyncio.Protocol):
         if isinstance(result, Awaitable):
             task = self.loop.create_task(self._finish(frame.correlation_id, result))
             self.in_flight.add(task)
+            if frame.api_key == protocol.ApiKey.FETCH:
+                self._fetches.add(task)
             task.add_done_callback(self._task_done)
             self._update_reading()
         else:
@@ -133,6 +138,7 @@ class Connection(asyncio.Protocol):
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self.in_flight.discard(task)
+        self._fetches.discard(task)
         self._update_reading()
 
     def _update_reading(self) -> None:
