@@ -67,7 +67,7 @@ def consume(topic: str, partitions: tuple[int, ...], from_beginning: bool, offse
     """
     if sum([from_beginning, offset is not None, timestamp is not None]) > 1:
         raise click.UsageError("give at most one of --from-beginning, --offset and --timestamp")
-    writer = RecordWriter(FORMATTERS[output_format](print_key, print_offset, key_separator))
+    writer = RecordWriter(emitter(output_format, print_key, print_offset, key_separator))
     tps = topic_partitions(topic, partitions)
     # Start where assign() puts the partitions when that is what was asked: a seek right after
     # assign waits out the long-poll fetch already in flight (up to fetch_max_wait_ms).
@@ -112,10 +112,24 @@ def drain(consumer: "Consumer", writer: "RecordWriter", max_messages: int | None
 # -- output formats ----------------------------------------------------------------------------
 
 
+Emit = Callable[["pa.Table"], None]
+
+
+def emitter(output_format: str, print_key: bool, print_offset: bool, separator: str) -> Emit:
+    """The function that writes one polled RECORD_SCHEMA table to stdout in `output_format`."""
+    if output_format == "text":
+        return lambda table: click.echo(text_lines(table, print_key, print_offset, separator), nl=False)
+    if output_format == "json":
+        return lambda table: click.echo(json_lines(table), nl=False)
+    if output_format == "table":
+        return lambda table: console().print(rich_table(table))
+    return CsvEmitter()
+
+
 class RecordWriter:
     """Writes polled RECORD_SCHEMA tables to stdout in one format and counts the records."""
 
-    def __init__(self, emit: Callable[["pa.Table"], None]) -> None:
+    def __init__(self, emit: Emit) -> None:
         self.emit = emit
         self.count = 0
 
@@ -176,15 +190,15 @@ def rich_table(table: "pa.Table") -> Any:
     return out
 
 
-def _csv_writer() -> Callable[["pa.Table"], None]:
-    """Writes CSV with a header row before the first batch only."""
-    first = [True]
+class CsvEmitter:
+    """Writes CSV to stdout with a header row before the first table only."""
 
-    def write(table: "pa.Table") -> None:
-        click.get_binary_stream("stdout").write(csv_bytes(table, include_header=first[0]))
-        first[0] = False
+    def __init__(self) -> None:
+        self.include_header = True
 
-    return write
+    def __call__(self, table: "pa.Table") -> None:
+        click.get_binary_stream("stdout").write(csv_bytes(table, self.include_header))
+        self.include_header = False
 
 
 def csv_bytes(table: "pa.Table", include_header: bool) -> bytes:
@@ -209,11 +223,3 @@ def _utf8(column: "pa.ChunkedArray") -> "pa.ChunkedArray":
         return pa.chunked_array([pa.array([None if b is None else b.decode("utf-8", errors="replace")
                                            for b in column.to_pylist()], pa.string())])
 
-
-Emit = Callable[["pa.Table"], None]
-FORMATTERS: dict[str, Callable[[bool, bool, str], Emit]] = {
-    "text": lambda key, offset, sep: lambda table: click.echo(text_lines(table, key, offset, sep), nl=False),
-    "json": lambda key, offset, sep: lambda table: click.echo(json_lines(table), nl=False),
-    "table": lambda key, offset, sep: lambda table: console().print(rich_table(table)),
-    "csv": lambda key, offset, sep: _csv_writer(),
-}

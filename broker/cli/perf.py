@@ -70,10 +70,25 @@ def run_produce(topic: str, num_records: int, record_size: int, throughput: int,
                 config: dict[str, Any]) -> dict[str, Any]:
     from broker.cli import loadgen
 
+    loadgen.warm_up()
+    with loadgen.AckTimer() as acks:
+        elapsed = _produce_timed(topic, num_records, record_size, throughput, mode, config, acks)
+    if acks.errors:
+        raise acks.errors[0]
+    latency = {f"latency_{k}_ms": v for k, v in loadgen.latency_summary(acks.latencies_ms).items()}
+    return {"mode": mode, "records": num_records, "record_size": record_size,
+            **_rates(num_records, num_records * record_size, elapsed), "latency_samples": len(acks.latencies_ms),
+            **latency, "acks": str(config.get("acks", 1)), "compression": config.get("compression", "none")}
+
+
+def _produce_timed(topic: str, num_records: int, record_size: int, throughput: int, mode: str,
+                   config: dict[str, Any], acks: "AckTimer") -> float:
+    """Send everything and wait for every acknowledgement; returns the seconds that took."""
+    from broker.cli import loadgen
+
     rows = loadgen.chunk_rows(record_size, num_records, throughput) if mode == "batch" else 1
     pool = loadgen.PayloadPool(record_size, rows)
-    with producer_client(config) as producer, loadgen.AckTimer() as acks, \
-            progress_bar(num_records, f"producing to {topic}") as advance:
+    with producer_client(config) as producer, progress_bar(num_records, f"producing to {topic}") as advance:
         started = time.perf_counter()
         throttle = loadgen.Throttle(throughput, started)
         if mode == "send":
@@ -83,21 +98,15 @@ def run_produce(topic: str, num_records: int, record_size: int, throughput: int,
             _send_tables(producer, topic, num_records, rows, pool, throttle, acks, advance, limit)
         producer.flush()
         acks.wait()
-        elapsed = time.perf_counter() - started
-    if acks.errors:
-        raise acks.errors[0]
-    result = {"mode": mode, "records": num_records, "record_size": record_size, **_rates(num_records,
-              num_records * record_size, elapsed), "latency_samples": len(acks.latencies_ms)}
-    result.update({f"latency_{k}_ms": v for k, v in loadgen.latency_summary(acks.latencies_ms).items()})
-    return {**result, "acks": str(config.get("acks", 1)), "compression": config.get("compression", "none")}
+        return time.perf_counter() - started
 
 
 def _send_records(producer: "Producer", topic: str, num_records: int, pool: "PayloadPool", throttle: "Throttle",
                   acks: "AckTimer", advance: Callable[[int], None]) -> None:
-    from broker.cli.loadgen import sample_every
+    from broker.cli import loadgen
 
     values = pool.values()
-    every = sample_every(num_records)
+    every = loadgen.sample_every(num_records)
     send = producer.send
     for i in range(num_records):
         value = values[i % len(values)]
@@ -114,9 +123,9 @@ def _send_records(producer: "Producer", topic: str, num_records: int, pool: "Pay
 
 def _send_tables(producer: "Producer", topic: str, num_records: int, rows: int, pool: "PayloadPool",
                  throttle: "Throttle", acks: "AckTimer", advance: Callable[[int], None], limit_bytes: int) -> None:
-    from broker.cli.loadgen import Outstanding, batch_acknowledged
+    from broker.cli import loadgen
 
-    outstanding = Outstanding(limit_bytes)
+    outstanding = loadgen.Outstanding(limit_bytes)
     sent = 0
     while sent < num_records:
         count = min(rows, num_records - sent)
@@ -124,7 +133,7 @@ def _send_tables(producer: "Producer", topic: str, num_records: int, rows: int, 
         sent_at = time.perf_counter()
         batches = producer.send_batch(topic, table)
         for batch in batches:
-            acks.watch(batch_acknowledged(batch), sent_at)
+            acks.watch(loadgen.batch_acknowledged(batch), sent_at)
         outstanding.add(batches, table.nbytes)
         sent += count
         advance(count)
@@ -149,19 +158,23 @@ def perf_consume(topic: str, messages: int | None, mode: str, timeout_ms: int, a
 
 
 def run_consume(topic: str, messages: int | None, mode: str, timeout_ms: int) -> dict[str, Any]:
+    from broker.cli import loadgen
+
+    loadgen.warm_up()
     started = time.perf_counter()
     tps = topic_partitions(topic)
     with consumer_client(auto_offset_reset="earliest") as consumer:
         consumer.assign(tps)  # positions at the log start; no seek, which would wait out a long poll
-        ends = consumer.end_offsets(tps)
-        target = messages or sum(ends[tp] - consumer.position(tp) for tp in tps)
-        with progress_bar(target, f"consuming {topic}") as advance:
+        if messages is None:
+            starts, ends = consumer.beginning_offsets(tps), consumer.end_offsets(tps)
+            messages = sum(ends[tp] - starts[tp] for tp in tps)
+        with progress_bar(messages, f"consuming {topic}") as advance:
             polling = time.perf_counter()
-            records, size, first, last = _consume(consumer, POLLERS[mode], target, timeout_ms, advance)
+            records, size, first, last = _consume(consumer, POLLERS[mode], messages, timeout_ms, advance)
     elapsed = (last - polling) if last is not None else 0.0
     first_ms = round((first - started) * 1000, 3) if first is not None else None
     return {"mode": mode, "records": records, "bytes": size, **_rates(records, size, elapsed),
-            "first_record_ms": first_ms, "timed_out": records < target}
+            "first_record_ms": first_ms, "timed_out": records < messages}
 
 
 def _consume(consumer: "Consumer", poll: Callable[["Consumer", int], tuple[int, int]], target: int, timeout_ms: int,
@@ -195,6 +208,8 @@ def _poll_arrow(consumer: "Consumer", limit: int) -> tuple[int, int]:
 
 
 def _poll_records(consumer: "Consumer", limit: int) -> tuple[int, int]:
+    # No smaller per-poll cap: Consumer.poll_arrow loses buffer accounting for every batch it
+    # splits, and its fetchers stall once the lost bytes reach max_buffer_bytes.
     records = consumer.poll(timeout_ms=CONSUME_POLL_MS, max_records=limit)
     return len(records), sum(len(r.key or b"") + len(r.value or b"") for r in records)
 

@@ -1,0 +1,361 @@
+"""The `pymq` CLI (broker/cli): help for every command, input errors without a broker, pure
+helpers, and every command against a real broker process started with `pymq broker start`."""
+from __future__ import annotations
+
+import json
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pytest
+from click.testing import CliRunner, Result
+
+from broker.cli import cli
+from broker.cli.common import producer_config
+from broker.cli.consume import Timestamp, csv_bytes, json_text, text_lines
+from broker.cli.loadgen import PayloadPool, latency_summary
+from broker.cli.produce import split_lines
+from broker.client import RECORD_SCHEMA
+from broker.config import BROKER_CONFIGS
+
+REPO = Path(__file__).resolve().parents[2]
+READY = re.compile(r"listening on ([\d.]+):(\d+)")
+START_TIMEOUT_S = 20
+STOP_TIMEOUT_S = 10
+
+
+def run(*args: str, input: str | bytes | None = None) -> Result:
+    """Run the CLI in-process; wide terminal so rich tables do not fold names."""
+    return CliRunner(env={"COLUMNS": "200"}).invoke(cli, list(args), input=input, catch_exceptions=False)
+
+
+# -- help ----------------------------------------------------------------------------------------
+
+HELP_CASES = [
+    ([], "Kafka-like broker"),
+    (["broker"], "Run a broker"),
+    (["broker", "start"], "Start a broker in the foreground"),
+    (["broker", "configs"], "every broker config key"),
+    (["topic"], "Create, list, describe, alter and delete topics"),
+    (["topic", "create"], "Create topic NAME"),
+    (["topic", "list"], "List topic names"),
+    (["topic", "describe"], "partitions (leader, epoch, replicas, ISR"),
+    (["topic", "alter"], "Add partitions"),
+    (["topic", "delete"], "Delete topics and all their data"),
+    (["produce"], "as one record"),
+    (["consume"], "Print records of TOPIC"),
+    (["perf"], "Measure producer throughput"),
+    (["perf", "produce"], "send-to-ack"),
+    (["perf", "consume"], "time from start-up to the first record"),
+]
+
+
+@pytest.mark.parametrize("command, purpose", HELP_CASES, ids=[" ".join(c) or "pymq" for c, _ in HELP_CASES])
+def test_help_explains_every_command(command: list[str], purpose: str) -> None:
+    """`--help` on every group and command exits 0 and states what it is for."""
+    result = run(*command, "--help")
+    assert result.exit_code == 0, result.output
+    assert purpose in " ".join(result.stdout.split())
+
+
+# -- input errors, no broker needed --------------------------------------------------------------
+
+INPUT_ERRORS = [
+    (["broker", "start", "-o", "port"], 2, "'port' is not KEY=VALUE"),
+    (["broker", "start", "-o", "no.such.key=1"], 1, "error: INVALID_CONFIG: unknown broker config 'no.such.key'"),
+    (["broker", "start", "-o", "port=http"], 1, "error: INVALID_CONFIG: port: 'http' is not a valid int"),
+    (["broker", "start", "--config", "/nonexistent.toml"], 2, "does not exist"),
+    (["topic", "create", "t", "-c", "retention.mss=5"], 1, "error: INVALID_CONFIG: unknown topic config 'retention.mss'"),
+    (["topic", "create", "t", "-c", "retention.ms=soon"], 1, "error: INVALID_CONFIG: retention.ms"),
+    (["topic", "create", "bad name"], 1, "error: INVALID_TOPIC_EXCEPTION: illegal topic name"),
+    (["topic", "alter", "t"], 2, "nothing to alter"),
+    (["topic", "alter", "t", "--delete-config", "nope"], 1, "error: INVALID_CONFIG: unknown topic config 'nope'"),
+    (["consume", "t", "--from-beginning", "--offset", "3"], 2, "at most one of"),
+    (["consume", "t", "--timestamp", "yesterday"], 2, "neither milliseconds nor an ISO 8601"),
+    (["perf", "produce", "t", "-n", "1", "-s", "1", "--producer-props", "bogus=1"], 1,
+     "error: ValueError: unknown producer property 'bogus'"),
+    (["-b", "nohost", "topic", "list"], 1, "error: ValueError: bootstrap server 'nohost' must look like host:port"),
+    (["topic", "list", "-b", "127.0.0.1:1"], 1, "error: NETWORK_EXCEPTION: no broker reachable"),
+]
+
+
+@pytest.mark.parametrize("args, exit_code, message", INPUT_ERRORS, ids=[" ".join(a) for a, _, _ in INPUT_ERRORS])
+def test_bad_input_is_a_clear_error(args: list[str], exit_code: int, message: str) -> None:
+    """Bad options exit 2 (usage); operating errors print one `error: NAME: ...` line and exit 1."""
+    result = run(*args)
+    assert result.exit_code == exit_code
+    assert message in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_broker_configs_lists_every_key() -> None:
+    """`broker configs` shows every broker config key with its default."""
+    result = run("broker", "configs")
+    assert result.exit_code == 0
+    for name in BROKER_CONFIGS:
+        assert name in result.stdout
+    assert "2^63-1" in result.stdout
+
+
+# -- pure helpers --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "lines, separator, expected",
+    [
+        ([b"a\n", b"b"], None, [(None, b"a"), (None, b"b")]),
+        ([b"k:v\n", b"k2:v:2\r\n"], b":", [(b"k", b"v"), (b"k2", b"v:2")]),
+        ([b"\n"], None, [(None, b"")]),
+        ([b"k::v\n"], b"::", [(b"k", b"v")]),
+    ],
+    ids=["no-separator", "first-separator-wins", "empty-line", "multi-byte-separator"],
+)
+def test_split_lines_strips_newline_and_splits_at_first_separator(lines, separator, expected) -> None:
+    """Each line becomes (key, value) with its newline removed."""
+    assert list(split_lines(lines, separator)) == expected
+
+
+def test_split_lines_names_a_line_without_separator() -> None:
+    """A missing separator is a ValueError naming the line number."""
+    with pytest.raises(ValueError, match="line 2 has no key separator"):
+        list(split_lines([b"k|v\n", b"oops\n"], b"|"))
+
+
+@pytest.mark.parametrize(
+    "text, expected_ms",
+    [("1700000000000", 1_700_000_000_000), ("2023-11-14T22:13:20", 1_700_000_000_000),
+     ("2023-11-14T22:13:20Z", 1_700_000_000_000), ("2023-11-15T00:13:20+02:00", 1_700_000_000_000)],
+    ids=["ms", "naive-is-utc", "zulu", "offset"],
+)
+def test_timestamp_option_takes_ms_or_iso8601(text: str, expected_ms: int) -> None:
+    """--timestamp accepts epoch milliseconds or ISO 8601 (UTC unless an offset is given)."""
+    assert Timestamp().convert(text, None, None) == expected_ms
+
+
+def _records(keys: list[bytes | None], values: list[bytes | None]) -> pa.Table:
+    n = len(values)
+    return pa.table({
+        "topic": ["t"] * n, "partition": pa.array([0] * n, pa.int32()), "offset": pa.array(range(n), pa.int64()),
+        "timestamp": pa.array([1_700_000_000_000] * n, pa.int64()).cast(RECORD_SCHEMA.field("timestamp").type),
+        "timestamp_type": pa.array([0] * n, pa.int8()), "key": pa.array(keys, pa.binary()),
+        "value": pa.array(values, pa.binary()), "headers": pa.nulls(n, RECORD_SCHEMA.field("headers").type),
+    }, schema=RECORD_SCHEMA)
+
+
+def test_text_and_json_show_undecodable_bytes_safely() -> None:
+    """Text replaces invalid UTF-8, JSON falls back to base64, a missing key prints as null."""
+    table = _records([None, b"k"], [b"\xff\xfe", b"ok"])
+    assert text_lines(table, True, True, "|") == "0:0|null|\ufffd\ufffd\n0:1|k|ok\n"
+    assert json_text(b"\xff\xfe") == "//4="
+    assert json_text("héllo".encode()) == "héllo"
+
+
+def test_csv_has_header_once_and_utf8_key_value() -> None:
+    """CSV output: header only when asked, key/value as text even when bytes are invalid UTF-8."""
+    table = _records([b"k", None], [b"v", b"\xff"])
+    first = csv_bytes(table, include_header=True).decode()
+    assert first.splitlines()[0] == '"topic","partition","offset","timestamp","key","value"'
+    assert '"k","v"' in first and "\ufffd" in first
+    assert not csv_bytes(table, include_header=False).decode().startswith('"topic"')
+
+
+def test_payload_pool_tables_slice_one_buffer() -> None:
+    """Generated tables have the requested rows and value size and share the pool's memory."""
+    pool = PayloadPool(record_size=10, max_rows=100, seed=1)
+    table = pool.table(100, chunk_number=3)
+    values = table.column("value").to_pylist()
+    assert len(values) == 100 and {len(v) for v in values} == {10}
+    assert table.column("value").chunk(0).buffers()[2].address == pool.buffer.address
+    assert all(len(v) == 10 for v in pool.values(5))
+
+
+def test_latency_summary_percentiles() -> None:
+    """Percentiles are ordered and the max is the largest sample; no samples give zeros."""
+    stats = latency_summary([float(i) for i in range(1, 1001)])
+    assert stats["avg"] == 500.5 and stats["max"] == 1000.0
+    assert stats["p50"] <= stats["p95"] <= stats["p99"] <= stats["p99_9"] <= stats["max"]
+    assert latency_summary([])["p99"] == 0.0
+
+
+def test_producer_config_flags_win_over_props() -> None:
+    """--producer-props accepts dotted names and numbers; explicit flags override them."""
+    config = producer_config({"acks": "all", "linger_ms": None}, (("linger.ms", "20"), ("acks", "0")))
+    assert config == {"acks": "all", "linger_ms": 20}
+
+
+# -- against a real broker process ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cli_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A broker started as `python -m broker.cli broker start`; yields its bootstrap address and is
+    stopped by PID (SIGTERM, then SIGKILL after 10 s)."""
+    log_dir = tmp_path_factory.mktemp("cli-broker")
+    stderr = open(log_dir.parent / "cli-broker.err", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "broker.cli", "broker", "start", "-o", "port=0", "-o", f"log.dir={log_dir}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True,
+    )
+    try:
+        port = _wait_until_listening(proc, Path(stderr.name))
+        yield f"127.0.0.1:{port}"
+    finally:
+        _stop(proc)
+        stderr.close()
+
+
+def _wait_until_listening(proc: subprocess.Popen[str], stderr_path: Path) -> int:
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore[union-attr]
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            match = READY.search(lines.get(timeout=0.1))
+        except queue.Empty:
+            if proc.poll() is not None:
+                break
+            continue
+        if match:
+            return int(match.group(2))
+    raise RuntimeError(f"broker did not start:\n{stderr_path.read_text()[-3000:]}")
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def test_topic_create_list_describe_alter_delete(cli_broker: str) -> None:
+    """A topic's whole life through the CLI: configs are marked as overrides, partitions grow,
+    deletion asks first."""
+    b = ["-b", cli_broker]
+    assert run(*b, "topic", "create", "life", "-p", "2", "-c", "retention.ms=3600000").exit_code == 0
+    assert "life" in run(*b, "topic", "list").stdout.split()
+    duplicate = run(*b, "topic", "create", "life")
+    assert duplicate.exit_code == 1 and "error: TOPIC_ALREADY_EXISTS" in duplicate.stderr
+
+    described = run(*b, "topic", "describe", "life").stdout
+    assert "partitions 2" in described
+    assert re.search(r"retention\.ms\s*│\s*3600000\s*│\s*override", described)
+
+    altered = run(*b, "topic", "alter", "life", "--add-partitions", "1", "-c", "segment.bytes=1048576",
+                  "--delete-config", "retention.ms")
+    assert altered.exit_code == 0 and "now has 3 partitions" in altered.stdout
+    described = run(*b, "topic", "describe", "life").stdout
+    assert "partitions 3" in described
+    assert re.search(r"segment\.bytes\s*│\s*1048576\s*│\s*override", described)
+    assert re.search(r"retention\.ms\s*│\s*\d+\s*│\s*default", described)
+
+    declined = run(*b, "topic", "delete", "life", input="n\n")
+    assert declined.exit_code == 1 and "life" in run(*b, "topic", "list").stdout.split()
+    assert run(*b, "topic", "delete", "life", "--yes").exit_code == 0
+    assert "life" not in run(*b, "topic", "list").stdout.split()
+    missing = run(*b, "topic", "describe", "life")
+    assert missing.exit_code == 1 and "error: UNKNOWN_TOPIC_OR_PARTITION" in missing.stderr
+
+
+def test_describe_shows_log_offsets(cli_broker: str, tmp_path: Path) -> None:
+    """The partition table's end offsets add up to the records produced."""
+    b = ["-b", cli_broker]
+    run(*b, "topic", "create", "offsets", "-p", "1")
+    source = tmp_path / "in.txt"
+    source.write_text("".join(f"v{i}\n" for i in range(7)))
+    assert run(*b, "produce", "offsets", "--file", str(source)).exit_code == 0
+    assert re.search(r"│\s*0\s*│\s*0\s*│\s*\d+\s*│\s*0\s*│\s*0\s*│\s*0\s*│\s*7\s*│", run(*b, "topic", "describe", "offsets").stdout)
+
+
+def test_produce_file_with_keys_then_consume_json(cli_broker: str, tmp_path: Path) -> None:
+    """Lines split at the key separator come back as JSON with keys, values (base64 when not
+    UTF-8), headers, ISO timestamps and per-partition increasing offsets."""
+    b = ["-b", cli_broker]
+    run(*b, "topic", "create", "keyed", "-p", "3")
+    source = tmp_path / "records.txt"
+    source.write_bytes(b"".join(f"user-{i}|event {i}\n".encode() for i in range(50)) + b"raw|\xff\xfe\n")
+    produced = run(*b, "produce", "keyed", "--file", str(source), "--key-separator", "|", "-H", "origin=test",
+                   "--linger-ms", "1", "--acks", "all")
+    assert produced.exit_code == 0 and "produced 51 records to keyed" in produced.stderr
+
+    consumed = run(*b, "consume", "keyed", "--from-beginning", "--max-messages", "51", "--format", "json")
+    assert consumed.exit_code == 0 and "consumed 51 records" in consumed.stderr
+    records = [json.loads(line) for line in consumed.stdout.splitlines()]
+    by_key = {r["key"]: r for r in records}
+    assert len(records) == 51 and by_key["user-7"]["value"] == "event 7"
+    assert by_key["raw"]["value"] == "//4="
+    assert all(r["headers"] == [["origin", "test"]] and r["topic"] == "keyed" for r in records)
+    datetime.fromisoformat(records[0]["timestamp"])
+    for partition in {r["partition"] for r in records}:
+        offsets = [r["offset"] for r in records if r["partition"] == partition]
+        assert offsets == list(range(len(offsets)))
+
+
+def test_consume_text_from_offset_and_csv(cli_broker: str) -> None:
+    """Text output with --print-offset/--print-key starts at --offset; CSV has one header row."""
+    b = ["-b", cli_broker]
+    run(*b, "topic", "create", "plain", "-p", "1")
+    assert run(*b, "produce", "plain", "--key-separator", "=", input="a=1\nb=2\nc=3\n").exit_code == 0
+    text = run(*b, "consume", "plain", "--offset", "1", "-n", "2", "--print-offset", "--print-key")
+    assert text.stdout == "0:1\tb\t2\n0:2\tc\t3\n"
+    csv = run(*b, "consume", "plain", "--from-beginning", "-n", "3", "--format", "csv").stdout.splitlines()
+    assert csv[0].startswith('"topic"') and len(csv) == 4 and csv[3].endswith('"c","3"')
+
+
+def test_produce_line_without_separator_fails(cli_broker: str) -> None:
+    """A line missing the key separator stops produce with an error naming the line."""
+    b = ["-b", cli_broker]
+    run(*b, "topic", "create", "strict", "-p", "1")
+    result = run(*b, "produce", "strict", "--key-separator", ":", input="a:1\nnokey\n")
+    assert result.exit_code == 1 and "error: ValueError: line 2 has no key separator ':'" in result.stderr
+
+
+def test_consume_until_idle_timeout(cli_broker: str) -> None:
+    """With --timeout-ms and nothing new, consume from latest stops and reports zero records."""
+    b = ["-b", cli_broker]
+    run(*b, "topic", "create", "quiet", "-p", "1")
+    started = time.monotonic()
+    result = run(*b, "consume", "quiet", "--timeout-ms", "300")
+    assert result.exit_code == 0 and "consumed 0 records" in result.stderr
+    assert time.monotonic() - started < 5
+
+
+def test_perf_produce_and_consume_report_json(cli_broker: str) -> None:
+    """perf produce (per-record and columnar) and perf consume print parseable results that
+    account for every record."""
+    b = ["-b", cli_broker]
+    run(*b, "topic", "create", "bench", "-p", "3")
+    sent = json.loads(run(*b, "perf", "produce", "bench", "-n", "20000", "-s", "100", "--json").stdout)
+    assert sent["records"] == 20000 and sent["mode"] == "send" and sent["records_per_s"] > 0
+    assert sent["latency_samples"] >= 10000
+    assert 0 < sent["latency_p50_ms"] <= sent["latency_p99_ms"] <= sent["latency_max_ms"]
+
+    batch = json.loads(run(*b, "perf", "produce", "bench", "-n", "20000", "-s", "100", "--mode", "batch",
+                           "--compression", "lz4", "--json").stdout)
+    assert batch["records"] == 20000 and batch["latency_samples"] >= 1 and batch["compression"] == "lz4"
+
+    for mode in ("arrow", "records"):
+        got = json.loads(run(*b, "perf", "consume", "bench", "--mode", mode, "--json").stdout)
+        assert got["records"] == 40000 and got["bytes"] == 40000 * 100 and not got["timed_out"]
+        assert got["first_record_ms"] > 0 and got["mb_per_s"] > 0
+
+
+def test_perf_produce_summary_table(cli_broker: str) -> None:
+    """Without --json, perf produce prints a summary table of rates and latency percentiles."""
+    b = ["-b", cli_broker]
+    run(*b, "topic", "create", "bench-table", "-p", "1")
+    result = run(*b, "perf", "produce", "bench-table", "-n", "1000", "-s", "10", "--throughput", "5000")
+    assert result.exit_code == 0
+    for metric in ("records_per_s", "mb_per_s", "latency_p99_9_ms", "latency_max_ms"):
+        assert metric in result.stdout
