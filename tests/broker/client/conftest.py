@@ -1,0 +1,53 @@
+"""Fixtures for the client tests: one real broker process per test module, and fresh topics on it.
+
+Tests that stop, kill or restart a broker use the function-scoped `broker_factory` from
+tests/conftest.py instead, so they never disturb the shared one.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from broker.client import Admin
+
+_topic_ids = itertools.count()
+
+
+def broker_process_class(config: pytest.Config) -> type:
+    """tests/conftest.py's BrokerProcess, taken from the module pytest loaded. (`from conftest import
+    BrokerProcess` is not reliable: every conftest.py outside a package is imported under the one name
+    'conftest', so which one it finds depends on the order pytest collected directories in.)"""
+    return next(plugin.BrokerProcess for plugin in config.pluginmanager.get_plugins() if hasattr(plugin, "BrokerProcess"))
+
+
+@pytest.fixture(scope="module")
+def shared_broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """One broker for the module's tests that do not stop it, with the module's `BROKER_OVERRIDES`
+    (a dict of broker config keys), if any. Killed by PID at module teardown."""
+    overrides = getattr(request.module, "BROKER_OVERRIDES", {})
+    log_dir = tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2]) / "broker"
+    process = broker_process_class(request.config)(log_dir, **overrides).start()
+    yield process
+    process.kill()
+
+
+@pytest.fixture
+def topic_name(request: pytest.FixtureRequest) -> str:
+    """A legal topic name derived from the test's name, unique within the session."""
+    return re.sub(r"[^A-Za-z0-9._-]", "-", request.node.name)[:200] + f"-{next(_topic_ids)}"
+
+
+@pytest.fixture
+def new_topic(shared_broker, topic_name: str) -> Callable[..., str]:
+    """Create a fresh topic on the shared broker (a new name on every call) and return its name."""
+
+    def make(partitions: int = 1, configs: dict[str, object] | None = None) -> str:
+        name = f"{topic_name}-{next(_topic_ids)}"
+        with Admin(shared_broker.bootstrap) as admin:
+            admin.create_topic(name, partitions=partitions, configs=configs)
+        return name
+
+    return make
