@@ -27,7 +27,9 @@ class CorruptMessageError(PymqError):
     """A record batch failed validation: bad magic, length, CRC or header fields."""
 
     code = 2
-    retriable = True  # Kafka treats a corrupt batch on the wire as a retriable transport fault.
+    # Kafka retries these; here TCP checksums make transit corruption rare, and a producer that
+    # built a bad batch would rebuild the same bytes, so retrying only burns the delivery timeout.
+    retriable = False
 
 
 class UnknownTopicOrPartitionError(PymqError):

@@ -123,6 +123,9 @@ class Admin:
         return lambda *args, **kwargs: self._thread.run(method(*args, **kwargs))
 
     def close(self) -> None:
+        """Release connections; calling it again does nothing."""
+        if self._thread.loop.is_closed():
+            return
         try:
             self._thread.run(self._core.close())
         finally:

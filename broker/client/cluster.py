@@ -96,6 +96,8 @@ class Cluster:
         async with self._lock:
             control, _ = await self.request(None, ApiKey.METADATA, {"topics": topics})
             self.brokers = {b["node_id"]: (b["host"], b["port"]) for b in control["brokers"]}
+            if topics is None:  # a full listing: forget topics that are gone
+                self.topics, self.topic_errors = {}, {}
             for t in control["topics"]:
                 if t["error_code"]:
                     self.topic_errors[t["name"]] = error_for_code(t["error_code"], t.get("error_message"))

@@ -30,6 +30,7 @@ from broker.client.loop_thread import LoopThread
 from broker.errors import (
     ConsumerStoppedError,
     NetworkError,
+    NoOffsetForPartitionError,
     OffsetOutOfRangeError,
     PymqError,
     RequestTimedOutError,
@@ -108,10 +109,11 @@ class AsyncConsumer:
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.request_timeout_s = request_timeout_ms / 1000
         self.cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms)
-        self.positions: dict[TopicPartition, int] = {}
+        self._consumed: dict[TopicPartition, int] = {}  # next offset poll returns, per partition
+        self._fetch_positions: dict[TopicPartition, int] = {}  # next offset to fetch (ahead by the buffer)
         self.high_watermarks: dict[TopicPartition, int] = {}
         self._assigned: list[TopicPartition] = []
-        self._buffer: deque[tuple[TopicPartition, pa.RecordBatch]] = deque()
+        self._buffer: deque[tuple[TopicPartition, pa.RecordBatch, int]] = deque()  # (tp, rows, bytes counted)
         self._buffered_bytes = 0
         self._data_ready = asyncio.Event()
         self._changed = asyncio.Event()
@@ -121,34 +123,33 @@ class AsyncConsumer:
         self._closed = False
 
     async def start(self) -> "AsyncConsumer":
+        record.warm_up()
         await self.cluster.refresh()
         return self
 
     # -- assignment and positions ----------------------------------------------------------------
 
     async def assign(self, partitions: Iterable[TopicPartition]) -> None:
-        """Consume exactly these partitions; positions start per auto_offset_reset unless sought."""
+        """Consume exactly these partitions; new ones start per auto_offset_reset unless sought."""
         wanted = list(dict.fromkeys((t, int(p)) for t, p in partitions))
         for topic, partition in wanted:
             await self.cluster.leader(topic, partition)  # raises for unknown topics/partitions
         self._assigned = wanted
-        self.positions = {tp: pos for tp, pos in self.positions.items() if tp in wanted}
-        missing = [tp for tp in wanted if tp not in self.positions]
-        if missing:
-            if self.auto_offset_reset == "none":
-                pass  # positions must be set with seek before poll
-            else:
-                await self._reset(missing, self.auto_offset_reset)
+        self._consumed = {tp: pos for tp, pos in self._consumed.items() if tp in wanted}
+        missing = [tp for tp in wanted if tp not in self._consumed]
+        if missing and self.auto_offset_reset != "none":  # with "none", seek before poll
+            await self._reset(missing, self.auto_offset_reset)
         self._invalidate()
 
     def assignment(self) -> list[TopicPartition]:
         return list(self._assigned)
 
     async def seek(self, tp: TopicPartition, offset: int) -> None:
+        """Make `offset` the next record `poll` returns for `tp`."""
         self._require_assigned(tp)
         if offset < 0:
             raise OffsetOutOfRangeError(f"offset {offset} is negative")
-        self.positions[tp] = offset
+        self._consumed[tp] = offset
         self._invalidate()
 
     async def seek_to_beginning(self, *tps: TopicPartition) -> None:
@@ -160,8 +161,11 @@ class AsyncConsumer:
         self._invalidate()
 
     def position(self, tp: TopicPartition) -> int:
+        """The offset of the next record `poll` will return for `tp` (not how far prefetch got)."""
         self._require_assigned(tp)
-        return self.positions[tp]
+        if tp not in self._consumed:
+            raise NoOffsetForPartitionError(f"{tp[0]}-{tp[1]} has no position: seek first (auto_offset_reset=none)")
+        return self._consumed[tp]
 
     async def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int] | None]:
         """For each partition, (offset, timestamp) of the first record at or after the time, or None."""
@@ -182,19 +186,24 @@ class AsyncConsumer:
             raise ValueError(f"{tp[0]}-{tp[1]} is not assigned to this consumer")
 
     async def _reset(self, tps: list[TopicPartition], where: str) -> None:
+        """Set the consumed positions of `tps` to the log's start or end."""
         for tp in tps:
             self._require_assigned(tp)
         target = protocol.EARLIEST_TIMESTAMP if where == "earliest" else protocol.LATEST_TIMESTAMP
         for tp, (offset, _) in (await self.list_offsets({tp: target for tp in tps})).items():
-            self.positions[tp] = offset
+            self._consumed[tp] = offset
 
     def _invalidate(self) -> None:
-        """Positions changed: drop buffered data and restart fetchers from the new positions."""
+        """Positions changed: drop prefetched data, and restart fetching from the consumed
+        positions at once (a parked long poll for the old positions is abandoned)."""
         self._epoch += 1
         self._buffer.clear()
         self._buffered_bytes = 0
         self._data_ready.clear()
-        self._changed.set()
+        self._fetch_positions = dict(self._consumed)
+        for task in self._fetchers.values():
+            task.cancel()
+        self._fetchers = {}
         self._ensure_fetchers()
 
     # -- polling ---------------------------------------------------------------------------------
@@ -214,19 +223,23 @@ class AsyncConsumer:
             if self._error is not None:
                 err, self._error = self._error, None
                 raise err
+        missing = [tp for tp in self._assigned if tp not in self._consumed]
+        if missing:
+            raise NoOffsetForPartitionError(f"no position for {missing}: seek first (auto_offset_reset=none)")
         batches = []
         taken = 0
         limit = max_records if max_records is not None else float("inf")
         while self._buffer and taken < limit:
-            tp, batch = self._buffer.popleft()
+            tp, batch, accounted = self._buffer.popleft()
             if taken + batch.num_rows > limit:
                 keep = int(limit - taken)
-                self._buffer.appendleft((tp, batch.slice(keep)))
-                batch = batch.slice(0, keep)
-            else:
-                self._buffered_bytes -= batch.nbytes
+                share = accounted * keep // batch.num_rows
+                self._buffer.appendleft((tp, batch.slice(keep), accounted - share))
+                batch, accounted = batch.slice(0, keep), share
+            self._buffered_bytes -= accounted
             batches.append(batch)
             taken += batch.num_rows
+            self._consumed[tp] = batch.column(2)[-1].as_py() + 1
         if not self._buffer:
             self._data_ready.clear()
         self._changed.set()  # room in the buffer: fetchers may go on
@@ -247,7 +260,7 @@ class AsyncConsumer:
     async def _fetch_loop(self, node: int) -> None:
         while not self._closed:
             self._changed.clear()
-            mine = [tp for tp in self._assigned if tp in self.positions and self._leader(tp) == node]
+            mine = [tp for tp in self._assigned if tp in self._fetch_positions and self._leader(tp) == node]
             if not mine or self._buffered_bytes >= self.max_buffer_bytes:
                 await self._changed.wait()
                 continue
@@ -276,7 +289,7 @@ class AsyncConsumer:
     async def _fetch_once(self, node: int, tps: list[TopicPartition], epoch: int) -> None:
         topics: dict[str, list[dict[str, int]]] = {}
         for topic, partition in tps:
-            topics.setdefault(topic, []).append({"partition": partition, "fetch_offset": self.positions[(topic, partition)],
+            topics.setdefault(topic, []).append({"partition": partition, "fetch_offset": self._fetch_positions[(topic, partition)],
                                                  "max_bytes": self.max_partition_fetch_bytes})
         control = {"max_wait_ms": self.fetch_max_wait_ms, "min_bytes": self.fetch_min_bytes, "max_bytes": self.fetch_max_bytes,
                    "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
@@ -304,22 +317,32 @@ class AsyncConsumer:
                 self.high_watermarks[tp] = p.get("high_watermark", -1)
                 self._absorb(tp, data)
         if reset:
-            log.warning("offsets out of range for %s; resetting to %s", reset, self.auto_offset_reset)
-            await self._reset(reset, self.auto_offset_reset)
+            await self._reset_fetch_positions(reset)
+
+    async def _reset_fetch_positions(self, tps: list[TopicPartition]) -> None:
+        """Out of range (e.g. retention passed us): jump per auto_offset_reset. The consumed
+        position follows unless records before the jump are still buffered for poll."""
+        log.warning("offsets out of range for %s; resetting to %s", tps, self.auto_offset_reset)
+        target = protocol.EARLIEST_TIMESTAMP if self.auto_offset_reset == "earliest" else protocol.LATEST_TIMESTAMP
+        buffered = {tp for tp, _, _ in self._buffer}
+        for tp, (offset, _) in (await self.list_offsets({tp: target for tp in tps})).items():
+            self._fetch_positions[tp] = offset
+            if tp not in buffered:
+                self._consumed[tp] = offset
 
     def _absorb(self, tp: TopicPartition, data: memoryview) -> None:
         """Decode the complete batches of one partition's fetched bytes into the buffer."""
-        position = self.positions[tp]
+        position = self._fetch_positions[tp]
         for pos, header in record.iter_batches(data, verify=self.check_crcs):
             if header.next_offset <= position:
                 continue
             body = record.decode_body(data, header, pos)
             batch = to_record_batch(tp[0], tp[1], header, body, max(position - header.base_offset, 0))
-            self._buffer.append((tp, batch))
+            self._buffer.append((tp, batch, batch.nbytes))
             self._buffered_bytes += batch.nbytes
             position = header.next_offset
-        if position != self.positions[tp]:
-            self.positions[tp] = position
+        if position != self._fetch_positions[tp]:
+            self._fetch_positions[tp] = position
             self._data_ready.set()
 
     async def close(self) -> None:
@@ -442,6 +465,9 @@ class Consumer:
         return table_to_records(self.poll_arrow(timeout_ms, max_records))
 
     def close(self) -> None:
+        """Stop fetching and release everything; calling it again does nothing."""
+        if self._core._closed:
+            return
         try:
             self._run(self._core.close())
         finally:

@@ -26,15 +26,34 @@ class LoopThread:
         self.loop.run_forever()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
-        """Run `coro` on the loop and wait for its result in the calling thread."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
+        """Run `coro` on the loop and wait for its result in the calling thread. If the caller
+        is interrupted (Ctrl-C, timeout), the coroutine is cancelled rather than left running."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result(timeout_s)
+        except BaseException:
+            future.cancel()
+            raise
 
     def call_soon(self, callback: Any, *args: Any) -> None:
         self.loop.call_soon_threadsafe(callback, *args)
 
     def stop(self) -> None:
+        """Cancel what is still running on the loop, let it finish, then stop and close the loop."""
         if self.loop.is_running():
+            try:
+                self.run(self._cancel_pending(), 5)
+            except (TimeoutError, RuntimeError):
+                pass
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(5)
         if not self.loop.is_running():
             self.loop.close()
+
+    @staticmethod
+    async def _cancel_pending() -> None:
+        current = asyncio.current_task()
+        pending = [t for t in asyncio.all_tasks() if t is not current]
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)

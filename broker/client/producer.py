@@ -186,12 +186,13 @@ class RecordAccumulator:
         self.incomplete: set[BatchResult] = set()
 
     def append(self, topic: str, partition: int, key: bytes | None, value: bytes | None, timestamp: int,
-               headers: Headers) -> tuple[RecordFuture, bool]:
-        """Add one record; returns its future and whether the loop should wake (new or sealed batch)."""
+               headers: Headers) -> tuple[RecordFuture, bool, bool]:
+        """Add one record; returns its future, whether it opened a new batch (the loop must learn
+        its linger deadline) and whether it sealed one (ready to send)."""
         size = (len(key) if key else 0) + (len(value) if value else 0) + RECORD_OVERHEAD
         with self.lock:
             batch = self.open.get((topic, partition))
-            wake = batch is None
+            opened = batch is None
             if batch is None:
                 batch = self.open[(topic, partition)] = ProducerBatch(topic, partition)
                 self.incomplete.add(batch.result)
@@ -206,11 +207,11 @@ class RecordAccumulator:
             batch.size += size
             batch.record_count += 1
             self.buffered_bytes += size
-            if batch.size >= self.batch_size:
+            sealed = batch.size >= self.batch_size
+            if sealed:
                 del self.open[(topic, partition)]
                 self.sealed.append(batch)
-                wake = True
-            return RecordFuture(batch.result, index, timestamp), wake
+            return RecordFuture(batch.result, index, timestamp), opened, sealed
 
     def append_body(self, topic: str, partition: int, body: pa.RecordBatch) -> BatchResult:
         """Queue an already-built Arrow body as one sealed batch (the columnar path)."""
@@ -291,6 +292,7 @@ class AsyncProducer:
 
     async def start(self) -> "AsyncProducer":
         self._loop = asyncio.get_running_loop()
+        record.warm_up()
         await self._refresh_metadata()
         self._sender = self._loop.create_task(self._send_loop())
         return self
@@ -335,19 +337,18 @@ class AsyncProducer:
             raise TypeError(f"key must be bytes or None, got {type(key).__name__}")
         if value is not None and not isinstance(value, (bytes, bytearray, memoryview)):
             raise TypeError(f"value must be bytes or None, got {type(value).__name__}")
-        future, wake = self.accumulator.append(topic, partition, key, value,
-                                               record.now_ms() if timestamp_ms is None else timestamp_ms, headers)
-        if wake:
-            if key is None:
-                self.sticky.next(topic, self.partition_counts.get(topic, 1), partition)
+        future, opened, sealed = self.accumulator.append(topic, partition, key, value,
+                                                         record.now_ms() if timestamp_ms is None else timestamp_ms, headers)
+        if sealed and key is None:
+            self.sticky.next(topic, self.partition_counts.get(topic, 1), partition)
+        if opened or sealed:
             self._wake()
         return future
 
     async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
                    partition: int | None = None, timestamp_ms: int | None = None, headers: Headers = None) -> RecordFuture:
         """Queue one record; await the returned future for its RecordMetadata."""
-        while not self.accumulator.has_room():
-            await asyncio.sleep(0.001)
+        await self._wait_for_room()
         count = await self.partitions_of(topic)
         return self.append(topic, self.choose_partition(topic, count, key, partition), key, value, timestamp_ms, headers)
 
@@ -360,9 +361,18 @@ class AsyncProducer:
         count = await self.partitions_of(topic)
         results = []
         for part, body in self._split(topic, table, count, partition, timestamp_ms):
+            await self._wait_for_room()
             results.append(self.accumulator.append_body(topic, part, body))
-        self._wake()
+            self._wake()
         return results
+
+    async def _wait_for_room(self) -> None:
+        """Block (up to max_block_ms) while buffer_memory is full of unacknowledged records."""
+        deadline = time.monotonic() + self.max_block_s
+        while not self.accumulator.has_room():
+            if time.monotonic() > deadline:
+                raise DeliveryTimeoutError(f"buffer_memory full for {self.max_block_s}s (max_block_ms)")
+            await asyncio.sleep(0.001)
 
     def _split(self, topic: str, table: pa.Table, count: int, partition: int | None,
                timestamp_ms: int | None) -> Iterable[tuple[int, pa.RecordBatch]]:
@@ -494,15 +504,18 @@ class AsyncProducer:
         task.add_done_callback(lambda t: (self._requests.discard(t), slots.release()))
 
     async def _produce(self, node: int, batches: list[ProducerBatch]) -> None:
-        topics: dict[str, list[dict[str, int]]] = {}
-        ordered: list[ProducerBatch] = []
-        for batch in sorted(batches, key=lambda b: b.topic):
-            topics.setdefault(batch.topic, []).append({"partition": batch.partition, "size": len(batch.encoded or b"")})
-            ordered.append(batch)
-        control = {"acks": self.acks, "timeout_ms": int(self.delivery_timeout_s * 1000),
-                   "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
-        for batch in ordered:
+        """One Produce request. A partition's batches travel as one record set in queue order; the
+        broker answers with the first offset, and each batch's base follows from the counts."""
+        groups: dict[str, dict[int, list[ProducerBatch]]] = {}
+        for batch in batches:
+            groups.setdefault(batch.topic, {}).setdefault(batch.partition, []).append(batch)
             batch.attempts += 1
+        control = {"acks": self.acks, "timeout_ms": int(self.delivery_timeout_s * 1000), "topics": [
+            {"name": topic, "partitions": [{"partition": p, "size": sum(len(b.encoded or b"") for b in group)}
+                                           for p, group in parts.items()]}
+            for topic, parts in groups.items()
+        ]}
+        ordered = [b for parts in groups.values() for group in parts.values() for b in group]
         try:
             reply, _ = await self.cluster.request(node, ApiKey.PRODUCE, control, [b.encoded for b in ordered],
                                                   expect_response=self.acks != 0)
@@ -517,28 +530,44 @@ class AsyncProducer:
             for batch in ordered:
                 self._succeed(batch, -1, -1)
             return
-        results = {(t["name"], p["partition"]): p for t in reply["topics"] for p in t["partitions"]}
+        outcomes = {(t["name"], p["partition"]): p for t in reply["topics"] for p in t["partitions"]}
         retry: list[ProducerBatch] = []
-        for batch in ordered:
-            outcome = results.get((batch.topic, batch.partition))
-            if outcome is None:
-                self._fail(batch, NetworkError("broker response omitted the partition"))
-            elif outcome["error_code"] == 0:
-                self._succeed(batch, outcome["base_offset"], outcome.get("log_append_time", -1))
-            else:
-                err = error_for_code(outcome["error_code"], outcome.get("error_message"))
-                if err.retriable:
-                    retry.append(batch)
+        retry_error: PymqError | None = None
+        for topic, parts in groups.items():
+            for partition, group in parts.items():
+                outcome = outcomes.get((topic, partition))
+                if outcome is None:
+                    err: PymqError = NetworkError("broker response omitted the partition")
+                elif outcome["error_code"] == 0:
+                    base = outcome["base_offset"]
+                    for batch in group:
+                        self._succeed(batch, base, outcome.get("log_append_time", -1))
+                        base += batch.record_count
+                    continue
                 else:
-                    self._fail(batch, err)
+                    err = error_for_code(outcome["error_code"], outcome.get("error_message"))
+                if err.retriable:
+                    retry.extend(group)
+                    retry_error = err
+                else:
+                    for batch in group:
+                        self._fail(batch, err)
         if retry:
-            await self._retry_or_fail(retry, error_for_code(results[(retry[0].topic, retry[0].partition)]["error_code"]))
+            assert retry_error is not None
+            await self._retry_or_fail(retry, retry_error)
 
     async def _retry_or_fail(self, batches: list[ProducerBatch], err: PymqError) -> None:
-        retryable = [b for b in batches if b.attempts <= self.retries and err.retriable
-                     and time.monotonic() - b.created < self.delivery_timeout_s]
+        now = time.monotonic()
+        retryable = []
         for batch in batches:
-            if batch not in retryable:
+            if now - batch.created >= self.delivery_timeout_s:
+                timeout = DeliveryTimeoutError(f"{batch.record_count} records to {batch.topic}-{batch.partition} not "
+                                               f"acknowledged within {self.delivery_timeout_s}s (last error: {err.name()})")
+                timeout.__cause__ = err
+                self._fail(batch, timeout)
+            elif err.retriable and batch.attempts <= self.retries:
+                retryable.append(batch)
+            else:
                 self._fail(batch, err)
         if not retryable:
             return
@@ -592,7 +621,10 @@ def _standard_body(table: pa.Table, timestamp_ms: int | None) -> pa.Table:
 
     if "timestamp" in table.column_names:
         ts = table.column("timestamp")
-        ts = ts.cast(pa.int64()).cast(record.TIMESTAMP_TYPE) if not pa.types.is_timestamp(ts.type) else ts.cast(record.TIMESTAMP_TYPE)
+        if pa.types.is_timestamp(ts.type):  # finer units are truncated to milliseconds
+            ts = pc.floor_temporal(ts, unit="millisecond").cast(record.TIMESTAMP_TYPE, safe=False)
+        else:
+            ts = ts.cast(pa.int64()).cast(record.TIMESTAMP_TYPE)
     else:
         now = record.now_ms() if timestamp_ms is None else timestamp_ms
         ts = pa.chunked_array([pa.array(np.full(n, now, dtype=np.int64)).cast(record.TIMESTAMP_TYPE)])
@@ -626,6 +658,8 @@ class Producer:
         """Queue one record (thread-safe, does not wait for the network). Blocks up to max_block_ms
         when buffer_memory is full."""
         core = self._core
+        if core._closed:
+            raise ProducerClosedError("producer is closed")
         count = core.partition_counts.get(topic)
         if count is None:
             count = self._thread.run(core.partitions_of(topic))
@@ -647,12 +681,19 @@ class Producer:
     def send_batch(self, topic: str, data: Any, *, partition: int | None = None,
                    timestamp_ms: int | None = None) -> list[BatchResult]:
         """Columnar send of a pyarrow Table/RecordBatch or pandas DataFrame (see AsyncProducer.send_batch)."""
+        if self._core._closed:
+            raise ProducerClosedError("producer is closed")
         return self._thread.run(self._core.send_batch(topic, data, partition=partition, timestamp_ms=timestamp_ms))
 
     def flush(self, timeout_s: float | None = None) -> None:
+        if self._core._closed:
+            raise ProducerClosedError("producer is closed")
         self._thread.run(self._core.flush(timeout_s))
 
     def close(self, timeout_s: float | None = 60.0) -> None:
+        """Flush and release everything; calling it again does nothing."""
+        if self._core._closed:
+            return
         try:
             self._thread.run(self._core.close(timeout_s))
         finally:

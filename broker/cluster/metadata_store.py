@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import copy
 import json
 import os
 from dataclasses import dataclass
@@ -72,7 +73,8 @@ class LocalMetadataStore(MetadataStore):
             self._data = {k: Versioned(v["value"], v["version"]) for k, v in raw.items()}
 
     async def get(self, key: str) -> Versioned | None:
-        return self._data.get(key)
+        found = self._data.get(key)
+        return None if found is None else _copy(found)
 
     async def put(self, key: str, value: dict[str, Any], expected_version: int | None = None) -> int:
         async with self._lock:
@@ -99,7 +101,7 @@ class LocalMetadataStore(MetadataStore):
             return True
 
     async def list(self, prefix: str) -> dict[str, Versioned]:
-        return {k: v for k, v in self._data.items() if k.startswith(prefix)}
+        return {k: _copy(v) for k, v in self._data.items() if k.startswith(prefix)}
 
     @staticmethod
     def _check(key: str, current: Versioned | None, expected_version: int | None) -> None:
@@ -122,3 +124,8 @@ class LocalMetadataStore(MetadataStore):
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+def _copy(versioned: Versioned) -> Versioned:
+    """Callers get their own copy: changing it must not change the store."""
+    return Versioned(copy.deepcopy(versioned.value), versioned.version)

@@ -259,11 +259,15 @@ class PartitionLog:
         now = self._clock()
         batches = self._assign_offsets(view, headers, leader_epoch, now)
         first_offset, next_offset = batches[0].base_offset, batches[-1].next_offset
-        self._maybe_roll(len(view), next_offset, now)
         if leader_epoch >= 0:  # before the data, as Kafka: an epoch entry never lags its records
             self._epochs.assign(leader_epoch, first_offset)
-        self._segments[-1].append(view, batches, self.config.index_interval_bytes, now)
-        self.log_end_offset = self.high_watermark = next_offset
+        start = 0
+        for run in self._runs(batches):
+            size = sum(b.size for b in run)
+            self._maybe_roll(size, run[-1].next_offset, now)
+            self._segments[-1].append(view[start : start + size], run, self.config.index_interval_bytes, now)
+            start += size
+            self.log_end_offset = self.high_watermark = run[-1].next_offset
         self._unflushed_messages += next_offset - first_offset
         if self._first_unflushed_ms is None:
             self._first_unflushed_ms = now
@@ -305,6 +309,19 @@ class PartitionLog:
             batches.append(BatchInfo(next_offset, next_offset + header.record_count, header.size, max_timestamp))
             next_offset += header.record_count
         return batches
+
+    def _runs(self, batches: list[BatchInfo]) -> list[list[BatchInfo]]:
+        """Split an append into runs that each fit one segment, so a large multi-batch append
+        still rolls at segment.bytes; usually there is one run and so one write."""
+        runs: list[list[BatchInfo]] = [[]]
+        room = self.config.segment_bytes - self._segments[-1].size
+        for batch in batches:
+            if runs[-1] and batch.size > room:
+                runs.append([])
+                room = self.config.segment_bytes
+            runs[-1].append(batch)
+            room -= batch.size
+        return runs
 
     def _maybe_roll(self, append_bytes: int, next_offset: int, now: int) -> None:
         """Roll a non-empty active segment that the append would push past segment.bytes, that is

@@ -73,8 +73,6 @@ def test_create_list_describe_delete_topics(shared_broker, admin, topic_name):
         admin.delete_topics([first])
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Cluster.refresh() (all topics) only adds/updates cached topics and never "
-                                       "drops ones missing from the response, so an Admin keeps listing deleted topics")
 def test_list_topics_forgets_a_topic_deleted_through_the_same_admin(admin, topic_name):
     """list_topics after delete_topics on one Admin no longer lists the deleted topic."""
     admin.create_topic(topic_name, partitions=1)

@@ -152,8 +152,6 @@ def test_position_advances_past_polled_records(shared_broker, new_topic, consume
     assert consumer.position((topic, 0)) == 10
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: position() returns the prefetch position (advanced when the background "
-                                       "fetcher absorbs a fetch), not the offset of the next record poll will return (Kafka semantics)")
 def test_position_is_the_next_record_poll_will_return(shared_broker, new_topic, consumers):
     """Right after assign position is 0 even once prefetched; after poll(max_records=4) of a 10-record batch it is 4."""
     topic = new_topic(1)
@@ -219,8 +217,6 @@ def test_out_of_range_position_is_reset_per_auto_offset_reset(shared_broker, new
     assert [r.offset for r in records] == list(range(first_offset, 4))
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: with auto_offset_reset='none' and no seek, position() raises KeyError "
-                                       "and poll() silently returns nothing; NoOffsetForPartitionError is never raised")
 def test_reset_none_without_a_seek_raises_no_offset_for_partition(shared_broker, new_topic, consumers):
     """auto_offset_reset='none', assigned but never sought: position and poll raise NoOffsetForPartitionError."""
     topic = new_topic(1)

@@ -49,8 +49,6 @@ def test_send_futures_give_consecutive_offsets_per_partition(shared_broker, new_
     assert {(r.partition, r.offset): r.value for r in records} == {(m.partition, m.offset): b"v%d" % i for i, m in enumerate(metadata)}
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: several batches of one partition in one Produce request all get the "
-                                       "base offset of the last one (client keys the response by (topic, partition))")
 def test_offsets_stay_distinct_when_one_request_carries_several_batches_of_a_partition(shared_broker, new_topic):
     """20 one-record batches of partition 0 sealed before the sender runs get offsets 0..19, not 19 twenty times."""
     topic = new_topic(1)
@@ -78,8 +76,6 @@ def test_send_to_explicit_partition_lands_there(shared_broker, new_topic):
     assert {r.partition for r in consume(shared_broker.bootstrap, topic, 3, 10)} == {2}
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the sticky partition moves on when a null-key record OPENS a batch "
-                                       "(accumulator 'wake' means new-or-sealed), not only when its batch is sealed")
 def test_null_key_records_stick_to_one_partition_until_the_batch_is_sealed(shared_broker, new_topic):
     """KIP-480: 20 null-key records sent within one linger window all go to one partition."""
     topic = new_topic(3)
@@ -247,8 +243,6 @@ def test_send_batch_to_explicit_partition_keeps_every_row_there(shared_broker, n
     assert [r.value for r in records] == values
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: send_batch casts a timestamp column with safe=True, so a datetime column "
-                                       "with sub-millisecond precision raises pyarrow ArrowInvalid instead of truncating")
 def test_send_batch_truncates_sub_millisecond_timestamps(shared_broker, new_topic):
     """A pandas datetime column with microseconds (e.g. from Timestamp.now()) is sent, truncated to ms."""
     topic = new_topic(1)
@@ -374,8 +368,6 @@ def test_send_after_close_raises_producer_closed(shared_broker, new_topic):
         producer.send(topic, b"late")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Producer.send for a topic not in the partition-count cache calls "
-                                       "LoopThread.run on the closed loop: RuntimeError('Event loop is closed')")
 def test_send_after_close_to_a_topic_never_used_raises_producer_closed(shared_broker, new_topic):
     """After close(), even a topic the producer never looked up raises ProducerClosedError."""
     producer = Producer(shared_broker.bootstrap)
@@ -385,8 +377,6 @@ def test_send_after_close_to_a_topic_never_used_raises_producer_closed(shared_br
         producer.send(topic, b"late")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Producer.close() is not idempotent: a second close (e.g. a `with` "
-                                       "block exiting after an explicit close) raises RuntimeError('Event loop is closed')")
 def test_close_twice_is_harmless(shared_broker):
     """close() after close() (or a `with` block around an explicit close) returns quietly."""
     with Producer(shared_broker.bootstrap) as producer:

@@ -236,8 +236,6 @@ class TestLocalMetadataStore(MetadataStoreContract):
 
         return open_
 
-    @pytest.mark.xfail(strict=True, reason="BUG: LocalMetadataStore.get/list return the stored Versioned objects "
-                                           "themselves, so mutating a returned value mutates the in-memory store")
     def test_values_read_back_are_copies(self, open_store):
         super().test_values_read_back_are_copies(open_store)
 

@@ -187,6 +187,18 @@ def test_segment_rolls_before_exceeding_segment_bytes(open_log, batch):
     assert all(s.sealed for s in segments[:-1]) and not segments[-1].sealed
 
 
+def test_one_append_of_many_batches_rolls_between_them_at_segment_bytes(open_log, batch):
+    """A record set of ten batches in one append is split over segments like ten separate appends."""
+    partition_log = open_log()
+    payload = bytearray().join(batch(R) for _ in range(10))
+    info = partition_log.append(payload, leader_epoch=0)
+    assert (info.first_offset, info.last_offset) == (0, 10 * R - 1)
+    segments = partition_log.segments()
+    assert [s.base_offset for s in segments] == [0, 9, 18, 27]  # as ten separate appends
+    assert all(s.size <= 4096 for s in segments)
+    assert partition_log.read(18, 1 << 20).first_offset == 18
+
+
 def test_batch_larger_than_segment_bytes_goes_alone_into_a_fresh_segment(open_log, batch):
     partition_log = open_log(max_message_bytes=16_384)
     big = batch(400)
