@@ -265,11 +265,11 @@ class RequestHandlers:
         min_bytes = max(field(control, "min_bytes", int, 1), 0)
         max_bytes = min(max(field(control, "max_bytes", int, self.config["fetch.max.bytes"]), 1),
                         self.config["fetch.max.bytes"])
-        wanted = []
-        for item in entries(control, "topics"):
-            for p in entries(item, "partitions"):
-                wanted.append((item.get("name"), p.get("partition"), field(p, "fetch_offset", int),
-                               max(field(p, "max_bytes", int, max_bytes), 1)))
+        wanted = [
+            (item.get("name"), [(p.get("partition"), field(p, "fetch_offset", int), max(field(p, "max_bytes", int, max_bytes), 1))
+                                for p in entries(item, "partitions")])
+            for item in entries(control, "topics")
+        ]
         loop = asyncio.get_running_loop()
         deadline = loop.time() + max_wait_ms / 1000
         while True:
@@ -277,32 +277,45 @@ class RequestHandlers:
             remaining = deadline - loop.time()
             if total >= min_bytes or failed or remaining <= 0:
                 return control_out, parts
-            await self.purgatory.wait([(t, p) for t, p, _, _ in wanted], remaining)
+            await self.purgatory.wait([(t, p) for t, ps in wanted for p, _, _ in ps], remaining)
 
-    def _read_fetch(self, wanted: list[tuple[Any, Any, int, int]], max_bytes: int) -> tuple[dict[str, Any], list[Part], int, bool]:
-        by_topic: dict[str, list[dict[str, Any]]] = {}
+    def _read_fetch(self, wanted: list[tuple[Any, list[tuple[Any, int, int]]]],
+                    max_bytes: int) -> tuple[dict[str, Any], list[Part], int, bool]:
+        """One pass over the requested partitions; the response mirrors the request's entries."""
+        topics: list[dict[str, Any]] = []
         parts: list[Part] = []
         total = 0
         failed = False
-        for topic, partition, offset, partition_max in wanted:
-            entry: dict[str, Any] = {"partition": partition, "error_code": NONE, "size": 0}
-            try:
-                partition_log = self._partition_log(topic, partition)
-                entry["high_watermark"] = partition_log.high_watermark
-                entry["log_start_offset"] = partition_log.log_start_offset
-                budget = min(partition_max, max_bytes - total)
-                if budget > 0 or total == 0:
-                    piece = partition_log.read(offset, max(budget, 1), partition_log.high_watermark)
-                    if piece.size:
-                        parts.append(piece)
-                        entry["size"] = piece.size
-                        total += piece.size
-            except PymqError as err:
-                entry.update(error_fields(err))
-                failed = True
-            by_topic.setdefault(topic, []).append(entry)
-        topics = [{"name": name, "partitions": ps} for name, ps in by_topic.items()]
+        for topic, partitions in wanted:
+            entries_out: list[dict[str, Any]] = []
+            topics.append({"name": topic, "partitions": entries_out})
+            for partition, offset, partition_max in partitions:
+                entry, piece = self._read_partition(topic, partition, offset, partition_max, max_bytes - total, total == 0)
+                entries_out.append(entry)
+                failed = failed or entry["error_code"] != NONE
+                if piece is not None:
+                    parts.append(piece)
+                    total += piece.size
         return {"error_code": NONE, "topics": topics}, parts, total, failed
+
+    def _read_partition(self, topic: Any, partition: Any, offset: int, partition_max: int, budget: int,
+                        first: bool) -> tuple[dict[str, Any], FetchSlice | None]:
+        """One partition's fetch entry and its bytes; the first partition with data may exceed the
+        response budget by one batch (KIP-74) so that a large batch can always be fetched."""
+        entry: dict[str, Any] = {"partition": partition, "error_code": NONE, "size": 0}
+        try:
+            partition_log = self._partition_log(topic, partition)
+            entry["high_watermark"] = partition_log.high_watermark
+            entry["log_start_offset"] = partition_log.log_start_offset
+            limit = min(partition_max, budget)
+            if limit <= 0 and not first:
+                return entry, None
+            piece = partition_log.read(offset, max(limit, 1), partition_log.high_watermark)
+        except PymqError as err:
+            entry.update(error_fields(err))
+            return entry, None
+        entry["size"] = piece.size
+        return entry, piece if piece.size else None
 
     def list_offsets(self, control: dict[str, Any], payload: memoryview) -> Result:
         results = []

@@ -57,6 +57,8 @@ class Connection(asyncio.Protocol):
         self._queue: deque[tuple[bytes, list[Part]]] = deque()
         self._writer: asyncio.Task[None] | None = None
         self._write_paused = False
+        self._writable = asyncio.Event()
+        self._writable.set()
         self._read_paused = False
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
@@ -82,10 +84,12 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self._write_paused = True
+        self._writable.clear()
         self._update_reading()
 
     def resume_writing(self) -> None:
         self._write_paused = False
+        self._writable.set()
         self._update_reading()
 
     def data_received(self, data: bytes) -> None:
@@ -160,7 +164,10 @@ class Connection(asyncio.Protocol):
         size = sum(p.size if isinstance(p, FetchSlice) else len(p) for p in parts)
         header = protocol.encode_response(correlation_id, control, size)
         self.last_active = self.loop.time()
-        if self._queue or (self.broker.zero_copy and any(isinstance(p, FetchSlice) for p in parts)):
+        # Queue (as file ranges, not bytes) while a response is being sent with sendfile or while
+        # the client is not reading: a slow reader then costs references, not fetched data.
+        if (self._writer is not None or self._write_paused
+                or (self.broker.zero_copy and any(isinstance(p, FetchSlice) for p in parts))):
             self._queue.append((header, parts))
             if self._writer is None:
                 self._writer = self.loop.create_task(self._drain_queue())
@@ -168,18 +175,22 @@ class Connection(asyncio.Protocol):
         self.transport.writelines([header, *(p.read_bytes() if isinstance(p, FetchSlice) else p for p in parts)])
 
     async def _drain_queue(self) -> None:
-        """Write queued responses in order, sending segment ranges with sendfile."""
+        """Write queued responses in order once the socket takes data, sending segment ranges
+        with sendfile (stock asyncio loop) or one pread each (uvloop)."""
         transport = self.transport
         assert transport is not None
         try:
             while self._queue:
+                await self._writable.wait()
                 header, parts = self._queue.popleft()
                 transport.write(header)
                 for part in parts:
-                    if isinstance(part, FetchSlice):
+                    if not isinstance(part, FetchSlice):
+                        transport.write(part)
+                    elif self.broker.zero_copy:
                         await self.loop.sendfile(transport, part.file, part.position, part.size, fallback=False)
                     else:
-                        transport.write(part)
+                        transport.write(part.read_bytes())
         except (ConnectionError, RuntimeError, OSError) as err:
             log.info("connection %s failed while sending: %s", self.peer, err)
             transport.abort()

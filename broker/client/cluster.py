@@ -52,6 +52,7 @@ class Cluster:
         self.topics: dict[str, list[PartitionInfo]] = {}
         self.topic_errors: dict[str, PymqError] = {}
         self._connections: dict[int | tuple[str, int], BrokerConnection] = {}
+        self._connecting: dict[int, asyncio.Future[BrokerConnection]] = {}
         self._lock = asyncio.Lock()
 
     async def request(self, node: int | None, api_key: int, control: dict[str, Any], payload: Any = (),
@@ -64,9 +65,21 @@ class Cluster:
         return control_out, payload_out
 
     async def connection(self, node: int) -> BrokerConnection:
+        """The one connection to broker `node`, opened on first use.
+
+        Single-flight: callers that arrive while it is being opened wait for the same attempt.
+        Two connections to one broker would let a later produce overtake an earlier one.
+        """
         conn = self._connections.get(node)
         if conn is not None and not conn.closed:
             return conn
+        pending = self._connecting.get(node)
+        if pending is None:
+            pending = self._connecting[node] = asyncio.ensure_future(self._open(node))
+            pending.add_done_callback(lambda _: self._connecting.pop(node, None))
+        return await asyncio.shield(pending)
+
+    async def _open(self, node: int) -> BrokerConnection:
         if node not in self.brokers:
             await self.refresh()
         if node not in self.brokers:

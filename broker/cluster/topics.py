@@ -16,6 +16,7 @@ from broker.config import TOPIC_CONFIGS, LogConfig, parse_topic_configs, validat
 from broker.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
+    InvalidRequestError,
     InvalidReplicationFactorError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
@@ -93,6 +94,8 @@ class TopicRegistry:
             self.topics[name] = info
 
     def get(self, name: str) -> TopicInfo:
+        if not isinstance(name, str):
+            raise InvalidRequestError(f"topic names are strings, got {type(name).__name__}")
         info = self.topics.get(name)
         if info is None:
             raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
@@ -159,6 +162,8 @@ class TopicRegistry:
     def validate_config_change(self, name: str, set_configs: dict[str, Any], delete: list[str]) -> dict[str, Any]:
         """The topic's new overrides after setting `set_configs` and resetting `delete` to defaults."""
         info = self.get(name)
+        if not all(isinstance(key, str) for key in delete):
+            raise InvalidRequestError("config names to reset must be strings")
         unknown = [key for key in delete if key not in TOPIC_CONFIGS]
         if unknown:
             raise InvalidConfigError(f"unknown topic config {unknown[0]!r}")
