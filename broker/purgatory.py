@@ -45,6 +45,3 @@ class FetchPurgatory:
                 if not future.done():
                     future.set_result(None)
 
-    @property
-    def waiting(self) -> int:
-        return len({f for waiters in self._waiters.values() for f in waiters})

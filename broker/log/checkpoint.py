@@ -30,6 +30,19 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def fsync_and_close(fds: list[int], what: Path) -> None:
+    """fsync then close `fds`, duplicates owned by the caller (see Segment.prepare_sync); every
+    fd is closed even if a sync fails. KafkaStorageError names `what` on failure."""
+    try:
+        for fd in fds:
+            os.fsync(fd)
+    except OSError as err:
+        raise KafkaStorageError(f"cannot fsync {what}: {err}") from err
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def write_atomically(path: Path, text: str) -> None:
     """Replace `path` with `text` so that a crash leaves either the old or the new content."""
     tmp = path.with_name(path.name + TMP_SUFFIX)

@@ -30,7 +30,7 @@ from pathlib import Path
 from broker import record
 from broker.config import INT32_MAX, LogConfig
 from broker.errors import CorruptMessageError, KafkaStorageError, OffsetOutOfRangeError
-from broker.log.checkpoint import TMP_SUFFIX, fsync_directory, read_recovery_point, write_recovery_point
+from broker.log.checkpoint import TMP_SUFFIX, fsync_and_close, fsync_directory, read_recovery_point, write_recovery_point
 from broker.log.index_file import CorruptIndexError
 from broker.log.leader_epoch import LeaderEpochCache
 from broker.log.segment import (
@@ -429,14 +429,7 @@ class PartitionLog:
 
     def _sync(self, fds: list[int], sync_directory: bool) -> None:
         """fsync and close `fds` (owned by us: never another thread's fd), then the directory."""
-        try:
-            for fd in fds:
-                os.fsync(fd)
-        except OSError as err:
-            raise KafkaStorageError(f"cannot fsync {self.directory}: {err}") from err
-        finally:
-            for fd in fds:
-                os.close(fd)
+        fsync_and_close(fds, self.directory)
         if sync_directory:
             self._fsync_directory()
 

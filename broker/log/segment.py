@@ -29,6 +29,7 @@ import pyarrow as pa
 from broker import record
 from broker.config import INT32_MAX
 from broker.errors import CorruptMessageError, KafkaStorageError, MessageTooLargeError
+from broker.log.checkpoint import fsync_and_close
 from broker.log.index_file import CorruptIndexError
 from broker.log.offset_index import OffsetIndex
 from broker.log.time_index import NO_TIMESTAMP, TimeIndex
@@ -435,15 +436,7 @@ class Segment:
 
     def flush(self) -> None:
         """fsync the `.log` and both indexes."""
-        fds = self.prepare_sync()
-        try:
-            for fd in fds:
-                os.fsync(fd)
-        except OSError as err:
-            raise KafkaStorageError(f"cannot fsync {self.log_path}: {err}") from err
-        finally:
-            for fd in fds:
-                os.close(fd)
+        fsync_and_close(self.prepare_sync(), self.log_path)
 
     def mark_deleted(self) -> None:
         """Rename the files with a `.deleted` suffix; open fds (and in-flight reads) stay valid."""

@@ -1,10 +1,8 @@
 """End-to-end scenarios over real broker processes on loopback, through the real client."""
 from __future__ import annotations
 
-import os
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
