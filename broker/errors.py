@@ -142,6 +142,14 @@ class BrokerNotAvailableError(PymqError):
     retriable = True
 
 
+# 900..999: wire codes for pymq conditions Kafka has no code for.
+class VersionConflictError(PymqError):
+    """A metadata compare-and-set lost to a concurrent writer (another broker); retry the request."""
+
+    code = 900
+    retriable = True
+
+
 # Client-side conditions that never come from a broker use codes >= 1000.
 class ProducerClosedError(PymqError):
     code = 1000
@@ -188,6 +196,7 @@ _NAMES: dict[type[PymqError], str] = {
     KafkaStorageError: "STORAGE_ERROR",
     PolicyViolationError: "POLICY_VIOLATION",
     BrokerNotAvailableError: "BROKER_NOT_AVAILABLE",
+    VersionConflictError: "CONCURRENT_METADATA_UPDATE",
     ProducerClosedError: "PRODUCER_CLOSED",
     DeliveryTimeoutError: "DELIVERY_TIMEOUT",
     ConsumerStoppedError: "CONSUMER_STOPPED",

@@ -18,14 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.errors import PymqError
+from broker.errors import VersionConflictError
 
-
-class VersionConflictError(PymqError):
-    """A compare-and-set lost: the key's version was not the expected one."""
-
-    code = 1100
-    retriable = True
+__all__ = ["LocalMetadataStore", "MetadataStore", "VersionConflictError", "Versioned"]
 
 
 @dataclass(frozen=True, slots=True)

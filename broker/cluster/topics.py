@@ -7,6 +7,7 @@ broker with the etcd store) makes the change fail loudly instead of being lost.
 """
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,6 +79,9 @@ class TopicRegistry:
         self.broker_id = broker_id
         self.log_defaults = log_defaults
         self.topics: dict[str, TopicInfo] = {}
+        # Changes are checked and written under one lock: two pipelined admin requests on one
+        # topic must not both pass the checks and then race on the compare-and-set.
+        self._lock = asyncio.Lock()
 
     async def load(self) -> None:
         """Read every topic and partition state from the store into the cache."""
@@ -119,22 +123,26 @@ class TopicRegistry:
         return parsed
 
     async def create(self, name: str, partitions: int, replication_factor: int, configs: dict[str, Any]) -> TopicInfo:
-        parsed = self.validate_new_topic(name, partitions, replication_factor, configs)
-        info = TopicInfo(name, uuid.uuid4().hex, partitions, replication_factor, parsed)
-        for p in range(partitions):
-            info.partitions[p] = self._initial_state()
-            await self.store.put(_partition_key(name, p), info.partitions[p].to_json())
-        info.version = await self.store.put(_topic_key(name), info.to_json(), expected_version=0)
-        self.topics[name] = info
-        return info
+        async with self._lock:
+            parsed = self.validate_new_topic(name, partitions, replication_factor, configs)
+            info = TopicInfo(name, uuid.uuid4().hex, partitions, replication_factor, parsed)
+            # The topic key first, by compare-and-set: a loser writes nothing at all. Partition
+            # states missing after a crash here are recreated by `load`.
+            info.version = await self.store.put(_topic_key(name), info.to_json(), expected_version=0)
+            for p in range(partitions):
+                info.partitions[p] = self._initial_state()
+                await self.store.put(_partition_key(name, p), info.partitions[p].to_json())
+            self.topics[name] = info
+            return info
 
     async def delete(self, name: str) -> TopicInfo:
-        info = self.get(name)
-        await self.store.delete(_topic_key(name), expected_version=info.version)
-        del self.topics[name]
-        for p in range(info.partition_count):
-            await self.store.delete(_partition_key(name, p))
-        return info
+        async with self._lock:
+            info = self.get(name)
+            await self.store.delete(_topic_key(name), expected_version=info.version)
+            del self.topics[name]
+            for p in range(info.partition_count):
+                await self.store.delete(_partition_key(name, p))
+            return info
 
     def validate_partition_count(self, name: str, count: int) -> TopicInfo:
         info = self.get(name)
@@ -148,16 +156,16 @@ class TopicRegistry:
 
     async def add_partitions(self, name: str, count: int) -> list[int]:
         """Grow `name` to `count` partitions; returns the new partition numbers."""
-        info = self.validate_partition_count(name, count)
-        new = list(range(info.partition_count, count))
-        for p in new:
-            await self.store.put(_partition_key(name, p), self._initial_state().to_json())
-        updated = TopicInfo(name, info.topic_id, count, info.replication_factor, info.configs)
-        info.version = await self.store.put(_topic_key(name), updated.to_json(), expected_version=info.version)
-        info.partition_count = count
-        for p in new:
-            info.partitions[p] = self._initial_state()
-        return new
+        async with self._lock:
+            info = self.validate_partition_count(name, count)
+            new = list(range(info.partition_count, count))
+            updated = TopicInfo(name, info.topic_id, count, info.replication_factor, info.configs)
+            info.version = await self.store.put(_topic_key(name), updated.to_json(), expected_version=info.version)
+            info.partition_count = count
+            for p in new:
+                info.partitions[p] = self._initial_state()
+                await self.store.put(_partition_key(name, p), info.partitions[p].to_json())
+            return new
 
     def validate_config_change(self, name: str, set_configs: dict[str, Any], delete: list[str]) -> dict[str, Any]:
         """The topic's new overrides after setting `set_configs` and resetting `delete` to defaults."""
@@ -173,12 +181,13 @@ class TopicRegistry:
         return merged
 
     async def alter_configs(self, name: str, set_configs: dict[str, Any], delete: list[str]) -> LogConfig:
-        merged = self.validate_config_change(name, set_configs, delete)
-        info = self.get(name)
-        updated = TopicInfo(name, info.topic_id, info.partition_count, info.replication_factor, merged)
-        info.version = await self.store.put(_topic_key(name), updated.to_json(), expected_version=info.version)
-        info.configs = merged
-        return info.log_config(self.log_defaults)
+        async with self._lock:
+            merged = self.validate_config_change(name, set_configs, delete)
+            info = self.get(name)
+            updated = TopicInfo(name, info.topic_id, info.partition_count, info.replication_factor, merged)
+            info.version = await self.store.put(_topic_key(name), updated.to_json(), expected_version=info.version)
+            info.configs = merged
+            return info.log_config(self.log_defaults)
 
     def _initial_state(self) -> PartitionState:
         return PartitionState(self.broker_id, 0, (self.broker_id,), (self.broker_id,))

@@ -890,10 +890,6 @@ CONCURRENT_ADMIN = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: admin coroutines on one topic interleave at their metadata-store awaits; "
-                   "TopicRegistry computes expected_version (and validates) before the store lock, so the later "
-                   "request loses the compare-and-set and answers VersionConflictError's internal code 1100; a losing "
-                   "CreateTopics / CreatePartitions leaves orphan partitions/<topic>/<p> keys in the store")
 @pytest.mark.parametrize("precreate, requests", [c[1:] for c in CONCURRENT_ADMIN], ids=[c[0] for c in CONCURRENT_ADMIN])
 def test_pipelined_admin_requests_on_one_topic_get_named_codes_and_leave_it_consistent(server, raw_client, client, precreate, requests):
     """Admin requests on one topic sent in one write (they run concurrently) each get a named wire

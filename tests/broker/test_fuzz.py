@@ -40,7 +40,6 @@ import pytest
 from broker import protocol, record
 from broker.client import Admin, Consumer, Producer
 from broker.config import TOPIC_CONFIGS
-from broker.cluster.metadata_store import VersionConflictError
 from broker.errors import NONE, CorruptMessageError, InvalidRequestError, UnknownServerError, error_for_code, error_name
 from broker.protocol import ApiKey
 
@@ -56,10 +55,6 @@ STORM_DEADLINE_S = 60.0  # a storm that cannot send its frames in time fails ins
 INT64_MAX = 2**63 - 1
 TS = 1_700_000_000_000  # fixed record timestamps keep the frames a pure function of the seed
 STATE_CHANGING = {ApiKey.PRODUCE, ApiKey.DELETE_TOPICS, ApiKey.ALTER_CONFIGS, ApiKey.CREATE_PARTITIONS}
-# Known bug, pinned deterministically (xfail) by test_bad_input.py::
-# test_pipelined_admin_requests_on_one_topic_get_named_codes_and_leave_it_consistent: racing admin
-# requests on one topic answer VersionConflictError's internal code. Drop this once that passes.
-KNOWN_RACE_CODE = VersionConflictError.code
 
 
 # -- snapshot of the topic that must survive ---------------------------------------------------
@@ -598,7 +593,7 @@ def test_fuzz_storm_logs_no_tracebacks(storm):
 
 def test_fuzz_storm_answers_only_named_error_codes(storm):
     """Every error code the broker sent is a named wire code: no UNKNOWN_SERVER_ERROR (a crash) and
-    no internal code leaking out (except the known admin race, see KNOWN_RACE_CODE)."""
+    no internal code leaking out."""
     unexpected = {name: n for name, n in storm.stats.codes.items()
-                  if name == UnknownServerError.name() or (name.startswith("code ") and name != f"code {KNOWN_RACE_CODE}")}
+                  if name == UnknownServerError.name() or name.startswith("code ")}
     assert not unexpected, (f"seed {SEED}", unexpected)
