@@ -23,8 +23,9 @@ import logging
 import threading
 import time
 from collections import deque
+from time import time_ns as _time_ns
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -105,37 +106,40 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-class RecordFuture:
-    """The future `send()` returns: `.result()` blocks, `await` suspends; both give RecordMetadata."""
+class RecordFuture(tuple):
+    """The future `send()` returns: `.result()` blocks, `await` suspends; both give RecordMetadata.
 
-    __slots__ = ("_batch", "_index", "_timestamp")
+    A tuple (batch completion, index in batch, timestamp) so that creating one per record costs
+    a C call, not a Python __init__: send() is the per-record hot path.
+    """
 
-    def __init__(self, batch: BatchResult, index: int, timestamp: int) -> None:
-        self._batch, self._index, self._timestamp = batch, index, timestamp
+    __slots__ = ()
 
     def done(self) -> bool:
-        return self._batch.done()
+        return self[0].done()
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
-        self._batch.wait(timeout)
+        self[0].wait(timeout)
         return self._metadata()
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        self._batch.wait(timeout)
-        return self._batch.error
+        self[0].wait(timeout)
+        return self[0].error
 
     def __await__(self) -> Any:
-        yield from self._batch.wait_async().__await__()
+        yield from self[0].wait_async().__await__()
         return self._metadata()
 
     def _metadata(self) -> RecordMetadata:
-        batch = self._batch
+        batch, index, timestamp = self
         if batch.error is not None:
             raise batch.error
-        offset = batch.base_offset + self._index if batch.base_offset >= 0 else -1
-        timestamp = batch.log_append_time if batch.log_append_time >= 0 else self._timestamp
+        offset = batch.base_offset + index if batch.base_offset >= 0 else -1
+        timestamp = batch.log_append_time if batch.log_append_time >= 0 else timestamp
         return RecordMetadata(batch.topic, batch.partition, offset, timestamp)
 
+
+_new_future = tuple.__new__
 
 class ProducerBatch:
     """Records for one partition: open (lists growing) until sealed, then encoded once and sent."""
@@ -174,7 +178,9 @@ class ProducerBatch:
 class RecordAccumulator:
     """Per-partition open batches plus the queue of sealed ones. Thread-safe (one lock)."""
 
-    def __init__(self, batch_size: int, linger_ms: int, buffer_memory: int) -> None:
+    def __init__(self, batch_size: int, linger_ms: int, buffer_memory: int,
+                 on_batch: Callable[[str, int, bool], None]) -> None:
+        self.on_batch = on_batch
         self.batch_size = batch_size
         self.linger_s = linger_ms / 1000
         self.buffer_memory = buffer_memory
@@ -186,16 +192,16 @@ class RecordAccumulator:
         self.incomplete: set[BatchResult] = set()
 
     def append(self, topic: str, partition: int, key: bytes | None, value: bytes | None, timestamp: int,
-               headers: Headers) -> tuple[RecordFuture, bool, bool]:
-        """Add one record; returns its future, whether it opened a new batch (the loop must learn
-        its linger deadline) and whether it sealed one (ready to send)."""
+               headers: Headers) -> RecordFuture:
+        """Add one record and return its future. Opening a batch (the loop must learn its linger
+        deadline) or sealing one (ready to send) calls `on_batch(topic, partition, sealed)`."""
         size = (len(key) if key else 0) + (len(value) if value else 0) + RECORD_OVERHEAD
         with self.lock:
             batch = self.open.get((topic, partition))
-            opened = batch is None
             if batch is None:
                 batch = self.open[(topic, partition)] = ProducerBatch(topic, partition)
                 self.incomplete.add(batch.result)
+                self.on_batch(topic, partition, False)
             index = len(batch.values)
             batch.keys.append(key)
             batch.values.append(value)
@@ -207,11 +213,11 @@ class RecordAccumulator:
             batch.size += size
             batch.record_count += 1
             self.buffered_bytes += size
-            sealed = batch.size >= self.batch_size
-            if sealed:
+            if batch.size >= self.batch_size:
                 del self.open[(topic, partition)]
                 self.sealed.append(batch)
-            return RecordFuture(batch.result, index, timestamp), opened, sealed
+                self.on_batch(topic, partition, True)
+            return _new_future(RecordFuture, (batch.result, index, timestamp))
 
     def append_body(self, topic: str, partition: int, body: pa.RecordBatch) -> BatchResult:
         """Queue an already-built Arrow body as one sealed batch (the columnar path)."""
@@ -279,7 +285,7 @@ class AsyncProducer:
         self.metadata_max_age_s = metadata_max_age_ms / 1000
         self._metadata_refreshed = 0.0
         self.cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms, max_in_flight=max_in_flight)
-        self.accumulator = RecordAccumulator(batch_size, linger_ms, buffer_memory)
+        self.accumulator = RecordAccumulator(batch_size, linger_ms, buffer_memory, self._on_batch)
         self.sticky = StickyPartitioner()
         self.partition_counts: dict[str, int] = {}
         self._wakeup = asyncio.Event()
@@ -333,17 +339,19 @@ class AsyncProducer:
         """Thread-safe enqueue of one record for an already chosen partition."""
         if self._closed:
             raise ProducerClosedError("producer is closed")
-        if key is not None and not isinstance(key, (bytes, bytearray, memoryview)):
-            raise TypeError(f"key must be bytes or None, got {type(key).__name__}")
-        if value is not None and not isinstance(value, (bytes, bytearray, memoryview)):
-            raise TypeError(f"value must be bytes or None, got {type(value).__name__}")
-        future, opened, sealed = self.accumulator.append(topic, partition, key, value,
-                                                         record.now_ms() if timestamp_ms is None else timestamp_ms, headers)
-        if sealed and key is None:
+        if key.__class__ is not bytes and key is not None:
+            _check_bytes("key", key)
+        if value.__class__ is not bytes and value is not None:
+            _check_bytes("value", value)
+        return self.accumulator.append(topic, partition, key, value,
+                                       _time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms, headers)
+
+    def _on_batch(self, topic: str, partition: int, sealed: bool) -> None:
+        """A batch opened (the sender must learn its linger deadline) or sealed (ready to go);
+        a sealed batch also moves the sticky partition on."""
+        if sealed:
             self.sticky.next(topic, self.partition_counts.get(topic, 1), partition)
-        if opened or sealed:
-            self._wake()
-        return future
+        self._wake()
 
     async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
                    partition: int | None = None, timestamp_ms: int | None = None, headers: Headers = None) -> RecordFuture:
@@ -589,6 +597,11 @@ class AsyncProducer:
     def _fail(self, batch: ProducerBatch, err: BaseException) -> None:
         batch.result.complete(-1, error=err)
         self.accumulator.done(batch)
+
+
+def _check_bytes(name: str, value: Any) -> None:
+    if not isinstance(value, (bytes, bytearray, memoryview)):
+        raise TypeError(f"{name} must be bytes or None, got {type(value).__name__}")
 
 
 def _as_table(data: Any) -> pa.Table:
