@@ -1,0 +1,1 @@
+"""pymq benchmarks: run with `python -m benchmarks.<name>`; see README.md."""

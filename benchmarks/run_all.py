@@ -1,0 +1,95 @@
+"""Run every benchmark with its defaults and print the summary table in the README's format.
+
+    python -m benchmarks.run_all                    # full volumes (~15-20 min on 2 cores, plus the 10 GiB memory run)
+    python -m benchmarks.run_all --quick            # every volume ~20x smaller (~2 min)
+    python -m benchmarks.run_all --memory-gb 4      # a smaller memory run
+    python -m benchmarks.run_all --skip memory      # leave some out (produce, consume, latency, memory)
+    python -m benchmarks.run_all --profile          # also run the py-spy profiles (benchmarks.profile)
+
+`make bench` runs `python -m benchmarks.run_all`. Each benchmark writes
+benchmarks/results/<name>.json; this writes results/summary.json and prints the markdown table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from benchmarks import consume_throughput, harness, latency, memory, produce_throughput
+from benchmarks.harness import SummaryRow
+
+ORDER = ["produce", "consume", "latency", "memory"]
+
+
+def main(argv: list[str] | None = None) -> list[SummaryRow]:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run_all", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="shrink every volume ~20x")
+    parser.add_argument("--memory-gb", type=float, default=10.0, help="GiB to ingest in the memory benchmark [10]")
+    parser.add_argument("--skip", nargs="*", choices=ORDER, default=[], help="benchmarks to leave out")
+    parser.add_argument("--profile", action="store_true", help="also run python -m benchmarks.profile")
+    parser.add_argument("--summarize-only", action="store_true",
+                        help="run nothing: rebuild the summary table from the results/*.json already there")
+    args = parser.parse_args(argv)
+    if args.summarize_only:
+        return summarize_existing()
+    harness.install_cleanup()
+    quick = ["--quick"] if args.quick else []
+    rows: list[SummaryRow] = []
+    done: dict[str, Any] = {}
+    if "produce" not in args.skip:
+        print("\n### produce throughput", flush=True)
+        done["produce"] = produce_throughput.main(quick)
+    if "consume" not in args.skip:
+        print("\n### consume throughput", flush=True)
+        done["consume"] = consume_throughput.main(quick)
+    if "latency" not in args.skip:
+        print("\n### latency", flush=True)
+        done["latency"] = latency.main(quick)
+    if "memory" not in args.skip:  # last: the longest
+        print("\n### memory", flush=True)
+        try:
+            done["memory"] = memory.main(["--volume-gb", str(args.memory_gb)] + quick)
+        except SystemExit as refusal:  # not enough free disk
+            print(refusal, flush=True)
+            rows_skipped = [SummaryRow(f"broker RSS while ingesting {args.memory_gb:g} GiB", "< 300 MB", "not run", None,
+                                       str(refusal))]
+            done["memory"] = {"summary": [r.as_dict() for r in rows_skipped]}
+    if args.profile:
+        from benchmarks import profile
+
+        print("\n### profiles", flush=True)
+        profile.main(["--send-records", "400000", "--batch-records", "4000000", "--batch1k-records", "400000",
+                      "--consume-records", "1500000", "--latency-s", "5"] if args.quick else [])
+    for name in ORDER:
+        if name in done:
+            rows += [SummaryRow(**r) for r in done[name]["summary"]]
+    table = harness.markdown_table(rows)
+    print(f"\n## Results ({harness.RESULTS_DATE}{', --quick' if args.quick else ''})\n")
+    print(table)
+    harness.write_results("summary", {"quick": args.quick, "rows": [r.as_dict() for r in rows], "markdown": table})
+    return rows
+
+
+def summarize_existing() -> list[SummaryRow]:
+    """Recompute every summary row from the stored results (with the current summary code)."""
+    modules = {"produce": (produce_throughput, "produce_throughput"), "consume": (consume_throughput, "consume_throughput"),
+               "latency": (latency, "latency"), "memory": (memory, "memory")}
+    rows: list[SummaryRow] = []
+    commits = set()
+    for name in ORDER:
+        module, file = modules[name]
+        result = harness.load_results(file)
+        if result is None:
+            continue
+        commits.add(result.get("machine", {}).get("git", {}).get("commit", "?"))
+        rows += module.summary(result)
+    table = harness.markdown_table(rows)
+    print(f"\n## Results ({harness.RESULTS_DATE}; commit(s) {', '.join(sorted(commits))})\n")
+    print(table)
+    harness.write_results("summary", {"rebuilt_from_results": True, "commits": sorted(commits),
+                                      "rows": [r.as_dict() for r in rows], "markdown": table})
+    return rows
+
+
+if __name__ == "__main__":
+    main()
