@@ -66,6 +66,13 @@ class ConsumerRecord(NamedTuple):
     headers: list[tuple[str, bytes]] | None
 
 
+def _repeated_string(text: str, n: int) -> pa.StringArray:
+    """`text` n times as a string column, built from two buffers (no per-row work)."""
+    raw = text.encode()
+    offsets = np.arange(n + 1, dtype=np.int32) * len(raw)
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(raw * n))
+
+
 def to_record_batch(topic: str, partition: int, header: record.BatchHeader, body: pa.RecordBatch, skip: int) -> pa.RecordBatch:
     """One fetched batch as RECORD_SCHEMA rows, starting `skip` rows in."""
     if skip:
@@ -77,7 +84,7 @@ def to_record_batch(topic: str, partition: int, header: record.BatchHeader, body
                   if header.log_append_time else body.column(2))
     return pa.RecordBatch.from_arrays(
         [
-            pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int8)), pa.array([topic])).cast(pa.string()),
+            _repeated_string(topic, n),
             pa.array(np.full(n, partition, np.int32)),
             pa.array(np.arange(first, first + n, dtype=np.int64)),
             timestamps,
@@ -338,8 +345,9 @@ class AsyncConsumer:
                 continue
             body = record.decode_body(data, header, pos)
             batch = to_record_batch(tp[0], tp[1], header, body, max(position - header.base_offset, 0))
-            self._buffer.append((tp, batch, batch.nbytes))
-            self._buffered_bytes += batch.nbytes
+            size = header.size  # the wire size: cheap, and what the fetch actually cost
+            self._buffer.append((tp, batch, size))
+            self._buffered_bytes += size
             position = header.next_offset
         if position != self._fetch_positions[tp]:
             self._fetch_positions[tp] = position
@@ -406,7 +414,7 @@ def _append_records(out: list[ConsumerRecord], table: pa.Table) -> None:
         )
         out.extend(map(_new_record, zip(
             repeat(batch.column(0)[0].as_py(), n), repeat(batch.column(1)[0].as_py(), n),
-            batch.column(2).to_numpy().tolist(), batch.column(3).cast(pa.int64()).to_numpy().tolist(),
+            batch.column(2).to_numpy().tolist(), batch.column(3).view(pa.int64()).to_numpy().tolist(),
             repeat(batch.column(4)[0].as_py(), n), batch.column(5).to_pylist(), batch.column(6).to_pylist(),
             header_values,
         )))

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections import deque
@@ -49,6 +50,7 @@ log = logging.getLogger("pymq.producer")
 
 Headers = list[tuple[str, bytes]] | None
 RECORD_OVERHEAD = 16  # bytes counted per record on top of key + value when sizing batches
+TIMER_SLACK_S = 0.0005  # half of uvloop's timer resolution
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,7 +232,11 @@ class RecordAccumulator:
 
     def drain(self, force: bool = False) -> tuple[list[ProducerBatch], float | None]:
         """Sealed batches plus open ones past linger (all open ones with `force`), and the time
-        until the next open batch lingers out (None if none is open)."""
+        until the next open batch lingers out (None if none is open).
+
+        A batch due within TIMER_SLACK_S counts as due: uvloop's timers have millisecond
+        resolution and turn shorter waits into immediate callbacks, so waiting for it would spin.
+        """
         now = time.monotonic()
         with self.lock:
             ready = list(self.sealed)
@@ -238,7 +244,7 @@ class RecordAccumulator:
             next_due = None
             for tp, batch in list(self.open.items()):
                 due = batch.created + self.linger_s - now
-                if force or due <= 0:
+                if force or due <= TIMER_SLACK_S:
                     ready.append(self.open.pop(tp))
                 else:
                     next_due = due if next_due is None else min(next_due, due)
@@ -294,6 +300,7 @@ class AsyncProducer:
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
         self._flush_requested = False
+        self._sleeping_until = 0.0  # monotonic time the sender wakes at; 0 while it is awake
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> "AsyncProducer":
@@ -348,9 +355,12 @@ class AsyncProducer:
 
     def _on_batch(self, topic: str, partition: int, sealed: bool) -> None:
         """A batch opened (the sender must learn its linger deadline) or sealed (ready to go);
-        a sealed batch also moves the sticky partition on."""
+        a sealed batch also moves the sticky partition on. A new batch needs no cross-thread
+        wake-up when the sleeping sender will wake before the batch is due anyway."""
         if sealed:
             self.sticky.next(topic, self.partition_counts.get(topic, 1), partition)
+        elif 0.0 < self._sleeping_until <= time.monotonic() + self.accumulator.linger_s:
+            return
         self._wake()
 
     async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
@@ -457,15 +467,17 @@ class AsyncProducer:
     # -- the sender ------------------------------------------------------------------------------
 
     async def _send_loop(self) -> None:
+        """Drain ready batches and send them; otherwise sleep until the next linger deadline or a
+        wake-up. `_sleeping_until` tells appending threads whether a wake-up is needed at all."""
         while True:
+            self._sleeping_until = 0.0  # awake: anyone opening a batch now must wake us
+            self._wakeup.clear()  # before draining, so a wake-up during the drain is not lost
             force, self._flush_requested = self._flush_requested, False
             batches, next_due = self.accumulator.drain(force=force)
             if batches:
                 await self._dispatch(batches)
                 continue
-            self._wakeup.clear()
-            if self.accumulator.sealed or self._flush_requested:
-                continue
+            self._sleeping_until = math.inf if next_due is None else time.monotonic() + next_due
             try:
                 await asyncio.wait_for(self._wakeup.wait(), next_due)
             except TimeoutError:
