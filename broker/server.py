@@ -172,7 +172,19 @@ class Connection(asyncio.Protocol):
             if self._writer is None:
                 self._writer = self.loop.create_task(self._drain_queue())
             return
-        self.transport.writelines([header, *(p.read_bytes() if isinstance(p, FetchSlice) else p for p in parts)])
+        try:
+            data = [header, *(p.read_bytes() if isinstance(p, FetchSlice) else p for p in parts)]
+        except Exception as err:  # e.g. the segment was deleted with its topic meanwhile
+            self._abort(correlation_id, err)
+            return
+        self.transport.writelines(data)
+
+    def _abort(self, correlation_id: int, err: BaseException) -> None:
+        """A response could not be sent whole: drop the connection rather than leave the client
+        waiting for it (it reconnects and retries)."""
+        log.warning("aborting connection %s: response %d failed: %r", self.peer, correlation_id, err)
+        if self.transport is not None:
+            self.transport.abort()
 
     async def _drain_queue(self) -> None:
         """Write queued responses in order once the socket takes data, sending segment ranges
@@ -191,9 +203,10 @@ class Connection(asyncio.Protocol):
                         await self.loop.sendfile(transport, part.file, part.position, part.size, fallback=False)
                     else:
                         transport.write(part.read_bytes())
-        except (ConnectionError, RuntimeError, OSError) as err:
-            log.info("connection %s failed while sending: %s", self.peer, err)
-            transport.abort()
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # a half-sent response cannot be recovered: the client retries
+            self._abort(-1, err)
         finally:
             self._writer = None
 
