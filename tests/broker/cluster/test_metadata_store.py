@@ -35,10 +35,6 @@ class MetadataStoreContract:
     """The contract every MetadataStore passes. A subclass provides the `open_store` fixture: an async
     callable returning a store that starts empty for each test (the same data on every call within one test)."""
 
-    @pytest.fixture
-    def open_store(self) -> OpenStore:
-        raise NotImplementedError("mix MetadataStoreContract into a class that provides open_store")
-
     def test_get_missing_key_returns_none(self, open_store):
         """A key never written reads as None."""
 
