@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import datetime as _dt
 import json
 import multiprocessing as mp
@@ -30,9 +29,11 @@ import threading
 import time
 import traceback
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
+
+from broker import process
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO / "benchmarks"
@@ -40,7 +41,6 @@ RESULTS_DIR = BENCH_DIR / "results"
 PROFILES_DIR = RESULTS_DIR / "profiles"
 DEFAULT_BROKER_CONFIG = REPO / "conf" / "broker.toml"
 RESULTS_DATE = "2026-11-22"
-READY = re.compile(r"listening on ([\d.]+):(\d+)")
 MB = 1 << 20
 GB = 1 << 30
 KB = 1 << 10
@@ -102,12 +102,6 @@ def remove_temp_dir(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
     with contextlib.suppress(ValueError):
         _temp_dirs.remove(path)
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: SIGKILL the child when the harness dies (Linux prctl PR_SET_PDEATHSIG)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
 
 
 # -- /proc sampling ----------------------------------------------------------------------------
@@ -324,104 +318,39 @@ def dir_size_bytes(path: Path) -> int:
 # -- broker processes --------------------------------------------------------------------------
 
 
-class BrokerProcess:
-    """A broker started as `python -m broker.cli broker start [--config FILE] -o key=value ...`.
-
-    The data directory is a fresh temporary directory unless `data_dir` is given (pass the same
-    directory to a second BrokerProcess to restart on existing data, e.g. with another event loop).
-    """
+class BrokerProcess(process.BrokerProcess):
+    """broker.process.BrokerProcess in a harness-owned temporary data directory (unless `data_dir`
+    is given: pass the same directory to a second one to restart on existing data, e.g. with another
+    event loop), registered so that `cleanup` kills it on exit, Ctrl-C or SIGTERM."""
 
     def __init__(self, overrides: dict[str, Any] | None = None, data_dir: Path | None = None,
                  config_file: Path | None = DEFAULT_BROKER_CONFIG, name: str = "broker",
                  temp_root: str | Path | None = None) -> None:
         self.data_dir = data_dir if data_dir is not None else make_temp_dir(root=temp_root)
         self.name = name
-        self.config_file = config_file if config_file is not None and Path(config_file).is_file() else None
-        self.overrides: dict[str, Any] = {"port": 0, "log.dir": str(self.data_dir / "log"), **(overrides or {})}
-        self.proc: subprocess.Popen[str] | None = None
-        self.port: int | None = None
-        self.output = self.data_dir / f"{name}.out"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None, "broker not started"
-        return self.proc.pid
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        super().__init__(self.data_dir / "log", overrides,
+                         config_file=config_file if config_file is not None and Path(config_file).is_file() else None,
+                         output=self.data_dir / f"{name}.out", cwd=REPO)
 
     def start(self, timeout_s: float = 60.0) -> "BrokerProcess":
-        args = [sys.executable, "-m", "broker.cli", "broker", "start"]
-        if self.config_file is not None:
-            args += ["--config", str(self.config_file)]
-        for key, value in self.overrides.items():
-            args += ["-o", f"{key}={value}"]
-        out = open(self.output, "a")
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=out, text=True, cwd=REPO,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=_die_with_parent,
-                                     start_new_session=True)
-        _live_brokers[self.proc.pid] = self
-        found: list[int] = []
-
-        def read_stdout() -> None:
-            assert self.proc is not None and self.proc.stdout is not None
-            for line in self.proc.stdout:
-                out.write(line)
-                out.flush()
-                match = READY.search(line)
-                if match and not found:
-                    found.append(int(match.group(2)))
-
-        threading.Thread(target=read_stdout, name=f"{self.name}-stdout", daemon=True).start()
-        deadline = time.monotonic() + timeout_s
-        while not found:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(f"broker did not start; output:\n{self.log_tail()}")
-            time.sleep(0.02)
-        self.port = found[0]
+        super().start(timeout_s)
+        _live_brokers[self.pid] = self
         return self
 
-    def log_tail(self, chars: int = 4000) -> str:
-        with contextlib.suppress(OSError):
-            return self.output.read_text()[-chars:]
-        return ""
-
     def stop(self, timeout_s: float = 30.0) -> int:
-        """Clean stop with SIGTERM (by PID), SIGKILL after `timeout_s`."""
-        if self.proc is None:
-            return 0
-        proc, self.proc = self.proc, None
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGTERM)
-        try:
-            code = proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            code = proc.wait()
-        _live_brokers.pop(proc.pid, None)
+        pid = self.proc.pid if self.proc is not None else None
+        code = super().stop(timeout_s)
+        _live_brokers.pop(pid, None)
         return code
 
     def kill(self) -> None:
-        if self.proc is None:
-            return
-        proc, self.proc = self.proc, None
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(Exception):
-            proc.wait(10)
-        _live_brokers.pop(proc.pid, None)
+        pid = self.proc.pid if self.proc is not None else None
+        super().kill()
+        _live_brokers.pop(pid, None)
 
     def rss_mb(self) -> float | None:
         value = rss_kb(self.pid) if self.proc is not None else None
         return None if value is None else value / 1024
-
-    def __enter__(self) -> "BrokerProcess":
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
 
 def broker_overrides(event_loop: str = "uvloop", **extra: Any) -> dict[str, Any]:
@@ -614,7 +543,7 @@ class Profiler:
         if duration_s is not None:
             args += ["--duration", str(int(duration_s))]
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=process.die_with_parent)
         _live_profilers[proc.pid] = proc
         self.procs[name] = (proc, path, time.perf_counter())
         return path

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import tempfile
-import time
 from typing import Any
 
 from benchmarks import harness

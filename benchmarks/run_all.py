@@ -12,7 +12,6 @@ benchmarks/results/<name>.json; this writes results/summary.json and prints the 
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
 from benchmarks import consume_throughput, harness, latency, memory, produce_throughput

@@ -1,15 +1,12 @@
 """The main job: one broker on conf/broker.toml, a topic, a demo stream produced and consumed.
 
 Run with `make run` (or `python -m jobs.demo`). It starts `pymq broker start` as a child
-process, creates the topic `demo.events` if needed, produces a columnar batch of click events
+process (broker.process.BrokerProcess; broker output in data/broker.out), creates the topic `demo.events` if needed, produces a columnar batch of click events
 plus a few single records, reads every partition back from the start as Arrow, checks that
 nothing was lost or reordered, prints a summary and stops the broker cleanly.
 """
 from __future__ import annotations
 
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,23 +18,13 @@ from rich.table import Table
 
 from broker.client import Admin, Consumer, Producer
 from broker.config import BrokerConfig
+from broker.process import BrokerProcess
 from broker.errors import TopicAlreadyExistsError
 
 CONFIG = Path(__file__).resolve().parent.parent / "conf" / "broker.toml"
 TOPIC = "demo.events"
 EVENTS = 200_000
 console = Console()
-
-
-def start_broker(config_path: Path) -> tuple[subprocess.Popen[str], str]:
-    """Start the broker and wait for its readiness line; returns (process, bootstrap)."""
-    proc = subprocess.Popen([sys.executable, "-m", "broker.cli", "broker", "start", "--config", str(config_path)],
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "listening on" in line:
-            return proc, line.rsplit(" ", 1)[-1].strip()
-    raise SystemExit(f"broker exited with code {proc.wait()} before it was ready (is port 9092 free?)")
 
 
 def click_events(n: int) -> pa.Table:
@@ -50,7 +37,13 @@ def click_events(n: int) -> pa.Table:
 
 def main() -> None:
     config = BrokerConfig.load(CONFIG)
-    proc, bootstrap = start_broker(CONFIG)
+    broker = BrokerProcess(Path(config["log.dir"]), {"port": config["port"]}, config_file=CONFIG,
+                           output=Path(config["log.dir"]).parent / "broker.out")
+    try:
+        broker.start()
+    except RuntimeError as err:
+        raise SystemExit(f"{err}\n(is port {config['port']} free?)") from None
+    bootstrap = broker.bootstrap
     try:
         console.print(f"[bold]broker[/] {bootstrap} (log.dir {config['log.dir']})")
         with Admin(bootstrap) as admin:
@@ -101,8 +94,7 @@ def main() -> None:
             raise SystemExit("demo failed: records lost or keyed records split across partitions")
         console.print("[green]demo ok[/]")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
+        broker.stop()
 
 
 if __name__ == "__main__":

@@ -1,89 +1,16 @@
-"""Shared fixtures: real broker processes on loopback, stopped by PID in teardown."""
+"""Shared fixtures: real broker processes on loopback (broker.process.BrokerProcess), stopped by
+PID in teardown; a raw-socket client for bad-input tests."""
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
-import sys
-import threading
-import time
+import socket
+import struct
 from pathlib import Path
 from typing import Iterator
 
+import msgpack
 import pytest
 
-READY = re.compile(r"listening on ([\d.]+):(\d+)")
-
-
-class BrokerProcess:
-    """A broker started as `python -m broker.cli broker start` with config overrides.
-
-    `start()` waits for the readiness line and learns the port (the broker binds port 0 unless
-    told otherwise, so restarts keep their port by passing it back). Output goes to a log file in
-    the data dir so a failing test can show it.
-    """
-
-    def __init__(self, log_dir: Path, **overrides: object) -> None:
-        self.log_dir = log_dir
-        self.overrides: dict[str, object] = {"port": 0, "log.dir": str(log_dir), **overrides}
-        self.proc: subprocess.Popen[str] | None = None
-        self.port: int | None = None
-        self.output = log_dir.parent / f"{log_dir.name}.out"
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 30.0) -> "BrokerProcess":
-        if self.port is not None:
-            self.overrides["port"] = self.port  # restart on the same port
-        args = [sys.executable, "-m", "broker.cli", "broker", "start"]
-        for key, value in self.overrides.items():
-            args += ["-o", f"{key}={value}"]
-        out = open(self.output, "a")
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=out, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        found: list[int] = []
-
-        def read_ready() -> None:
-            assert self.proc is not None and self.proc.stdout is not None
-            for line in self.proc.stdout:
-                out.write(line)
-                out.flush()
-                match = READY.search(line)
-                if match and not found:
-                    found.append(int(match.group(2)))
-
-        threading.Thread(target=read_ready, daemon=True).start()
-        deadline = time.monotonic() + timeout_s
-        while not found:
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(f"broker did not start; output:\n{self.output.read_text()[-4000:]}")
-            time.sleep(0.05)
-        self.port = found[0]
-        return self
-
-    def stop(self, timeout_s: float = 20.0) -> int:
-        """Clean stop (SIGTERM), escalating to SIGKILL; returns the exit code."""
-        if self.proc is None:
-            return 0
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            code = self.proc.wait()
-        self.proc = None
-        return code
-
-    def kill(self) -> None:
-        """Crash: SIGKILL, no chance to flush or checkpoint."""
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
+from broker.process import BrokerProcess
 
 
 @pytest.fixture
@@ -92,7 +19,7 @@ def broker_factory(tmp_path: Path) -> Iterator:
     started: list[BrokerProcess] = []
 
     def make(name: str = "broker", **overrides: object) -> BrokerProcess:
-        process = BrokerProcess(tmp_path / name, **overrides)
+        process = BrokerProcess(tmp_path / name, overrides)
         started.append(process)
         return process
 
@@ -109,10 +36,7 @@ def broker(broker_factory) -> BrokerProcess:
 
 # -- raw wire access for bad-input and fuzz tests -------------------------------------------------
 
-import socket  # noqa: E402
-import struct  # noqa: E402
 
-import msgpack  # noqa: E402
 
 
 class RawClient:
@@ -223,7 +147,7 @@ def module_broker_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     started: list[BrokerProcess] = []
 
     def make(name: str = "broker", **overrides: object) -> BrokerProcess:
-        process = BrokerProcess(tmp_path_factory.mktemp(name) / name, **overrides)
+        process = BrokerProcess(tmp_path_factory.mktemp(name) / name, overrides)
         started.append(process)
         return process
 

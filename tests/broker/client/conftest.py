@@ -12,15 +12,9 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from broker.client import Admin
+from broker.process import BrokerProcess
 
 _topic_ids = itertools.count()
-
-
-def broker_process_class(config: pytest.Config) -> type:
-    """tests/conftest.py's BrokerProcess, taken from the module pytest loaded. (`from conftest import
-    BrokerProcess` is not reliable: every conftest.py outside a package is imported under the one name
-    'conftest', so which one it finds depends on the order pytest collected directories in.)"""
-    return next(plugin.BrokerProcess for plugin in config.pluginmanager.get_plugins() if hasattr(plugin, "BrokerProcess"))
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +23,7 @@ def shared_broker(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
     (a dict of broker config keys), if any. Killed by PID at module teardown."""
     overrides = getattr(request.module, "BROKER_OVERRIDES", {})
     log_dir = tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2]) / "broker"
-    process = broker_process_class(request.config)(log_dir, **overrides).start()
+    process = BrokerProcess(log_dir, overrides).start()
     yield process
     process.kill()
 

@@ -1,0 +1,126 @@
+"""BrokerProcess: a broker run as a child process, for tests, benchmarks and the demo job.
+
+It runs `python -m broker.cli broker start [--config FILE] -o key=value ...`, waits for the
+"listening on HOST:PORT" line to learn the port (port 0 by default, so any number of brokers can
+run side by side), and stops the child by PID: SIGTERM for a clean stop, SIGKILL for a crash. The
+child gets SIGKILL if its parent dies (Linux PR_SET_PDEATHSIG), so no test or benchmark leaves a
+broker behind. Its output goes to a file so a failure can show it.
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+READY = re.compile(r"listening on ([\d.]+):(\d+)")
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """preexec_fn: the kernel SIGKILLs the child when the parent dies (Linux only; no-op elsewhere)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class BrokerProcess:
+    """One broker child process. `overrides` are broker configs (`log.dir` defaults to `log_dir`).
+
+    Restarting with `start()` after `stop()`/`kill()` reuses the learned port, so clients that
+    were connected can reconnect to the same address.
+    """
+
+    def __init__(self, log_dir: Path, overrides: Mapping[str, Any] | None = None, *,
+                 config_file: Path | None = None, output: Path | None = None, cwd: Path | None = None) -> None:
+        self.log_dir = Path(log_dir)
+        self.overrides: dict[str, Any] = {"port": 0, "log.dir": str(self.log_dir), **(overrides or {})}
+        self.config_file = config_file
+        self.output = output or self.log_dir.parent / f"{self.log_dir.name}.out"
+        self.cwd = cwd
+        self.proc: subprocess.Popen[str] | None = None
+        self.port: int | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "broker not started"
+        return self.proc.pid
+
+    def start(self, timeout_s: float = 30.0) -> "BrokerProcess":
+        """Start the child and wait until it listens; RuntimeError with its output if it does not."""
+        if self.port is not None:
+            self.overrides["port"] = self.port
+        args = [sys.executable, "-m", "broker.cli", "broker", "start"]
+        if self.config_file is not None:
+            args += ["--config", str(self.config_file)]
+        for key, value in self.overrides.items():
+            args += ["-o", f"{key}={value}"]
+        self.output.parent.mkdir(parents=True, exist_ok=True)
+        out = open(self.output, "a")
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=out, text=True, cwd=self.cwd,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=die_with_parent)
+        found: list[int] = []
+        proc = self.proc
+
+        def copy_stdout() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out.write(line)
+                out.flush()
+                match = READY.search(line)
+                if match and not found:
+                    found.append(int(match.group(2)))
+
+        threading.Thread(target=copy_stdout, name="broker-stdout", daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        while not found:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"broker did not start; output:\n{self.log_tail()}")
+            time.sleep(0.02)
+        self.port = found[0]
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> int:
+        """Clean stop (SIGTERM), SIGKILL after `timeout_s`; returns the exit code."""
+        if self.proc is None:
+            return 0
+        proc, self.proc = self.proc, None
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+    def kill(self) -> None:
+        """Crash: SIGKILL, no chance to flush or checkpoint."""
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        with contextlib.suppress(OSError):
+            return self.output.read_text()[-chars:]
+        return ""
+
+    def __enter__(self) -> "BrokerProcess":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
