@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -11,6 +12,35 @@ import msgpack
 import pytest
 
 from broker.process import BrokerProcess
+
+
+def _consume_all(bootstrap: str, topic: str, partitions: int, expected: int, timeout_s: float = 60.0):
+    """Everything in `topic` from the beginning as one Arrow table; fails unless exactly `expected`
+    records arrive (a further poll must come back empty)."""
+    import pyarrow as pa
+
+    from broker.client import Consumer
+
+    consumer = Consumer(bootstrap, auto_offset_reset="earliest")
+    try:
+        consumer.assign([(topic, p) for p in range(partitions)])
+        tables, received = [], 0
+        deadline = time.monotonic() + timeout_s
+        while received < expected and time.monotonic() < deadline:
+            table = consumer.poll_arrow(timeout_ms=500)
+            tables.append(table)
+            received += table.num_rows
+        assert received == expected, f"received {received} of {expected} records"
+        assert consumer.poll_arrow(timeout_ms=200).num_rows == 0, "more records than produced"
+        return pa.concat_tables(tables)
+    finally:
+        consumer.close()
+
+
+@pytest.fixture(scope="session")
+def consume_all():
+    """consume_all(bootstrap, topic, partitions, expected) -> pyarrow.Table of every record."""
+    return _consume_all
 
 
 @pytest.fixture

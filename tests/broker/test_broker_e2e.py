@@ -14,24 +14,6 @@ from broker.client import EARLIEST, LATEST, Admin, Consumer, Producer
 from broker.errors import OffsetOutOfRangeError
 
 
-def consume_all(bootstrap: str, topic: str, partitions: int, expected: int, timeout_s: float = 60.0) -> pa.Table:
-    """Everything in the topic from the beginning, as one table (fails if `expected` rows never come)."""
-    consumer = Consumer(bootstrap, auto_offset_reset="earliest")
-    try:
-        consumer.assign([(topic, p) for p in range(partitions)])
-        tables, received = [], 0
-        deadline = time.monotonic() + timeout_s
-        while received < expected and time.monotonic() < deadline:
-            table = consumer.poll_arrow(timeout_ms=500)
-            tables.append(table)
-            received += table.num_rows
-        assert received == expected, f"received {received} of {expected} records"
-        assert consumer.poll_arrow(timeout_ms=200).num_rows == 0, "more records than produced"
-        return pa.concat_tables(tables)
-    finally:
-        consumer.close()
-
-
 def values_table(n: int, start: int = 0) -> pa.Table:
     ids = np.arange(start, start + n)
     values = pc.cast(pa.array(ids), pa.string()).cast(pa.binary())
@@ -50,7 +32,7 @@ def assert_in_order_without_gaps(table: pa.Table, partitions: int) -> None:
 
 
 @pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"], ids=["uvloop-pread", "asyncio-sendfile"])
-def test_round_trip_of_100k_records_on_3_partitions_keeps_order_and_loses_nothing(broker_factory, event_loop):
+def test_round_trip_of_100k_records_on_3_partitions_keeps_order_and_loses_nothing(broker_factory, event_loop, consume_all):
     """100,000 keyed records produced columnar and per record come back complete and in partition order."""
     broker = broker_factory(**{"event.loop": event_loop}).start()
     create(broker.bootstrap, "round-trip", 3)
@@ -69,7 +51,7 @@ def test_round_trip_of_100k_records_on_3_partitions_keeps_order_and_loses_nothin
         assert sent_one_by_one == sorted(sent_one_by_one)
 
 
-def test_records_with_one_key_land_on_one_partition(broker):
+def test_records_with_one_key_land_on_one_partition(broker, consume_all):
     """Every record keyed 'customer-42', sent one by one or columnar, lands on the same partition."""
     create(broker.bootstrap, "keyed", 3)
     with Producer(broker.bootstrap, linger_ms=1) as producer:
@@ -83,7 +65,7 @@ def test_records_with_one_key_land_on_one_partition(broker):
 
 
 @pytest.mark.parametrize("crash", [True, False], ids=["sigkill", "clean-stop"])
-def test_restart_keeps_every_acknowledged_record(broker_factory, crash):
+def test_restart_keeps_every_acknowledged_record(broker_factory, crash, consume_all):
     """After SIGKILL or SIGTERM and a restart, topics and all acknowledged records are still there."""
     broker = broker_factory(**{"log.flush.interval.messages": 1}).start()
     create(broker.bootstrap, "durable", 2, **{"segment.bytes": 64 * 1024})
@@ -102,7 +84,7 @@ def test_restart_keeps_every_acknowledged_record(broker_factory, crash):
     assert metadata.offset == table.filter(pc.equal(table["partition"], 0)).num_rows
 
 
-def test_torn_tail_is_truncated_on_recovery_and_earlier_records_survive(broker_factory):
+def test_torn_tail_is_truncated_on_recovery_and_earlier_records_survive(broker_factory, consume_all):
     """Half a batch appended by hand to the active segment is cut off at restart; the rest reads fine."""
     broker = broker_factory().start()
     create(broker.bootstrap, "torn", 1)
@@ -221,7 +203,7 @@ def test_producer_starts_using_added_partitions_after_a_metadata_refresh(broker)
     assert used == {0, 1, 2}
 
 
-def test_log_append_time_topic_reports_the_broker_time_to_consumers(broker):
+def test_log_append_time_topic_reports_the_broker_time_to_consumers(broker, consume_all):
     """With message.timestamp.type=LogAppendTime, consumers see the append time, not the producer's."""
     create(broker.bootstrap, "append-time", 1, **{"message.timestamp.type": "LogAppendTime"})
     before = record.now_ms()

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pytest
 
 from broker import protocol, record
-from broker.client import Admin, Consumer, Producer
+from broker.client import Admin, Producer
 from broker.config import TOPIC_CONFIGS
 from broker.errors import NONE, CorruptMessageError, InvalidRequestError, UnknownServerError, error_for_code, error_name
 from broker.protocol import ApiKey
@@ -72,23 +72,9 @@ def stored_files(log_dir: Path, topic: str) -> dict[str, tuple[int, str]]:
     return out
 
 
-def consume_all(bootstrap: str, topic: str, partitions: int, expected: int) -> list[dict[str, Any]]:
-    """Every record of `topic` from the beginning, sorted by (partition, offset)."""
-    consumer = Consumer(bootstrap, auto_offset_reset="earliest")
-    try:
-        consumer.assign([(topic, p) for p in range(partitions)])
-        tables, received = [], 0
-        deadline = time.monotonic() + 30
-        while received < expected and time.monotonic() < deadline:
-            table = consumer.poll_arrow(timeout_ms=500)
-            tables.append(table)
-            received += table.num_rows
-        assert received == expected, f"consumed {received} of {expected} records"
-        assert consumer.poll_arrow(timeout_ms=200).num_rows == 0, "more records than were produced"
-    finally:
-        consumer.close()
-    rows = pa.concat_tables(tables).to_pylist()
-    return sorted(rows, key=lambda r: (r["partition"], r["offset"]))
+def sorted_rows(table: pa.Table) -> list[dict[str, Any]]:
+    """Rows sorted by (partition, offset), for exact comparison."""
+    return sorted(table.to_pylist(), key=lambda r: (r["partition"], r["offset"]))
 
 
 # -- random values -----------------------------------------------------------------------------
@@ -533,7 +519,7 @@ class Storm:
 
 
 @pytest.fixture(scope="module")
-def storm(module_broker_factory) -> Storm:
+def storm(module_broker_factory, consume_all) -> Storm:
     print(f"fuzz seed {SEED} (replay with PYMQ_FUZZ_SEED={SEED})")
     broker = module_broker_factory(
         "fuzz",
@@ -551,7 +537,7 @@ def storm(module_broker_factory) -> Storm:
         futures = [producer.send(SNAP, b"value-%d-" % i + bytes(i % 97), key=b"key-%d" % i) for i in range(SNAP_RECORDS)]
         producer.flush()
     assert all(f.result().offset >= 0 for f in futures)
-    records_before = consume_all(broker.bootstrap, SNAP, 2, SNAP_RECORDS)
+    records_before = sorted_rows(consume_all(broker.bootstrap, SNAP, 2, SNAP_RECORDS))
     assert sorted(r["value"] for r in records_before) == sorted(b"value-%d-" % i + bytes(i % 97) for i in range(SNAP_RECORDS))
     files_before = stored_files(broker.log_dir, SNAP)
     started = time.monotonic()
@@ -566,7 +552,7 @@ def broker_tracebacks(broker: Any) -> list[str]:
     return ["Traceback" + block[:3000] for block in text.split("Traceback")[1:]]
 
 
-def test_fuzz_storm_leaves_broker_serving_and_snapshot_topic_byte_identical(storm, raw_client):
+def test_fuzz_storm_leaves_broker_serving_and_snapshot_topic_byte_identical(storm, raw_client, consume_all):
     """After >10,000 hostile frames the broker is alive, answers Metadata, and the snapshot topic's
     files, partition count, configs and consumed records are exactly as before."""
     seed, stats, broker = f"seed {SEED}", storm.stats, storm.broker
@@ -577,7 +563,7 @@ def test_fuzz_storm_leaves_broker_serving_and_snapshot_topic_byte_identical(stor
     assert stored_files(broker.log_dir, SNAP) == storm.files_before, f"{seed}: snapshot files changed"
     with Admin(broker.bootstrap) as admin:
         assert admin.describe_configs([SNAP]) == storm.configs_before, seed
-    assert consume_all(broker.bootstrap, SNAP, 2, SNAP_RECORDS) == storm.records_before, seed
+    assert sorted_rows(consume_all(broker.bootstrap, SNAP, 2, SNAP_RECORDS)) == storm.records_before, seed
 
 
 def test_fuzz_storm_closes_connections_only_for_unframeable_sizes(storm):
