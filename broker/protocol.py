@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import msgpack
+import numpy as np
 
 from broker.errors import InvalidRequestError
 
@@ -94,69 +95,170 @@ class Response:
 Frame = Request | OversizeRequest | MalformedRequest
 
 
-class FrameDecoder:
-    """Incremental decoder for request frames with a hard size limit.
+class _FrameReader:
+    """Receives length-prefixed frames with the fewest copies (the asyncio.BufferedProtocol shape).
 
-    Feed it bytes as they arrive; it yields complete frames. Frames larger than `max_frame_bytes`
-    are announced as `OversizeRequest` as soon as their header is read, and their remaining bytes
-    are discarded as they arrive, so the connection stays usable and nothing large is allocated.
-    A negative size cannot be resynchronized and raises InvalidRequestError: close the connection.
+    The transport asks `get_buffer()` where to put the next bytes and reports them with
+    `received(nbytes)`, which returns the frames they completed. Small frames arrive many per
+    `recv` into a scratch buffer and are copied out once each (their payload must outlive the
+    scratch). A frame of `direct_bytes` or more gets its own buffer as soon as its header is read,
+    and the kernel writes the rest of it straight there: no copy at all for the large produce and
+    fetch frames that carry the data. The buffer comes from `numpy.empty`, so a header announcing a
+    big frame costs address space, not resident memory, until the bytes actually arrive.
+
+    `feed(data)` does the same for bytes already in hand (tests, the fuzz mirror).
     """
 
-    def __init__(self, max_frame_bytes: int) -> None:
+    HEADER: struct.Struct  # the fixed frame header, starting with the int32 size
+
+    def __init__(self, max_frame_bytes: int, *, scratch_bytes: int = 256 << 10, direct_bytes: int = 64 << 10) -> None:
+        if direct_bytes > scratch_bytes // 2:
+            raise ValueError("direct_bytes must be at most half of scratch_bytes, so a smaller frame always fits")
         self.max_frame_bytes = max_frame_bytes
-        self._buf = bytearray()
+        self.direct_bytes = direct_bytes
+        self._scratch = bytearray(max(scratch_bytes, self.HEADER.size))
+        self._start = self._end = 0  # unread bytes are _scratch[_start:_end]
+        self._direct: memoryview | None = None  # the body of a large frame being received in place
+        self._direct_header: tuple[int, ...] = ()
+        self._filled = 0
         self._skip = 0  # bytes of an oversize frame still to discard
 
     @property
     def buffered_bytes(self) -> int:
-        return len(self._buf)
+        """Bytes of incomplete frames held (0 between frames)."""
+        return self._end - self._start + (self.HEADER.size + self._filled if self._direct is not None else 0)
 
-    def feed(self, data: bytes | bytearray | memoryview) -> Iterator[Frame]:
-        if self._skip:
-            dropped = min(self._skip, len(data))
-            self._skip -= dropped
-            data = memoryview(data)[dropped:]
-        self._buf += data
-        buf = self._buf
+    def get_buffer(self, sizehint: int = -1) -> memoryview:
+        if self._direct is not None:
+            return self._direct[self._filled:]
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif len(self._scratch) - self._end < self.direct_bytes:
+            # What is left is the start of one frame smaller than direct_bytes: move it to the
+            # front so that the rest of it fits.
+            tail = self._end - self._start
+            self._scratch[:tail] = self._scratch[self._start:self._end]
+            self._start, self._end = 0, tail
+        return memoryview(self._scratch)[self._end:]
+
+    def received(self, nbytes: int) -> Iterator[Any]:
+        """Account for `nbytes` written into the last `get_buffer()`; yield the completed frames.
+
+        A generator, so that the frames before a framing error are still delivered before it
+        raises. Each frame is consumed before it is yielded: a caller that stops iterating never
+        sees a frame twice, and the frames it did not take come with the next call."""
+        if self._direct is not None:
+            self._filled += nbytes
+            if self._filled < len(self._direct):
+                return
+            body, header = self._direct, self._direct_header
+            self._direct, self._filled = None, 0
+            yield self._frame(header, body)
+            return
+        self._end += nbytes
+        yield from self._parse()
+
+    def feed(self, data: bytes | bytearray | memoryview) -> Iterator[Any]:
+        """Decode bytes already in hand, copying them through `get_buffer` as a transport would.
+        Iterate it to the end: bytes not yet copied when the caller stops are dropped."""
+        data = memoryview(data).cast("B")
         pos = 0
+        while pos < len(data):
+            buf = self.get_buffer()
+            n = min(len(buf), len(data) - pos)
+            buf[:n] = data[pos:pos + n]
+            pos += n
+            yield from self.received(n)
+        if not data:
+            yield from self.received(0)
+
+    def _parse(self) -> Iterator[Any]:
+        scratch, header_size = self._scratch, self.HEADER.size
+        while True:
+            if self._skip:
+                dropped = min(self._skip, self._end - self._start)
+                self._skip -= dropped
+                self._start += dropped
+            available = self._end - self._start
+            if available < header_size:
+                return
+            header = self.HEADER.unpack_from(scratch, self._start)
+            size = header[0]
+            self._check_size(header)
+            if size + 4 > self.max_frame_bytes:
+                self._start += header_size
+                self._skip = size + 4 - header_size
+                yield self._oversize(header)
+                continue
+            body_start, body_size = self._start + header_size, size + 4 - header_size
+            if available >= size + 4:
+                self._start = body_start + body_size  # consumed before decoding: never delivered twice
+                # One copy, into a buffer of its own: the payload outlives the scratch, and the
+                # log patches base offsets into it in place before appending.
+                yield self._frame(header, memoryview(scratch[body_start:body_start + body_size]))
+                continue
+            if body_size >= self.direct_bytes:
+                body = memoryview(np.empty(body_size, dtype=np.uint8)).cast("B")
+                have = self._end - body_start
+                body[:have] = scratch[body_start:self._end]
+                self._direct, self._direct_header, self._filled = body, header, have
+                self._start = self._end = 0
+            return
+
+    def _check_size(self, header: tuple[int, ...]) -> None:
+        """Raise InvalidRequestError for a size that cannot be resynchronized."""
+        if header[0] < self.HEADER.size - 4:
+            raise InvalidRequestError(f"frame size {header[0]} is smaller than the frame header")
+
+    def _oversize(self, header: tuple[int, ...]) -> Any:
+        raise InvalidRequestError(f"frame of {header[0] + 4} bytes exceeds the limit {self.max_frame_bytes}")
+
+    def _frame(self, header: tuple[int, ...], body: memoryview) -> Any:
+        raise NotImplementedError
+
+
+class FrameDecoder(_FrameReader):
+    """Request frames (broker side). A frame over the limit is announced as `OversizeRequest` as
+    soon as its header is read and its bytes are discarded as they arrive, so the connection stays
+    usable and nothing large is allocated. A size too small to hold the header cannot be
+    resynchronized and raises InvalidRequestError: close the connection."""
+
+    HEADER = REQUEST_HEADER
+
+    def _oversize(self, header: tuple[int, ...]) -> OversizeRequest:
+        size, api_key, _, correlation_id, _ = header
+        return OversizeRequest(api_key, correlation_id, size + 4)
+
+    def _frame(self, header: tuple[int, ...], body: memoryview) -> Frame:
+        _, api_key, api_version, correlation_id, control_length = header
+        if control_length < 0 or control_length > len(body):
+            return MalformedRequest(correlation_id, f"control_length {control_length} outside the frame")
         try:
-            while len(buf) - pos >= REQUEST_HEADER.size:
-                size, api_key, api_version, correlation_id, control_length = REQUEST_HEADER.unpack_from(buf, pos)
-                if size < REQUEST_HEADER_AFTER_SIZE:
-                    raise InvalidRequestError(f"frame size {size} is smaller than the request header")
-                if size + 4 > self.max_frame_bytes:
-                    available = len(buf) - pos - 4
-                    self._skip = size - min(size, available)
-                    pos += 4 + min(size, available)
-                    yield OversizeRequest(api_key, correlation_id, size + 4)
-                    continue
-                end = pos + 4 + size
-                if len(buf) < end:
-                    break
-                frame = _decode_request(buf, pos, end, api_key, api_version, correlation_id, control_length)
-                pos = end  # consumed before yielding: a caller that stops iterating never sees it twice
-                yield frame
-        finally:
-            if pos:
-                del buf[:pos]
+            control = msgpack.unpackb(body[:control_length], raw=False, strict_map_key=True)
+        except Exception as err:  # msgpack raises several unrelated types for bad input
+            return MalformedRequest(correlation_id, f"control fields are not valid msgpack: {err}")
+        if not isinstance(control, dict):
+            return MalformedRequest(correlation_id, "control fields must be a msgpack map")
+        return Request(api_key, api_version, correlation_id, control, body[control_length:])
 
 
-def _decode_request(buf: bytearray, pos: int, end: int, api_key: int, api_version: int,
-                    correlation_id: int, control_length: int) -> Frame:
-    start = pos + REQUEST_HEADER.size
-    if control_length < 0 or start + control_length > end:
-        return MalformedRequest(correlation_id, f"control_length {control_length} outside the frame")
-    # One copy per frame, into a bytearray: the payload outlives the decoder's buffer, and the log
-    # patches base offsets into it in place before appending.
-    frame = buf[start:end]
-    try:
-        control = msgpack.unpackb(frame[:control_length], raw=False, strict_map_key=True)
-    except Exception as err:  # msgpack raises several unrelated types for bad input
-        return MalformedRequest(correlation_id, f"control fields are not valid msgpack: {err}")
-    if not isinstance(control, dict):
-        return MalformedRequest(correlation_id, "control fields must be a msgpack map")
-    return Request(api_key, api_version, correlation_id, control, memoryview(frame)[control_length:])
+class ResponseDecoder(_FrameReader):
+    """Response frames (client side). Any framing fault raises InvalidRequestError: a broker that
+    sends one is not to be trusted with the rest of the stream."""
+
+    HEADER = RESPONSE_HEADER
+
+    def _frame(self, header: tuple[int, ...], body: memoryview) -> Response:
+        _, correlation_id, control_length = header
+        if control_length < 0 or control_length > len(body):
+            raise InvalidRequestError(f"response control_length {control_length} outside the frame")
+        try:
+            control = msgpack.unpackb(body[:control_length], raw=False)
+        except Exception as err:  # msgpack raises several unrelated types for bad input
+            raise InvalidRequestError(f"response control fields are not valid msgpack: {err}") from err
+        if not isinstance(control, dict):
+            raise InvalidRequestError("response control fields must be a msgpack map")
+        return Response(correlation_id, control, body[control_length:])
 
 
 def encode_request(api_key: int, api_version: int, correlation_id: int, control: dict[str, Any],
@@ -172,42 +274,6 @@ def encode_response(correlation_id: int, control: dict[str, Any], payload_size: 
     packed = msgpack.packb(control, use_bin_type=True)
     size = RESPONSE_HEADER.size - 4 + len(packed) + payload_size
     return RESPONSE_HEADER.pack(size, correlation_id, len(packed)) + packed
-
-
-class ResponseDecoder:
-    """Incremental decoder for response frames (client side); `max_frame_bytes` guards memory."""
-
-    def __init__(self, max_frame_bytes: int) -> None:
-        self.max_frame_bytes = max_frame_bytes
-        self._buf = bytearray()
-
-    def feed(self, data: bytes | bytearray | memoryview) -> Iterator[Response]:
-        self._buf += data
-        buf = self._buf
-        pos = 0
-        try:
-            while len(buf) - pos >= RESPONSE_HEADER.size:
-                size, correlation_id, control_length = RESPONSE_HEADER.unpack_from(buf, pos)
-                if size < RESPONSE_HEADER.size - 4 or size + 4 > self.max_frame_bytes:
-                    raise InvalidRequestError(f"response frame size {size} outside 8..{self.max_frame_bytes}")
-                end = pos + 4 + size
-                if len(buf) < end:
-                    break
-                start = pos + RESPONSE_HEADER.size
-                frame = bytes(buf[start:end])
-                pos = end
-                if control_length < 0 or control_length > len(frame):
-                    raise InvalidRequestError(f"response control_length {control_length} outside the frame")
-                try:
-                    control = msgpack.unpackb(frame[:control_length], raw=False)
-                except Exception as err:  # msgpack raises several unrelated types for bad input
-                    raise InvalidRequestError(f"response control fields are not valid msgpack: {err}") from err
-                if not isinstance(control, dict):
-                    raise InvalidRequestError("response control fields must be a msgpack map")
-                yield Response(correlation_id, control, memoryview(frame)[control_length:])
-        finally:
-            if pos:
-                del buf[:pos]
 
 
 # -- typed access to control fields: a wrong type is the client's fault, so INVALID_REQUEST ------

@@ -1,7 +1,7 @@
 """The broker process: asyncio TCP server, connections, background duties, lifecycle.
 
 This is the only asyncio edge of the broker (STYLE.md): it turns bytes into `Request`s with the
-protocol's `FrameDecoder`, hands them to `RequestHandlers`, and writes responses. Per connection:
+protocol's `FrameDecoder` (received in place, see `_FrameReader`), hands them to `RequestHandlers`, and writes responses. Per connection:
 
 - Requests are dispatched in arrival order. Synchronous handlers (produce, metadata, list
   offsets) run inline, so pipelined produces append in order; coroutine handlers (fetch long
@@ -42,8 +42,9 @@ log = logging.getLogger("pymq.server")
 METADATA_FILE = "__cluster_metadata.json"
 
 
-class Connection(asyncio.Protocol):
-    """One client connection. Loop-local."""
+class Connection(asyncio.BufferedProtocol):
+    """One client connection. Loop-local. A BufferedProtocol, so that the bytes of a large produce
+    request are received straight into the buffer they are appended from."""
 
     def __init__(self, broker: "Broker") -> None:
         self.broker = broker
@@ -92,10 +93,13 @@ class Connection(asyncio.Protocol):
         self._writable.set()
         self._update_reading()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
         self.last_active = self.loop.time()
         try:
-            for frame in self.decoder.feed(data):
+            for frame in self.decoder.received(nbytes):
                 self._dispatch(frame)
         except InvalidRequestError as err:
             log.warning("closing %s: unrecoverable framing error: %s", self.peer, err)

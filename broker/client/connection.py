@@ -27,7 +27,10 @@ def raise_for_error(control: dict[str, Any]) -> None:
         raise error_for_code(code, control.get("error_message"))
 
 
-class BrokerConnection(asyncio.Protocol):
+class BrokerConnection(asyncio.BufferedProtocol):
+    """Responses are received in place (see protocol._FrameReader): a fetch response's record
+    batches are read by the kernel into the buffer the consumer decodes them from."""
+
     def __init__(self, host: str, port: int, max_in_flight: int = 64,
                  max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
         self.host, self.port = host, port
@@ -68,9 +71,12 @@ class BrokerConnection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self._drained.set()
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.decoder.get_buffer(sizehint)
+
+    def buffer_updated(self, nbytes: int) -> None:
         try:
-            for response in self.decoder.feed(data):
+            for response in self.decoder.received(nbytes):
                 future = self._pending.pop(response.correlation_id, None)
                 if future is None:
                     log.warning("response for unknown correlation id %d from %s:%d", response.correlation_id, self.host, self.port)

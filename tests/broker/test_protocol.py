@@ -178,6 +178,23 @@ def test_payload_is_a_writable_view_that_outlives_the_decoder_buffer():
     assert bytes(request.payload) == b"XYcdef"
 
 
+def test_large_frame_is_received_in_place_without_a_copy():
+    """Once a large frame's header is read, get_buffer() hands out the frame's own buffer: the
+    bytes the transport writes there are the payload the frame is delivered with."""
+    payload = bytes(range(256)) * 1024
+    frame = _request(51, payload=payload)
+    decoder = FrameDecoder(1 << 20, scratch_bytes=8192, direct_bytes=4096)
+    assert list(decoder.feed(frame[:100])) == []
+    target = decoder.get_buffer()
+    assert len(target) == len(frame) - 100
+    target[:] = frame[100:]
+    [request] = decoder.received(len(target))
+    assert request.correlation_id == 51 and bytes(request.payload) == payload
+    target[-1:] = b"!"  # same memory: the write shows through the delivered payload
+    assert bytes(request.payload[-1:]) == b"!"
+    assert decoder.buffered_bytes == 0 and [f.correlation_id for f in decoder.feed(_request(52))] == [52]
+
+
 def test_frame_is_not_redelivered_when_the_caller_stops_iterating():
     """A caller that takes one frame and abandons the generator never sees that frame again."""
     decoder = FrameDecoder(1 << 20)
@@ -185,6 +202,11 @@ def test_frame_is_not_redelivered_when_the_caller_stops_iterating():
     assert next(frames).correlation_id == 1
     frames.close()
     assert [f.correlation_id for f in decoder.feed(b"")] == [2]
+
+
+def test_direct_bytes_must_leave_room_for_smaller_frames_in_the_scratch():
+    with pytest.raises(ValueError):
+        FrameDecoder(1 << 20, scratch_bytes=1000, direct_bytes=600)
 
 
 _CONTROL_VALUES = st.one_of(
@@ -204,11 +226,17 @@ _FRAMES = st.lists(
 )
 
 
+# (scratch_bytes, direct_bytes): the defaults, and small enough that frames go every way: copied
+# out of the scratch, moved to its front, and received in place.
+_READER_SIZES = [(256 << 10, 64 << 10), (64, 32), (160, 40)]
+
+
+@pytest.mark.parametrize("sizes", _READER_SIZES, ids=lambda s: f"scratch_{s[0]}_direct_{s[1]}")
 @PROPERTY
 @given(frames=_FRAMES, data=st.data())
-def test_random_frames_split_at_random_points_decode_identically(frames, data):
+def test_random_frames_split_at_random_points_decode_identically(sizes, frames, data):
     """Any sequence of frames, oversize ones included, cut at any points, decodes to the same
-    requests and oversize announcements as the unsplit stream would."""
+    requests and oversize announcements as the unsplit stream would, whatever the buffer sizes."""
     limit = 200
     encoded = [encode_request(k, v, c, ctl, len(p)) + p for k, v, c, ctl, p in frames]
     expected = [
@@ -218,7 +246,7 @@ def test_random_frames_split_at_random_points_decode_identically(frames, data):
     stream = b"".join(encoded)
     cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12), label="cuts"))
     chunks = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
-    decoder = FrameDecoder(limit)
+    decoder = FrameDecoder(limit, scratch_bytes=sizes[0], direct_bytes=sizes[1])
     assert _feed_all(decoder, chunks) == expected
     assert decoder.buffered_bytes == 0
 
@@ -242,6 +270,20 @@ def test_pipelined_responses_decode_in_order():
     stream = b"".join(encode_response(i, {"i": i}, i) + bytes([i]) * i for i in range(5))
     out = list(ResponseDecoder(1 << 20).feed(stream))
     assert [(r.correlation_id, r.control["i"], bytes(r.payload)) for r in out] == [(i, i, bytes([i]) * i) for i in range(5)]
+
+
+@pytest.mark.parametrize("sizes", _READER_SIZES, ids=lambda s: f"scratch_{s[0]}_direct_{s[1]}")
+@PROPERTY
+@given(responses=st.lists(st.tuples(st.integers(0, 2**31 - 1), st.binary(max_size=300)), min_size=1, max_size=8),
+       data=st.data())
+def test_random_responses_split_at_random_points_decode_identically(sizes, responses, data):
+    """Responses cut at any points decode to the same frames whatever the buffer sizes."""
+    stream = b"".join(encode_response(c, {"n": len(p)}, len(p)) + p for c, p in responses)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(stream)), max_size=12), label="cuts"))
+    decoder = ResponseDecoder(1 << 20, scratch_bytes=sizes[0], direct_bytes=sizes[1])
+    out = [r for a, b in zip([0, *cuts], [*cuts, len(stream)]) for r in decoder.feed(stream[a:b])]
+    assert [(r.correlation_id, r.control, bytes(r.payload)) for r in out] == [(c, {"n": len(p)}, p) for c, p in responses]
+    assert decoder.buffered_bytes == 0
 
 
 @pytest.mark.parametrize("size", [-1, 7, 10_000], ids=["negative", "below_header", "over_limit"])
