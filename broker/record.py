@@ -33,7 +33,7 @@ import functools
 import struct
 import time
 from dataclasses import dataclass
-from typing import Iterator, Literal
+from typing import Iterator, Literal, NamedTuple
 
 import crc32c as _crc32c
 import numpy as np
@@ -192,12 +192,39 @@ def encode_body(body: pa.RecordBatch, compression: str = "none") -> pa.Buffer:
     return sink.getvalue()
 
 
-def encode_batch(body: pa.RecordBatch, *, compression: str = "none", **header_fields: int) -> bytearray:
-    """Encode one record batch: header + IPC body, CRC32C over bytes 21..end.
+class EncodedBatch(NamedTuple):
+    """One encoded record batch as its two buffers: the 61-byte header, then the IPC body.
 
-    `header_fields` are frame_body's optional header fields (base_offset, partition_leader_epoch,
+    Kept apart for writers that take a list of buffers (socket `writelines`): joining them would
+    copy every body once more only to put 61 bytes in front of it."""
+
+    header: bytearray
+    body: memoryview
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + len(self.body)
+
+    def join(self) -> bytearray:
+        """The batch as one buffer (callers that patch or slice it)."""
+        out = bytearray(self.size)
+        out[:HEADER_SIZE] = self.header
+        out[HEADER_SIZE:] = self.body
+        return out
+
+
+def encode_batch(body: pa.RecordBatch, *, compression: str = "none", **header_fields: int) -> bytearray:
+    """Encode one record batch as one buffer: header + IPC body, CRC32C over bytes 21..end.
+    Returns a bytearray so callers can patch offsets in place. See `encode_batch_parts`."""
+    return encode_batch_parts(body, compression=compression, **header_fields).join()
+
+
+def encode_batch_parts(body: pa.RecordBatch, *, compression: str = "none", **header_fields: int) -> EncodedBatch:
+    """Encode one record batch as header and IPC body without joining them.
+
+    `header_fields` are frame_parts's optional header fields (base_offset, partition_leader_epoch,
     attributes, producer_id, producer_epoch, base_sequence). The body must have at least one row
-    and no null timestamp. Returns a bytearray so callers can patch offsets in place.
+    and no null timestamp.
     """
     count = body.num_rows
     if count == 0:
@@ -205,12 +232,17 @@ def encode_batch(body: pa.RecordBatch, *, compression: str = "none", **header_fi
     ts = body.column("timestamp")
     if ts.null_count:
         raise ValueError("record timestamps must not be null")
-    bounds = pc.min_max(ts.cast(pa.int64()))
-    return frame_body(encode_body(body, compression), record_count=count, base_timestamp=bounds["min"].as_py(),
-                      max_timestamp=bounds["max"].as_py(), **header_fields)
+    bounds = pc.min_max(ts.view(pa.int64()))
+    return frame_parts(encode_body(body, compression), record_count=count, base_timestamp=bounds["min"].as_py(),
+                       max_timestamp=bounds["max"].as_py(), **header_fields)
 
 
-def frame_body(
+def frame_body(ipc_body: pa.Buffer | bytes, **header_fields: int) -> bytearray:
+    """Put the 61-byte header in front of an already-serialized IPC body, as one buffer."""
+    return frame_parts(ipc_body, **header_fields).join()
+
+
+def frame_parts(
     ipc_body: pa.Buffer | bytes,
     *,
     record_count: int,
@@ -222,17 +254,18 @@ def frame_body(
     producer_id: int = -1,
     producer_epoch: int = -1,
     base_sequence: int = -1,
-) -> bytearray:
-    """Put the 61-byte header in front of an already-serialized IPC body and compute the CRC."""
-    out = bytearray(HEADER_SIZE + len(ipc_body))
-    out[HEADER_SIZE:] = memoryview(ipc_body)
+) -> EncodedBatch:
+    """The 61-byte header for an already-serialized IPC body, CRC computed over both in place."""
+    body = memoryview(ipc_body).cast("B")
+    header = bytearray(HEADER_SIZE)
     HEADER.pack_into(
-        out, 0, base_offset, len(out) - LENGTH_PREFIX, partition_leader_epoch, MAGIC, 0,
+        header, 0, base_offset, HEADER_SIZE + len(body) - LENGTH_PREFIX, partition_leader_epoch, MAGIC, 0,
         attributes, record_count - 1, base_timestamp, max_timestamp, producer_id, producer_epoch,
         base_sequence, record_count,
     )
-    _CRC.pack_into(out, 17, _crc32c.crc32c(memoryview(out)[CRC_START:]))
-    return out
+    crc = _crc32c.crc32c(body, _crc32c.crc32c(memoryview(header)[CRC_START:]))
+    _CRC.pack_into(header, 17, crc)
+    return EncodedBatch(header, body)
 
 
 def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:

@@ -160,10 +160,10 @@ class ProducerBatch:
         self.record_count = body.num_rows if body is not None else 0
         self.created = time.monotonic()
         self.result = BatchResult(topic, partition)
-        self.encoded: bytearray | None = None
+        self.encoded: record.EncodedBatch | None = None
         self.attempts = 0
 
-    def encode(self, compression: str) -> bytearray:
+    def encode(self, compression: str) -> record.EncodedBatch:
         if self.encoded is None:
             if self.body is None:
                 headers = None
@@ -173,7 +173,7 @@ class ProducerBatch:
                                              pa.array(self.timestamps, pa.int64()), headers)
                 self.keys = self.values = self.timestamps = []  # type: ignore[assignment]
                 self.headers = None
-            self.encoded = record.encode_batch(self.body, compression=compression)
+            self.encoded = record.encode_batch_parts(self.body, compression=compression)
         return self.encoded
 
 
@@ -508,11 +508,11 @@ class AsyncProducer:
             size = 0
             for batch in node_batches:
                 encoded = batch.encode(self.compression)
-                if request and size + len(encoded) > self.max_request_size:
+                if request and size + encoded.size > self.max_request_size:
                     await self._launch(node, request)
                     request, size = [], 0
                 request.append(batch)
-                size += len(encoded)
+                size += encoded.size
             if request:
                 await self._launch(node, request)
 
@@ -531,13 +531,13 @@ class AsyncProducer:
             groups.setdefault(batch.topic, {}).setdefault(batch.partition, []).append(batch)
             batch.attempts += 1
         control = {"acks": self.acks, "timeout_ms": int(self.delivery_timeout_s * 1000), "topics": [
-            {"name": topic, "partitions": [{"partition": p, "size": sum(len(b.encoded or b"") for b in group)}
+            {"name": topic, "partitions": [{"partition": p, "size": sum(b.encoded.size for b in group if b.encoded)}
                                            for p, group in parts.items()]}
             for topic, parts in groups.items()
         ]}
         ordered = [b for parts in groups.values() for group in parts.values() for b in group]
         try:
-            reply, _ = await self.cluster.request(node, ApiKey.PRODUCE, control, [b.encoded for b in ordered],
+            reply, _ = await self.cluster.request(node, ApiKey.PRODUCE, control, [part for b in ordered if b.encoded for part in b.encoded],
                                                   expect_response=self.acks != 0)
         except (NetworkError, RequestTimedOutError) as err:
             await self._retry_or_fail(ordered, err)
