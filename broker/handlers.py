@@ -4,7 +4,9 @@ Handlers never see frames or sockets: the server decodes a `Request`, calls `han
 what comes back. A result is `(control, parts)` where parts are bytes-like objects or
 `FetchSlice`s (segment byte ranges the server sends with sendfile), or None for "no response"
 (produce with acks=0). Handlers that may wait (fetch long poll, admin writes to the metadata
-store) are coroutines; the rest return synchronously so produce appends happen in arrival order.
+store) are coroutines; the rest return synchronously. Produce appends through the `LogWriter`:
+inline, or for a large payload queued on its thread, in which case produce returns a coroutine
+too; either way a partition's appends happen in arrival order.
 
 Errors: a PymqError raised for one partition becomes that partition's `error_code`; one raised
 for the whole request becomes the response's top-level `error_code`. Nothing here touches a
@@ -28,7 +30,8 @@ from broker.errors import (
     UnknownTopicOrPartitionError,
     UnsupportedVersionError,
 )
-from broker.log import FetchSlice, LogManager, PartitionLog
+from broker.log import AppendInfo, FetchSlice, LogManager, PartitionLog
+from broker.log_writer import LogWriter
 from broker.protocol import ApiKey, entries, field
 from broker.purgatory import FetchPurgatory
 
@@ -43,6 +46,10 @@ def error_fields(err: PymqError) -> dict[str, Any]:
     return {"error_code": err.code, "error_message": str(err)}
 
 
+def _append_failed(err: PymqError) -> dict[str, Any]:
+    return {**error_fields(err), "base_offset": -1, "log_append_time": -1, "log_start_offset": -1}
+
+
 class RequestHandlers:
     """The broker's API. Loop-local: call from the event-loop thread only."""
 
@@ -51,6 +58,7 @@ class RequestHandlers:
         config: BrokerConfig,
         registry: TopicRegistry,
         logs: LogManager,
+        writer: LogWriter,
         purgatory: FetchPurgatory,
         advertised: Callable[[], tuple[str, int]],
         on_append: Callable[[PartitionLog], None],
@@ -58,6 +66,7 @@ class RequestHandlers:
         self.config = config
         self.registry = registry
         self.logs = logs
+        self.writer = writer
         self.purgatory = purgatory
         self.advertised = advertised
         self.on_append = on_append
@@ -220,7 +229,7 @@ class RequestHandlers:
             raise UnknownTopicOrPartitionError(f"unknown topic-partition {topic}-{partition}")
         return partition_log
 
-    def produce(self, control: dict[str, Any], payload: memoryview) -> Result:
+    def produce(self, control: dict[str, Any], payload: memoryview) -> Result | Awaitable[Result]:
         acks = field(control, "acks", int, 1)
         if acks not in (-1, 0, 1):
             raise InvalidRequiredAcksError(f"acks must be -1, 0 or 1, got {acks}")
@@ -238,23 +247,47 @@ class RequestHandlers:
             slices.append((item.get("name"), parts))
         if pos != len(payload):
             raise InvalidRequestError(f"payload has {len(payload) - pos} bytes not claimed by any partition")
-        results = []
-        for name, parts in slices:
-            partition_results = []
-            for partition, data in parts:
-                partition_results.append({"partition": partition, **self._append(name, partition, data)})
-            results.append({"name": name, "partitions": partition_results})
+        results = [(name, [(partition, self._append(name, partition, data)) for partition, data in parts])
+                   for name, parts in slices]
+        if any(not isinstance(outcome, dict) for _, parts in results for _, outcome in parts):
+            return self._produced_later(acks, results)
+        return self._produce_response(acks, results)  # type: ignore[arg-type]
+
+    async def _produced_later(self, acks: int, results: list[tuple[Any, list[tuple[Any, Any]]]]) -> Result:
+        """The response to a produce some of whose appends were queued on the log writer."""
+        done = [(name, [(p, outcome if isinstance(outcome, dict) else await outcome) for p, outcome in parts])
+                for name, parts in results]
+        return self._produce_response(acks, done)
+
+    @staticmethod
+    def _produce_response(acks: int, results: list[tuple[Any, list[tuple[Any, dict[str, Any]]]]]) -> Result:
         if acks == 0:
             return None
-        return {"error_code": NONE, "topics": results}, []
+        topics = [{"name": name, "partitions": [{"partition": p, **outcome} for p, outcome in parts]}
+                  for name, parts in results]
+        return {"error_code": NONE, "topics": topics}, []
 
-    def _append(self, topic: Any, partition: Any, data: memoryview) -> dict[str, Any]:
+    def _append(self, topic: Any, partition: Any, data: memoryview) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+        """A partition's produce outcome, or a coroutine for it if the append was queued."""
         try:
             partition_log = self._partition_log(topic, partition)
             leader_epoch = self.registry.get(topic).partitions[partition].leader_epoch
-            info = partition_log.append(data, leader_epoch)
+            appended = self.writer.append(partition_log, data, leader_epoch)
         except PymqError as err:
-            return {**error_fields(err), "base_offset": -1, "log_append_time": -1, "log_start_offset": -1}
+            return _append_failed(err)
+        if isinstance(appended, AppendInfo):
+            return self._appended(topic, partition, partition_log, appended)
+        return self._append_queued(topic, partition, partition_log, appended)
+
+    async def _append_queued(self, topic: str, partition: int, partition_log: PartitionLog,
+                             pending: Awaitable[AppendInfo]) -> dict[str, Any]:
+        try:
+            info = await pending
+        except PymqError as err:
+            return _append_failed(err)
+        return self._appended(topic, partition, partition_log, info)
+
+    def _appended(self, topic: str, partition: int, partition_log: PartitionLog, info: AppendInfo) -> dict[str, Any]:
         self.purgatory.notify((topic, partition))
         self.on_append(partition_log)
         return {"error_code": NONE, "base_offset": info.first_offset, "log_append_time": info.log_append_time_ms,

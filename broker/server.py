@@ -34,6 +34,7 @@ from broker.config import BrokerConfig
 from broker.errors import InvalidRequestError, MessageTooLargeError, PymqError
 from broker.handlers import Part, RequestHandlers, Result, error_fields, unexpected_error
 from broker.log import FetchSlice, LogManager, PartitionLog
+from broker.log_writer import LogWriter
 from broker.purgatory import FetchPurgatory
 from broker.record import now_ms
 
@@ -226,7 +227,9 @@ class Broker:
         self.registry = TopicRegistry(self.store, config["broker.id"], config.log_defaults)
         self.logs = LogManager(self.log_dir)
         self.purgatory = FetchPurgatory()
-        self.handlers = RequestHandlers(config, self.registry, self.logs, self.purgatory, self.advertised, self._after_append)
+        self.writer = LogWriter(config["log.writer.offload.bytes"])
+        self.handlers = RequestHandlers(config, self.registry, self.logs, self.writer, self.purgatory, self.advertised,
+                                        self._after_append)
         self.connections: set[Connection] = set()
         self.zero_copy = config["zero.copy"] and config["event.loop"] == "asyncio"
         self._server: asyncio.Server | None = None
@@ -274,6 +277,7 @@ class Broker:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.writer.close()
         while self._flushing:
             await asyncio.sleep(0.01)
         await asyncio.to_thread(self.logs.close)

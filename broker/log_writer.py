@@ -1,0 +1,45 @@
+"""LogWriter: large appends run on a writer thread while the event loop serves the next request.
+
+An append is a CRC32C over every byte and a pwrite of all of them; both release the GIL. Run on
+the event loop they stall it for the whole request (the py-spy profile of sustained ingest: 44 %
+pwrite, 28 % CRC), so a produce of a few MiB is handed to one writer thread instead and the loop
+goes on receiving. Small appends stay inline: below `offload_bytes` the thread hand-off costs more
+than the work, and the latency-sensitive traffic is small.
+
+Order: one thread, first in first out, and a partition that has appends queued gets every later
+append queued behind them, however small. So a partition's appends happen in arrival order, as
+they would inline. Loop-local: call from the event-loop thread only.
+"""
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
+
+from broker.log import AppendInfo, PartitionLog
+
+
+class LogWriter:
+    def __init__(self, offload_bytes: int) -> None:
+        self.offload_bytes = offload_bytes
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pymq-log-writer")
+        self._queued: dict[PartitionLog, int] = {}  # appends submitted and not yet finished
+
+    def append(self, partition_log: PartitionLog, data: memoryview,
+               leader_epoch: int) -> AppendInfo | asyncio.Future[AppendInfo]:
+        """Append now (small, nothing queued for this log) or on the writer thread (a future).
+        Either way PartitionLog.append's errors are its errors: raised, or set on the future."""
+        if len(data) < self.offload_bytes and partition_log not in self._queued:
+            return partition_log.append(data, leader_epoch)
+        self._queued[partition_log] = self._queued.get(partition_log, 0) + 1
+        future = asyncio.get_running_loop().run_in_executor(self._executor, partition_log.append, data, leader_epoch)
+        future.add_done_callback(lambda _: self._finished(partition_log))
+        return future
+
+    def _finished(self, partition_log: PartitionLog) -> None:
+        left = self._queued.pop(partition_log) - 1
+        if left:
+            self._queued[partition_log] = left
+
+    async def close(self) -> None:
+        """Wait for queued appends to finish (they are acknowledged writes) and stop the thread."""
+        await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown)
