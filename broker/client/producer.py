@@ -24,6 +24,7 @@ import math
 import threading
 import time
 from collections import deque
+from time import monotonic as _monotonic
 from time import time_ns as _time_ns
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -185,6 +186,8 @@ class RecordAccumulator:
         self.on_batch = on_batch
         self.batch_size = batch_size
         self.linger_s = linger_ms / 1000
+        # linger_ms=0 sends whatever accumulated by the time the sender looks: never seal on age.
+        self.seal_after_s = self.linger_s or math.inf
         self.buffer_memory = buffer_memory
         self.lock = threading.Lock()
         self.space = threading.Condition(self.lock)
@@ -215,7 +218,9 @@ class RecordAccumulator:
             batch.size += size
             batch.record_count += 1
             self.buffered_bytes += size
-            if batch.size >= self.batch_size:
+            # Sealing a lingered-out batch here, rather than only when the sender's timer fires,
+            # keeps linger_ms precise under load: event-loop timers have millisecond resolution.
+            if batch.size >= self.batch_size or _monotonic() >= batch.created + self.seal_after_s:
                 del self.open[(topic, partition)]
                 self.sealed.append(batch)
                 self.on_batch(topic, partition, True)

@@ -11,6 +11,7 @@ import pytest
 
 from broker.client import Admin, AsyncProducer, Consumer, ConsumerRecord, Producer
 from broker.client.partitioner import partition_for_key
+from broker.client.producer import RecordAccumulator
 from broker.errors import (
     DeliveryTimeoutError,
     MessageTooLargeError,
@@ -166,6 +167,21 @@ def test_full_batch_is_sent_without_waiting_for_linger(shared_broker, new_topic)
         producer.send(topic, b"v").result(10)
         elapsed = time.monotonic() - start
     assert elapsed < 0.150, elapsed
+
+
+@pytest.mark.parametrize("linger_ms, sealed_by_age", [(20, True), (0, False)])
+def test_a_record_appended_after_linger_seals_its_batch(linger_ms, sealed_by_age):
+    """Under load the batch that has lingered long enough is sealed by the append that finds it
+    so (linger stays precise whatever the event loop's timer resolution); with linger_ms=0 a batch
+    is never sealed on age: the sender takes whatever accumulated when it looks."""
+    calls: list[bool] = []
+    accumulator = RecordAccumulator(batch_size=1 << 20, linger_ms=linger_ms, buffer_memory=1 << 30,
+                                    on_batch=lambda topic, partition, sealed: calls.append(sealed))
+    accumulator.append("t", 0, None, b"a", 1, None)
+    time.sleep(0.03)
+    accumulator.append("t", 0, None, b"b", 1, None)
+    assert calls == ([False, True] if sealed_by_age else [False])
+    assert [b.record_count for b in accumulator.sealed] == ([2] if sealed_by_age else [])
 
 
 # -- columnar send_batch -----------------------------------------------------------------------
