@@ -38,7 +38,6 @@ from typing import Iterator, Literal, NamedTuple
 import crc32c as _crc32c
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from broker.errors import CorruptMessageError, MessageTooLargeError
 
@@ -138,14 +137,28 @@ def null_headers(n: int) -> pa.ListArray:
     """A headers column of `n` nulls with an empty child array.
 
     `pa.nulls(n, HEADERS_TYPE)` gives its child struct n hidden elements, which Arrow IPC then
-    writes out in full (about 12 bytes per record of nothing).
+    writes out in full (about 12 bytes per record of nothing). Served as a zero-copy slice of a
+    shared column (IPC writes only the slice), since nearly every batch needs one.
     """
+    shared = _null_headers[0]
+    if len(shared) < n:
+        if n > _NULL_HEADERS_SHARED_MAX:
+            return _build_null_headers(n)
+        shared = _null_headers[0] = _build_null_headers(max(n, 2 * len(shared)))
+    return shared.slice(0, n)
+
+
+def _build_null_headers(n: int) -> pa.ListArray:
     return pa.ListArray.from_arrays(
         pa.array(np.zeros(n + 1, dtype=np.int32)),
         pa.array([], HEADERS_TYPE.value_type),
         type=HEADERS_TYPE,
         mask=pa.array(np.ones(n, dtype=bool)),
     )
+
+
+_NULL_HEADERS_SHARED_MAX = 1 << 20
+_null_headers = [_build_null_headers(1024)]
 
 
 def make_body(
@@ -170,7 +183,7 @@ def make_body(
     elif isinstance(timestamps_ms, pa.Array):
         timestamps = timestamps_ms
     else:
-        timestamps = pa.array(timestamps_ms, pa.int64())
+        timestamps = pa.array(timestamps_ms, TIMESTAMP_TYPE)
     if timestamps.type != TIMESTAMP_TYPE:
         timestamps = timestamps.cast(TIMESTAMP_TYPE)
     if headers is None:
@@ -232,9 +245,9 @@ def encode_batch_parts(body: pa.RecordBatch, *, compression: str = "none", **hea
     ts = body.column("timestamp")
     if ts.null_count:
         raise ValueError("record timestamps must not be null")
-    bounds = pc.min_max(ts.view(pa.int64()))
-    return frame_parts(encode_body(body, compression), record_count=count, base_timestamp=bounds["min"].as_py(),
-                       max_timestamp=bounds["max"].as_py(), **header_fields)
+    millis = ts.view(pa.int64()).to_numpy()
+    return frame_parts(encode_body(body, compression), record_count=count, base_timestamp=int(millis.min()),
+                       max_timestamp=int(millis.max()), **header_fields)
 
 
 def frame_body(ipc_body: pa.Buffer | bytes, **header_fields: int) -> bytearray:

@@ -171,7 +171,7 @@ class ProducerBatch:
                 if self.headers is not None:
                     headers = [None if h is None else [{"key": k, "value": v} for k, v in h] for h in self.headers]
                 self.body = record.make_body(pa.array(self.values, pa.binary()), pa.array(self.keys, pa.binary()),
-                                             pa.array(self.timestamps, pa.int64()), headers)
+                                             self.timestamps, headers)
                 self.keys = self.values = self.timestamps = []  # type: ignore[assignment]
                 self.headers = None
             self.encoded = record.encode_batch_parts(self.body, compression=compression)

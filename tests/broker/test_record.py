@@ -197,6 +197,22 @@ def test_encoded_parts_concatenate_to_the_joined_batch(records, compression):
     assert wire == bytes(parts.join()) and decode_batch(wire)[1].equals(body)
 
 
+@pytest.mark.parametrize("n", [1, 10, 1024, 5000, (1 << 20) + 1])
+def test_null_headers_encode_without_hidden_child_rows(n):
+    """A body whose headers are all null encodes no bigger than one without a headers column
+    but for its own schema, validity and offsets, whether the column is a slice of the shared one,
+    a grown one, or one built for a size past the sharing limit; and it decodes to n nulls."""
+    values = pa.array([b"v"] * n, pa.binary())
+    body = make_body(values, timestamps_ms=1_700_000_000_000)
+    headers = body.column("headers")
+    assert len(headers) == n and headers.null_count == n and len(headers.values) == 0
+    without = pa.RecordBatch.from_arrays(body.columns[:3], names=body.schema.names[:3])
+    # validity bitmap and list offsets only: no hidden child rows (pa.nulls would add ~12 B a row)
+    assert len(encode_body(body)) - len(encode_body(without)) < 600 + n // 8 + 4 * (n + 1)
+    [decoded] = decode_batch(encode_batch(body))[1:]
+    assert decoded.column("headers").null_count == n
+
+
 # -- corruption ----------------------------------------------------------------------------------
 
 _OUTSIDE_CRC = set(range(0, 8)) | set(range(12, 16))  # base_offset, partition_leader_epoch
