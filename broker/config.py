@@ -138,6 +138,8 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("file.delete.delay.ms", int, 60_000, "keep deleted segments' files this long for in-flight reads", 0, INT64_MAX),
         ConfigDef("log.writer.offload.bytes", int, 128 << 10,
                   "produce payloads of a partition this large are appended on the log writer thread", 0, INT32_MAX),
+        ConfigDef("queued.max.request.bytes", int, 64 << 20,
+                  "payload bytes queued on the log writer before the broker stops reading requests", 1, INT64_MAX),
         ConfigDef("zero.copy", bool, True, "send fetch data with sendfile when the event loop supports it"),
         ConfigDef("event.loop", str, "uvloop", "asyncio event loop", choices=("uvloop", "asyncio")),
     ]

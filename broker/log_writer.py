@@ -8,21 +8,30 @@ than the work, and the latency-sensitive traffic is small.
 
 Order: one thread, first in first out, and a partition that has appends queued gets every later
 append queued behind them, however small. So a partition's appends happen in arrival order, as
-they would inline. Loop-local: call from the event-loop thread only.
+they would inline.
+
+Memory: queued payloads are request buffers held until written. Past `max_queued_bytes` the
+next append waits, on the event loop, for the oldest ones to finish: the loop then reads no more
+requests, which is the backpressure an inline append gave. Loop-local: call from the event-loop
+thread only.
 """
 from __future__ import annotations
 
 import asyncio
-from concurrent.futures import ThreadPoolExecutor
+import concurrent.futures
+from collections import deque
 
 from broker.log import AppendInfo, PartitionLog
 
 
 class LogWriter:
-    def __init__(self, offload_bytes: int) -> None:
+    def __init__(self, offload_bytes: int, max_queued_bytes: int) -> None:
         self.offload_bytes = offload_bytes
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pymq-log-writer")
-        self._queued: dict[PartitionLog, int] = {}  # appends submitted and not yet finished
+        self.max_queued_bytes = max_queued_bytes
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pymq-log-writer")
+        self._queued: dict[PartitionLog, int] = {}  # appends submitted and not yet finished, per log
+        self._submitted: deque[tuple[concurrent.futures.Future[AppendInfo], int]] = deque()  # oldest first
+        self._submitted_bytes = 0
 
     def append(self, partition_log: PartitionLog, data: memoryview,
                leader_epoch: int) -> AppendInfo | asyncio.Future[AppendInfo]:
@@ -30,10 +39,22 @@ class LogWriter:
         Either way PartitionLog.append's errors are its errors: raised, or set on the future."""
         if len(data) < self.offload_bytes and partition_log not in self._queued:
             return partition_log.append(data, leader_epoch)
+        self._make_room(len(data))
         self._queued[partition_log] = self._queued.get(partition_log, 0) + 1
-        future = asyncio.get_running_loop().run_in_executor(self._executor, partition_log.append, data, leader_epoch)
+        submitted = self._executor.submit(partition_log.append, data, leader_epoch)
+        self._submitted.append((submitted, len(data)))
+        self._submitted_bytes += len(data)
+        future = asyncio.wrap_future(submitted)
         future.add_done_callback(lambda _: self._finished(partition_log))
         return future
+
+    def _make_room(self, nbytes: int) -> None:
+        """Forget finished appends; block until the queue has room for `nbytes` more (or is empty)."""
+        while self._submitted and (self._submitted[0][0].done()
+                                   or self._submitted_bytes + nbytes > self.max_queued_bytes):
+            oldest, size = self._submitted.popleft()
+            concurrent.futures.wait([oldest])
+            self._submitted_bytes -= size
 
     def _finished(self, partition_log: PartitionLog) -> None:
         left = self._queued.pop(partition_log) - 1

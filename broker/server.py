@@ -227,7 +227,7 @@ class Broker:
         self.registry = TopicRegistry(self.store, config["broker.id"], config.log_defaults)
         self.logs = LogManager(self.log_dir)
         self.purgatory = FetchPurgatory()
-        self.writer = LogWriter(config["log.writer.offload.bytes"])
+        self.writer = LogWriter(config["log.writer.offload.bytes"], config["queued.max.request.bytes"])
         self.handlers = RequestHandlers(config, self.registry, self.logs, self.writer, self.purgatory, self.advertised,
                                         self._after_append)
         self.connections: set[Connection] = set()

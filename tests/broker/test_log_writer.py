@@ -1,5 +1,6 @@
 """The log writer thread (broker/log_writer.py) over a real broker: large appends are queued on it,
-and a partition's appends still happen in arrival order, whatever mix of sizes is pipelined."""
+and a partition's appends still happen in arrival order, whatever mix of sizes is pipelined and
+however small the queue's byte budget."""
 from __future__ import annotations
 
 import pytest
@@ -12,9 +13,11 @@ OFFLOAD_BYTES = 4096
 TS = 1_700_000_000_000
 
 
-@pytest.fixture
-def broker(broker_factory):
-    return broker_factory(**{"log.writer.offload.bytes": OFFLOAD_BYTES}).start()
+@pytest.fixture(params=[64 << 20, 1], ids=["queue-64MiB", "queue-1B"])
+def broker(broker_factory, request):
+    """A broker that queues appends of OFFLOAD_BYTES or more; with a 1-byte queue budget every
+    queued append first waits for the one before it (the backpressure path)."""
+    return broker_factory(**{"log.writer.offload.bytes": OFFLOAD_BYTES, "queued.max.request.bytes": request.param}).start()
 
 
 def batch(tag: str, count: int, value_bytes: int) -> bytes:
