@@ -140,11 +140,12 @@ def null_headers(n: int) -> pa.ListArray:
     writes out in full (about 12 bytes per record of nothing). Served as a zero-copy slice of a
     shared column (IPC writes only the slice), since nearly every batch needs one.
     """
-    shared = _null_headers[0]
-    if len(shared) < n:
+    global _shared_null_headers
+    shared = _shared_null_headers
+    if shared is None or len(shared) < n:
         if n > _NULL_HEADERS_SHARED_MAX:
             return _build_null_headers(n)
-        shared = _null_headers[0] = _build_null_headers(max(n, 2 * len(shared)))
+        shared = _shared_null_headers = _build_null_headers(max(n, 1024, 2 * len(shared or ())))
     return shared.slice(0, n)
 
 
@@ -158,7 +159,7 @@ def _build_null_headers(n: int) -> pa.ListArray:
 
 
 _NULL_HEADERS_SHARED_MAX = 1 << 20
-_null_headers = [_build_null_headers(1024)]
+_shared_null_headers: pa.ListArray | None = None  # built on first use: the broker never needs one
 
 
 def make_body(
