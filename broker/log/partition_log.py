@@ -380,14 +380,15 @@ class PartitionLog:
     # --- durability ------------------------------------------------------------------------
 
     def needs_flush(self, now_ms: int) -> bool:
-        """True once flush.messages messages are unflushed or the oldest is flush.ms old."""
-        with self._lock:
-            if self._first_unflushed_ms is None:
-                return False
-            return (
-                self._unflushed_messages >= self.config.flush_messages
-                or now_ms - self._first_unflushed_ms >= self.config.flush_ms
-            )
+        """True once flush.messages messages are unflushed or the oldest is flush.ms old.
+
+        Lock-free, because the event loop asks after every append while the log writer thread may
+        hold the lock for a whole pwrite: a stale answer only moves a flush by one check, and
+        `flush` itself works under the locks."""
+        first_unflushed_ms, unflushed = self._first_unflushed_ms, self._unflushed_messages
+        if first_unflushed_ms is None:
+            return False
+        return unflushed >= self.config.flush_messages or now_ms - first_unflushed_ms >= self.config.flush_ms
 
     def flush(self, up_to: int | None = None) -> None:
         """fsync every segment holding offsets in [recovery_point, up_to) (default LEO), advance
