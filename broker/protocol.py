@@ -18,6 +18,7 @@ no memory: it is skipped byte by byte and answered with an error.
 """
 from __future__ import annotations
 
+import abc
 import enum
 import struct
 from dataclasses import dataclass
@@ -95,7 +96,7 @@ class Response:
 Frame = Request | OversizeRequest | MalformedRequest
 
 
-class _FrameReader:
+class _FrameReader(abc.ABC):
     """Receives length-prefixed frames with the fewest copies (the asyncio.BufferedProtocol shape).
 
     The transport asks `get_buffer()` where to put the next bytes and reports them with
@@ -213,8 +214,9 @@ class _FrameReader:
     def _oversize(self, header: tuple[int, ...]) -> Any:
         raise InvalidRequestError(f"frame of {header[0] + 4} bytes exceeds the limit {self.max_frame_bytes}")
 
+    @abc.abstractmethod
     def _frame(self, header: tuple[int, ...], body: memoryview) -> Any:
-        raise NotImplementedError
+        """Decode one complete frame from its header fields and the bytes after the header."""
 
 
 class FrameDecoder(_FrameReader):
