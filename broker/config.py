@@ -140,6 +140,10 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
                   "produce payloads of a partition this large are appended on the log writer thread", 0, INT32_MAX),
         ConfigDef("queued.max.request.bytes", int, 64 << 20,
                   "payload bytes queued on the log writer before the broker stops reading requests", 1, INT64_MAX),
+        ConfigDef("log.max.open.files", int, 1024,
+                  "segment files kept open at once (least recently used are closed; the broker also raises its RLIMIT_NOFILE)", 16, 1_000_000),
+        ConfigDef("log.flush.offset.checkpoint.interval.ms", int, 60_000,
+                  "how often the recovery points are checkpointed (also after every flushed segment roll)", 10, INT64_MAX),
         ConfigDef("zero.copy", bool, True, "send fetch data with sendfile when the event loop supports it"),
         ConfigDef("event.loop", str, "uvloop", "asyncio event loop", choices=("uvloop", "asyncio")),
     ]

@@ -133,6 +133,27 @@ class KafkaStorageError(PymqError):
     retriable = True
 
 
+class FencedLeaderEpochError(PymqError):
+    """The request names a leader epoch older than the partition's: the sender's metadata is stale."""
+
+    code = 74
+    retriable = True
+
+
+class UnknownLeaderEpochError(PymqError):
+    """The request names a leader epoch newer than the partition's: this broker has not caught up."""
+
+    code = 75
+    retriable = True
+
+
+class InconsistentTopicIdError(KafkaStorageError):
+    """A partition directory belongs to another incarnation of its topic (deleted and re-created)."""
+
+    code = 103
+    retriable = False
+
+
 class PolicyViolationError(PymqError):
     code = 44
 
@@ -193,7 +214,10 @@ _NAMES: dict[type[PymqError], str] = {
     RebalanceInProgressError: "REBALANCE_IN_PROGRESS",
     OutOfOrderSequenceError: "OUT_OF_ORDER_SEQUENCE",
     InvalidConfigError: "INVALID_CONFIG",
-    KafkaStorageError: "STORAGE_ERROR",
+    KafkaStorageError: "KAFKA_STORAGE_ERROR",
+    FencedLeaderEpochError: "FENCED_LEADER_EPOCH",
+    UnknownLeaderEpochError: "UNKNOWN_LEADER_EPOCH",
+    InconsistentTopicIdError: "INCONSISTENT_TOPIC_ID",
     PolicyViolationError: "POLICY_VIOLATION",
     BrokerNotAvailableError: "BROKER_NOT_AVAILABLE",
     VersionConflictError: "CONCURRENT_METADATA_UPDATE",

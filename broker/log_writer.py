@@ -36,12 +36,12 @@ class LogWriter:
     def append(self, partition_log: PartitionLog, data: memoryview,
                leader_epoch: int) -> AppendInfo | asyncio.Future[AppendInfo]:
         """Append now (small, nothing queued for this log) or on the writer thread (a future).
-        Either way PartitionLog.append's errors are its errors: raised, or set on the future."""
+        Either way UnifiedLog.append_as_leader's errors are its errors: raised, or set on the future."""
         if len(data) < self.offload_bytes and partition_log not in self._queued:
-            return partition_log.append(data, leader_epoch)
+            return partition_log.append_as_leader(data, leader_epoch)
         self._make_room(len(data))
         self._queued[partition_log] = self._queued.get(partition_log, 0) + 1
-        submitted = self._executor.submit(partition_log.append, data, leader_epoch)
+        submitted = self._executor.submit(partition_log.append_as_leader, data, leader_epoch)
         self._submitted.append((submitted, len(data)))
         self._submitted_bytes += len(data)
         future = asyncio.wrap_future(submitted)

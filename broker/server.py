@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import signal
 import socket
 import sys
@@ -33,9 +34,11 @@ from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
 from broker.errors import InvalidRequestError, MessageTooLargeError, PymqError
 from broker.handlers import Part, RequestHandlers, Result, error_fields, unexpected_error
-from broker.log import FetchSlice, LogManager, PartitionLog
+from broker.cluster.partition import LeaderAndIsr
+from broker.log import FetchSlice, LogManager, PartitionLog, TopicLogSpec
 from broker.log_writer import LogWriter
 from broker.purgatory import FetchPurgatory
+from broker.replica_manager import ReplicaManager
 from broker.record import now_ms
 
 log = logging.getLogger("pymq.server")
@@ -225,16 +228,16 @@ class Broker:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.store = store or LocalMetadataStore(self.log_dir / METADATA_FILE)
         self.registry = TopicRegistry(self.store, config["broker.id"], config.log_defaults)
-        self.logs = LogManager(self.log_dir)
+        self.logs = LogManager(self.log_dir, max_open_files=config["log.max.open.files"])
         self.purgatory = FetchPurgatory()
         self.writer = LogWriter(config["log.writer.offload.bytes"], config["queued.max.request.bytes"])
+        self.replicas = ReplicaManager(config["broker.id"], self.logs, self.writer, self.purgatory)
         self.handlers = RequestHandlers(config, self.registry, self.logs, self.writer, self.purgatory, self.advertised,
                                         self._after_append)
         self.connections: set[Connection] = set()
         self.zero_copy = config["zero.copy"] and config["event.loop"] == "asyncio"
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
-        self._flushing: set[PartitionLog] = set()
         self._stopped = asyncio.Event()
 
     @property
@@ -246,13 +249,13 @@ class Broker:
         return self.config["host"], self.port
 
     async def start(self) -> None:
+        raise_open_files_limit()
         await self.registry.load()
-        configs = {name: info.log_config(self.registry.log_defaults) for name, info in self.registry.topics.items()}
-        self.logs.load(configs)
-        for name, info in self.registry.topics.items():
-            for p in range(info.partition_count):
-                if self.logs.get(name, p) is None:
-                    self.logs.create(name, p, configs[name])
+        specs = {name: TopicLogSpec(info.topic_id, info.log_config(self.registry.log_defaults), info.partition_count)
+                 for name, info in self.registry.topics.items()}
+        states = {(name, p): LeaderAndIsr(s.leader, s.leader_epoch, s.replicas, s.isr)
+                  for name, info in self.registry.topics.items() for p, s in info.partitions.items()}
+        await self.replicas.load(specs, states)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: Connection(self), self.config["host"], self.config["port"], reuse_address=True, backlog=1024
@@ -262,6 +265,7 @@ class Broker:
         self._tasks = [
             loop.create_task(self._every(self.config["log.retention.check.interval.ms"], self._retention)),
             loop.create_task(self._every(self.config["log.flush.scheduler.interval.ms"], self._scheduled_flush)),
+            loop.create_task(self._every(self.config["log.flush.offset.checkpoint.interval.ms"], self._checkpoint)),
             loop.create_task(self._every(1000, self._close_idle)),
         ]
         log.info("pymq broker %d listening on %s:%d (log.dir %s, %d topics)", self.config["broker.id"],
@@ -278,8 +282,7 @@ class Broker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.writer.close()
-        while self._flushing:
-            await asyncio.sleep(0.01)
+        await self.replicas.wait_idle()
         await asyncio.to_thread(self.logs.close)
         await self.store.close()
         self._stopped.set()
@@ -299,32 +302,19 @@ class Broker:
                 log.exception("background duty %s failed", duty.__name__)
 
     async def _retention(self) -> None:
-        now = now_ms()
-        deleted = self.logs.run_retention(now)
-        if deleted:
-            log.info("retention deleted %d segments", deleted)
-        self.logs.purge_deleted(now, self.config["file.delete.delay.ms"])
+        await self.replicas.run_retention(self.config["file.delete.delay.ms"])
 
     async def _scheduled_flush(self) -> None:
-        for partition_log in self.logs.logs_needing_flush(now_ms()):
-            self._flush(partition_log)
+        self.replicas.schedule_flushes()
+
+    async def _checkpoint(self) -> None:
+        self.replicas.request_checkpoint()
 
     def _after_append(self, partition_log: PartitionLog) -> None:
+        """The request handlers' hook until produce goes through the replica manager."""
         if partition_log.needs_flush(now_ms()):
-            self._flush(partition_log)
-
-    def _flush(self, partition_log: PartitionLog) -> None:
-        """fsync off the event loop; at most one flush per log at a time."""
-        if partition_log in self._flushing:
-            return
-        self._flushing.add(partition_log)
-        task = asyncio.get_running_loop().create_task(asyncio.to_thread(partition_log.flush))
-        task.add_done_callback(lambda t: self._flush_done(partition_log, t))
-
-    def _flush_done(self, partition_log: PartitionLog, task: asyncio.Task[None]) -> None:
-        self._flushing.discard(partition_log)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("flush of %s-%d failed: %s", partition_log.topic, partition_log.partition, task.exception())
+            self.replicas._flush(partition_log)
+        partition_log.maybe_increment_high_watermark(partition_log.durable_end_offset)
 
     async def _close_idle(self) -> None:
         limit_s = self.config["connections.max.idle.ms"] / 1000
@@ -333,6 +323,20 @@ class Broker:
             if not conn.in_flight and now - conn.last_active > limit_s and conn.transport is not None:
                 log.info("closing idle connection %s", conn.peer)
                 conn.transport.close()
+
+
+def raise_open_files_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (Kafka's packaging asks for this too):
+    connections and the segment file cache share it. Returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as err:
+            log.warning("cannot raise the open files limit from %d to %d: %s", soft, target, err)
+    return soft
 
 
 async def serve(config: BrokerConfig) -> None:

@@ -1,12 +1,24 @@
-"""Partition logs on local disk (DESIGN.md section 3): segments, indexes, recovery, retention.
+"""Partition logs on local disk (DESIGN.md section 3), layered as Kafka's storage layer is:
 
-Does file I/O and nothing else: no networking, no asyncio. `PartitionLog.flush` is meant to run in
-a worker thread; everything else is cheap enough for the event loop.
+    Segment        one `.log` with its offset and time indexes (segment.py)
+    LogSegments    the ordered segments of a log (log_segments.py)
+    LocalLog       segments on local disk: append, roll, read, truncate (local_log.py)
+    LogLoader      opening a directory: recovery of what follows the recovery point (log_loader.py)
+    UnifiedLog     high watermark, log start offset, leader epochs, flush, retention (unified_log.py)
+    LogManager     every log of a log directory, its checkpoints and failures (log_manager.py)
+
+Does file I/O and nothing else: no networking, no asyncio. Methods that fsync, rename or recover
+are meant for worker threads; appends and reads are cheap enough for the event loop.
 """
-from broker.log.log_manager import LogManager
+from broker.log.file_cache import FileCache
+from broker.log.log_manager import LogManager, TopicLogSpec
 from broker.log.offset_index import OffsetIndex
-from broker.log.partition_log import AppendInfo, PartitionLog
-from broker.log.segment import FetchSlice, Segment
+from broker.log.segment import FetchSlice, Segment, SegmentFiles
 from broker.log.time_index import TimeIndex
+from broker.log.unified_log import AppendInfo, LogDirFailure, UnifiedLog
 
-__all__ = ["AppendInfo", "FetchSlice", "LogManager", "OffsetIndex", "PartitionLog", "Segment", "TimeIndex"]
+# The name the request handlers still use until they go through the partition layer.
+PartitionLog = UnifiedLog
+
+__all__ = ["AppendInfo", "FetchSlice", "FileCache", "LogDirFailure", "LogManager", "OffsetIndex", "PartitionLog",
+           "Segment", "SegmentFiles", "TimeIndex", "TopicLogSpec", "UnifiedLog"]

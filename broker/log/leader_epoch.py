@@ -1,18 +1,26 @@
-"""Leader-epoch checkpoint `leader-epoch.checkpoint`: the first offset written under each epoch.
+"""Leader-epoch checkpoint `leader-epoch-checkpoint`: the first offset written under each epoch.
 
     <epoch> <start_offset>\\n    one line per epoch; epochs and start offsets both increase
 
 Kafka's LeaderEpochFileCache: a follower asks "where did epoch E end?" to find where its log
 diverges from the new leader's, so the entries must survive restarts and follow truncation at
 either end of the log. Rewritten atomically (checkpoint.py) on every change; changes are rare
-(one per leader election), so the fsync on the append path is acceptable.
+(one per leader election) and made where a leader takes over (`Partition.make_leader`, off the
+event loop) or where a follower appends, never on a leader's append path.
 """
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from broker.errors import KafkaStorageError
 from broker.log.checkpoint import write_atomically
+
+log = logging.getLogger(__name__)
+
+
+UNDEFINED_EPOCH = -1
+UNDEFINED_EPOCH_OFFSET = -1
 
 
 class LeaderEpochCache:
@@ -34,21 +42,30 @@ class LeaderEpochCache:
             raise KafkaStorageError(f"cannot read {path}: {err}") from err
         try:
             entries = [(int(epoch), int(start)) for epoch, start in (line.split() for line in lines if line.strip())]
+            if any(a[0] >= b[0] or a[1] > b[1] for a, b in zip(entries, entries[1:])):
+                raise ValueError("entries out of order")
         except ValueError as err:
-            raise KafkaStorageError(f"{path} is malformed: {err}") from err
-        if any(a[0] >= b[0] or a[1] > b[1] for a, b in zip(entries, entries[1:])):
-            raise KafkaStorageError(f"{path}: entries out of order")
+            # Written without an fsync at topic creation, so a crash can leave it torn. Epochs are
+            # derived data: recovery replays the ones the batches after the recovery point carry.
+            log.warning("%s is malformed (%s): starting with no epochs", path, err)
+            return cls(path, [])
         return cls(path, entries)
 
     @property
     def entries(self) -> list[tuple[int, int]]:
         return list(self._entries)
 
+    def clear(self) -> None:
+        """Forget every epoch (the log was emptied and restarts elsewhere)."""
+        if self._entries:
+            self._entries = []
+            self._store()
+
     @property
     def latest_epoch(self) -> int | None:
         return self._entries[-1][0] if self._entries else None
 
-    def assign(self, epoch: int, start_offset: int) -> None:
+    def assign(self, epoch: int, start_offset: int, *, durable: bool = True) -> None:
         """Record that `epoch` starts at `start_offset` if it is newer than the latest epoch."""
         if self._entries:
             last_epoch, last_start = self._entries[-1]
@@ -57,7 +74,20 @@ class LeaderEpochCache:
                 return
             assert start_offset >= last_start, (start_offset, last_start)
         self._entries.append((epoch, start_offset))
-        self._store()
+        self._store(durable=durable)
+
+    def end_offset_for(self, epoch: int, log_end_offset: int) -> tuple[int, int]:
+        """Kafka's OffsetsForLeaderEpoch answer: (the largest epoch <= `epoch` we know, the offset
+        where it ended, i.e. where the next larger epoch starts, or LEO for the latest epoch).
+        (-1, -1) when `epoch` is newer than every epoch here; for an epoch older than all of them,
+        (`epoch`, start of the first epoch): a follower then truncates to that start."""
+        if self._entries and epoch == self._entries[-1][0]:
+            return epoch, log_end_offset
+        higher = next((entry for entry in self._entries if entry[0] > epoch), None)
+        if higher is None:
+            return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+        floor = [entry for entry in self._entries if entry[0] <= epoch]
+        return (floor[-1][0] if floor else epoch), higher[1]
 
     def truncate_from_end(self, end_offset: int) -> None:
         """Forget epochs that start at or after `end_offset` (the log was cut there)."""
@@ -74,5 +104,5 @@ class LeaderEpochCache:
         self._entries = [(below[-1][0], start_offset)] + self._entries[len(below) :]
         self._store()
 
-    def _store(self) -> None:
-        write_atomically(self.path, "".join(f"{epoch} {start}\n" for epoch, start in self._entries))
+    def _store(self, *, durable: bool = True) -> None:
+        write_atomically(self.path, "".join(f"{epoch} {start}\n" for epoch, start in self._entries), durable=durable)

@@ -1,30 +1,49 @@
-"""Log manager: every partition log under one log directory.
+"""Log manager: every partition log under one log directory (Kafka's LogManager).
 
     {log_dir}/
-        {topic}-{partition}/   one PartitionLog (partition_log.py); topic names may contain '-' and
-                               '.', so the partition number is what follows the LAST '-'
-        anything else          metadata files, foreign directories: left alone
+        {topic}-{partition}/                 one UnifiedLog (unified_log.py); topic names may
+                                             contain '-' and '.', so the partition number is
+                                             what follows the LAST '-'
+        {topic}-{partition}.{uuid}-delete/   a deleted topic's log, moved aside at once and
+                                             removed in the background (and on the next start)
+        recovery-point-offset-checkpoint     per-partition offsets (checkpoint.py), written for
+        log-start-offset-checkpoint          every partition at once: periodically, after a
+        replication-offset-checkpoint        segment roll was flushed, and on a clean stop
+        anything else                        metadata files, foreign directories: left alone
 
-The manager opens, creates and deletes partition logs, runs retention and hands out the logs that
-are due a flush. Segments removed by retention stay open for `delay_ms` (in-flight sendfile reads
-finish) before `purge_deleted` closes and unlinks them.
+The manager opens, creates and deletes logs, runs retention, hands out the logs that are due a
+flush and writes the directory's checkpoints. Everything here that touches the disk is meant for
+worker threads (the server wraps calls in `asyncio.to_thread`); `get` and `partitions` are cheap.
+Segments removed by retention stay open for `delay_ms` (in-flight reads finish) before
+`purge_deleted` unlinks them. All logs of the directory share one `LogDirFailure`: after an fsync
+failed, every one of them answers KAFKA_STORAGE_ERROR.
 """
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
+import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from broker import record
 from broker.config import LogConfig, validate_topic_name
-from broker.errors import InvalidTopicError, KafkaStorageError
-from broker.log.partition_log import PartitionLog
+from broker.errors import InconsistentTopicIdError, InvalidTopicError, KafkaStorageError
+from broker.log.checkpoint import read_offsets, sync_filesystem, write_offsets
+from broker.log.file_cache import FileCache
 from broker.log.segment import Segment
+from broker.log.unified_log import LogDirFailure, UnifiedLog
 
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
+
+RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
+LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
+HIGH_WATERMARK_CHECKPOINT = "replication-offset-checkpoint"
+DELETE_DIR_SUFFIX = "-delete"
 
 
 def parse_partition_dir(path: Path) -> TopicPartition | None:
@@ -38,79 +57,175 @@ def parse_partition_dir(path: Path) -> TopicPartition | None:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class TopicLogSpec:
+    """What the manager needs to know of a topic to open its logs."""
+
+    topic_id: str | None
+    config: LogConfig
+    partitions: int
+    leader_epoch: int | None = None
+
+
 class LogManager:
     """The partition logs of one log directory, keyed by (topic, partition). Thread-safe."""
 
-    def __init__(self, log_dir: Path, clock: Callable[[], int] = record.now_ms) -> None:
+    def __init__(self, log_dir: Path, clock: Callable[[], int] = record.now_ms, max_open_files: int = 1024) -> None:
         self.log_dir = Path(log_dir)
         self._clock = clock
         self._lock = threading.Lock()
-        self._logs: dict[TopicPartition, PartitionLog] = {}
+        self._checkpoint_lock = threading.Lock()
+        self._logs: dict[TopicPartition, UnifiedLog] = {}
         self._deleted: list[tuple[int, Segment]] = []  # (ms when retention removed it, segment)
+        self.cache = FileCache(max_open_files)
+        self.failure = LogDirFailure()
+        self.retention_failures = 0  # partitions whose retention raised (a metric; each is logged)
         try:
             self.log_dir.mkdir(parents=True, exist_ok=True)
         except OSError as err:
             raise KafkaStorageError(f"cannot create {self.log_dir}: {err}") from err
 
-    def load(self, configs: dict[str, LogConfig]) -> dict[TopicPartition, PartitionLog]:
-        """Open (and recover) the partition directories of the topics in `configs`. Directories of
-        other topics are left untouched and logged as orphans. Returns every open log."""
-        try:
-            paths = sorted(self.log_dir.iterdir())
-        except OSError as err:
-            raise KafkaStorageError(f"cannot list {self.log_dir}: {err}") from err
-        for path in paths:
+    # --- opening and creating --------------------------------------------------------------
+
+    def load(self, topics: dict[str, TopicLogSpec]) -> dict[TopicPartition, UnifiedLog]:
+        """Open (and recover) the partition directories of `topics`, creating missing partitions.
+        Directories of unknown topics are left untouched and logged as orphans; a directory that
+        belongs to an older incarnation of its topic is moved aside. Returns every open log."""
+        self.purge_deleted_directories()
+        checkpoints = self._read_checkpoints()
+        for path in self._list_dir():
             key = parse_partition_dir(path)
             if key is None:
                 continue
             topic, partition = key
-            if topic not in configs:
-                log.warning("orphan partition directory %s: topic %r is unknown, leaving it alone", path, topic)
+            spec = topics.get(topic)
+            if spec is None or partition >= spec.partitions:
+                log.warning("orphan partition directory %s: not in the metadata, leaving it alone", path)
                 continue
-            with self._lock:
-                if key not in self._logs:
-                    self._logs[key] = PartitionLog.open(path, topic, partition, configs[topic], self._clock)
+            self._open(topic, partition, spec, checkpoints)
+        for topic, spec in topics.items():
+            missing = [p for p in range(spec.partitions) if self.get(topic, p) is None]
+            if missing:
+                self.create_logs(topic, spec, missing)
         with self._lock:
             return dict(self._logs)
 
-    def create(self, topic: str, partition: int, config: LogConfig) -> PartitionLog:
-        """The log of (topic, partition), created if needed (an existing directory is loaded, as
-        Kafka's getOrCreateLog does)."""
-        key = (validate_topic_name(topic), partition)
-        with self._lock:
-            if key not in self._logs:
-                path = self.log_dir / f"{topic}-{partition}"
-                self._logs[key] = PartitionLog.open(path, topic, partition, config, self._clock)
-            return self._logs[key]
+    def create_logs(self, topic: str, spec: TopicLogSpec, partitions: list[int]) -> list[UnifiedLog]:
+        """Create (or adopt existing directories of) the logs of `partitions`, all or nothing: if
+        one fails (out of file descriptors, disk full) every log this call created is removed again
+        and the error is raised. The caller runs this in a worker thread."""
+        validate_topic_name(topic)
+        created: list[UnifiedLog] = []
+        try:
+            for partition in partitions:
+                if self.get(topic, partition) is None:
+                    created.append(self._open(topic, partition, spec, {}, durable=False))
+            if created:
+                sync_filesystem(self.log_dir)  # one syncfs for every file of every new log
+        except BaseException:
+            for partition_log in created:
+                with self._lock:
+                    self._logs.pop((topic, partition_log.partition), None)
+                try:
+                    partition_log.delete()
+                except KafkaStorageError as err:
+                    log.error("cannot remove %s after a failed creation: %s", partition_log.directory, err)
+            raise
+        return [self._logs[(topic, p)] for p in partitions]
 
-    def get(self, topic: str, partition: int) -> PartitionLog | None:
+    def _open(self, topic: str, partition: int, spec: TopicLogSpec,
+              checkpoints: dict[str, dict[TopicPartition, int]], durable: bool = True) -> UnifiedLog:
+        key = (topic, partition)
+        path = self.log_dir / f"{topic}-{partition}"
+        try:
+            partition_log = self._open_log(path, key, spec, checkpoints, durable)
+        except InconsistentTopicIdError as err:
+            log.warning("%s; moving it aside", err)
+            self._move_aside(path)
+            partition_log = self._open_log(path, key, spec, {}, durable)
+        with self._lock:
+            self._logs[key] = partition_log
+        return partition_log
+
+    def _open_log(self, path: Path, key: TopicPartition, spec: TopicLogSpec,
+                  checkpoints: dict[str, dict[TopicPartition, int]], durable: bool) -> UnifiedLog:
+        return UnifiedLog.open(
+            path, key[0], key[1], spec.config, topic_id=spec.topic_id, cache=self.cache, clock=self._clock,
+            recovery_point=checkpoints.get(RECOVERY_POINT_CHECKPOINT, {}).get(key, 0),
+            log_start_offset=checkpoints.get(LOG_START_OFFSET_CHECKPOINT, {}).get(key, 0),
+            high_watermark=checkpoints.get(HIGH_WATERMARK_CHECKPOINT, {}).get(key),
+            dir_failure=self.failure,
+            leader_epoch=spec.leader_epoch,
+            durable=durable,
+        )
+
+    def create(self, topic: str, partition: int, config: LogConfig) -> UnifiedLog:
+        """One log, created if needed (the request handlers' call until they use the partition layer)."""
+        return self.create_logs(topic, TopicLogSpec(None, config, partition + 1), [partition])[0]
+
+    # --- lookups ---------------------------------------------------------------------------
+
+    def get(self, topic: str, partition: int) -> UnifiedLog | None:
         with self._lock:
             return self._logs.get((topic, partition))
 
-    def partitions(self, topic: str) -> list[PartitionLog]:
+    def partitions(self, topic: str) -> list[UnifiedLog]:
         """The open logs of `topic`, by partition number."""
         with self._lock:
             return [self._logs[key] for key in sorted(key for key in self._logs if key[0] == topic)]
+
+    def all_logs(self) -> list[UnifiedLog]:
+        with self._lock:
+            return list(self._logs.values())
 
     def update_config(self, topic: str, config: LogConfig) -> None:
         for partition_log in self.partitions(topic):
             partition_log.update_config(config)
 
+    # --- deletion --------------------------------------------------------------------------
+
     def delete_topic(self, topic: str) -> None:
-        """Close and remove every partition directory of `topic`."""
+        """Move every partition directory of `topic` aside (one rename each: the topic's logs
+        are gone at once) and remove them; `-delete` directories a crash left are removed by
+        `purge_deleted_directories` on the next start."""
         with self._lock:
             doomed = [self._logs.pop(key) for key in [key for key in self._logs if key[0] == topic]]
         for partition_log in doomed:
-            partition_log.delete()
+            target = self._aside_path(partition_log.directory)
+            partition_log.rename_directory(target)
+            _remove_tree(target)
+
+    def _move_aside(self, path: Path) -> None:
+        try:
+            path.rename(self._aside_path(path))
+        except OSError as err:
+            raise KafkaStorageError(f"cannot move {path} aside: {err}") from err
+
+    @staticmethod
+    def _aside_path(path: Path) -> Path:
+        return path.with_name(f"{path.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
+
+    def purge_deleted_directories(self) -> int:
+        """Remove the `-delete` directories of deleted topics and stale logs; returns how many."""
+        doomed = [path for path in self._list_dir() if path.name.endswith(DELETE_DIR_SUFFIX) and path.is_dir()]
+        for path in doomed:
+            _remove_tree(path)
+        return len(doomed)
+
+    # --- retention -------------------------------------------------------------------------
 
     def run_retention(self, now_ms: int) -> int:
-        """Apply retention to every log; returns how many segments it removed. They are queued for
-        `purge_deleted`, not unlinked yet."""
-        with self._lock:
-            logs = list(self._logs.values())
+        """Apply retention to every log; returns how many segments it removed. A log whose
+        retention fails is logged and skipped: the others still run. Removed segments are queued
+        for `purge_deleted`, not unlinked yet."""
         removed = 0
-        for partition_log in logs:
-            segments = partition_log.delete_old_segments(now_ms)
+        for partition_log in self.all_logs():
+            try:
+                segments = partition_log.delete_old_segments(now_ms)
+            except KafkaStorageError as err:
+                self.retention_failures += 1
+                log.error("retention failed for %s: %s", partition_log, err)
+                continue
             removed += len(segments)
             with self._lock:
                 self._deleted.extend((now_ms, segment) for segment in segments)
@@ -122,22 +237,68 @@ class LogManager:
             due = [segment for deleted_ms, segment in self._deleted if now_ms - deleted_ms >= delay_ms]
             self._deleted = [entry for entry in self._deleted if now_ms - entry[0] < delay_ms]
         for segment in due:
-            segment.delete()
+            try:
+                segment.delete()
+            except KafkaStorageError as err:
+                log.error("cannot delete %s: %s", segment, err)
         return len(due)
 
-    def logs_needing_flush(self, now_ms: int) -> list[PartitionLog]:
-        """Logs past flush.messages or flush.ms: hand them to a worker thread's `flush()`."""
-        with self._lock:
-            logs = list(self._logs.values())
-        return [partition_log for partition_log in logs if partition_log.needs_flush(now_ms)]
+    # --- durability ------------------------------------------------------------------------
+
+    def logs_needing_flush(self, now_ms: int) -> list[UnifiedLog]:
+        """Logs past flush.messages or flush.ms, or with a rolled segment to flush."""
+        return [partition_log for partition_log in self.all_logs() if partition_log.needs_flush(now_ms)]
+
+    def checkpoint(self) -> None:
+        """Write the directory's recovery-point, log-start and high-watermark checkpoints for
+        every log (one atomic file each). From a worker thread. Skipped once the directory is
+        offline: its logs' offsets can no longer be trusted."""
+        if self.failure.failed:
+            return
+        with self._checkpoint_lock:
+            logs = self.all_logs()
+            for name, offsets in (
+                (RECOVERY_POINT_CHECKPOINT, {(l.topic, l.partition): l.recovery_point for l in logs}),
+                (LOG_START_OFFSET_CHECKPOINT, {(l.topic, l.partition): l.log_start_offset for l in logs}),
+                (HIGH_WATERMARK_CHECKPOINT, {(l.topic, l.partition): l.high_watermark for l in logs}),
+            ):
+                write_offsets(self.log_dir / name, offsets)
+
+    def _read_checkpoints(self) -> dict[str, dict[TopicPartition, int]]:
+        return {name: read_offsets(self.log_dir / name)
+                for name in (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, HIGH_WATERMARK_CHECKPOINT)}
+
+    # --- lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Clean shutdown: close every log (fsync, recovery point = LEO) and unlink every segment
-        waiting for deletion (no reads are in flight any more)."""
-        with self._lock:
-            logs, self._logs = list(self._logs.values()), {}
-            deleted, self._deleted = self._deleted, []
+        """Clean shutdown: close every log (fsync, recovery point = LEO), checkpoint, and unlink
+        every segment waiting for deletion (no reads are in flight any more)."""
+        logs = self.all_logs()
         for partition_log in logs:
-            partition_log.close()
+            try:
+                partition_log.close()
+            except KafkaStorageError as err:
+                log.error("closing %s failed: %s", partition_log, err)
+                self.failure.fail(err)
+        self.checkpoint()
+        with self._lock:
+            self._logs = {}
+            deleted, self._deleted = self._deleted, []
         for _, segment in deleted:
             segment.delete()
+        self.cache.close()
+
+    def _list_dir(self) -> list[Path]:
+        try:
+            return sorted(self.log_dir.iterdir())
+        except OSError as err:
+            raise KafkaStorageError(f"cannot list {self.log_dir}: {err}") from err
+
+
+def _remove_tree(path: Path) -> None:
+    try:
+        shutil.rmtree(path)
+    except FileNotFoundError:
+        pass
+    except OSError as err:
+        log.error("cannot remove %s: %s (it is removed on the next start)", path, err)

@@ -9,8 +9,10 @@
 
 Only the active (last) segment of a partition is appended to; once sealed it is immutable. The
 `.log` is written with pwrite at the segment's known size, so a failed write never shifts later
-data, and read with pread / sendfile through a separate read-only file object. Index entries are
-derived data: `recover` re-validates every batch and rebuilds both indexes.
+data, and read with pread. A segment owns no descriptor of its `.log`: it borrows one from the
+broker's `FileCache` for each operation, so idle segments cost no open files. A fetch response
+gets a descriptor of its own (`FetchSlice`), so neither the cache nor retention can close or reuse
+the one a `sendfile` is reading. Index entries are derived data: `recover` rebuilds both indexes.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import contextlib
 import io
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -27,9 +29,10 @@ import numpy as np
 import pyarrow as pa
 
 from broker import record
-from broker.config import INT32_MAX
+from broker.config import INT32_MAX, INT64_MAX
 from broker.errors import CorruptMessageError, KafkaStorageError, MessageTooLargeError
 from broker.log.checkpoint import fsync_and_close
+from broker.log.file_cache import FileCache
 from broker.log.index_file import CorruptIndexError
 from broker.log.offset_index import OffsetIndex
 from broker.log.time_index import NO_TIMESTAMP, TimeIndex
@@ -48,6 +51,42 @@ def segment_file(directory: Path, base_offset: int, suffix: str) -> Path:
     return directory / f"{base_offset:020d}{suffix}"
 
 
+@dataclass(frozen=True, slots=True)
+class SegmentFiles:
+    """The files that make up one segment, as data: what retention renames, what deletion unlinks,
+    what tiering uploads. A kind added later (a producer `.snapshot`, a `.txnindex`) is one more
+    entry in `KINDS`, and every operation over the set picks it up.
+
+    `state` is "" for a live segment or `.deleted` once retention removed it from its log."""
+
+    directory: Path
+    base_offset: int
+    state: str = ""
+
+    KINDS: tuple[str, ...] = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+
+    def path(self, kind: str) -> Path:
+        return self.directory / f"{self.base_offset:020d}{kind}{self.state}"
+
+    @property
+    def log(self) -> Path:
+        return self.path(LOG_SUFFIX)
+
+    @property
+    def index(self) -> Path:
+        return self.path(INDEX_SUFFIX)
+
+    @property
+    def time_index(self) -> Path:
+        return self.path(TIME_INDEX_SUFFIX)
+
+    def paths(self) -> list[Path]:
+        return [self.path(kind) for kind in self.KINDS]
+
+    def in_state(self, state: str) -> SegmentFiles:
+        return SegmentFiles(self.directory, self.base_offset, state)
+
+
 class BatchInfo(NamedTuple):
     """What a segment needs to know about one appended batch (from its validated header)."""
 
@@ -61,78 +100,90 @@ class BatchInfo(NamedTuple):
 class FetchSlice:
     """A byte range of one segment file, ready for sendfile or pread.
 
-    `file` is the segment's shared read-only file object: use its fileno() with sendfile / pread,
-    never seek or close it, and take the fileno() when sending, not earlier (once the segment is
-    deleted the number may name another file; a closed file object raises instead).
-    `first_offset` is the base offset of the first batch in the range (at or before the requested
-    offset); the range may end mid-batch (KIP-74). An empty slice has size 0.
+    `file` owns a descriptor of its own (a dup of the segment's), so the range stays readable
+    whatever happens to the segment meanwhile (closed by the file cache, renamed or unlinked by
+    retention): close the slice once it is sent (`close()`; dropping it closes it too). An empty
+    slice has no file. `first_offset` is the base offset of the first batch in the range (at or
+    before the requested offset); the range may end mid-batch (KIP-74).
     """
 
-    file: io.FileIO
+    file: io.FileIO | None
     position: int
     size: int
     first_offset: int
 
+    @classmethod
+    def empty(cls, next_offset: int) -> FetchSlice:
+        return cls(None, 0, 0, next_offset)
+
     def read_bytes(self) -> bytes:
         """The slice's bytes via pread (for transports without sendfile, and tests)."""
+        if self.file is None or not self.size:
+            return b""
         chunks, position, remaining = [], self.position, self.size
         while remaining:
             try:
                 chunk = os.pread(self.file.fileno(), remaining, position)
-            except OSError as err:
-                raise KafkaStorageError(f"cannot read {self.file.name}: {err}") from err
+            except (OSError, ValueError) as err:
+                raise KafkaStorageError(f"cannot read segment bytes: {err}") from err
             if not chunk:
-                break  # the file shrank under us: return what exists
+                break  # the file shrank under us (truncation): return what exists
             chunks.append(chunk)
             position += len(chunk)
             remaining -= len(chunk)
         return b"".join(chunks)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
 
 
 class Segment:
     """One `.log` file and its indexes.
 
     Build with `create` (a new empty segment) or `open` followed by `load` (trust the indexes,
-    check the tail) or `recover` (re-validate everything). Not thread-safe: PartitionLog serializes
-    calls; only `prepare_sync`'s returned fds may be used from another thread.
+    check the tail) or `recover` (rebuild the indexes, validating what may be torn). Not
+    thread-safe: the owning log serializes calls; only `prepare_sync`'s returned fds may be used
+    from another thread.
     """
 
-    def __init__(self, directory: Path, base_offset: int) -> None:
-        self.base_offset = base_offset
-        self.log_path = segment_file(directory, base_offset, LOG_SUFFIX)
-        self.offset_index = OffsetIndex(segment_file(directory, base_offset, INDEX_SUFFIX), base_offset)
-        self.time_index = TimeIndex(segment_file(directory, base_offset, TIME_INDEX_SUFFIX), base_offset)
-        self._write_fd: int | None = None
+    def __init__(self, files: SegmentFiles, cache: FileCache) -> None:
+        self.files = files
+        self.base_offset = files.base_offset
+        self._cache = cache
+        self.offset_index = OffsetIndex(files.index, self.base_offset)
+        self.time_index = TimeIndex(files.time_index, self.base_offset)
         self._size = 0
-        self._next_offset = base_offset
+        self._next_offset = self.base_offset
         self._max_timestamp = NO_TIMESTAMP
-        self._offset_of_max_timestamp = base_offset
+        self._offset_of_max_timestamp = self.base_offset
         self._first_append_ms: int | None = None
         self._sealed = False
-        try:
-            self._file = io.FileIO(self.log_path, "r")
-        except OSError as err:
-            raise KafkaStorageError(f"cannot open {self.log_path}: {err}") from err
+        self.damage: str | None = None  # what recovery found broken below the recovery point
 
     @classmethod
-    def create(cls, directory: Path, base_offset: int) -> Segment:
+    def create(cls, directory: Path, base_offset: int, cache: FileCache) -> Segment:
         """A new empty active segment. Raises KafkaStorageError if its `.log` already exists."""
-        path = segment_file(directory, base_offset, LOG_SUFFIX)
+        files = SegmentFiles(directory, base_offset)
         try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            os.close(os.open(files.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         except OSError as err:
-            raise KafkaStorageError(f"cannot create {path}: {err}") from err
-        segment = cls(directory, base_offset)
-        segment.offset_index = OffsetIndex.create(segment.offset_index.path, base_offset)
-        segment.time_index = TimeIndex.create(segment.time_index.path, base_offset)
+            raise KafkaStorageError(f"cannot create {files.log}: {err}") from err
+        segment = cls(files, cache)
+        segment.offset_index = OffsetIndex.create(files.index, base_offset)
+        segment.time_index = TimeIndex.create(files.time_index, base_offset)
         return segment
 
     @classmethod
-    def open(cls, directory: Path, base_offset: int) -> Segment:
+    def open(cls, directory: Path, base_offset: int, cache: FileCache) -> Segment:
         """Open an existing segment; call `load` or `recover` before anything else."""
-        return cls(directory, base_offset)
+        return cls(SegmentFiles(directory, base_offset), cache)
 
     # --- state -------------------------------------------------------------------------------
+
+    @property
+    def log_path(self) -> Path:
+        return self.files.log
 
     @property
     def size(self) -> int:
@@ -156,11 +207,6 @@ class Segment:
         return self._first_append_ms
 
     @property
-    def file(self) -> io.FileIO:
-        """The shared read-only file object that FetchSlices point into."""
-        return self._file
-
-    @property
     def sealed(self) -> bool:
         return self._sealed
 
@@ -174,6 +220,7 @@ class Segment:
         assert not self._sealed, f"{self.log_path.name} is sealed"
         assert batches and batches[0].base_offset >= self._next_offset, (batches[:1], self._next_offset)
         assert sum(b.size for b in batches) == len(data)
+        assert batches[-1].next_offset - 1 - self.base_offset <= INT32_MAX, "relative offset overflows the index"
         self._write(data, self._size)
         position = self._size
         for batch in batches:
@@ -184,20 +231,19 @@ class Segment:
             self._first_append_ms = now_ms
 
     def _write(self, data: memoryview, position: int) -> None:
-        fd = self._writer()
-        try:
-            written = os.pwrite(fd, data, position)
-            while written < len(data):  # regular files only write short on a full disk
-                written += os.pwrite(fd, data[written:], position + written)
-        except OSError as err:
-            with contextlib.suppress(OSError):  # if this fails too, the next pwrite overwrites the torn bytes
-                os.ftruncate(fd, position)
-            raise KafkaStorageError(f"cannot write {self.log_path}: {err}") from err
+        with self._cache.pinned(self.log_path) as fd:
+            try:
+                written = os.pwrite(fd, data, position)
+                while written < len(data):  # regular files only write short on a full disk
+                    written += os.pwrite(fd, data[written:], position + written)
+            except OSError as err:
+                with contextlib.suppress(OSError):  # if this fails too, the next pwrite overwrites the torn bytes
+                    os.ftruncate(fd, position)
+                raise KafkaStorageError(f"cannot write {self.log_path}: {err}") from err
 
     def _index_batch(self, batch: BatchInfo, position: int, index_interval_bytes: int) -> None:
         """Account one batch at `position`: max timestamp, next offset, index entries (Kafka's rule:
         an entry once more than index.interval.bytes were written since the last one)."""
-        assert batch.next_offset - 1 - self.base_offset <= INT32_MAX, "relative offset overflows the index"
         if batch.max_timestamp > self._max_timestamp:
             self._max_timestamp = batch.max_timestamp
             self._offset_of_max_timestamp = batch.base_offset
@@ -206,31 +252,24 @@ class Segment:
             self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
         self._next_offset = batch.next_offset
 
-    def _writer(self) -> int:
-        if self._write_fd is None:
-            try:
-                self._write_fd = os.open(self.log_path, os.O_RDWR)
-            except OSError as err:
-                raise KafkaStorageError(f"cannot open {self.log_path} for writing: {err}") from err
-        return self._write_fd
-
     # --- read --------------------------------------------------------------------------------
 
     def find_position(self, offset: int) -> tuple[int, record.BatchHeader] | None:
         """(position, header) of the first batch whose last offset >= `offset`, or None if the
-        segment ends before `offset`. Index lookup, then a short scan of 61-byte headers."""
+        segment ends before `offset`. Index lookup, then a short scan of 61-byte headers.
+        CorruptMessageError if the scan meets damage (see `recover`)."""
         if offset >= self._next_offset:
             return None
         _, start = self.offset_index.lookup(offset)
         for position, header in self._headers(start, self._size):
             if header.next_offset > offset:
                 return position, header
-        raise KafkaStorageError(f"{self.log_path.name} ends before its next offset {self._next_offset}")
+        raise CorruptMessageError(f"{self.log_path.name} ends before its next offset {self._next_offset}: {self.damage}")
 
     def read(self, offset: int, max_bytes: int, max_offset: int | None = None) -> FetchSlice | None:
         """Bytes from the batch holding `offset`: min(max_bytes, what the segment holds [before the
         batch holding `max_offset`]), but the whole first batch even beyond max_bytes (KIP-74).
-        None if the segment ends before `offset`."""
+        None if the segment ends before `offset`; an empty slice if `max_offset` leaves nothing."""
         found = self.find_position(offset)
         if found is None:
             return None
@@ -240,7 +279,9 @@ class Segment:
             limit = self.find_position(max_offset)
             end = end if limit is None else limit[0]
         size = max(0, min(end - position, max(max_bytes, header.size)))
-        return FetchSlice(self._file, position, size, header.base_offset)
+        if not size:
+            return FetchSlice.empty(header.base_offset)
+        return FetchSlice(io.FileIO(self._cache.dup(self.log_path), "r"), position, size, header.base_offset)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with timestamp >= `timestamp_ms`, or None.
@@ -257,18 +298,21 @@ class Segment:
         return None
 
     def _first_record_at_or_after(self, position: int, header: record.BatchHeader, timestamp_ms: int) -> tuple[int, int]:
-        if header.log_append_time:  # every record carries the batch's max timestamp
-            return header.base_offset, header.max_timestamp
+        if header.log_append_time or header.base_timestamp >= timestamp_ms:
+            # Every record of a LogAppendTime batch carries its max timestamp; and when even the
+            # smallest timestamp qualifies, the first record does.
+            return header.base_offset, header.max_timestamp if header.log_append_time else header.base_timestamp
         body = record.decode_body(self._pread(header.size, position), header)
         timestamps = body.column("timestamp").cast(pa.int64()).to_numpy()
         i = int(np.argmax(timestamps >= timestamp_ms))
         return header.base_offset + i, int(timestamps[i])
 
     def _pread(self, size: int, position: int) -> bytes:
-        try:
-            return os.pread(self._file.fileno(), size, position)
-        except OSError as err:
-            raise KafkaStorageError(f"cannot read {self.log_path}: {err}") from err
+        with self._cache.pinned(self.log_path) as fd:
+            try:
+                return os.pread(fd, size, position)
+            except OSError as err:
+                raise KafkaStorageError(f"cannot read {self.log_path}: {err}") from err
 
     def _headers(self, position: int, end: int) -> Iterator[tuple[int, record.BatchHeader]]:
         """Headers of consecutive batches from `position` to `end`, one pread each (no CRC check)."""
@@ -279,34 +323,38 @@ class Segment:
             yield position, header
             position += header.size
 
-    def _validated_batches(
-        self, position: int, end: int, max_batch_bytes: int | None
-    ) -> Iterator[tuple[int, record.BatchHeader]]:
-        """Fully validated batches from `position` to `end`, read in large chunks. Raises
-        CorruptMessageError / MessageTooLargeError at the first bad or torn batch."""
+    def _batches(self, position: int, end: int, verify_from_offset: int) -> Iterator[tuple[int, record.BatchHeader]]:
+        """Batches from `position` to `end`, read in large chunks. Those whose offsets reach
+        `verify_from_offset` are fully validated (CRC, body structure); earlier ones are trusted
+        (flushed and checkpointed) and only framed. Raises CorruptMessageError at the first bad or
+        torn batch."""
         buf, buf_start = b"", position
         while position < end:
             offset_in_buf = position - buf_start
             size = record.batch_size_at(buf, offset_in_buf)
             if size is None or offset_in_buf + max(size, record.HEADER_SIZE) > len(buf):
-                wanted = size if size is not None and (max_batch_bytes is None or size <= max_batch_bytes) else 0
+                wanted = size if size is not None and size <= end - position else 0
                 buf = self._pread(min(end - position, max(_READ_CHUNK, wanted)), position)
                 buf_start, offset_in_buf = position, 0
-            header = record.validate_batch(buf, offset_in_buf, max_batch_bytes=max_batch_bytes)
+            header = record.read_header(buf, offset_in_buf)
+            if header.next_offset > verify_from_offset:
+                header = record.validate_batch(buf, offset_in_buf)
+            elif header.magic != record.MAGIC or header.size < record.HEADER_SIZE or offset_in_buf + header.size > len(buf):
+                raise CorruptMessageError(f"{self.log_path.name}: bad batch framing at byte {position}")
             yield position, header
             position += header.size
 
     # --- load and recovery ---------------------------------------------------------------------
 
     def load(self) -> None:
-        """Trust the index files, check them against the `.log`, and fully validate the batches
-        after the last index entry (the part a crash could have torn).
+        """Trust the index files, check them against the `.log`, and frame the batches after the
+        last index entry (the part a crash could have torn, were the segment not flushed).
 
         Raises CorruptIndexError / CorruptMessageError if anything disagrees: call `recover` then.
         """
         file_size = self._file_size()
-        self.offset_index = OffsetIndex.load(self.offset_index.path, self.base_offset)
-        self.time_index = TimeIndex.load(self.time_index.path, self.base_offset)
+        self.offset_index = OffsetIndex.load(self.files.index, self.base_offset)
+        self.time_index = TimeIndex.load(self.files.time_index, self.base_offset)
         self.offset_index.sanity_check(file_size)
         if len(self.offset_index):
             indexed = self._header_at(self.offset_index.last_position)
@@ -314,35 +362,51 @@ class Segment:
                 raise CorruptIndexError(f"{self.offset_index.path.name}: last entry does not match the log")
         self._size = file_size
         # The time index covers every batch up to the last offset-index entry (entries are added
-        # together), so only the batches from there on need reading: and they are the ones a
-        # crash could have torn, so they are validated in full.
+        # together), so only the batches from there on need reading.
         self._max_timestamp, self._offset_of_max_timestamp = self.time_index.last_entry
         self._next_offset = self.offset_index.last_offset
-        self._scan(self._validated_batches(self.offset_index.last_position, file_size, None))
+        self._scan(self._batches(self.offset_index.last_position, file_size, INT64_MAX))
         self.time_index.sanity_check(self._next_offset)
         self._first_append_ms = self._header_at(0).max_timestamp if file_size else None
 
-    def recover(self, max_batch_bytes: int | None, index_interval_bytes: int) -> int:
-        """Re-validate every batch, truncate the file at the first torn or corrupt one (or the
-        first larger than `max_batch_bytes`, if given), rebuild both indexes. Returns how many
-        bytes were dropped."""
+    def recover(self, index_interval_bytes: int, verify_from_offset: int = 0, end_offset: int | None = None,
+                on_batch: Callable[[record.BatchHeader], None] | None = None) -> int:
+        """Rebuild both indexes from the `.log`. Batches at or past `verify_from_offset` (the
+        recovery point) are fully validated and the file is truncated at the first torn or corrupt
+        one among them: that is an unflushed tail. Earlier batches were flushed: damage there is
+        never "repaired" by deleting data. It is recorded in `damage` (reads reaching it get
+        CorruptMessageError), and `end_offset` (the next segment's base offset, when known) stands
+        in for the offsets that can no longer be framed. `on_batch` sees every batch kept, in order.
+        Returns how many bytes were truncated."""
         file_size = self._file_size()
         self._reset()
         try:
-            for position, header in self._validated_batches(0, file_size, max_batch_bytes):
+            for position, header in self._batches(0, file_size, verify_from_offset):
                 self._check_offsets(position, header)
                 batch = BatchInfo(header.base_offset, header.next_offset, header.size, header.max_timestamp)
                 self._index_batch(batch, position, index_interval_bytes)
                 self._size = position + header.size
+                if on_batch is not None:
+                    on_batch(header)
         except (CorruptMessageError, MessageTooLargeError) as err:
-            log.warning("%s: truncating %d bytes at byte %d: %s", self.log_path, file_size - self._size, self._size, err)
-        if self._size < file_size:
+            if self._next_offset >= verify_from_offset:
+                log.warning("%s: truncating %d bytes at byte %d: %s", self.log_path, file_size - self._size, self._size, err)
+            else:
+                self.damage = f"damaged at byte {self._size} (offset {self._next_offset}): {err}"
+                log.error("%s: %s; kept as is (below the recovery point), readers get CORRUPT_MESSAGE there",
+                          self.log_path, self.damage)
+        truncated = 0
+        if self.damage is not None:
+            self._size = file_size
+            self._next_offset = max(self._next_offset, end_offset if end_offset is not None else verify_from_offset)
+        elif self._size < file_size:
             self._truncate_file(self._size)
+            truncated = file_size - self._size
         self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
         self.offset_index.write_pending()
         self.time_index.write_pending()
         self._first_append_ms = self._header_at(0).max_timestamp if self._size else None
-        return file_size - self._size
+        return truncated
 
     def _reset(self) -> None:
         self.offset_index.reset()
@@ -352,6 +416,7 @@ class Segment:
         self._next_offset = self.base_offset
         self._max_timestamp = NO_TIMESTAMP
         self._offset_of_max_timestamp = self.base_offset
+        self.damage = None
 
     def _check_offsets(self, position: int, header: record.BatchHeader) -> None:
         """The CRC does not cover offsets, so recovery checks they grow and fit the index."""
@@ -396,35 +461,34 @@ class Segment:
         return record.read_header(self._pread(record.HEADER_SIZE, position))
 
     def _file_size(self) -> int:
-        try:
-            return os.fstat(self._file.fileno()).st_size
-        except OSError as err:
-            raise KafkaStorageError(f"cannot stat {self.log_path}: {err}") from err
+        with self._cache.pinned(self.log_path) as fd:
+            try:
+                return os.fstat(fd).st_size
+            except OSError as err:
+                raise KafkaStorageError(f"cannot stat {self.log_path}: {err}") from err
 
     def _truncate_file(self, size: int) -> None:
-        try:
-            os.ftruncate(self._writer(), size)
-        except OSError as err:
-            raise KafkaStorageError(f"cannot truncate {self.log_path}: {err}") from err
+        with self._cache.pinned(self.log_path) as fd:
+            try:
+                os.ftruncate(fd, size)
+            except OSError as err:
+                raise KafkaStorageError(f"cannot truncate {self.log_path}: {err}") from err
 
     # --- durability and lifecycle -----------------------------------------------------------
 
     def seal(self) -> None:
         """Make the segment immutable: record its max timestamp as the last time-index entry,
-        write queued index entries, release the write fds. Not durable until flushed."""
+        write queued index entries, release the index fds. Not durable until flushed."""
         self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
         self.offset_index.write_pending()
         self.time_index.write_pending()
-        self._close_writers()
+        self._close_indexes()
         self._sealed = True
 
     def prepare_sync(self) -> list[int]:
         """Write queued index entries and return new fds (owned by the caller, who must close
         them) whose fsync makes the segment durable; safe to fsync from another thread."""
-        try:
-            fds = [os.dup(self._file.fileno())]
-        except OSError as err:
-            raise KafkaStorageError(f"cannot dup the fd of {self.log_path}: {err}") from err
+        fds = [self._cache.dup(self.log_path)]
         try:
             fds.append(self.offset_index.prepare_sync())
             fds.append(self.time_index.prepare_sync())
@@ -439,43 +503,40 @@ class Segment:
         fsync_and_close(self.prepare_sync(), self.log_path)
 
     def mark_deleted(self) -> None:
-        """Rename the files with a `.deleted` suffix; open fds (and in-flight reads) stay valid."""
+        """Rename every file of the segment with a `.deleted` suffix; descriptors in use (and the
+        reads behind them) stay valid. KafkaStorageError if the `.log` cannot be renamed, in which
+        case nothing was renamed."""
         self.offset_index.write_pending()
         self.time_index.write_pending()
-        self._close_writers()
-        deleted = self.log_path.with_name(self.log_path.name + DELETED_SUFFIX)
+        self._close_indexes()
+        deleted = self.files.in_state(DELETED_SUFFIX)
         try:
-            os.rename(self.log_path, deleted)
+            os.rename(self.files.log, deleted.log)
         except OSError as err:
-            raise KafkaStorageError(f"cannot rename {self.log_path}: {err}") from err
-        self.log_path = deleted
-        for index in (self.offset_index, self.time_index):
-            index.rename(index.path.with_name(index.path.name + DELETED_SUFFIX))
+            raise KafkaStorageError(f"cannot rename {self.files.log}: {err}") from err
+        self._cache.rename(self.files.log, deleted.log)
+        self.files = deleted
+        for index, path in ((self.offset_index, deleted.index), (self.time_index, deleted.time_index)):
+            index.rename(path)
 
     def close(self) -> None:
         """Write queued index entries and close every fd (no fsync). Idempotent."""
-        if self._file.closed:
-            return
         self.offset_index.write_pending()
         self.time_index.write_pending()
-        self._close_writers()
-        self._file.close()
+        self._close_indexes()
+        self._cache.forget(self.log_path)
 
     def delete(self) -> None:
         """Close and unlink the segment's files, wherever they are named now."""
-        self._close_writers()
-        self._file.close()
-        self.offset_index.delete()
-        self.time_index.delete()
-        try:
-            self.log_path.unlink(missing_ok=True)
-        except OSError as err:
-            raise KafkaStorageError(f"cannot delete {self.log_path}: {err}") from err
+        self._close_indexes()
+        self._cache.forget(self.log_path)
+        for path in self.files.paths():
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as err:
+                raise KafkaStorageError(f"cannot delete {path}: {err}") from err
 
-    def _close_writers(self) -> None:
-        if self._write_fd is not None:
-            os.close(self._write_fd)
-            self._write_fd = None
+    def _close_indexes(self) -> None:
         self.offset_index.close()
         self.time_index.close()
 

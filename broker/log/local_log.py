@@ -1,0 +1,222 @@
+"""LocalLog: a partition's segments on local disk (Kafka's LocalLog).
+
+Appends validated, offset-assigned batches (rolling at `segment.bytes`, `segment.ms` and before the
+offset index's relative offsets would overflow), reads byte ranges, truncates at either end and
+prepares flushes. It knows nothing of high watermarks, leader epochs or retention policy: that is
+UnifiedLog's. Not thread-safe: UnifiedLog calls it under its lock.
+
+    log_end_offset    next offset to assign (LEO)
+    recovery_point    every offset below it is fsynced; recovery validates from here on a crash
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from broker.config import INT32_MAX, LogConfig
+from broker.errors import KafkaStorageError, OffsetOutOfRangeError
+from broker.log.checkpoint import fsync_and_close, fsync_directory
+from broker.log.file_cache import FileCache
+from broker.log.log_segments import LogSegments
+from broker.log.segment import BatchInfo, FetchSlice, Segment
+
+log = logging.getLogger(__name__)
+
+
+class LocalLog:
+    def __init__(self, directory: Path, config: LogConfig, segments: LogSegments, recovery_point: int,
+                 cache: FileCache) -> None:
+        self.directory = directory
+        self.config = config
+        self.segments = segments
+        self.recovery_point = recovery_point
+        self.cache = cache
+        self.dir_dirty = False  # segment files were created or removed since the last directory fsync
+
+    @property
+    def log_end_offset(self) -> int:
+        return self.segments.active.next_offset
+
+    @property
+    def start_offset(self) -> int:
+        """The first offset held locally (the local log start)."""
+        return self.segments.first.base_offset
+
+    # --- append ----------------------------------------------------------------------------
+
+    def append(self, data: memoryview, batches: Sequence[BatchInfo], now_ms: int) -> list[Segment]:
+        """Write `batches` (the bytes of `data`, offsets already assigned, the first at or past
+        LEO) in as few writes as segment boundaries allow. Returns the segments sealed by rolls,
+        which the caller should flush. On failure raises KafkaStorageError: the caller restores
+        the log with `truncate_to` (earlier runs of this append may have been written)."""
+        sealed = []
+        start = 0
+        for run in self._runs(batches):
+            size = sum(b.size for b in run)
+            rolled = self._maybe_roll(size, run[0].base_offset, run[-1].next_offset, now_ms)
+            if rolled is not None:
+                sealed.append(rolled)
+            self.segments.active.append(data[start:start + size], run, self.config.index_interval_bytes, now_ms)
+            start += size
+        return sealed
+
+    def _runs(self, batches: Sequence[BatchInfo]) -> list[list[BatchInfo]]:
+        """Split an append into runs that each fit one segment, so a large multi-batch append
+        still rolls at segment.bytes; usually there is one run and so one write."""
+        runs: list[list[BatchInfo]] = [[]]
+        room = self.config.segment_bytes - self.segments.active.size
+        for batch in batches:
+            if runs[-1] and (batch.size > room or batch.next_offset - 1 - runs[-1][0].base_offset > INT32_MAX):
+                runs.append([])
+                room = self.config.segment_bytes
+            runs[-1].append(batch)
+            room -= batch.size
+        return runs
+
+    def _maybe_roll(self, append_bytes: int, base_offset: int, next_offset: int, now_ms: int) -> Segment | None:
+        """Roll a non-empty active segment that the append would push past segment.bytes, that is
+        older than segment.ms, or whose relative offsets would overflow the index. The new segment
+        starts at the append's first offset (a follower's batches keep their offsets). Returns the
+        sealed segment, if any."""
+        active = self.segments.active
+        if not active.size:
+            if base_offset != active.base_offset and next_offset - 1 - active.base_offset > INT32_MAX:
+                return self.roll(base_offset)  # an empty segment whose base is too far behind
+            return None
+        if (
+            active.size + append_bytes > self.config.segment_bytes
+            or (active.first_append_ms is not None and now_ms - active.first_append_ms > self.config.segment_ms)
+            or next_offset - 1 - active.base_offset > INT32_MAX
+        ):
+            return self.roll(base_offset)
+        return None
+
+    def roll(self, base_offset: int | None = None) -> Segment:
+        """Seal the active segment and start a new one at `base_offset` (default LEO). An empty
+        active segment is replaced instead. Returns the segment that stopped being active."""
+        base = self.log_end_offset if base_offset is None else base_offset
+        assert base >= self.log_end_offset, (base, self.log_end_offset)
+        old = self.segments.active
+        segment = Segment.create(self.directory, base, self.cache)
+        if not old.size and len(self.segments) > 0:
+            self.segments.remove_from(len(self.segments) - 1)
+            old.delete()
+        else:
+            old.seal()
+        self.segments.add(segment)
+        self.dir_dirty = True
+        return old
+
+    # --- read ------------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, max_offset: int, start_offset: int) -> FetchSlice:
+        """Bytes of one segment starting at the batch holding `offset`, stopping before the batch
+        holding `max_offset` (KIP-74: the whole first batch even past `max_bytes`). Empty at
+        `max_offset`. OffsetOutOfRangeError outside [start_offset, max_offset]."""
+        if not start_offset <= offset <= max_offset:
+            raise OffsetOutOfRangeError(f"offset {offset} is out of range [{start_offset}, {max_offset}]")
+        if offset == max_offset:
+            return FetchSlice.empty(offset)
+        i = self.segments.floor_index(offset)
+        while i < len(self.segments):
+            found = self.segments[max(i, 0)].read(offset, max_bytes, max_offset)
+            if found is not None:
+                return found
+            i += 1  # only past a segment that recovery cut short: its offsets are gone
+        return FetchSlice.empty(self.log_end_offset)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        for segment in self.segments:
+            if segment.max_timestamp >= timestamp_ms:
+                found = segment.offset_for_timestamp(timestamp_ms)
+                if found is not None:
+                    return found
+        return None
+
+    # --- truncation ------------------------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch whose last offset >= `offset` (a batch holding `offset` goes whole:
+        callers truncate at batch boundaries). Segments wholly past it are deleted. Returns the
+        bytes removed."""
+        if offset >= self.log_end_offset:
+            return 0
+        first_gone = next((i for i, s in enumerate(self.segments) if s.base_offset >= offset), len(self.segments))
+        removed = 0
+        for segment in self.segments.remove_from(max(first_gone, 1)):
+            removed += segment.size
+            segment.delete()
+            self.dir_dirty = True
+        removed += self.segments.active.truncate_to(offset)
+        self.recovery_point = min(self.recovery_point, self.log_end_offset)
+        return removed
+
+    def truncate_fully_and_start_at(self, offset: int) -> int:
+        """Delete every segment and start empty at `offset` (a follower far behind, or a log whose
+        local data was wholly replaced). Returns the bytes removed."""
+        removed = 0
+        for old in self.segments.clear():
+            removed += old.size
+            old.delete()
+        self.segments.add(Segment.create(self.directory, offset, self.cache))
+        self.recovery_point = offset
+        self.dir_dirty = True
+        return removed
+
+    def remove_oldest(self, count: int) -> list[Segment]:
+        """Retention: rename the `count` oldest segments `.deleted` and drop them from the log,
+        in that order, so a segment never leaves the log without its files being renamed.
+        Returns them still open (in-flight reads finish); the caller deletes them later. If a
+        rename fails, the segments renamed so far are removed and the error is raised."""
+        assert 0 < count < len(self.segments), (count, len(self.segments))
+        renamed = 0
+        try:
+            for segment in list(self.segments)[:count]:
+                segment.mark_deleted()
+                renamed += 1
+        finally:
+            removed = self.segments.remove_first(renamed) if renamed else []
+            self.dir_dirty = self.dir_dirty or bool(renamed)
+        return removed
+
+    # --- durability ------------------------------------------------------------------------
+
+    def prepare_flush(self, target: int) -> list[int]:
+        """Descriptors (owned by the caller) whose fsync makes every offset below `target` durable."""
+        fds: list[int] = []
+        try:
+            for segment in self.segments.holding(self.recovery_point, target):
+                fds.extend(segment.prepare_sync())
+        except BaseException:
+            for fd in fds:
+                os.close(fd)
+            raise
+        return fds
+
+    def sync(self, fds: list[int], sync_directory: bool) -> None:
+        """fsync and close `fds`, then the directory if segments came or went. Any thread."""
+        fsync_and_close(fds, self.directory)
+        if sync_directory:
+            try:
+                fsync_directory(self.directory)
+            except OSError as err:
+                raise KafkaStorageError(f"cannot fsync {self.directory}: {err}") from err
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        for segment in self.segments:
+            segment.close()
+
+    def delete_directory(self) -> None:
+        """Close every segment and remove the directory."""
+        self.close()
+        try:
+            shutil.rmtree(self.directory)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            raise KafkaStorageError(f"cannot delete {self.directory}: {err}") from err

@@ -1,0 +1,74 @@
+"""LogSegments: the ordered segments of one partition log (Kafka's LogSegments).
+
+A sorted list of segments with their base offsets kept beside them for bisect. The last segment
+is the active one. Pure bookkeeping: no I/O, no locking (LocalLog holds the lock).
+"""
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterator
+
+from broker.log.segment import Segment
+
+
+class LogSegments:
+    def __init__(self) -> None:
+        self._segments: list[Segment] = []
+        self._bases: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self._segments)
+
+    def __iter__(self) -> Iterator[Segment]:
+        return iter(self._segments)
+
+    def __getitem__(self, i: int) -> Segment:
+        return self._segments[i]
+
+    @property
+    def active(self) -> Segment:
+        return self._segments[-1]
+
+    @property
+    def first(self) -> Segment:
+        return self._segments[0]
+
+    def add(self, segment: Segment) -> None:
+        """Append a segment after every other one."""
+        assert not self._bases or segment.base_offset >= self._segments[-1].next_offset, (segment, self._segments[-1])
+        self._segments.append(segment)
+        self._bases.append(segment.base_offset)
+
+    def floor_index(self, offset: int) -> int:
+        """Index of the segment that would hold `offset` (the last with base <= offset), or -1."""
+        return bisect_right(self._bases, offset) - 1
+
+    def holding(self, start: int, end: int | None = None) -> list[Segment]:
+        """Segments that may hold offsets in [start, end) (to the last segment without `end`)."""
+        first = max(0, self.floor_index(start))
+        last = len(self._segments) if end is None else max(first + 1, bisect_left(self._bases, end))
+        return self._segments[first:last]
+
+    def remove_first(self, count: int) -> list[Segment]:
+        """Drop the `count` oldest segments (never the active one) and return them."""
+        assert 0 <= count < len(self._segments), (count, len(self._segments))
+        removed = self._segments[:count]
+        del self._segments[:count]
+        del self._bases[:count]
+        return removed
+
+    def remove_from(self, index: int) -> list[Segment]:
+        """Drop the segments from `index` on (truncation) and return them."""
+        removed = self._segments[index:]
+        del self._segments[index:]
+        del self._bases[index:]
+        return removed
+
+    def clear(self) -> list[Segment]:
+        return self.remove_from(0)
+
+    def size_bytes(self) -> int:
+        return sum(segment.size for segment in self._segments)
+
+    def snapshot(self) -> list[Segment]:
+        return list(self._segments)

@@ -1,0 +1,567 @@
+"""UnifiedLog: one partition's log as the rest of the broker sees it (Kafka's UnifiedLog).
+
+    {topic}-{partition}/
+        {base_offset:020d}.log|.index|.timeindex   segments (segment.py), oldest first
+        *.deleted                                  segments removed by retention, awaiting unlink
+        leader-epoch-checkpoint                    "epoch start_offset" lines (leader_epoch.py)
+        partition.metadata                         the topic id this directory belongs to
+
+Offsets, each checkpointed per log directory by the LogManager:
+
+    log_start_offset <= local_log_start_offset <= ... <= high_watermark <= log_end_offset
+                        (equal until segments tier)     (consumers read below it)
+
+- `log_end_offset` (LEO): the next offset to assign.
+- `high_watermark`: what consumers may read. The partition layer moves it (to the LEO on a single
+  broker; to the minimum LEO of the ISR once replicated); this class only keeps it in bounds.
+- `recovery_point`: every offset below it is fsynced. A crash re-validates only what follows it.
+- `log_start_offset`: the first offset kept; `local_log_start_offset` the first kept on local disk.
+
+Appends come in two kinds: `append_as_leader` validates and assigns offsets by patching headers;
+`append_as_follower` keeps the offsets and epochs a leader assigned and rolls at the batch's base.
+Either fails whole: on an error nothing of the append stays visible (a write that failed part way
+is cut back), and if even that fails, the log directory goes offline.
+
+Durability: `flush` (from a worker thread) fsyncs and then advances the recovery point. A failed
+fsync takes the whole log directory offline (`LogDirFailure`): the kernel may have dropped the
+dirty pages, so a later fsync that succeeds would launder the loss. Nothing retries it.
+
+Threading: every public method may be called from any thread; state changes happen under one
+lock; `flush` runs its fsyncs outside it on duplicated fds.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from broker import record
+from broker.config import LogConfig
+from broker.errors import CorruptMessageError, InconsistentTopicIdError, KafkaStorageError, OffsetOutOfRangeError
+from broker.log.checkpoint import read_partition_metadata, write_partition_metadata
+from broker.log.file_cache import FileCache
+from broker.log.leader_epoch import LeaderEpochCache
+from broker.log.local_log import LocalLog
+from broker.log.log_loader import LogLoader
+from broker.log.segment import BatchInfo, FetchSlice, Segment
+
+log = logging.getLogger(__name__)
+
+LEADER_EPOCH_FILE = "leader-epoch-checkpoint"
+
+
+class LogDirFailure:
+    """Shared by every log of one directory: once an fsync (or a write that could not be undone)
+    failed there, the directory is offline and every operation on its logs raises
+    KafkaStorageError (KAFKA_STORAGE_ERROR on the wire) until the broker restarts."""
+
+    def __init__(self) -> None:
+        self.error: KafkaStorageError | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+    def fail(self, err: KafkaStorageError) -> None:
+        if self.error is None:
+            log.error("log directory offline: %s", err)
+            self.error = err
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise KafkaStorageError(f"log directory is offline after an I/O failure: {self.error}")
+
+
+@dataclass(frozen=True, slots=True)
+class AppendInfo:
+    """Where an append landed. `log_append_time_ms` is -1 unless the topic uses LogAppendTime."""
+
+    first_offset: int
+    last_offset: int
+    log_append_time_ms: int
+    log_start_offset: int
+    record_count: int
+
+    @property
+    def next_offset(self) -> int:
+        return self.last_offset + 1
+
+
+class UnifiedLog:
+    """Build with `UnifiedLog.open` (from a worker thread: it may recover and fsync)."""
+
+    def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, local: LocalLog,
+                 epochs: LeaderEpochCache, clock: Callable[[], int], dir_failure: LogDirFailure, topic_id: str | None) -> None:
+        self.directory = directory
+        self.topic = topic
+        self.partition = partition
+        self.topic_id = topic_id
+        self.config = config
+        self._local = local
+        self._epochs = epochs
+        self._clock = clock
+        self._dir_failure = dir_failure
+        self._lock = threading.Lock()  # guards segments, offsets and counters
+        self._flush_lock = threading.Lock()  # serializes flushes so the recovery point never goes back
+        self._first_unflushed_ms: int | None = None
+        self._must_flush_to = 0  # the flush policy demands offsets below this be fsynced before they count
+        self._roll_flush_to = 0  # segments sealed by a roll end here: flush them (Kafka flushes on roll)
+        self._closed = False
+        self.log_start_offset = local.start_offset
+        self.high_watermark = local.log_end_offset
+        self.last_recovery_truncated_bytes = 0
+        self.damaged_segments = 0
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path,
+        topic: str,
+        partition: int,
+        config: LogConfig,
+        *,
+        topic_id: str | None = None,
+        cache: FileCache | None = None,
+        clock: Callable[[], int] = record.now_ms,
+        recovery_point: int = 0,
+        log_start_offset: int = 0,
+        high_watermark: int | None = None,
+        dir_failure: LogDirFailure | None = None,
+        leader_epoch: int | None = None,
+        durable: bool = True,
+    ) -> UnifiedLog:
+        """Create the directory with one empty segment, or load it and recover what follows
+        `recovery_point`. With `topic_id`, a directory that belongs to another incarnation of the
+        topic raises InconsistentTopicIdError (the caller moves it aside). `leader_epoch`, if
+        newer than the log's, starts at the LEO. `durable=False` leaves the new files unsynced for
+        a caller that creates many logs and syncs the filesystem once. Raises KafkaStorageError if
+        the directory cannot be used."""
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            stored_id = read_partition_metadata(directory)
+            if topic_id is not None and stored_id is not None and stored_id != topic_id:
+                raise InconsistentTopicIdError(
+                    f"{directory} belongs to topic id {stored_id}, not {topic_id}: a stale directory of a deleted topic")
+            cache = cache or FileCache()
+            epochs = LeaderEpochCache.load(directory / LEADER_EPOCH_FILE)
+            loaded = LogLoader(directory, config, cache, recovery_point, _epoch_replayer(epochs)).load(log_start_offset)
+            local = LocalLog(directory, config, loaded.segments, loaded.recovery_point, cache)
+            if local.segments.active.damage is not None:
+                local.roll()  # new data starts clean after a tail that cannot be framed
+            epochs.truncate_from_end(local.log_end_offset)
+            if loaded.recovered:
+                # Recovered bytes may sit in the page cache only: sync them once, and everything
+                # up to the LEO is known durable.
+                local.sync(local.prepare_flush(local.log_end_offset), True)
+                local.recovery_point = local.log_end_offset
+            if topic_id is not None and stored_id is None:
+                write_partition_metadata(directory, topic_id, durable=durable)
+                local.dir_dirty = True
+            if leader_epoch is not None and (epochs.latest_epoch is None or leader_epoch > epochs.latest_epoch):
+                epochs.assign(leader_epoch, local.log_end_offset, durable=durable)
+        except OSError as err:
+            raise KafkaStorageError(f"cannot load {directory}: {err}") from err
+        unified = cls(directory, topic, partition, config, local, epochs, clock, dir_failure or LogDirFailure(), topic_id)
+        unified.log_start_offset = min(max(log_start_offset, local.start_offset), local.log_end_offset)
+        hw = local.log_end_offset if high_watermark is None else high_watermark
+        unified.high_watermark = min(max(hw, unified.log_start_offset), local.log_end_offset)
+        unified.last_recovery_truncated_bytes = loaded.truncated_bytes
+        unified.damaged_segments = len(loaded.damaged)
+        return unified
+
+    def __repr__(self) -> str:
+        return f"UnifiedLog({self.topic}-{self.partition}, offsets {self.log_start_offset}..{self.log_end_offset})"
+
+    # --- state -----------------------------------------------------------------------------
+
+    @property
+    def log_end_offset(self) -> int:
+        return self._local.log_end_offset
+
+    @property
+    def recovery_point(self) -> int:
+        return self._local.recovery_point
+
+    @property
+    def local_log_start_offset(self) -> int:
+        return self._local.start_offset
+
+    @property
+    def offline(self) -> bool:
+        return self._dir_failure.failed
+
+    @property
+    def leader_epoch_entries(self) -> list[tuple[int, int]]:
+        """(epoch, start_offset) pairs from the leader-epoch checkpoint, oldest first."""
+        with self._lock:
+            return self._epochs.entries
+
+    @property
+    def latest_epoch(self) -> int | None:
+        with self._lock:
+            return self._epochs.latest_epoch
+
+    def update_config(self, config: LogConfig) -> None:
+        """Apply new topic configs; they govern the next append, roll, retention and flush check."""
+        with self._lock:
+            self.config = config
+            self._local.config = config
+
+    def segments(self) -> list[Segment]:
+        """A snapshot of the segments, oldest first; the last is the active one."""
+        with self._lock:
+            return self._local.segments.snapshot()
+
+    def size_bytes(self) -> int:
+        with self._lock:
+            return self._local.segments.size_bytes()
+
+    def _check_usable(self) -> None:
+        self._dir_failure.check()
+        if self._closed:
+            raise KafkaStorageError(f"{self.topic}-{self.partition} is closed")
+
+    # --- high watermark and epochs ---------------------------------------------------------
+
+    def update_high_watermark(self, offset: int) -> int:
+        """Move the high watermark to `offset` kept within [log_start_offset, LEO]; returns it."""
+        with self._lock:
+            self.high_watermark = min(max(offset, self.log_start_offset), self.log_end_offset)
+            return self.high_watermark
+
+    def maybe_increment_high_watermark(self, offset: int) -> bool:
+        """Advance the high watermark to `offset` (bounded by the LEO) if that is forward."""
+        with self._lock:
+            new = min(offset, self.log_end_offset)
+            if new <= self.high_watermark:
+                return False
+            self.high_watermark = new
+            return True
+
+    @property
+    def durable_end_offset(self) -> int:
+        """The end of what the flush policy lets count as committed: the LEO, unless an append
+        that the policy said must be fsynced first is still waiting for its flush (then the
+        recovery point). The partition never moves the high watermark past it."""
+        return self.log_end_offset if self.recovery_point >= self._must_flush_to else self.recovery_point
+
+    def assign_epoch_start_offset(self, epoch: int, start_offset: int | None = None) -> None:
+        """Record that `epoch` starts at `start_offset` (default LEO): a new leader calls this as it
+        takes over (Kafka's makeLeader), so a leader's appends never write the checkpoint. Writes
+        and fsyncs the checkpoint: call from a worker thread."""
+        with self._lock:
+            self._check_usable()
+            latest = self._epochs.latest_epoch
+            if latest is None or epoch > latest:
+                self._epochs.assign(epoch, self.log_end_offset if start_offset is None else start_offset)
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """(epoch, end offset) as OffsetsForLeaderEpoch answers a follower (LeaderEpochCache)."""
+        with self._lock:
+            return self._epochs.end_offset_for(epoch, self.log_end_offset)
+
+    # --- append ----------------------------------------------------------------------------
+
+    def append_as_leader(self, payload: memoryview | bytearray, leader_epoch: int) -> AppendInfo:
+        """Validate every batch of `payload`, assign offsets from the LEO by patching headers in
+        place, and write all of it (one write per segment it spans).
+
+        `payload` must be writable: base offsets, leader epochs and (for LogAppendTime) timestamps
+        and CRCs are rewritten in it. If any batch is invalid nothing is written:
+        CorruptMessageError, InvalidTimestampError, MessageTooLargeError. KafkaStorageError if the
+        disk fails (nothing of the append stays). O(batches) Python work; bodies are never decoded.
+        """
+        with memoryview(payload).cast("B") as view:  # released on return: the caller may reuse the buffer
+            if view.readonly:
+                raise TypeError("append needs a writable buffer: offsets are patched in place")
+            headers = self._validate(view)
+            with self._lock:
+                self._check_usable()
+                now = self._clock()
+                batches = self._assign_offsets(view, headers, leader_epoch, now)
+                if leader_epoch >= 0:
+                    latest = self._epochs.latest_epoch
+                    if latest is None or leader_epoch > latest:  # before the data: an epoch entry never lags its records
+                        self._epochs.assign(leader_epoch, batches[0].base_offset)
+                self._write(view, batches, now)
+                return AppendInfo(
+                    first_offset=batches[0].base_offset,
+                    last_offset=batches[-1].next_offset - 1,
+                    log_append_time_ms=now if self._log_append_time else -1,
+                    log_start_offset=self.log_start_offset,
+                    record_count=batches[-1].next_offset - batches[0].base_offset,
+                )
+
+    def append_as_follower(self, payload: memoryview | bytes | bytearray) -> AppendInfo:
+        """Append batches exactly as a leader assigned them (offsets and epochs kept), after
+        checking they are valid and follow the LEO. Epochs the batches bring are recorded."""
+        view = memoryview(payload).cast("B")
+        headers = self._validate(view, check_timestamps=False)
+        with self._lock:
+            self._check_usable()
+            expected = self.log_end_offset
+            batches = []
+            for position, header in headers:
+                if header.base_offset < expected:
+                    raise CorruptMessageError(
+                        f"{self.topic}-{self.partition}: follower batch at offset {header.base_offset} does not follow {expected}")
+                batches.append(BatchInfo(header.base_offset, header.next_offset, header.size, header.max_timestamp))
+                expected = header.next_offset
+            for _, header in headers:
+                latest = self._epochs.latest_epoch
+                if header.partition_leader_epoch >= 0 and (latest is None or header.partition_leader_epoch > latest):
+                    self._epochs.assign(header.partition_leader_epoch, header.base_offset)
+            self._write(view, batches, self._clock())
+            return AppendInfo(batches[0].base_offset, batches[-1].next_offset - 1, -1, self.log_start_offset,
+                              sum(h.record_count for _, h in headers))
+
+    def _write(self, view: memoryview, batches: list[BatchInfo], now: int) -> None:
+        """Write batches whose offsets are assigned; on failure cut the log back to where it was."""
+        first_offset = self.log_end_offset
+        try:
+            sealed = self._local.append(view, batches, now)
+        except KafkaStorageError:
+            self._restore(first_offset)
+            raise
+        if sealed:
+            self._roll_flush_to = max(self._roll_flush_to, sealed[-1].next_offset)
+        if self._first_unflushed_ms is None:
+            self._first_unflushed_ms = now
+        if self.log_end_offset - self.recovery_point >= self.config.flush_messages or self.config.flush_ms == 0:
+            self._must_flush_to = self.log_end_offset
+
+    def _restore(self, offset: int) -> None:
+        """Undo a partly written append; if even that fails the directory goes offline."""
+        try:
+            self._local.truncate_to(offset)
+            self._epochs.truncate_from_end(offset)
+        except KafkaStorageError as err:
+            self._dir_failure.fail(err)
+
+    @property
+    def _log_append_time(self) -> bool:
+        return self.config.message_timestamp_type == "LogAppendTime"
+
+    def _validate(self, view: memoryview, check_timestamps: bool = True) -> list[tuple[int, record.BatchHeader]]:
+        """(position, header) of every batch; raises on the first bad one or a partial tail."""
+        if not len(view):
+            raise CorruptMessageError("empty record set")
+        batches, position, max_batch_bytes = [], 0, self.config.max_message_bytes
+        while position < len(view):
+            header = record.validate_batch(view, position, max_batch_bytes=max_batch_bytes)
+            batches.append((position, header))
+            position += header.size
+        return batches
+
+    def _assign_offsets(self, view: memoryview, headers: list[tuple[int, record.BatchHeader]], leader_epoch: int,
+                        now: int) -> list[BatchInfo]:
+        """Patch base offset and epoch into each header (the CRC does not cover them)."""
+        batches, next_offset, log_append_time = [], self.log_end_offset, self._log_append_time
+        for position, header in headers:
+            max_timestamp = header.max_timestamp
+            if log_append_time:
+                record.stamp_log_append_time(view, position, header, next_offset, leader_epoch, now)
+                max_timestamp = now
+            else:
+                record.patch_offsets(view, position, next_offset, leader_epoch)
+            span = header.last_offset_delta + 1
+            batches.append(BatchInfo(next_offset, next_offset + span, header.size, max_timestamp))
+            next_offset += span
+        return batches
+
+    # --- read ------------------------------------------------------------------------------
+
+    def read(self, offset: int, max_bytes: int, max_offset: int | None = None) -> FetchSlice:
+        """Bytes of one segment from the batch holding `offset`, below `max_offset` (default: the
+        high watermark; a follower reads to the LEO). KIP-74: the whole first batch even past
+        `max_bytes`; the end may cut a batch. Empty at or past `max_offset`.
+        OffsetOutOfRangeError outside [log_start_offset, LEO]."""
+        with self._lock:
+            self._check_usable()
+            if not self.log_start_offset <= offset <= self.log_end_offset:
+                raise OffsetOutOfRangeError(
+                    f"offset {offset} is out of range for {self.topic}-{self.partition}: "
+                    f"[{self.log_start_offset}, {self.log_end_offset}]"
+                )
+            upper = self.high_watermark if max_offset is None else min(max_offset, self.log_end_offset)
+            if offset >= upper:
+                return FetchSlice.empty(offset)
+            return self._local.read(offset, max_bytes, upper, self.log_start_offset)
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the earliest record with timestamp >= `timestamp_ms` below the
+        high watermark (Kafka's ListOffsets), or None if every such record is older."""
+        with self._lock:
+            self._check_usable()
+            found = self._local.offset_for_timestamp(timestamp_ms)
+            if found is None or found[0] >= self.high_watermark:
+                return None
+            return found if found[0] >= self.log_start_offset else (self.log_start_offset, found[1])
+
+    # --- truncation (replication) ----------------------------------------------------------
+
+    def truncate_to(self, offset: int) -> int:
+        """Cut the log so that it ends before `offset` (a follower diverged from its leader).
+        Below the local log start the log is emptied and restarts at `offset`. Returns bytes removed."""
+        with self._lock:
+            self._check_usable()
+            if offset >= self.log_end_offset:
+                return 0
+            if offset < self.local_log_start_offset:
+                return self._truncate_fully(offset)
+            removed = self._local.truncate_to(offset)
+            self._epochs.truncate_from_end(self.log_end_offset)
+            self.high_watermark = min(self.high_watermark, self.log_end_offset)
+            self._must_flush_to = min(self._must_flush_to, self.log_end_offset)
+            return removed
+
+    def truncate_fully_and_start_at(self, offset: int) -> int:
+        """Delete every record and continue at `offset` (a follower that fell behind the leader's
+        log start). Returns the bytes removed."""
+        with self._lock:
+            self._check_usable()
+            return self._truncate_fully(offset)
+
+    def _truncate_fully(self, offset: int) -> int:
+        removed = self._local.truncate_fully_and_start_at(offset)
+        self._epochs.clear()
+        self.log_start_offset = self.high_watermark = offset
+        self._must_flush_to = self._roll_flush_to = 0
+        self._first_unflushed_ms = None
+        return removed
+
+    # --- durability ------------------------------------------------------------------------
+
+    def needs_flush(self, now_ms: int) -> bool:
+        """True when the flush policy or a roll asks for an fsync: flush.messages unflushed
+        messages, the oldest unflushed one flush.ms old, an append waiting for durability, or a
+        sealed segment not yet flushed.
+
+        Lock-free: the event loop asks after every append while the log writer thread may hold
+        the lock for a whole pwrite; a stale answer only moves a flush by one check."""
+        recovery_point = self._local.recovery_point
+        if recovery_point < self._must_flush_to or recovery_point < self._roll_flush_to:
+            return True
+        first_unflushed_ms = self._first_unflushed_ms
+        if first_unflushed_ms is None:
+            return False
+        return (self.log_end_offset - recovery_point >= self.config.flush_messages
+                or now_ms - first_unflushed_ms >= self.config.flush_ms)
+
+    def flush(self, up_to: int | None = None) -> bool:
+        """fsync every segment holding offsets in [recovery_point, up_to) (default LEO) and
+        advance the recovery point. Returns True if that made a sealed segment durable (the
+        caller then checkpoints the recovery point, so a crash re-validates only the tail). From
+        a worker thread: the fsyncs run outside the lock on duplicated fds. A failed fsync takes
+        the log directory offline and raises KafkaStorageError; flush state is reset only after
+        success."""
+        with self._flush_lock:
+            with self._lock:
+                if self._closed:  # close() flushed everything
+                    return False
+                self._check_usable()
+                target = self.log_end_offset if up_to is None else min(up_to, self.log_end_offset)
+                start = self.recovery_point
+                if target <= start:
+                    return False
+                sealed = sum(1 for segment in self._local.segments.holding(start, target)[:-1])
+                fds = self._local.prepare_flush(target)
+                sync_directory, self._local.dir_dirty = self._local.dir_dirty, False
+            try:
+                self._local.sync(fds, sync_directory)
+            except KafkaStorageError as err:
+                self._dir_failure.fail(err)
+                raise
+            with self._lock:
+                self._local.recovery_point = max(self._local.recovery_point, min(target, self.log_end_offset))
+                if self._local.recovery_point >= self.log_end_offset:
+                    self._first_unflushed_ms = None
+                return sealed > 0 or target >= self._roll_flush_to > start
+
+    # --- retention -------------------------------------------------------------------------
+
+    def delete_old_segments(self, now_ms: int) -> list[Segment]:
+        """Apply retention.ms and retention.bytes to whole segments below the high watermark,
+        oldest first. An expired non-empty active segment is rolled first, so the log stays
+        writable at the LEO. Removed segments leave the log with their files renamed `*.deleted`;
+        they are returned still open so in-flight reads finish: the caller calls
+        `Segment.delete()` later. From a worker thread (renames, a roll, the epoch checkpoint)."""
+        with self._lock:
+            self._check_usable()
+            deletable = self._deletable_segments(now_ms)
+            if not deletable:
+                return []
+            if deletable[-1] is self._local.segments.active:
+                self._local.roll()
+            removed = self._local.remove_oldest(len(deletable))
+            self.log_start_offset = max(self.log_start_offset, self._local.start_offset)
+            # Nothing below the log start needs recovery: the recovery point may skip ahead.
+            self._local.recovery_point = max(self._local.recovery_point, self.log_start_offset)
+            self._epochs.truncate_from_start(self.log_start_offset)
+            log.info("%s: retention deleted %d segments, log start offset now %d", self, len(removed), self.log_start_offset)
+            return removed
+
+    def _deletable_segments(self, now_ms: int) -> list[Segment]:
+        """The longest prefix of non-empty segments below the high watermark each of which is
+        older than retention.ms or leaves at least retention.bytes behind when removed."""
+        retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
+        excess_bytes = self._local.segments.size_bytes() - retention_bytes
+        deletable = []
+        for segment in self._local.segments:
+            if not segment.size or segment.next_offset > self.high_watermark:
+                break
+            expired = retention_ms >= 0 and now_ms - segment.max_timestamp > retention_ms
+            oversize = retention_bytes >= 0 and excess_bytes - segment.size >= 0
+            if not (expired or oversize):
+                break
+            deletable.append(segment)
+            excess_bytes -= segment.size
+        return deletable
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Clean shutdown: seal and fsync everything (recovery point = LEO), release files; the
+        next open then re-validates nothing. Idempotent. On an offline directory, closes without
+        syncing."""
+        with self._flush_lock, self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                if not self._dir_failure.failed:
+                    self._local.segments.active.seal()  # its max timestamp becomes the last time-index entry
+                    self._local.sync(self._local.prepare_flush(self.log_end_offset), self._local.dir_dirty)
+                    self._local.recovery_point = self.log_end_offset
+            finally:
+                self._local.close()
+
+    def delete(self) -> None:
+        """Close without syncing and remove the whole directory."""
+        with self._flush_lock, self._lock:
+            self._closed = True
+            self._local.delete_directory()
+
+    def rename_directory(self, target: Path) -> None:
+        """Close and move the directory aside (a deleted topic's logs: renamed at once, removed
+        later in the background). KafkaStorageError if the rename fails."""
+        with self._flush_lock, self._lock:
+            self._closed = True
+            self._local.close()
+            try:
+                os.rename(self.directory, target)
+            except OSError as err:
+                raise KafkaStorageError(f"cannot rename {self.directory}: {err}") from err
+
+
+def _epoch_replayer(epochs: LeaderEpochCache) -> Callable[[record.BatchHeader], None]:
+    """Recovery's per-batch callback: every epoch newer than the cache's latest starts where its
+    first batch does (Kafka's LogSegment.recover with a leader-epoch cache)."""
+    def on_batch(header: record.BatchHeader) -> None:
+        latest = epochs.latest_epoch
+        if header.partition_leader_epoch >= 0 and (latest is None or header.partition_leader_epoch > latest):
+            epochs.assign(header.partition_leader_epoch, header.base_offset)
+    return on_batch

@@ -1,0 +1,241 @@
+"""ReplicaManager: the partitions this broker hosts, and the produce and fetch paths through them
+(Kafka's ReplicaManager).
+
+Request handlers never touch a log directly: they ask the replica manager to append or read, and
+it checks leadership (Partition), appends through the LogWriter, schedules flushes, moves the high
+watermark, and parks requests that must wait in the purgatories:
+
+- produce: an append's acknowledgement waits for what the topic promises. With the default flush
+  policy that is the write itself. When the policy demands an fsync for this append
+  (`flush.messages` reached, `flush.ms=0`), the ack waits for the flush that covers it. Flushes
+  are group commits: one fsync covers every append that arrived before it started; appends that
+  arrive during it are covered by the next one, which starts as soon as it ends.
+- fetch: reads stop at the high watermark; a fetch waiting for data wakes when it moves.
+- a failed fsync takes the log directory offline: every waiting produce gets KAFKA_STORAGE_ERROR,
+  and so does every later request for its partitions.
+
+Everything that touches the disk beyond an append or a read (creating and deleting logs,
+flushes, retention, checkpoints, leader-epoch files) runs in worker threads, so a 10,000-partition
+topic creation does not stall other connections. Loop-local: call from the event-loop thread.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+from broker.cluster.partition import NO_EPOCH, LeaderAndIsr, Partition
+from broker.config import LogConfig
+from broker.errors import InvalidRequestError, KafkaStorageError, RequestTimedOutError, UnknownTopicOrPartitionError
+from broker.log import AppendInfo, FetchSlice, LogManager, TopicLogSpec, UnifiedLog
+from broker.log_writer import LogWriter
+from broker.purgatory import FetchPurgatory, ProducePurgatory
+from broker.record import now_ms
+
+log = logging.getLogger("pymq.replica_manager")
+
+TopicPartition = tuple[str, int]
+
+
+class ReplicaManager:
+    def __init__(self, broker_id: int, logs: LogManager, writer: LogWriter, fetch_purgatory: FetchPurgatory) -> None:
+        self.broker_id = broker_id
+        self.logs = logs
+        self.writer = writer
+        self.fetch_purgatory = fetch_purgatory
+        self.produce_purgatory = ProducePurgatory()
+        self._partitions: dict[TopicPartition, Partition] = {}
+        self._flushing: dict[UnifiedLog, bool] = {}  # log -> another flush was asked for meanwhile
+        self._checkpoint_wanted = False
+        self._checkpointing: asyncio.Task[None] | None = None
+
+    # --- partitions ------------------------------------------------------------------------
+
+    def partition(self, topic: Any, partition: Any) -> Partition:
+        """The hosted partition; INVALID_REQUEST for ill-typed names, UNKNOWN_TOPIC_OR_PARTITION."""
+        if not isinstance(topic, str) or not isinstance(partition, int) or isinstance(partition, bool):
+            raise InvalidRequestError("topic must be a string and partition an integer")
+        found = self._partitions.get((topic, partition))
+        if found is None:
+            raise UnknownTopicOrPartitionError(f"unknown topic-partition {topic}-{partition}")
+        return found
+
+    def hosted(self) -> list[Partition]:
+        return list(self._partitions.values())
+
+    async def load(self, specs: dict[str, TopicLogSpec], states: dict[TopicPartition, LeaderAndIsr]) -> None:
+        """Open every log of the directory (recovering after a crash) and lead its partitions."""
+        logs = await asyncio.to_thread(self.logs.load, specs)
+        await self._host(logs.values(), states)
+
+    async def create_partitions(self, topic: str, spec: TopicLogSpec, partitions: list[int],
+                                states: dict[TopicPartition, LeaderAndIsr]) -> None:
+        """Create the logs of new partitions (all or nothing, in a worker thread) and lead them."""
+        logs = await asyncio.to_thread(self.logs.create_logs, topic, spec, partitions)
+        await self._host(logs, states)
+
+    async def _host(self, logs: Any, states: dict[TopicPartition, LeaderAndIsr]) -> None:
+        for partition_log in logs:
+            key = (partition_log.topic, partition_log.partition)
+            state = states[key]
+            partition = Partition(partition_log, self.broker_id, state)
+            self._partitions[key] = partition
+            if state.leader == self.broker_id and partition_log.latest_epoch == state.leader_epoch:
+                partition.maybe_increment_high_watermark()  # the epoch is on file already: no thread hop
+            elif state.leader == self.broker_id:
+                await partition.make_leader(state)
+
+    async def delete_topic(self, topic: str) -> None:
+        """Stop hosting `topic` and remove its logs (moved aside at once, in a worker thread)."""
+        for key in [key for key in self._partitions if key[0] == topic]:
+            del self._partitions[key]
+            self.produce_purgatory.fail(key, UnknownTopicOrPartitionError(f"topic {topic!r} was deleted"))
+            self.fetch_purgatory.notify(key)
+        await asyncio.to_thread(self.logs.delete_topic, topic)
+
+    def update_config(self, topic: str, config: LogConfig) -> None:
+        self.logs.update_config(topic, config)
+
+    # --- produce ---------------------------------------------------------------------------
+
+    def append(self, topic: Any, partition: Any, data: memoryview, acks: int, timeout_ms: int,
+               current_leader_epoch: int = NO_EPOCH) -> AppendInfo | Awaitable[AppendInfo]:
+        """Append to a partition this broker leads. Returns the AppendInfo when the append is
+        acknowledged at once, else an awaitable of it (queued on the log writer, or waiting for
+        the flush or replication `acks` needs). Raises PymqError for what fails at once."""
+        target = self.partition(topic, partition)
+        target.check_leader(current_leader_epoch)
+        appended = self.writer.append(target.log, data, target.leader_epoch)
+        if isinstance(appended, AppendInfo):
+            return self._appended(target, appended, acks, timeout_ms)
+        return self._append_queued(target, appended, acks, timeout_ms)
+
+    async def _append_queued(self, target: Partition, pending: Awaitable[AppendInfo], acks: int,
+                             timeout_ms: int) -> AppendInfo:
+        outcome = self._appended(target, await pending, acks, timeout_ms)
+        return outcome if isinstance(outcome, AppendInfo) else await outcome
+
+    def _appended(self, target: Partition, info: AppendInfo, acks: int,
+                  timeout_ms: int) -> AppendInfo | Awaitable[AppendInfo]:
+        if target.log.needs_flush(now_ms()):
+            self._flush(target.log)
+        self._advance(target)
+        if acks == 0 or self._satisfied(target, info.next_offset, acks):
+            return info
+        return self._acknowledged(target, info, acks, timeout_ms)
+
+    async def _acknowledged(self, target: Partition, info: AppendInfo, acks: int, timeout_ms: int) -> AppendInfo:
+        key = (target.topic, target.partition)
+        try:
+            await self.produce_purgatory.wait(key, info.next_offset, acks, timeout_ms / 1000)
+        except TimeoutError:
+            raise RequestTimedOutError(
+                f"{target.topic}-{target.partition}: offsets up to {info.last_offset} were written but not "
+                f"{'flushed' if acks == 1 else 'committed'} within {timeout_ms} ms") from None
+        return info
+
+    @staticmethod
+    def _satisfied(target: Partition, required_offset: int, acks: int) -> bool:
+        """acks=1: the leader's write, fsynced if the flush policy demands it; acks=all: the
+        high watermark (every ISR member has it, and it is as durable as the policy demands)."""
+        if acks == -1:
+            return target.log.high_watermark >= required_offset
+        return target.log.durable_end_offset >= required_offset
+
+    def _advance(self, target: Partition) -> None:
+        """After an append or a flush: move the high watermark, wake what waits on it."""
+        key = (target.topic, target.partition)
+        if target.maybe_increment_high_watermark():
+            self.fetch_purgatory.notify(key)
+        self.produce_purgatory.complete(key, lambda offset, acks: self._satisfied(target, offset, acks))
+
+    # --- fetch -----------------------------------------------------------------------------
+
+    def read(self, topic: Any, partition: Any, offset: int, max_bytes: int,
+             current_leader_epoch: int = NO_EPOCH) -> tuple[UnifiedLog, FetchSlice]:
+        """A consumer's read: from the leader, below the high watermark."""
+        target = self.partition(topic, partition)
+        target.check_leader(current_leader_epoch)
+        return target.log, target.log.read(offset, max_bytes)
+
+    async def wait_for_data(self, partitions: list[TopicPartition], timeout_s: float) -> None:
+        await self.fetch_purgatory.wait(partitions, timeout_s)
+
+    # --- flushes ---------------------------------------------------------------------------
+
+    def schedule_flushes(self) -> None:
+        """The flush scheduler's tick: flush every log whose flush.ms passed or that rolled."""
+        for partition_log in self.logs.logs_needing_flush(now_ms()):
+            self._flush(partition_log)
+
+    def _flush(self, partition_log: UnifiedLog) -> None:
+        """Group commit: at most one flush per log runs; asked again meanwhile, it runs once more
+        right after, covering everything appended during the first."""
+        if partition_log in self._flushing:
+            self._flushing[partition_log] = True
+            return
+        self._flushing[partition_log] = False
+        task = asyncio.get_running_loop().create_task(asyncio.to_thread(partition_log.flush))
+        task.add_done_callback(lambda t: self._flushed(partition_log, t))
+
+    def _flushed(self, partition_log: UnifiedLog, task: asyncio.Task[bool]) -> None:
+        again = self._flushing.pop(partition_log, False)
+        err = None if task.cancelled() else task.exception()
+        if err is not None or task.cancelled():
+            self._fail_directory(err if isinstance(err, KafkaStorageError) else KafkaStorageError(f"flush failed: {err!r}"))
+            return
+        target = self._partitions.get((partition_log.topic, partition_log.partition))
+        if target is not None:
+            self._advance(target)
+        if task.result():
+            # A sealed segment became durable: checkpoint the recovery point now, so a crash
+            # re-validates only the tail (the checkpoint is one file for every partition).
+            self.request_checkpoint()
+        if again or partition_log.needs_flush(now_ms()):
+            self._flush(partition_log)
+
+    def _fail_directory(self, err: KafkaStorageError) -> None:
+        """The log directory is offline: every waiting produce of its partitions fails."""
+        log.error("flush failed, log directory %s offline: %s", self.logs.log_dir, err)
+        self.logs.failure.fail(err)
+        for key in self.produce_purgatory.partitions():
+            self.produce_purgatory.fail(key, KafkaStorageError(f"log directory offline: {err}"))
+        for key in list(self._partitions):
+            self.fetch_purgatory.notify(key)
+
+    @property
+    def flushes_in_flight(self) -> int:
+        return len(self._flushing)
+
+    # --- checkpoints and retention ---------------------------------------------------------
+
+    def request_checkpoint(self) -> None:
+        """Write the directory's offset checkpoints soon, in a worker thread, one write at a time."""
+        self._checkpoint_wanted = True
+        if self._checkpointing is None:
+            self._checkpointing = asyncio.get_running_loop().create_task(self._checkpoint_loop())
+
+    async def _checkpoint_loop(self) -> None:
+        try:
+            while self._checkpoint_wanted:
+                self._checkpoint_wanted = False
+                await asyncio.to_thread(self.logs.checkpoint)
+        except KafkaStorageError as err:
+            log.error("checkpoint failed: %s", err)
+        finally:
+            self._checkpointing = None
+
+    async def run_retention(self, delete_delay_ms: int) -> int:
+        now = now_ms()
+        deleted = await asyncio.to_thread(self.logs.run_retention, now)
+        await asyncio.to_thread(self.logs.purge_deleted, now, delete_delay_ms)
+        if deleted:
+            log.info("retention deleted %d segments", deleted)
+            self.request_checkpoint()  # the log start offsets moved
+        return deleted
+
+    async def wait_idle(self) -> None:
+        """Until no flush or checkpoint is running (before a clean stop closes the logs)."""
+        while self._flushing or self._checkpointing is not None:
+            await asyncio.sleep(0.005)
