@@ -22,6 +22,7 @@ import logging
 import resource
 import signal
 import socket
+import struct
 import sys
 from collections import deque
 from pathlib import Path
@@ -83,7 +84,8 @@ class Connection(asyncio.BufferedProtocol):
         # metadata and logs never disagree because a client hung up mid-request.
         for task in self._fetches:
             task.cancel()
-        self._queue.clear()
+        while self._queue:
+            _release(self._queue.popleft()[1])
         if self._writer is not None:
             self._writer.cancel()
 
@@ -166,11 +168,21 @@ class Connection(asyncio.BufferedProtocol):
     # -- responses -------------------------------------------------------------------------------
 
     def _respond(self, correlation_id: int, result: Result) -> None:
-        if result is None or self.transport is None or self.transport.is_closing():
+        if result is None:
             return
         control, parts = result
+        if self.transport is None or self.transport.is_closing():
+            _release(parts)
+            return
         size = sum(p.size if isinstance(p, FetchSlice) else len(p) for p in parts)
-        header = protocol.encode_response(correlation_id, control, size)
+        try:
+            header = protocol.encode_response(correlation_id, control, size)
+        except (ValueError, OverflowError, struct.error) as err:
+            # A frame's size is an int32: a response that cannot be framed gets a named error.
+            _release(parts)
+            too_large = MessageTooLargeError(f"response of {size} payload bytes cannot be framed: {err}")
+            control, parts = error_fields(too_large), []
+            header = protocol.encode_response(correlation_id, control, 0)
         self.last_active = self.loop.time()
         # Queue (as file ranges, not bytes) while a response is being sent with sendfile or while
         # the client is not reading: a slow reader then costs references, not fetched data.
@@ -182,8 +194,13 @@ class Connection(asyncio.BufferedProtocol):
             return
         try:
             data = [header, *(p.read_bytes() if isinstance(p, FetchSlice) else p for p in parts)]
-        except Exception as err:  # e.g. the segment was deleted with its topic meanwhile
+        except Exception as err:  # a read error of the log directory
             self._abort(correlation_id, err)
+            return
+        finally:
+            _release(parts)
+        if sum(map(len, data)) != len(header) + size:
+            self._abort(correlation_id, RuntimeError("a segment range came back short (truncated under the read)"))
             return
         self.transport.writelines(data)
 
@@ -194,6 +211,23 @@ class Connection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.abort()
 
+    async def _send_part(self, transport: asyncio.Transport, part: Part) -> None:
+        """Write one part; a segment range must go out whole or the frame would lie about its size."""
+        if not isinstance(part, FetchSlice):
+            transport.write(part)
+            return
+        if not part.size:
+            return
+        if self.broker.zero_copy:
+            assert part.file is not None
+            sent = await self.loop.sendfile(transport, part.file, part.position, part.size, fallback=False)
+        else:
+            data = part.read_bytes()
+            transport.write(data)
+            sent = len(data)
+        if sent != part.size:
+            raise RuntimeError(f"sent {sent} of {part.size} bytes of a segment range (truncated under the read)")
+
     async def _drain_queue(self) -> None:
         """Write queued responses in order once the socket takes data, sending segment ranges
         with sendfile (stock asyncio loop) or one pread each (uvloop)."""
@@ -203,20 +237,25 @@ class Connection(asyncio.BufferedProtocol):
             while self._queue:
                 await self._writable.wait()
                 header, parts = self._queue.popleft()
-                transport.write(header)
-                for part in parts:
-                    if not isinstance(part, FetchSlice):
-                        transport.write(part)
-                    elif self.broker.zero_copy:
-                        await self.loop.sendfile(transport, part.file, part.position, part.size, fallback=False)
-                    else:
-                        transport.write(part.read_bytes())
+                try:
+                    transport.write(header)
+                    for part in parts:
+                        await self._send_part(transport, part)
+                finally:
+                    _release(parts)
         except asyncio.CancelledError:
             raise
         except Exception as err:  # a half-sent response cannot be recovered: the client retries
             self._abort(-1, err)
         finally:
             self._writer = None
+
+
+def _release(parts: list[Part]) -> None:
+    """Close the descriptors the segment ranges of a response own (sent, or never to be)."""
+    for part in parts:
+        if isinstance(part, FetchSlice):
+            part.close()
 
 
 class Broker:
