@@ -38,12 +38,15 @@ class BrokerProcess:
     """
 
     def __init__(self, log_dir: Path, overrides: Mapping[str, Any] | None = None, *,
-                 config_file: Path | None = None, output: Path | None = None, cwd: Path | None = None) -> None:
+                 config_file: Path | None = None, output: Path | None = None, cwd: Path | None = None,
+                 module: str = "broker.cli", env: Mapping[str, str] | None = None) -> None:
         self.log_dir = Path(log_dir)
         self.overrides: dict[str, Any] = {"port": 0, "log.dir": str(self.log_dir), **(overrides or {})}
         self.config_file = config_file
         self.output = output or self.log_dir.parent / f"{self.log_dir.name}.out"
         self.cwd = cwd
+        self.module = module  # a test may run the broker under a wrapper module (fault injection)
+        self.env = dict(env or {})
         self.proc: subprocess.Popen[str] | None = None
         self.port: int | None = None
 
@@ -60,7 +63,7 @@ class BrokerProcess:
         """Start the child and wait until it listens; RuntimeError with its output if it does not."""
         if self.port is not None:
             self.overrides["port"] = self.port
-        args = [sys.executable, "-m", "broker.cli", "broker", "start"]
+        args = [sys.executable, "-m", self.module, "broker", "start"]
         if self.config_file is not None:
             args += ["--config", str(self.config_file)]
         for key, value in self.overrides.items():
@@ -68,7 +71,7 @@ class BrokerProcess:
         self.output.parent.mkdir(parents=True, exist_ok=True)
         out = open(self.output, "a")
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=out, text=True, cwd=self.cwd,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, preexec_fn=die_with_parent)
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env}, preexec_fn=die_with_parent)
         found: list[int] = []
         proc = self.proc
 
