@@ -4,9 +4,9 @@ Handlers never see frames or sockets: the server decodes a `Request`, calls `han
 what comes back. A result is `(control, parts)` where parts are bytes-like objects or
 `FetchSlice`s (segment byte ranges the server sends with sendfile), or None for "no response"
 (produce with acks=0). Handlers that may wait (fetch long poll, admin writes to the metadata
-store) are coroutines; the rest return synchronously. Produce appends through the `LogWriter`:
-inline, or for a large payload queued on its thread, in which case produce returns a coroutine
-too; either way a partition's appends happen in arrival order.
+store) are coroutines; the rest return synchronously. Every partition access goes through the
+`ReplicaManager` (leadership, high watermark, acknowledgement policy): a produce returns a
+coroutine when an append was queued on the log writer or its acknowledgement waits for a flush.
 
 Errors: a PymqError raised for one partition becomes that partition's `error_code`; one raised
 for the whole request becomes the response's top-level `error_code`. Nothing here touches a
@@ -23,6 +23,7 @@ from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
 from broker.errors import (
     NONE,
+    KafkaStorageError,
     InvalidRequestError,
     InvalidRequiredAcksError,
     PymqError,
@@ -30,16 +31,18 @@ from broker.errors import (
     UnknownTopicOrPartitionError,
     UnsupportedVersionError,
 )
-from broker.log import AppendInfo, FetchSlice, LogManager, PartitionLog
-from broker.log_writer import LogWriter
+from broker.cluster.partition import LeaderAndIsr
+from broker.cluster.topics import TopicInfo
+from broker.log import AppendInfo, FetchSlice, TopicLogSpec, UnifiedLog
 from broker.protocol import ApiKey, entries, field
-from broker.purgatory import FetchPurgatory
+from broker.replica_manager import ReplicaManager
 
 log = logging.getLogger("pymq.handlers")
 
 Part = Union[bytes, bytearray, memoryview, FetchSlice]
 Result = tuple[dict[str, Any], list[Part]] | None
 MAX_WAIT_MS_LIMIT = 300_000
+DEFAULT_PRODUCE_TIMEOUT_MS = 30_000
 
 
 def error_fields(err: PymqError) -> dict[str, Any]:
@@ -57,19 +60,13 @@ class RequestHandlers:
         self,
         config: BrokerConfig,
         registry: TopicRegistry,
-        logs: LogManager,
-        writer: LogWriter,
-        purgatory: FetchPurgatory,
+        replicas: ReplicaManager,
         advertised: Callable[[], tuple[str, int]],
-        on_append: Callable[[PartitionLog], None],
     ) -> None:
         self.config = config
         self.registry = registry
-        self.logs = logs
-        self.writer = writer
-        self.purgatory = purgatory
+        self.replicas = replicas
         self.advertised = advertised
-        self.on_append = on_append
         self.broker_id: int = config["broker.id"]
         self._table: dict[int, Callable[[dict[str, Any], memoryview], Result | Awaitable[Result]]] = {
             ApiKey.API_VERSIONS: self.api_versions,
@@ -142,9 +139,7 @@ class RequestHandlers:
                     self.registry.validate_new_topic(name, partitions, replication, configs)
                 else:
                     info = await self.registry.create(name, partitions, replication, configs)
-                    config = info.log_config(self.registry.log_defaults)
-                    for p in range(partitions):
-                        self.logs.create(name, p, config)
+                    await self._create_logs(info, list(range(partitions)), undo_topic=True)
                     log.info("created topic %s with %d partitions", name, partitions)
                 results.append({"name": name, "error_code": NONE})
             except PymqError as err:
@@ -158,7 +153,7 @@ class RequestHandlers:
                 if not isinstance(name, str):
                     raise InvalidRequestError("topic names must be strings")
                 await self.registry.delete(name)
-                self.logs.delete_topic(name)
+                await self.replicas.delete_topic(name)
                 log.info("deleted topic %s", name)
                 results.append({"name": name, "error_code": NONE})
             except PymqError as err:
@@ -175,14 +170,27 @@ class RequestHandlers:
                 if validate_only:
                     self.registry.validate_partition_count(name, count)
                 else:
-                    config = self.registry.log_config(name)
-                    for p in await self.registry.add_partitions(name, count):
-                        self.logs.create(name, p, config)
+                    added = await self.registry.add_partitions(name, count)
+                    await self._create_logs(self.registry.get(name), added, undo_topic=False)
                     log.info("topic %s now has %d partitions", name, count)
                 results.append({"name": name, "error_code": NONE})
             except PymqError as err:
                 results.append({"name": name, **error_fields(err)})
         return {"error_code": NONE, "topics": results}, []
+
+    async def _create_logs(self, info: TopicInfo, partitions: list[int], undo_topic: bool) -> None:
+        """Create and lead the logs of new partitions (all or nothing, off the event loop). If the
+        disk refuses a new topic, its metadata goes too, so that the topic either exists whole or
+        not at all; partitions added to an existing topic stay in the metadata and their logs are
+        created when the broker next loads them."""
+        spec = TopicLogSpec(info.topic_id, info.log_config(self.registry.log_defaults), info.partition_count)
+        states = {(info.name, p): LeaderAndIsr.of(info.partitions[p]) for p in partitions}
+        try:
+            await self.replicas.create_partitions(info.name, spec, partitions, states)
+        except KafkaStorageError:
+            if undo_topic:
+                await self.registry.delete(info.name)
+            raise
 
     def describe_configs(self, control: dict[str, Any], payload: memoryview) -> Result:
         results = []
@@ -212,7 +220,7 @@ class RequestHandlers:
                     self.registry.validate_config_change(name, set_configs, delete)
                 else:
                     config = await self.registry.alter_configs(name, set_configs, delete)
-                    self.logs.update_config(name, config)
+                    self.replicas.update_config(name, config)
                     log.info("altered configs of %s: set %s, reset %s", name, set_configs, delete)
                 results.append({"name": name, "error_code": NONE})
             except PymqError as err:
@@ -221,18 +229,17 @@ class RequestHandlers:
 
     # -- data ------------------------------------------------------------------------------------
 
-    def _partition_log(self, topic: Any, partition: Any) -> PartitionLog:
-        if not isinstance(topic, str) or not isinstance(partition, int) or isinstance(partition, bool):
-            raise InvalidRequestError("topic must be a string and partition an integer")
-        partition_log = self.logs.get(topic, partition)
-        if partition_log is None:
-            raise UnknownTopicOrPartitionError(f"unknown topic-partition {topic}-{partition}")
-        return partition_log
+    def _leader_log(self, topic: Any, partition: Any) -> UnifiedLog:
+        """The log of a partition this broker leads; the single seam between handlers and logs."""
+        return self.replicas.leader_log(topic, partition)
 
     def produce(self, control: dict[str, Any], payload: memoryview) -> Result | Awaitable[Result]:
         acks = field(control, "acks", int, 1)
         if acks not in (-1, 0, 1):
             raise InvalidRequiredAcksError(f"acks must be -1, 0 or 1, got {acks}")
+        timeout_ms = field(control, "timeout_ms", int, DEFAULT_PRODUCE_TIMEOUT_MS)
+        if timeout_ms < 0:
+            raise InvalidRequestError(f"timeout_ms must be >= 0, got {timeout_ms}")
         topics = entries(control, "topics")
         slices: list[tuple[str, list[tuple[Any, memoryview]]]] = []
         pos = 0
@@ -247,14 +254,14 @@ class RequestHandlers:
             slices.append((item.get("name"), parts))
         if pos != len(payload):
             raise InvalidRequestError(f"payload has {len(payload) - pos} bytes not claimed by any partition")
-        results = [(name, [(partition, self._append(name, partition, data)) for partition, data in parts])
+        results = [(name, [(partition, self._append(name, partition, data, acks, timeout_ms)) for partition, data in parts])
                    for name, parts in slices]
         if any(not isinstance(outcome, dict) for _, parts in results for _, outcome in parts):
             return self._produced_later(acks, results)
         return self._produce_response(acks, results)  # type: ignore[arg-type]
 
     async def _produced_later(self, acks: int, results: list[tuple[Any, list[tuple[Any, Any]]]]) -> Result:
-        """The response to a produce some of whose appends were queued on the log writer."""
+        """The response to a produce some of whose appends were queued or wait for their ack."""
         done = [(name, [(p, outcome if isinstance(outcome, dict) else await outcome) for p, outcome in parts])
                 for name, parts in results]
         return self._produce_response(acks, done)
@@ -267,31 +274,23 @@ class RequestHandlers:
                   for name, parts in results]
         return {"error_code": NONE, "topics": topics}, []
 
-    def _append(self, topic: Any, partition: Any, data: memoryview) -> dict[str, Any] | Awaitable[dict[str, Any]]:
-        """A partition's produce outcome, or a coroutine for it if the append was queued."""
+    def _append(self, topic: Any, partition: Any, data: memoryview, acks: int,
+                timeout_ms: int) -> dict[str, Any] | Awaitable[dict[str, Any]]:
+        """A partition's produce outcome, or a coroutine for it if it must wait."""
         try:
-            partition_log = self._partition_log(topic, partition)
-            leader_epoch = self.registry.get(topic).partitions[partition].leader_epoch
-            appended = self.writer.append(partition_log, data, leader_epoch)
+            appended = self.replicas.append(topic, partition, data, acks, timeout_ms)
         except PymqError as err:
             return _append_failed(err)
         if isinstance(appended, AppendInfo):
-            return self._appended(topic, partition, partition_log, appended)
-        return self._append_queued(topic, partition, partition_log, appended)
+            return _appended(appended)
+        return self._append_later(appended)
 
-    async def _append_queued(self, topic: str, partition: int, partition_log: PartitionLog,
-                             pending: Awaitable[AppendInfo]) -> dict[str, Any]:
+    @staticmethod
+    async def _append_later(pending: Awaitable[AppendInfo]) -> dict[str, Any]:
         try:
-            info = await pending
+            return _appended(await pending)
         except PymqError as err:
             return _append_failed(err)
-        return self._appended(topic, partition, partition_log, info)
-
-    def _appended(self, topic: str, partition: int, partition_log: PartitionLog, info: AppendInfo) -> dict[str, Any]:
-        self.purgatory.notify((topic, partition))
-        self.on_append(partition_log)
-        return {"error_code": NONE, "base_offset": info.first_offset, "log_append_time": info.log_append_time_ms,
-                "log_start_offset": info.log_start_offset}
 
     async def fetch(self, control: dict[str, Any], payload: memoryview) -> Result:
         max_wait_ms = min(max(field(control, "max_wait_ms", int, 0), 0), MAX_WAIT_MS_LIMIT)
@@ -310,13 +309,15 @@ class RequestHandlers:
             remaining = deadline - loop.time()
             if total >= min_bytes or failed or remaining <= 0:
                 return control_out, parts
-            await self.purgatory.wait([(t, p) for t, ps in wanted for p, _, _ in ps], remaining)
+            for part in parts:  # not enough yet: this pass's ranges will not be sent
+                part.close()
+            await self.replicas.wait_for_data([(t, p) for t, ps in wanted for p, _, _ in ps], remaining)
 
     def _read_fetch(self, wanted: list[tuple[Any, list[tuple[Any, int, int]]]],
-                    max_bytes: int) -> tuple[dict[str, Any], list[Part], int, bool]:
+                    max_bytes: int) -> tuple[dict[str, Any], list[FetchSlice], int, bool]:
         """One pass over the requested partitions; the response mirrors the request's entries."""
         topics: list[dict[str, Any]] = []
-        parts: list[Part] = []
+        parts: list[FetchSlice] = []
         total = 0
         failed = False
         for topic, partitions in wanted:
@@ -337,18 +338,21 @@ class RequestHandlers:
         response budget by one batch (KIP-74) so that a large batch can always be fetched."""
         entry: dict[str, Any] = {"partition": partition, "error_code": NONE, "size": 0}
         try:
-            partition_log = self._partition_log(topic, partition)
+            partition_log = self._leader_log(topic, partition)
             entry["high_watermark"] = partition_log.high_watermark
             entry["log_start_offset"] = partition_log.log_start_offset
             limit = min(partition_max, budget)
             if limit <= 0 and not first:
                 return entry, None
-            piece = partition_log.read(offset, max(limit, 1), partition_log.high_watermark)
+            piece = partition_log.read(offset, max(limit, 1))
         except PymqError as err:
             entry.update(error_fields(err))
             return entry, None
+        if not piece.size:
+            piece.close()
+            return entry, None
         entry["size"] = piece.size
-        return entry, piece if piece.size else None
+        return entry, piece
 
     def list_offsets(self, control: dict[str, Any], payload: memoryview) -> Result:
         results = []
@@ -359,8 +363,7 @@ class RequestHandlers:
                 partition = p.get("partition")
                 try:
                     timestamp = field(p, "timestamp", int)
-                    partition_log = self._partition_log(name, partition)
-                    offset, found_ts = self._offset_for(partition_log, timestamp)
+                    offset, found_ts = self._offset_for(self._leader_log(name, partition), timestamp)
                     partitions.append({"partition": partition, "error_code": NONE, "offset": offset, "timestamp": found_ts})
                 except PymqError as err:
                     partitions.append({"partition": partition, **error_fields(err), "offset": -1, "timestamp": -1})
@@ -368,7 +371,7 @@ class RequestHandlers:
         return {"error_code": NONE, "topics": results}, []
 
     @staticmethod
-    def _offset_for(partition_log: PartitionLog, timestamp: int) -> tuple[int, int]:
+    def _offset_for(partition_log: UnifiedLog, timestamp: int) -> tuple[int, int]:
         if timestamp == protocol.LATEST_TIMESTAMP:
             return partition_log.high_watermark, -1
         if timestamp == protocol.EARLIEST_TIMESTAMP:
@@ -377,6 +380,11 @@ class RequestHandlers:
             raise InvalidRequestError(f"timestamp {timestamp} is neither -1, -2 nor a time")
         found = partition_log.offset_for_timestamp(timestamp)
         return found if found is not None else (-1, -1)
+
+
+def _appended(info: AppendInfo) -> dict[str, Any]:
+    return {"error_code": NONE, "base_offset": info.first_offset, "log_append_time": info.log_append_time_ms,
+            "log_start_offset": info.log_start_offset}
 
 
 def unexpected_error(err: BaseException) -> dict[str, Any]:

@@ -21,7 +21,7 @@ import asyncio
 import concurrent.futures
 from collections import deque
 
-from broker.log import AppendInfo, PartitionLog
+from broker.log import AppendInfo, UnifiedLog
 
 
 class LogWriter:
@@ -29,11 +29,11 @@ class LogWriter:
         self.offload_bytes = offload_bytes
         self.max_queued_bytes = max_queued_bytes
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pymq-log-writer")
-        self._queued: dict[PartitionLog, int] = {}  # appends submitted and not yet finished, per log
+        self._queued: dict[UnifiedLog, int] = {}  # appends submitted and not yet finished, per log
         self._submitted: deque[tuple[concurrent.futures.Future[AppendInfo], int]] = deque()  # oldest first
         self._submitted_bytes = 0
 
-    def append(self, partition_log: PartitionLog, data: memoryview,
+    def append(self, partition_log: UnifiedLog, data: memoryview,
                leader_epoch: int) -> AppendInfo | asyncio.Future[AppendInfo]:
         """Append now (small, nothing queued for this log) or on the writer thread (a future).
         Either way UnifiedLog.append_as_leader's errors are its errors: raised, or set on the future."""
@@ -56,7 +56,7 @@ class LogWriter:
             concurrent.futures.wait([oldest])
             self._submitted_bytes -= size
 
-    def _finished(self, partition_log: PartitionLog) -> None:
+    def _finished(self, partition_log: UnifiedLog) -> None:
         left = self._queued.pop(partition_log) - 1
         if left:
             self._queued[partition_log] = left

@@ -152,12 +152,12 @@ class ReplicaManager:
 
     # --- fetch -----------------------------------------------------------------------------
 
-    def read(self, topic: Any, partition: Any, offset: int, max_bytes: int,
-             current_leader_epoch: int = NO_EPOCH) -> tuple[UnifiedLog, FetchSlice]:
-        """A consumer's read: from the leader, below the high watermark."""
+    def leader_log(self, topic: Any, partition: Any, current_leader_epoch: int = NO_EPOCH) -> UnifiedLog:
+        """The log of a partition this broker leads, for a consumer's read (which stops at the
+        high watermark) or an offset lookup; NOT_LEADER / epoch errors otherwise."""
         target = self.partition(topic, partition)
         target.check_leader(current_leader_epoch)
-        return target.log, target.log.read(offset, max_bytes)
+        return target.log
 
     async def wait_for_data(self, partitions: list[TopicPartition], timeout_s: float) -> None:
         await self.fetch_purgatory.wait(partitions, timeout_s)

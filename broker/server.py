@@ -36,11 +36,10 @@ from broker.config import BrokerConfig
 from broker.errors import InvalidRequestError, MessageTooLargeError, PymqError
 from broker.handlers import Part, RequestHandlers, Result, error_fields, unexpected_error
 from broker.cluster.partition import LeaderAndIsr
-from broker.log import FetchSlice, LogManager, PartitionLog, TopicLogSpec
+from broker.log import FetchSlice, LogManager, TopicLogSpec
 from broker.log_writer import LogWriter
 from broker.purgatory import FetchPurgatory
 from broker.replica_manager import ReplicaManager
-from broker.record import now_ms
 
 log = logging.getLogger("pymq.server")
 
@@ -271,8 +270,7 @@ class Broker:
         self.purgatory = FetchPurgatory()
         self.writer = LogWriter(config["log.writer.offload.bytes"], config["queued.max.request.bytes"])
         self.replicas = ReplicaManager(config["broker.id"], self.logs, self.writer, self.purgatory)
-        self.handlers = RequestHandlers(config, self.registry, self.logs, self.writer, self.purgatory, self.advertised,
-                                        self._after_append)
+        self.handlers = RequestHandlers(config, self.registry, self.replicas, self.advertised)
         self.connections: set[Connection] = set()
         self.zero_copy = config["zero.copy"] and config["event.loop"] == "asyncio"
         self._server: asyncio.Server | None = None
@@ -292,7 +290,7 @@ class Broker:
         await self.registry.load()
         specs = {name: TopicLogSpec(info.topic_id, info.log_config(self.registry.log_defaults), info.partition_count)
                  for name, info in self.registry.topics.items()}
-        states = {(name, p): LeaderAndIsr(s.leader, s.leader_epoch, s.replicas, s.isr)
+        states = {(name, p): LeaderAndIsr.of(s)
                   for name, info in self.registry.topics.items() for p, s in info.partitions.items()}
         await self.replicas.load(specs, states)
         loop = asyncio.get_running_loop()
@@ -348,12 +346,6 @@ class Broker:
 
     async def _checkpoint(self) -> None:
         self.replicas.request_checkpoint()
-
-    def _after_append(self, partition_log: PartitionLog) -> None:
-        """The request handlers' hook until produce goes through the replica manager."""
-        if partition_log.needs_flush(now_ms()):
-            self.replicas._flush(partition_log)
-        partition_log.maybe_increment_high_watermark(partition_log.durable_end_offset)
 
     async def _close_idle(self) -> None:
         limit_s = self.config["connections.max.idle.ms"] / 1000

@@ -19,8 +19,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+from typing import TYPE_CHECKING
+
 from broker.errors import FencedLeaderEpochError, NotLeaderError, UnknownLeaderEpochError
 from broker.log import UnifiedLog
+
+if TYPE_CHECKING:
+    from broker.cluster.topics import PartitionState
 
 NO_EPOCH = -1  # a request that does not name the leader epoch it expects
 
@@ -31,6 +36,11 @@ class LeaderAndIsr:
     leader_epoch: int
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
+
+    @classmethod
+    def of(cls, state: "PartitionState") -> "LeaderAndIsr":
+        """The leadership part of a partition's stored metadata."""
+        return cls(state.leader, state.leader_epoch, tuple(state.replicas), tuple(state.isr))
 
 
 class Partition:

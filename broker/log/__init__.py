@@ -17,8 +17,5 @@ from broker.log.segment import FetchSlice, Segment, SegmentFiles
 from broker.log.time_index import TimeIndex
 from broker.log.unified_log import AppendInfo, LogDirFailure, UnifiedLog
 
-# The name the request handlers still use until they go through the partition layer.
-PartitionLog = UnifiedLog
-
-__all__ = ["AppendInfo", "FetchSlice", "FileCache", "LogDirFailure", "LogManager", "OffsetIndex", "PartitionLog",
-           "Segment", "SegmentFiles", "TimeIndex", "TopicLogSpec", "UnifiedLog"]
+__all__ = ["AppendInfo", "FetchSlice", "FileCache", "LogDirFailure", "LogManager", "OffsetIndex", "Segment", "SegmentFiles",
+           "TimeIndex", "TopicLogSpec", "UnifiedLog"]

@@ -25,7 +25,7 @@ UNDEFINED_EPOCH_OFFSET = -1
 
 class LeaderEpochCache:
     """Ordered (epoch, start_offset) entries backed by the checkpoint file. Not thread-safe:
-    PartitionLog calls it under its lock."""
+    UnifiedLog calls it under its lock."""
 
     def __init__(self, path: Path, entries: list[tuple[int, int]]) -> None:
         self.path = path

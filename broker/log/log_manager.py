@@ -159,10 +159,6 @@ class LogManager:
             durable=durable,
         )
 
-    def create(self, topic: str, partition: int, config: LogConfig) -> UnifiedLog:
-        """One log, created if needed (the request handlers' call until they use the partition layer)."""
-        return self.create_logs(topic, TopicLogSpec(None, config, partition + 1), [partition])[0]
-
     # --- lookups ---------------------------------------------------------------------------
 
     def get(self, topic: str, partition: int) -> UnifiedLog | None:
