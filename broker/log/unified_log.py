@@ -113,6 +113,7 @@ class UnifiedLog:
         self.log_start_offset = local.start_offset
         self.high_watermark = local.log_end_offset
         self.last_recovery_truncated_bytes = 0
+        self.recovered_bytes = 0  # what the last open re-validated after the recovery point
         self.damaged_segments = 0
 
     @classmethod
@@ -169,6 +170,7 @@ class UnifiedLog:
         hw = local.log_end_offset if high_watermark is None else high_watermark
         unified.high_watermark = min(max(hw, unified.log_start_offset), local.log_end_offset)
         unified.last_recovery_truncated_bytes = loaded.truncated_bytes
+        unified.recovered_bytes = sum(segment.size for segment in loaded.recovered)
         unified.damaged_segments = len(loaded.damaged)
         return unified
 
