@@ -138,7 +138,7 @@ class LogManager:
         try:
             for partition in partitions:
                 if self.get(topic, partition) is None:
-                    created.append(self._open(topic, partition, spec, {}, durable=False))
+                    created.append(self._open_new(topic, partition, spec))
             if created:
                 sync_filesystem(self.log_dir)  # one syncfs for every file of every new log
         except BaseException:
@@ -151,6 +151,17 @@ class LogManager:
                     log.error("cannot remove %s after a failed creation: %s", partition_log.directory, err)
             raise
         return [self._logs[(topic, p)] for p in partitions]
+
+    def _open_new(self, topic: str, partition: int, spec: TopicLogSpec) -> UnifiedLog:
+        """Create one log (unsynced); if that fails part way, remove what it left on disk."""
+        path = self.log_dir / f"{topic}-{partition}"
+        existed = path.exists()
+        try:
+            return self._open(topic, partition, spec, {}, durable=False)
+        except BaseException:
+            if not existed:
+                shutil.rmtree(path, ignore_errors=True)
+            raise
 
     def _open(self, topic: str, partition: int, spec: TopicLogSpec,
               checkpoints: dict[str, dict[TopicPartition, int]], durable: bool = True) -> UnifiedLog:

@@ -276,3 +276,27 @@ def test_sigkill_with_produces_in_flight_keeps_every_acknowledged_record(faulty,
     stored = fetched_values(raw_client(faulty.port), topic)
     assert stored[: len(acknowledged)] == acknowledged
     assert len(stored) <= len(acknowledged) + 1  # at most the one in flight, never a gap
+
+
+def test_topic_creation_failing_part_way_rolls_back_and_the_broker_restarts(faulty, raw_client):
+    client = raw_client(faulty.port)
+    survivor = create_topic(client)
+    produce(client, survivor, batch(b"kept"))
+    (faulty.faults / "create.budget").write_text("100")  # ~3 files per partition: fails near partition 33
+    reply, _ = client.request(ApiKey.CREATE_TOPICS, {"topics": [
+        {"name": "half", "num_partitions": 50, "replication_factor": 1, "configs": {}}]})
+    assert reply["topics"][0]["error_code"] == KafkaStorageError.code, reply
+    (faulty.faults / "create.budget").unlink()
+    meta, _ = client.request(ApiKey.METADATA, {"topics": None})
+    assert "half" not in [t["name"] for t in meta["topics"]]
+    assert not list(faulty.log_dir.glob("half-*")), "a failed creation left partition directories behind"
+    assert produce(client, survivor, batch(b"still"))["base_offset"] == 1  # the directory is not offline
+
+    faulty.kill()
+    faulty.start()
+    client = raw_client(faulty.port)
+    assert fetched_values(client, survivor) == [b"kept", b"still"]
+    create_topic_named = {"name": "half", "num_partitions": 50, "replication_factor": 1, "configs": {}}
+    reply, _ = client.request(ApiKey.CREATE_TOPICS, {"topics": [create_topic_named]})
+    assert reply["topics"][0]["error_code"] == NONE, reply
+    assert len(list(faulty.log_dir.glob("half-*"))) == 50

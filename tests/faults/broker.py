@@ -5,9 +5,11 @@ test drives through files in the directory named by PYMQ_FAULT_DIR:
     fsync.block     while it exists, every fsync (and syncfs) waits
     fsync.fail      while it exists, every fsync fails with EIO (as a dying disk's would)
     fsync.count     the hooks append one line per fsync, so a test can see that one happened
+    create.budget   holds a number N: the next N file creations (os.open with O_CREAT) succeed,
+                    every later one fails with EMFILE (as when the process runs out of descriptors)
 
-The broker code is unchanged: only `os.fsync` and the filesystem sync are wrapped, at the
-process's edge, which is where a real disk would misbehave.
+The broker code is unchanged: only `os.fsync`, `os.open` and the filesystem sync are wrapped, at
+the process's edge, which is where a real disk would misbehave.
 """
 from __future__ import annotations
 
@@ -16,11 +18,13 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from broker.log import checkpoint, log_manager
 
 FAULT_DIR = Path(os.environ["PYMQ_FAULT_DIR"])
 _real_fsync = os.fsync
+_real_open = os.open
 _real_sync_filesystem = checkpoint.sync_filesystem
 
 
@@ -38,12 +42,23 @@ def fsync(fd: int) -> None:
         f.write("1\n")
 
 
+def open_file(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = None) -> int:
+    budget = FAULT_DIR / "create.budget"
+    if flags & os.O_CREAT and budget.exists():
+        left = int(budget.read_text() or 0)
+        if left <= 0:
+            raise OSError(errno.EMFILE, "injected: too many open files")
+        budget.write_text(str(left - 1))
+    return _real_open(path, flags, mode, dir_fd=dir_fd)
+
+
 def sync_filesystem(directory: Path) -> None:
     _fault_point()
     _real_sync_filesystem(directory)
 
 
 os.fsync = fsync
+os.open = open_file
 checkpoint.sync_filesystem = log_manager.sync_filesystem = sync_filesystem
 
 if __name__ == "__main__":
