@@ -286,7 +286,8 @@ class UnifiedLog:
                 batches = self._assign_offsets(view, headers, leader_epoch, now)
                 if leader_epoch >= 0:
                     latest = self._epochs.latest_epoch
-                    if latest is None or leader_epoch > latest:  # before the data: an epoch entry never lags its records
+                    if leader_epoch != latest:  # before the data: an epoch entry never lags its records (asserts
+                        # the epoch never goes back: the partition layer appends under its current epoch only)
                         self._epochs.assign(leader_epoch, batches[0].base_offset)
                 self._write(view, batches, now)
                 return AppendInfo(

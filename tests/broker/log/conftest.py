@@ -1,5 +1,7 @@
 """Fixtures for the log tests: record batches built with the real codec, an injectable clock, and
-partition logs in tmp_path that are closed at teardown."""
+partition logs opened through a LogManager in tmp_path, so that a clean close writes the
+directory's offset checkpoints and a reopen reads them, while a "crash" drops the logs without
+either (the next open recovers from the files alone)."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -9,11 +11,12 @@ from pathlib import Path
 import pytest
 
 from broker.config import LogConfig
-from broker.log import PartitionLog
+from broker.log import LogManager, TopicLogSpec, UnifiedLog
 from broker.record import encode_batch, make_body
 
 # Small limits so that a handful of ~1 KiB batches fill a segment.
 SMALL = LogConfig(segment_bytes=4096, max_message_bytes=4096, index_interval_bytes=0, retention_ms=-1)
+TOPIC_ID = "0123456789abcdef0123456789abcdef"
 
 
 class FakeClock:
@@ -54,29 +57,53 @@ def small_config() -> LogConfig:
     return SMALL
 
 
+class Logs:
+    """Open the one log `topic-0` of a LogManager in `directory`, again and again: `open()` after
+    `close()` (clean: checkpoints written) or `crash()` (nothing written) reopens it."""
+
+    def __init__(self, directory: Path, clock: FakeClock) -> None:
+        self.directory = directory
+        self.clock = clock
+        self.manager: LogManager | None = None
+
+    def open(self, **overrides: object) -> UnifiedLog:
+        if self.manager is not None:
+            self.close()
+        self.manager = LogManager(self.directory, self.clock)
+        logs = self.manager.load({"topic": TopicLogSpec(TOPIC_ID, replace(SMALL, **overrides), 1)})
+        return logs[("topic", 0)]
+
+    def close(self) -> None:
+        if self.manager is not None:
+            self.manager.close()
+            self.manager = None
+
+    def crash(self) -> None:
+        """Forget the logs without a final flush or checkpoint (as SIGKILL would)."""
+        if self.manager is not None:
+            for partition_log in self.manager.all_logs():
+                partition_log._closed = True  # a later close() must not flush or checkpoint
+                for segment in partition_log.segments():
+                    segment._close_indexes()  # queued index entries are lost, as in a crash
+            self.manager.cache.close()
+            self.manager = None
+
+
 @pytest.fixture
-def open_log(tmp_path: Path, clock: FakeClock):
-    """open_log(**config_overrides) -> PartitionLog in tmp_path/'topic-0' (same dir each call,
-    so calling it again after a close or crash reopens the log)."""
-    opened: list[PartitionLog] = []
-
-    def _open(**overrides) -> PartitionLog:
-        partition_log = PartitionLog.open(tmp_path / "topic-0", "topic", 0, replace(SMALL, **overrides), clock)
-        opened.append(partition_log)
-        return partition_log
-
-    yield _open
-    for partition_log in opened:
-        partition_log.close()
-
-
-def crash(partition_log: PartitionLog) -> None:
-    """Drop a log's fds without a clean close: no final sync, no recovery-point checkpoint."""
-    for segment in partition_log.segments():
-        segment.close()
-    partition_log._closed = True  # the fixture's teardown close() must not checkpoint
+def logs(tmp_path: Path, clock: FakeClock):
+    opened = Logs(tmp_path / "data", clock)
+    yield opened
+    opened.close()
 
 
 @pytest.fixture
-def crash_log() -> Callable[[PartitionLog], None]:
-    return crash
+def open_log(logs: Logs) -> Callable[..., UnifiedLog]:
+    """open_log(**config_overrides) -> the log of tmp_path/data/topic-0 (the same directory each
+    call, so calling it again after a close or crash reopens the log)."""
+    return logs.open
+
+
+@pytest.fixture
+def crash_log(logs: Logs) -> Callable[[UnifiedLog], None]:
+    """crash_log(log): drop the open log (and its manager) without a clean close."""
+    return lambda partition_log: logs.crash()

@@ -6,10 +6,16 @@ import logging
 import pytest
 
 from broker.config import LogConfig
-from broker.log import LogManager
+from broker.log import LogManager, TopicLogSpec, UnifiedLog
 from broker.log.log_manager import parse_partition_dir
+from tests.broker.log.appends import append
 
 SMALL = LogConfig(segment_bytes=4096, max_message_bytes=4096, index_interval_bytes=0, retention_ms=-1)
+
+
+def create(manager: LogManager, topic: str, partition: int, config: LogConfig) -> UnifiedLog:
+    """Get or create one partition's log (all-or-nothing `create_logs` of a single partition)."""
+    return manager.create_logs(topic, TopicLogSpec(None, config, partition + 1), [partition])[0]
 
 
 @pytest.fixture
@@ -46,9 +52,9 @@ def test_parse_partition_dir_ignores_files(tmp_path):
 
 
 def test_create_get_and_partitions(manager, batch):
-    logs = [manager.create("my-topic", p, SMALL) for p in (1, 0, 2)]
-    manager.create("other", 0, SMALL)
-    assert manager.create("my-topic", 1, SMALL) is logs[0]  # get-or-create
+    logs = [create(manager, "my-topic", p, SMALL) for p in (1, 0, 2)]
+    create(manager, "other", 0, SMALL)
+    assert create(manager, "my-topic", 1, SMALL) is logs[0]  # get-or-create
     assert manager.get("my-topic", 2) is logs[2]
     assert manager.get("my-topic", 3) is None
     assert [p.partition for p in manager.partitions("my-topic")] == [0, 1, 2]
@@ -58,16 +64,16 @@ def test_create_get_and_partitions(manager, batch):
 def test_load_opens_known_topics_and_leaves_orphans_and_files_alone(tmp_path, clock, batch, caplog):
     data = tmp_path / "data"
     first = LogManager(data, clock)
-    first.create("my.topic-x", 0, SMALL).append(batch(3), leader_epoch=0)
-    first.create("my.topic-x", 1, SMALL)
-    first.create("gone", 0, SMALL).append(batch(3), leader_epoch=0)
+    append(create(first, "my.topic-x", 0, SMALL), batch(3), leader_epoch=0)
+    create(first, "my.topic-x", 1, SMALL)
+    append(create(first, "gone", 0, SMALL), batch(3), leader_epoch=0)
     first.close()
     (data / "meta.properties").write_text("broker.id=0\n")
     (data / "not-a-partition").mkdir()
 
     second = LogManager(data, clock)
     with caplog.at_level(logging.WARNING):
-        loaded = second.load({"my.topic-x": SMALL})
+        loaded = second.load({"my.topic-x": TopicLogSpec(None, SMALL, 2)})
     assert sorted(loaded) == [("my.topic-x", 0), ("my.topic-x", 1)]
     assert loaded[("my.topic-x", 0)].log_end_offset == 3
     assert "orphan" in caplog.text and "gone-0" in caplog.text
@@ -76,9 +82,9 @@ def test_load_opens_known_topics_and_leaves_orphans_and_files_alone(tmp_path, cl
 
 
 def test_delete_topic_removes_its_directories_only(manager, batch):
-    manager.create("doomed", 0, SMALL).append(batch(3), leader_epoch=0)
-    manager.create("doomed", 1, SMALL)
-    manager.create("doomed-2", 0, SMALL)  # another topic whose name extends the first one
+    append(create(manager, "doomed", 0, SMALL), batch(3), leader_epoch=0)
+    create(manager, "doomed", 1, SMALL)
+    create(manager, "doomed-2", 0, SMALL)  # another topic whose name extends the first one
     manager.delete_topic("doomed")
     assert manager.get("doomed", 0) is None and manager.partitions("doomed") == []
     assert sorted(p.name for p in manager.log_dir.iterdir()) == ["doomed-2-0"]
@@ -86,16 +92,16 @@ def test_delete_topic_removes_its_directories_only(manager, batch):
 
 def test_update_config_reaches_every_partition(manager):
     for p in range(2):
-        manager.create("t", p, SMALL)
+        create(manager, "t", p, SMALL)
     new = LogConfig(segment_bytes=8192, max_message_bytes=4096, retention_ms=5)
     manager.update_config("t", new)
     assert [p.config for p in manager.partitions("t")] == [new, new]
 
 
 def test_retention_queues_segments_and_purge_unlinks_them_after_the_delay(manager, batch):
-    partition_log = manager.create("t", 0, LogConfig(segment_bytes=4096, max_message_bytes=4096, retention_ms=1_000))
+    partition_log = create(manager, "t", 0, LogConfig(segment_bytes=4096, max_message_bytes=4096, retention_ms=1_000))
     for timestamp in [1_000] * 6 + [9_000]:
-        partition_log.append(batch(3, timestamp), leader_epoch=0)
+        append(partition_log, batch(3, timestamp), leader_epoch=0)
     assert manager.run_retention(now_ms=6_500) == 2
     deleted = sorted(p.name for p in partition_log.directory.glob("*.deleted"))
     assert len(deleted) == 6  # .log, .index, .timeindex of two segments
@@ -106,10 +112,10 @@ def test_retention_queues_segments_and_purge_unlinks_them_after_the_delay(manage
 
 
 def test_logs_needing_flush(manager, batch):
-    eager = manager.create("eager", 0, LogConfig(segment_bytes=4096, max_message_bytes=4096, flush_messages=1))
-    lazy = manager.create("lazy", 0, SMALL)
+    eager = create(manager, "eager", 0, LogConfig(segment_bytes=4096, max_message_bytes=4096, flush_messages=1))
+    lazy = create(manager, "lazy", 0, SMALL)
     for partition_log in (eager, lazy):
-        partition_log.append(batch(3), leader_epoch=0)
+        append(partition_log, batch(3), leader_epoch=0)
     assert manager.logs_needing_flush(0) == [eager]
     eager.flush()
     assert manager.logs_needing_flush(0) == []
@@ -119,14 +125,14 @@ def test_close_is_a_clean_shutdown(tmp_path, clock, batch):
     """After close, a reload needs no recovery and every segment queued for deletion is gone."""
     data = tmp_path / "data"
     manager = LogManager(data, clock)
-    partition_log = manager.create("t", 0, LogConfig(segment_bytes=4096, max_message_bytes=4096, retention_ms=1_000))
+    partition_log = create(manager, "t", 0, LogConfig(segment_bytes=4096, max_message_bytes=4096, retention_ms=1_000))
     for timestamp in [1_000] * 3 + [9_000] * 2:
-        partition_log.append(batch(3, timestamp), leader_epoch=0)
+        append(partition_log, batch(3, timestamp), leader_epoch=0)
     manager.run_retention(now_ms=6_500)
     manager.close()
     assert list((data / "t-0").glob("*.deleted")) == []
     reloaded = LogManager(data, clock)
-    (reopened,) = reloaded.load({"t": SMALL}).values()
+    (reopened,) = reloaded.load({"t": TopicLogSpec(None, SMALL, 1)}).values()
     assert (reopened.log_start_offset, reopened.log_end_offset, reopened.recovery_point) == (9, 15, 15)
     assert reopened.last_recovery_truncated_bytes == 0
     reloaded.close()

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from broker import record
 from broker.errors import CorruptMessageError, KafkaStorageError
 from broker.log.index_file import CorruptIndexError
+from broker.log.file_cache import FileCache
 from broker.log.segment import BatchInfo, Segment
 from broker.log.time_index import NO_TIMESTAMP
 
@@ -28,7 +29,7 @@ NO_INDEX = 10**9  # an index interval that never adds entries
 
 
 def append(segment: Segment, data: bytearray, interval: int = 0, now_ms: int = 0) -> None:
-    """Append one encoded batch at the segment's next offset, as PartitionLog would."""
+    """Append one encoded batch at the segment's next offset, as UnifiedLog would."""
     header = record.read_header(data)
     record.patch_offsets(data, 0, segment.next_offset, 0)
     info = BatchInfo(segment.next_offset, segment.next_offset + header.record_count, header.size, header.max_timestamp)
@@ -36,8 +37,16 @@ def append(segment: Segment, data: bytearray, interval: int = 0, now_ms: int = 0
 
 
 @pytest.fixture
-def segment(tmp_path):
-    segment = Segment.create(tmp_path, 0)
+def cache():
+    """The descriptor cache segments share (its size is exercised in test_file_cache.py)."""
+    files = FileCache()
+    yield files
+    files.close()
+
+
+@pytest.fixture
+def segment(tmp_path, cache):
+    segment = Segment.create(tmp_path, 0, cache)
     yield segment
     segment.close()
 
@@ -50,7 +59,7 @@ def filled(segment: Segment, batches: int = 5, interval: int = 0, timestamps: li
 
 def reopen(segment: Segment) -> Segment:
     segment.close()
-    return Segment.open(segment.log_path.parent, segment.base_offset)
+    return Segment.open(segment.log_path.parent, segment.base_offset, segment._cache)
 
 
 @pytest.mark.parametrize("interval", [0, SIZE, NO_INDEX], ids=["every-batch", "every-other-batch", "no-index"])
@@ -107,7 +116,7 @@ def test_read_range(segment, offset, max_bytes, max_offset, expected):
     """read() starts at the batch holding `offset` and sizes the range by max_bytes, max_offset, KIP-74."""
     filled(segment)
     found = segment.read(offset, max_bytes, max_offset)
-    assert (found.position, found.size) == expected
+    assert (found.position if found.size else expected[0], found.size) == expected  # an empty range has no position
     assert found.first_offset == offset // RECORDS * RECORDS
     assert found.read_bytes() == segment.log_path.read_bytes()[expected[0] : sum(expected)]
 
@@ -172,7 +181,7 @@ def test_recover_of_a_clean_segment_drops_nothing_and_rebuilds_the_index(segment
     segment.flush()
     offset_index = segment.offset_index.path.read_bytes()
     recovered = reopen(segment)
-    assert recovered.recover(max_batch_bytes=10**6, index_interval_bytes=0) == 0
+    assert recovered.recover(index_interval_bytes=0) == 0
     assert recovered.offset_index.path.read_bytes() == offset_index
     assert recovered.time_index.last_entry == (1_004, 12)
     assert (recovered.size, recovered.next_offset) == (5 * SIZE, 15)
@@ -238,7 +247,7 @@ def test_recover_truncates_a_torn_or_corrupt_tail(segment, tamper, dropped, next
     segment.flush()
     tamper(segment.log_path, 5 * SIZE)
     recovered = reopen(segment)
-    assert recovered.recover(max_batch_bytes=10**6, index_interval_bytes=0) == dropped
+    assert recovered.recover(index_interval_bytes=0) == dropped
     assert recovered.next_offset == next_offset
     assert recovered.log_path.stat().st_size == recovered.size == next_offset // RECORDS * SIZE
     data = recovered.log_path.read_bytes()
@@ -256,15 +265,19 @@ def test_recover_truncates_where_offsets_go_backwards(segment):
         f.seek(4 * SIZE)
         f.write((3).to_bytes(8, "little"))
     recovered = reopen(segment)
-    assert recovered.recover(max_batch_bytes=10**6, index_interval_bytes=0) == SIZE
+    assert recovered.recover(index_interval_bytes=0) == SIZE
     recovered.close()
 
 
-def test_recover_treats_a_batch_over_the_limit_as_corrupt(segment):
+def test_recover_keeps_a_batch_over_todays_size_limit(segment):
+    """Changed on purpose: recovery no longer treats a batch larger than max.message.bytes as
+    corrupt. The limit is a produce-time rule; a batch accepted under a larger limit before the
+    topic's config shrank is intact and stays (Kafka's recovery checks only structure and CRC)."""
     filled(segment)
     segment.flush()
     recovered = reopen(segment)
-    assert recovered.recover(max_batch_bytes=SIZE - 1, index_interval_bytes=0) == 5 * SIZE
+    assert recovered.recover(index_interval_bytes=0) == 0
+    assert recovered.next_offset == 5 * RECORDS
     recovered.close()
 
 
@@ -349,14 +362,14 @@ def test_failed_write_raises_storage_error_and_leaves_the_file_unchanged(segment
     assert len(list(record.iter_batches(segment.log_path.read_bytes()))) == 2
 
 
-def test_create_refuses_an_existing_log(segment, tmp_path):
+def test_create_refuses_an_existing_log(segment, tmp_path, cache):
     with pytest.raises(KafkaStorageError):
-        Segment.create(tmp_path, 0)
+        Segment.create(tmp_path, 0, cache)
 
 
 def _segment_with(directory, record_counts: list[int]) -> tuple[Segment, list[int]]:
     """A flushed segment holding one batch per count; returns it and the batch sizes."""
-    segment = Segment.create(directory, 0)
+    segment = Segment.create(directory, 0, FileCache())
     sizes = []
     for count in record_counts:
         data = build_batch(count)
@@ -377,7 +390,7 @@ def test_recover_keeps_exactly_the_whole_batches_before_any_cut(record_counts, c
         kept = len([end for end in itertools.accumulate(sizes) if end <= cut_at])
         recovered = reopen(segment)
         try:
-            assert recovered.recover(max_batch_bytes=10**6, index_interval_bytes=0) == cut_at - sum(sizes[:kept])
+            assert recovered.recover(index_interval_bytes=0) == cut_at - sum(sizes[:kept])
             assert recovered.next_offset == sum(record_counts[:kept])
         finally:
             recovered.close()
@@ -406,7 +419,7 @@ def test_recover_detects_any_flipped_byte_the_crc_or_structure_covers(record_cou
             f.write(bytes([byte[0] ^ xor]))
         recovered = reopen(segment)
         try:
-            assert recovered.recover(max_batch_bytes=10**6, index_interval_bytes=0) == sum(sizes[k:])
+            assert recovered.recover(index_interval_bytes=0) == sum(sizes[k:])
             assert recovered.next_offset == sum(record_counts[:k])
         finally:
             recovered.close()

@@ -1,4 +1,4 @@
-"""PartitionLog: offsets, reads, rolls, retention, recovery, flush, checkpoints."""
+"""UnifiedLog: offsets, reads, rolls, retention, recovery, flush, checkpoints."""
 from __future__ import annotations
 
 import os
@@ -9,22 +9,27 @@ import pytest
 from broker import record
 from broker.config import LogConfig
 from broker.errors import CorruptMessageError, MessageTooLargeError, OffsetOutOfRangeError
-from broker.log import PartitionLog, Segment
+from broker.log import Segment, UnifiedLog
+from broker.log.checkpoint import read_offsets
+from broker.log.unified_log import LEADER_EPOCH_FILE
+from broker.log.log_manager import RECOVERY_POINT_CHECKPOINT
+
+from tests.broker.log.appends import append
 
 R = 3  # records per test batch; with SMALL's 4096-byte segments, 3 batches fill a segment
 
 
-def stored_batches(partition_log: PartitionLog) -> list[record.BatchHeader]:
+def stored_batches(partition_log: UnifiedLog) -> list[record.BatchHeader]:
     """Every batch on disk, CRC-checked, oldest first."""
     return [h for s in partition_log.segments() for _, h in record.iter_batches(s.log_path.read_bytes())]
 
 
-def fill(partition_log: PartitionLog, batch, count: int, timestamps: list[int] | None = None) -> None:
+def fill(partition_log: UnifiedLog, batch, count: int, timestamps: list[int] | None = None) -> None:
     for i in range(count):
-        partition_log.append(batch(R, timestamps[i] if timestamps else 1_000 + i), leader_epoch=0)
+        append(partition_log, batch(R, timestamps[i] if timestamps else 1_000 + i), leader_epoch=0)
 
 
-def expire(partition_log: PartitionLog, now_ms: int) -> int:
+def expire(partition_log: UnifiedLog, now_ms: int) -> int:
     """Run retention and unlink what it removed at once (no reads in flight); returns the count."""
     removed = partition_log.delete_old_segments(now_ms)
     for segment in removed:
@@ -32,7 +37,7 @@ def expire(partition_log: PartitionLog, now_ms: int) -> int:
     return len(removed)
 
 
-def file_sizes(partition_log: PartitionLog) -> dict[str, int]:
+def file_sizes(partition_log: UnifiedLog) -> dict[str, int]:
     return {p.name: p.stat().st_size for p in partition_log.directory.iterdir()}
 
 
@@ -44,7 +49,7 @@ def test_append_assigns_consecutive_offsets_by_patching_only_the_header(open_log
     partition_log = open_log(segment_bytes=1 << 20, max_message_bytes=1 << 20)
     payloads = [batch(1), batch(3), batch(2) + batch(4)]
     originals = [bytes(p) for p in payloads]
-    infos = [partition_log.append(p, leader_epoch=7) for p in payloads]
+    infos = [append(partition_log, p, leader_epoch=7) for p in payloads]
     assert [(i.first_offset, i.last_offset, i.record_count) for i in infos] == [(0, 0, 1), (1, 3, 3), (4, 9, 6)]
     assert partition_log.log_end_offset == partition_log.high_watermark == 10
     data = partition_log.segments()[0].log_path.read_bytes()
@@ -58,7 +63,7 @@ def test_append_assigns_consecutive_offsets_by_patching_only_the_header(open_log
 
 
 def test_append_info_reports_log_start_and_create_time(open_log, batch):
-    info = open_log().append(batch(2), leader_epoch=0)
+    info = append(open_log(), batch(2), leader_epoch=0)
     assert info == type(info)(first_offset=0, last_offset=1, log_append_time_ms=-1, log_start_offset=0, record_count=2)
 
 
@@ -66,7 +71,7 @@ def test_log_append_time_rewrites_timestamps_with_a_valid_crc(open_log, batch, c
     """LogAppendTime: attribute bit 3 set, base and max timestamp = broker time, CRC recomputed."""
     partition_log = open_log(message_timestamp_type="LogAppendTime")
     clock.now_ms = 5_000_000
-    info = partition_log.append(batch(R, 1_000) + batch(R, 2_000), leader_epoch=0)
+    info = append(partition_log, batch(R, 1_000) + batch(R, 2_000), leader_epoch=0)
     assert info.log_append_time_ms == 5_000_000
     headers = stored_batches(partition_log)
     assert [(h.log_append_time, h.base_timestamp, h.max_timestamp, h.base_offset) for h in headers] == [
@@ -101,11 +106,11 @@ def _corrupt_second(batch):
 def test_invalid_payload_writes_nothing(open_log, batch, make_payload, error):
     """Validation covers every batch before any byte is written or any header is patched."""
     partition_log = open_log()
-    partition_log.append(batch(R), leader_epoch=0)
+    append(partition_log, batch(R), leader_epoch=0)
     before, payload = file_sizes(partition_log), make_payload(batch)
     untouched = bytes(payload)
     with pytest.raises(error):
-        partition_log.append(payload, leader_epoch=0)
+        append(partition_log, payload, leader_epoch=0)
     assert file_sizes(partition_log) == before
     assert bytes(payload) == untouched
     assert partition_log.log_end_offset == R
@@ -114,13 +119,13 @@ def test_invalid_payload_writes_nothing(open_log, batch, make_payload, error):
 def test_append_releases_the_payload_buffer(open_log, batch):
     """The server may reuse (resize) its receive buffer once append returns."""
     payload = batch(R)
-    open_log().append(payload, leader_epoch=0)
+    append(open_log(), payload, leader_epoch=0)
     payload += b"more"  # BufferError if a memoryview still pinned it
 
 
 def test_append_rejects_a_read_only_buffer(open_log, batch):
     with pytest.raises(TypeError, match="writable"):
-        open_log().append(bytes(batch(R)), leader_epoch=0)
+        append(open_log(), bytes(batch(R)), leader_epoch=0)
 
 
 # --- read -------------------------------------------------------------------------------
@@ -191,7 +196,7 @@ def test_one_append_of_many_batches_rolls_between_them_at_segment_bytes(open_log
     """A record set of ten batches in one append is split over segments like ten separate appends."""
     partition_log = open_log()
     payload = bytearray().join(batch(R) for _ in range(10))
-    info = partition_log.append(payload, leader_epoch=0)
+    info = append(partition_log, payload, leader_epoch=0)
     assert (info.first_offset, info.last_offset) == (0, 10 * R - 1)
     segments = partition_log.segments()
     assert [s.base_offset for s in segments] == [0, 9, 18, 27]  # as ten separate appends
@@ -204,7 +209,7 @@ def test_batch_larger_than_segment_bytes_goes_alone_into_a_fresh_segment(open_lo
     big = batch(400)
     assert len(big) > 4096
     fill(partition_log, batch, 1)
-    partition_log.append(big, leader_epoch=0)
+    append(partition_log, big, leader_epoch=0)
     fill(partition_log, batch, 1)
     assert [(s.base_offset, s.next_offset) for s in partition_log.segments()] == [(0, R), (R, R + 400), (R + 400, 2 * R + 400)]
     assert partition_log.read(R + 7, 1).size == len(big)
@@ -241,7 +246,7 @@ def test_update_config_applies_to_the_next_append(open_log, batch):
 def test_offset_for_timestamp_across_segments(open_log, batch, target, expected):
     partition_log = open_log()
     for i in range(10):
-        partition_log.append(batch(R, [1_000 + 10 * i, 1_001 + 10 * i, 1_002 + 10 * i]), leader_epoch=0)
+        append(partition_log, batch(R, [1_000 + 10 * i, 1_001 + 10 * i, 1_002 + 10 * i]), leader_epoch=0)
     assert partition_log.offset_for_timestamp(target) == expected
 
 
@@ -287,7 +292,7 @@ def test_expired_active_segment_is_rolled_so_the_log_stays_writable(open_log, ba
     assert [s.base_offset for s in partition_log.segments()] == [21]
     assert partition_log.log_start_offset == partition_log.log_end_offset == 21
     assert partition_log.read(21, 100).size == 0
-    assert partition_log.append(batch(R), leader_epoch=0).first_offset == 21
+    assert append(partition_log, batch(R), leader_epoch=0).first_offset == 21
 
 
 @pytest.mark.parametrize(
@@ -350,7 +355,7 @@ def test_torn_tail_is_truncated_on_reopen(open_log, batch, crash_log, tamper, dr
     assert reopened.last_recovery_truncated_bytes == expected
     assert reopened.log_end_offset == reopened.recovery_point == leo
     assert [h.base_offset for h in stored_batches(reopened)] == list(range(0, leo, R))
-    assert reopened.append(batch(R), leader_epoch=0).first_offset == leo
+    assert append(reopened, batch(R), leader_epoch=0).first_offset == leo
 
 
 def test_recovery_keeps_batches_larger_than_a_lowered_max_message_bytes(open_log, batch, crash_log):
@@ -378,11 +383,14 @@ def test_torn_tail_in_an_earlier_segment_deletes_every_later_segment(open_log, b
     assert not (reopened.directory / f"{18:020d}.log").exists()
 
 
-def test_recovery_starts_at_the_segment_holding_the_recovery_point(open_log, batch, crash_log, monkeypatch):
+def test_recovery_starts_at_the_segment_holding_the_recovery_point(open_log, logs, batch, crash_log, monkeypatch):
+    """Restart work depends on the unflushed tail: segments below the checkpointed recovery point
+    are trusted (loaded from their indexes), only the one holding it and later ones are scanned."""
     partition_log = open_log()
     fill(partition_log, batch, 7)
     partition_log.flush()
     assert partition_log.recovery_point == 21
+    logs.manager.checkpoint()
     fill(partition_log, batch, 2)
     crash_log(partition_log)
     recovered = []
@@ -453,14 +461,17 @@ def test_leftovers_of_interrupted_operations_are_removed_on_open(open_log, batch
 # --- flush ------------------------------------------------------------------------------
 
 
-def test_flush_advances_the_recovery_point_and_checkpoints_it(open_log, batch):
+def test_flush_advances_the_recovery_point_and_the_manager_checkpoints_it(open_log, logs, batch):
+    """The recovery points of a directory live in one Kafka-format file the manager writes."""
     partition_log = open_log()
     fill(partition_log, batch, 7)
-    checkpoint = partition_log.directory / "recovery-point.checkpoint"
+    checkpoint = logs.directory / RECOVERY_POINT_CHECKPOINT
     partition_log.flush(up_to=10)
-    assert partition_log.recovery_point == 10 and checkpoint.read_text() == "10\n"
+    logs.manager.checkpoint()
+    assert partition_log.recovery_point == 10 and read_offsets(checkpoint) == {("topic", 0): 10}
     partition_log.flush()
-    assert partition_log.recovery_point == 21 and checkpoint.read_text() == "21\n"
+    logs.manager.checkpoint()
+    assert partition_log.recovery_point == 21 and read_offsets(checkpoint) == {("topic", 0): 21}
     partition_log.flush(up_to=5)  # never goes back
     assert partition_log.recovery_point == 21
 
@@ -482,7 +493,7 @@ def test_flush_from_a_thread_while_appending(open_log, batch, crash_log):
     thread.start()
     try:
         for payload in payloads:
-            partition_log.append(payload, leader_epoch=0)
+            append(partition_log, payload, leader_epoch=0)
     finally:
         stop.set()
         thread.join(timeout=10)
@@ -521,9 +532,9 @@ def test_needs_flush(open_log, batch, clock, overrides, records, advance_ms, exp
 def test_leader_epoch_checkpoint_records_where_each_epoch_starts(open_log, batch, crash_log):
     partition_log = open_log()
     for epoch in [0, 0, 2, 5]:
-        partition_log.append(batch(R), leader_epoch=epoch)
+        append(partition_log, batch(R), leader_epoch=epoch)
     assert partition_log.leader_epoch_entries == [(0, 0), (2, 6), (5, 9)]
-    assert (partition_log.directory / "leader-epoch.checkpoint").read_text() == "0 0\n2 6\n5 9\n"
+    assert (partition_log.directory / LEADER_EPOCH_FILE).read_text() == "0 0\n2 6\n5 9\n"
     crash_log(partition_log)
     os.truncate(partition_log.segments()[-1].log_path, 10)  # epoch 5's only batch is torn
     assert open_log().leader_epoch_entries == [(0, 0), (2, 6)]
@@ -531,9 +542,9 @@ def test_leader_epoch_checkpoint_records_where_each_epoch_starts(open_log, batch
 
 def test_leader_epoch_never_goes_back(open_log, batch):
     partition_log = open_log()
-    partition_log.append(batch(R), leader_epoch=3)
+    append(partition_log, batch(R), leader_epoch=3)
     with pytest.raises(AssertionError):
-        partition_log.append(batch(R), leader_epoch=2)
+        append(partition_log, batch(R), leader_epoch=2)
 
 
 @pytest.mark.parametrize(
@@ -544,7 +555,7 @@ def test_leader_epoch_never_goes_back(open_log, batch):
 def test_retention_moves_the_covering_epoch_to_the_new_log_start(open_log, batch, epochs, entries):
     partition_log = open_log(retention_ms=1_000)
     for epoch, timestamp in zip(epochs, [1_000] * 6 + [9_000]):
-        partition_log.append(batch(R, timestamp), leader_epoch=epoch)
+        append(partition_log, batch(R, timestamp), leader_epoch=epoch)
     expire(partition_log, 6_500)
     assert partition_log.log_start_offset == 18
     assert partition_log.leader_epoch_entries == entries
