@@ -126,6 +126,8 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("broker.id", int, 0, "this broker's id", 0, INT32_MAX),
         ConfigDef("host", str, "127.0.0.1", "address to listen on"),
         ConfigDef("port", int, 9092, "TCP port to listen on (0 picks a free one)", 0, 65535),
+        ConfigDef("metrics.port", int, -1, "serve Prometheus metrics at http://host:port/metrics (-1: off, 0: a free port)",
+                  -1, 65535),
         ConfigDef("log.dir", str, "data", "directory holding partition logs and metadata"),
         ConfigDef("num.partitions", int, 1, "partitions of a topic created without a count", 1, 100_000),
         ConfigDef("socket.request.max.bytes", int, 100 << 20, "largest request frame accepted", 1024, INT32_MAX),

@@ -27,6 +27,7 @@ import sys
 from collections import deque
 from pathlib import Path
 from collections.abc import Awaitable
+from wsgiref.simple_server import WSGIServer
 from typing import Any
 
 from broker import protocol
@@ -38,6 +39,7 @@ from broker.handlers import Part, RequestHandlers, Result, error_fields, unexpec
 from broker.cluster.partition import LeaderAndIsr
 from broker.log import FetchSlice, LogManager, TopicLogSpec
 from broker.log_writer import LogWriter
+from broker.metrics import serve_metrics
 from broker.purgatory import FetchPurgatory
 from broker.replica_manager import ReplicaManager
 
@@ -276,6 +278,7 @@ class Broker:
         self._server: asyncio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
+        self._metrics: WSGIServer | None = None
 
     @property
     def port(self) -> int:
@@ -299,6 +302,9 @@ class Broker:
         )
         for sock in self._server.sockets:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        if self.config["metrics.port"] >= 0:
+            self._metrics = serve_metrics(self.config["host"], self.config["metrics.port"], self.replicas,
+                                          lambda: len(self.connections))
         self._tasks = [
             loop.create_task(self._every(self.config["log.retention.check.interval.ms"], self._retention)),
             loop.create_task(self._every(self.config["log.flush.scheduler.interval.ms"], self._scheduled_flush)),
@@ -322,6 +328,9 @@ class Broker:
         await self.replicas.wait_idle()
         await asyncio.to_thread(self.logs.close)
         await self.store.close()
+        if self._metrics is not None:
+            await asyncio.to_thread(self._metrics.shutdown)  # waits for its serve loop's next poll
+            self._metrics.server_close()
         self._stopped.set()
         log.info("pymq broker %d stopped cleanly", self.config["broker.id"])
 

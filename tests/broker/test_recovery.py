@@ -4,13 +4,15 @@ damage in flushed data by deleting it (Kafka's recovery-point contract).
 With the default flush policy a segment is flushed when it rolls and the recovery point
 checkpoint follows, so after SIGKILL only the active segment is re-validated. Damage found below
 the recovery point is kept and reported (a log line, CORRUPT_MESSAGE or a CRC mismatch for
-readers); every other record, in that segment and in every later one, survives.
+readers, the `pymq_log_damaged_segments` metric); every other record, in that segment and in every
+later one, survives.
 """
 from __future__ import annotations
 
 import re
 import struct
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -104,6 +106,15 @@ def read_everything(client) -> tuple[dict[int, bytes], list[int], list[int]]:
     return values, bad_crc, refused
 
 
+def scrape(broker) -> dict[str, float]:
+    """The broker's Prometheus metrics, `name{labels}` -> value."""
+    port = re.findall(r"metrics on http://[^:]+:(\d+)/metrics", broker.log_tail(200_000))[-1]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line and not line.startswith("#")}
+
+
 def recovered_bytes(broker) -> int:
     found = re.findall(r"recovered (\d+) bytes of \d+ logs", broker.log_tail(200_000))
     assert found, broker.log_tail()
@@ -140,8 +151,10 @@ def test_broken_framing_in_an_old_segment_is_reported_not_truncated(crashed, raw
     with open(victim, "r+b") as f:
         f.seek(first.size + 8)
         f.write(struct.pack("<i", 1 << 30))  # batch_length now runs far past the file
+    crashed.overrides["metrics.port"] = 0
     crashed.start()
     assert "damaged segments below its recovery point" in crashed.log_tail(200_000)
+    assert scrape(crashed)[f'pymq_log_damaged_segments{{partition="0",topic="{TOPIC}"}}'] == 1
     values, bad_crc, refused = read_everything(raw_client(crashed.port))
     assert refused == [second.base_offset] and not bad_crc
     assert values == {i: value(i) for i in range(BATCHES) if i != second.base_offset}

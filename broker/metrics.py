@@ -1,0 +1,76 @@
+"""Broker metrics in Prometheus' text format, served over HTTP when `metrics.port` is set.
+
+Values are read from the live objects when a scrape arrives (a custom collector), so the append
+and fetch paths pay nothing for them. Per partition, as Kafka's kafka.log/kafka.cluster metrics:
+
+    pymq_log_start_offset, pymq_log_end_offset, pymq_log_high_watermark, pymq_log_size_bytes
+    pymq_log_damaged_segments     segments found damaged below the recovery point at the last start
+                                  (kept as they are; readers get CORRUPT_MESSAGE or a CRC mismatch)
+    pymq_log_recovered_bytes      bytes the last start re-validated after the recovery point
+
+Per broker: pymq_log_dir_offline (1 once a failed fsync took the directory offline),
+pymq_log_retention_failures_total, pymq_log_flushes_in_flight, pymq_connections.
+
+The scrape runs on prometheus_client's HTTP thread: it reads attributes and list snapshots only,
+never takes a log's lock for long, and never touches the event loop.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from broker.replica_manager import ReplicaManager
+
+log = logging.getLogger("pymq.metrics")
+
+_PARTITION_GAUGES: list[tuple[str, str, Callable[..., int]]] = [
+    ("pymq_log_start_offset", "first offset a consumer can read", lambda l: l.log_start_offset),
+    ("pymq_log_end_offset", "offset the next append gets", lambda l: l.log_end_offset),
+    ("pymq_log_high_watermark", "offsets below it are committed and visible to consumers", lambda l: l.high_watermark),
+    ("pymq_log_size_bytes", "bytes of the partition's segments", lambda l: l.size_bytes()),
+    ("pymq_log_damaged_segments", "segments found damaged below the recovery point at the last start",
+     lambda l: l.damaged_segments),
+    ("pymq_log_recovered_bytes", "bytes re-validated after the recovery point at the last start",
+     lambda l: l.recovered_bytes),
+]
+
+
+class BrokerCollector(Collector):
+    """Reads the replica manager's partitions and the log manager's counters at scrape time."""
+
+    def __init__(self, replicas: ReplicaManager, connections: Callable[[], int]) -> None:
+        self.replicas = replicas
+        self.connections = connections
+
+    def collect(self) -> Iterator[Metric]:
+        families = [GaugeMetricFamily(name, doc, labels=["topic", "partition"]) for name, doc, _ in _PARTITION_GAUGES]
+        for partition in self.replicas.hosted():
+            labels = [partition.topic, str(partition.partition)]
+            for family, (_, _, read) in zip(families, _PARTITION_GAUGES):
+                family.add_metric(labels, read(partition.log))
+        yield from families
+        logs = self.replicas.logs
+        yield GaugeMetricFamily("pymq_log_dir_offline", "1 once a failed fsync took the log directory offline",
+                                value=int(logs.failure.failed))
+        yield CounterMetricFamily("pymq_log_retention_failures", "partitions whose retention run failed",
+                                  value=logs.retention_failures)
+        yield GaugeMetricFamily("pymq_log_flushes_in_flight", "log flushes running now",
+                                value=self.replicas.flushes_in_flight)
+        yield GaugeMetricFamily("pymq_connections", "client connections open", value=self.connections())
+
+
+def serve_metrics(host: str, port: int, replicas: ReplicaManager, connections: Callable[[], int]) -> WSGIServer:
+    """Start the /metrics endpoint on a daemon thread; returns the server (its port, to stop it)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(replicas, connections))
+    server, _ = start_http_server(port, addr=host, registry=registry)
+    log.info("metrics on http://%s:%d/metrics", host, server.server_port)
+    return server
