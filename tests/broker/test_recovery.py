@@ -9,6 +9,7 @@ later one, survives.
 """
 from __future__ import annotations
 
+import asyncio
 import re
 import struct
 import time
@@ -18,10 +19,14 @@ from pathlib import Path
 import pytest
 
 from broker import record
+from broker.cluster.metadata_store import LocalMetadataStore
+from broker.cluster.topics import TopicRegistry
+from broker.config import BrokerConfig
 from broker.errors import NONE, CorruptMessageError
 from broker.log.checkpoint import read_offsets
 from broker.log.log_manager import RECOVERY_POINT_CHECKPOINT
 from broker.protocol import ApiKey
+from broker.server import METADATA_FILE
 
 TOPIC = "recovering"
 BATCHES = 60
@@ -164,3 +169,37 @@ def test_broken_framing_in_an_old_segment_is_reported_not_truncated(crashed, raw
     reply, _ = client.request(ApiKey.PRODUCE, {"acks": 1, "topics": [
         {"name": TOPIC, "partitions": [{"partition": 0, "size": len(payload)}]}]}, payload)
     assert reply["topics"][0]["partitions"][0]["base_offset"] == BATCHES
+
+
+def test_topic_recreated_after_a_crash_between_metadata_and_log_delete_starts_empty(broker_factory, raw_client):
+    """The crash leaves the old topic's directory on disk with no metadata; the new topic of the
+    same name has a new topic id, so the directory (its partition.metadata names the old id) is
+    moved aside instead of being adopted with its records."""
+    broker = broker_factory().start()
+    client = raw_client(broker.port)
+    reply, _ = client.request(ApiKey.CREATE_TOPICS, {"topics": [
+        {"name": TOPIC, "num_partitions": 1, "replication_factor": 1, "configs": {}}]})
+    assert reply["topics"][0]["error_code"] == NONE, reply
+    payload = bytes(record.encode_batch(record.make_body([b"old"], timestamps_ms=record.now_ms())))
+    reply, _ = client.request(ApiKey.PRODUCE, {"acks": 1, "topics": [
+        {"name": TOPIC, "partitions": [{"partition": 0, "size": len(payload)}]}]}, payload)
+    assert reply["topics"][0]["partitions"][0]["error_code"] == NONE, reply
+    broker.kill()
+
+    async def delete_metadata_only() -> None:  # what the crash left done
+        store = LocalMetadataStore(broker.log_dir / METADATA_FILE)
+        registry = TopicRegistry(store, 0, BrokerConfig.load().log_defaults)
+        await registry.load()
+        await registry.delete(TOPIC)
+        await store.close()
+
+    asyncio.run(delete_metadata_only())
+    assert (broker.log_dir / f"{TOPIC}-0").is_dir()
+    broker.start()
+    client = raw_client(broker.port)
+    reply, _ = client.request(ApiKey.CREATE_TOPICS, {"topics": [
+        {"name": TOPIC, "num_partitions": 1, "replication_factor": 1, "configs": {}}]})
+    assert reply["topics"][0]["error_code"] == NONE, reply
+    entry, data = fetch(client, 0)
+    assert entry["error_code"] == NONE and entry["high_watermark"] == 0 and not data, entry
+    assert "stale directory of a deleted topic" in broker.log_tail(200_000)
