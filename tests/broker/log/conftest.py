@@ -1,17 +1,18 @@
-"""Fixtures for the log tests: record batches built with the real codec, an injectable clock, and
+"""Fixtures for the log tests: record batches built with the real codec, an injectable clock,
 partition logs opened through a LogManager in tmp_path, so that a clean close writes the
 directory's offset checkpoints and a reopen reads them, while a "crash" drops the logs without
-either (the next open recovers from the files alone)."""
+either (the next open recovers from the files alone), and a UnifiedLog opened directly for tests
+where the manager is not the point (the caller passes the offsets a manager would)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
 
 from broker.config import LogConfig
-from broker.log import LogManager, TopicLogSpec, UnifiedLog
+from broker.log import FileCache, LogManager, TopicLogSpec, UnifiedLog
 from broker.record import encode_batch, make_body
 
 # Small limits so that a handful of ~1 KiB batches fill a segment.
@@ -107,3 +108,26 @@ def open_log(logs: Logs) -> Callable[..., UnifiedLog]:
 def crash_log(logs: Logs) -> Callable[[UnifiedLog], None]:
     """crash_log(log): drop the open log (and its manager) without a clean close."""
     return lambda partition_log: logs.crash()
+
+
+@pytest.fixture
+def unified_log(tmp_path: Path, clock: FakeClock):
+    """unified_log(**overrides) -> UnifiedLog.open of tmp_path/direct/topic-0 with a FileCache of its
+    own; overrides naming a LogConfig field change SMALL, the others are UnifiedLog.open's keywords
+    (recovery_point, high_watermark, ...). Every log opened is closed (cleanly) at teardown."""
+    cache = FileCache()
+    opened: list[UnifiedLog] = []
+    config_fields = {f.name for f in fields(LogConfig)}
+
+    def open_direct(**overrides: object) -> UnifiedLog:
+        config = replace(SMALL, **{k: v for k, v in overrides.items() if k in config_fields})
+        kwargs = {k: v for k, v in overrides.items() if k not in config_fields}
+        partition_log = UnifiedLog.open(tmp_path / "direct" / "topic-0", "topic", 0, config, cache=cache,
+                                        clock=clock, **kwargs)
+        opened.append(partition_log)
+        return partition_log
+
+    yield open_direct
+    for partition_log in opened:
+        partition_log.close()
+    cache.close()
