@@ -438,8 +438,10 @@ class Segment:
 
     def truncate_to(self, offset: int) -> int:
         """Remove every batch whose last offset >= `offset` (so the batch holding `offset` goes
-        whole). Returns the bytes removed; the segment becomes writable again."""
+        whole). Returns the bytes removed; the segment becomes writable again (even when nothing
+        is cut: the log's end was cut back to it, so it is the active segment now)."""
         found = self.find_position(offset)
+        self._sealed = False
         if found is None:
             return 0
         position, header = found
