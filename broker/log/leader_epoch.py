@@ -80,7 +80,10 @@ class LeaderEpochCache:
         """Kafka's OffsetsForLeaderEpoch answer: (the largest epoch <= `epoch` we know, the offset
         where it ended, i.e. where the next larger epoch starts, or LEO for the latest epoch).
         (-1, -1) when `epoch` is newer than every epoch here; for an epoch older than all of them,
-        (`epoch`, start of the first epoch): a follower then truncates to that start."""
+        (`epoch`, start of the first epoch): a follower then truncates to that start. An undefined
+        epoch (-1, a follower that knows none) gets (-1, -1): no answer to truncate to."""
+        if epoch == UNDEFINED_EPOCH:
+            return UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
         if self._entries and epoch == self._entries[-1][0]:
             return epoch, log_end_offset
         higher = next((entry for entry in self._entries if entry[0] > epoch), None)
