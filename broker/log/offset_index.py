@@ -1,10 +1,13 @@
 """Sparse offset index `{base_offset:020d}.index`: batch base offset -> byte position in the segment.
 
     offset size field
+    0      16   header (index_file.py)                  magic b"PMQI", version 1, entry_size 8,
+                                                        the segment's base offset
+    then, per entry:
     0      4    relative_offset (int32, little-endian)  batch base_offset - segment base_offset
     4      4    position (int32, little-endian)         byte position of that batch in the `.log`
 
-8 bytes per entry, no header; both fields strictly increase. The segment adds an entry once more
+8 bytes per entry; both fields strictly increase. The segment adds an entry once more
 than `index.interval.bytes` were appended since the previous one, so a lookup lands at most about
 one interval before the wanted batch and a short scan of 61-byte headers finishes the job.
 
@@ -31,6 +34,7 @@ class OffsetIndex(IndexFile):
     """In-memory arrays of (relative offset, position) for bisect, mirrored to the `.index` file."""
 
     ENTRY = struct.Struct("<ii")
+    MAGIC = b"PMQI"
 
     def __init__(self, path: Path, base_offset: int) -> None:
         super().__init__(path, base_offset)
@@ -40,7 +44,7 @@ class OffsetIndex(IndexFile):
     def __len__(self) -> int:
         return len(self._relative)
 
-    def _load_entries(self, data: bytes) -> None:
+    def _load_entries(self, data: memoryview) -> None:
         entries = np.frombuffer(data, dtype=_ENTRY_DTYPE)
         self._relative.frombytes(entries["relative_offset"].astype(np.int32).tobytes())
         self._positions.frombytes(entries["position"].astype(np.int32).tobytes())

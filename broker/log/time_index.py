@@ -1,11 +1,14 @@
 """Sparse time index `{base_offset:020d}.timeindex`: largest timestamp so far -> offset that reached it.
 
     offset size field
+    0      16   header (index_file.py)                  magic b"PMQT", version 1, entry_size 12,
+                                                        the segment's base offset
+    then, per entry:
     0      8    timestamp (int64, ms, little-endian)    the segment's max batch timestamp so far
     8      4    relative_offset (int32, little-endian)  base offset of the batch that first reached
                                                         it, minus the segment base offset
 
-12 bytes per entry, no header; timestamps strictly increase, offsets never decrease. The segment
+12 bytes per entry; timestamps strictly increase, offsets never decrease. The segment
 offers an entry at each offset-index entry and when it is sealed; an entry is kept only if its
 timestamp exceeds the last one (Kafka's `maybeAppend`). Because an entry names the first batch that
 reached its timestamp, every batch before that offset has only smaller timestamps: a search for
@@ -33,6 +36,7 @@ class TimeIndex(IndexFile):
     """In-memory arrays of (timestamp, relative offset) for bisect, mirrored to the `.timeindex` file."""
 
     ENTRY = struct.Struct("<qi")
+    MAGIC = b"PMQT"
 
     def __init__(self, path: Path, base_offset: int) -> None:
         super().__init__(path, base_offset)
@@ -42,7 +46,7 @@ class TimeIndex(IndexFile):
     def __len__(self) -> int:
         return len(self._timestamps)
 
-    def _load_entries(self, data: bytes) -> None:
+    def _load_entries(self, data: memoryview) -> None:
         entries = np.frombuffer(data, dtype=_ENTRY_DTYPE)
         self._timestamps.frombytes(entries["timestamp"].astype(np.int64).tobytes())
         self._relative.frombytes(entries["relative_offset"].astype(np.int32).tobytes())

@@ -2,14 +2,31 @@
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from broker.log.index_file import CorruptIndexError
+from broker.log.index_file import HEADER_SIZE, CorruptIndexError
 from broker.log.offset_index import OffsetIndex
 
 BASE = 100
 ENTRIES = [(110, 1000), (120, 2000), (130, 3000)]
+# The header pinned byte by byte: magic "PMQI", version 1 (uint16), entry size 8 (uint16), base offset 100 (int64).
+HEADER = bytes.fromhex("504d5149" "0100" "0800" "6400000000000000")
+
+
+RELATIVE_ENTRIES = [(offset - BASE, position) for offset, position in ENTRIES]
+
+
+def index_file(tmp_path, entries, base=BASE, header=None):
+    """Write an `.index` file holding `header` (the valid one by default) and `entries`
+    (relative offset, position)."""
+    path = tmp_path / f"{base:020d}.index"
+    header = OffsetIndex.header(base) if header is None else header
+    path.write_bytes(header + b"".join(struct.pack("<ii", *entry) for entry in entries))
+    return path
 
 
 @pytest.fixture
@@ -56,11 +73,19 @@ def test_append_asserts_relative_offset_fits_int32(index):
         index.append(BASE + 2**31, 5000)
 
 
+def test_create_writes_the_versioned_header(tmp_path):
+    """A new index file is exactly the 16 known header bytes."""
+    index = OffsetIndex.create(tmp_path / f"{BASE:020d}.index", BASE)
+    index.close()
+    assert index.path.read_bytes() == HEADER
+    assert OffsetIndex.header(BASE) == HEADER
+
+
 def test_entries_reach_the_file_only_when_written(index):
-    """Appends queue entries in memory; write_pending puts them in the file with one write."""
-    assert index.path.stat().st_size == 0
+    """Appends queue entries in memory; write_pending puts them after the header with one write."""
+    assert index.path.read_bytes() == HEADER
     index.write_pending()
-    assert index.path.read_bytes() == b"".join(struct.pack("<ii", o - BASE, p) for o, p in ENTRIES)
+    assert index.path.read_bytes() == HEADER + b"".join(struct.pack("<ii", o - BASE, p) for o, p in ENTRIES)
 
 
 def test_flushed_entries_load_back(index):
@@ -88,12 +113,27 @@ def test_truncate_to_removes_entries_at_and_above(index, offset, remaining, writ
     assert len(OffsetIndex.load(index.path, BASE)) == remaining
 
 
-def test_reset_empties_memory_and_file(index):
-    """reset() is the first step of a rebuild."""
+def test_reset_empties_memory_and_file_but_keeps_the_header(index):
+    """reset() is the first step of a rebuild; the file stays a valid (empty) index."""
     index.write_pending()
     index.reset()
-    assert len(index) == 0 and index.path.stat().st_size == 0
+    assert len(index) == 0 and index.path.read_bytes() == HEADER
     assert index.lookup(130) == (BASE, 0)
+    assert len(OffsetIndex.load(index.path, BASE)) == 0
+
+
+def test_create_over_an_old_file_leaves_only_the_header(tmp_path):
+    """An index re-created at a path that held entries of old data starts empty."""
+    path = index_file(tmp_path, RELATIVE_ENTRIES)
+    OffsetIndex.create(path, BASE).close()
+    assert path.read_bytes() == HEADER
+
+
+def test_parse_reads_the_bytes_of_a_whole_file(tmp_path):
+    """parse() is load() without the file: what a remote segment reader uses."""
+    data = index_file(tmp_path, RELATIVE_ENTRIES).read_bytes()
+    parsed = OffsetIndex.parse(data, tmp_path / "remote.index", BASE)
+    assert parsed.lookup(125) == (120, 2000) and len(parsed) == 3
 
 
 def test_load_rejects_missing_file(tmp_path):
@@ -102,11 +142,54 @@ def test_load_rejects_missing_file(tmp_path):
 
 
 def test_load_rejects_partial_entry(tmp_path):
-    """A torn write leaves a size that is not a multiple of 8."""
-    path = tmp_path / "torn.index"
-    path.write_bytes(struct.pack("<ii", 1, 100) + b"\x01\x02\x03")
+    """A torn write leaves entry bytes that are not a multiple of 8."""
+    path = index_file(tmp_path, [(1, 100)])
+    path.write_bytes(path.read_bytes() + b"\x01\x02\x03")
     with pytest.raises(CorruptIndexError, match="whole number"):
-        OffsetIndex.load(path, 0)
+        OffsetIndex.load(path, BASE)
+
+
+@pytest.mark.parametrize(
+    "header, match",
+    [
+        (b"", "too short"),
+        (HEADER[:15], "too short"),
+        (b"PMQT" + HEADER[4:], "magic"),
+        (HEADER[:4] + struct.pack("<H", 2) + HEADER[6:], "version 2"),
+        (HEADER[:4] + struct.pack("<H", 0) + HEADER[6:], "version 0"),
+        (HEADER[:6] + struct.pack("<H", 12) + HEADER[8:], "entry size"),
+        (HEADER[:8] + struct.pack("<q", BASE + 1), "base offset"),
+    ],
+    ids=["empty", "torn-header", "time-index-magic", "newer-version", "version-0", "entry-size", "other-base"],
+)
+def test_load_rejects_a_bad_header(tmp_path, header, match):
+    """A file that is not a version-1 offset index of this segment is rebuilt, never trusted."""
+    entries = RELATIVE_ENTRIES if len(header) == HEADER_SIZE else []  # a torn header ends the file
+    with pytest.raises(CorruptIndexError, match=match):
+        OffsetIndex.load(index_file(tmp_path, entries, header=header), BASE)
+
+
+def test_load_rejects_a_file_written_before_headers_existed(tmp_path):
+    """An index of the headerless format of earlier data directories is rebuilt by recovery."""
+    path = tmp_path / f"{BASE:020d}.index"
+    path.write_bytes(b"".join(struct.pack("<ii", o - BASE, p) for o, p in ENTRIES[:2]))  # 16 bytes
+    with pytest.raises(CorruptIndexError, match="magic"):
+        OffsetIndex.load(path, BASE)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_any_header_corruption_is_detected(data):
+    """Flipping any bits of any header byte, or cutting the header short, makes load() fail."""
+    good = OffsetIndex.header(BASE) + struct.pack("<ii", 10, 1000)
+    if data.draw(st.booleans(), label="truncate"):
+        corrupt = good[: data.draw(st.integers(0, HEADER_SIZE - 1), label="length")]
+    else:
+        at = data.draw(st.integers(0, HEADER_SIZE - 1), label="byte")
+        flip = data.draw(st.integers(1, 255), label="xor")
+        corrupt = good[:at] + bytes([good[at] ^ flip]) + good[at + 1 :]
+    with pytest.raises(CorruptIndexError):
+        OffsetIndex.parse(corrupt, Path(f"{BASE:020d}.index"), BASE)
 
 
 @pytest.mark.parametrize(
@@ -122,8 +205,7 @@ def test_load_rejects_partial_entry(tmp_path):
 )
 def test_sanity_check_rejects_inconsistent_index(tmp_path, entries, log_size):
     """Garbage index files are caught at load so the segment rebuilds them."""
-    path = tmp_path / "bad.index"
-    path.write_bytes(b"".join(struct.pack("<ii", *entry) for entry in entries))
+    path = index_file(tmp_path, entries, base=0)
     with pytest.raises(CorruptIndexError):
         OffsetIndex.load(path, 0).sanity_check(log_size)
 

@@ -157,7 +157,8 @@ def test_load_rejects_index_entry_that_does_not_match_the_log(segment):
     """An entry pointing at a batch with another base offset means the index is stale."""
     filled(segment)
     segment.flush()
-    segment.offset_index.path.write_bytes((4).to_bytes(4, "little") + SIZE.to_bytes(4, "little"))
+    header = segment.offset_index.header(segment.base_offset)
+    segment.offset_index.path.write_bytes(header + (4).to_bytes(4, "little") + SIZE.to_bytes(4, "little"))
     loaded = reopen(segment)
     with pytest.raises(CorruptIndexError, match="does not match"):
         loaded.load()

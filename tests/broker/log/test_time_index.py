@@ -2,13 +2,27 @@
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from broker.log.index_file import CorruptIndexError
+from broker.log.index_file import HEADER_SIZE, CorruptIndexError
 from broker.log.time_index import NO_TIMESTAMP, TimeIndex
 
 BASE = 50
+# The header pinned byte by byte: magic "PMQT", version 1 (uint16), entry size 12 (uint16), base offset 50 (int64).
+HEADER = bytes.fromhex("504d5154" "0100" "0c00" "3200000000000000")
+
+
+def index_file(tmp_path, entries, base=BASE, header=None):
+    """Write a `.timeindex` file holding `header` (the valid one by default) and `entries`
+    (timestamp, relative offset)."""
+    path = tmp_path / f"{base:020d}.timeindex"
+    header = TimeIndex.header(base) if header is None else header
+    path.write_bytes(header + b"".join(struct.pack("<qi", *entry) for entry in entries))
+    return path
 
 
 @pytest.fixture
@@ -63,9 +77,18 @@ def test_truncate_to_removes_entries_at_and_above(index, offset, remaining):
     assert len(TimeIndex.load(index.path, BASE)) == remaining
 
 
+def test_create_writes_the_versioned_header(tmp_path):
+    """A new time index file is exactly the 16 known header bytes."""
+    index = TimeIndex.create(tmp_path / f"{BASE:020d}.timeindex", BASE)
+    index.close()
+    assert index.path.read_bytes() == HEADER
+    assert TimeIndex.header(BASE) == HEADER
+
+
 def test_flushed_entries_load_back(index):
+    """Entries follow the header: (timestamp int64, relative offset int32), 12 bytes each."""
     index.flush()
-    assert index.path.read_bytes()[:12] == struct.pack("<qi", 100, 5)
+    assert index.path.read_bytes()[:HEADER_SIZE + 12] == HEADER + struct.pack("<qi", 100, 5)
     loaded = TimeIndex.load(index.path, BASE)
     assert loaded.last_entry == (300, 70)
     assert loaded.lookup(250) == 60
@@ -82,14 +105,63 @@ def test_flushed_entries_load_back(index):
     ids=["timestamps-decrease", "timestamps-repeat", "offsets-decrease", "offset-past-log-end"],
 )
 def test_sanity_check_rejects_inconsistent_index(tmp_path, entries, next_offset):
-    path = tmp_path / "bad.timeindex"
-    path.write_bytes(b"".join(struct.pack("<qi", *entry) for entry in entries))
+    path = index_file(tmp_path, entries, base=0)
     with pytest.raises(CorruptIndexError):
         TimeIndex.load(path, 0).sanity_check(next_offset)
 
 
 def test_load_rejects_partial_entry(tmp_path):
-    path = tmp_path / "torn.timeindex"
-    path.write_bytes(struct.pack("<qi", 100, 1)[:7])
+    """A torn write leaves entry bytes that are not a multiple of 12."""
+    path = index_file(tmp_path, [])
+    path.write_bytes(path.read_bytes() + struct.pack("<qi", 100, 1)[:7])
+    with pytest.raises(CorruptIndexError, match="whole number"):
+        TimeIndex.load(path, BASE)
+
+
+def test_reset_keeps_a_valid_header(index):
+    """A rebuild starts from a file that loads as an empty time index."""
+    index.write_pending()
+    index.reset()
+    assert index.path.read_bytes() == HEADER
+    assert TimeIndex.load(index.path, BASE).last_entry == (NO_TIMESTAMP, BASE)
+
+
+@pytest.mark.parametrize(
+    "header, match",
+    [
+        (HEADER[:10], "too short"),
+        (b"PMQI" + HEADER[4:], "magic"),
+        (HEADER[:4] + struct.pack("<H", 2) + HEADER[6:], "version 2"),
+        (HEADER[:6] + struct.pack("<H", 8) + HEADER[8:], "entry size"),
+        (HEADER[:8] + struct.pack("<q", 0), "base offset"),
+    ],
+    ids=["torn-header", "offset-index-magic", "newer-version", "entry-size", "other-base"],
+)
+def test_load_rejects_a_bad_header(tmp_path, header, match):
+    """A file that is not a version-1 time index of this segment is rebuilt, never trusted."""
+    entries = [(100, 5)] if len(header) == HEADER_SIZE else []
+    with pytest.raises(CorruptIndexError, match=match):
+        TimeIndex.load(index_file(tmp_path, entries, header=header), BASE)
+
+
+def test_load_rejects_a_file_written_before_headers_existed(tmp_path):
+    """A headerless time index of an earlier data directory is rebuilt by recovery."""
+    path = tmp_path / f"{BASE:020d}.timeindex"
+    path.write_bytes(struct.pack("<qi", 100, 5) + struct.pack("<qi", 200, 10))
+    with pytest.raises(CorruptIndexError, match="magic"):
+        TimeIndex.load(path, BASE)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_any_header_corruption_is_detected(data):
+    """Flipping any bits of any header byte, or cutting the header short, makes load() fail."""
+    good = TimeIndex.header(BASE) + struct.pack("<qi", 100, 5)
+    if data.draw(st.booleans(), label="truncate"):
+        corrupt = good[: data.draw(st.integers(0, HEADER_SIZE - 1), label="length")]
+    else:
+        at = data.draw(st.integers(0, HEADER_SIZE - 1), label="byte")
+        flip = data.draw(st.integers(1, 255), label="xor")
+        corrupt = good[:at] + bytes([good[at] ^ flip]) + good[at + 1 :]
     with pytest.raises(CorruptIndexError):
-        TimeIndex.load(path, 0)
+        TimeIndex.parse(corrupt, Path(f"{BASE:020d}.timeindex"), BASE)
