@@ -318,11 +318,13 @@ class Segment:
                 raise KafkaStorageError(f"cannot read {self.log_path}: {err}") from err
 
     def _headers(self, position: int, end: int) -> Iterator[tuple[int, record.BatchHeader]]:
-        """Headers of consecutive batches from `position` to `end`, one pread each (no CRC check)."""
+        """Headers of consecutive batches from `position` to `end`, one pread each (no CRC check).
+        Framing is checked as recovery checks a trusted segment (magic and length), so a read that
+        reaches damage recovery recorded gets CorruptMessageError."""
         while position < end:
             header = record.read_header(self._pread(record.HEADER_SIZE, position))
-            if header.size < record.HEADER_SIZE or position + header.size > end:
-                raise CorruptMessageError(f"{self.log_path.name}: bad batch length at byte {position}")
+            if header.magic != record.MAGIC or header.size < record.HEADER_SIZE or position + header.size > end:
+                raise CorruptMessageError(f"{self.log_path.name}: bad batch framing at byte {position}")
             yield position, header
             position += header.size
 
