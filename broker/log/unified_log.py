@@ -499,11 +499,14 @@ class UnifiedLog:
                 return []
             if deletable[-1] is self._local.segments.active:
                 self._local.roll()
-            removed = self._local.remove_oldest(len(deletable))
-            self.log_start_offset = max(self.log_start_offset, self._local.start_offset)
-            # Nothing below the log start needs recovery: the recovery point may skip ahead.
-            self._local.recovery_point = max(self._local.recovery_point, self.log_start_offset)
-            self._epochs.truncate_from_start(self.log_start_offset)
+            try:
+                removed = self._local.remove_oldest(len(deletable))
+            finally:
+                # Also when a rename failed part way: the segments renamed before it left the log.
+                self.log_start_offset = max(self.log_start_offset, self._local.start_offset)
+                # Nothing below the log start needs recovery: the recovery point may skip ahead.
+                self._local.recovery_point = max(self._local.recovery_point, self.log_start_offset)
+                self._epochs.truncate_from_start(self.log_start_offset)
             log.info("%s: retention deleted %d segments, log start offset now %d", self, len(removed), self.log_start_offset)
             return removed
 
