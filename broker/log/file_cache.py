@@ -25,10 +25,11 @@ from broker.errors import KafkaStorageError
 
 
 class _Entry:
-    __slots__ = ("fd", "pins")
+    __slots__ = ("fd", "path", "pins")
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, path: Path) -> None:
         self.fd = fd
+        self.path = path  # the key it is cached under (follows `rename`)
         self.pins = 0
 
 
@@ -58,8 +59,11 @@ class FileCache:
         finally:
             with self._lock:
                 entry.pins -= 1
-                if entry.pins == 0 and self._entries.get(path) is not entry:
-                    os.close(entry.fd)  # forgotten while pinned: the last user closes it
+                if entry.pins == 0:
+                    if self._entries.get(entry.path) is not entry:
+                        os.close(entry.fd)  # forgotten while pinned: the last user closes it
+                    else:
+                        self._evict()  # the cache may have grown past max_open while it was pinned
 
     def dup(self, path: Path) -> int:
         """A new descriptor of `path` owned by the caller (who must close it)."""
@@ -82,6 +86,7 @@ class FileCache:
         with self._lock:
             entry = self._entries.pop(old, None)
             if entry is not None:
+                entry.path = new
                 self._entries[new] = entry
 
     def close(self) -> None:
@@ -108,11 +113,11 @@ class FileCache:
             if entry is not None:  # another thread opened it meanwhile: use theirs
                 os.close(fd)
             else:
-                entry = self._entries[path] = _Entry(fd)
+                entry = self._entries[path] = _Entry(fd, path)
                 self.opened += 1
-                self._evict()
             self._entries.move_to_end(path)
-            entry.pins += 1
+            entry.pins += 1  # before evicting: the entry just opened is in use, never a candidate
+            self._evict()
             return entry
 
     def _evict(self) -> None:
