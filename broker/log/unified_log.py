@@ -146,7 +146,7 @@ class UnifiedLog:
             if topic_id is not None and stored_id is not None and stored_id != topic_id:
                 raise InconsistentTopicIdError(
                     f"{directory} belongs to topic id {stored_id}, not {topic_id}: a stale directory of a deleted topic")
-            cache = cache or FileCache()
+            cache = cache if cache is not None else FileCache()  # an empty cache is falsy (len 0)
             epochs = LeaderEpochCache.load(directory / LEADER_EPOCH_FILE)
             loaded = LogLoader(directory, config, cache, recovery_point, _epoch_replayer(epochs)).load(log_start_offset)
             local = LocalLog(directory, config, loaded.segments, loaded.recovery_point, cache)
