@@ -862,7 +862,7 @@ def is_wire_code(code: int) -> bool:
 
 def stored_metadata_keys(log_dir: Path, topic: str) -> list[str]:
     with open(log_dir / "__cluster_metadata.json") as f:
-        return sorted(k for k in json.load(f) if k in (f"topics/{topic}",) or k.startswith(f"partitions/{topic}/"))
+        return sorted(k for k in json.load(f)["keys"] if k in (f"topics/{topic}",) or k.startswith(f"partitions/{topic}/"))
 
 
 def assert_topic_consistent(server, client, name: str) -> None:

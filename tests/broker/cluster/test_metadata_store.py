@@ -1,20 +1,38 @@
 """MetadataStore conformance suite (every implementation mixes in `MetadataStoreContract`) and the
-local store's own durability: re-opening its file, and crashes in the middle of a write."""
+local store's own durability: re-opening its file, crashes in the middle of a write, one write
+per transaction, leases dropped on load, and its bounded watch history."""
 from __future__ import annotations
 
 import asyncio
 import copy
 import json
+import math
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from broker.cluster.metadata_store import LocalMetadataStore, MetadataStore, VersionConflictError, Versioned
+from broker.cluster.metadata_store import (
+    CompactedRevisionError,
+    Compare,
+    Delete,
+    Get,
+    LeaseNotFoundError,
+    LocalMetadataStore,
+    MetadataStore,
+    Put,
+    VersionConflictError,
+    Versioned,
+    Watch,
+    WatchEvent,
+)
+from broker.errors import InvalidRequestError
 
 Scenario = Callable[[MetadataStore], Awaitable[None]]
 OpenStore = Callable[[], Awaitable[MetadataStore]]
+Advance = Callable[[float], Awaitable[None]]
 TIMEOUT_S = 10
 
 
@@ -31,9 +49,28 @@ def run_with(open_store: OpenStore, scenario: Scenario) -> None:
     asyncio.run(asyncio.wait_for(main(), TIMEOUT_S))
 
 
+async def vv(store: MetadataStore, key: str) -> tuple[dict[str, Any], int] | None:
+    """(value, version) of `key`, or None when absent: what most tests compare."""
+    found = await store.get(key)
+    return None if found is None else (found.value, found.version)
+
+
+async def take(watch: Watch, n: int) -> list[WatchEvent]:
+    """The next `n` events of `watch` (the suite's timeout bounds the wait)."""
+    return [await anext(watch) for _ in range(n)]
+
+
+def changes(events: list[WatchEvent]) -> list[tuple[str, str, Any]]:
+    return [(e.type, e.key, e.value) for e in events]
+
+
 class MetadataStoreContract:
-    """The contract every MetadataStore passes. A subclass provides the `open_store` fixture: an async
-    callable returning a store that starts empty for each test (the same data on every call within one test)."""
+    """The contract every MetadataStore passes. A subclass provides two fixtures: `open_store`, an
+    async callable returning a store that starts empty for each test (the same data on every call
+    within one test), and `advance`, an async callable that lets that many seconds pass for the
+    store's leases."""
+
+    # -- single keys ---------------------------------------------------------------------------
 
     def test_get_missing_key_returns_none(self, open_store):
         """A key never written reads as None."""
@@ -48,9 +85,9 @@ class MetadataStoreContract:
 
         async def scenario(store: MetadataStore) -> None:
             assert await store.put("topics/a", {"n": 1}) == 1
-            assert await store.get("topics/a") == Versioned({"n": 1}, 1)
+            assert await vv(store, "topics/a") == ({"n": 1}, 1)
             assert await store.put("topics/a", {"n": 2}) == 2
-            assert await store.get("topics/a") == Versioned({"n": 2}, 2)
+            assert await vv(store, "topics/a") == ({"n": 2}, 2)
             assert await store.put("topics/b", {"n": 9}) == 1  # versions are per key
 
         run_with(open_store, scenario)
@@ -62,7 +99,7 @@ class MetadataStoreContract:
             assert await store.put("topics/a", {"first": True}, expected_version=0) == 1
             with pytest.raises(VersionConflictError):
                 await store.put("topics/a", {"second": True}, expected_version=0)
-            assert await store.get("topics/a") == Versioned({"first": True}, 1)
+            assert await vv(store, "topics/a") == ({"first": True}, 1)
 
         run_with(open_store, scenario)
 
@@ -75,7 +112,7 @@ class MetadataStoreContract:
             await store.put("topics/a", {"v": 2})
             with pytest.raises(VersionConflictError):
                 await store.put("topics/a", {"v": "lost"}, expected_version=expected_version)
-            assert await store.get("topics/a") == Versioned({"v": 2}, 2)
+            assert await vv(store, "topics/a") == ({"v": 2}, 2)
             assert await store.put("topics/a", {"v": 3}, expected_version=2) == 3
 
         run_with(open_store, scenario)
@@ -101,7 +138,7 @@ class MetadataStoreContract:
             winners = [i for i, o in enumerate(outcomes) if o == 2]
             assert len(winners) == 1
             assert all(isinstance(o, VersionConflictError) for i, o in enumerate(outcomes) if i not in winners)
-            assert await store.get("topics/a") == Versioned({"writer": winners[0]}, 2)
+            assert await vv(store, "topics/a") == ({"writer": winners[0]}, 2)
 
         run_with(open_store, scenario)
 
@@ -126,7 +163,7 @@ class MetadataStoreContract:
             for wrong in (0, 1, 3):
                 with pytest.raises(VersionConflictError):
                     await store.delete("topics/a", expected_version=wrong)
-            assert await store.get("topics/a") == Versioned({"v": 2}, 2)
+            assert await vv(store, "topics/a") == ({"v": 2}, 2)
             assert await store.delete("topics/a", expected_version=2) is True
             assert await store.get("topics/a") is None
 
@@ -164,10 +201,9 @@ class MetadataStoreContract:
             await store.put("partitions/a/0", {"leader": 0})
             await store.put("partitions/a/1", {"leader": 0})
             await store.put("partitions/ab/0", {"leader": 0})
-            assert await store.list("topics/") == {
-                "topics/a": Versioned({"n": "a"}, 1),
-                "topics/b": Versioned({"n": "b2"}, 2),
-            }
+            listed = await store.list("topics/")
+            assert {k: (v.value, v.version) for k, v in listed.items()} == {
+                "topics/a": ({"n": "a"}, 1), "topics/b": ({"n": "b2"}, 2)}
             assert set(await store.list("partitions/a/")) == {"partitions/a/0", "partitions/a/1"}
             assert set(await store.list("")) == {"topics/a", "topics/b", "topicsx", "partitions/a/0",
                                                  "partitions/a/1", "partitions/ab/0"}
@@ -203,19 +239,402 @@ class MetadataStoreContract:
         run_with(open_store, scenario)
 
     def test_values_read_back_are_copies(self, open_store):
-        """Mutating a value returned by get or list does not change what the store holds."""
+        """Mutating a value returned by get, list, a txn or a watch does not change what the store holds."""
 
         async def scenario(store: MetadataStore) -> None:
             original = {"replicas": [0, 1], "configs": {"retention.ms": 1}}
+            watch = store.watch("topics/")
             await store.put("topics/a", copy.deepcopy(original))
             got = await store.get("topics/a")
             got.value["replicas"].append(2)
             got.value["added"] = True
             listed = (await store.list("topics/"))["topics/a"]
             listed.value["configs"]["retention.ms"] = 99
+            (event,) = await take(watch, 1)
+            event.value["replicas"].clear()
+            read = await store.txn([], [Get("topics/a")])
+            read.responses[0]["topics/a"].value["configs"].clear()
             assert (await store.get("topics/a")).value == original
 
         run_with(open_store, scenario)
+
+    # -- revisions -----------------------------------------------------------------------------
+
+    def test_revision_grows_by_one_per_committed_change_only(self, open_store):
+        """Writes bump the store revision by one (a multi-key txn too); reads, failed compares and
+        deletes of absent keys leave it; keys record the revisions that created and changed them."""
+
+        async def scenario(store: MetadataStore) -> None:
+            start = await store.revision()
+            await store.put("topics/a", {"n": 1})
+            assert await store.revision() == start + 1
+            result = await store.txn([], [Put("topics/a", {"n": 2}), Put("topics/b", {}), Put("topics/c", {})])
+            assert result.revision == start + 2 == await store.revision()
+            a = await store.get("topics/a")
+            assert (a.create_revision, a.mod_revision, a.version) == (start + 1, start + 2, 2)
+            assert {(v.create_revision, v.mod_revision) for k, v in (await store.list("topics/")).items()
+                    if k != "topics/a"} == {(start + 2, start + 2)}
+            await store.get("topics/a")
+            await store.txn([Compare.version("topics/a", "==", 7)], [Put("topics/a", {"lost": 1})])
+            await store.delete("topics/never")
+            assert await store.revision() == start + 2
+            await store.delete("topics/c")
+            assert await store.revision() == start + 3
+
+        run_with(open_store, scenario)
+
+    # -- transactions --------------------------------------------------------------------------
+
+    def test_txn_success_runs_every_op_in_order_at_one_revision(self, open_store):
+        """All compares hold: the success ops run in order (a get sees an earlier put of the same
+        txn), responses come in op order, and every write carries the txn's one revision."""
+
+        async def scenario(store: MetadataStore) -> None:
+            await store.put("topics/a", {"n": 1})
+            await store.put("partitions/a/0", {"leader": 0})
+            await store.put("partitions/a/1", {"leader": 0})
+            result = await store.txn(
+                [Compare.version("topics/a", "==", 1), Compare.version("topics/b", "==", 0),
+                 Compare.value("topics/a", "==", {"n": 1})],
+                [Put("topics/b", {"n": 2}), Get("topics/b"), Delete("partitions/a/", prefix=True), Get("topics/", prefix=True)],
+                [Get("topics/a")],
+            )
+            assert result.succeeded
+            put, got, deleted, listed = result.responses
+            assert (put.value, put.version, put.mod_revision) == ({"n": 2}, 1, result.revision)
+            assert got["topics/b"].value == {"n": 2}
+            assert deleted == 2
+            assert set(listed) == {"topics/a", "topics/b"}
+            assert await store.list("partitions/") == {}
+
+        run_with(open_store, scenario)
+
+    def test_txn_failed_compare_writes_nothing_and_runs_the_failure_ops(self, open_store):
+        """One false compare among true ones: none of the success writes happen, the failure ops
+        run and answer, and the revision stays."""
+
+        async def scenario(store: MetadataStore) -> None:
+            await store.put("topics/a", {"n": 1})
+            await store.put("topics/z", {"n": 26})
+            before = await store.revision()
+            result = await store.txn(
+                [Compare.version("topics/a", "==", 1), Compare.version("topics/b", "==", 3)],
+                [Put("topics/a", {"n": 2}), Put("topics/b", {}), Delete("topics/z")],
+                [Get("topics/a"), Get("topics/b")],
+            )
+            assert not result.succeeded
+            assert result.responses[0]["topics/a"].value == {"n": 1} and result.responses[1] == {}
+            assert result.revision == before == await store.revision()
+            assert await vv(store, "topics/a") == ({"n": 1}, 1) and await store.get("topics/b") is None
+            assert await vv(store, "topics/z") == ({"n": 26}, 1)
+
+        run_with(open_store, scenario)
+
+    COMPARES = [
+        ("version-absent-is-0", Compare.version("k/absent", "==", 0), True),
+        ("version-equal", Compare.version("k/two", "==", 2), True),
+        ("version-greater", Compare.version("k/two", ">", 1), True),
+        ("version-less-false", Compare.version("k/two", "<", 2), False),
+        ("version-not-equal", Compare.version("k/two", "!=", 1), True),
+        ("value-equal", Compare.value("k/two", "==", {"n": 2}), True),
+        ("value-not-equal", Compare.value("k/two", "!=", {"n": 1}), True),
+        ("value-of-absent-never-holds", Compare.value("k/absent", "!=", {"n": 1}), False),
+        ("mod-revision-absent-is-0", Compare.mod_revision("k/absent", "==", 0), True),
+        ("create-before-mod", Compare.create_revision("k/two", "<", 10**9), True),
+    ]
+
+    @pytest.mark.parametrize("compare, holds", [c[1:] for c in COMPARES], ids=[c[0] for c in COMPARES])
+    def test_compare_targets_and_operators(self, open_store, compare, holds):
+        """Each compare target and operator, on present and absent keys (absent: version and revisions 0,
+        a value compare fails)."""
+
+        async def scenario(store: MetadataStore) -> None:
+            await store.put("k/two", {"n": 1})
+            await store.put("k/two", {"n": 2})
+            assert (await store.txn([compare], [Get("k/two")], [])).succeeded is holds
+
+        run_with(open_store, scenario)
+
+    def test_mod_revision_compare_guards_a_read_modify_write(self, open_store):
+        """A txn conditioned on the mod_revision read earlier fails once someone else wrote the key."""
+
+        async def scenario(store: MetadataStore) -> None:
+            await store.put("brokers/0", {"epoch": 1})
+            seen = (await store.get("brokers/0")).mod_revision
+            await store.put("brokers/0", {"epoch": 2})
+            stale = await store.txn([Compare.mod_revision("brokers/0", "==", seen)], [Put("brokers/0", {"epoch": 3})])
+            assert not stale.succeeded and (await store.get("brokers/0")).value == {"epoch": 2}
+
+        run_with(open_store, scenario)
+
+    BAD_TXNS = [
+        ("same-key-twice", [Put("k/a", {}), Put("k/a", {"again": 1})]),
+        ("put-inside-deleted-prefix", [Put("k/a/1", {}), Delete("k/a/", prefix=True)]),
+        ("put-then-delete-same-key", [Put("k/b", {}), Delete("k/b")]),
+        ("not-an-op", [Put("k/a", {}), "delete k/a"]),
+    ]
+
+    @pytest.mark.parametrize("ops", [b[1] for b in BAD_TXNS], ids=[b[0] for b in BAD_TXNS])
+    def test_txn_writing_a_key_twice_is_refused_whole(self, open_store, ops):
+        """A txn that writes one key twice (or is not made of ops) raises InvalidRequestError and writes nothing."""
+
+        async def scenario(store: MetadataStore) -> None:
+            before = await store.revision()
+            with pytest.raises(InvalidRequestError):
+                await store.txn([], ops)
+            assert await store.list("") == {} and await store.revision() == before
+
+        run_with(open_store, scenario)
+
+    def test_txn_put_under_a_missing_lease_writes_nothing(self, open_store):
+        """A put naming a lease that does not exist fails the whole txn with LeaseNotFoundError."""
+
+        async def scenario(store: MetadataStore) -> None:
+            with pytest.raises(LeaseNotFoundError):
+                await store.txn([], [Put("brokers/0", {}), Put("brokers/1", {}, lease=12345)])
+            assert await store.list("") == {}
+
+        run_with(open_store, scenario)
+
+    def test_concurrent_txns_on_one_key_have_one_winner_per_version(self, open_store):
+        """Eight writers each increment one counter five times by compare-and-set on its version,
+        all at once: every version from 2 to 41 is won by exactly one txn, and a watch sees each once."""
+        writers, rounds = 8, 5
+
+        async def scenario(store: MetadataStore) -> None:
+            await store.put("counters/c", {"n": 0, "by": None})
+            watch = store.watch("counters/")
+            won: dict[int, int] = {}
+
+            async def writer(number: int) -> None:
+                for _ in range(rounds):
+                    while True:
+                        current = await store.get("counters/c")
+                        result = await store.txn(
+                            [Compare.version("counters/c", "==", current.version)],
+                            [Put("counters/c", {"n": current.value["n"] + 1, "by": number})],
+                        )
+                        if result.succeeded:
+                            version = result.responses[0].version
+                            assert version not in won, f"version {version} won twice"
+                            won[version] = number
+                            break
+
+            await asyncio.gather(*(writer(i) for i in range(writers)))
+            assert sorted(won) == list(range(2, writers * rounds + 2))
+            assert await vv(store, "counters/c") == ({"n": writers * rounds, "by": won[writers * rounds + 1]},
+                                                      writers * rounds + 1)
+            events = await take(watch, writers * rounds)
+            assert [(e.version, e.value["by"]) for e in events] == sorted(won.items())
+            watch.cancel()
+
+        run_with(open_store, scenario)
+
+    # -- watches -------------------------------------------------------------------------------
+
+    def test_watch_yields_each_change_under_its_prefix_in_revision_order(self, open_store):
+        """Puts, deletes and multi-key txns under the prefix arrive once each, in commit order, with
+        their values, versions and revisions; changes elsewhere do not."""
+
+        async def scenario(store: MetadataStore) -> None:
+            await store.put("topics/old", {"before": "the watch"})
+            watch = store.watch("topics/")
+            await store.put("topics/a", {"n": 1})
+            await store.put("brokers/0", {"host": "x"})
+            multi = await store.txn([], [Put("topics/a", {"n": 2}), Put("topics/b", {}), Delete("topics/old")])
+            await store.delete("topics/b")
+            events = await take(watch, 5)
+            assert changes(events) == [("put", "topics/a", {"n": 1}), ("put", "topics/a", {"n": 2}),
+                                       ("put", "topics/b", {}), ("delete", "topics/old", None),
+                                       ("delete", "topics/b", None)]
+            assert [e.version for e in events] == [1, 2, 1, 0, 0]
+            assert [e.revision for e in events[1:4]] == [multi.revision] * 3
+            assert events[0].revision < multi.revision < events[4].revision
+            watch.cancel()
+
+        run_with(open_store, scenario)
+
+    def test_watch_from_a_revision_replays_then_follows(self, open_store):
+        """watch(start_revision=r) first yields the changes from r on (r included), then live ones."""
+
+        async def scenario(store: MetadataStore) -> None:
+            await store.put("topics/a", {"n": 1})
+            second = (await store.txn([], [Put("topics/a", {"n": 2})])).revision
+            await store.put("topics/b", {"n": 3})
+            watch = store.watch("topics/", start_revision=second)
+            assert changes(await take(watch, 2)) == [("put", "topics/a", {"n": 2}), ("put", "topics/b", {"n": 3})]
+            await store.put("topics/c", {"n": 4})
+            assert changes(await take(watch, 1)) == [("put", "topics/c", {"n": 4})]
+            watch.cancel()
+
+        run_with(open_store, scenario)
+
+    def test_watch_resumed_after_the_last_seen_revision_misses_nothing(self, open_store):
+        """A watcher cancelled mid-stream and resumed from (last revision seen + 1) gets exactly the
+        rest, including what was written while it was away."""
+
+        async def scenario(store: MetadataStore) -> None:
+            watch = store.watch("k/")
+            for i in range(3):
+                await store.put(f"k/{i}", {"i": i})
+            seen = await take(watch, 2)
+            watch.cancel()
+            await store.put("k/3", {"i": 3})
+            resumed = store.watch("k/", start_revision=seen[-1].revision + 1)
+            assert [e.key for e in await take(resumed, 2)] == ["k/2", "k/3"]
+            resumed.cancel()
+
+        run_with(open_store, scenario)
+
+    def test_cancel_ends_a_waiting_watch(self, open_store):
+        """cancel() makes an iteration that waits for the next change finish without an event."""
+
+        async def scenario(store: MetadataStore) -> None:
+            watch = store.watch("k/")
+            received: list[WatchEvent] = []
+
+            async def consume() -> None:
+                async for event in watch:
+                    received.append(event)
+
+            consumer = asyncio.create_task(consume())
+            await store.put("k/a", {})
+            while not received:
+                await asyncio.sleep(0.01)
+            watch.cancel()
+            await consumer
+            assert changes(received) == [("put", "k/a", {})]
+
+        run_with(open_store, scenario)
+
+    @pytest.mark.parametrize("start", [0, -1], ids=["zero", "negative"])
+    def test_watch_from_a_revision_below_one_is_refused(self, open_store, start):
+        """Revisions start at 1: asking to watch from below is an InvalidRequestError."""
+
+        async def scenario(store: MetadataStore) -> None:
+            with pytest.raises(InvalidRequestError):
+                store.watch("k/", start_revision=start)
+
+        run_with(open_store, scenario)
+
+    # -- leases --------------------------------------------------------------------------------
+
+    def test_lease_expiry_deletes_its_keys_as_one_revision(self, open_store, advance):
+        """A lease not kept alive past its TTL: its keys go in one revision (seen as delete events),
+        other keys stay, and the lease can neither be kept alive nor used again."""
+
+        async def scenario(store: MetadataStore) -> None:
+            lease = await store.grant_lease(10)
+            watch = store.watch("brokers/")
+            await store.txn([], [Put("brokers/0", {"host": "a"}, lease=lease), Put("brokers/1", {"host": "b"}, lease=lease),
+                                 Put("brokers/config", {})])
+            assert (await store.get("brokers/0")).lease == lease
+            await take(watch, 3)
+            await advance(11)
+            deleted = await take(watch, 2)
+            assert sorted(changes(deleted)) == [("delete", "brokers/0", None), ("delete", "brokers/1", None)]
+            assert deleted[0].revision == deleted[1].revision == await store.revision()
+            assert set(await store.list("brokers/")) == {"brokers/config"}
+            with pytest.raises(LeaseNotFoundError):
+                await store.keep_alive(lease)
+            with pytest.raises(LeaseNotFoundError):
+                await store.put("brokers/0", {}, lease=lease)
+            watch.cancel()
+
+        run_with(open_store, scenario)
+
+    def test_keep_alive_restarts_the_ttl(self, open_store, advance):
+        """Kept alive at 6 s of a 10 s TTL, the lease and its key are still there at 12 s, and expire after 16 s."""
+
+        async def scenario(store: MetadataStore) -> None:
+            lease = await store.grant_lease(10)
+            await store.put("brokers/0", {}, lease=lease)
+            watch = store.watch("brokers/")
+            await advance(6)
+            assert await store.keep_alive(lease) == 10
+            await advance(6)
+            assert await store.keep_alive(lease) == 10  # alive at 12 s: the first deadline passed harmlessly
+            assert await store.get("brokers/0") is not None
+            await advance(11)
+            assert changes(await take(watch, 1)) == [("delete", "brokers/0", None)]
+            watch.cancel()
+
+        run_with(open_store, scenario)
+
+    def test_revoke_deletes_the_keys_as_one_revision_and_ends_the_lease(self, open_store):
+        """revoke_lease removes every key of the lease at one revision; the lease is gone afterwards."""
+
+        async def scenario(store: MetadataStore) -> None:
+            lease = await store.grant_lease(60)
+            other = await store.grant_lease(60)
+            await store.put("brokers/0", {}, lease=lease)
+            await store.put("controller", {"broker": 0}, lease=lease)
+            await store.put("brokers/1", {}, lease=other)
+            watch = store.watch("")
+            await store.revoke_lease(lease)
+            deleted = await take(watch, 2)
+            assert sorted(e.key for e in deleted) == ["brokers/0", "controller"]
+            assert {e.type for e in deleted} == {"delete"} and deleted[0].revision == deleted[1].revision
+            assert set(await store.list("")) == {"brokers/1"}
+            for call in (store.revoke_lease(lease), store.keep_alive(lease)):
+                with pytest.raises(LeaseNotFoundError):
+                    await call
+            watch.cancel()
+
+        run_with(open_store, scenario)
+
+    def test_a_put_without_lease_detaches_the_key(self, open_store):
+        """Rewriting a leased key without a lease takes it out of the lease: revoking leaves it."""
+
+        async def scenario(store: MetadataStore) -> None:
+            lease = await store.grant_lease(60)
+            await store.put("brokers/0", {"v": 1}, lease=lease)
+            await store.put("brokers/0", {"v": 2})
+            assert (await store.get("brokers/0")).lease == 0
+            await store.revoke_lease(lease)
+            assert await vv(store, "brokers/0") == ({"v": 2}, 2)
+
+        run_with(open_store, scenario)
+
+    @pytest.mark.parametrize("ttl_s", [0, -5, math.nan, math.inf], ids=["zero", "negative", "nan", "inf"])
+    def test_grant_lease_refuses_a_ttl_that_is_not_a_positive_number(self, open_store, ttl_s):
+        """A lease TTL must be a finite positive number of seconds (InvalidRequestError)."""
+
+        async def scenario(store: MetadataStore) -> None:
+            with pytest.raises(InvalidRequestError):
+                await store.grant_lease(ttl_s)
+
+        run_with(open_store, scenario)
+
+
+class ManualClock:
+    """A Clock that moves only when told: `advance` fires the timers that fall due, in order."""
+
+    class _Timer:
+        def __init__(self, due: float, callback: Callable[[], None]) -> None:
+            self.due, self.callback, self.cancelled = due, callback, False
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self._timers: list[ManualClock._Timer] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def call_later(self, delay_s: float, callback: Callable[[], None]) -> "ManualClock._Timer":
+        timer = self._Timer(self.now + max(delay_s, 0.0), callback)
+        self._timers.append(timer)
+        return timer
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        due = sorted((t for t in self._timers if t.due <= self.now and not t.cancelled), key=lambda t: t.due)
+        self._timers = [t for t in self._timers if t not in due and not t.cancelled]
+        for timer in due:
+            timer.callback()
 
 
 class TestLocalMetadataStore(MetadataStoreContract):
@@ -226,17 +645,27 @@ class TestLocalMetadataStore(MetadataStoreContract):
         return tmp_path / "meta" / "__cluster_metadata.json"
 
     @pytest.fixture
-    def open_store(self, path: Path) -> OpenStore:
+    def clock(self) -> ManualClock:
+        return ManualClock()
+
+    @pytest.fixture
+    def open_store(self, path: Path, clock: ManualClock) -> OpenStore:
         async def open_() -> MetadataStore:
-            return LocalMetadataStore(path)
+            return LocalMetadataStore(path, clock=clock)
 
         return open_
 
-    def test_values_read_back_are_copies(self, open_store):
-        super().test_values_read_back_are_copies(open_store)
+    @pytest.fixture
+    def advance(self, clock: ManualClock) -> Advance:
+        async def advance_(seconds: float) -> None:
+            clock.advance(seconds)
+
+        return advance_
 
     def test_data_survives_reopening_the_file(self, open_store, path):
-        """Values, versions and deletions written by one store are what a new store on the same file reads."""
+        """Values, versions, revisions and deletions written by one store are what a new store on the
+        same file reads, and the revision carries on from there."""
+        revisions: list[int] = []
 
         async def write(store: MetadataStore) -> None:
             await store.put("topics/a", {"n": 1})
@@ -244,15 +673,49 @@ class TestLocalMetadataStore(MetadataStoreContract):
             await store.put("topics/b", {"n": 3})
             await store.put("topics/c", {"n": 4})
             await store.delete("topics/c")
+            revisions.append(await store.revision())
 
         async def check(store: MetadataStore) -> None:
-            assert await store.list("") == {"topics/a": Versioned({"n": 2}, 2), "topics/b": Versioned({"n": 3}, 1)}
+            assert await store.revision() == revisions[0] == 5
+            assert await store.list("") == {"topics/a": Versioned({"n": 2}, 2, 1, 2), "topics/b": Versioned({"n": 3}, 1, 3, 3)}
             assert await store.put("topics/a", {"n": 5}, expected_version=2) == 3  # versions carry on
+            assert (await store.get("topics/a")).mod_revision == 6
 
         run_with(open_store, write)
         assert path.is_file()
         run_with(open_store, check)
-        run_with(open_store, lambda store: _expect(store, "topics/a", Versioned({"n": 5}, 3)))
+        run_with(open_store, lambda store: _expect(store, "topics/a", ({"n": 5}, 3)))
+
+    def test_keys_of_leases_are_dropped_on_load_as_one_revision(self, open_store, path):
+        """Leases die with the process: reopening deletes every key a lease owned (one revision),
+        keeps the others, and the next write persists that."""
+
+        async def write(store: MetadataStore) -> None:
+            lease = await store.grant_lease(3600)
+            await store.put("brokers/0", {}, lease=lease)
+            await store.put("controller", {"broker": 0}, lease=lease)
+            await store.put("topics/a", {"n": 1})
+
+        async def check(store: MetadataStore) -> None:
+            assert set(await store.list("")) == {"topics/a"}
+            assert await store.revision() == 4
+            await store.put("topics/b", {})
+
+        run_with(open_store, write)
+        run_with(open_store, check)
+        assert set(json.loads(path.read_text())["keys"]) == {"topics/a", "topics/b"}
+
+    def test_reads_the_first_file_format(self, open_store, path):
+        """A file written before revisions existed (key -> value and version) loads, at revision 1."""
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({"topics/a": {"value": {"n": 1}, "version": 3}}))
+
+        async def check(store: MetadataStore) -> None:
+            assert await store.get("topics/a") == Versioned({"n": 1}, 3, 1, 1)
+            assert await store.put("topics/a", {"n": 2}, expected_version=3) == 4
+            assert await store.revision() == 2
+
+        run_with(open_store, check)
 
     def test_stray_temp_file_from_a_crash_mid_write_is_ignored(self, open_store, path):
         """A torn `.tmp` left by a crash before the rename: reopening reads the old file, and writing goes on."""
@@ -262,20 +725,21 @@ class TestLocalMetadataStore(MetadataStoreContract):
 
         run_with(open_store, write)
         before = path.read_bytes()
-        path.with_suffix(".tmp").write_text('{"topics/a": {"value": {"n": 2}, "vers')  # torn new map
+        path.with_suffix(".tmp").write_text('{"format": 2, "revision": 2, "keys": {"topics/a": {"value": {"n": 2}, "vers')
         assert path.read_bytes() == before
 
         async def after_crash(store: MetadataStore) -> None:
-            assert await store.get("topics/a") == Versioned({"n": 1}, 1)
+            assert await vv(store, "topics/a") == ({"n": 1}, 1)
             assert await store.put("topics/a", {"n": 3}, expected_version=1) == 2
 
         run_with(open_store, after_crash)
-        assert json.loads(path.read_text()) == {"topics/a": {"value": {"n": 3}, "version": 2}}
+        stored = json.loads(path.read_text())
+        assert stored["revision"] == 2 and stored["keys"]["topics/a"]["value"] == {"n": 3}
         assert not path.with_suffix(".tmp").exists()
 
     def test_failed_write_leaves_old_state_in_memory_and_on_disk(self, open_store, path, monkeypatch):
-        """If the rename of a write fails (a crash stand-in), put raises and both the store and its file keep
-        the old value; the next write succeeds."""
+        """If the rename of a write fails (a crash stand-in), the txn raises and the store, its file, its
+        revision and its watchers keep the old state; the next write succeeds."""
 
         async def seed(store: MetadataStore) -> None:
             await store.put("topics/a", {"n": 1})
@@ -287,31 +751,106 @@ class TestLocalMetadataStore(MetadataStoreContract):
             raise OSError(28, "No space left on device (injected)")
 
         async def crash(store: MetadataStore) -> None:
+            watch = store.watch("")
             monkeypatch.setattr(os, "replace", failing_replace)
             try:
                 with pytest.raises(OSError):
                     await store.put("topics/a", {"n": 2})
                 with pytest.raises(OSError):
                     await store.delete("topics/a")
+                with pytest.raises(OSError):
+                    await store.txn([], [Put("topics/b", {}), Put("partitions/b/0", {})])
             finally:
                 monkeypatch.setattr(os, "replace", real_replace)
-            assert await store.get("topics/a") == Versioned({"n": 1}, 1)
+            assert await vv(store, "topics/a") == ({"n": 1}, 1) and await store.revision() == 1
+            assert set(await store.list("")) == {"topics/a"}
             assert await store.put("topics/a", {"n": 3}) == 2
+            assert changes(await take(watch, 1)) == [("put", "topics/a", {"n": 3})]  # no event of the failed writes
+            watch.cancel()
 
         run_with(open_store, crash)
-        assert json.loads(path.read_text()) == {"topics/a": {"value": {"n": 3}, "version": 2}}
+        assert json.loads(path.read_text())["keys"]["topics/a"]["value"] == {"n": 3}
+
+    def test_a_transaction_is_one_durable_write_however_many_keys(self, open_store, path, monkeypatch):
+        """A 2,001-key txn writes the file once: one rename, fsyncs of the file and its directory only."""
+        calls: list[str] = []
+        real_replace, real_fsync = os.replace, os.fsync
+        monkeypatch.setattr(os, "replace", lambda *a, **k: (calls.append("replace"), real_replace(*a, **k))[1])
+        monkeypatch.setattr(os, "fsync", lambda fd: (calls.append("fsync"), real_fsync(fd))[1])
+
+        async def scenario(store: MetadataStore) -> None:
+            ops = [Put("topics/big", {"partitions": 2000})] + [Put(f"partitions/big/{p}", {"leader": 0}) for p in range(2000)]
+            await store.txn([Compare.version("topics/big", "==", 0)], ops)
+
+        run_with(open_store, scenario)
+        assert calls == ["fsync", "replace", "fsync"]
+        assert len(json.loads(path.read_text())["keys"]) == 2001
 
     def test_new_store_on_a_missing_file_is_empty_and_creates_its_directory(self, open_store, path):
         """No file yet: the store starts empty; the first write creates the parent directory and the file."""
         assert not path.parent.exists()
 
         async def scenario(store: MetadataStore) -> None:
-            assert await store.list("") == {}
+            assert await store.list("") == {} and await store.revision() == 0
             await store.put("brokers/0", {"host": "127.0.0.1"})
 
         run_with(open_store, scenario)
         assert path.is_file()
 
+    def test_watch_from_before_a_reopen_is_compacted(self, open_store):
+        """The history starts empty on load: watching from an older revision raises
+        CompactedRevisionError naming the compacted revision; from the next one works."""
 
-async def _expect(store: MetadataStore, key: str, expected: Versioned) -> None:
-    assert await store.get(key) == expected
+        async def write(store: MetadataStore) -> None:
+            await store.put("topics/a", {})
+            await store.put("topics/b", {})
+
+        async def check(store: MetadataStore) -> None:
+            with pytest.raises(CompactedRevisionError) as raised:
+                await anext(store.watch("topics/", start_revision=1))
+            assert raised.value.compacted_revision == 2
+            watch = store.watch("topics/", start_revision=3)
+            await store.put("topics/c", {})
+            assert changes(await take(watch, 1)) == [("put", "topics/c", {})]
+
+        run_with(open_store, write)
+        run_with(open_store, check)
+
+    def test_a_watcher_left_behind_by_the_bounded_history_gets_compacted(self, path, clock):
+        """With room for 3 events, a watcher that has not read 4 revisions gets CompactedRevisionError
+        instead of silently skipping; the newest revision is kept whole even when larger."""
+
+        async def scenario() -> None:
+            store = LocalMetadataStore(path, clock=clock, history_max_events=3)
+            try:
+                slow = store.watch("k/")
+                for i in range(4):
+                    await store.put(f"k/{i}", {})
+                with pytest.raises(CompactedRevisionError):
+                    await anext(slow)
+                big = store.watch("k/")
+                await store.txn([], [Put(f"k/big/{i}", {}) for i in range(5)])
+                assert len(await take(big, 5)) == 5
+            finally:
+                await store.close()
+
+        asyncio.run(asyncio.wait_for(scenario(), TIMEOUT_S))
+
+    def test_close_ends_watches_and_leases(self, open_store):
+        """Closing the store finishes every pending watch iteration and forgets its leases."""
+
+        async def scenario(store: MetadataStore) -> None:
+            watch = store.watch("")
+            waiting = asyncio.create_task(anext(watch, None))
+            lease = await store.grant_lease(60)
+            await asyncio.sleep(0)
+            await store.close()
+            assert await waiting is None
+            with pytest.raises(LeaseNotFoundError):
+                await store.keep_alive(lease)
+
+        run_with(open_store, scenario)
+
+
+async def _expect(store: MetadataStore, key: str, expected: tuple[dict[str, Any], int]) -> None:
+    assert await vv(store, key) == expected
