@@ -155,7 +155,9 @@ def read_partition_metadata(directory: Path) -> str | None:
         text = (directory / PARTITION_METADATA_FILE).read_text(encoding="ascii")
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError) as err:
+    except UnicodeDecodeError:
+        text = ""  # torn into binary garbage: malformed, below
+    except OSError as err:
         raise KafkaStorageError(f"cannot read {directory / PARTITION_METADATA_FILE}: {err}") from err
     fields = dict(line.split(": ", 1) for line in text.splitlines() if ": " in line)
     if fields.get("version") != "0" or not fields.get("topic_id"):

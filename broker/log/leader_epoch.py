@@ -38,6 +38,9 @@ class LeaderEpochCache:
             lines = path.read_text(encoding="ascii").split("\n")
         except FileNotFoundError:
             return cls(path, [])
+        except UnicodeDecodeError as err:  # torn into binary garbage
+            log.warning("%s is malformed (%s): starting with no epochs", path, err)
+            return cls(path, [])
         except OSError as err:
             raise KafkaStorageError(f"cannot read {path}: {err}") from err
         try:
