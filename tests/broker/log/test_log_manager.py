@@ -1,14 +1,25 @@
-"""LogManager: partition directories, load with orphans, create/get/delete, retention, flush, close."""
+"""LogManager: partition directories, load with orphans, all-or-nothing creation, topic ids and
+`-delete` directories, retention, flush, the directory's offset checkpoints, close."""
 from __future__ import annotations
 
 import logging
 
 import pytest
 
+from broker import record
 from broker.config import LogConfig
-from broker.log import LogManager, TopicLogSpec, UnifiedLog
-from broker.log.log_manager import parse_partition_dir
+from broker.errors import KafkaStorageError, OffsetOutOfRangeError
+from broker.log import LogManager, Segment, TopicLogSpec, UnifiedLog
+from broker.log.checkpoint import PARTITION_METADATA_FILE, read_offsets, read_partition_metadata, write_offsets
+from broker.log.log_manager import (
+    HIGH_WATERMARK_CHECKPOINT,
+    LOG_START_OFFSET_CHECKPOINT,
+    RECOVERY_POINT_CHECKPOINT,
+    parse_partition_dir,
+)
+from broker.log.unified_log import LEADER_EPOCH_FILE
 from tests.broker.log.appends import append
+from tests.broker.log.conftest import TOPIC_ID
 
 SMALL = LogConfig(segment_bytes=4096, max_message_bytes=4096, index_interval_bytes=0, retention_ms=-1)
 
@@ -136,3 +147,210 @@ def test_close_is_a_clean_shutdown(tmp_path, clock, batch):
     assert (reopened.log_start_offset, reopened.log_end_offset, reopened.recovery_point) == (9, 15, 15)
     assert reopened.last_recovery_truncated_bytes == 0
     reloaded.close()
+
+
+# --- creation is all or nothing ----------------------------------------------------------
+
+
+def fail_third_segment_creation(monkeypatch) -> None:
+    real_create, created = Segment.create, []
+
+    def create(directory, base_offset, cache):
+        created.append(directory.name)
+        if len(created) == 3:
+            raise KafkaStorageError(f"cannot create {directory}: [Errno 24] Too many open files")
+        return real_create(directory, base_offset, cache)
+
+    monkeypatch.setattr(Segment, "create", create)
+
+
+def test_create_logs_is_all_or_nothing(tmp_path, clock, monkeypatch):
+    """The third partition's log cannot be created: the first two are removed again, nothing is
+    left on disk or in the manager, the directory stays online and a new manager loads cleanly."""
+    data = tmp_path / "data"
+    manager = LogManager(data, clock)
+    spec = TopicLogSpec(TOPIC_ID, SMALL, 4)
+    fail_third_segment_creation(monkeypatch)
+    with pytest.raises(KafkaStorageError, match="Too many open files"):
+        manager.create_logs("t", spec, [0, 1, 2, 3])
+    monkeypatch.undo()
+    assert manager.partitions("t") == [] and not manager.failure.failed
+    assert sorted(p.name for p in data.iterdir()) == []
+    assert [p.partition for p in manager.create_logs("t", spec, [0, 1, 2, 3])] == [0, 1, 2, 3]
+    manager.close()
+    reloaded = LogManager(data, clock)
+    logs = reloaded.load({"t": spec})
+    assert sorted(logs) == [("t", p) for p in range(4)]
+    assert all(l.log_end_offset == 0 and l.recovered_bytes == 0 for l in logs.values())
+    reloaded.close()
+
+
+def test_create_logs_failing_keeps_logs_that_existed_before(manager, batch, monkeypatch):
+    existing = create(manager, "t", 0, SMALL)
+    append(existing, batch(3))
+    fail_third_segment_creation(monkeypatch)
+    with pytest.raises(KafkaStorageError):
+        manager.create_logs("t", TopicLogSpec(None, SMALL, 4), [0, 1, 2, 3])
+    monkeypatch.undo()
+    assert manager.partitions("t") == [existing] and existing.log_end_offset == 3
+    assert sorted(p.name for p in manager.log_dir.iterdir()) == ["t-0"]
+
+
+# --- topic ids and -delete directories ---------------------------------------------------
+
+
+def test_a_directory_of_another_topic_incarnation_is_moved_aside_and_the_new_log_is_empty(tmp_path, clock, batch):
+    data = tmp_path / "data"
+    old = LogManager(data, clock)
+    old_log = old.load({"t": TopicLogSpec("a" * 32, SMALL, 1)})[("t", 0)]
+    append(old_log, batch(3))
+    old.close()
+    assert read_partition_metadata(data / "t-0") == "a" * 32
+
+    new = LogManager(data, clock)
+    new_log = new.load({"t": TopicLogSpec("b" * 32, SMALL, 1)})[("t", 0)]
+    assert new_log.log_end_offset == 0 and new_log.topic_id == "b" * 32
+    assert read_partition_metadata(data / "t-0") == "b" * 32
+    aside = [p for p in data.iterdir() if p.name.endswith("-delete")]
+    assert len(aside) == 1 and aside[0].name.startswith("t-0.")
+    assert read_partition_metadata(aside[0]) == "a" * 32
+    assert new.purge_deleted_directories() == 1
+    assert not aside[0].exists()
+    new.close()
+
+
+def test_purge_deleted_directories_removes_only_delete_directories(manager, batch):
+    append(create(manager, "t", 0, SMALL), batch(3))
+    for name in ["t-0.0123abcd-delete", "gone-3.ffff-delete"]:
+        (manager.log_dir / name).mkdir()
+        (manager.log_dir / name / f"{0:020d}.log").write_bytes(b"x")
+    (manager.log_dir / "notes-delete").write_text("a file, not a log directory")
+    assert manager.purge_deleted_directories() == 2
+    assert sorted(p.name for p in manager.log_dir.iterdir()) == ["notes-delete", "t-0"]
+    assert manager.purge_deleted_directories() == 0
+
+
+def test_delete_topic_leaves_no_delete_directory_behind(manager, batch):
+    append(create(manager, "t", 0, SMALL), batch(3))
+    manager.delete_topic("t")
+    assert list(manager.log_dir.iterdir()) == []
+
+
+# --- checkpoints -------------------------------------------------------------------------
+
+
+def test_checkpoints_round_trip_recovery_point_log_start_and_high_watermark(tmp_path, clock, batch):
+    """Each offset a log directory checkpoints comes back on the next start (after a crash: only
+    what follows the recovery point is recovered)."""
+    data = tmp_path / "data"
+    spec = TopicLogSpec(TOPIC_ID, LogConfig(segment_bytes=4096, max_message_bytes=4096, retention_ms=1_000), 1)
+    manager = LogManager(data, clock)
+    partition_log = manager.load({"t": spec})[("t", 0)]
+    for timestamp in [1_000] * 3 + [9_000] * 4:
+        append(partition_log, batch(3, timestamp))
+    assert manager.run_retention(6_500) == 1
+    partition_log.flush(up_to=18)
+    partition_log.update_high_watermark(15)
+    manager.checkpoint()
+    assert [read_offsets(data / name) for name in (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT,
+                                                  HIGH_WATERMARK_CHECKPOINT)] == [{("t", 0): 18}, {("t", 0): 9},
+                                                                                  {("t", 0): 15}]
+    for log in manager.all_logs():  # a crash: no close, no further checkpoint
+        log._closed = True
+    manager.cache.close()
+
+    restarted = LogManager(data, clock)
+    reopened = restarted.load({"t": spec})[("t", 0)]
+    assert (reopened.log_start_offset, reopened.high_watermark, reopened.log_end_offset) == (9, 15, 21)
+    assert reopened.recovered_bytes == sum(s.size for s in reopened.segments() if s.base_offset >= 18)
+    restarted.close()
+    assert read_offsets(data / RECOVERY_POINT_CHECKPOINT) == {("t", 0): 21}
+
+
+def test_a_checkpointed_log_start_inside_a_segment_is_kept(tmp_path, clock, batch):
+    """The log start may lie past the first local offset (records deleted below it)."""
+    data = tmp_path / "data"
+    manager = LogManager(data, clock)
+    append(manager.load({"t": TopicLogSpec(TOPIC_ID, SMALL, 1)})[("t", 0)], batch(3) + batch(3))
+    manager.close()
+    write_offsets(data / LOG_START_OFFSET_CHECKPOINT, {("t", 0): 4})
+    restarted = LogManager(data, clock)
+    reopened = restarted.load({"t": TopicLogSpec(TOPIC_ID, SMALL, 1)})[("t", 0)]
+    assert (reopened.log_start_offset, reopened.local_log_start_offset) == (4, 0)
+    with pytest.raises(OffsetOutOfRangeError):
+        reopened.read(3, 1)
+    assert reopened.read(4, 1).first_offset == 3  # the batch holding offset 4
+    restarted.close()
+
+
+MALFORMED = {
+    "garbage": b"not a checkpoint\n",
+    "binary": b"\xff\xfe\x00\x01" * 8,
+    "empty": b"",
+    "wrong-count": b"0\n3\nt 0 5\n",
+    "wrong-version": b"7\n1\nt 0 5\n",
+}
+
+
+@pytest.mark.parametrize("name", [RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT, HIGH_WATERMARK_CHECKPOINT,
+                                  f"t-0/{PARTITION_METADATA_FILE}", f"t-0/{LEADER_EPOCH_FILE}"],
+                         ids=["recovery-point", "log-start", "high-watermark", "partition-metadata", "leader-epochs"])
+@pytest.mark.parametrize("content", list(MALFORMED.values()), ids=list(MALFORMED))
+def test_malformed_checkpoint_files_do_not_prevent_opening(tmp_path, clock, batch, name, content):
+    """Nothing acknowledged is lost and the log takes appends: a malformed offsets checkpoint
+    reads as empty (a recovery point of 0 re-validates everything), a malformed partition.metadata
+    is rewritten for the topic opening it, a malformed epoch checkpoint starts with no epochs."""
+    data = tmp_path / "data"
+    spec = TopicLogSpec(TOPIC_ID, SMALL, 1)
+    manager = LogManager(data, clock)
+    partition_log = manager.load({"t": spec})[("t", 0)]
+    for epoch in (1, 1, 2, 2):
+        append(partition_log, batch(3), leader_epoch=epoch)
+    manager.close()
+    (data / name).write_bytes(content)
+    restarted = LogManager(data, clock)
+    reopened = restarted.load({"t": spec})[("t", 0)]
+    try:
+        assert reopened.log_end_offset == 12 and reopened.log_start_offset == 0
+        assert [h.base_offset for s in reopened.segments() for _, h in record.iter_batches(s.log_path.read_bytes())] == [0, 3, 6, 9]
+        if name == RECOVERY_POINT_CHECKPOINT:
+            assert reopened.recovered_bytes == reopened.size_bytes()
+        assert append(reopened, batch(3), leader_epoch=3).first_offset == 12
+    finally:
+        restarted.close()
+    assert read_partition_metadata(data / "t-0") == TOPIC_ID
+
+
+def test_the_manager_shares_one_bounded_file_cache_among_its_logs(tmp_path, clock, batch):
+    manager = LogManager(tmp_path / "data", clock, max_open_files=2)
+    try:
+        logs = manager.load({"t": TopicLogSpec(None, SMALL, 5)})
+        for partition_log in logs.values():
+            append(partition_log, batch(3))
+            partition_log.read(0, 1).close()
+        assert manager.cache.opened >= 5
+        assert len(manager.cache) <= 2
+    finally:
+        manager.close()
+
+
+def test_a_malformed_epoch_checkpoint_gets_the_epochs_of_the_recovered_tail(tmp_path, clock, batch):
+    """Torn at creation (written without an fsync), the checkpoint is rebuilt from the batches
+    that recovery replays: those after the recovery point."""
+    data = tmp_path / "data"
+    spec = TopicLogSpec(TOPIC_ID, SMALL, 1)
+    manager = LogManager(data, clock)
+    partition_log = manager.load({"t": spec})[("t", 0)]
+    for epoch in (1, 1, 2, 2):
+        append(partition_log, batch(3), leader_epoch=epoch)
+    for log in manager.all_logs():  # a crash before any checkpoint: recovery point 0
+        log._closed = True
+    manager.cache.close()
+    (data / "t-0" / LEADER_EPOCH_FILE).write_bytes(b"\xff\x00torn")
+    restarted = LogManager(data, clock)
+    reopened = restarted.load({"t": spec})[("t", 0)]
+    try:
+        assert reopened.leader_epoch_entries == [(1, 0), (2, 6)]
+        assert (data / "t-0" / LEADER_EPOCH_FILE).read_text() == "1 0\n2 6\n"
+    finally:
+        restarted.close()
