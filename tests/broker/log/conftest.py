@@ -58,6 +58,16 @@ def small_config() -> LogConfig:
     return SMALL
 
 
+def crash(manager: LogManager) -> None:
+    """Drop every log of `manager` as SIGKILL would: no final flush, no checkpoint, queued index
+    entries lost; the files stay as they are for the next open to recover."""
+    for partition_log in manager.all_logs():
+        partition_log._closed = True  # a later close() must not flush or checkpoint
+        for segment in partition_log.segments():
+            segment._close_indexes()
+    manager.cache.close()
+
+
 class Logs:
     """Open the one log `topic-0` of a LogManager in `directory`, again and again: `open()` after
     `close()` (clean: checkpoints written) or `crash()` (nothing written) reopens it."""
@@ -82,11 +92,7 @@ class Logs:
     def crash(self) -> None:
         """Forget the logs without a final flush or checkpoint (as SIGKILL would)."""
         if self.manager is not None:
-            for partition_log in self.manager.all_logs():
-                partition_log._closed = True  # a later close() must not flush or checkpoint
-                for segment in partition_log.segments():
-                    segment._close_indexes()  # queued index entries are lost, as in a crash
-            self.manager.cache.close()
+            crash(self.manager)
             self.manager = None
 
 

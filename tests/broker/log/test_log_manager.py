@@ -19,7 +19,7 @@ from broker.log.log_manager import (
 )
 from broker.log.unified_log import LEADER_EPOCH_FILE
 from tests.broker.log.appends import append
-from tests.broker.log.conftest import TOPIC_ID
+from tests.broker.log.conftest import TOPIC_ID, crash
 
 SMALL = LogConfig(segment_bytes=4096, max_message_bytes=4096, index_interval_bytes=0, retention_ms=-1)
 
@@ -255,9 +255,7 @@ def test_checkpoints_round_trip_recovery_point_log_start_and_high_watermark(tmp_
     assert [read_offsets(data / name) for name in (RECOVERY_POINT_CHECKPOINT, LOG_START_OFFSET_CHECKPOINT,
                                                   HIGH_WATERMARK_CHECKPOINT)] == [{("t", 0): 18}, {("t", 0): 9},
                                                                                   {("t", 0): 15}]
-    for log in manager.all_logs():  # a crash: no close, no further checkpoint
-        log._closed = True
-    manager.cache.close()
+    crash(manager)  # no close, no further checkpoint
 
     restarted = LogManager(data, clock)
     reopened = restarted.load({"t": spec})[("t", 0)]
@@ -343,9 +341,7 @@ def test_a_malformed_epoch_checkpoint_gets_the_epochs_of_the_recovered_tail(tmp_
     partition_log = manager.load({"t": spec})[("t", 0)]
     for epoch in (1, 1, 2, 2):
         append(partition_log, batch(3), leader_epoch=epoch)
-    for log in manager.all_logs():  # a crash before any checkpoint: recovery point 0
-        log._closed = True
-    manager.cache.close()
+    crash(manager)  # a crash before any checkpoint: recovery point 0
     (data / "t-0" / LEADER_EPOCH_FILE).write_bytes(b"\xff\x00torn")
     restarted = LogManager(data, clock)
     reopened = restarted.load({"t": spec})[("t", 0)]
