@@ -8,8 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from broker.config import LogConfig
+from broker.log import LogManager, TopicLogSpec
 from broker.log.index_file import HEADER_SIZE, CorruptIndexError
 from broker.log.offset_index import OffsetIndex
+from broker.log.time_index import TimeIndex
+from broker.record import encode_batch, make_body
 
 BASE = 100
 ENTRIES = [(110, 1000), (120, 2000), (130, 3000)]
@@ -212,3 +216,33 @@ def test_sanity_check_rejects_inconsistent_index(tmp_path, entries, log_size):
 
 def test_sanity_check_accepts_valid_index(index):
     index.sanity_check(log_size=3001)
+
+
+def test_a_log_with_headerless_indexes_opens_and_rebuilds_them(tmp_path):
+    """A data directory from before index headers: recovery rebuilds both indexes (now with
+    headers) from the `.log`, and every read still finds its records."""
+    config = LogConfig(segment_bytes=4096, index_interval_bytes=0, retention_ms=-1)
+    spec = {"topic": TopicLogSpec("0123456789abcdef0123456789abcdef", config, 1)}
+    manager = LogManager(tmp_path, lambda: 1_000)
+    log = manager.load(spec)[("topic", 0)]
+    for i in range(20):
+        log.append_as_leader(encode_batch(make_body([b"v" * 300], timestamps_ms=100 + i)), 0)
+    manager.close()
+    directory = tmp_path / "topic-0"
+    indexes = sorted(directory.glob("*.index")) + sorted(directory.glob("*.timeindex"))
+    assert len(indexes) >= 4
+    for path in indexes:  # strip the header: the format of earlier data directories
+        path.write_bytes(path.read_bytes()[HEADER_SIZE:])
+
+    manager = LogManager(tmp_path, lambda: 1_000)
+    try:
+        log = manager.load(spec)[("topic", 0)]
+        assert log.log_end_offset == 20
+        log.update_high_watermark(20)
+        assert [log.offset_for_timestamp(100 + i)[0] for i in range(20)] == list(range(20))
+        for path in sorted(directory.glob("*.index")):
+            assert OffsetIndex.load(path, int(path.stem)).path == path
+        for path in sorted(directory.glob("*.timeindex")):
+            assert TimeIndex.load(path, int(path.stem)).last_entry[0] >= 100
+    finally:
+        manager.close()
