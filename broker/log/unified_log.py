@@ -418,7 +418,11 @@ class UnifiedLog:
             removed = self._local.truncate_to(offset)
             self._epochs.truncate_from_end(self.log_end_offset)
             self.high_watermark = min(self.high_watermark, self.log_end_offset)
+            # Offsets cut away need no fsync: a flush can never reach them, so needs_flush must not wait for them.
             self._must_flush_to = min(self._must_flush_to, self.log_end_offset)
+            self._roll_flush_to = min(self._roll_flush_to, self.log_end_offset)
+            if self.recovery_point >= self.log_end_offset:
+                self._first_unflushed_ms = None
             return removed
 
     def truncate_fully_and_start_at(self, offset: int) -> int:
