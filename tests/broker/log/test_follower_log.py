@@ -194,3 +194,18 @@ def test_assign_epoch_start_offset_on_leadership_survives_a_reopen_once_written_
     reopened.append_as_leader(batch(R), 4)
     reopened.close()
     assert unified_log().leader_epoch_entries == [(1, 0), (4, 6)]
+
+
+@pytest.mark.parametrize("overrides", [{}, {"flush_ms": 100}], ids=["rolled-segment", "flush-ms"])
+def test_truncation_leaves_no_flush_pending_that_a_flush_cannot_satisfy(unified_log, clock, overrides):
+    """Offsets cut away need no fsync: once the rest is flushed, needs_flush is False again
+    (otherwise the flusher would be handed this log forever)."""
+    partition_log = unified_log(**overrides)
+    replicate(partition_log, [0, 0])
+    partition_log.flush()
+    replicate(partition_log, [0, 0], start=2 * R)  # rolls: segment 0 (0..8) waits for its fsync
+    clock.advance(1_000)
+    partition_log.truncate_to(2 * R)
+    assert partition_log.log_end_offset == partition_log.recovery_point == 2 * R
+    partition_log.flush()
+    assert partition_log.needs_flush(clock()) is False
