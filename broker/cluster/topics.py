@@ -2,17 +2,19 @@
 
 The registry is the broker's view of `topics/{name}` and `partitions/{name}/{p}` keys in the
 MetadataStore, cached in memory so the produce and fetch paths never touch the store. Every
-change is a compare-and-set against the version the cache holds, so a concurrent writer (another
-broker with the etcd store) makes the change fail loudly instead of being lost.
+change is ONE store transaction conditioned on the topic key's version the cache holds: a topic
+and all its partition states appear, grow or vanish together (one durable write, one revision,
+however many partitions), and a concurrent writer (another broker with the etcd store) makes the
+change fail loudly, with nothing written, instead of being lost or half-applied.
 """
 from __future__ import annotations
 
 import asyncio
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
-from broker.cluster.metadata_store import MetadataStore
+from broker.cluster.metadata_store import Compare, Delete, Get, MetadataStore, Put, TxnResult
 from broker.config import TOPIC_CONFIGS, LogConfig, parse_topic_configs, validate_topic_name
 from broker.errors import (
     InvalidConfigError,
@@ -21,6 +23,7 @@ from broker.errors import (
     InvalidReplicationFactorError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
+    VersionConflictError,
 )
 
 MAX_PARTITIONS = 10_000  # per topic: each partition holds open files
@@ -68,7 +71,11 @@ def _topic_key(name: str) -> str:
 
 
 def _partition_key(name: str, partition: int) -> str:
-    return f"partitions/{name}/{partition}"
+    return f"{_partitions_prefix(name)}{partition}"
+
+
+def _partitions_prefix(name: str) -> str:
+    return f"partitions/{name}/"
 
 
 class TopicRegistry:
@@ -123,25 +130,35 @@ class TopicRegistry:
         return parsed
 
     async def create(self, name: str, partitions: int, replication_factor: int, configs: dict[str, Any]) -> TopicInfo:
+        """Write the topic key and every partition state in one transaction, only if the topic key
+        does not exist in the store (TopicAlreadyExistsError otherwise, nothing written)."""
         async with self._lock:
             parsed = self.validate_new_topic(name, partitions, replication_factor, configs)
             info = TopicInfo(name, uuid.uuid4().hex, partitions, replication_factor, parsed)
-            # The topic key first, by compare-and-set: a loser writes nothing at all. Partition
-            # states missing after a crash here are recreated by `load`.
-            info.version = await self.store.put(_topic_key(name), info.to_json(), expected_version=0)
-            for p in range(partitions):
-                info.partitions[p] = self._initial_state()
-                await self.store.put(_partition_key(name, p), info.partitions[p].to_json())
+            info.partitions = {p: self._initial_state() for p in range(partitions)}
+            result = await self.store.txn(
+                [Compare.version(_topic_key(name), "==", 0)],
+                [Put(_topic_key(name), info.to_json()), *self._partition_puts(info, range(partitions))],
+                [Get(_topic_key(name))],
+            )
+            if not result.succeeded:
+                raise TopicAlreadyExistsError(f"topic {name!r} already exists (created by another writer)")
+            info.version = result.responses[0].version  # type: ignore[union-attr]
             self.topics[name] = info
             return info
 
     async def delete(self, name: str) -> TopicInfo:
+        """Remove the topic key and every key under its partitions in one transaction, only if the
+        topic key still has the cached version (VersionConflictError otherwise, nothing removed)."""
         async with self._lock:
             info = self.get(name)
-            await self.store.delete(_topic_key(name), expected_version=info.version)
+            result = await self.store.txn(
+                [Compare.version(_topic_key(name), "==", info.version)],
+                [Delete(_topic_key(name)), Delete(_partitions_prefix(name), prefix=True)],
+                [Get(_topic_key(name))],
+            )
+            self._raise_if_conflict(name, info, result)
             del self.topics[name]
-            for p in range(info.partition_count):
-                await self.store.delete(_partition_key(name, p))
             return info
 
     def validate_partition_count(self, name: str, count: int) -> TopicInfo:
@@ -155,16 +172,23 @@ class TopicRegistry:
         return info
 
     async def add_partitions(self, name: str, count: int) -> list[int]:
-        """Grow `name` to `count` partitions; returns the new partition numbers."""
+        """Grow `name` to `count` partitions; returns the new partition numbers. The topic key and
+        the new partition states are one transaction on the cached version (VersionConflictError
+        otherwise, nothing written)."""
         async with self._lock:
             info = self.validate_partition_count(name, count)
             new = list(range(info.partition_count, count))
             updated = TopicInfo(name, info.topic_id, count, info.replication_factor, info.configs)
-            info.version = await self.store.put(_topic_key(name), updated.to_json(), expected_version=info.version)
+            updated.partitions = {p: self._initial_state() for p in new}
+            result = await self.store.txn(
+                [Compare.version(_topic_key(name), "==", info.version)],
+                [Put(_topic_key(name), updated.to_json()), *self._partition_puts(updated, new)],
+                [Get(_topic_key(name))],
+            )
+            self._raise_if_conflict(name, info, result)
+            info.version = result.responses[0].version  # type: ignore[union-attr]
             info.partition_count = count
-            for p in new:
-                info.partitions[p] = self._initial_state()
-                await self.store.put(_partition_key(name, p), info.partitions[p].to_json())
+            info.partitions.update(updated.partitions)
             return new
 
     def validate_config_change(self, name: str, set_configs: dict[str, Any], delete: list[str]) -> dict[str, Any]:
@@ -191,4 +215,17 @@ class TopicRegistry:
 
     def _initial_state(self) -> PartitionState:
         return PartitionState(self.broker_id, 0, (self.broker_id,), (self.broker_id,))
+
+    @staticmethod
+    def _partition_puts(info: TopicInfo, partitions: Iterable[int]) -> list[Put]:
+        return [Put(_partition_key(info.name, p), info.partitions[p].to_json()) for p in partitions]
+
+    @staticmethod
+    def _raise_if_conflict(name: str, info: TopicInfo, result: TxnResult) -> None:
+        """A failed compare on the topic key: another writer changed or deleted the topic."""
+        if result.succeeded:
+            return
+        current = result.responses[0].get(_topic_key(name))  # type: ignore[union-attr]
+        found = f"version {current.version}" if current else "no topic"
+        raise VersionConflictError(f"topic {name!r} changed concurrently: expected version {info.version}, store has {found}")
 

@@ -1,0 +1,129 @@
+"""TopicRegistry over the local metadata store: topic creation, growth and deletion are each one
+transaction (one revision, all keys or none), and losing to a concurrent writer writes nothing."""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from broker.cluster.metadata_store import LocalMetadataStore
+from broker.cluster.topics import TopicRegistry
+from broker.config import BrokerConfig
+from broker.errors import TopicAlreadyExistsError, VersionConflictError
+
+TIMEOUT_S = 10
+Scenario = Callable[[TopicRegistry, LocalMetadataStore], Awaitable[None]]
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Callable[[Scenario], None]:
+    """run(scenario): a registry over a fresh local store in tmp_path, on a new loop with a timeout."""
+    defaults = BrokerConfig.load().log_defaults
+
+    def run_(scenario: Scenario) -> None:
+        async def main() -> None:
+            store = LocalMetadataStore(tmp_path / "__cluster_metadata.json")
+            registry = TopicRegistry(store, 0, defaults)
+            await registry.load()
+            try:
+                await scenario(registry, store)
+            finally:
+                await store.close()
+
+        asyncio.run(asyncio.wait_for(main(), TIMEOUT_S))
+
+    return run_
+
+
+def test_create_writes_the_topic_and_every_partition_at_one_revision(run):
+    """A 100-partition topic appears in one revision: topic key and 100 partition states, all
+    with the same mod revision; a registry loading the store sees the same topic."""
+
+    async def scenario(registry: TopicRegistry, store: LocalMetadataStore) -> None:
+        before = await store.revision()
+        info = await registry.create("orders", 100, 1, {"retention.ms": 60000})
+        assert await store.revision() == before + 1
+        keys = await store.list("")
+        assert set(keys) == {"topics/orders"} | {f"partitions/orders/{p}" for p in range(100)}
+        assert {record.mod_revision for record in keys.values()} == {before + 1}
+        assert info.version == keys["topics/orders"].version == 1
+        reloaded = TopicRegistry(store, 0, registry.log_defaults)
+        await reloaded.load()
+        again = reloaded.get("orders")
+        assert (again.topic_id, again.partition_count, again.configs, again.partitions) == (
+            info.topic_id, 100, {"retention.ms": 60000}, info.partitions)
+
+    run(scenario)
+
+
+def test_create_losing_to_another_writer_is_topic_already_exists_and_writes_nothing(run):
+    """The topic key appeared in the store behind this registry's cache (another broker): creation
+    fails with TOPIC_ALREADY_EXISTS and no partition state is written."""
+
+    async def scenario(registry: TopicRegistry, store: LocalMetadataStore) -> None:
+        await store.put("topics/orders", {"topic_id": "other", "partitions": 1, "replication_factor": 1, "configs": {}})
+        before = await store.revision()
+        with pytest.raises(TopicAlreadyExistsError):
+            await registry.create("orders", 3, 1, {})
+        assert await store.revision() == before
+        assert await store.list("partitions/") == {}
+        assert "orders" not in registry.topics
+
+    run(scenario)
+
+
+def test_add_partitions_is_one_transaction_and_a_concurrent_change_writes_nothing(run):
+    """Growing 2 -> 5 partitions writes the topic key and 3 states at one revision; growing after
+    another writer changed the topic key fails with CONCURRENT_METADATA_UPDATE, nothing written,
+    the cache unchanged."""
+
+    async def scenario(registry: TopicRegistry, store: LocalMetadataStore) -> None:
+        await registry.create("orders", 2, 1, {})
+        before = await store.revision()
+        assert await registry.add_partitions("orders", 5) == [2, 3, 4]
+        assert await store.revision() == before + 1
+        assert (await store.get("topics/orders")).value["partitions"] == 5
+        assert {(await store.get(f"partitions/orders/{p}")).mod_revision for p in (2, 3, 4)} == {before + 1}
+
+        current = await store.get("topics/orders")
+        await store.put("topics/orders", current.value)  # another writer
+        with pytest.raises(VersionConflictError) as raised:
+            await registry.add_partitions("orders", 8)
+        assert raised.value.name() == "CONCURRENT_METADATA_UPDATE"
+        assert set(await store.list("partitions/orders/")) == {f"partitions/orders/{p}" for p in range(5)}
+        assert registry.get("orders").partition_count == 5 and sorted(registry.get("orders").partitions) == list(range(5))
+
+    run(scenario)
+
+
+def test_delete_removes_the_topic_and_all_its_partition_keys_at_one_revision(run):
+    """Deletion removes the topic key and every key under its partitions, a stray one left by an
+    older broker included, in one revision; a topic whose name extends it is untouched."""
+
+    async def scenario(registry: TopicRegistry, store: LocalMetadataStore) -> None:
+        await registry.create("orders", 3, 1, {})
+        await registry.create("orders-eu", 1, 1, {})
+        await store.put("partitions/orders/7", {"leader": 0, "leader_epoch": 0, "replicas": [0], "isr": [0]})
+        before = await store.revision()
+        await registry.delete("orders")
+        assert await store.revision() == before + 1
+        assert set(await store.list("")) == {"topics/orders-eu", "partitions/orders-eu/0"}
+        assert set(registry.topics) == {"orders-eu"}
+
+    run(scenario)
+
+
+def test_delete_after_a_concurrent_change_is_a_conflict_and_removes_nothing(run):
+    """The topic key changed behind the cache: deletion raises VersionConflictError and every key stays."""
+
+    async def scenario(registry: TopicRegistry, store: LocalMetadataStore) -> None:
+        await registry.create("orders", 2, 1, {})
+        await store.put("topics/orders", (await store.get("topics/orders")).value)
+        keys = set(await store.list(""))
+        with pytest.raises(VersionConflictError):
+            await registry.delete("orders")
+        assert set(await store.list("")) == keys and "orders" in registry.topics
+
+    run(scenario)
