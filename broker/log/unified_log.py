@@ -110,6 +110,7 @@ class UnifiedLog:
         self._must_flush_to = 0  # the flush policy demands offsets below this be fsynced before they count
         self._roll_flush_to = 0  # segments sealed by a roll end here: flush them (Kafka flushes on roll)
         self._closed = False
+        self._truncations = 0  # cuts of the log's end: a flush in flight across one vouches for nothing
         self.log_start_offset = local.start_offset
         self.high_watermark = local.log_end_offset
         self.last_recovery_truncated_bytes = 0
@@ -416,6 +417,7 @@ class UnifiedLog:
             if offset < self.local_log_start_offset:
                 return self._truncate_fully(offset)
             removed = self._local.truncate_to(offset)
+            self._truncations += 1
             self._epochs.truncate_from_end(self.log_end_offset)
             self.high_watermark = min(self.high_watermark, self.log_end_offset)
             # Offsets cut away need no fsync: a flush can never reach them, so needs_flush must not wait for them.
@@ -434,6 +436,7 @@ class UnifiedLog:
 
     def _truncate_fully(self, offset: int) -> int:
         removed = self._local.truncate_fully_and_start_at(offset)
+        self._truncations += 1
         self._epochs.clear()
         self.log_start_offset = self.high_watermark = offset
         self._must_flush_to = self._roll_flush_to = 0
@@ -477,12 +480,17 @@ class UnifiedLog:
                 sealed = sum(1 for segment in self._local.segments.holding(start, target)[:-1])
                 fds = self._local.prepare_flush(target)
                 sync_directory, self._local.dir_dirty = self._local.dir_dirty, False
+                truncations = self._truncations
             try:
                 self._local.sync(fds, sync_directory)
             except KafkaStorageError as err:
                 self._dir_failure.fail(err)
                 raise
             with self._lock:
+                if self._truncations != truncations:
+                    # The log was cut and may have been rewritten while the fsyncs ran: what they
+                    # synced is not what is there now. The next flush covers it.
+                    return False
                 self._local.recovery_point = max(self._local.recovery_point, min(target, self.log_end_offset))
                 if self._local.recovery_point >= self.log_end_offset:
                     self._first_unflushed_ms = None
