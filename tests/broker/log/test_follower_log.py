@@ -209,3 +209,24 @@ def test_truncation_leaves_no_flush_pending_that_a_flush_cannot_satisfy(unified_
     assert partition_log.log_end_offset == partition_log.recovery_point == 2 * R
     partition_log.flush()
     assert partition_log.needs_flush(clock()) is False
+
+
+def test_a_truncation_during_a_flush_does_not_let_it_vouch_for_the_new_records(unified_log, monkeypatch):
+    """The flush's fsyncs run outside the lock. If the log is cut below their target and
+    rewritten meanwhile, the new records were not what was synced: the recovery point must not
+    cover them (it would launder unsynced data past a crash)."""
+    partition_log = unified_log(segment_bytes=1 << 20)
+    replicate(partition_log, [0, 0, 0, 0])  # LEO 12, nothing flushed
+    local = partition_log._local
+    real_sync = local.sync
+
+    def sync_while_the_log_diverges(fds, sync_directory):
+        real_sync(fds, sync_directory)
+        partition_log.truncate_to(R)  # a new leader: everything from 3 is replaced
+        replicate(partition_log, [1, 1, 1], start=R)
+
+    monkeypatch.setattr(local, "sync", sync_while_the_log_diverges)
+    partition_log.flush()
+    monkeypatch.undo()
+    assert partition_log.log_end_offset == 4 * R
+    assert partition_log.recovery_point <= R
