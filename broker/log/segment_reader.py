@@ -42,6 +42,7 @@ PRead = Callable[[int, int], bytes]
 FRAME_ONLY = INT64_MAX
 """A `verify_from_offset` that validates no batch: each is only framed (magic, length, offsets)."""
 
+OFFSET_DELTA = "offset_delta"  # the column that compaction adds to a body it rewrites
 MIN_READ_BYTES = 64 << 10  # covers an index interval (4 KiB by default) and then some, in one read
 MAX_READ_BYTES = 8 << 20  # large enough that a remote scan is a few ranged GETs per segment
 
@@ -116,7 +117,8 @@ class SegmentReader:
 
     def _file_size(self, file: BinaryIO) -> int:
         try:
-            return file.seek(0, io.SEEK_END)
+            file.seek(0, io.SEEK_END)
+            return file.tell()
         except OSError as err:
             raise KafkaStorageError(f"cannot find the size of {self.name}: {err}") from err
 
@@ -283,7 +285,9 @@ class SegmentReader:
         body = self._decode(position, self._validate(position, data), data)
         timestamps = body.column("timestamp").cast(pa.int64()).to_numpy()
         i = int(np.argmax(timestamps >= timestamp_ms))
-        return header.base_offset + i, int(timestamps[i])
+        # A body rewritten by compaction names each record's offset (DESIGN.md section 2).
+        delta = body.column(OFFSET_DELTA)[i].as_py() if OFFSET_DELTA in body.schema.names else i
+        return header.base_offset + delta, int(timestamps[i])
 
     # --- ranges ----------------------------------------------------------------------------------
 
@@ -318,8 +322,9 @@ class SegmentReader:
         """(header, body) of each batch holding offsets [start_offset, end_offset), decoded with
         `record.decode_body`: zero copy over the read buffer when the body is uncompressed.
 
-        Bodies are whole batches, as stored: record i has offset header.base_offset + i, so the
-        caller trims the first and last batch to its range. Control batches are included
+        Bodies are whole batches, as stored: record i has offset header.base_offset + i (or
+        + offset_delta[i] in a body rewritten by compaction), so the caller trims the first and
+        last batch to its range. Control batches are included
         (`header.is_control`). Timestamps are the body's column, as the producer wrote them; for
         a LogAppendTime batch (`header.log_append_time`) every record's timestamp is really
         header.max_timestamp, the broker's append time, which the body does not carry (pymq's
