@@ -134,21 +134,25 @@ class LogManager:
         one fails (out of file descriptors, disk full) every log this call created is removed again
         and the error is raised. The caller runs this in a worker thread."""
         validate_topic_name(topic)
-        created: list[UnifiedLog] = []
+        created: list[tuple[UnifiedLog, bool]] = []  # (log, its directory existed before: adopted)
         try:
             for partition in partitions:
                 if self.get(topic, partition) is None:
-                    created.append(self._open_new(topic, partition, spec))
+                    existed = (self.log_dir / f"{topic}-{partition}").exists()
+                    created.append((self._open_new(topic, partition, spec), existed))
             if created:
                 sync_filesystem(self.log_dir)  # one syncfs for every file of every new log
         except BaseException:
-            for partition_log in created:
+            for partition_log, existed in created:
                 with self._lock:
                     self._logs.pop((topic, partition_log.partition), None)
                 try:
-                    partition_log.delete()
+                    if existed:  # an adopted directory holds records of its own: leave it as it was found
+                        partition_log.close()
+                    else:
+                        partition_log.delete()
                 except KafkaStorageError as err:
-                    log.error("cannot remove %s after a failed creation: %s", partition_log.directory, err)
+                    log.error("cannot roll back %s after a failed creation: %s", partition_log.directory, err)
             raise
         return [self._logs[(topic, p)] for p in partitions]
 
