@@ -350,3 +350,23 @@ def test_a_malformed_epoch_checkpoint_gets_the_epochs_of_the_recovered_tail(tmp_
         assert (data / "t-0" / LEADER_EPOCH_FILE).read_text() == "1 0\n2 6\n"
     finally:
         restarted.close()
+
+
+def test_create_logs_failing_leaves_directories_it_adopted_on_disk(tmp_path, clock, batch, monkeypatch):
+    """All or nothing means the disk as it was: a directory that existed before the call (left
+    alone by load as an orphan, then adopted by the creation) is closed, not deleted."""
+    data = tmp_path / "data"
+    first = LogManager(data, clock)
+    append(first.create_logs("t", TopicLogSpec(TOPIC_ID, SMALL, 2), [1])[0], batch(3))
+    first.close()
+    manager = LogManager(data, clock)
+    manager.load({})  # t-1 is an orphan now
+    fail_third_segment_creation(monkeypatch)
+    with pytest.raises(KafkaStorageError):
+        manager.create_logs("t", TopicLogSpec(TOPIC_ID, SMALL, 4), [0, 1, 2, 3])
+    monkeypatch.undo()
+    assert manager.partitions("t") == []
+    assert sorted(p.name for p in data.iterdir() if p.is_dir()) == ["t-1"]
+    adopted = manager.create_logs("t", TopicLogSpec(TOPIC_ID, SMALL, 4), [1])[0]
+    assert adopted.log_end_offset == 3
+    manager.close()
