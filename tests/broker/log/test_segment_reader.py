@@ -4,17 +4,16 @@ corrupt or truncated bytes do."""
 from __future__ import annotations
 
 import io
-import math
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import fsspec
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker import record
@@ -331,7 +330,7 @@ def segment_bytes(written: Written) -> tuple[bytes, list[tuple[int, record.Batch
 UNCOVERED_BY_CRC = (*range(0, 8), *range(12, 16))  # base_offset, partition_leader_epoch
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_a_corrupted_byte_raises_and_nothing_invalid_is_yielded(written, data):
     """Flip any byte: iteration raises CorruptMessageError at the damaged batch (or, for the
@@ -359,7 +358,7 @@ def test_a_corrupted_byte_raises_and_nothing_invalid_is_yielded(written, data):
     assert [(b.position, b.header) for b in yielded[:damaged]] == batches[:damaged]
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None)
 @given(data=st.data())
 def test_a_truncated_segment_yields_its_whole_batches_then_raises(written, data):
     """Cut the `.log` anywhere: the whole batches before the cut come out, then CorruptMessageError
