@@ -22,7 +22,7 @@ from broker.cli import cli
 from broker.cli.common import producer_config
 from broker.cli.consume import Timestamp, csv_bytes, json_text, text_lines
 from broker.cli.loadgen import PayloadPool, latency_summary
-from broker.cli.produce import split_lines
+from broker.cli.produce import MissingSeparatorError, lines_without_separator, split_lines
 from broker.client import RECORD_SCHEMA
 from broker.config import BROKER_CONFIGS
 
@@ -124,9 +124,21 @@ def test_split_lines_strips_newline_and_splits_at_first_separator(lines, separat
 
 
 def test_split_lines_names_a_line_without_separator() -> None:
-    """A missing separator is a ValueError naming the line number."""
-    with pytest.raises(ValueError, match="line 2 has no key separator"):
-        list(split_lines([b"k|v\n", b"oops\n"], b"|"))
+    """A missing separator is a ValueError naming the line number, raised after the lines before it."""
+    lines = split_lines([b"k|v\n", b"oops\n", b"k2|v2\n"], b"|")
+    assert next(lines) == (b"k", b"v")
+    with pytest.raises(MissingSeparatorError, match="line 2 has no key separator") as raised:
+        next(lines)
+    assert isinstance(raised.value, ValueError) and raised.value.line_number == 2
+
+
+def test_lines_without_separator_lists_the_first_ten_and_counts_all() -> None:
+    """The pre-send check names the first 10 bad lines (1-based) and counts every one; a newline
+    never counts as part of the line."""
+    lines = [b"k|v\n" if i % 2 else b"bad\n" for i in range(30)] + [b"last-no-newline|v", b"|\r\n"]
+    assert lines_without_separator(lines, b"|") == ([1, 3, 5, 7, 9, 11, 13, 15, 17, 19], 15)
+    assert lines_without_separator([b"a\n"], b"\n") == ([1], 1)
+    assert lines_without_separator([], b"|") == ([], 0)
 
 
 @pytest.mark.parametrize(
@@ -313,12 +325,55 @@ def test_consume_text_from_offset_and_csv(cli_broker: str) -> None:
     assert csv[0].startswith('"topic"') and len(csv) == 4 and csv[3].endswith('"c","3"')
 
 
-def test_produce_line_without_separator_fails(cli_broker: str) -> None:
-    """A line missing the key separator stops produce with an error naming the line."""
+def _stored(bootstrap: str, topic: str) -> list[str]:
+    """Every record of `topic` as `key<TAB>value`, read until the topic is idle."""
+    result = run("-b", bootstrap, "consume", topic, "--from-beginning", "--timeout-ms", "500", "--print-key")
+    assert result.exit_code == 0, result.output
+    return result.stdout.splitlines()
+
+
+def test_produce_from_stdin_file_with_a_bad_line_stores_nothing(cli_broker: str) -> None:
+    """Seekable stdin (here in-process) is checked before sending: a line missing the separator
+    fails with an error naming it and saying nothing was sent, and the topic stays empty."""
     b = ["-b", cli_broker]
     run(*b, "topic", "create", "strict", "-p", "1")
-    result = run(*b, "produce", "strict", "--key-separator", ":", input="a:1\nnokey\n")
-    assert result.exit_code == 1 and "error: ValueError: line 2 has no key separator ':'" in result.stderr
+    result = run(*b, "produce", "strict", "--key-separator", ":", input="a:1\nnokey\nb:2\n")
+    assert result.exit_code == 1
+    assert "error: ValueError: line 2 has no key separator ':'; nothing was sent" in result.stderr
+    assert _stored(cli_broker, "strict") == []
+
+
+def test_produce_file_with_many_bad_lines_names_the_first_and_stores_nothing(cli_broker: str, tmp_path: Path) -> None:
+    """--file with 12 bad lines among 36: the error lists the first 10 line numbers and counts the
+    rest, nothing is stored; the corrected file then goes in whole."""
+    b = ["-b", cli_broker]
+    run(*b, "topic", "create", "checked", "-p", "2")
+    bad = [2, 5, 6, 9, 13, 14, 20, 21, 27, 30, 33, 36]
+    source = tmp_path / "in.txt"
+    source.write_text("".join(f"v{i}\n" if i in bad else f"k{i}=v{i}\n" for i in range(1, 37)))
+    result = run(*b, "produce", "checked", "--file", str(source), "--key-separator", "=")
+    assert result.exit_code == 1
+    named = ", ".join(map(str, bad[:10]))
+    assert f"error: ValueError: lines {named} and 2 more have no key separator '='; nothing was sent" in result.stderr
+    assert _stored(cli_broker, "checked") == []
+
+    source.write_text("".join(f"k{i}=v{i}\n" for i in range(1, 37)))
+    assert run(*b, "produce", "checked", "--file", str(source), "--key-separator", "=").exit_code == 0
+    assert sorted(_stored(cli_broker, "checked")) == sorted(f"k{i}\tv{i}" for i in range(1, 37))
+
+
+def test_produce_from_a_pipe_stops_at_a_bad_line_and_reports_what_was_stored(cli_broker: str) -> None:
+    """A pipe is streamed: the first bad line (4) stops the command with exit 1 once lines 1-3 are
+    acknowledged; the message says so, and the topic holds exactly those three records."""
+    run("-b", cli_broker, "topic", "create", "streamed", "-p", "1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "broker.cli", "produce", "streamed", "--key-separator", ":", "-b", cli_broker],
+        input=b"a:1\nb:2\nc:3\nnokey\nd:4\n", capture_output=True, cwd=REPO, timeout=60,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert ("error: ValueError: line 4 has no key separator ':'; stopped there: lines 1-3 (3 records) were stored, "
+            "nothing from line 4 on was sent") in proc.stderr.decode()
+    assert _stored(cli_broker, "streamed") == ["a\t1", "b\t2", "c\t3"]
 
 
 def test_consume_until_idle_timeout(cli_broker: str) -> None:
