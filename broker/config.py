@@ -70,6 +70,12 @@ TOPIC_CONFIGS: dict[str, tuple[ConfigDef, str]] = {
         (ConfigDef("flush.ms", int, INT64_MAX, "fsync when unflushed data is older than this", 0, INT64_MAX), "log.flush.interval.ms"),
         (ConfigDef("max.message.bytes", int, 8 << 20, "largest record batch accepted", 128, INT32_MAX), "message.max.bytes"),
         (ConfigDef("message.timestamp.type", str, "CreateTime", "record timestamps: producer's or broker's", choices=("CreateTime", "LogAppendTime")), "log.message.timestamp.type"),
+        (ConfigDef("message.timestamp.before.max.ms", int, INT64_MAX,
+                   "CreateTime: refuse a batch whose base_timestamp is more than this before the broker's clock", 0, INT64_MAX),
+         "log.message.timestamp.before.max.ms"),
+        (ConfigDef("message.timestamp.after.max.ms", int, 3_600_000,
+                   "CreateTime: refuse a batch whose max_timestamp is more than this after the broker's clock", 0, INT64_MAX),
+         "log.message.timestamp.after.max.ms"),
         (ConfigDef("cleanup.policy", str, "delete", "what retention does to old segments", choices=("delete",)), "log.cleanup.policy"),
     ]
 }
@@ -88,6 +94,8 @@ class LogConfig:
     flush_ms: int = INT64_MAX
     max_message_bytes: int = 8 << 20
     message_timestamp_type: str = "CreateTime"
+    message_timestamp_before_max_ms: int = INT64_MAX
+    message_timestamp_after_max_ms: int = 3_600_000
     cleanup_policy: str = "delete"
 
     def __post_init__(self) -> None:

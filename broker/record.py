@@ -12,20 +12,26 @@ exactly one record batch:
                                                base_offset and epoch without recomputing it
     21     2    attributes (int16)             bit 3 timestamp type (0 create, 1 log-append),
                                                bit 4 transactional, bit 5 control; others reserved
-    23     4    last_offset_delta (int32)      record_count - 1
+    23     4    last_offset_delta (int32)      record_count - 1, or the last offset_delta of a
+                                               compacted batch
     27     8    base_timestamp (int64, ms)     smallest record timestamp
     35     8    max_timestamp (int64, ms)      largest record timestamp
     43     8    producer_id (int64)            -1 when none
     51     2    producer_epoch (int16)
     53     4    base_sequence (int32)
     57     4    record_count (int32)
-    61     ...  body: Arrow IPC stream (schema + one record batch), lz4_frame or zstd buffer compression
+    61     ...  body: Arrow IPC stream (schema message + one record batch message, then optionally
+                the end-of-stream marker, which pymq does not write: the header frames the body),
+                lz4_frame or zstd buffer compression
 
-Body schema: key binary, value binary, timestamp timestamp[ms, UTC], headers
-list<struct<key string, value binary>>; offsets are implicit (record i has base_offset + i).
+Body schema, in this order: key binary, value binary, timestamp timestamp[ms, UTC] not null,
+headers list<struct<key string, value binary>>; only in batches rewritten by compaction, a last
+column offset_delta int32 not null. Record i has offset base_offset + i, or base_offset +
+offset_delta[i] when that column is present (strictly increasing, the last = last_offset_delta).
 
 This module is pure: bytes in, values out, no I/O. The broker only calls `validate_batch` and
 `patch_offsets` (it never decodes a body); clients call `encode_batch` and `decode_batch`.
+`validate_batch` reads the body's IPC structure at constant cost through `broker.arrow_ipc`.
 """
 from __future__ import annotations
 
@@ -38,8 +44,10 @@ from typing import Iterator, Literal, NamedTuple
 import crc32c as _crc32c
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from broker.errors import CorruptMessageError, MessageTooLargeError
+from broker import arrow_ipc
+from broker.errors import CorruptMessageError, InvalidTimestampError, MessageTooLargeError
 
 HEADER = struct.Struct("<qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size
@@ -50,7 +58,6 @@ MAGIC = 1
 _CRC = struct.Struct("<I")
 _OFFSET_AND_LENGTH = struct.Struct("<qi")
 _EPOCH = struct.Struct("<i")
-_IPC_CONTINUATION = b"\xff\xff\xff\xff"
 
 TIMESTAMP_TYPE_BIT = 1 << 3
 TRANSACTIONAL_BIT = 1 << 4
@@ -67,6 +74,8 @@ BODY_SCHEMA = pa.schema(
         pa.field("headers", HEADERS_TYPE),
     ]
 )
+OFFSET_DELTA_FIELD = pa.field("offset_delta", pa.int32(), nullable=False)
+COMPACTED_BODY_SCHEMA = BODY_SCHEMA.append(OFFSET_DELTA_FIELD)
 
 Compression = Literal["none", "lz4", "zstd"]
 COMPRESSIONS: tuple[str, ...] = ("none", "lz4", "zstd")
@@ -167,8 +176,10 @@ def make_body(
     keys: pa.Array | list | None = None,
     timestamps_ms: pa.Array | list | int | None = None,
     headers: pa.Array | list | None = None,
+    offset_deltas: pa.Array | list | None = None,
 ) -> pa.RecordBatch:
-    """Build a body RecordBatch in the standard schema from columns (Arrow arrays or Python lists).
+    """Build a body RecordBatch from columns (Arrow arrays or Python lists): the standard schema,
+    or with `offset_deltas` (strictly increasing, from 0) the compacted one.
 
     `timestamps_ms` may be one int for every record; None means all null keys / headers.
     """
@@ -191,19 +202,43 @@ def make_body(
         headers = null_headers(n)
     elif not isinstance(headers, pa.Array):
         headers = pa.array(headers, HEADERS_TYPE)
-    return pa.RecordBatch.from_arrays([keys, values, timestamps, headers], schema=BODY_SCHEMA)
+    if offset_deltas is None:
+        return pa.RecordBatch.from_arrays([keys, values, timestamps, headers], schema=BODY_SCHEMA)
+    if not isinstance(offset_deltas, pa.Array):
+        offset_deltas = pa.array(offset_deltas, pa.int32())
+    return pa.RecordBatch.from_arrays([keys, values, timestamps, headers, offset_deltas], schema=COMPACTED_BODY_SCHEMA)
 
 
 def encode_body(body: pa.RecordBatch, compression: str = "none") -> pa.Buffer:
-    """Serialize `body` as an Arrow IPC stream (schema + one batch) with buffer compression."""
+    """Serialize `body` as an Arrow IPC stream: the schema message and one record batch message.
+
+    Two things save bytes without losing information: the 8-byte end-of-stream marker is left
+    out (the batch header frames the body; Arrow readers take the end of the data as the end of
+    the stream), and a batch that compression would make larger (small batches: every buffer
+    gets a frame header and an 8-byte length) is written uncompressed instead.
+    Raises ValueError for an unknown compression or a schema other than the two body schemas.
+    """
     try:
         options = _WRITE_OPTIONS[compression]
     except KeyError:
         raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}") from None
+    layout = next((layout for layout in (STANDARD_LAYOUT, COMPACTED_LAYOUT) if body.schema.equals(layout.schema)), None)
+    if layout is None:
+        raise ValueError(f"a body must have the record schema (or the compacted one), not {body.schema}")
+    encoded = _write_stream(layout.schema, body, options)
+    # get_record_batch_size is the size of the uncompressed record batch message, known without writing it.
+    if compression != "none" and len(encoded) >= len(layout.schema_message) + pa.ipc.get_record_batch_size(body):
+        encoded = _write_stream(layout.schema, body, _WRITE_OPTIONS["none"])
+    return encoded
+
+
+def _write_stream(schema: pa.Schema, body: pa.RecordBatch, options: pa.ipc.IpcWriteOptions) -> pa.Buffer:
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, body.schema, options=options) as writer:
+    with pa.ipc.new_stream(sink, schema, options=options) as writer:
         writer.write_batch(body)
-    return sink.getvalue()
+    stream = sink.getvalue()
+    assert stream[-len(arrow_ipc.END_OF_STREAM):] == arrow_ipc.END_OF_STREAM
+    return stream.slice(0, len(stream) - len(arrow_ipc.END_OF_STREAM))
 
 
 class EncodedBatch(NamedTuple):
@@ -247,6 +282,8 @@ def encode_batch_parts(body: pa.RecordBatch, *, compression: str = "none", **hea
     if ts.null_count:
         raise ValueError("record timestamps must not be null")
     millis = ts.view(pa.int64()).to_numpy()
+    if "offset_delta" in body.schema.names:
+        header_fields["last_offset_delta"] = body.column("offset_delta")[-1].as_py()
     return frame_parts(encode_body(body, compression), record_count=count, base_timestamp=int(millis.min()),
                        max_timestamp=int(millis.max()), **header_fields)
 
@@ -268,18 +305,84 @@ def frame_parts(
     producer_id: int = -1,
     producer_epoch: int = -1,
     base_sequence: int = -1,
+    last_offset_delta: int | None = None,
 ) -> EncodedBatch:
-    """The 61-byte header for an already-serialized IPC body, CRC computed over both in place."""
+    """The 61-byte header for an already-serialized IPC body, CRC computed over both in place.
+    `last_offset_delta` defaults to record_count - 1 (a compacted body: its last offset_delta)."""
     body = memoryview(ipc_body).cast("B")
     header = bytearray(HEADER_SIZE)
     HEADER.pack_into(
         header, 0, base_offset, HEADER_SIZE + len(body) - LENGTH_PREFIX, partition_leader_epoch, MAGIC, 0,
-        attributes, record_count - 1, base_timestamp, max_timestamp, producer_id, producer_epoch,
+        attributes, record_count - 1 if last_offset_delta is None else last_offset_delta, base_timestamp, max_timestamp, producer_id, producer_epoch,
         base_sequence, record_count,
     )
     crc = _crc32c.crc32c(body, _crc32c.crc32c(memoryview(header)[CRC_START:]))
     _CRC.pack_into(header, 17, crc)
     return EncodedBatch(header, body)
+
+
+class TimestampBounds(NamedTuple):
+    """A CreateTime topic's window for producer timestamps (KIP-937): a batch's base_timestamp
+    may lie at most `before_max_ms` before the broker's clock, its max_timestamp at most
+    `after_max_ms` after it (`message.timestamp.before.max.ms` / `.after.max.ms`)."""
+
+    before_max_ms: int
+    after_max_ms: int
+
+
+class BodyLayout(NamedTuple):
+    """What the validator knows of an accepted body schema without decoding a body: how many
+    field nodes and buffers its record batch message has (Arrow's columnar layout, one node per
+    field in pre-order), and the node index, name and nullability of each top-level column."""
+
+    schema: pa.Schema
+    schema_message: bytes  # pyarrow's encoding of the schema message, as pymq writes it
+    compacted: bool
+    nodes: int
+    buffers: int
+    columns: tuple[tuple[int, str, bool], ...]
+
+
+def _node_and_buffer_counts(kind: pa.DataType) -> tuple[int, int]:
+    """Field nodes and buffers one column of `kind` has in an IPC record batch: validity, offsets
+    and data for binary and string; validity and values for fixed width; validity and offsets for
+    a list; validity for a struct; plus its children's."""
+    if pa.types.is_binary(kind) or pa.types.is_string(kind):
+        own = 3
+    elif pa.types.is_timestamp(kind) or pa.types.is_int32(kind) or pa.types.is_list(kind):
+        own = 2
+    else:
+        assert pa.types.is_struct(kind), f"no IPC layout known for {kind}"
+        own = 1
+    nodes, buffers = 1, own
+    for i in range(kind.num_fields):
+        child_nodes, child_buffers = _node_and_buffer_counts(kind.field(i).type)
+        nodes, buffers = nodes + child_nodes, buffers + child_buffers
+    return nodes, buffers
+
+
+def _body_layout(schema: pa.Schema, compacted: bool) -> BodyLayout:
+    nodes = buffers = 0
+    columns = []
+    for field in schema:
+        columns.append((nodes, field.name, field.nullable))
+        field_nodes, field_buffers = _node_and_buffer_counts(field.type)
+        nodes, buffers = nodes + field_nodes, buffers + field_buffers
+    return BodyLayout(schema, schema.serialize().to_pybytes(), compacted, nodes, buffers, tuple(columns))
+
+
+STANDARD_LAYOUT = _body_layout(BODY_SCHEMA, compacted=False)
+COMPACTED_LAYOUT = _body_layout(COMPACTED_BODY_SCHEMA, compacted=True)
+assert (STANDARD_LAYOUT.nodes, STANDARD_LAYOUT.buffers, COMPACTED_LAYOUT.nodes, COMPACTED_LAYOUT.buffers) == (7, 17, 8, 19)
+# A body written by pymq (or pyarrow) opens with one of these two schema messages byte for byte.
+_CANONICAL_SCHEMA_MESSAGES: dict[bytes, BodyLayout] = {
+    layout.schema_message: layout for layout in (STANDARD_LAYOUT, COMPACTED_LAYOUT)
+}
+# Limits on the metadata the validator reads: pymq's are ~420 and ~500 bytes; other writers may
+# add schema or batch metadata, but not without bound (decoding a schema must stay cheap).
+SCHEMA_MESSAGE_MAX_BYTES = 16 << 10
+RECORD_BATCH_METADATA_MAX_BYTES = 64 << 10
+_LEARNED_SCHEMA_MESSAGES_MAX = 32
 
 
 def read_header(buf: bytes | bytearray | memoryview, pos: int = 0) -> BatchHeader:
@@ -298,20 +401,52 @@ def batch_size_at(buf: bytes | bytearray | memoryview, pos: int) -> int | None:
 
 
 def validate_batch(
-    buf: bytes | bytearray | memoryview, pos: int = 0, *, max_batch_bytes: int | None = None
+    buf: bytes | bytearray | memoryview,
+    pos: int = 0,
+    *,
+    max_batch_bytes: int | None = None,
+    now_ms: int | None = None,
+    timestamp_bounds: TimestampBounds | None = None,
 ) -> BatchHeader:
-    """Check one batch at `pos` completely except for decoding its body, and return its header.
+    """Check the batch at `pos` without decoding its body's buffers, and return its header.
 
-    Checks: header present, magic, length in bounds and fully present, reserved attribute bits,
-    record_count / last_offset_delta agreement, timestamps ordered, the body starts as an Arrow IPC
-    stream, and the CRC. Raises CorruptMessageError (or MessageTooLargeError past the limit)
-    naming the field that failed.
+    Constant cost per batch apart from the CRC: the header's fields (magic, length in bounds and
+    fully present, reserved attribute bits, record_count / last_offset_delta, timestamps ordered),
+    the CRC, then the body's Arrow IPC structure: a schema message equal to one of the two body
+    schemas, and one record batch message whose row count, top-level field node lengths, null
+    counts, buffers and codec agree with the header and the schema, ending exactly at the batch's
+    end. A standard-schema batch has last_offset_delta == record_count - 1; a compacted one may
+    have gaps (>=). Raises CorruptMessageError (MessageTooLargeError past `max_batch_bytes`).
+
+    With `now_ms` (producer input), timestamps are checked too: base_timestamp >= 0 and, with
+    `timestamp_bounds` (CreateTime topics), inside the bounds around `now_ms`; else
+    InvalidTimestampError. Followers and recovery pass neither: they keep the leader's timestamps.
+    Every error names the failing field and the batch's byte position.
     """
     header = read_header(buf, pos)
+    _check_header(buf, pos, header, max_batch_bytes)
+    view = memoryview(buf)
+    if view.format != "B":
+        view = view.cast("B")
+    crc = _crc32c.crc32c(view[pos + CRC_START : pos + header.size])
+    if crc != header.crc:
+        raise CorruptMessageError(f"batch at byte {pos}: CRC {crc:#010x} != stored {header.crc:#010x}")
+    layout = _check_body(view[pos + HEADER_SIZE : pos + header.size], pos, header)
+    if not layout.compacted and header.last_offset_delta != header.record_count - 1:
+        raise CorruptMessageError(
+            f"batch at byte {pos}: last_offset_delta {header.last_offset_delta} != record_count "
+            f"{header.record_count} - 1 (only a compacted body, with an offset_delta column, has offset gaps)"
+        )
+    if now_ms is not None:
+        _check_timestamps(pos, header, now_ms, timestamp_bounds)
+    return header
+
+
+def _check_header(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, max_batch_bytes: int | None) -> None:
     if header.magic != MAGIC:
         raise CorruptMessageError(f"batch at byte {pos}: magic {header.magic}, expected {MAGIC}")
     size = header.size
-    if header.batch_length < HEADER_SIZE - LENGTH_PREFIX + len(_IPC_CONTINUATION):
+    if header.batch_length < HEADER_SIZE - LENGTH_PREFIX + len(arrow_ipc.CONTINUATION):
         raise CorruptMessageError(f"batch at byte {pos}: batch_length {header.batch_length} too small")
     if pos + size > len(buf):
         raise CorruptMessageError(
@@ -321,20 +456,94 @@ def validate_batch(
         raise MessageTooLargeError(f"batch of {size} bytes exceeds max.message.bytes {max_batch_bytes}")
     if header.attributes & ~_KNOWN_ATTRIBUTE_BITS:
         raise CorruptMessageError(f"batch at byte {pos}: reserved attribute bits set ({header.attributes:#x})")
-    if header.record_count < 1 or header.last_offset_delta != header.record_count - 1:
+    if header.record_count < 1 or header.last_offset_delta < header.record_count - 1:
         raise CorruptMessageError(
             f"batch at byte {pos}: record_count {header.record_count} does not match "
             f"last_offset_delta {header.last_offset_delta}"
         )
     if header.max_timestamp < header.base_timestamp:
-        raise CorruptMessageError(f"batch at byte {pos}: max_timestamp before base_timestamp")
-    view = memoryview(buf)
-    if view[pos + HEADER_SIZE : pos + HEADER_SIZE + 4] != _IPC_CONTINUATION:
-        raise CorruptMessageError(f"batch at byte {pos}: body is not an Arrow IPC stream")
-    crc = _crc32c.crc32c(view[pos + CRC_START : pos + size])
-    if crc != header.crc:
-        raise CorruptMessageError(f"batch at byte {pos}: CRC {crc:#010x} != stored {header.crc:#010x}")
-    return header
+        raise CorruptMessageError(
+            f"batch at byte {pos}: max_timestamp {header.max_timestamp} before base_timestamp {header.base_timestamp}"
+        )
+
+
+def _check_body(body: memoryview, pos: int, header: BatchHeader) -> BodyLayout:
+    """The body's IPC structure against the header (see validate_batch); its schema's layout."""
+    try:
+        schema_end = arrow_ipc.message_end(body, 0, "schema message", SCHEMA_MESSAGE_MAX_BYTES)
+        encoded = bytes(body[:schema_end])
+        layout = _CANONICAL_SCHEMA_MESSAGES.get(encoded) or _layout_of_schema_message(encoded)
+        message = arrow_ipc.read_record_batch(body, schema_end, nodes=layout.nodes, buffers=layout.buffers,
+                                              max_metadata_bytes=RECORD_BATCH_METADATA_MAX_BYTES)
+    except arrow_ipc.IpcFormatError as err:
+        raise CorruptMessageError(f"batch at byte {pos}: {err}") from err
+    rows = header.record_count
+    if message.length != rows:
+        raise CorruptMessageError(f"{_where(pos, message)}: length {message.length} rows != record_count {rows}")
+    for index, name, nullable in layout.columns:
+        length, null_count = message.node(index)
+        if length != rows:
+            raise CorruptMessageError(
+                f"{_where(pos, message)}: field node of column {name!r} has length {length} != record_count {rows}")
+        if not 0 <= null_count <= (length if nullable else 0):
+            raise CorruptMessageError(f"{_where(pos, message)}: field node of {'nullable' if nullable else 'non-null'} "
+                                      f"column {name!r} has null_count {null_count}")
+    return layout
+
+
+def _where(pos: int, message: arrow_ipc.RecordBatchMessage) -> str:
+    return f"batch at byte {pos}: record batch message at body byte {message.start}"
+
+
+@functools.lru_cache(maxsize=_LEARNED_SCHEMA_MESSAGES_MAX)
+def _layout_of_schema_message(encoded: bytes) -> BodyLayout:
+    """The layout of a schema message that is not pyarrow's canonical encoding but may still be
+    an equal schema from another Arrow writer: decoded with pyarrow (the message is at most
+    SCHEMA_MESSAGE_MAX_BYTES, so this is constant cost too) and compared by names, types,
+    nullability and order. Accepted encodings are cached (bounded) so the next is a lookup;
+    foreign ones raise IpcFormatError naming what differs (and are not cached)."""
+    arrow_ipc.check_schema_message(memoryview(encoded), 0, len(encoded))
+    try:
+        schema = pa.ipc.read_schema(pa.py_buffer(encoded))
+    except (pa.ArrowException, OSError, ValueError, MemoryError) as err:
+        raise arrow_ipc.IpcFormatError(f"schema message at body byte 0 does not decode: {err}") from err
+    for layout in (STANDARD_LAYOUT, COMPACTED_LAYOUT):
+        if schema.equals(layout.schema, check_metadata=False):
+            return layout
+    raise arrow_ipc.IpcFormatError(f"schema message at body byte 0: foreign body schema: {_schema_difference(schema)}")
+
+
+def _schema_difference(schema: pa.Schema) -> str:
+    """The first way `schema` differs from the body schema with its number of fields."""
+    expected = COMPACTED_BODY_SCHEMA if len(schema) == len(COMPACTED_BODY_SCHEMA) else BODY_SCHEMA
+    if len(schema) != len(expected):
+        return (f"{len(schema)} fields ({', '.join(schema.names)}), expected {', '.join(BODY_SCHEMA.names)} "
+                f"and, for a compacted batch, {OFFSET_DELTA_FIELD.name}")
+    for i, (found, wanted) in enumerate(zip(schema, expected)):
+        if found.name != wanted.name:
+            return f"field {i} is named {found.name!r}, expected {wanted.name!r}"
+        if not found.type.equals(wanted.type):
+            return f"field {i} {found.name!r} has type {found.type}, expected {wanted.type}"
+        if found.nullable != wanted.nullable:
+            return f"field {i} {found.name!r} is {'nullable' if found.nullable else 'not null'}, expected the opposite"
+    return "the schema's endianness or feature flags differ"
+
+
+def _check_timestamps(pos: int, header: BatchHeader, now_ms: int, bounds: TimestampBounds | None) -> None:
+    if header.base_timestamp < 0:
+        raise InvalidTimestampError(f"batch at byte {pos}: base_timestamp {header.base_timestamp} is negative")
+    if bounds is None:
+        return
+    if header.base_timestamp < now_ms - bounds.before_max_ms:
+        raise InvalidTimestampError(
+            f"batch at byte {pos}: base_timestamp {header.base_timestamp} is more than "
+            f"message.timestamp.before.max.ms ({bounds.before_max_ms}) before the broker's time {now_ms}"
+        )
+    if header.max_timestamp > now_ms + bounds.after_max_ms:
+        raise InvalidTimestampError(
+            f"batch at byte {pos}: max_timestamp {header.max_timestamp} is more than "
+            f"message.timestamp.after.max.ms ({bounds.after_max_ms}) after the broker's time {now_ms}"
+        )
 
 
 def iter_batches(
@@ -378,12 +587,14 @@ def stamp_log_append_time(buf: bytearray | memoryview, pos: int, header: BatchHe
 
 
 def decode_body(buf: bytes | bytearray | memoryview | pa.Buffer, header: BatchHeader, pos: int = 0) -> pa.RecordBatch:
-    """Decode the Arrow body of the batch at `pos` (zero-copy over `buf` when uncompressed)."""
+    """Decode the Arrow body of the batch at `pos` (zero-copy over `buf` when uncompressed), in
+    either body schema. Checks it fully (any Arrow structure, row count, and for a compacted body
+    offset deltas strictly increasing from >= 0 to last_offset_delta): CorruptMessageError."""
     body = pa.py_buffer(buf) if not isinstance(buf, pa.Buffer) else buf
     body = body.slice(pos + HEADER_SIZE, header.size - HEADER_SIZE)
     try:
         reader = pa.ipc.open_stream(body)
-        if not reader.schema.equals(BODY_SCHEMA):
+        if not (reader.schema.equals(BODY_SCHEMA) or reader.schema.equals(COMPACTED_BODY_SCHEMA)):
             raise CorruptMessageError(f"batch at offset {header.base_offset}: body schema is not the record schema")
         batch = reader.read_next_batch()
         # A CRC only proves the producer's bytes arrived intact, not that they are valid Arrow: a
@@ -395,7 +606,32 @@ def decode_body(buf: bytes | bytearray | memoryview | pa.Buffer, header: BatchHe
         raise CorruptMessageError(
             f"batch at offset {header.base_offset}: body has {batch.num_rows} rows, header says {header.record_count}"
         )
+    if batch.num_columns == len(COMPACTED_BODY_SCHEMA):
+        _check_offset_deltas(batch.column("offset_delta"), header)
     return batch
+
+
+def _check_offset_deltas(deltas: pa.Array, header: BatchHeader) -> None:
+    """A compacted body's offset deltas: no nulls, the first >= 0, strictly increasing, the last
+    equal to the header's last_offset_delta (Arrow kernels, no per-record Python)."""
+    where = f"batch at offset {header.base_offset}: offset_delta"
+    if deltas.null_count:
+        raise CorruptMessageError(f"{where} has {deltas.null_count} nulls")
+    if deltas[0].as_py() < 0 or deltas[-1].as_py() != header.last_offset_delta:
+        raise CorruptMessageError(
+            f"{where} runs from {deltas[0].as_py()} to {deltas[-1].as_py()}, expected >= 0 up to "
+            f"last_offset_delta {header.last_offset_delta}"
+        )
+    if len(deltas) > 1 and not pc.all(pc.greater(deltas.slice(1), deltas.slice(0, len(deltas) - 1))).as_py():
+        raise CorruptMessageError(f"{where} is not strictly increasing")
+
+
+def record_offsets(header: BatchHeader, body: pa.RecordBatch) -> pa.Array:
+    """The int64 offset of each record of a decoded body: base_offset + row index, or
+    base_offset + offset_delta in a compacted body (whose offsets may have gaps)."""
+    if "offset_delta" in body.schema.names:
+        return pc.add(body.column("offset_delta").cast(pa.int64()), pa.scalar(header.base_offset, pa.int64()))
+    return pa.array(np.arange(header.base_offset, header.base_offset + body.num_rows, dtype=np.int64))
 
 
 def decode_batch(buf: bytes | bytearray | memoryview, pos: int = 0, *, verify: bool = True) -> tuple[BatchHeader, pa.RecordBatch]:

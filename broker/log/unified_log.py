@@ -350,12 +350,17 @@ class UnifiedLog:
         return self.config.message_timestamp_type == "LogAppendTime"
 
     def _validate(self, view: memoryview, check_timestamps: bool = True) -> list[tuple[int, record.BatchHeader]]:
-        """(position, header) of every batch; raises on the first bad one or a partial tail."""
+        """(position, header) of every batch; raises on the first bad one or a partial tail.
+        `check_timestamps`: producer input (>= 0, and the CreateTime window of KIP-937)."""
         if not len(view):
             raise CorruptMessageError("empty record set")
-        batches, position, max_batch_bytes = [], 0, self.config.max_message_bytes
+        batches, position, config = [], 0, self.config
+        now_ms = self._clock() if check_timestamps else None
+        bounds = None if self._log_append_time else record.TimestampBounds(
+            config.message_timestamp_before_max_ms, config.message_timestamp_after_max_ms)
         while position < len(view):
-            header = record.validate_batch(view, position, max_batch_bytes=max_batch_bytes)
+            header = record.validate_batch(view, position, max_batch_bytes=config.max_message_bytes,
+                                           now_ms=now_ms, timestamp_bounds=bounds)
             batches.append((position, header))
             position += header.size
         return batches

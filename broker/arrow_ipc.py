@@ -1,0 +1,253 @@
+"""Arrow IPC stream framing and message metadata, read at constant cost without decoding buffers.
+
+The broker must tell a well-formed record batch body from poison without handing hostile bytes to
+a full Arrow reader (that would cost O(bytes) and trust the flatbuffer). This module reads just
+enough of the stream's structure to check it, with the `flatbuffers` runtime's Table accessors,
+and bound-checks every read first: hostile offsets raise IpcFormatError, never IndexError,
+struct.error or TypeError. Pure: bytes in, values out.
+
+An Arrow IPC stream is a sequence of encapsulated messages and an optional end-of-stream marker:
+
+    offset  size  field
+    0       4     continuation marker 0xFFFFFFFF
+    4       4     metadata_length (int32)   flatbuffer bytes that follow, padding included
+    8       m     Message flatbuffer (Message.fbs)
+    8+m     b     message body: bodyLength bytes (a RecordBatch's buffers; none for a Schema)
+    ...     8     end of stream: 0xFFFFFFFF 0x00000000
+
+Flatbuffer field slots read (Arrow's format/Message.fbs and Schema.fbs, metadata V4/V5); a
+slot's vtable entry sits at byte 4 + 2 * slot of the vtable:
+
+    Message          slot 0  version: short (MetadataVersion V4 = 3, V5 = 4)
+                     slot 1  header_type: ubyte (MessageHeader Schema = 1, RecordBatch = 3)
+                     slot 2  header: table (the union's value)
+                     slot 3  bodyLength: long
+    RecordBatch      slot 0  length: long (row count)
+                     slot 1  nodes: [FieldNode]   struct {length: long, null_count: long}, pre-order
+                     slot 2  buffers: [Buffer]    struct {offset: long, length: long}, body-relative
+                     slot 3  compression: BodyCompression (absent: buffers are uncompressed)
+                     slot 4  variadicBufferCounts: [long] (view types only)
+    BodyCompression  slot 0  codec: byte (CompressionType LZ4_FRAME = 0, ZSTD = 1; default 0)
+                     slot 1  method: byte (BodyCompressionMethod BUFFER = 0; default 0)
+
+A flatbuffer starts with a uint32 offset to its root table. A table starts with an int32 offset
+back to its vtable (vtable = table - soffset); the vtable holds uint16 vtable size, uint16 table
+size, then one uint16 per slot: the field's offset from the table, 0 when absent. A field
+referring to a table or vector holds a uint32 offset from the field itself; a vector starts with
+its uint32 element count.
+"""
+from __future__ import annotations
+
+import operator
+import struct
+from typing import NamedTuple
+
+from flatbuffers import number_types as fb
+from flatbuffers.table import Table
+
+CONTINUATION = b"\xff\xff\xff\xff"
+END_OF_STREAM = CONTINUATION + b"\x00\x00\x00\x00"
+PREFIX_SIZE = 8  # continuation marker + metadata_length
+_PREFIX = struct.Struct("<4si")
+
+METADATA_V4, METADATA_V5 = 3, 4
+HEADER_SCHEMA, HEADER_RECORD_BATCH = 1, 3
+CODEC_LZ4_FRAME, CODEC_ZSTD = 0, 1
+CODEC_NAMES = {CODEC_LZ4_FRAME: "lz4_frame", CODEC_ZSTD: "zstd"}
+_METHOD_BUFFER = 0
+_PAIR = struct.Struct("<qq")  # FieldNode and Buffer are both two longs
+
+
+class IpcFormatError(ValueError):
+    """The bytes are not the Arrow IPC structure expected; the message names the field and its
+    position in the stream. Callers turn it into their own error (the broker: CORRUPT_MESSAGE)."""
+
+
+class RecordBatchMessage(NamedTuple):
+    """The metadata of one RecordBatch message, as read from its flatbuffer.
+
+    `nodes` and `buffers` are flat (length, null_count, ...) and (offset, length, ...) tuples;
+    every buffer is known to lie inside the body."""
+
+    start: int  # stream position of the message's continuation marker
+    length: int
+    body_length: int
+    nodes: tuple[int, ...]
+    buffers: tuple[int, ...]
+    codec: int | None
+
+    def node(self, index: int) -> tuple[int, int]:
+        """(length, null_count) of the index-th field node (pre-order)."""
+        return self.nodes[2 * index], self.nodes[2 * index + 1]
+
+
+def message_end(stream: memoryview, pos: int, what: str, max_metadata_bytes: int) -> int:
+    """Position just after the flatbuffer of the message at `pos` (its body, if any, follows).
+
+    Checks the continuation marker and that metadata_length is positive, at most
+    `max_metadata_bytes` and inside `stream`. An end-of-stream marker here is an error: the
+    caller expects a message."""
+    if len(stream) - pos < PREFIX_SIZE:
+        raise IpcFormatError(f"{what} at body byte {pos}: {len(stream) - pos} bytes, too short for a message prefix")
+    marker, metadata_length = _PREFIX.unpack_from(stream, pos)
+    if marker != CONTINUATION:
+        raise IpcFormatError(f"{what} at body byte {pos}: continuation marker missing (not an Arrow IPC stream)")
+    if metadata_length <= 0:
+        raise IpcFormatError(f"{what} at body byte {pos}: metadata_length {metadata_length} (a message was expected)")
+    if metadata_length > max_metadata_bytes:
+        raise IpcFormatError(f"{what} at body byte {pos}: metadata_length {metadata_length} exceeds {max_metadata_bytes}")
+    end = pos + PREFIX_SIZE + metadata_length
+    if end > len(stream):
+        raise IpcFormatError(f"{what} at body byte {pos}: metadata_length {metadata_length} runs past the body's end")
+    return end
+
+
+def check_schema_message(stream: memoryview, pos: int, end: int) -> None:
+    """The message at `pos` (flatbuffer up to `end`) is a Schema message with no body.
+
+    Only its Message table is read: the caller decodes the schema itself (with pyarrow, whose
+    flatbuffer verifier then guards the rest)."""
+    where = f"schema message at body byte {pos}"
+    header_type, _, body_length = _message(stream[pos + PREFIX_SIZE : end], where)
+    if header_type != HEADER_SCHEMA:
+        raise IpcFormatError(f"{where}: header_type {header_type}, expected Schema ({HEADER_SCHEMA})")
+    if body_length != 0:
+        raise IpcFormatError(f"{where}: bodyLength {body_length}, a schema message has none")
+
+
+def read_record_batch(stream: memoryview, pos: int, *, nodes: int, buffers: int,
+                      max_metadata_bytes: int) -> RecordBatchMessage:
+    """Read the RecordBatch message at `pos`, which must be the stream's last message: its body
+    ends exactly at the end of `stream`, or 8 bytes before it followed by the end-of-stream marker.
+
+    The caller knows the schema, so it says how many field `nodes` and `buffers` the batch must
+    carry (that also keeps the reads constant). Checks: message type and version, bodyLength,
+    the node and buffer counts, every buffer (offset, length) inside the body, the compression
+    codec (LZ4_FRAME or ZSTD, per-buffer method) and no variadic buffer counts."""
+    where = f"record batch message at body byte {pos}"
+    end = message_end(stream, pos, "record batch message", max_metadata_bytes)
+    header_type, batch, body_length = _message(stream[pos + PREFIX_SIZE : end], where)
+    if header_type != HEADER_RECORD_BATCH:
+        raise IpcFormatError(f"{where}: header_type {header_type}, expected RecordBatch ({HEADER_RECORD_BATCH})")
+    remaining = len(stream) - end
+    if body_length < 0 or body_length not in (remaining, remaining - len(END_OF_STREAM)):
+        raise IpcFormatError(f"{where}: bodyLength {body_length} does not fill the {remaining} bytes left in the body")
+    if body_length != remaining and stream[end + body_length :] != END_OF_STREAM:
+        raise IpcFormatError(f"{where}: the {len(END_OF_STREAM)} bytes after it are not the end-of-stream marker")
+    length = _scalar(batch, 0, fb.Int64Flags, 0, where, "length")
+    node_values = _pairs(batch, 1, nodes, where, "nodes")
+    buffer_values = _pairs(batch, 2, buffers, where, "buffers")
+    if buffers and (min(buffer_values) < 0 or max(map(operator.add, buffer_values[0::2], buffer_values[1::2])) > body_length):
+        i = next(i for i in range(buffers) if not 0 <= buffer_values[2 * i] <= buffer_values[2 * i] + buffer_values[2 * i + 1] <= body_length)
+        raise IpcFormatError(f"{where}: buffer {i} (offset {buffer_values[2 * i]}, length {buffer_values[2 * i + 1]}) "
+                             f"lies outside the {body_length}-byte message body")
+    codec = _compression(batch, where)
+    variadic = _field(batch, 4, 4, where, "variadicBufferCounts")
+    if variadic is not None and _vector(batch.table, variadic, 8, where, "variadicBufferCounts")[1]:
+        raise IpcFormatError(f"{where}: variadicBufferCounts present (no view types in this schema)")
+    return RecordBatchMessage(pos, length, body_length, node_values, buffer_values, codec)
+
+
+# -- bound-checked flatbuffer reads -------------------------------------------------------------
+
+
+def _message(metadata: memoryview, where: str) -> tuple[int, _Table, int]:
+    """(header_type, header table, bodyLength) of a Message flatbuffer, version checked."""
+    if len(metadata) < 4:
+        raise IpcFormatError(f"{where}: metadata of {len(metadata)} bytes has no root offset")
+    root = Table(metadata, 0)
+    message = _table(metadata, root.Get(fb.UOffsetTFlags, 0), where, "Message table")
+    version = _scalar(message, 0, fb.Int16Flags, 0, where, "version")
+    if version not in (METADATA_V4, METADATA_V5):
+        raise IpcFormatError(f"{where}: metadata version {version}, expected V4 ({METADATA_V4}) or V5 ({METADATA_V5})")
+    header_type = _scalar(message, 1, fb.Uint8Flags, 0, where, "header_type")
+    header_at = _field(message, 2, 4, where, "header")
+    if header_at is None:
+        raise IpcFormatError(f"{where}: header missing")
+    header = _table(metadata, message.table.Indirect(header_at), where, "header table")
+    body_length = _scalar(message, 3, fb.Int64Flags, 0, where, "bodyLength")
+    return header_type, header, body_length
+
+
+class _Table(NamedTuple):
+    """A flatbuffers Table with its vtable's position and size, read once: Table.Offset would
+    re-read both for every field (three reads instead of one, on the broker's produce path)."""
+
+    table: Table
+    vtable: int
+    vtable_size: int
+
+
+def _table(buf: memoryview, pos: int, where: str, name: str) -> _Table:
+    """The table at `pos`, once it and its whole vtable are known to lie inside `buf`."""
+    size = len(buf)
+    if not 0 <= pos <= size - 4:
+        raise IpcFormatError(f"{where}: {name}: table offset {pos} outside the {size}-byte metadata")
+    table = Table(buf, pos)
+    vtable = pos - table.Get(fb.SOffsetTFlags, pos)
+    if not 0 <= vtable <= size - 4:
+        raise IpcFormatError(f"{where}: {name}: vtable offset {vtable} outside the {size}-byte metadata")
+    vtable_size = table.Get(fb.VOffsetTFlags, vtable)
+    if vtable_size < 4 or vtable_size % 2 or vtable + vtable_size > size:
+        raise IpcFormatError(f"{where}: {name}: vtable of {vtable_size} bytes at {vtable} does not fit the metadata")
+    return _Table(table, vtable, vtable_size)
+
+
+def _field(table: _Table, slot: int, size: int, where: str, name: str) -> int | None:
+    """Position of the slot's `size`-byte value, None when the field is absent (default)."""
+    entry = 4 + 2 * slot
+    if entry >= table.vtable_size:  # a vtable older than the slot: the field is absent
+        return None
+    offset = table.table.Get(fb.VOffsetTFlags, table.vtable + entry)
+    if offset == 0:
+        return None
+    at = table.table.Pos + offset
+    if at + size > len(table.table.Bytes):
+        raise IpcFormatError(f"{where}: {name}: field at {at} runs past the {len(table.table.Bytes)}-byte metadata")
+    return at
+
+
+def _scalar(table: _Table, slot: int, flags: type, default: int, where: str, name: str) -> int:
+    at = _field(table, slot, flags.bytewidth, where, name)
+    return default if at is None else table.table.Get(flags, at)
+
+
+def _vector(table: Table, at: int, item_size: int, where: str, name: str) -> tuple[int, int]:
+    """(position of the first element, element count) of the vector the field at `at` refers to."""
+    vector = table.Indirect(at)
+    size = len(table.Bytes)
+    if vector + 4 > size:
+        raise IpcFormatError(f"{where}: {name}: vector offset {vector} outside the {size}-byte metadata")
+    count = table.Get(fb.UOffsetTFlags, vector)
+    start = vector + 4
+    if start + count * item_size > size:
+        raise IpcFormatError(f"{where}: {name}: {count} elements run past the {size}-byte metadata")
+    return start, count
+
+
+def _pairs(table: _Table, slot: int, expected: int, where: str, name: str) -> tuple[int, ...]:
+    """The flat values of a vector of `expected` two-long structs (FieldNode or Buffer), read in
+    one unpack (a struct vector's elements are inline, little-endian)."""
+    at = _field(table, slot, 4, where, name)
+    if at is None:
+        raise IpcFormatError(f"{where}: {name}: missing, expected {expected}")
+    start, count = _vector(table.table, at, _PAIR.size, where, name)
+    if count != expected:
+        raise IpcFormatError(f"{where}: {name}: {count} entries, the schema has {expected}")
+    return struct.unpack_from(f"<{2 * count}q", table.table.Bytes, start)
+
+
+def _compression(batch: _Table, where: str) -> int | None:
+    """The codec of a compressed batch, None for an uncompressed one."""
+    at = _field(batch, 3, 4, where, "compression")
+    if at is None:
+        return None
+    compression = _table(batch.table.Bytes, batch.table.Indirect(at), where, "compression table")
+    codec = _scalar(compression, 0, fb.Int8Flags, CODEC_LZ4_FRAME, where, "compression codec")
+    if codec not in CODEC_NAMES:
+        raise IpcFormatError(f"{where}: compression codec {codec}, expected LZ4_FRAME ({CODEC_LZ4_FRAME}) "
+                             f"or ZSTD ({CODEC_ZSTD})")
+    method = _scalar(compression, 1, fb.Int8Flags, _METHOD_BUFFER, where, "compression method")
+    if method != _METHOD_BUFFER:
+        raise IpcFormatError(f"{where}: compression method {method}, expected BUFFER ({_METHOD_BUFFER})")
+    return codec
