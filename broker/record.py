@@ -510,7 +510,11 @@ def _layout_of_schema_message(encoded: bytes) -> BodyLayout:
     for layout in (STANDARD_LAYOUT, COMPACTED_LAYOUT):
         if schema.equals(layout.schema, check_metadata=False):
             return layout
-    raise arrow_ipc.IpcFormatError(f"schema message at body byte 0: foreign body schema: {_schema_difference(schema)}")
+    try:
+        difference = _schema_difference(schema)
+    except UnicodeDecodeError:  # Arrow requires UTF-8 names but pyarrow decodes them only when asked
+        difference = "a field name is not UTF-8"
+    raise arrow_ipc.IpcFormatError(f"schema message at body byte 0: foreign body schema: {difference}")
 
 
 def _schema_difference(schema: pa.Schema) -> str:

@@ -2,6 +2,7 @@
 round trips and that every single-bit corruption covered by the CRC is detected."""
 from __future__ import annotations
 
+import random
 import struct
 
 import crc32c
@@ -10,8 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.errors import CorruptMessageError, MessageTooLargeError
+from broker.errors import CorruptMessageError, InvalidTimestampError, MessageTooLargeError
 from broker.record import (
+    BODY_SCHEMA,
+    COMPACTED_BODY_SCHEMA,
     COMPRESSIONS,
     CONTROL_BIT,
     HEADER_SIZE,
@@ -28,6 +31,8 @@ from broker.record import (
     make_body,
     patch_offsets,
     read_header,
+    record_offsets,
+    TimestampBounds,
     validate_batch,
 )
 
@@ -440,3 +445,352 @@ def test_decode_body_rejects_a_body_outside_the_standard_schema():
     buf = frame_body(sink.getvalue(), record_count=2, base_timestamp=0, max_timestamp=0)
     with pytest.raises(CorruptMessageError):
         decode_body(buf, read_header(buf))
+
+
+# -- the body's Arrow structure at constant cost (validate_batch reads no buffer) ------------------
+
+TS = 1_700_000_000_000
+
+
+def _ipc(batch: pa.RecordBatch, schema: pa.Schema | None = None, **options) -> bytes:
+    """A plain pyarrow IPC stream of `batch`, end-of-stream marker included (any Arrow writer's)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema or batch.schema, options=pa.ipc.IpcWriteOptions(**options)) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def _three() -> pa.RecordBatch:
+    return make_body([b"a", b"b", b"c"], timestamps_ms=TS)
+
+
+def _framed(ipc: bytes, record_count: int = 3, **fields) -> bytearray:
+    return frame_body(ipc, record_count=record_count, base_timestamp=TS, max_timestamp=TS, **fields)
+
+
+def _recrc(buf: bytearray) -> bytearray:
+    struct.pack_into("<I", buf, 17, crc32c.crc32c(bytes(buf[21:])))
+    return buf
+
+
+def _schema_end(ipc: bytes) -> int:
+    return 8 + struct.unpack_from("<i", ipc, 4)[0]
+
+
+def _with_schema(schema: pa.Schema, columns: list[pa.Array]) -> bytes:
+    return _ipc(pa.RecordBatch.from_arrays(columns, schema=schema))
+
+
+def _foreign_schema(change) -> bytes:
+    """A three-row body whose schema is the record schema with one field replaced by change(field)."""
+    body = _three()
+    fields = [change(f) if f.name == "timestamp" else f for f in BODY_SCHEMA]
+    columns = [c.cast(f.type) for c, f in zip(body.columns, fields)]
+    return _with_schema(pa.schema(fields), columns)
+
+
+STRUCTURE_CASES = [
+    # id (the rule), batch bytes, words the CORRUPT_MESSAGE text must contain
+    ("record-count-above-body-rows", lambda: _framed(encode_body(_three()), record_count=1000), "length 3 rows != record_count 1000"),
+    ("record-count-below-body-rows", lambda: _framed(encode_body(_three()), record_count=2), "length 3 rows != record_count 2"),
+    ("schema-foreign-columns", lambda: _framed(_ipc(pa.record_batch({"x": pa.array([1, 2, 3])}))), "1 fields (x)"),
+    ("schema-extra-column", lambda: _framed(_with_schema(BODY_SCHEMA.append(pa.field("extra", pa.int8())),
+                                                         _three().columns + [pa.array([1, 2, 3], pa.int8())])),
+     "field 4 is named 'extra'"),
+    ("schema-renamed-column", lambda: _framed(_foreign_schema(lambda f: f.with_name("ts"))), "field 2 is named 'ts'"),
+    ("schema-timestamp-unit", lambda: _framed(_foreign_schema(lambda f: f.with_type(pa.timestamp("us", tz="UTC")))),
+     "field 2 'timestamp' has type timestamp[us, tz=UTC]"),
+    ("schema-timestamp-zone", lambda: _framed(_foreign_schema(lambda f: f.with_type(pa.timestamp("ms")))),
+     "field 2 'timestamp' has type timestamp[ms]"),
+    ("schema-timestamp-nullable", lambda: _framed(_foreign_schema(lambda f: f.with_nullable(True))),
+     "field 2 'timestamp' is nullable"),
+    ("schema-offset-delta-nullable", lambda: _framed(_with_schema(
+        BODY_SCHEMA.append(pa.field("offset_delta", pa.int32())), _three().columns + [pa.array([0, 1, 2], pa.int32())])),
+     "field 4 'offset_delta' is nullable"),
+    ("schema-message-not-flatbuffer", lambda: _framed(
+        b"\xff\xff\xff\xff\x10\x00\x00\x00" + b"\x07" * 16 + encode_body(_three()).to_pybytes()[_schema_end(encode_body(_three()).to_pybytes()):]),
+     "schema message"),
+    ("garbage-after-marker", lambda: _framed(b"\xff\xff\xff\xff" + random.Random(3).randbytes(600)), "schema message"),
+    ("no-record-batch-message", lambda: _framed(encode_body(_three()).to_pybytes()[:_schema_end(encode_body(_three()).to_pybytes())]),
+     "record batch message at body byte 424: 0 bytes"),
+    ("end-of-stream-instead-of-batch", lambda: _framed(
+        encode_body(_three()).to_pybytes()[:_schema_end(encode_body(_three()).to_pybytes())] + b"\xff\xff\xff\xff\0\0\0\0"),
+     "metadata_length 0"),
+    ("record-batch-message-truncated", lambda: _framed(encode_body(_three()).to_pybytes()[:-16]), "bodyLength"),
+    ("trailing-garbage-after-batch", lambda: _framed(encode_body(_three()).to_pybytes() + b"\0" * 16), "bodyLength"),
+    ("trailing-bytes-instead-of-end-marker", lambda: _framed(encode_body(_three()).to_pybytes() + b"\xff" * 8),
+     "end-of-stream marker"),
+    ("two-record-batches", lambda: _framed(encode_body(_three()).to_pybytes() + _ipc(_three())[_schema_end(_ipc(_three())):]),
+     "bodyLength"),
+    ("standard-schema-with-offset-gap", lambda: _framed(encode_body(_three()), last_offset_delta=5),
+     "last_offset_delta 5 != record_count 3 - 1"),
+]
+
+
+@pytest.mark.parametrize("make, words", [c[1:] for c in STRUCTURE_CASES], ids=[c[0] for c in STRUCTURE_CASES])
+def test_validate_batch_rejects_a_body_that_disagrees_with_header_or_schema(make, words):
+    """A CRC-valid batch whose Arrow body breaks one structural rule is CORRUPT_MESSAGE, the
+    message naming the field and the batch's position."""
+    buf = make()
+    with pytest.raises(CorruptMessageError, match="batch at byte 0") as raised:
+        validate_batch(buf)
+    assert words in str(raised.value)
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_a_body_with_the_end_of_stream_marker_is_accepted(compression):
+    """The end-of-stream marker is optional: another writer's body ending with it validates."""
+    ipc = _ipc(_three(), compression=None if compression == "none" else compression)
+    assert ipc.endswith(b"\xff\xff\xff\xff\0\0\0\0")
+    assert decode_batch(_framed(ipc))[1].equals(_three())
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        BODY_SCHEMA.with_metadata({"writer": "another Arrow library"}),
+        pa.schema([f.with_metadata({"doc": "x"}) for f in BODY_SCHEMA]),
+        pa.schema([*list(BODY_SCHEMA)[:3], pa.field("headers", pa.list_(pa.field("element", BODY_SCHEMA.field("headers").type.value_type)))]),
+    ],
+    ids=["schema-metadata", "field-metadata", "list-item-named-element"],
+)
+def test_an_equal_schema_encoded_differently_is_accepted_and_remembered(schema):
+    """Another writer's encoding of the same names, types and nullability passes; the second time
+    it is a cache hit (a bytes compare), not a decode."""
+    from broker.record import _layout_of_schema_message
+
+    ipc = _ipc(pa.RecordBatch.from_arrays(_three().columns, schema=schema))
+    assert ipc[: _schema_end(ipc)] != BODY_SCHEMA.serialize().to_pybytes()
+    buf = _framed(ipc)
+    validate_batch(buf)
+    hits = _layout_of_schema_message.cache_info().hits
+    validate_batch(buf)
+    assert _layout_of_schema_message.cache_info().hits == hits + 1
+    assert decode_batch(buf)[1].num_rows == 3
+
+
+def test_metadata_version_v4_is_accepted():
+    """A body written with pre-1.0 metadata (V4: no unions here, so the same layout) validates."""
+    ipc = _ipc(_three(), metadata_version=pa.ipc.MetadataVersion.V4)
+    assert decode_batch(_framed(ipc))[1].equals(_three())
+
+
+# -- timestamps ----------------------------------------------------------------------------------
+
+NOW = 1_800_000_000_000
+BOUNDS = TimestampBounds(before_max_ms=86_400_000, after_max_ms=3_600_000)
+
+
+def _stamped(base: int, top: int) -> bytearray:
+    return frame_body(encode_body(make_body([b"a", b"b"], timestamps_ms=[base, top])), record_count=2,
+                      base_timestamp=base, max_timestamp=top)
+
+
+TIMESTAMP_CASES = [
+    # id, base_timestamp, max_timestamp, bounds, error (None: accepted)
+    ("negative-base", -5, 10, BOUNDS, "base_timestamp -5 is negative"),
+    ("negative-base-log-append-time", -5, 10, None, "base_timestamp -5 is negative"),
+    ("zero-base", 0, NOW, None, None),
+    ("past-beyond-before-max", NOW - BOUNDS.before_max_ms - 1, NOW, BOUNDS, "message.timestamp.before.max.ms"),
+    ("past-at-before-max", NOW - BOUNDS.before_max_ms, NOW, BOUNDS, None),
+    ("future-beyond-after-max", NOW, NOW + BOUNDS.after_max_ms + 1, BOUNDS, "message.timestamp.after.max.ms"),
+    ("future-at-after-max", NOW, NOW + BOUNDS.after_max_ms, BOUNDS, None),
+    ("far-future-log-append-time", NOW, NOW + 10**12, None, None),
+]
+
+
+@pytest.mark.parametrize("base, top, bounds, error", [c[1:] for c in TIMESTAMP_CASES], ids=[c[0] for c in TIMESTAMP_CASES])
+def test_producer_timestamps_are_checked_against_the_clock(base, top, bounds, error):
+    """With now_ms (producer input) a negative base_timestamp is INVALID_TIMESTAMP, and with
+    bounds (CreateTime) so is one outside [now - before.max, now + after.max]; the bounds are
+    inclusive. LogAppendTime topics pass no bounds."""
+    buf = _stamped(base, top)
+    if error is None:
+        validate_batch(buf, now_ms=NOW, timestamp_bounds=bounds)
+    else:
+        with pytest.raises(InvalidTimestampError, match="batch at byte 0") as raised:
+            validate_batch(buf, now_ms=NOW, timestamp_bounds=bounds)
+        assert error in str(raised.value) and raised.value.code == 32
+    validate_batch(buf)  # followers and recovery keep whatever the leader accepted
+
+
+# -- compacted bodies and offsets ----------------------------------------------------------------
+
+
+def test_a_compacted_batch_round_trips_with_its_offset_gaps():
+    """A body with offset_delta [0, 3, 7] encodes with last_offset_delta 7, validates, decodes, and
+    record_offsets gives base_offset + delta; a plain body gives base_offset + row index."""
+    body = make_body([b"a", b"b", b"c"], timestamps_ms=TS, offset_deltas=[0, 3, 7])
+    buf = encode_batch(body, base_offset=100, compression="zstd")
+    header, decoded = decode_batch(buf)
+    assert (header.record_count, header.last_offset_delta, header.next_offset) == (3, 7, 108)
+    assert decoded.equals(body) and decoded.schema.equals(COMPACTED_BODY_SCHEMA)
+    assert record_offsets(header, decoded).to_pylist() == [100, 103, 107]
+    header, decoded = decode_batch(encode_batch(_three(), base_offset=100))
+    assert record_offsets(header, decoded).to_pylist() == [100, 101, 102]
+    assert record_offsets(header, decoded).type == pa.int64()
+
+
+@pytest.mark.parametrize(
+    "deltas, last, words",
+    [([0, 3, 3], 3, "strictly increasing"), ([0, 4, 2], 2, "strictly increasing"), ([-1, 0, 5], 5, "from -1"),
+     ([0, 3, 7], 9, "last_offset_delta 9")],
+    ids=["repeated-delta", "decreasing-delta", "negative-first-delta", "last-delta-not-header"],
+)
+def test_decode_body_rejects_bad_offset_deltas(deltas, last, words):
+    """The broker checks a compacted batch only at constant cost; the client's decode checks the
+    deltas themselves (Arrow kernels) and refuses offsets that are not strictly increasing or end
+    elsewhere than the header says."""
+    body = make_body([b"a", b"b", b"c"], timestamps_ms=TS, offset_deltas=deltas)
+    buf = _framed(encode_body(body), last_offset_delta=last)
+    validate_batch(buf)
+    with pytest.raises(CorruptMessageError, match=words):
+        decode_body(buf, read_header(buf))
+
+
+@PROPERTY
+@given(records=RECORDS, compression=st.sampled_from(COMPRESSIONS), gaps=st.lists(st.integers(1, 1000), min_size=12, max_size=12),
+       base_offset=st.integers(0, 2**62))
+def test_any_valid_body_passes_and_plain_pyarrow_reads_it(records, compression, gaps, base_offset):
+    """Any records, compression and (for compacted bodies) offset gaps make a batch validate_batch
+    accepts, and whose body plain `pyarrow.ipc.open_stream` reads with no pymq code."""
+    for deltas in (None, [sum(gaps[:i]) for i in range(len(records))]):
+        body = _body(records)
+        if deltas is not None:
+            body = pa.RecordBatch.from_arrays(body.columns + [pa.array(deltas, pa.int32())], schema=COMPACTED_BODY_SCHEMA)
+        buf = encode_batch(body, compression=compression, base_offset=base_offset)
+        header = validate_batch(buf)
+        plain = pa.ipc.open_stream(bytes(buf[HEADER_SIZE:])).read_all()
+        assert plain.equals(pa.Table.from_batches([body]))
+        assert record_offsets(header, body).to_pylist() == [base_offset + d for d in (deltas or range(len(records)))]
+
+
+# -- per-batch overhead ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_encoded_body_leaves_out_the_end_of_stream_marker(compression):
+    """The header frames the body, so the 8-byte end-of-stream marker is not written: the body is
+    the schema message and the record batch message, nothing more."""
+    body = make_body([b"%099d" % i for i in range(100)], timestamps_ms=TS)
+    ipc = encode_body(body, compression).to_pybytes()
+    assert ipc.startswith(BODY_SCHEMA.serialize().to_pybytes())
+    assert ipc + b"\xff\xff\xff\xff\0\0\0\0" == _ipc(body, compression=None if compression == "none" else compression)
+
+
+@pytest.mark.parametrize("compression", ["lz4", "zstd"])
+@pytest.mark.parametrize("n", [1, 10, 1000])
+def test_compression_never_makes_a_body_larger(compression, n):
+    """A batch that compression would grow (small ones: a frame and an 8-byte length per buffer)
+    is written uncompressed; a large compressible one is compressed."""
+    body = make_body([b"%099d" % i for i in range(n)], timestamps_ms=TS)
+    plain, packed = len(encode_body(body, "none")), len(encode_body(body, compression))
+    assert packed <= plain
+    if n == 1000:
+        assert packed < plain // 2
+    assert decode_batch(encode_batch(body, compression=compression))[1].equals(body)
+
+
+# -- hostile metadata: every checked field, and any bytes at all ---------------------------------
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _metadata_fields(ipc: bytes) -> dict[str, tuple[int, str, object]]:
+    """Where the checked fields of a valid body sit: name -> (byte position in the body, struct
+    format, strategy of values that break the rule). Found independently of broker.arrow_ipc,
+    with the flatbuffers Table accessors over pyarrow's output and Arrow's Message.fbs slots."""
+    from flatbuffers import number_types as fb
+    from flatbuffers.table import Table
+
+    schema_end = _schema_end(ipc)
+    meta_start = schema_end + 8
+    meta = ipc[meta_start : meta_start + struct.unpack_from("<i", ipc, schema_end + 4)[0]]
+    body_length = len(ipc) - meta_start - len(meta)
+
+    def at(table: Table, slot: int) -> int:
+        offset = table.Offset(4 + 2 * slot)
+        assert offset, f"slot {slot} absent"
+        return table.Pos + offset
+
+    message = Table(meta, Table(meta, 0).Get(fb.UOffsetTFlags, 0))
+    batch = Table(meta, message.Indirect(at(message, 2)))
+    nodes, buffers = batch.Vector(batch.Offset(6)), batch.Vector(batch.Offset(8))
+    rows = struct.unpack_from("<q", meta, at(batch, 0))[0]
+    not_rows = st.integers(INT64_MIN, INT64_MAX).filter(lambda v: v != rows)
+    outside = st.integers(INT64_MIN, -1) | st.integers(body_length + 1, 2**62)
+    fields = {
+        "schema-continuation": (0, "<I", st.integers(0, 2**32 - 2)),
+        "schema-metadata-length": (4, "<i", st.integers(-(2**31), 2**31 - 1).filter(lambda v: v != schema_end - 8)),
+        "batch-continuation": (schema_end, "<I", st.integers(0, 2**32 - 2)),
+        "batch-metadata-length": (schema_end + 4, "<i", st.integers(-(2**31), 2**31 - 1).filter(lambda v: v != len(meta))),
+        "version": (meta_start + at(message, 0), "<h", st.integers(-(2**15), 2**15 - 1).filter(lambda v: v not in (3, 4))),
+        "header-type": (meta_start + at(message, 1), "<B", st.integers(0, 255).filter(lambda v: v != 3)),
+        "body-length": (meta_start + at(message, 3), "<q", st.integers(INT64_MIN, INT64_MAX).filter(lambda v: v != body_length)),
+        "row-count": (meta_start + at(batch, 0), "<q", not_rows),
+        "node-count": (meta_start + nodes - 4, "<I", st.integers(0, 2**32 - 1).filter(lambda v: v != 7)),
+        "buffer-count": (meta_start + buffers - 4, "<I", st.integers(0, 2**32 - 1).filter(lambda v: v != 17)),
+        "timestamp-null-count": (meta_start + nodes + 2 * 16 + 8, "<q", st.integers(INT64_MIN, INT64_MAX).filter(bool)),
+    }
+    for i, column in enumerate(["key", "value", "timestamp", "headers"]):
+        fields[f"{column}-node-length"] = (meta_start + nodes + 16 * i, "<q", not_rows)
+    for column, i in [("key", 0), ("headers", 3)]:  # nullable: 0 <= null_count <= rows
+        fields[f"{column}-null-count"] = (meta_start + nodes + 16 * i + 8, "<q",
+                                          st.integers(INT64_MIN, -1) | st.integers(rows + 1, INT64_MAX))
+    for i in range(17):
+        fields[f"buffer-{i}-offset"] = (meta_start + buffers + 16 * i, "<q", outside)
+        fields[f"buffer-{i}-length"] = (meta_start + buffers + 16 * i + 8, "<q", outside)
+    if batch.Offset(10):
+        compression = Table(meta, batch.Indirect(at(batch, 3)))
+        if compression.Offset(4):
+            fields["codec"] = (meta_start + at(compression, 0), "<b", st.integers(-128, 127).filter(lambda v: v not in (0, 1)))
+    return fields
+
+
+HOSTILE_ROWS = 100
+
+
+def _hostile_body() -> bytes:
+    """A zstd body with nulls and headers, large and repetitive enough to stay compressed."""
+    body = make_body([b"value-%050d" % i for i in range(HOSTILE_ROWS)], keys=[b"k", None] * (HOSTILE_ROWS // 2),
+                     timestamps_ms=TS, headers=[None, [{"key": "h", "value": b"x"}]] * (HOSTILE_ROWS // 2))
+    return encode_body(body, "zstd").to_pybytes()
+
+
+_HOSTILE = _hostile_body()
+_HOSTILE_FIELDS = _metadata_fields(_HOSTILE)
+
+
+def test_the_hostile_body_is_valid_and_compressed_with_zstd():
+    """The body the hostile-metadata properties corrupt validates untouched and carries a codec field."""
+    assert "codec" in _HOSTILE_FIELDS
+    validate_batch(_framed(_HOSTILE, record_count=HOSTILE_ROWS))
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), name=st.sampled_from(sorted(_HOSTILE_FIELDS)))
+def test_any_single_field_corruption_of_the_metadata_is_rejected(data, name):
+    """Setting any one checked field of the schema or record batch message to a value its rule
+    forbids (re-CRC'd, so only the structure check can catch it) is CORRUPT_MESSAGE, never an
+    IndexError, struct.error or other exception from reading the hostile flatbuffer."""
+    position, fmt, values = _HOSTILE_FIELDS[name]
+    ipc = bytearray(_HOSTILE)
+    struct.pack_into(fmt, ipc, position, data.draw(values, label=name))
+    with pytest.raises(CorruptMessageError):
+        validate_batch(_framed(bytes(ipc), record_count=HOSTILE_ROWS))
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), count=st.integers(1, 6))
+def test_any_bytes_in_the_metadata_raise_nothing_but_corrupt_message(data, count):
+    """Overwriting up to six bytes anywhere in the two messages' metadata (re-CRC'd) either leaves
+    a body the checks accept or is CORRUPT_MESSAGE: no other exception escapes the reads."""
+    schema_end = _schema_end(_HOSTILE)
+    batch_end = schema_end + 8 + struct.unpack_from("<i", _HOSTILE, schema_end + 4)[0]
+    ipc = bytearray(_HOSTILE)
+    for _ in range(count):
+        ipc[data.draw(st.integers(0, batch_end - 1), label="at")] = data.draw(st.integers(0, 255), label="byte")
+    try:
+        validate_batch(_framed(bytes(ipc), record_count=HOSTILE_ROWS))
+    except CorruptMessageError:
+        pass
