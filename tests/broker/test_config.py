@@ -2,6 +2,8 @@
 TOML loading and topic-name rules."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from broker.config import (
@@ -230,3 +232,34 @@ def test_invalid_topic_names_raise_invalid_topic(name):
     """Empty, '.', '..', too long, illegal characters and non-strings raise INVALID_TOPIC_EXCEPTION."""
     with pytest.raises(InvalidTopicError):
         validate_topic_name(name)
+
+
+# -- producer timestamp bounds (KIP-937) -----------------------------------------------------------
+
+
+def test_timestamp_bounds_have_kafkas_names_and_defaults():
+    """message.timestamp.before/after.max.ms default to no limit into the past and one hour into
+    the future, under Kafka's broker keys, and reach LogConfig under their python names."""
+    assert TOPIC_CONFIGS["message.timestamp.before.max.ms"][1] == "log.message.timestamp.before.max.ms"
+    assert TOPIC_CONFIGS["message.timestamp.after.max.ms"][1] == "log.message.timestamp.after.max.ms"
+    defaults = BrokerConfig.from_mapping({}).log_defaults
+    assert (defaults.message_timestamp_before_max_ms, defaults.message_timestamp_after_max_ms) == (2**63 - 1, 3_600_000)
+    broker = BrokerConfig.from_mapping({"log.message.timestamp.after.max.ms": "60000"}).log_defaults
+    topic = LogConfig.from_dotted({"message.timestamp.before.max.ms": "86400000"}, broker)
+    assert (topic.message_timestamp_before_max_ms, topic.message_timestamp_after_max_ms) == (86_400_000, 60_000)
+    assert topic.to_dotted()["message.timestamp.before.max.ms"] == 86_400_000
+
+
+@pytest.mark.parametrize("key", ["message.timestamp.before.max.ms", "message.timestamp.after.max.ms"])
+def test_timestamp_bounds_refuse_negative_values(key):
+    """A negative bound is INVALID_CONFIG naming the key (0 is allowed: the broker's clock exactly)."""
+    assert parse_topic_configs({key: "0"}) == {key: 0}
+    with pytest.raises(InvalidConfigError, match=key):
+        parse_topic_configs({key: "-1"})
+
+
+def test_shipped_broker_toml_sets_the_timestamp_bounds_to_their_defaults():
+    """conf/broker.toml documents both keys with the defaults."""
+    config = BrokerConfig.load(Path(__file__).resolve().parents[2] / "conf" / "broker.toml")
+    assert config.values["log.message.timestamp.before.max.ms"] == 2**63 - 1
+    assert config.values["log.message.timestamp.after.max.ms"] == 3_600_000
