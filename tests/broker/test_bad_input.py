@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import crc32c
 import msgpack
+import pyarrow as pa
 import pytest
 
 from broker import record
@@ -37,6 +38,7 @@ from broker.errors import (
     InvalidReplicationFactorError,
     InvalidRequestError,
     InvalidRequiredAcksError,
+    InvalidTimestampError,
     InvalidTopicError,
     MessageTooLargeError,
     OffsetOutOfRangeError,
@@ -906,6 +908,128 @@ def test_pipelined_admin_requests_on_one_topic_get_named_codes_and_leave_it_cons
     assert all(is_wire_code(code) for code in codes), replies
     if not precreate:
         assert sorted(codes) == sorted([NONE, TopicAlreadyExistsError.code]), replies
+
+
+# -- Produce: poison a CRC-valid header hides (issue 6: INVALID_TIMESTAMP or CORRUPT_MESSAGE) -----
+
+
+def _framed(ipc: bytes, record_count: int = 3, ts: int = TS) -> bytes:
+    return bytes(record.frame_body(ipc, record_count=record_count, base_timestamp=ts, max_timestamp=ts))
+
+
+def _ipc_of(values: list[bytes], ts: int = TS) -> bytes:
+    return record.encode_body(record.make_body(values, timestamps_ms=ts)).to_pybytes()
+
+
+def _foreign_schema_body() -> bytes:
+    other = record.make_body([b"a", b"b", b"c"], timestamps_ms=TS)
+    schema = pa.schema([f.with_type(pa.timestamp("us", tz="UTC")) if f.name == "timestamp" else f for f in record.BODY_SCHEMA])
+    batch = pa.RecordBatch.from_arrays([c.cast(f.type) for c, f in zip(other.columns, schema)], schema=schema)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, schema) as writer:
+        writer.write_batch(batch)
+    return _framed(sink.getvalue().to_pybytes())
+
+
+SCHEMA_MESSAGE_BYTES = len(record.BODY_SCHEMA.serialize())
+POISON_BATCHES = [
+    # id, batch bytes, expected error class, words the error message must contain
+    ("record-count-far-above-body-rows", lambda: _framed(_ipc_of([b"a", b"b", b"c"]), record_count=1_000_000),
+     CorruptMessageError, "record_count 1000000"),
+    ("record-count-below-body-rows", lambda: _framed(_ipc_of([b"a", b"b", b"c"]), record_count=1),
+     CorruptMessageError, "record_count 1"),
+    ("foreign-schema", _foreign_schema_body, CorruptMessageError, "foreign body schema"),
+    ("garbage-after-ipc-marker", lambda: _framed(b"\xff\xff\xff\xff" + random.Random(8).randbytes(700)),
+     CorruptMessageError, "schema message"),
+    ("schema-then-garbage", lambda: _framed(_ipc_of([b"a", b"b", b"c"])[:SCHEMA_MESSAGE_BYTES] + random.Random(9).randbytes(300)),
+     CorruptMessageError, "record batch message"),
+    ("record-batch-message-truncated", lambda: _framed(_ipc_of([b"a", b"b", b"c"])[:-24]),
+     CorruptMessageError, "bodyLength"),
+    ("garbage-after-record-batch", lambda: _framed(_ipc_of([b"a", b"b", b"c"]) + b"\x00" * 24),
+     CorruptMessageError, "bodyLength"),
+    ("negative-timestamp", lambda: _framed(_ipc_of([b"a", b"b", b"c"], ts=-1000), ts=-1000),
+     InvalidTimestampError, "base_timestamp -1000 is negative"),
+]
+
+
+def assert_appends_continue(client, topic: Seeded) -> None:
+    """A valid batch after the refused one lands right behind the seeded records."""
+    result = produce(client, topic.name, 0, make_batch([b"after-0", b"after-1"]))
+    assert (result["error_code"], result["base_offset"]) == (NONE, len(SEED_VALUES)), result
+    assert fetch_records(client, topic.name) == topic.records + [(3, b"after-0"), (4, b"after-1")]
+
+
+@pytest.mark.parametrize("make, error, words", [c[1:] for c in POISON_BATCHES], ids=[c[0] for c in POISON_BATCHES])
+def test_produce_of_a_poison_batch_is_refused_and_the_partition_keeps_working(server, raw_client, client, topic,
+                                                                              make, error, words):
+    """A CRC-valid batch whose body disagrees with its header or the record schema (or whose
+    timestamp is negative) gets its named code naming the field; nothing is stored and the next
+    valid append takes the next offset."""
+    result = produce(client, topic.name, 0, make())
+    assert result["error_code"] == error.code, result
+    assert words in result["error_message"] and "batch at byte 0" in result["error_message"]
+    assert result["base_offset"] == -1
+    assert_serving(server, raw_client, same=client)
+    topic.assert_untouched(client)
+    assert_appends_continue(client, topic)
+
+
+TIMESTAMP_BOUNDS = {"message.timestamp.before.max.ms": "3600000", "message.timestamp.after.max.ms": "60000"}
+TIMESTAMP_CASES = [
+    # id, offset from the broker's clock (ms), topic configs, expected error class (None: stored)
+    ("far-past-beyond-before-max", -2 * 3_600_000, TIMESTAMP_BOUNDS, InvalidTimestampError),
+    ("far-future-beyond-after-max", 10 * 60_000, TIMESTAMP_BOUNDS, InvalidTimestampError),
+    ("far-future-default-hour", 2 * 3_600_000, {}, InvalidTimestampError),
+    ("within-bounds", -30 * 60_000, TIMESTAMP_BOUNDS, None),
+    ("far-future-log-append-time", 10 * 3_600_000, {**TIMESTAMP_BOUNDS, "message.timestamp.type": "LogAppendTime"}, None),
+]
+
+
+@pytest.mark.parametrize("delta_ms, configs, error", [c[1:] for c in TIMESTAMP_CASES], ids=[c[0] for c in TIMESTAMP_CASES])
+def test_produce_outside_the_topics_timestamp_bounds_is_invalid_timestamp(server, raw_client, client, delta_ms, configs, error):
+    """A CreateTime topic refuses a batch stamped further from the broker's clock than its
+    message.timestamp.before/after.max.ms (INVALID_TIMESTAMP, nothing stored); LogAppendTime
+    topics take the broker's time and skip the bounds."""
+    name = f"ts-{next(_names)}"
+    create_topic(client, name, configs=configs)
+    before = stored_files(server.log_dir, name)
+    result = produce(client, name, 0, make_batch([b"stamped"], ts=record.now_ms() + delta_ms))
+    if error is None:
+        assert (result["error_code"], result["base_offset"]) == (NONE, 0), result
+        assert fetch_records(client, name) == [(0, b"stamped")]
+        return
+    assert result["error_code"] == error.code, result
+    assert "message.timestamp." in result["error_message"] and "batch at byte 0" in result["error_message"]
+    assert_serving(server, raw_client, same=client)
+    assert stored_files(server.log_dir, name) == before
+    assert fetch_records(client, name) == []
+    assert produce(client, name, 0, make_batch([b"now"], ts=record.now_ms()))["base_offset"] == 0
+    assert fetch_records(client, name) == [(0, b"now")]
+
+
+@pytest.mark.parametrize("restart", ["sigkill", "clean-stop"])
+def test_only_acknowledged_batches_survive_a_restart_after_poison(broker_factory, raw_client, restart):
+    """Poison batches refused between acknowledged ones leave no trace: after a SIGKILL or a
+    clean restart the partition holds exactly the acknowledged records at their offsets, and
+    appends go on from there."""
+    broker = broker_factory("poison-restart").start()
+    acknowledged: list[tuple[int, bytes]] = []
+    with raw_client(broker.port) as client:
+        create_topic(client, "poison")
+        for i, (_, make, error, _) in enumerate(POISON_BATCHES):
+            result = produce(client, "poison", 0, make_batch([b"ack-%d" % i]))
+            assert result["error_code"] == NONE, result
+            acknowledged.append((result["base_offset"], b"ack-%d" % i))
+            assert produce(client, "poison", 0, make())["error_code"] == error.code
+        assert fetch_records(client, "poison") == acknowledged
+    if restart == "sigkill":
+        broker.kill()
+    else:
+        assert broker.stop() == 0
+    broker.start()
+    with raw_client(broker.port) as client:
+        assert fetch_records(client, "poison") == acknowledged == [(i, b"ack-%d" % i) for i in range(len(POISON_BATCHES))]
+        assert produce(client, "poison", 0, make_batch([b"next"]))["base_offset"] == len(POISON_BATCHES)
 
 
 def test_broker_log_has_no_tracebacks_after_all_this_bad_input(server):
