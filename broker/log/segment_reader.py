@@ -42,7 +42,6 @@ PRead = Callable[[int, int], bytes]
 FRAME_ONLY = INT64_MAX
 """A `verify_from_offset` that validates no batch: each is only framed (magic, length, offsets)."""
 
-OFFSET_DELTA = "offset_delta"  # the column that compaction adds to a body it rewrites
 MIN_READ_BYTES = 64 << 10  # covers an index interval (4 KiB by default) and then some, in one read
 MAX_READ_BYTES = 8 << 20  # large enough that a remote scan is a few ranged GETs per segment
 
@@ -285,9 +284,7 @@ class SegmentReader:
         body = self._decode(position, self._validate(position, data), data)
         timestamps = body.column("timestamp").cast(pa.int64()).to_numpy()
         i = int(np.argmax(timestamps >= timestamp_ms))
-        # A body rewritten by compaction names each record's offset (DESIGN.md section 2).
-        delta = body.column(OFFSET_DELTA)[i].as_py() if OFFSET_DELTA in body.schema.names else i
-        return header.base_offset + delta, int(timestamps[i])
+        return record.record_offsets(header, body)[i].as_py(), int(timestamps[i])  # compacted bodies have gaps
 
     # --- ranges ----------------------------------------------------------------------------------
 
@@ -322,9 +319,9 @@ class SegmentReader:
         """(header, body) of each batch holding offsets [start_offset, end_offset), decoded with
         `record.decode_body`: zero copy over the read buffer when the body is uncompressed.
 
-        Bodies are whole batches, as stored: record i has offset header.base_offset + i (or
-        + offset_delta[i] in a body rewritten by compaction), so the caller trims the first and
-        last batch to its range. Control batches are included
+        Bodies are whole batches, as stored: `record.record_offsets(header, body)` gives each
+        record's offset (base_offset + i, or + offset_delta[i] in a body rewritten by
+        compaction), so the caller trims the first and last batch to its range. Control batches are included
         (`header.is_control`). Timestamps are the body's column, as the producer wrote them; for
         a LogAppendTime batch (`header.log_append_time`) every record's timestamp is really
         header.max_timestamp, the broker's append time, which the body does not carry (pymq's

@@ -287,6 +287,21 @@ def test_log_append_time_batches_carry_the_append_time_in_their_header(tmp_path)
         assert reader.offset_for_timestamp(7) == (0, BASE_TS + 10**6)
 
 
+def test_compacted_batches_are_read_with_their_offset_gaps():
+    """A body rewritten by compaction names its offsets: lookups land on the batch spanning a gap,
+    and a timestamp search answers the offset of the matching record, not its row."""
+    plain = record.encode_batch(record.make_body([b"a", b"b"], timestamps_ms=[5, 6]), base_offset=0)
+    compacted = record.encode_batch(record.make_body([b"c", b"d", b"e"], timestamps_ms=[10, 50, 60], offset_deltas=[0, 3, 7]),
+                                    base_offset=2)
+    reader = SegmentReader(io.BytesIO(bytes(plain + compacted)), 0)
+    assert reader.find_position(4) == (len(plain), record.read_header(compacted))
+    assert reader.offset_for_timestamp(40) == (5, 50)
+    assert reader.offset_for_timestamp(55) == (9, 60)
+    [(header, body)] = list(reader.read_arrow(3))
+    assert record.record_offsets(header, body).to_pylist() == [2, 5, 9]
+    assert reader.find_position(10) is None
+
+
 # --- round trips ---------------------------------------------------------------------------------
 
 
