@@ -1,4 +1,4 @@
-"""Wire protocol: framing, API keys and control-field access (DESIGN.md section 4).
+"""Wire framing and API keys (DESIGN.md section 4).
 
 Every frame is length-prefixed, big enough to be pipelined and matched by correlation id:
 
@@ -52,11 +52,6 @@ class ApiKey(enum.IntEnum):
 
 # The versions of each API this broker speaks: (min, max).
 SUPPORTED_VERSIONS: dict[ApiKey, tuple[int, int]] = {key: (0, 0) for key in ApiKey}
-
-# ListOffsets special timestamps, as in Kafka.
-LATEST_TIMESTAMP = -1
-EARLIEST_TIMESTAMP = -2
-
 
 @dataclass(frozen=True, slots=True)
 class Request:
@@ -276,32 +271,3 @@ def encode_response(correlation_id: int, control: dict[str, Any], payload_size: 
     packed = msgpack.packb(control, use_bin_type=True)
     size = RESPONSE_HEADER.size - 4 + len(packed) + payload_size
     return RESPONSE_HEADER.pack(size, correlation_id, len(packed)) + packed
-
-
-# -- typed access to control fields: a wrong type is the client's fault, so INVALID_REQUEST ------
-
-_MISSING = object()
-
-
-def field(control: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = _MISSING) -> Any:
-    """`control[name]` checked to be of `kind`; absent -> `default`, or InvalidRequestError if none."""
-    value = control.get(name, _MISSING)
-    if value is _MISSING or value is None:
-        if default is _MISSING:
-            raise InvalidRequestError(f"missing field {name!r}")
-        return default
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) and bool not in kinds:
-        raise InvalidRequestError(f"field {name!r} must not be a bool")
-    if not isinstance(value, kind):
-        raise InvalidRequestError(f"field {name!r} has type {type(value).__name__}")
-    return value
-
-
-def entries(control: dict[str, Any], name: str) -> list[dict[str, Any]]:
-    """`control[name]` as a list of maps (e.g. topics, partitions)."""
-    items = field(control, name, list)
-    for item in items:
-        if not isinstance(item, dict):
-            raise InvalidRequestError(f"entries of {name!r} must be maps")
-    return items

@@ -1,0 +1,140 @@
+"""Admin handlers: create and delete topics, add partitions, describe and alter configs.
+
+Each answers per topic in request order; a topic whose entry was malformed (see the messages'
+`error` fields) or whose change the registry refuses gets its own error and the others go on.
+Metadata changes go through the topic registry (compare-and-set in the metadata store); logs are
+created and removed through the ReplicaManager, off the event loop.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from broker.cluster.partition import LeaderAndIsr
+from broker.cluster.topics import TopicInfo, TopicRegistry
+from broker.config import BrokerConfig
+from broker.errors import KafkaStorageError, PymqError
+from broker.log import TopicLogSpec
+from broker.protocol import (
+    AlterConfigsRequest,
+    AlterConfigsResponse,
+    ConfigChange,
+    ConfigEntry,
+    CreatePartitionsRequest,
+    CreatePartitionsResponse,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
+    NewTopic,
+    PartitionCount,
+    TopicConfigs,
+    TopicRef,
+    TopicResult,
+    code_and_message,
+)
+from broker.replica_manager import ReplicaManager
+
+log = logging.getLogger("pymq.handlers")
+
+E = TypeVar("E", NewTopic, TopicRef, PartitionCount, ConfigChange)
+
+
+async def _per_topic(entries: tuple[E, ...], change: Callable[[E], Awaitable[None]]) -> tuple[TopicResult, ...]:
+    """Apply `change` to each entry in order; each gets its own outcome."""
+    results = []
+    for entry in entries:
+        try:
+            if entry.error is not None:
+                raise entry.error
+            await change(entry)
+        except PymqError as err:
+            results.append(TopicResult(entry.name, *code_and_message(err)))
+        else:
+            results.append(TopicResult(entry.name))
+    return tuple(results)
+
+
+class AdminHandler:
+    """Loop-local. The handlers are coroutines: they wait for the metadata store and the disk."""
+
+    def __init__(self, config: BrokerConfig, registry: TopicRegistry, replicas: ReplicaManager) -> None:
+        self.config = config
+        self.registry = registry
+        self.replicas = replicas
+
+    async def create_topics(self, request: CreateTopicsRequest) -> CreateTopicsResponse:
+        async def create(topic: NewTopic) -> None:
+            partitions = self.config["num.partitions"] if topic.num_partitions == -1 else topic.num_partitions
+            replication = 1 if topic.replication_factor == -1 else topic.replication_factor
+            if request.validate_only:
+                self.registry.validate_new_topic(topic.name, partitions, replication, topic.configs)
+                return
+            info = await self.registry.create(topic.name, partitions, replication, topic.configs)
+            await self._create_logs(info, list(range(partitions)), undo_topic=True)
+            log.info("created topic %s with %d partitions", topic.name, partitions)
+
+        return CreateTopicsResponse(await _per_topic(request.topics, create))
+
+    async def delete_topics(self, request: DeleteTopicsRequest) -> DeleteTopicsResponse:
+        async def delete(topic: TopicRef) -> None:
+            await self.registry.delete(topic.name)
+            await self.replicas.delete_topic(topic.name)
+            log.info("deleted topic %s", topic.name)
+
+        return DeleteTopicsResponse(await _per_topic(request.topics, delete))
+
+    async def create_partitions(self, request: CreatePartitionsRequest) -> CreatePartitionsResponse:
+        async def grow(topic: PartitionCount) -> None:
+            if request.validate_only:
+                self.registry.validate_partition_count(topic.name, topic.count)
+                return
+            added = await self.registry.add_partitions(topic.name, topic.count)
+            await self._create_logs(self.registry.get(topic.name), added, undo_topic=False)
+            log.info("topic %s now has %d partitions", topic.name, topic.count)
+
+        return CreatePartitionsResponse(await _per_topic(request.topics, grow))
+
+    async def alter_configs(self, request: AlterConfigsRequest) -> AlterConfigsResponse:
+        """Incremental: each topic names configs to set and configs to reset to the default."""
+        async def alter(change: ConfigChange) -> None:
+            if request.validate_only:
+                self.registry.validate_config_change(change.name, change.set_configs, list(change.delete))
+                return
+            config = await self.registry.alter_configs(change.name, change.set_configs, list(change.delete))
+            self.replicas.update_config(change.name, config)
+            log.info("altered configs of %s: set %s, reset %s", change.name, change.set_configs, list(change.delete))
+
+        return AlterConfigsResponse(await _per_topic(request.topics, alter))
+
+    def describe_configs(self, request: DescribeConfigsRequest) -> DescribeConfigsResponse:
+        return DescribeConfigsResponse(tuple(self._configs_of(topic) for topic in request.topics))
+
+    def _configs_of(self, topic: TopicRef) -> TopicConfigs:
+        try:
+            if topic.error is not None:
+                raise topic.error
+            info = self.registry.get(topic.name)
+        except PymqError as err:
+            return TopicConfigs(topic.name, *code_and_message(err))
+        effective = info.log_config(self.registry.log_defaults).to_dotted()
+        return TopicConfigs(topic.name, configs=tuple(
+            ConfigEntry(key, value, "topic" if key in info.configs else "broker_default")
+            for key, value in sorted(effective.items())))
+
+    async def _create_logs(self, info: TopicInfo, partitions: list[int], undo_topic: bool) -> None:
+        """Create and lead the logs of new partitions (all or nothing, off the event loop). If the
+        disk refuses a new topic, its metadata goes too, so that the topic either exists whole or
+        not at all; partitions added to an existing topic stay in the metadata and their logs are
+        created when the broker next loads them."""
+        spec = TopicLogSpec(info.topic_id, info.log_config(self.registry.log_defaults), info.partition_count)
+        states = {(info.name, p): LeaderAndIsr.of(info.partitions[p]) for p in partitions}
+        try:
+            await self.replicas.create_partitions(info.name, spec, partitions, states)
+        except KafkaStorageError:
+            if undo_topic:
+                await self.registry.delete(info.name)
+            raise

@@ -1,0 +1,47 @@
+"""Metadata and ApiVersions handlers: what this broker serves and speaks."""
+from __future__ import annotations
+
+from typing import Callable
+
+from broker.cluster.topics import TopicRegistry
+from broker.errors import PymqError
+from broker.protocol import (
+    SUPPORTED_VERSIONS,
+    ApiVersionRange,
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    BrokerAddress,
+    MetadataRequest,
+    MetadataResponse,
+    PartitionMetadata,
+    TopicMetadata,
+    code_and_message,
+)
+
+
+class MetadataHandler:
+    """Loop-local, synchronous: reads the topic registry's in-memory state only."""
+
+    def __init__(self, broker_id: int, registry: TopicRegistry, advertised: Callable[[], tuple[str, int]]) -> None:
+        self.broker_id = broker_id
+        self.registry = registry
+        self.advertised = advertised
+
+    def api_versions(self, request: ApiVersionsRequest) -> ApiVersionsResponse:
+        return ApiVersionsResponse(tuple(ApiVersionRange(int(key), key.name, low, high)
+                                         for key, (low, high) in SUPPORTED_VERSIONS.items()))
+
+    def metadata(self, request: MetadataRequest) -> MetadataResponse:
+        names = sorted(self.registry.topics) if request.topics is None else request.topics
+        host, port = self.advertised()
+        brokers = (BrokerAddress(self.broker_id, host, port),)
+        return MetadataResponse(brokers, self.broker_id, tuple(self._topic(name) for name in names))
+
+    def _topic(self, name: str) -> TopicMetadata:
+        try:
+            info = self.registry.get(name)
+        except PymqError as err:
+            return TopicMetadata(name, *code_and_message(err))
+        partitions = tuple(PartitionMetadata(p, s.leader, s.leader_epoch, tuple(s.replicas), tuple(s.isr))
+                           for p, s in sorted(info.partitions.items()))
+        return TopicMetadata(name, topic_id=info.topic_id, partitions=partitions)

@@ -1,0 +1,79 @@
+"""One typed message per API request and response, in modules per API family, shared by the
+broker's handlers, the client and every other caller. See `base` for what each message offers."""
+from broker.protocol.messages.admin import (
+    AlterConfigsRequest,
+    AlterConfigsResponse,
+    ConfigChange,
+    ConfigEntry,
+    ConfigValue,
+    CreatePartitionsRequest,
+    CreatePartitionsResponse,
+    CreateTopicsRequest,
+    CreateTopicsResponse,
+    DeleteTopicsRequest,
+    DeleteTopicsResponse,
+    DescribeConfigsRequest,
+    DescribeConfigsResponse,
+    NewTopic,
+    PartitionCount,
+    TopicConfigs,
+    TopicRef,
+    TopicResult,
+)
+from broker.protocol.messages.base import (
+    NO_LEADER_EPOCH,
+    Buffer,
+    Message,
+    Outcome,
+    Part,
+    PayloadRange,
+    RequestMessage,
+    code_and_message,
+    part_size,
+)
+from broker.protocol.messages.fetch import (
+    FetchPartition,
+    FetchPartitionResponse,
+    FetchRequest,
+    FetchResponse,
+    FetchTopic,
+    FetchTopicResponse,
+)
+from broker.protocol.messages.metadata import (
+    ApiVersionRange,
+    ApiVersionsRequest,
+    ApiVersionsResponse,
+    BrokerAddress,
+    MetadataRequest,
+    MetadataResponse,
+    PartitionMetadata,
+    TopicMetadata,
+)
+from broker.protocol.messages.offsets import (
+    EARLIEST_TIMESTAMP,
+    LATEST_TIMESTAMP,
+    ListOffsetsPartition,
+    ListOffsetsPartitionResponse,
+    ListOffsetsRequest,
+    ListOffsetsResponse,
+    ListOffsetsTopic,
+    ListOffsetsTopicResponse,
+)
+from broker.protocol.messages.produce import (
+    DEFAULT_PRODUCE_TIMEOUT_MS,
+    ProducePartition,
+    ProducePartitionResponse,
+    ProduceRequest,
+    ProduceResponse,
+    ProduceTopic,
+    ProduceTopicResponse,
+)
+
+REQUEST_TYPES: dict[int, type[RequestMessage]] = {
+    cls.api_key: cls
+    for cls in (ProduceRequest, FetchRequest, ListOffsetsRequest, MetadataRequest, ApiVersionsRequest,
+                CreateTopicsRequest, DeleteTopicsRequest, CreatePartitionsRequest, DescribeConfigsRequest,
+                AlterConfigsRequest)
+}
+
+__all__ = [name for name in dir() if not name.startswith("_")]
