@@ -88,12 +88,12 @@ class Compare:
     operand: Any
 
     def __post_init__(self) -> None:
+        if self.target not in ("version", "create_revision", "mod_revision", "value"):
+            raise InvalidRequestError(f"unknown compare target {self.target!r}")
         if self.op not in _OPERATORS:
             raise InvalidRequestError(f"compare operator must be one of {sorted(_OPERATORS)}, got {self.op!r}")
         if self.target == "value" and self.op not in ("==", "!="):
             raise InvalidRequestError("values compare only with == or !=")
-        if self.target not in ("version", "create_revision", "mod_revision", "value"):
-            raise InvalidRequestError(f"unknown compare target {self.target!r}")
 
     @classmethod
     def version(cls, key: str, op: CompareOp, version: int) -> "Compare":

@@ -854,3 +854,11 @@ class TestLocalMetadataStore(MetadataStoreContract):
 
 async def _expect(store: MetadataStore, key: str, expected: tuple[dict[str, Any], int]) -> None:
     assert await vv(store, key) == expected
+
+
+@pytest.mark.parametrize("target, op, operand", [("lease", "==", 0), ("value", "<", {}), ("version", "<=", 1)],
+                         ids=["unknown-target", "value-ordering", "unknown-operator"])
+def test_a_malformed_compare_is_refused(target, op, operand):
+    """Compare checks its target and operator when built (InvalidRequestError), not when a store runs it."""
+    with pytest.raises(InvalidRequestError):
+        Compare("topics/a", target, op, operand)
