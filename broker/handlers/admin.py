@@ -7,6 +7,7 @@ created and removed through the ReplicaManager, off the event loop.
 """
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -43,28 +44,35 @@ log = logging.getLogger("pymq.handlers")
 E = TypeVar("E", NewTopic, TopicRef, PartitionCount, ConfigChange)
 
 
-async def _per_topic(entries: tuple[E, ...], change: Callable[[E], Awaitable[None]]) -> tuple[TopicResult, ...]:
-    """Apply `change` to each entry in order; each gets its own outcome."""
+async def _per_topic(entries: tuple[E, ...], change: Callable[[E], Awaitable[None]],
+                     lock: asyncio.Lock) -> tuple[TopicResult, ...]:
+    """Apply `change` to each entry in order under `lock`; each gets its own outcome."""
     results = []
-    for entry in entries:
-        try:
-            if entry.error is not None:
-                raise entry.error
-            await change(entry)
-        except PymqError as err:
-            results.append(TopicResult(entry.name, *code_and_message(err)))
-        else:
-            results.append(TopicResult(entry.name))
+    async with lock:
+        for entry in entries:
+            try:
+                if entry.error is not None:
+                    raise entry.error
+                await change(entry)
+            except PymqError as err:
+                results.append(TopicResult(entry.name, *code_and_message(err)))
+            else:
+                results.append(TopicResult(entry.name))
     return tuple(results)
 
 
 class AdminHandler:
-    """Loop-local. The handlers are coroutines: they wait for the metadata store and the disk."""
+    """Loop-local. The handlers are coroutines: they wait for the metadata store and the disk.
+
+    Changes run one request at a time (as Kafka's controller applies them in order): a deletion
+    pipelined behind a creation of the same topic must not remove its logs while a worker thread
+    is still creating them."""
 
     def __init__(self, config: BrokerConfig, registry: TopicRegistry, replicas: ReplicaManager) -> None:
         self.config = config
         self.registry = registry
         self.replicas = replicas
+        self._changes = asyncio.Lock()
 
     async def create_topics(self, request: CreateTopicsRequest) -> CreateTopicsResponse:
         async def create(topic: NewTopic) -> None:
@@ -77,7 +85,7 @@ class AdminHandler:
             await self._create_logs(info, list(range(partitions)), undo_topic=True)
             log.info("created topic %s with %d partitions", topic.name, partitions)
 
-        return CreateTopicsResponse(await _per_topic(request.topics, create))
+        return CreateTopicsResponse(await _per_topic(request.topics, create, self._changes))
 
     async def delete_topics(self, request: DeleteTopicsRequest) -> DeleteTopicsResponse:
         async def delete(topic: TopicRef) -> None:
@@ -85,7 +93,7 @@ class AdminHandler:
             await self.replicas.delete_topic(topic.name)
             log.info("deleted topic %s", topic.name)
 
-        return DeleteTopicsResponse(await _per_topic(request.topics, delete))
+        return DeleteTopicsResponse(await _per_topic(request.topics, delete, self._changes))
 
     async def create_partitions(self, request: CreatePartitionsRequest) -> CreatePartitionsResponse:
         async def grow(topic: PartitionCount) -> None:
@@ -96,7 +104,7 @@ class AdminHandler:
             await self._create_logs(self.registry.get(topic.name), added, undo_topic=False)
             log.info("topic %s now has %d partitions", topic.name, topic.count)
 
-        return CreatePartitionsResponse(await _per_topic(request.topics, grow))
+        return CreatePartitionsResponse(await _per_topic(request.topics, grow, self._changes))
 
     async def alter_configs(self, request: AlterConfigsRequest) -> AlterConfigsResponse:
         """Incremental: each topic names configs to set and configs to reset to the default."""
@@ -108,7 +116,7 @@ class AdminHandler:
             self.replicas.update_config(change.name, config)
             log.info("altered configs of %s: set %s, reset %s", change.name, change.set_configs, list(change.delete))
 
-        return AlterConfigsResponse(await _per_topic(request.topics, alter))
+        return AlterConfigsResponse(await _per_topic(request.topics, alter, self._changes))
 
     def describe_configs(self, request: DescribeConfigsRequest) -> DescribeConfigsResponse:
         return DescribeConfigsResponse(tuple(self._configs_of(topic) for topic in request.topics))
