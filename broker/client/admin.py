@@ -5,15 +5,32 @@ was attempted; `AdminError` carries them all when more than one topic failed.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Iterable
 
 from broker import protocol
-from broker.client.cluster import Cluster, PartitionInfo
+from broker.client.cluster import Cluster, PartitionInfo, partition_infos
 from broker.client.consumer import TopicPartition, list_offsets
 from broker.client.loop_thread import LoopThread
-from broker.errors import PymqError, error_for_code
-from broker.protocol import ApiKey
+from broker.errors import PymqError
+from broker.protocol import (
+    AlterConfigsRequest,
+    ApiVersionsRequest,
+    ConfigChange,
+    ConfigValue,
+    CreatePartitionsRequest,
+    CreateTopicsRequest,
+    DeleteTopicsRequest,
+    DescribeConfigsRequest,
+    MetadataRequest,
+    NewTopic,
+    PartitionCount,
+    TopicConfigs,
+    TopicMetadata,
+    TopicRef,
+    TopicResult,
+)
 
 
 @dataclass(frozen=True)
@@ -32,12 +49,16 @@ class AdminError(PymqError):
         self.errors = errors
 
 
-def _raise_topic_errors(reply: dict[str, Any]) -> None:
-    errors = {t["name"]: error_for_code(t["error_code"], t.get("error_message")) for t in reply["topics"] if t["error_code"]}
+def _raise_topic_errors(topics: Iterable[TopicResult | TopicMetadata | TopicConfigs]) -> None:
+    errors = {t.name: err for t in topics if (err := t.error()) is not None}
     if len(errors) == 1:
         raise next(iter(errors.values()))
     if errors:
         raise AdminError(errors)
+
+
+def _config_strings(configs: dict[str, Any] | None) -> dict[str, ConfigValue]:
+    return {k: str(v) for k, v in (configs or {}).items()}
 
 
 class AsyncAdmin:
@@ -46,21 +67,22 @@ class AsyncAdmin:
 
     async def create_topic(self, name: str, partitions: int = -1, replication_factor: int = -1,
                            configs: dict[str, Any] | None = None, validate_only: bool = False) -> None:
-        await self.create_topics([{"name": name, "num_partitions": partitions, "replication_factor": replication_factor,
-                                   "configs": {k: str(v) for k, v in (configs or {}).items()}}], validate_only)
+        await self.create_topics([NewTopic(name, partitions, replication_factor, _config_strings(configs))], validate_only)
 
-    async def create_topics(self, topics: list[dict[str, Any]], validate_only: bool = False) -> None:
-        reply, _ = await self.cluster.request(None, ApiKey.CREATE_TOPICS, {"topics": topics, "validate_only": validate_only})
-        _raise_topic_errors(reply)
+    async def create_topics(self, topics: list[NewTopic | dict[str, Any]], validate_only: bool = False) -> None:
+        """Create several topics; each is a NewTopic or a dict of its fields (name,
+        num_partitions, replication_factor, configs)."""
+        new = tuple(t if isinstance(t, NewTopic) else NewTopic(**t) for t in topics)
+        reply = await self.cluster.send(None, CreateTopicsRequest(new, validate_only))
+        _raise_topic_errors(reply.topics)
 
     async def delete_topics(self, names: Iterable[str]) -> None:
-        reply, _ = await self.cluster.request(None, ApiKey.DELETE_TOPICS, {"topics": list(names)})
-        _raise_topic_errors(reply)
+        reply = await self.cluster.send(None, DeleteTopicsRequest(tuple(TopicRef(name) for name in names)))
+        _raise_topic_errors(reply.topics)
 
     async def create_partitions(self, name: str, count: int, validate_only: bool = False) -> None:
-        reply, _ = await self.cluster.request(None, ApiKey.CREATE_PARTITIONS,
-                                              {"topics": [{"name": name, "count": count}], "validate_only": validate_only})
-        _raise_topic_errors(reply)
+        reply = await self.cluster.send(None, CreatePartitionsRequest((PartitionCount(name, count),), validate_only))
+        _raise_topic_errors(reply.topics)
 
     async def list_topics(self) -> list[str]:
         await self.cluster.refresh()
@@ -68,29 +90,23 @@ class AsyncAdmin:
 
     async def describe_topics(self, names: Iterable[str] | None = None) -> list[TopicDescription]:
         wanted = list(names) if names is not None else await self.list_topics()
-        reply, _ = await self.cluster.request(None, ApiKey.METADATA, {"topics": wanted})
-        _raise_topic_errors(reply)
+        reply = await self.cluster.send(None, MetadataRequest(tuple(wanted)))
+        _raise_topic_errors(reply.topics)
         configs = await self.describe_configs(wanted)
-        return [
-            TopicDescription(t["name"], t.get("topic_id", ""),
-                             [PartitionInfo(t["name"], p["partition"], p["leader"], p["leader_epoch"], tuple(p["replicas"]), tuple(p["isr"]))
-                              for p in t["partitions"]],
-                             configs[t["name"]])
-            for t in reply["topics"]
-        ]
+        return [TopicDescription(t.name, t.topic_id, partition_infos(t), configs[t.name]) for t in reply.topics]
 
     async def describe_configs(self, names: Iterable[str]) -> dict[str, dict[str, dict[str, Any]]]:
-        reply, _ = await self.cluster.request(None, ApiKey.DESCRIBE_CONFIGS, {"topics": list(names)})
-        _raise_topic_errors(reply)
-        return {t["name"]: {c["name"]: {"value": c["value"], "source": c["source"]} for c in t["configs"]} for t in reply["topics"]}
+        reply = await self.cluster.send(None, DescribeConfigsRequest(tuple(TopicRef(name) for name in names)))
+        _raise_topic_errors(reply.topics)
+        return {t.name: {c.name: {"value": c.value, "source": c.source} for c in t.configs} for t in reply.topics}
 
     async def alter_configs(self, name: str, set_configs: dict[str, Any] | None = None, delete: Iterable[str] = (),
                             validate_only: bool = False) -> None:
         """Set some configs and reset others to the broker default (incremental, like Kafka's
         IncrementalAlterConfigs)."""
-        topic = {"name": name, "set": {k: str(v) for k, v in (set_configs or {}).items()}, "delete": list(delete)}
-        reply, _ = await self.cluster.request(None, ApiKey.ALTER_CONFIGS, {"topics": [topic], "validate_only": validate_only})
-        _raise_topic_errors(reply)
+        change = ConfigChange(name, _config_strings(set_configs), tuple(delete))
+        reply = await self.cluster.send(None, AlterConfigsRequest((change,), validate_only))
+        _raise_topic_errors(reply.topics)
 
     async def list_offsets(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
         """(offset, timestamp) per partition; timestamps may be EARLIEST (-2), LATEST (-1) or a time in ms."""
@@ -98,8 +114,8 @@ class AsyncAdmin:
         return await list_offsets(self.cluster, timestamps)
 
     async def api_versions(self) -> list[dict[str, Any]]:
-        reply, _ = await self.cluster.request(None, ApiKey.API_VERSIONS, {})
-        return reply["api_keys"]
+        reply = await self.cluster.send(None, ApiVersionsRequest())
+        return [dataclasses.asdict(k) for k in reply.api_keys]
 
     async def close(self) -> None:
         await self.cluster.close()

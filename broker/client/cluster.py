@@ -9,13 +9,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from broker.client.connection import BrokerConnection, raise_for_error
-from broker.errors import BrokerNotAvailableError, NetworkError, PymqError, UnknownTopicOrPartitionError, error_for_code
-from broker.protocol import ApiKey
+from broker.client.connection import BrokerConnection
+from broker.errors import BrokerNotAvailableError, NetworkError, PymqError, UnknownTopicOrPartitionError
+from broker.protocol import Message, MetadataRequest, RequestMessage, TopicMetadata
 
 log = logging.getLogger("pymq.client")
+R = TypeVar("R", bound=Message)
 
 
 def parse_bootstrap(servers: str | list[str]) -> list[tuple[str, int]]:
@@ -42,6 +43,12 @@ class PartitionInfo:
     isr: tuple[int, ...]
 
 
+def partition_infos(topic: TopicMetadata) -> list[PartitionInfo]:
+    """A topic's partitions from a Metadata response, in partition order."""
+    return [PartitionInfo(topic.name, p.partition, p.leader, p.leader_epoch, p.replicas, p.isr)
+            for p in sorted(topic.partitions, key=lambda p: p.partition)]
+
+
 class Cluster:
     def __init__(self, bootstrap_servers: str | list[str], *, request_timeout_ms: int = 30_000,
                  max_in_flight: int = 64) -> None:
@@ -55,14 +62,15 @@ class Cluster:
         self._connecting: dict[int, asyncio.Future[BrokerConnection]] = {}
         self._lock = asyncio.Lock()
 
-    async def request(self, node: int | None, api_key: int, control: dict[str, Any], payload: Any = (),
-                      *, expect_response: bool = True, timeout_s: float | None = None) -> tuple[dict[str, Any], memoryview]:
-        """Send a request to broker `node` (None: any broker) and raise its top-level error, if any."""
+    async def send(self, node: int | None, message: RequestMessage[R], *, timeout_s: float | None = None) -> R:
+        """Send a request to broker `node` (None: any broker); its typed response, or the
+        PymqError the response's top-level error code names."""
         conn = await (self.connection(node) if node is not None else self.any_connection())
-        control_out, payload_out = await conn.request(api_key, control, payload, expect_response=expect_response,
-                                                      timeout_s=timeout_s or self.request_timeout_s)
-        raise_for_error(control_out)
-        return control_out, payload_out
+        return await conn.send(message, timeout_s=timeout_s or self.request_timeout_s)
+
+    async def send_only(self, node: int, message: RequestMessage[Any]) -> None:
+        """Send a request the broker does not answer (produce with acks=0)."""
+        await (await self.connection(node)).send_only(message)
 
     async def connection(self, node: int) -> BrokerConnection:
         """The one connection to broker `node`, opened on first use.
@@ -107,20 +115,18 @@ class Cluster:
     async def refresh(self, topics: list[str] | None = None) -> None:
         """Reload broker addresses and partition leaders (all topics, or just `topics`)."""
         async with self._lock:
-            control, _ = await self.request(None, ApiKey.METADATA, {"topics": topics})
-            self.brokers = {b["node_id"]: (b["host"], b["port"]) for b in control["brokers"]}
+            reply = await self.send(None, MetadataRequest(None if topics is None else tuple(topics)))
+            self.brokers = {b.node_id: (b.host, b.port) for b in reply.brokers}
             if topics is None:  # a full listing: forget topics that are gone
                 self.topics, self.topic_errors = {}, {}
-            for t in control["topics"]:
-                if t["error_code"]:
-                    self.topic_errors[t["name"]] = error_for_code(t["error_code"], t.get("error_message"))
-                    self.topics.pop(t["name"], None)
+            for t in reply.topics:
+                error = t.error()
+                if error is not None:
+                    self.topic_errors[t.name] = error
+                    self.topics.pop(t.name, None)
                     continue
-                self.topic_errors.pop(t["name"], None)
-                self.topics[t["name"]] = [
-                    PartitionInfo(t["name"], p["partition"], p["leader"], p["leader_epoch"], tuple(p["replicas"]), tuple(p["isr"]))
-                    for p in sorted(t["partitions"], key=lambda p: p["partition"])
-                ]
+                self.topic_errors.pop(t.name, None)
+                self.topics[t.name] = partition_infos(t)
 
     async def partitions(self, topic: str) -> list[PartitionInfo]:
         """The topic's partitions, refreshing metadata once if the topic is not cached."""

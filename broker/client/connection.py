@@ -1,5 +1,6 @@
 """BrokerConnection: one pipelined TCP connection to a broker, responses matched by correlation id.
 
+Callers send typed request messages (`broker.protocol.messages`) and get typed responses back.
 Requests are written as soon as they are made (up to `max_in_flight` outstanding); each gets a
 future resolved by its response. Closing the connection, or losing it, fails every pending future
 with NetworkError so no caller waits forever. Loop-local.
@@ -9,14 +10,16 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from typing import Any, Iterable
+from typing import Any, TypeVar
 
 from broker import protocol
 from broker.errors import NetworkError, PymqError, RequestTimedOutError, error_for_code
+from broker.protocol import Message, RequestMessage, part_size
 
 log = logging.getLogger("pymq.client")
 
 Reply = tuple[dict[str, Any], memoryview]
+R = TypeVar("R", bound=Message)
 DEFAULT_MAX_RESPONSE_BYTES = 256 << 20
 
 
@@ -88,26 +91,35 @@ class BrokerConnection(asyncio.BufferedProtocol):
 
     # -- requests --------------------------------------------------------------------------------
 
-    async def request(self, api_key: int, control: dict[str, Any], payload: Iterable[bytes | bytearray | memoryview] = (),
-                      *, expect_response: bool = True, timeout_s: float | None = 30.0, api_version: int = 0) -> Reply:
-        """Send one request and wait for its reply (or for the write only, if no response is expected)."""
+    async def send(self, message: RequestMessage[R], *, timeout_s: float | None = 30.0) -> R:
+        """Send one request and wait for its response: the PymqError its top-level `error_code`
+        names is raised, otherwise the typed response is returned (decoded and validated)."""
+        control, payload = await self._send(message, True, timeout_s)
+        raise_for_error(control)
+        return message.response_type.from_control(control, payload)
+
+    async def send_only(self, message: RequestMessage[Any]) -> None:
+        """Send a request the broker does not answer (produce with acks=0); returns once written."""
+        await self._send(message, False, None)
+
+    async def _send(self, message: RequestMessage[Any], expect_response: bool, timeout_s: float | None) -> Reply:
         if self.closed:
             raise self._closed_error or NetworkError(f"connection to {self.host}:{self.port} is closed")
-        payload = list(payload)
+        control, payload = message.to_control(), message.payload()
         async with self._slots:
             await self._drained.wait()
             if self.closed:
                 raise self._closed_error or NetworkError(f"connection to {self.host}:{self.port} is closed")
             correlation_id = next(self._ids) & 0x7FFFFFFF
-            size = sum(len(p) for p in payload)
-            header = protocol.encode_request(api_key, api_version, correlation_id, control, size)
+            size = sum(map(part_size, payload))
+            header = protocol.encode_request(message.api_key, message.api_version, correlation_id, control, size)
             assert self._transport is not None
             if not expect_response:
-                self._transport.writelines([header, *payload])
+                self._transport.writelines([header, *payload])  # type: ignore[list-item]
                 return {}, memoryview(b"")
             future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
             self._pending[correlation_id] = future
-            self._transport.writelines([header, *payload])
+            self._transport.writelines([header, *payload])  # type: ignore[list-item]
             try:
                 return await asyncio.wait_for(future, timeout_s)
             except TimeoutError:

@@ -34,9 +34,8 @@ from broker.errors import (
     OffsetOutOfRangeError,
     PymqError,
     RequestTimedOutError,
-    error_for_code,
 )
-from broker.protocol import ApiKey
+from broker.protocol import FetchPartition, FetchRequest, FetchTopic, ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
 
 log = logging.getLogger("pymq.consumer")
 
@@ -294,26 +293,21 @@ class AsyncConsumer:
             log.info("metadata refresh failed: %s", err)
 
     async def _fetch_once(self, node: int, tps: list[TopicPartition], epoch: int) -> None:
-        topics: dict[str, list[dict[str, int]]] = {}
+        by_topic: dict[str, list[FetchPartition]] = {}
         for topic, partition in tps:
-            topics.setdefault(topic, []).append({"partition": partition, "fetch_offset": self._fetch_positions[(topic, partition)],
-                                                 "max_bytes": self.max_partition_fetch_bytes})
-        control = {"max_wait_ms": self.fetch_max_wait_ms, "min_bytes": self.fetch_min_bytes, "max_bytes": self.fetch_max_bytes,
-                   "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
-        reply, payload = await self.cluster.request(node, ApiKey.FETCH, control,
-                                                    timeout_s=self.request_timeout_s + self.fetch_max_wait_ms / 1000)
+            by_topic.setdefault(topic, []).append(
+                FetchPartition(partition, self._fetch_positions[(topic, partition)], self.max_partition_fetch_bytes))
+        request = FetchRequest(tuple(FetchTopic(t, tuple(ps)) for t, ps in by_topic.items()),
+                               self.fetch_max_wait_ms, self.fetch_min_bytes, self.fetch_max_bytes)
+        reply = await self.cluster.send(node, request, timeout_s=self.request_timeout_s + self.fetch_max_wait_ms / 1000)
         if epoch != self._epoch:
             return  # positions moved while the fetch was out: its data starts at stale offsets
-        pos = 0
         reset: list[TopicPartition] = []
-        for t in reply["topics"]:
-            for p in t["partitions"]:
-                tp = (t["name"], p["partition"])
-                size = p.get("size", 0)
-                data = payload[pos : pos + size]
-                pos += size
-                if p["error_code"]:
-                    err = error_for_code(p["error_code"], p.get("error_message"))
+        for t in reply.topics:
+            for p in t.partitions:
+                tp = (t.name, p.partition)
+                err = p.error()
+                if err is not None:
                     if isinstance(err, OffsetOutOfRangeError) and self.auto_offset_reset != "none":
                         reset.append(tp)
                         continue
@@ -321,8 +315,8 @@ class AsyncConsumer:
                         await self._refresh_quietly()
                         continue
                     raise err
-                self.high_watermarks[tp] = p.get("high_watermark", -1)
-                self._absorb(tp, data)
+                self.high_watermarks[tp] = p.high_watermark
+                self._absorb(tp, p.records)  # type: ignore[arg-type]
         if reset:
             await self._reset_fetch_positions(reset)
 
@@ -364,18 +358,19 @@ class AsyncConsumer:
 
 async def list_offsets(cluster: Cluster, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
     """ListOffsets for many partitions, one request per leader; raises the first partition error."""
-    by_node: dict[int, dict[str, list[dict[str, int]]]] = {}
+    by_node: dict[int, dict[str, list[ListOffsetsPartition]]] = {}
     for (topic, partition), ts in timestamps.items():
         node = await cluster.leader(topic, partition)
-        by_node.setdefault(node, {}).setdefault(topic, []).append({"partition": partition, "timestamp": ts})
+        by_node.setdefault(node, {}).setdefault(topic, []).append(ListOffsetsPartition(partition, ts))
     out: dict[TopicPartition, tuple[int, int]] = {}
     for node, topics in by_node.items():
-        reply, _ = await cluster.request(node, ApiKey.LIST_OFFSETS, {"topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]})
-        for t in reply["topics"]:
-            for p in t["partitions"]:
-                if p["error_code"]:
-                    raise error_for_code(p["error_code"], p.get("error_message"))
-                out[(t["name"], p["partition"])] = (p["offset"], p["timestamp"])
+        reply = await cluster.send(node, ListOffsetsRequest(tuple(ListOffsetsTopic(t, tuple(ps)) for t, ps in topics.items())))
+        for t in reply.topics:
+            for p in t.partitions:
+                err = p.error()
+                if err is not None:
+                    raise err
+                out[(t.name, p.partition)] = (p.offset, p.timestamp)
     return out
 
 

@@ -43,9 +43,8 @@ from broker.errors import (
     ProducerClosedError,
     PymqError,
     RequestTimedOutError,
-    error_for_code,
 )
-from broker.protocol import ApiKey
+from broker.protocol import ProducePartition, ProduceRequest, ProduceTopic
 
 log = logging.getLogger("pymq.producer")
 
@@ -292,6 +291,7 @@ class AsyncProducer:
         self.retry_backoff_max_s = retry_backoff_max_ms / 1000
         self.delivery_timeout_s = delivery_timeout_ms / 1000
         self.max_request_size = max_request_size
+        self.request_timeout_ms = request_timeout_ms  # how long the broker may wait for the acks
         self.max_block_s = max_block_ms / 1000
         self.metadata_max_age_s = metadata_max_age_ms / 1000
         self._metadata_refreshed = 0.0
@@ -535,15 +535,16 @@ class AsyncProducer:
         for batch in batches:
             groups.setdefault(batch.topic, {}).setdefault(batch.partition, []).append(batch)
             batch.attempts += 1
-        control = {"acks": self.acks, "timeout_ms": int(self.delivery_timeout_s * 1000), "topics": [
-            {"name": topic, "partitions": [{"partition": p, "size": sum(b.encoded.size for b in group if b.encoded)}
-                                           for p, group in parts.items()]}
-            for topic, parts in groups.items()
-        ]}
+        request = ProduceRequest(tuple(
+            ProduceTopic(topic, tuple(ProducePartition(p, tuple(part for b in group for part in b.encode(self.compression)))
+                                      for p, group in parts.items()))
+            for topic, parts in groups.items()), self.acks, self.request_timeout_ms)
         ordered = [b for parts in groups.values() for group in parts.values() for b in group]
         try:
-            reply, _ = await self.cluster.request(node, ApiKey.PRODUCE, control, [part for b in ordered if b.encoded for part in b.encoded],
-                                                  expect_response=self.acks != 0)
+            if self.acks == 0:
+                await self.cluster.send_only(node, request)
+            else:
+                reply = await self.cluster.send(node, request)
         except (NetworkError, RequestTimedOutError) as err:
             await self._retry_or_fail(ordered, err)
             return
@@ -555,22 +556,20 @@ class AsyncProducer:
             for batch in ordered:
                 self._succeed(batch, -1, -1)
             return
-        outcomes = {(t["name"], p["partition"]): p for t in reply["topics"] for p in t["partitions"]}
+        outcomes = {(t.name, p.partition): p for t in reply.topics for p in t.partitions}
         retry: list[ProducerBatch] = []
         retry_error: PymqError | None = None
         for topic, parts in groups.items():
             for partition, group in parts.items():
                 outcome = outcomes.get((topic, partition))
-                if outcome is None:
-                    err: PymqError = NetworkError("broker response omitted the partition")
-                elif outcome["error_code"] == 0:
-                    base = outcome["base_offset"]
+                err = NetworkError("broker response omitted the partition") if outcome is None else outcome.error()
+                if err is None:
+                    assert outcome is not None
+                    base = outcome.base_offset
                     for batch in group:
-                        self._succeed(batch, base, outcome.get("log_append_time", -1))
+                        self._succeed(batch, base, outcome.log_append_time)
                         base += batch.record_count
                     continue
-                else:
-                    err = error_for_code(outcome["error_code"], outcome.get("error_message"))
                 if err.retriable:
                     retry.extend(group)
                     retry_error = err
