@@ -135,11 +135,15 @@ class LogManager:
         and the error is raised. The caller runs this in a worker thread."""
         validate_topic_name(topic)
         created: list[tuple[UnifiedLog, bool]] = []  # (log, its directory existed before: adopted)
+        logs: list[UnifiedLog] = []  # not looked up again at the end: a concurrent delete_topic may drop them
         try:
             for partition in partitions:
-                if self.get(topic, partition) is None:
+                partition_log = self.get(topic, partition)
+                if partition_log is None:
                     existed = (self.log_dir / f"{topic}-{partition}").exists()
-                    created.append((self._open_new(topic, partition, spec), existed))
+                    partition_log = self._open_new(topic, partition, spec)
+                    created.append((partition_log, existed))
+                logs.append(partition_log)
             if created:
                 sync_filesystem(self.log_dir)  # one syncfs for every file of every new log
         except BaseException:
@@ -154,7 +158,7 @@ class LogManager:
                 except KafkaStorageError as err:
                     log.error("cannot roll back %s after a failed creation: %s", partition_log.directory, err)
             raise
-        return [self._logs[(topic, p)] for p in partitions]
+        return logs
 
     def _open_new(self, topic: str, partition: int, spec: TopicLogSpec) -> UnifiedLog:
         """Create one log (unsynced); if that fails part way, remove what it left on disk."""
