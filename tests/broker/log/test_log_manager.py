@@ -11,6 +11,7 @@ from broker.config import LogConfig
 from broker.errors import KafkaStorageError, OffsetOutOfRangeError
 from broker.log import LogManager, Segment, TopicLogSpec, UnifiedLog
 from broker.log.checkpoint import PARTITION_METADATA_FILE, read_offsets, read_partition_metadata, write_offsets
+from broker.log import log_manager
 from broker.log.log_manager import (
     HIGH_WATERMARK_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
@@ -370,3 +371,20 @@ def test_create_logs_failing_leaves_directories_it_adopted_on_disk(tmp_path, clo
     adopted = manager.create_logs("t", TopicLogSpec(TOPIC_ID, SMALL, 4), [1])[0]
     assert adopted.log_end_offset == 3
     manager.close()
+
+
+def test_create_logs_racing_a_delete_of_the_topic_returns_without_a_key_error(manager, monkeypatch):
+    """A delete_topic landing while the creation syncs (the fuzz test's create/delete storm) drops
+    the new logs; the creation still answers, with logs that now refuse every operation."""
+    real_sync = log_manager.sync_filesystem
+
+    def sync_then_delete(directory):
+        real_sync(directory)
+        manager.delete_topic("t")
+
+    monkeypatch.setattr(log_manager, "sync_filesystem", sync_then_delete)
+    logs = manager.create_logs("t", TopicLogSpec(TOPIC_ID, SMALL, 2), [0, 1])
+    assert [l.partition for l in logs] == [0, 1]
+    assert manager.partitions("t") == [] and list(manager.log_dir.iterdir()) == []
+    with pytest.raises(KafkaStorageError, match="closed"):
+        logs[0].read(0, 1)
