@@ -301,14 +301,15 @@ class Segment:
         return None
 
     def _first_record_at_or_after(self, position: int, header: record.BatchHeader, timestamp_ms: int) -> tuple[int, int]:
-        if header.log_append_time or header.base_timestamp >= timestamp_ms:
-            # Every record of a LogAppendTime batch carries its max timestamp; and when even the
-            # smallest timestamp qualifies, the first record does.
-            return header.base_offset, header.max_timestamp if header.log_append_time else header.base_timestamp
+        """(offset, timestamp) of the batch's first record stamped at or after `timestamp_ms`. The
+        header's base timestamp is the batch's smallest, not its first record's, so a CreateTime
+        batch is decoded (ListOffsets by time is rare); a compacted body maps rows to offsets."""
+        if header.log_append_time:  # every record carries the broker's time, the batch's max
+            return header.base_offset, header.max_timestamp
         body = record.decode_body(self._pread(header.size, position), header)
         timestamps = body.column("timestamp").cast(pa.int64()).to_numpy()
         i = int(np.argmax(timestamps >= timestamp_ms))
-        return header.base_offset + i, int(timestamps[i])
+        return int(record.record_offsets(header, body)[i].as_py()), int(timestamps[i])
 
     def _pread(self, size: int, position: int) -> bytes:
         with self._cache.pinned(self.log_path) as fd:
