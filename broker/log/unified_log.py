@@ -529,7 +529,8 @@ class UnifiedLog:
 
     def _deletable_segments(self, now_ms: int) -> list[Segment]:
         """The longest prefix of non-empty segments below the high watermark each of which is
-        older than retention.ms or leaves at least retention.bytes behind when removed."""
+        older than retention.ms, leaves at least retention.bytes behind when removed, or lies
+        wholly below the log start offset (no reader can reach it: Kafka's log start breach)."""
         retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
         excess_bytes = self._local.segments.size_bytes() - retention_bytes
         deletable = []
@@ -538,7 +539,8 @@ class UnifiedLog:
                 break
             expired = retention_ms >= 0 and now_ms - segment.max_timestamp > retention_ms
             oversize = retention_bytes >= 0 and excess_bytes - segment.size >= 0
-            if not (expired or oversize):
+            unreachable = segment.next_offset <= self.log_start_offset
+            if not (expired or oversize or unreachable):
                 break
             deletable.append(segment)
             excess_bytes -= segment.size
