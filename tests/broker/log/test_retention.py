@@ -12,6 +12,8 @@ import pytest
 from broker.config import LogConfig
 from broker.errors import KafkaStorageError, OffsetOutOfRangeError
 from broker.log import LogManager, TopicLogSpec
+from broker.log.checkpoint import write_offsets
+from broker.log.log_manager import LOG_START_OFFSET_CHECKPOINT
 
 from tests.broker.log.appends import append
 
@@ -103,3 +105,26 @@ def test_manager_retention_runs_every_log_even_when_one_fails(tmp_path, clock, b
         assert manager.retention_failures == 2
     finally:
         manager.close()
+
+
+def test_segments_wholly_below_a_checkpointed_log_start_are_deleted_whatever_the_retention(tmp_path, clock, batch):
+    """A crash between moving the log start and deleting segments (or records deleted below it)
+    leaves segments no reader can reach: retention removes them even with retention disabled
+    (Kafka's log-start-offset breach)."""
+    config = LogConfig(segment_bytes=4096, max_message_bytes=4096, retention_ms=-1, retention_bytes=-1)
+    manager = LogManager(tmp_path / "data", clock)
+    partition_log = manager.load({"t": TopicLogSpec(None, config, 1)})[("t", 0)]
+    for _ in range(7):
+        append(partition_log, batch(R))
+    manager.close()
+    write_offsets(tmp_path / "data" / LOG_START_OFFSET_CHECKPOINT, {("t", 0): 10})
+    restarted = LogManager(tmp_path / "data", clock)
+    try:
+        reopened = restarted.load({"t": TopicLogSpec(None, config, 1)})[("t", 0)]
+        assert (reopened.log_start_offset, reopened.local_log_start_offset) == (10, 0)
+        assert restarted.run_retention(0) == 1
+        assert [s.base_offset for s in reopened.segments()] == [9, 18]
+        assert reopened.log_start_offset == 10  # inside segment 9, which stays
+        assert restarted.run_retention(0) == 0
+    finally:
+        restarted.close()
