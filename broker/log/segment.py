@@ -25,16 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-import numpy as np
-import pyarrow as pa
 
 from broker import record
-from broker.config import INT32_MAX, INT64_MAX
+from broker.config import INT32_MAX
 from broker.errors import CorruptMessageError, KafkaStorageError, MessageTooLargeError
 from broker.log.checkpoint import fsync_and_close
 from broker.log.file_cache import FileCache
 from broker.log.index_file import CorruptIndexError
 from broker.log.offset_index import OffsetIndex
+from broker.log.segment_reader import FRAME_ONLY, SegmentReader
 from broker.log.time_index import NO_TIMESTAMP, TimeIndex
 
 log = logging.getLogger(__name__)
@@ -44,6 +43,7 @@ INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 DELETED_SUFFIX = ".deleted"
 _READ_CHUNK = 4 << 20  # recovery reads this much at a time, so small batches cost no syscall each
+_LOOKUP_READ = 8 << 10  # a lookup from an index entry scans about index.interval.bytes (4 KiB) of headers
 
 
 def segment_file(directory: Path, base_offset: int, suffix: str) -> Path:
@@ -261,25 +261,28 @@ class Segment:
         """(position, header) of the first batch whose last offset >= `offset`, or None if the
         segment ends before `offset`. Index lookup, then a short scan of 61-byte headers.
         CorruptMessageError if the scan meets damage (see `recover`)."""
+        return self._find_position(self._reader(), offset)
+
+    def _find_position(self, reader: SegmentReader, offset: int) -> tuple[int, record.BatchHeader] | None:
         if offset >= self._next_offset:
             return None
-        _, start = self.offset_index.lookup(offset)
-        for position, header in self._headers(start, self._size):
-            if header.next_offset > offset:
-                return position, header
-        raise CorruptMessageError(f"{self.log_path.name} ends before its next offset {self._next_offset}: {self.damage}")
+        found = reader.find_position(offset)
+        if found is None:
+            raise CorruptMessageError(f"{self.log_path.name} ends before its next offset {self._next_offset}: {self.damage}")
+        return found
 
     def read(self, offset: int, max_bytes: int, max_offset: int | None = None) -> FetchSlice | None:
         """Bytes from the batch holding `offset`: min(max_bytes, what the segment holds [before the
         batch holding `max_offset`]), but the whole first batch even beyond max_bytes (KIP-74).
         None if the segment ends before `offset`; an empty slice if `max_offset` leaves nothing."""
-        found = self.find_position(offset)
+        reader = self._reader()
+        found = self._find_position(reader, offset)
         if found is None:
             return None
         position, header = found
         end = self._size
         if max_offset is not None:
-            limit = self.find_position(max_offset)
+            limit = self._find_position(reader, max_offset)
             end = end if limit is None else limit[0]
         size = max(0, min(end - position, max(max_bytes, header.size)))
         if not size:
@@ -289,27 +292,11 @@ class Segment:
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with timestamp >= `timestamp_ms`, or None.
 
-        The time index bounds the scan; the matching batch's body is decoded only when its
-        records may straddle the target (CreateTime and base_timestamp < target).
+        The time index bounds the scan (SegmentReader.offset_for_timestamp).
         """
         if self._max_timestamp < timestamp_ms:
             return None
-        _, start = self.offset_index.lookup(self.time_index.lookup(timestamp_ms))
-        for position, header in self._headers(start, self._size):
-            if header.max_timestamp >= timestamp_ms:
-                return self._first_record_at_or_after(position, header, timestamp_ms)
-        return None
-
-    def _first_record_at_or_after(self, position: int, header: record.BatchHeader, timestamp_ms: int) -> tuple[int, int]:
-        """(offset, timestamp) of the batch's first record stamped at or after `timestamp_ms`. The
-        header's base timestamp is the batch's smallest, not its first record's, so a CreateTime
-        batch is decoded (ListOffsets by time is rare); a compacted body maps rows to offsets."""
-        if header.log_append_time:  # every record carries the broker's time, the batch's max
-            return header.base_offset, header.max_timestamp
-        body = record.decode_body(self._pread(header.size, position), header)
-        timestamps = body.column("timestamp").cast(pa.int64()).to_numpy()
-        i = int(np.argmax(timestamps >= timestamp_ms))
-        return int(record.record_offsets(header, body)[i].as_py()), int(timestamps[i])
+        return self._reader().offset_for_timestamp(timestamp_ms)
 
     def _pread(self, size: int, position: int) -> bytes:
         with self._cache.pinned(self.log_path) as fd:
@@ -318,37 +305,18 @@ class Segment:
             except OSError as err:
                 raise KafkaStorageError(f"cannot read {self.log_path}: {err}") from err
 
-    def _headers(self, position: int, end: int) -> Iterator[tuple[int, record.BatchHeader]]:
-        """Headers of consecutive batches from `position` to `end`, one pread each (no CRC check).
-        Framing is checked as recovery checks a trusted segment (magic and length), so a read that
-        reaches damage recovery recorded gets CorruptMessageError."""
-        while position < end:
-            header = record.read_header(self._pread(record.HEADER_SIZE, position))
-            if header.magic != record.MAGIC or header.size < record.HEADER_SIZE or position + header.size > end:
-                raise CorruptMessageError(f"{self.log_path.name}: bad batch framing at byte {position}")
-            yield position, header
-            position += header.size
+    def _reader(self, size: int | None = None, min_read_bytes: int = _LOOKUP_READ) -> SegmentReader:
+        """A reader of the `.log`'s first `size` bytes (default: the valid ones) with this segment's
+        indexes: framing, validation and lookups live there, shared with remote readers."""
+        return SegmentReader(self._pread, self.base_offset, size=self._size if size is None else size,
+                             name=self.log_path.name, offset_index=self.offset_index, time_index=self.time_index,
+                             min_read_bytes=min_read_bytes, max_read_bytes=max(min_read_bytes, _READ_CHUNK))
 
     def _batches(self, position: int, end: int, verify_from_offset: int) -> Iterator[tuple[int, record.BatchHeader]]:
-        """Batches from `position` to `end`, read in large chunks. Those whose offsets reach
-        `verify_from_offset` are fully validated (CRC, body structure); earlier ones are trusted
-        (flushed and checkpointed) and only framed. Raises CorruptMessageError at the first bad or
-        torn batch."""
-        buf, buf_start = b"", position
-        while position < end:
-            offset_in_buf = position - buf_start
-            size = record.batch_size_at(buf, offset_in_buf)
-            if size is None or offset_in_buf + max(size, record.HEADER_SIZE) > len(buf):
-                wanted = size if size is not None and size <= end - position else 0
-                buf = self._pread(min(end - position, max(_READ_CHUNK, wanted)), position)
-                buf_start, offset_in_buf = position, 0
-            header = record.read_header(buf, offset_in_buf)
-            if header.next_offset > verify_from_offset:
-                header = record.validate_batch(buf, offset_in_buf)
-            elif header.magic != record.MAGIC or header.size < record.HEADER_SIZE or offset_in_buf + header.size > len(buf):
-                raise CorruptMessageError(f"{self.log_path.name}: bad batch framing at byte {position}")
-            yield position, header
-            position += header.size
+        """Batches from `position` to `end`, read in large chunks; those whose offsets reach
+        `verify_from_offset` are fully validated, earlier ones (flushed) only framed. Raises
+        CorruptMessageError at the first bad or torn batch."""
+        return self._reader(end, _READ_CHUNK).batches(position, end, verify_from_offset=verify_from_offset)
 
     # --- load and recovery ---------------------------------------------------------------------
 
@@ -371,7 +339,7 @@ class Segment:
         # together), so only the batches from there on need reading.
         self._max_timestamp, self._offset_of_max_timestamp = self.time_index.last_entry
         self._next_offset = self.offset_index.last_offset
-        self._scan(self._batches(self.offset_index.last_position, file_size, INT64_MAX))
+        self._scan(self._batches(self.offset_index.last_position, file_size, FRAME_ONLY))
         self.time_index.sanity_check(self._next_offset)
         self._first_append_ms = self._header_at(0).max_timestamp if file_size else None
 
@@ -459,7 +427,7 @@ class Segment:
         # Kafka's loadLargestTimestamp: the time index's last entry, then every batch after it.
         self._max_timestamp, self._offset_of_max_timestamp = self.time_index.last_entry
         self._next_offset, start = self.offset_index.lookup(self._offset_of_max_timestamp)
-        self._scan(self._headers(start, position))
+        self._scan(self._batches(start, position, FRAME_ONLY))
         if not self._size:
             self._first_append_ms = None
         return removed
