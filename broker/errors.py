@@ -32,6 +32,19 @@ class CorruptMessageError(PymqError):
     retriable = False
 
 
+class CorruptRecordError(CorruptMessageError):
+    """A fetched batch failed the consumer's checks (CRC, structure). Raised by `poll` only after
+    every intact record before it was delivered, with the consumer's position at the bad batch:
+    `seek((topic, partition), offset + 1)` skips it (one record at a time if it held several)."""
+
+    def __init__(self, message: str, topic: str, partition: int, offset: int) -> None:
+        super().__init__(message)
+        self.topic, self.partition, self.offset = topic, partition, offset
+
+    def __reduce__(self) -> tuple:  # keeps the fields when pickled (e.g. across processes)
+        return type(self), (str(self), self.topic, self.partition, self.offset)
+
+
 class UnknownTopicOrPartitionError(PymqError):
     code = 3
     retriable = True  # the topic may still be being created

@@ -29,6 +29,8 @@ from broker.client.cluster import Cluster
 from broker.client.loop_thread import LoopThread
 from broker.errors import (
     ConsumerStoppedError,
+    CorruptMessageError,
+    CorruptRecordError,
     NetworkError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
@@ -119,7 +121,10 @@ class AsyncConsumer:
         self._fetch_positions: dict[TopicPartition, int] = {}  # next offset to fetch (ahead by the buffer)
         self.high_watermarks: dict[TopicPartition, int] = {}
         self._assigned: list[TopicPartition] = []
-        self._buffer: deque[tuple[TopicPartition, pa.RecordBatch, int]] = deque()  # (tp, rows, bytes counted)
+        # (tp, rows, bytes counted), or (tp, the error, 0) where a partition's fetched data turned
+        # out corrupt: records before it are delivered first, and the partition fetches nothing
+        # more until that error was raised.
+        self._buffer: deque[tuple[TopicPartition, pa.RecordBatch | CorruptRecordError, int]] = deque()
         self._buffered_bytes = 0
         self._data_ready = asyncio.Event()
         self._changed = asyncio.Event()
@@ -215,7 +220,13 @@ class AsyncConsumer:
     # -- polling ---------------------------------------------------------------------------------
 
     async def poll_arrow(self, timeout_ms: int = 1000, max_records: int | None = None) -> pa.Table:
-        """Fetched records as one Arrow table (possibly empty after `timeout_ms`)."""
+        """Fetched records as one Arrow table (possibly empty after `timeout_ms`).
+
+        A corrupt batch: the records before it (and other partitions' records) are returned
+        first and the partition's position moves to the bad batch; the next call raises
+        CorruptRecordError naming topic, partition and offset (a call that has no records to
+        return raises it at once). Until the caller seeks, the partition is fetched again and
+        raises again."""
         if self._closed:
             raise ConsumerStoppedError("consumer is closed")
         if self._error is not None:
@@ -232,11 +243,27 @@ class AsyncConsumer:
         missing = [tp for tp in self._assigned if tp not in self._consumed]
         if missing:
             raise NoOffsetForPartitionError(f"no position for {missing}: seek first (auto_offset_reset=none)")
+        batches = self._take(max_records if max_records is not None else float("inf"))
+        if not batches and self._buffer and isinstance(self._buffer[0][1], CorruptRecordError):
+            raise self._corrupt_batch_reached()
+        if not self._buffer:
+            self._data_ready.clear()
+        self._changed.set()  # room in the buffer: fetchers may go on
+        return pa.Table.from_batches(batches, schema=RECORD_SCHEMA)
+
+    def _take(self, limit: float) -> list[pa.RecordBatch]:
+        """Up to `limit` buffered rows, in order. A corrupt-batch marker stays in the buffer (at
+        the front once the rows before it are taken) and sets its partition's position."""
         batches = []
+        kept: list[tuple[TopicPartition, pa.RecordBatch | CorruptRecordError, int]] = []
         taken = 0
-        limit = max_records if max_records is not None else float("inf")
         while self._buffer and taken < limit:
             tp, batch, accounted = self._buffer.popleft()
+            if isinstance(batch, CorruptRecordError):
+                # Nothing of tp follows it in the buffer: its fetching stopped at the bad batch.
+                self._consumed[tp] = batch.offset
+                kept.append((tp, batch, accounted))
+                continue
             if taken + batch.num_rows > limit:
                 keep = int(limit - taken)
                 share = accounted * keep // batch.num_rows
@@ -246,10 +273,19 @@ class AsyncConsumer:
             batches.append(batch)
             taken += batch.num_rows
             self._consumed[tp] = batch.column(2)[-1].as_py() + 1
+        self._buffer.extendleft(reversed(kept))
+        return batches
+
+    def _corrupt_batch_reached(self) -> CorruptRecordError:
+        """Take the marker at the front; the partition is fetched again from its position, so the
+        error comes back until the caller seeks past the bad batch."""
+        tp, err, _ = self._buffer.popleft()
+        assert isinstance(err, CorruptRecordError)
         if not self._buffer:
             self._data_ready.clear()
-        self._changed.set()  # room in the buffer: fetchers may go on
-        return pa.Table.from_batches(batches, schema=RECORD_SCHEMA)
+        self._fetch_positions[tp] = self._consumed[tp]
+        self._changed.set()
+        return err
 
     async def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
         return table_to_records(await self.poll_arrow(timeout_ms, max_records))
@@ -332,17 +368,29 @@ class AsyncConsumer:
                 self._consumed[tp] = offset
 
     def _absorb(self, tp: TopicPartition, data: memoryview) -> None:
-        """Decode the complete batches of one partition's fetched bytes into the buffer."""
+        """Decode the complete batches of one partition's fetched bytes into the buffer. At a
+        corrupt batch, what came before it stays buffered, a marker for it follows, and the
+        partition fetches nothing more until the marker was raised (or the caller seeks)."""
         position = self._fetch_positions[tp]
-        for pos, header in record.iter_batches(data, verify=self.check_crcs):
-            if header.next_offset <= position:
-                continue
-            body = record.decode_body(data, header, pos)
-            batch = to_record_batch(tp[0], tp[1], header, body, max(position - header.base_offset, 0))
-            size = header.size  # the wire size: cheap, and what the fetch actually cost
-            self._buffer.append((tp, batch, size))
-            self._buffered_bytes += size
-            position = header.next_offset
+        bad_at = 0  # where the next batch starts: the corrupt one, if iter_batches raises
+        try:
+            for pos, header in record.iter_batches(data, verify=self.check_crcs):
+                bad_at = pos + header.size
+                if header.next_offset <= position:
+                    continue
+                body = record.decode_body(data, header, pos)
+                batch = to_record_batch(tp[0], tp[1], header, body, max(position - header.base_offset, 0))
+                size = header.size  # the wire size: cheap, and what the fetch actually cost
+                self._buffer.append((tp, batch, size))
+                self._buffered_bytes += size
+                position = header.next_offset
+        except CorruptMessageError as err:
+            offset = corrupt_batch_offset(data, bad_at, position, self.high_watermarks.get(tp, -1))
+            log.warning("%s-%d: corrupt batch at offset %d: %s", tp[0], tp[1], offset, err)
+            self._buffer.append((tp, CorruptRecordError(f"{tp[0]}-{tp[1]} offset {offset}: {err}", tp[0], tp[1], offset), 0))
+            del self._fetch_positions[tp]
+            self._data_ready.set()
+            return
         if position != self._fetch_positions[tp]:
             self._fetch_positions[tp] = position
             self._data_ready.set()
@@ -354,6 +402,16 @@ class AsyncConsumer:
             task.cancel()
         await asyncio.gather(*self._fetchers.values(), return_exceptions=True)
         await self.cluster.close()
+
+
+def corrupt_batch_offset(data: memoryview, at: int, position: int, high_watermark: int) -> int:
+    """The offset a corrupt batch at byte `at` stands for: the consumer's position there, or the
+    batch's own base offset when that lies beyond it (a compaction gap) and below the high
+    watermark. The base offset is outside the CRC, so only a plausible one is believed."""
+    if len(data) - at < record.HEADER_SIZE:
+        return position
+    base = record.read_header(data, at).base_offset
+    return base if position < base < high_watermark else position
 
 
 async def list_offsets(cluster: Cluster, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:

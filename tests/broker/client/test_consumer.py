@@ -8,8 +8,16 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from broker import record
 from broker.client import RECORD_SCHEMA, Admin, Consumer, ConsumerRecord, Producer
-from broker.errors import CorruptMessageError, NoOffsetForPartitionError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from broker.client.consumer import corrupt_batch_offset
+from broker.errors import (
+    CorruptMessageError,
+    CorruptRecordError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+    UnknownTopicOrPartitionError,
+)
 
 @pytest.fixture
 def consumers():
@@ -345,3 +353,120 @@ def test_check_crcs_detects_a_batch_corrupted_on_disk(broker_factory, consumers)
     unchecked.assign([("crc", 0)])
     records = poll_until(unchecked, 5)
     assert [r.value for r in records] == [b"Corrupt-me-0"] + [b"corrupt-me-%d" % i for i in range(1, 5)]
+
+
+def produce_one_batch_each(bootstrap: str, topic: str, partition: int, values_: list[bytes]) -> None:
+    """Each value as a record batch of its own (flushed one by one)."""
+    with Producer(bootstrap, linger_ms=0) as producer:
+        for value in values_:
+            future = producer.send(topic, value, partition=partition)
+            producer.flush()
+            future.result(10)
+
+
+def flip_stored_byte(log_dir: Path, topic: str, partition: int, marker: bytes) -> Path:
+    """Flip one bit inside `marker` in the partition's segment holding it, which must be a sealed
+    one (the broker re-validates the active segment's tail on start); return that segment."""
+    segments = sorted((log_dir / f"{topic}-{partition}").glob("*.log"))
+    for segment in segments:
+        data = bytearray(segment.read_bytes())
+        at = data.find(marker)
+        if at >= 0:
+            assert segment != segments[-1], "the batch to corrupt is in the active segment"
+            data[at] ^= 0x20  # the Arrow structure stays valid, only the CRC disagrees
+            segment.write_bytes(bytes(data))
+            return segment
+    raise AssertionError(f"{marker!r} is in no segment of {topic}-{partition}")
+
+
+def test_records_before_a_corrupt_batch_are_delivered_and_seek_past_it_continues(broker_factory, consumers):
+    """A batch corrupted on disk in a sealed segment: the poll that reaches it returns every intact
+    record before it (and the other partition's records) with position() at the bad batch, the
+    next poll raises CorruptRecordError naming topic, partition and offset, and a skip-and-continue
+    loop receives every good record exactly once."""
+    broker = broker_factory().start()
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("skip", partitions=2, configs={"segment.bytes": 4096})
+    filler = b"x" * 600  # a few batches per 4 KiB segment: offsets 0 and 1 share the first, sealed one
+    good = {p: [b"p%d-%d-" % (p, i) + filler for i in range(6)] for p in (0, 1)}
+    for partition, vals in good.items():
+        produce_one_batch_each(broker.bootstrap, "skip", partition, vals)
+    assert broker.stop() == 0  # clean stop: the recovery point is the log end, so nothing is re-validated
+    segment = flip_stored_byte(broker.log_dir, "skip", 0, b"p0-1-")
+    assert segment.name == f"{0:020d}.log"
+    broker.start()
+
+    consumer = consumers(broker.bootstrap, auto_offset_reset="earliest")
+    consumer.assign([("skip", 0), ("skip", 1)])
+    assert consumer.end_offsets([("skip", 0)]) == {("skip", 0): 6}  # the broker kept and serves the bad batch
+    received: list[ConsumerRecord] = []
+    errors: list[CorruptRecordError] = []
+    deadline = time.monotonic() + 20
+    while len(received) < 11 and time.monotonic() < deadline:
+        try:
+            batch = consumer.poll(timeout_ms=200)
+        except CorruptRecordError as err:
+            assert [r.offset for r in received if r.partition == 0] == [0], "raised before delivering offset 0"
+            assert consumer.position(("skip", 0)) == err.offset
+            errors.append(err)
+            consumer.seek((err.topic, err.partition), err.offset + 1)
+            continue
+        received += batch
+        if any(r.partition == 0 and r.offset == 0 for r in batch):
+            assert consumer.position(("skip", 0)) == 1, "position stops short of the bad batch"
+    assert [(e.topic, e.partition, e.offset) for e in errors] == [("skip", 0, 1)]
+    assert isinstance(errors[0], CorruptMessageError)
+    delivered = sorted((r.partition, r.offset, r.value) for r in received)
+    assert delivered == sorted((p, i, v) for p, vals in good.items() for i, v in enumerate(vals) if (p, i) != (0, 1))
+    assert consumer.poll(timeout_ms=300) == []
+
+
+def test_corrupt_batch_is_raised_again_until_the_caller_seeks(broker_factory, consumers):
+    """Polling on after CorruptRecordError without a seek raises it again (nothing is skipped
+    silently); poll_arrow behaves like poll."""
+    broker = broker_factory().start()
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("again", partitions=1, configs={"segment.bytes": 4096})
+    filler = b"y" * 600
+    produce_one_batch_each(broker.bootstrap, "again", 0, [b"a-%d-" % i + filler for i in range(4)])
+    assert broker.stop() == 0
+    flip_stored_byte(broker.log_dir, "again", 0, b"a-0-")
+    broker.start()
+
+    consumer = consumers(broker.bootstrap, auto_offset_reset="earliest")
+    consumer.assign([("again", 0)])
+    for _ in range(2):
+        with pytest.raises(CorruptRecordError) as raised:
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                assert consumer.poll_arrow(timeout_ms=200).num_rows == 0
+        assert (raised.value.topic, raised.value.partition, raised.value.offset) == ("again", 0, 0)
+        assert consumer.position(("again", 0)) == 0
+    consumer.seek(("again", 0), 1)
+    table = poll_until_rows(consumer, 3)
+    assert table.column("offset").to_pylist() == [1, 2, 3]
+
+
+def poll_until_rows(consumer: Consumer, expected: int, timeout_s: float = 20.0) -> pa.Table:
+    tables = []
+    deadline = time.monotonic() + timeout_s
+    while sum(t.num_rows for t in tables) < expected and time.monotonic() < deadline:
+        tables.append(consumer.poll_arrow(timeout_ms=200))
+    table = pa.concat_tables(tables)
+    assert table.num_rows == expected
+    return table
+
+
+def _batch_at(base_offset: int) -> bytes:
+    return bytes(record.encode_batch(record.make_body([b"v"], timestamps_ms=1), base_offset=base_offset))
+
+
+@pytest.mark.parametrize("data, at, position, high_watermark, expected", [
+    (_batch_at(7), 0, 5, 10, 7),
+    (_batch_at(7), 0, 5, 7, 5),
+    (_batch_at(3), 0, 5, 10, 5),
+    (_batch_at(7)[:40], 0, 5, 10, 5),
+], ids=["compaction-gap-base-believed", "base-at-high-watermark-not-believed", "base-below-position", "header-truncated"])
+def test_corrupt_batch_offset_believes_only_a_plausible_base_offset(data, at, position, high_watermark, expected):
+    """The base offset is outside the CRC: it counts only between the position and the high watermark."""
+    assert corrupt_batch_offset(memoryview(data), at, position, high_watermark) == expected
