@@ -1,4 +1,4 @@
-"""Wire framing (broker/protocol.py): incremental request/response decoding, the frame size limit,
+"""Wire framing (broker/protocol/framing.py, fields.py): incremental request/response decoding, the frame size limit,
 malformed frames, and typed access to control fields."""
 from __future__ import annotations
 
