@@ -35,9 +35,12 @@ class CorruptMessageError(PymqError):
 class CorruptRecordError(CorruptMessageError):
     """A fetched batch failed the consumer's checks (CRC, structure). Raised by `poll` only after
     every intact record before it was delivered, with the consumer's position at the bad batch:
-    `seek((topic, partition), offset + 1)` skips it (one record at a time if it held several)."""
+    `seek((topic, partition), offset + 1)` skips it (one record at a time if it held several).
+    A client-side condition (the broker's CORRUPT_MESSAGE is its base class), hence a code >= 1000."""
 
-    def __init__(self, message: str, topic: str, partition: int, offset: int) -> None:
+    code = 1004
+
+    def __init__(self, message: str, topic: str = "", partition: int = -1, offset: int = -1) -> None:
         super().__init__(message)
         self.topic, self.partition, self.offset = topic, partition, offset
 
@@ -238,6 +241,7 @@ _NAMES: dict[type[PymqError], str] = {
     DeliveryTimeoutError: "DELIVERY_TIMEOUT",
     ConsumerStoppedError: "CONSUMER_STOPPED",
     NoOffsetForPartitionError: "NO_OFFSET_FOR_PARTITION",
+    CorruptRecordError: "CORRUPT_RECORD",
 }
 
 NONE = 0
