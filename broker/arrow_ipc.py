@@ -170,12 +170,12 @@ def _message(metadata: memoryview, where: str) -> tuple[int, _Table, int]:
 
 
 class _Table(NamedTuple):
-    """A flatbuffers Table with its vtable's position and size, read once: Table.Offset would
-    re-read both for every field (three reads instead of one, on the broker's produce path)."""
+    """A flatbuffers Table with its vtable's slot entries, read once in one unpack: Table.Offset
+    would re-read the vtable's position and size for every field, three reads per field on the
+    broker's produce path (each Table.Get costs ~0.4 us)."""
 
     table: Table
-    vtable: int
-    vtable_size: int
+    slots: tuple[int, ...]  # each slot's offset from the table, 0 when the field is absent
 
 
 def _table(buf: memoryview, pos: int, where: str, name: str) -> _Table:
@@ -190,17 +190,14 @@ def _table(buf: memoryview, pos: int, where: str, name: str) -> _Table:
     vtable_size = table.Get(fb.VOffsetTFlags, vtable)
     if vtable_size < 4 or vtable_size % 2 or vtable + vtable_size > size:
         raise IpcFormatError(f"{where}: {name}: vtable of {vtable_size} bytes at {vtable} does not fit the metadata")
-    return _Table(table, vtable, vtable_size)
+    return _Table(table, struct.unpack_from(f"<{(vtable_size - 4) // 2}H", buf, vtable + 4))
 
 
 def _field(table: _Table, slot: int, size: int, where: str, name: str) -> int | None:
     """Position of the slot's `size`-byte value, None when the field is absent (default)."""
-    entry = 4 + 2 * slot
-    if entry >= table.vtable_size:  # a vtable older than the slot: the field is absent
+    if slot >= len(table.slots) or table.slots[slot] == 0:  # absent (or a vtable older than the slot)
         return None
-    offset = table.table.Get(fb.VOffsetTFlags, table.vtable + entry)
-    if offset == 0:
-        return None
+    offset = table.slots[slot]
     at = table.table.Pos + offset
     if at + size > len(table.table.Bytes):
         raise IpcFormatError(f"{where}: {name}: field at {at} runs past the {len(table.table.Bytes)}-byte metadata")
