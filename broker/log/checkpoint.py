@@ -50,18 +50,25 @@ def fsync_and_close(fds: list[int], what: Path) -> None:
 
 def write_atomically(path: Path, text: str, *, durable: bool = True) -> None:
     """Replace `path` with `text` so that a crash leaves either the old or the new content.
-    `durable=False` skips the fsyncs: for a batch of new files made durable at once with
-    `sync_filesystem` (topic creation)."""
+
+    `durable=False` is for the files of a log being created, made durable all at once with
+    `sync_filesystem` (topic creation): written in place, without fsyncs or a temporary file
+    (a third of the cost of creating a partition). A crash before the sync can tear them, and
+    their readers take a torn file as a missing one, which the next start writes again."""
+    if not durable:
+        try:
+            path.write_text(text, encoding="ascii")
+        except OSError as err:
+            raise KafkaStorageError(f"cannot write {path}: {err}") from err
+        return
     tmp = path.with_name(path.name + TMP_SUFFIX)
     try:
         with open(tmp, "w", encoding="ascii") as f:
             f.write(text)
-            if durable:
-                f.flush()
-                os.fsync(f.fileno())
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
-        if durable:
-            fsync_directory(path.parent)
+        fsync_directory(path.parent)
     except OSError as err:
         raise KafkaStorageError(f"cannot write {path}: {err}") from err
 
