@@ -137,15 +137,26 @@ def read_record_batch(stream: memoryview, pos: int, *, nodes: int, buffers: int,
     length = _scalar(batch, 0, fb.Int64Flags, 0, where, "length")
     node_values = _pairs(batch, 1, nodes, where, "nodes")
     buffer_values = _pairs(batch, 2, buffers, where, "buffers")
-    if buffers and (min(buffer_values) < 0 or max(map(operator.add, buffer_values[0::2], buffer_values[1::2])) > body_length):
-        i = next(i for i in range(buffers) if not 0 <= buffer_values[2 * i] <= buffer_values[2 * i] + buffer_values[2 * i + 1] <= body_length)
-        raise IpcFormatError(f"{where}: buffer {i} (offset {buffer_values[2 * i]}, length {buffer_values[2 * i + 1]}) "
-                             f"lies outside the {body_length}-byte message body")
+    outside = _first_buffer_outside(buffer_values, body_length)
+    if outside is not None:
+        offset, size = buffer_values[2 * outside], buffer_values[2 * outside + 1]
+        raise IpcFormatError(f"{where}: buffer {outside} (offset {offset}, length {size}) lies outside the "
+                             f"{body_length}-byte message body")
     codec = _compression(batch, where)
     variadic = _field(batch, 4, 4, where, "variadicBufferCounts")
     if variadic is not None and _vector(batch.table, variadic, 8, where, "variadicBufferCounts")[1]:
         raise IpcFormatError(f"{where}: variadicBufferCounts present (no view types in this schema)")
     return RecordBatchMessage(pos, length, body_length, node_values, buffer_values, codec)
+
+
+def _first_buffer_outside(buffers: tuple[int, ...], body_length: int) -> int | None:
+    """Index of the first (offset, length) pair not inside the body; None when all are (decided
+    by one min and one max, in C, on the common path)."""
+    offsets, lengths = buffers[0::2], buffers[1::2]
+    if not buffers or (min(buffers) >= 0 and max(map(operator.add, offsets, lengths)) <= body_length):
+        return None
+    return next(i for i, (offset, size) in enumerate(zip(offsets, lengths))
+                if offset < 0 or size < 0 or offset + size > body_length)
 
 
 # -- bound-checked flatbuffer reads -------------------------------------------------------------

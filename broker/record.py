@@ -311,9 +311,11 @@ def frame_parts(
     `last_offset_delta` defaults to record_count - 1 (a compacted body: its last offset_delta)."""
     body = memoryview(ipc_body).cast("B")
     header = bytearray(HEADER_SIZE)
+    if last_offset_delta is None:
+        last_offset_delta = record_count - 1
     HEADER.pack_into(
         header, 0, base_offset, HEADER_SIZE + len(body) - LENGTH_PREFIX, partition_leader_epoch, MAGIC, 0,
-        attributes, record_count - 1 if last_offset_delta is None else last_offset_delta, base_timestamp, max_timestamp, producer_id, producer_epoch,
+        attributes, last_offset_delta, base_timestamp, max_timestamp, producer_id, producer_epoch,
         base_sequence, record_count,
     )
     crc = _crc32c.crc32c(body, _crc32c.crc32c(memoryview(header)[CRC_START:]))
@@ -453,7 +455,7 @@ def _check_header(buf: bytes | bytearray | memoryview, pos: int, header: BatchHe
             f"batch at byte {pos}: batch_length says {size} bytes, only {len(buf) - pos} present"
         )
     if max_batch_bytes is not None and size > max_batch_bytes:
-        raise MessageTooLargeError(f"batch of {size} bytes exceeds max.message.bytes {max_batch_bytes}")
+        raise MessageTooLargeError(f"batch at byte {pos}: batch of {size} bytes exceeds max.message.bytes {max_batch_bytes}")
     if header.attributes & ~_KNOWN_ATTRIBUTE_BITS:
         raise CorruptMessageError(f"batch at byte {pos}: reserved attribute bits set ({header.attributes:#x})")
     if header.record_count < 1 or header.last_offset_delta < header.record_count - 1:

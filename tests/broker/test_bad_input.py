@@ -923,7 +923,8 @@ def _ipc_of(values: list[bytes], ts: int = TS) -> bytes:
 
 def _foreign_schema_body() -> bytes:
     other = record.make_body([b"a", b"b", b"c"], timestamps_ms=TS)
-    schema = pa.schema([f.with_type(pa.timestamp("us", tz="UTC")) if f.name == "timestamp" else f for f in record.BODY_SCHEMA])
+    schema = pa.schema([f.with_type(pa.timestamp("us", tz="UTC")) if f.name == "timestamp" else f
+                        for f in record.BODY_SCHEMA])
     batch = pa.RecordBatch.from_arrays([c.cast(f.type) for c, f in zip(other.columns, schema)], schema=schema)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as writer:
@@ -941,7 +942,8 @@ POISON_BATCHES = [
     ("foreign-schema", _foreign_schema_body, CorruptMessageError, "foreign body schema"),
     ("garbage-after-ipc-marker", lambda: _framed(b"\xff\xff\xff\xff" + random.Random(8).randbytes(700)),
      CorruptMessageError, "schema message"),
-    ("schema-then-garbage", lambda: _framed(_ipc_of([b"a", b"b", b"c"])[:SCHEMA_MESSAGE_BYTES] + random.Random(9).randbytes(300)),
+    ("schema-then-garbage",
+     lambda: _framed(_ipc_of([b"a", b"b", b"c"])[:SCHEMA_MESSAGE_BYTES] + random.Random(9).randbytes(300)),
      CorruptMessageError, "record batch message"),
     ("record-batch-message-truncated", lambda: _framed(_ipc_of([b"a", b"b", b"c"])[:-24]),
      CorruptMessageError, "bodyLength"),
@@ -986,7 +988,8 @@ TIMESTAMP_CASES = [
 
 
 @pytest.mark.parametrize("delta_ms, configs, error", [c[1:] for c in TIMESTAMP_CASES], ids=[c[0] for c in TIMESTAMP_CASES])
-def test_produce_outside_the_topics_timestamp_bounds_is_invalid_timestamp(server, raw_client, client, delta_ms, configs, error):
+def test_produce_outside_the_topics_timestamp_bounds_is_invalid_timestamp(server, raw_client, client, delta_ms, configs,
+                                                                          error):
     """A CreateTime topic refuses a batch stamped further from the broker's clock than its
     message.timestamp.before/after.max.ms (INVALID_TIMESTAMP, nothing stored); LogAppendTime
     topics take the broker's time and skip the bounds."""

@@ -489,10 +489,15 @@ def _foreign_schema(change) -> bytes:
     return _with_schema(pa.schema(fields), columns)
 
 
+_OURS = encode_body(_three()).to_pybytes()  # schema message + record batch message, no end marker
+_OURS_SCHEMA_END = _schema_end(_OURS)
+_THEIRS = _ipc(_three())  # the same with the end-of-stream marker
+_HEADERS_AS_ELEMENT = pa.field("headers", pa.list_(pa.field("element", BODY_SCHEMA.field("headers").type.value_type)))
+
 STRUCTURE_CASES = [
     # id (the rule), batch bytes, words the CORRUPT_MESSAGE text must contain
-    ("record-count-above-body-rows", lambda: _framed(encode_body(_three()), record_count=1000), "length 3 rows != record_count 1000"),
-    ("record-count-below-body-rows", lambda: _framed(encode_body(_three()), record_count=2), "length 3 rows != record_count 2"),
+    ("record-count-above-body-rows", lambda: _framed(_OURS, record_count=1000), "length 3 rows != record_count 1000"),
+    ("record-count-below-body-rows", lambda: _framed(_OURS, record_count=2), "length 3 rows != record_count 2"),
     ("schema-foreign-columns", lambda: _framed(_ipc(pa.record_batch({"x": pa.array([1, 2, 3])}))), "1 fields (x)"),
     ("schema-extra-column", lambda: _framed(_with_schema(BODY_SCHEMA.append(pa.field("extra", pa.int8())),
                                                          _three().columns + [pa.array([1, 2, 3], pa.int8())])),
@@ -508,21 +513,18 @@ STRUCTURE_CASES = [
         BODY_SCHEMA.append(pa.field("offset_delta", pa.int32())), _three().columns + [pa.array([0, 1, 2], pa.int32())])),
      "field 4 'offset_delta' is nullable"),
     ("schema-message-not-flatbuffer", lambda: _framed(
-        b"\xff\xff\xff\xff\x10\x00\x00\x00" + b"\x07" * 16 + encode_body(_three()).to_pybytes()[_schema_end(encode_body(_three()).to_pybytes()):]),
+        b"\xff\xff\xff\xff\x10\x00\x00\x00" + b"\x07" * 16 + _OURS[_OURS_SCHEMA_END:]),
      "schema message"),
     ("garbage-after-marker", lambda: _framed(b"\xff\xff\xff\xff" + random.Random(3).randbytes(600)), "schema message"),
-    ("no-record-batch-message", lambda: _framed(encode_body(_three()).to_pybytes()[:_schema_end(encode_body(_three()).to_pybytes())]),
+    ("no-record-batch-message", lambda: _framed(_OURS[:_OURS_SCHEMA_END]),
      "record batch message at body byte 424: 0 bytes"),
-    ("end-of-stream-instead-of-batch", lambda: _framed(
-        encode_body(_three()).to_pybytes()[:_schema_end(encode_body(_three()).to_pybytes())] + b"\xff\xff\xff\xff\0\0\0\0"),
+    ("end-of-stream-instead-of-batch", lambda: _framed(_OURS[:_OURS_SCHEMA_END] + b"\xff\xff\xff\xff\0\0\0\0"),
      "metadata_length 0"),
-    ("record-batch-message-truncated", lambda: _framed(encode_body(_three()).to_pybytes()[:-16]), "bodyLength"),
-    ("trailing-garbage-after-batch", lambda: _framed(encode_body(_three()).to_pybytes() + b"\0" * 16), "bodyLength"),
-    ("trailing-bytes-instead-of-end-marker", lambda: _framed(encode_body(_three()).to_pybytes() + b"\xff" * 8),
-     "end-of-stream marker"),
-    ("two-record-batches", lambda: _framed(encode_body(_three()).to_pybytes() + _ipc(_three())[_schema_end(_ipc(_three())):]),
-     "bodyLength"),
-    ("standard-schema-with-offset-gap", lambda: _framed(encode_body(_three()), last_offset_delta=5),
+    ("record-batch-message-truncated", lambda: _framed(_OURS[:-16]), "bodyLength"),
+    ("trailing-garbage-after-batch", lambda: _framed(_OURS + b"\0" * 16), "bodyLength"),
+    ("trailing-bytes-instead-of-end-marker", lambda: _framed(_OURS + b"\xff" * 8), "end-of-stream marker"),
+    ("two-record-batches", lambda: _framed(_OURS + _THEIRS[_schema_end(_THEIRS):]), "bodyLength"),
+    ("standard-schema-with-offset-gap", lambda: _framed(_OURS, last_offset_delta=5),
      "last_offset_delta 5 != record_count 3 - 1"),
 ]
 
@@ -550,7 +552,7 @@ def test_a_body_with_the_end_of_stream_marker_is_accepted(compression):
     [
         BODY_SCHEMA.with_metadata({"writer": "another Arrow library"}),
         pa.schema([f.with_metadata({"doc": "x"}) for f in BODY_SCHEMA]),
-        pa.schema([*list(BODY_SCHEMA)[:3], pa.field("headers", pa.list_(pa.field("element", BODY_SCHEMA.field("headers").type.value_type)))]),
+        pa.schema([*list(BODY_SCHEMA)[:3], _HEADERS_AS_ELEMENT]),
     ],
     ids=["schema-metadata", "field-metadata", "list-item-named-element"],
 )
@@ -649,8 +651,8 @@ def test_decode_body_rejects_bad_offset_deltas(deltas, last, words):
 
 
 @PROPERTY
-@given(records=RECORDS, compression=st.sampled_from(COMPRESSIONS), gaps=st.lists(st.integers(1, 1000), min_size=12, max_size=12),
-       base_offset=st.integers(0, 2**62))
+@given(records=RECORDS, compression=st.sampled_from(COMPRESSIONS),
+       gaps=st.lists(st.integers(1, 1000), min_size=12, max_size=12), base_offset=st.integers(0, 2**62))
 def test_any_valid_body_passes_and_plain_pyarrow_reads_it(records, compression, gaps, base_offset):
     """Any records, compression and (for compacted bodies) offset gaps make a batch validate_batch
     accepts, and whose body plain `pyarrow.ipc.open_stream` reads with no pymq code."""
@@ -726,7 +728,8 @@ def _metadata_fields(ipc: bytes) -> dict[str, tuple[int, str, object]]:
         "batch-metadata-length": (schema_end + 4, "<i", st.integers(-(2**31), 2**31 - 1).filter(lambda v: v != len(meta))),
         "version": (meta_start + at(message, 0), "<h", st.integers(-(2**15), 2**15 - 1).filter(lambda v: v not in (3, 4))),
         "header-type": (meta_start + at(message, 1), "<B", st.integers(0, 255).filter(lambda v: v != 3)),
-        "body-length": (meta_start + at(message, 3), "<q", st.integers(INT64_MIN, INT64_MAX).filter(lambda v: v != body_length)),
+        "body-length": (meta_start + at(message, 3), "<q",
+                        st.integers(INT64_MIN, INT64_MAX).filter(lambda v: v != body_length)),
         "row-count": (meta_start + at(batch, 0), "<q", not_rows),
         "node-count": (meta_start + nodes - 4, "<I", st.integers(0, 2**32 - 1).filter(lambda v: v != 7)),
         "buffer-count": (meta_start + buffers - 4, "<I", st.integers(0, 2**32 - 1).filter(lambda v: v != 17)),
@@ -743,7 +746,8 @@ def _metadata_fields(ipc: bytes) -> dict[str, tuple[int, str, object]]:
     if batch.Offset(10):
         compression = Table(meta, batch.Indirect(at(batch, 3)))
         if compression.Offset(4):
-            fields["codec"] = (meta_start + at(compression, 0), "<b", st.integers(-128, 127).filter(lambda v: v not in (0, 1)))
+            fields["codec"] = (meta_start + at(compression, 0), "<b",
+                               st.integers(-128, 127).filter(lambda v: v not in (0, 1)))
     return fields
 
 
