@@ -735,6 +735,12 @@ def _metadata_fields(ipc: bytes) -> dict[str, tuple[int, str, object]]:
         "buffer-count": (meta_start + buffers - 4, "<I", st.integers(0, 2**32 - 1).filter(lambda v: v != 17)),
         "timestamp-null-count": (meta_start + nodes + 2 * 16 + 8, "<q", st.integers(INT64_MIN, INT64_MAX).filter(bool)),
     }
+    for text in (b"key", b"value", b"timestamp", b"headers", b"UTC"):  # field names (struct children too), time zone
+        found = -1
+        while (found := ipc.find(text, found + 1, schema_end)) >= 0:
+            original = ipc[found]
+            fields[f"schema-{text.decode()}-at-{found}"] = (found, "<B",
+                                                            st.integers(0, 255).filter(lambda v, o=original: v != o))
     for i, column in enumerate(["key", "value", "timestamp", "headers"]):
         fields[f"{column}-node-length"] = (meta_start + nodes + 16 * i, "<q", not_rows)
     for column, i in [("key", 0), ("headers", 3)]:  # nullable: 0 <= null_count <= rows
