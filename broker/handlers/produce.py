@@ -28,8 +28,7 @@ Outcome = Union[ProducePartitionResponse, Awaitable[ProducePartitionResponse]]
 
 
 def _appended(partition: int, info: AppendInfo) -> ProducePartitionResponse:
-    return ProducePartitionResponse(partition, base_offset=info.first_offset, log_append_time=info.log_append_time_ms,
-                                    log_start_offset=info.log_start_offset)
+    return ProducePartitionResponse(partition, 0, None, info.first_offset, info.log_append_time_ms, info.log_start_offset)
 
 
 def _failed(partition: int, err: PymqError) -> ProducePartitionResponse:

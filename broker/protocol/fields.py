@@ -19,6 +19,8 @@ _MISSING: Any = object()
 def field(control: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = _MISSING) -> Any:
     """`control[name]` checked to be of `kind`; absent -> `default`, or InvalidRequestError if none."""
     value = control.get(name, _MISSING)
+    if value.__class__ is kind:  # the common case, one comparison (bool is not int here either)
+        return value
     if value is _MISSING or value is None:
         if default is _MISSING:
             raise InvalidRequestError(f"missing field {name!r}")
@@ -52,6 +54,9 @@ def entry_field(control: dict[str, Any], name: str, kind: type, placeholder: Any
                 default: Any = _MISSING) -> tuple[Any, InvalidRequestError | None]:
     """(value, None), or (placeholder, the error) when the field is missing or mistyped: for
     fields whose fault belongs to one entry of the request, not to the whole of it."""
+    value = control.get(name)
+    if value.__class__ is kind:
+        return value, None
     try:
         return field(control, name, kind, default), None
     except InvalidRequestError as err:

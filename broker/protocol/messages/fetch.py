@@ -42,10 +42,9 @@ class FetchPartitionResponse(Outcome):
     records: Part = b""
 
     def to_control(self) -> dict[str, Any]:
-        out = put_error({"partition": self.partition}, self.error_code, self.error_message)
-        out["high_watermark"], out["log_start_offset"], out["size"] = (
-            self.high_watermark, self.log_start_offset, part_size(self.records))
-        return out
+        return put_error({"partition": self.partition, "high_watermark": self.high_watermark,
+                          "log_start_offset": self.log_start_offset, "size": part_size(self.records)},
+                         self.error_code, self.error_message)
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,10 +43,9 @@ class ProducePartitionResponse(Outcome):
     log_start_offset: int = -1
 
     def to_control(self) -> dict[str, Any]:
-        out = put_error({"partition": self.partition}, self.error_code, self.error_message)
-        out["base_offset"], out["log_append_time"], out["log_start_offset"] = (
-            self.base_offset, self.log_append_time, self.log_start_offset)
-        return out
+        return put_error({"partition": self.partition, "base_offset": self.base_offset,
+                          "log_append_time": self.log_append_time, "log_start_offset": self.log_start_offset},
+                         self.error_code, self.error_message)
 
     @classmethod
     def from_control(cls, control: dict[str, Any]) -> "ProducePartitionResponse":
@@ -94,9 +93,10 @@ class ProducePartition:
 
     def record_set(self) -> memoryview:
         """The records as one writable buffer: the payload slice itself for a decoded request."""
-        if len(self.records) == 1 and isinstance(self.records[0], memoryview):
-            return self.records[0]
-        return memoryview(bytearray().join(self.records))
+        records = self.records
+        if len(records) == 1 and records[0].__class__ is memoryview:
+            return records[0]  # type: ignore[return-value]
+        return memoryview(bytearray().join(records))
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,11 +139,18 @@ class ProduceRequest(RequestMessage[ProduceResponse]):
             name, name_error = entry_field(item, "name", str, "")
             partitions = []
             for p in entries(item, "partitions"):
-                size = non_negative(p, "size")
+                # The hot path: well-typed fields cost one class comparison; the helpers only
+                # run to name what is wrong.
+                size, partition, epoch = p.get("size"), p.get("partition"), p.get("current_leader_epoch", NO_LEADER_EPOCH)
+                if size.__class__ is not int or size < 0:
+                    size = non_negative(p, "size")
                 if pos + size > end:
                     raise InvalidRequestError(f"partition sizes claim more than the payload's {end} bytes")
-                partition, partition_error = entry_field(p, "partition", int, -1)
-                epoch = field(p, "current_leader_epoch", int, NO_LEADER_EPOCH)
+                partition_error = None
+                if partition.__class__ is not int:
+                    partition, partition_error = entry_field(p, "partition", int, -1)
+                if epoch.__class__ is not int:
+                    epoch = field(p, "current_leader_epoch", int, NO_LEADER_EPOCH)
                 partitions.append(ProducePartition(partition, (payload[pos:pos + size],), epoch, partition_error))
                 pos += size
             topics.append(ProduceTopic(name, tuple(partitions), name_error))
