@@ -10,6 +10,11 @@ from mid-batch returns the whole batch) and adds `topic`, `partition`, `offset` 
 `poll_arrow()` returns one pyarrow Table (schema `RECORD_SCHEMA`); `poll()` returns
 `ConsumerRecord`s built from the same table. An out-of-range position is reset per
 `auto_offset_reset` ("earliest", "latest") or raised ("none").
+
+A batch that fails the checks costs nothing that precedes it: every intact record before it
+(and other partitions' records) is returned first, `position()` moves to the bad batch, and the
+next poll raises `CorruptRecordError` with its topic, partition and offset, so that a
+skip-and-continue loop can `seek(offset + 1)` past it.
 """
 from __future__ import annotations
 
