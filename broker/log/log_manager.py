@@ -8,7 +8,8 @@
                                              removed in the background (and on the next start)
         recovery-point-offset-checkpoint     per-partition offsets (checkpoint.py), written for
         log-start-offset-checkpoint          every partition at once: periodically, after a
-        replication-offset-checkpoint        segment roll was flushed, and on a clean stop
+        replication-offset-checkpoint        segment roll was flushed, after a load, when a
+                                             topic is deleted, and on a clean stop
         anything else                        metadata files, foreign directories: left alone
 
 The manager opens, creates and deletes logs, runs retention, hands out the logs that are due a
@@ -112,6 +113,9 @@ class LogManager:
         with self._lock:
             logs = dict(self._logs)
         self._log_recovery(logs.values(), time.monotonic() - started)
+        # Drop the entries of partitions that are gone (a topic deleted before a crash could not
+        # checkpoint): a topic created again under the name must not inherit their offsets.
+        self.checkpoint()
         return logs
 
     @staticmethod
@@ -228,6 +232,11 @@ class LogManager:
             target = self._aside_path(partition_log.directory)
             partition_log.rename_directory(target)
             _remove_tree(target)
+        if doomed:
+            # As Kafka's asyncDelete: the checkpoints must forget the topic now. Left until the
+            # periodic checkpoint, a topic re-created under the name would inherit its recovery
+            # point (an unflushed tail taken for durable data) and log start (records hidden).
+            self.checkpoint()
 
     def _move_aside(self, path: Path) -> None:
         try:

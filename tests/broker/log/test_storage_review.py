@@ -1,0 +1,95 @@
+"""Defects found by an adversarial review of the storage layer, each pinned by the scenario that
+exposed it: stale checkpoints of a deleted topic, a closed log asking for flushes forever, a
+segment creation that fails half way, a retention pass that fails half way, and a failed append
+that undid more than it did."""
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+
+import pytest
+
+from broker.config import LogConfig
+from broker.errors import KafkaStorageError
+from broker.log import LogManager, TopicLogSpec
+
+from tests.broker.log.appends import append
+from tests.broker.log.conftest import crash
+
+R = 3  # records per test batch; three batches fill a 4 KiB segment
+OLD_ID, NEW_ID = "a" * 32, "b" * 32
+
+
+def config(**overrides) -> LogConfig:
+    values = dict(segment_bytes=4096, max_message_bytes=4096, index_interval_bytes=0, retention_ms=-1)
+    values.update(overrides)
+    return LogConfig(**values)
+
+
+# --- checkpoints of a deleted topic ----------------------------------------------------------
+
+
+def test_a_recreated_topic_does_not_inherit_the_checkpointed_offsets_of_the_deleted_one(tmp_path, clock, batch):
+    """Topic t had log start 18 and recovery point 21 checkpointed. It is deleted, created again
+    (a new id), gets two batches and a torn third, and the broker crashes before the periodic
+    checkpoint. The restart must neither hide the new records below the old log start nor take
+    the unflushed torn tail for durable data (the old recovery point)."""
+    data = tmp_path / "data"
+    manager = LogManager(data, clock)
+    old = manager.create_logs("t", TopicLogSpec(OLD_ID, config(retention_ms=1_000), 1), [0])[0]
+    for timestamp in [1_000] * 6 + [9_000]:
+        append(old, batch(R, timestamp))
+    manager.run_retention(6_500)
+    old.flush()
+    manager.checkpoint()
+    assert (old.log_start_offset, old.recovery_point) == (18, 21)
+    manager.delete_topic("t")
+    new_spec = TopicLogSpec(NEW_ID, config(), 1)
+    new = manager.create_logs("t", new_spec, [0])[0]
+    for _ in range(2):
+        append(new, batch(R))
+    crash(manager)
+    with open(data / "t-0" / f"{0:020d}.log", "ab") as f:
+        f.write(bytes(batch(R))[:100])  # a torn write the crash left behind
+
+    restarted = LogManager(data, clock)
+    try:
+        reopened = restarted.load({"t": new_spec})[("t", 0)]
+        assert (reopened.log_start_offset, reopened.log_end_offset) == (0, 2 * R)
+        assert reopened.last_recovery_truncated_bytes == 100 and reopened.damaged_segments == 0
+        assert reopened.read(0, 1).first_offset == 0
+        assert restarted.run_retention(10**12) == 0
+    finally:
+        restarted.close()
+
+
+def test_a_load_forgets_the_checkpointed_offsets_of_topics_deleted_before_a_crash(tmp_path, clock, batch, monkeypatch):
+    """The crash hit between the deletion of t's directory and the checkpoint that forgets it: the
+    next start no longer knows t, and a t created again then must start from nothing."""
+    data = tmp_path / "data"
+    manager = LogManager(data, clock)
+    old = manager.create_logs("t", TopicLogSpec(OLD_ID, config(), 1), [0])[0]
+    for _ in range(7):
+        append(old, batch(R))
+    old.flush()
+    manager.checkpoint()
+    monkeypatch.setattr(manager, "checkpoint", lambda: None)  # the crash comes first
+    manager.delete_topic("t")
+    crash(manager)
+
+    restarted = LogManager(data, clock)
+    assert restarted.load({}) == {}
+    new_spec = TopicLogSpec(NEW_ID, config(), 1)
+    new = restarted.create_logs("t", new_spec, [0])[0]
+    append(new, batch(R))
+    crash(restarted)
+    with open(data / "t-0" / f"{0:020d}.log", "ab") as f:
+        f.write(bytes(batch(R))[:100])
+
+    again = LogManager(data, clock)
+    try:
+        reopened = again.load({"t": new_spec})[("t", 0)]
+        assert (reopened.log_start_offset, reopened.log_end_offset, reopened.damaged_segments) == (0, R, 0)
+    finally:
+        again.close()
