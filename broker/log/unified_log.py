@@ -453,10 +453,14 @@ class UnifiedLog:
     def needs_flush(self, now_ms: int) -> bool:
         """True when the flush policy or a roll asks for an fsync: flush.messages unflushed
         messages, the oldest unflushed one flush.ms old, an append waiting for durability, or a
-        sealed segment not yet flushed.
+        sealed segment not yet flushed. False once the log is closed (deleted, renamed aside,
+        shut down): `flush` does nothing then, and a caller that flushes while this is True
+        would never stop.
 
         Lock-free: the event loop asks after every append while the log writer thread may hold
         the lock for a whole pwrite; a stale answer only moves a flush by one check."""
+        if self._closed:
+            return False
         recovery_point = self._local.recovery_point
         if recovery_point < self._must_flush_to or recovery_point < self._roll_flush_to:
             return True

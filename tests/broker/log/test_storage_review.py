@@ -10,9 +10,13 @@ import os
 
 import pytest
 
+from broker.cluster.partition import LeaderAndIsr
 from broker.config import LogConfig
 from broker.errors import KafkaStorageError
 from broker.log import LogManager, TopicLogSpec
+from broker.log_writer import LogWriter
+from broker.purgatory import FetchPurgatory
+from broker.replica_manager import ReplicaManager
 
 from tests.broker.log.appends import append
 from tests.broker.log.conftest import crash
@@ -93,3 +97,36 @@ def test_a_load_forgets_the_checkpointed_offsets_of_topics_deleted_before_a_cras
         assert (reopened.log_start_offset, reopened.log_end_offset, reopened.damaged_segments) == (0, R, 0)
     finally:
         again.close()
+
+
+# --- flushes of a log that is gone --------------------------------------------------------------
+
+
+def test_a_log_deleted_with_a_flush_due_is_not_flushed_again_and_again(tmp_path, clock, batch):
+    """flush.messages=1 and an append whose flush is still due when the topic is deleted (the
+    flush in flight then finds the log closed): the replica manager's group commit asks again
+    while the log needs a flush, so a closed log must stop needing one, or the flushes never end
+    (a thread hop each, and a clean stop waits for them forever)."""
+    async def scenario() -> None:
+        manager = LogManager(tmp_path / "data", clock)
+        writer = LogWriter(1 << 30, 1 << 30)
+        replicas = ReplicaManager(0, manager, writer, FetchPurgatory())
+        try:
+            await replicas.create_partitions("t", TopicLogSpec(OLD_ID, config(flush_messages=1), 1), [0],
+                                             {("t", 0): LeaderAndIsr(0, 0, (0,), (0,))})
+            partition_log = manager.get("t", 0)
+            partition_log.append_as_leader(batch(R), 0)
+            assert partition_log.needs_flush(clock())
+            await replicas.delete_topic("t")
+            replicas._flush(partition_log)  # as the done callback of a flush in flight asks again
+            for _ in range(200):
+                if not replicas.flushes_in_flight:
+                    break
+                await asyncio.sleep(0.01)
+            assert replicas.flushes_in_flight == 0
+            assert not partition_log.needs_flush(clock())
+        finally:
+            await writer.close()
+            manager.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
