@@ -10,6 +10,7 @@ UnifiedLog's. Not thread-safe: UnifiedLog calls it under its lock.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -101,13 +102,26 @@ class LocalLog:
         assert base >= self.log_end_offset, (base, self.log_end_offset)
         old = self.segments.active
         segment = Segment.create(self.directory, base, self.cache)
-        if not old.size and len(self.segments) > 0:
-            self.segments.remove_from(len(self.segments) - 1)
-            old.delete()
-        else:
-            old.seal()
-        self.segments.add(segment)
+        if old.size:
+            try:
+                old.seal()
+            except BaseException:
+                # The old segment stays active; a new segment left on disk would make every
+                # later roll at this offset fail ("File exists").
+                with contextlib.suppress(KafkaStorageError):
+                    segment.delete()
+                raise
         self.dir_dirty = True
+        if not old.size:
+            self.segments.remove_from(len(self.segments) - 1)
+        self.segments.add(segment)
+        if not old.size:
+            try:
+                old.delete()
+            except KafkaStorageError as err:
+                # The roll is done; an empty segment left on disk holds no offsets and the next
+                # open takes it as such.
+                log.error("cannot delete the empty segment %s replaced by a roll: %s", old, err)
         return old
 
     # --- read ------------------------------------------------------------------------------

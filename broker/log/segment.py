@@ -163,7 +163,9 @@ class Segment:
 
     @classmethod
     def create(cls, directory: Path, base_offset: int, cache: FileCache) -> Segment:
-        """A new empty active segment. Raises KafkaStorageError if its `.log` already exists."""
+        """A new empty active segment. Raises KafkaStorageError if its `.log` already exists or
+        a file cannot be created; then no file of the segment is left behind (a stray `.log`
+        would make every later creation at this offset fail)."""
         files = SegmentFiles(directory, base_offset)
         try:
             os.close(os.open(files.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
@@ -173,6 +175,10 @@ class Segment:
         try:
             segment.offset_index = OffsetIndex.create(files.index, base_offset)
             segment.time_index = TimeIndex.create(files.time_index, base_offset)
+        except BaseException:
+            with contextlib.suppress(KafkaStorageError):
+                segment.delete()
+            raise
         finally:
             segment._close_indexes()  # no descriptor is held between writes (see prepare_sync)
         return segment

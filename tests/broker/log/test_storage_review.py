@@ -130,3 +130,73 @@ def test_a_log_deleted_with_a_flush_due_is_not_flushed_again_and_again(tmp_path,
             manager.close()
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
+
+
+# --- a segment creation that fails half way --------------------------------------------------
+
+
+def fail_next_creation_of(monkeypatch, suffix: str) -> None:
+    """The next os.open that creates a file ending in `suffix` fails with EMFILE (out of fds)."""
+    real_open, failed = os.open, []
+
+    def open_file(path, flags, mode=0o777, *, dir_fd=None):
+        if flags & os.O_CREAT and str(path).endswith(suffix) and not failed:
+            failed.append(path)
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", open_file)
+
+
+@pytest.mark.parametrize("suffix", [".index", ".timeindex"])
+def test_a_roll_whose_index_cannot_be_created_leaves_no_file_and_the_next_roll_works(unified_log, batch, monkeypatch,
+                                                                                       suffix):
+    """The new segment's `.log` was created, then its index could not be: the append fails whole,
+    and no file of the new segment stays behind (its `.log` would make every later roll at that
+    offset fail with 'File exists': the partition could never take another segment)."""
+    partition_log = unified_log()
+    for _ in range(3):
+        append(partition_log, batch(R))
+    before = sorted(p.name for p in partition_log.directory.iterdir())
+    fail_next_creation_of(monkeypatch, suffix)
+    with pytest.raises(KafkaStorageError, match="Too many open files"):
+        append(partition_log, batch(R))
+    monkeypatch.undo()
+    assert sorted(p.name for p in partition_log.directory.iterdir()) == before
+    info = append(partition_log, batch(R))
+    assert info.first_offset == 3 * R
+    assert [s.base_offset for s in partition_log.segments()] == [0, 3 * R]
+
+
+def fail_nth_creation_of(monkeypatch, suffix: str, n: int) -> None:
+    """The `n`th os.open that may create a file ending in `suffix` fails with EMFILE."""
+    real_open, seen = os.open, []
+
+    def open_file(path, flags, mode=0o777, *, dir_fd=None):
+        if flags & os.O_CREAT and str(path).endswith(suffix):
+            seen.append(path)
+            if len(seen) == n:
+                raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", open_file)
+
+
+def test_a_roll_that_cannot_seal_the_old_segment_removes_the_new_one(unified_log, batch, monkeypatch):
+    """The new segment was created, then sealing the old one failed (its index's write fd could
+    not be opened): the append fails whole, the new segment's files go, the old segment stays
+    active, and the next append rolls normally."""
+    partition_log = unified_log()
+    for _ in range(3):
+        append(partition_log, batch(R))
+    before = sorted(p.name for p in partition_log.directory.iterdir())
+    fail_nth_creation_of(monkeypatch, ".index", 2)  # the new segment's index, then the old one's
+    with pytest.raises(KafkaStorageError, match="Too many open files"):
+        append(partition_log, batch(R))
+    monkeypatch.undo()
+    assert sorted(p.name for p in partition_log.directory.iterdir()) == before
+    assert [(s.base_offset, s.sealed) for s in partition_log.segments()] == [(0, False)]
+    info = append(partition_log, batch(R))
+    assert info.first_offset == 3 * R
+    assert [(s.base_offset, s.sealed) for s in partition_log.segments()] == [(0, True), (3 * R, False)]
+    assert [partition_log.read(o, 1).first_offset for o in (0, R, 2 * R, 3 * R)] == [0, R, 2 * R, 3 * R]
