@@ -27,6 +27,15 @@ from broker.log.segment import BatchInfo, FetchSlice, Segment
 log = logging.getLogger(__name__)
 
 
+class SegmentsRemovedError(KafkaStorageError):
+    """Retention failed part way: the segments in `removed` had already left the log (renamed
+    `.deleted`) when a later rename failed. The caller still owns them: queue them for deletion."""
+
+    def __init__(self, message: str, removed: list[Segment]) -> None:
+        super().__init__(message)
+        self.removed = removed
+
+
 class LocalLog:
     def __init__(self, directory: Path, config: LogConfig, segments: LogSegments, recovery_point: int,
                  cache: FileCache) -> None:
@@ -184,17 +193,21 @@ class LocalLog:
         """Retention: rename the `count` oldest segments `.deleted` and drop them from the log,
         in that order, so a segment never leaves the log without its files being renamed.
         Returns them still open (in-flight reads finish); the caller deletes them later. If a
-        rename fails, the segments renamed so far are removed and the error is raised."""
+        rename fails, the segments renamed so far are removed and SegmentsRemovedError carries
+        them to the caller, which must delete them all the same."""
         assert 0 < count < len(self.segments), (count, len(self.segments))
         renamed = 0
         try:
             for segment in list(self.segments)[:count]:
                 segment.mark_deleted()
                 renamed += 1
-        finally:
-            removed = self.segments.remove_first(renamed) if renamed else []
-            self.dir_dirty = self.dir_dirty or bool(renamed)
-        return removed
+        except KafkaStorageError as err:
+            raise SegmentsRemovedError(str(err), self._remove_renamed(renamed)) from err
+        return self._remove_renamed(renamed)
+
+    def _remove_renamed(self, renamed: int) -> list[Segment]:
+        self.dir_dirty = self.dir_dirty or bool(renamed)
+        return self.segments.remove_first(renamed) if renamed else []
 
     # --- durability ------------------------------------------------------------------------
 

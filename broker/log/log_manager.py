@@ -35,6 +35,7 @@ from broker.config import LogConfig, validate_topic_name
 from broker.errors import InconsistentTopicIdError, InvalidTopicError, KafkaStorageError
 from broker.log.checkpoint import read_offsets, sync_filesystem, write_offsets
 from broker.log.file_cache import FileCache
+from broker.log.local_log import SegmentsRemovedError
 from broker.log.segment import Segment
 from broker.log.unified_log import LogDirFailure, UnifiedLog
 
@@ -268,7 +269,8 @@ class LogManager:
             except KafkaStorageError as err:
                 self.retention_failures += 1
                 log.error("retention failed for %s: %s", partition_log, err)
-                continue
+                # Segments that left the log before the failure are ours to delete all the same.
+                segments = err.removed if isinstance(err, SegmentsRemovedError) else []
             removed += len(segments)
             with self._lock:
                 self._deleted.extend((now_ms, segment) for segment in segments)

@@ -44,7 +44,7 @@ from broker.errors import CorruptMessageError, InconsistentTopicIdError, KafkaSt
 from broker.log.checkpoint import read_partition_metadata, write_partition_metadata
 from broker.log.file_cache import FileCache
 from broker.log.leader_epoch import LeaderEpochCache
-from broker.log.local_log import LocalLog
+from broker.log.local_log import LocalLog, SegmentsRemovedError
 from broker.log.log_loader import LogLoader
 from broker.log.segment import BatchInfo, FetchSlice, Segment
 
@@ -512,7 +512,9 @@ class UnifiedLog:
         oldest first. An expired non-empty active segment is rolled first, so the log stays
         writable at the LEO. Removed segments leave the log with their files renamed `*.deleted`;
         they are returned still open so in-flight reads finish: the caller calls
-        `Segment.delete()` later. From a worker thread (renames, a roll, the epoch checkpoint)."""
+        `Segment.delete()` later. If anything fails after segments left the log, the error is a
+        SegmentsRemovedError carrying them, for the caller to delete all the same. From a worker
+        thread (renames, a roll, the epoch checkpoint)."""
         with self._lock:
             self._check_usable()
             deletable = self._deletable_segments(now_ms)
@@ -520,14 +522,22 @@ class UnifiedLog:
                 return []
             if deletable[-1] is self._local.segments.active:
                 self._local.roll()
+            error: KafkaStorageError | None = None
             try:
                 removed = self._local.remove_oldest(len(deletable))
-            finally:
-                # Also when a rename failed part way: the segments renamed before it left the log.
-                self.log_start_offset = max(self.log_start_offset, self._local.start_offset)
-                # Nothing below the log start needs recovery: the recovery point may skip ahead.
-                self._local.recovery_point = max(self._local.recovery_point, self.log_start_offset)
+            except SegmentsRemovedError as err:
+                # A rename failed part way: the segments renamed before it left the log.
+                removed, error = err.removed, err
+            self.log_start_offset = max(self.log_start_offset, self._local.start_offset)
+            # Nothing below the log start needs recovery: the recovery point may skip ahead.
+            self._local.recovery_point = max(self._local.recovery_point, self.log_start_offset)
+            try:
                 self._epochs.truncate_from_start(self.log_start_offset)
+            except KafkaStorageError as err:
+                error = error or err
+            if error is not None:
+                # The caller still gets the removed segments to delete, whatever failed.
+                raise SegmentsRemovedError(str(error), removed) from error
             log.info("%s: retention deleted %d segments, log start offset now %d", self, len(removed), self.log_start_offset)
             return removed
 

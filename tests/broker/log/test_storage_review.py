@@ -13,7 +13,7 @@ import pytest
 from broker.cluster.partition import LeaderAndIsr
 from broker.config import LogConfig
 from broker.errors import KafkaStorageError
-from broker.log import LogManager, TopicLogSpec
+from broker.log import LogManager, TopicLogSpec, leader_epoch
 from broker.log_writer import LogWriter
 from broker.purgatory import FetchPurgatory
 from broker.replica_manager import ReplicaManager
@@ -200,3 +200,48 @@ def test_a_roll_that_cannot_seal_the_old_segment_removes_the_new_one(unified_log
     assert info.first_offset == 3 * R
     assert [(s.base_offset, s.sealed) for s in partition_log.segments()] == [(0, True), (3 * R, False)]
     assert [partition_log.read(o, 1).first_offset for o in (0, R, 2 * R, 3 * R)] == [0, R, 2 * R, 3 * R]
+
+
+# --- a retention pass that fails half way ------------------------------------------------------
+
+
+def fail_rename_of_segment_9(monkeypatch) -> None:
+    real_rename = os.rename
+
+    def rename(src, dst) -> None:
+        if os.path.basename(src) == f"{9:020d}.log":
+            raise OSError(errno.EIO, "Input/output error")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "rename", rename)
+
+
+def fail_epoch_checkpoint(monkeypatch) -> None:
+    def write_atomically(path, text, *, durable=True) -> None:
+        raise KafkaStorageError(f"cannot write {path}: [Errno 28] No space left on device")
+
+    monkeypatch.setattr(leader_epoch, "write_atomically", write_atomically)
+
+
+@pytest.mark.parametrize("inject, removed", [(fail_rename_of_segment_9, 1), (fail_epoch_checkpoint, 2)],
+                         ids=["second-rename-fails", "epoch-checkpoint-fails-after-the-renames"])
+def test_segments_a_failing_retention_pass_did_remove_are_still_purged(tmp_path, clock, batch, monkeypatch, inject,
+                                                                        removed):
+    """Segments 0 (and 9) are renamed `.deleted` and leave the log, then the pass fails (the rename
+    of segment 9, or the leader-epoch checkpoint after it): the segments that left must still be
+    queued for deletion (closed and unlinked after the delay), not left open and on disk until the
+    next restart."""
+    manager = LogManager(tmp_path / "data", clock)
+    try:
+        partition_log = manager.load({"t": TopicLogSpec(OLD_ID, config(retention_ms=1_000), 1)})[("t", 0)]
+        for timestamp in [1_000] * 6 + [9_000]:
+            append(partition_log, batch(R, timestamp))
+        inject(monkeypatch)
+        assert manager.run_retention(6_500) == removed
+        monkeypatch.undo()
+        assert manager.retention_failures == 1
+        assert partition_log.log_start_offset == removed * 9
+        assert manager.purge_deleted(6_500, 0) == removed
+        assert not [p.name for p in partition_log.directory.iterdir() if p.name.endswith(".deleted")]
+    finally:
+        manager.close()
