@@ -64,6 +64,15 @@ class LeaderEpochCache:
             self._entries = []
             self._store()
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def keep_first(self, count: int) -> None:
+        """Forget the entries after the first `count` (undo the assignments of a failed append)."""
+        if len(self._entries) > count:
+            self._entries = self._entries[:count]
+            self._store()
+
     @property
     def latest_epoch(self) -> int | None:
         return self._entries[-1][0] if self._entries else None

@@ -285,12 +285,13 @@ class UnifiedLog:
                 self._check_usable()
                 now = self._clock()
                 batches = self._assign_offsets(view, headers, leader_epoch, now)
+                epochs_before = len(self._epochs)
                 if leader_epoch >= 0:
                     latest = self._epochs.latest_epoch
                     if leader_epoch != latest:  # before the data: an epoch entry never lags its records (asserts
                         # the epoch never goes back: the partition layer appends under its current epoch only)
                         self._epochs.assign(leader_epoch, batches[0].base_offset)
-                self._write(view, batches, now)
+                self._write(view, batches, now, epochs_before)
                 return AppendInfo(
                     first_offset=batches[0].base_offset,
                     last_offset=batches[-1].next_offset - 1,
@@ -314,21 +315,23 @@ class UnifiedLog:
                         f"{self.topic}-{self.partition}: follower batch at offset {header.base_offset} does not follow {expected}")
                 batches.append(BatchInfo(header.base_offset, header.next_offset, header.size, header.max_timestamp))
                 expected = header.next_offset
+            epochs_before = len(self._epochs)
             for _, header in headers:
                 latest = self._epochs.latest_epoch
                 if header.partition_leader_epoch >= 0 and (latest is None or header.partition_leader_epoch > latest):
                     self._epochs.assign(header.partition_leader_epoch, header.base_offset)
-            self._write(view, batches, self._clock())
+            self._write(view, batches, self._clock(), epochs_before)
             return AppendInfo(batches[0].base_offset, batches[-1].next_offset - 1, -1, self.log_start_offset,
                               sum(h.record_count for _, h in headers))
 
-    def _write(self, view: memoryview, batches: list[BatchInfo], now: int) -> None:
-        """Write batches whose offsets are assigned; on failure cut the log back to where it was."""
+    def _write(self, view: memoryview, batches: list[BatchInfo], now: int, epochs_before: int) -> None:
+        """Write batches whose offsets are assigned; on failure cut the log back to where it was,
+        and forget the epoch entries the append added (those past the first `epochs_before`)."""
         first_offset = self.log_end_offset
         try:
             sealed = self._local.append(view, batches, now)
         except KafkaStorageError:
-            self._restore(first_offset)
+            self._restore(first_offset, epochs_before)
             raise
         if sealed:
             self._roll_flush_to = max(self._roll_flush_to, sealed[-1].next_offset)
@@ -337,11 +340,12 @@ class UnifiedLog:
         if self.log_end_offset - self.recovery_point >= self.config.flush_messages or self.config.flush_ms == 0:
             self._must_flush_to = self.log_end_offset
 
-    def _restore(self, offset: int) -> None:
-        """Undo a partly written append; if even that fails the directory goes offline."""
+    def _restore(self, offset: int, epochs_before: int) -> None:
+        """Undo a partly written append; if even that fails the directory goes offline. Only the
+        append's own epoch entries go: one a new leader recorded at the LEO before it stays."""
         try:
             self._local.truncate_to(offset)
-            self._epochs.truncate_from_end(offset)
+            self._epochs.keep_first(epochs_before)
         except KafkaStorageError as err:
             self._dir_failure.fail(err)
 

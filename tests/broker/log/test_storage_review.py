@@ -245,3 +245,37 @@ def test_segments_a_failing_retention_pass_did_remove_are_still_purged(tmp_path,
         assert not [p.name for p in partition_log.directory.iterdir() if p.name.endswith(".deleted")]
     finally:
         manager.close()
+
+
+# --- a failed append undoes only what it did ---------------------------------------------------
+
+
+def fail_next_log_write(monkeypatch) -> None:
+    real_pwrite, failed = os.pwrite, []
+
+    def pwrite(fd: int, data, position: int) -> int:
+        if not failed and os.readlink(f"/proc/self/fd/{fd}").endswith(".log"):
+            failed.append(position)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_pwrite(fd, data, position)
+
+    monkeypatch.setattr(os, "pwrite", pwrite)
+
+
+def test_a_failed_append_keeps_the_epoch_its_leader_started_at_the_log_end(unified_log, batch, monkeypatch):
+    """A new leader recorded that epoch 2 starts at the LEO (6); its first append then fails on a
+    full disk. Undoing the append must not drop epoch 2's entry, which the append did not write
+    (and which a follower asking where epoch 2 starts would miss), nor rewrite the checkpoint."""
+    partition_log = unified_log()
+    for _ in range(2):
+        append(partition_log, batch(R), leader_epoch=0)
+    partition_log.assign_epoch_start_offset(2)
+    epoch_file = partition_log.directory / "leader-epoch-checkpoint"
+    before = (partition_log.leader_epoch_entries, epoch_file.read_text(), epoch_file.stat().st_ino)
+    assert before[0] == [(0, 0), (2, 2 * R)]
+    fail_next_log_write(monkeypatch)
+    with pytest.raises(KafkaStorageError, match="No space left"):
+        partition_log.append_as_leader(batch(R), 2)
+    monkeypatch.undo()
+    assert (partition_log.leader_epoch_entries, epoch_file.read_text(), epoch_file.stat().st_ino) == before
+    assert partition_log.log_end_offset == 2 * R and not partition_log.offline
