@@ -61,8 +61,7 @@ class LeaderEpochCache:
     def clear(self) -> None:
         """Forget every epoch (the log was emptied and restarts elsewhere)."""
         if self._entries:
-            self._entries = []
-            self._store()
+            self._store([])
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -70,8 +69,7 @@ class LeaderEpochCache:
     def keep_first(self, count: int) -> None:
         """Forget the entries after the first `count` (undo the assignments of a failed append)."""
         if len(self._entries) > count:
-            self._entries = self._entries[:count]
-            self._store()
+            self._store(self._entries[:count])
 
     @property
     def latest_epoch(self) -> int | None:
@@ -85,8 +83,7 @@ class LeaderEpochCache:
             if epoch == last_epoch:
                 return
             assert start_offset >= last_start, (start_offset, last_start)
-        self._entries.append((epoch, start_offset))
-        self._store(durable=durable)
+        self._store([*self._entries, (epoch, start_offset)], durable=durable)
 
     def end_offset_for(self, epoch: int, log_end_offset: int) -> tuple[int, int]:
         """Kafka's OffsetsForLeaderEpoch answer: (the largest epoch <= `epoch` we know, the offset
@@ -108,16 +105,17 @@ class LeaderEpochCache:
         """Forget epochs that start at or after `end_offset` (the log was cut there)."""
         kept = [entry for entry in self._entries if entry[1] < end_offset]
         if len(kept) != len(self._entries):
-            self._entries = kept
-            self._store()
+            self._store(kept)
 
     def truncate_from_start(self, start_offset: int) -> None:
         """Forget epochs wholly below `start_offset`; the one covering it now starts there (Kafka)."""
         below = [entry for entry in self._entries if entry[1] <= start_offset]
         if not below or below == [(below[0][0], start_offset)]:
             return
-        self._entries = [(below[-1][0], start_offset)] + self._entries[len(below) :]
-        self._store()
+        self._store([(below[-1][0], start_offset)] + self._entries[len(below) :])
 
-    def _store(self, *, durable: bool = True) -> None:
-        write_atomically(self.path, "".join(f"{epoch} {start}\n" for epoch, start in self._entries), durable=durable)
+    def _store(self, entries: list[tuple[int, int]], *, durable: bool = True) -> None:
+        """Write `entries` to the checkpoint, then adopt them: if the write fails (KafkaStorageError)
+        the cache keeps the entries the file has, and a later change writes again."""
+        write_atomically(self.path, "".join(f"{epoch} {start}\n" for epoch, start in entries), durable=durable)
+        self._entries = entries

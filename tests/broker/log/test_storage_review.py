@@ -279,3 +279,21 @@ def test_a_failed_append_keeps_the_epoch_its_leader_started_at_the_log_end(unifi
     monkeypatch.undo()
     assert (partition_log.leader_epoch_entries, epoch_file.read_text(), epoch_file.stat().st_ino) == before
     assert partition_log.log_end_offset == 2 * R and not partition_log.offline
+
+
+def test_an_epoch_whose_checkpoint_write_failed_is_written_by_the_next_append(unified_log, batch, monkeypatch):
+    """The first append under epoch 3 fails because the epoch checkpoint cannot be written. The
+    entry must not stay in memory only: the next append under epoch 3 would take it as recorded,
+    and the file (all a restart has below the recovery point) would never learn where epoch 3
+    starts."""
+    partition_log = unified_log()
+    for _ in range(2):
+        append(partition_log, batch(R), leader_epoch=0)
+    fail_epoch_checkpoint(monkeypatch)
+    with pytest.raises(KafkaStorageError, match="No space left"):
+        partition_log.append_as_leader(batch(R), 3)
+    monkeypatch.undo()
+    assert partition_log.leader_epoch_entries == [(0, 0)] and partition_log.log_end_offset == 2 * R
+    append(partition_log, batch(R), leader_epoch=3)
+    assert partition_log.leader_epoch_entries == [(0, 0), (3, 2 * R)]
+    assert (partition_log.directory / "leader-epoch-checkpoint").read_text() == f"0 0\n3 {2 * R}\n"
