@@ -11,6 +11,7 @@ event loop) or where a follower appends, never on a leader's append path.
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 
 from broker.errors import KafkaStorageError
@@ -29,7 +30,8 @@ class LeaderEpochCache:
 
     def __init__(self, path: Path, entries: list[tuple[int, int]]) -> None:
         self.path = path
-        self._entries = entries
+        self._entries = entries  # replaced, never changed in place: `write` reads it from any thread
+        self._file_lock = threading.Lock()  # orders the file's writes; taken after the log's lock
 
     @classmethod
     def load(cls, path: Path) -> LeaderEpochCache:
@@ -107,15 +109,34 @@ class LeaderEpochCache:
         if len(kept) != len(self._entries):
             self._store(kept)
 
-    def truncate_from_start(self, start_offset: int) -> None:
-        """Forget epochs wholly below `start_offset`; the one covering it now starts there (Kafka)."""
+    def truncate_from_start(self, start_offset: int, *, write: bool = True) -> bool:
+        """Forget epochs wholly below `start_offset`; the one covering it now starts there (Kafka).
+        With `write=False` only the entries change and the caller calls `write` later, outside its
+        lock (Kafka's truncateFromStartAsyncFlush: entries below the log start serve nobody, so a
+        crash before the write loses nothing). Returns whether anything changed."""
         below = [entry for entry in self._entries if entry[1] <= start_offset]
         if not below or below == [(below[0][0], start_offset)]:
-            return
-        self._store([(below[-1][0], start_offset)] + self._entries[len(below) :])
+            return False
+        entries = [(below[-1][0], start_offset)] + self._entries[len(below) :]
+        if write:
+            self._store(entries)
+        else:
+            self._entries = entries
+        return True
+
+    def write(self) -> None:
+        """Write the entries as they are now (after a change made with `write=False`). Any thread,
+        without the log's lock: writes are serialized, and each writes the latest entries."""
+        with self._file_lock:
+            write_atomically(self.path, _render(self._entries))
 
     def _store(self, entries: list[tuple[int, int]], *, durable: bool = True) -> None:
         """Write `entries` to the checkpoint, then adopt them: if the write fails (KafkaStorageError)
         the cache keeps the entries the file has, and a later change writes again."""
-        write_atomically(self.path, "".join(f"{epoch} {start}\n" for epoch, start in entries), durable=durable)
-        self._entries = entries
+        with self._file_lock:
+            write_atomically(self.path, _render(entries), durable=durable)
+            self._entries = entries
+
+
+def _render(entries: list[tuple[int, int]]) -> str:
+    return "".join(f"{epoch} {start}\n" for epoch, start in entries)

@@ -27,7 +27,8 @@ fsync takes the whole log directory offline (`LogDirFailure`): the kernel may ha
 dirty pages, so a later fsync that succeeds would launder the loss. Nothing retries it.
 
 Threading: every public method may be called from any thread; state changes happen under one
-lock; `flush` runs its fsyncs outside it on duplicated fds.
+lock; `flush` runs its fsyncs outside it on duplicated fds, and retention writes the leader-epoch
+checkpoint outside it, so an append on the event loop never waits for those fsyncs.
 """
 from __future__ import annotations
 
@@ -535,15 +536,22 @@ class UnifiedLog:
             self.log_start_offset = max(self.log_start_offset, self._local.start_offset)
             # Nothing below the log start needs recovery: the recovery point may skip ahead.
             self._local.recovery_point = max(self._local.recovery_point, self.log_start_offset)
-            try:
-                self._epochs.truncate_from_start(self.log_start_offset)
-            except KafkaStorageError as err:
-                error = error or err
-            if error is not None:
-                # The caller still gets the removed segments to delete, whatever failed.
-                raise SegmentsRemovedError(str(error), removed) from error
-            log.info("%s: retention deleted %d segments, log start offset now %d", self, len(removed), self.log_start_offset)
-            return removed
+            epochs_changed = self._epochs.truncate_from_start(self.log_start_offset, write=False)
+        if epochs_changed:
+            # Outside the lock: appends on the event loop must not wait for these fsyncs. Under
+            # the flush lock, which a close or a rename of the directory takes: a log closed
+            # meanwhile writes nothing (its path may be another incarnation's by now).
+            with self._flush_lock:
+                try:
+                    if not self._closed:
+                        self._epochs.write()
+                except KafkaStorageError as err:
+                    error = error or err
+        if error is not None:
+            # The caller still gets the removed segments to delete, whatever failed.
+            raise SegmentsRemovedError(str(error), removed) from error
+        log.info("%s: retention deleted %d segments, log start offset now %d", self, len(removed), self.log_start_offset)
+        return removed
 
     def _deletable_segments(self, now_ms: int) -> list[Segment]:
         """The longest prefix of non-empty segments below the high watermark each of which is

@@ -297,3 +297,31 @@ def test_an_epoch_whose_checkpoint_write_failed_is_written_by_the_next_append(un
     append(partition_log, batch(R), leader_epoch=3)
     assert partition_log.leader_epoch_entries == [(0, 0), (3, 2 * R)]
     assert (partition_log.directory / "leader-epoch-checkpoint").read_text() == f"0 0\n3 {2 * R}\n"
+
+
+# --- fsyncs under the log lock ----------------------------------------------------------------
+
+
+def test_retention_writes_the_epoch_checkpoint_without_holding_the_log_lock(open_log, batch, monkeypatch):
+    """Retention moves the log start and rewrites the leader-epoch checkpoint (two fsyncs). An
+    append on the event loop takes the same log lock: held across those fsyncs, a slow or hung
+    disk would freeze the event loop, every connection with it (Kafka's truncateFromStartAsyncFlush).
+    Every fsync that retention does must find the lock free."""
+    partition_log = open_log(retention_ms=1_000)
+    for timestamp in [1_000] * 6 + [9_000]:
+        append(partition_log, batch(R, timestamp))
+    real_fsync, lock_free = os.fsync, []
+
+    def fsync(fd: int) -> None:
+        free = partition_log._lock.acquire(blocking=False)
+        if free:
+            partition_log._lock.release()
+        lock_free.append(free)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert [s.base_offset for s in partition_log.delete_old_segments(6_500)] == [0, 9]
+    monkeypatch.undo()
+    assert lock_free and all(lock_free)
+    assert partition_log.leader_epoch_entries == [(0, 18)]
+    assert (partition_log.directory / "leader-epoch-checkpoint").read_text() == "0 18\n"
