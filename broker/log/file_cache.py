@@ -82,8 +82,13 @@ class FileCache:
                 os.close(entry.fd)
 
     def rename(self, old: Path, new: Path) -> None:
-        """Keep a cached descriptor across a rename of its file (descriptors follow the inode)."""
+        """Keep a cached descriptor across a rename of its file (descriptors follow the inode).
+        A descriptor cached under `new` is of the file the rename replaced: it is closed (by its
+        last user, if pinned)."""
         with self._lock:
+            replaced = self._entries.pop(new, None)
+            if replaced is not None and replaced.pins == 0:
+                os.close(replaced.fd)
             entry = self._entries.pop(old, None)
             if entry is not None:
                 entry.path = new

@@ -325,3 +325,32 @@ def test_retention_writes_the_epoch_checkpoint_without_holding_the_log_lock(open
     assert lock_free and all(lock_free)
     assert partition_log.leader_epoch_entries == [(0, 18)]
     assert (partition_log.directory / "leader-epoch-checkpoint").read_text() == "0 18\n"
+
+
+# --- the file cache across a rename over a cached path -----------------------------------------
+
+
+def test_a_rename_onto_a_cached_path_closes_the_descriptor_it_replaces(tmp_path):
+    """A segment renamed `.deleted` onto a path the cache still holds (the same base offset of a
+    topic deleted and created again, whose old segment waits for its purge): the file there is
+    replaced, so its cached descriptor must be closed, not dropped from the cache and leaked."""
+    from broker.log import FileCache
+
+    cache = FileCache()
+    live, deleted = tmp_path / "0.log", tmp_path / "0.log.deleted"
+    live.write_bytes(b"new"), deleted.write_bytes(b"old")
+    with cache.pinned(deleted) as stale_fd:
+        pass
+    with cache.pinned(live):
+        pass
+    os.rename(live, deleted)
+    cache.rename(live, deleted)
+    try:
+        with pytest.raises(OSError) as raised:
+            os.fstat(stale_fd)
+        assert raised.value.errno == errno.EBADF
+        assert len(cache) == 1
+        with cache.pinned(deleted) as fd:
+            assert os.pread(fd, 3, 0) == b"new"
+    finally:
+        cache.close()
