@@ -78,14 +78,20 @@ class LeaderEpochCache:
         return self._entries[-1][0] if self._entries else None
 
     def assign(self, epoch: int, start_offset: int, *, durable: bool = True) -> None:
-        """Record that `epoch` starts at `start_offset` if it is newer than the latest epoch."""
-        if self._entries:
-            last_epoch, last_start = self._entries[-1]
-            assert epoch >= last_epoch, f"leader epoch {epoch} goes back from {last_epoch}"
-            if epoch == last_epoch:
-                return
-            assert start_offset >= last_start, (start_offset, last_start)
-        self._store([*self._entries, (epoch, start_offset)], durable=durable)
+        """Record that `epoch` starts at `start_offset` (nothing to do if it is the latest epoch).
+
+        Epochs normally only grow. If the log holds newer epochs than the one assigned (a directory
+        adopted from elsewhere, metadata restored from an older copy), Kafka's rule applies: the
+        entries that contradict the new one (epoch or start offset at or above it) are dropped, with
+        a warning, rather than refusing every append of the partition. (An epoch that started at
+        the same offset as the new one covers no record and goes too, as in Kafka.)"""
+        if self._entries and self._entries[-1][0] == epoch:
+            return
+        kept = [entry for entry in self._entries if entry[0] < epoch and entry[1] < start_offset]
+        if self._entries and self._entries[-1][0] > epoch:
+            log.warning("%s: leader epoch %d at offset %d is older than %s; dropping the entries it contradicts",
+                        self.path, epoch, start_offset, self._entries[len(kept):])
+        self._store([*kept, (epoch, start_offset)], durable=durable)
 
     def end_offset_for(self, epoch: int, log_end_offset: int) -> tuple[int, int]:
         """Kafka's OffsetsForLeaderEpoch answer: (the largest epoch <= `epoch` we know, the offset

@@ -289,8 +289,7 @@ class UnifiedLog:
                 epochs_before = len(self._epochs)
                 if leader_epoch >= 0:
                     latest = self._epochs.latest_epoch
-                    if leader_epoch != latest:  # before the data: an epoch entry never lags its records (asserts
-                        # the epoch never goes back: the partition layer appends under its current epoch only)
+                    if leader_epoch != latest:  # before the data: an epoch entry never lags its records
                         self._epochs.assign(leader_epoch, batches[0].base_offset)
                 self._write(view, batches, now, epochs_before)
                 return AppendInfo(
