@@ -491,20 +491,26 @@ class Segment:
 
     def mark_deleted(self) -> None:
         """Rename every file of the segment with a `.deleted` suffix; descriptors in use (and the
-        reads behind them) stay valid. KafkaStorageError if the `.log` cannot be renamed, in which
-        case nothing was renamed."""
+        reads behind them) stay valid. The `.log` goes last: once it is renamed the segment is gone
+        for a restart, so everything else must be renamed by then. KafkaStorageError if a rename
+        fails; the `.log` then keeps its name (the indexes are renamed back if they can be, and a
+        restart rebuilds them if not) and the segment is still a whole part of its log."""
         self.offset_index.write_pending()
         self.time_index.write_pending()
         self._close_indexes()
-        deleted = self.files.in_state(DELETED_SUFFIX)
+        live, deleted = self.files, self.files.in_state(DELETED_SUFFIX)
+        indexes = ((self.offset_index, live.index, deleted.index), (self.time_index, live.time_index, deleted.time_index))
         try:
-            os.rename(self.files.log, deleted.log)
-        except OSError as err:
-            raise KafkaStorageError(f"cannot rename {self.files.log}: {err}") from err
-        self._cache.rename(self.files.log, deleted.log)
+            for index, _, path in indexes:
+                index.rename(path)
+            os.rename(live.log, deleted.log)
+        except (OSError, KafkaStorageError) as err:
+            for index, path, _ in indexes:
+                with contextlib.suppress(KafkaStorageError):
+                    index.rename(path)
+            raise KafkaStorageError(f"cannot rename {live.log} and its indexes: {err}") from err
+        self._cache.rename(live.log, deleted.log)
         self.files = deleted
-        for index, path in ((self.offset_index, deleted.index), (self.time_index, deleted.time_index)):
-            index.rename(path)
 
     def close(self) -> None:
         """Write queued index entries and close every fd (no fsync). Idempotent."""
