@@ -187,8 +187,10 @@ class ReplicaManager:
 
     def _flushed(self, partition_log: UnifiedLog, task: asyncio.Task[bool]) -> None:
         again = self._flushing.pop(partition_log, False)
-        err = None if task.cancelled() else task.exception()
-        if err is not None or task.cancelled():
+        if task.cancelled():
+            return  # the event loop is shutting down: the flush's thread finishes on its own
+        err = task.exception()
+        if err is not None:
             self._fail_directory(err if isinstance(err, KafkaStorageError) else KafkaStorageError(f"flush failed: {err!r}"))
             return
         target = self._partitions.get((partition_log.topic, partition_log.partition))

@@ -229,10 +229,17 @@ class LogManager:
         `purge_deleted_directories` on the next start."""
         with self._lock:
             doomed = [self._logs.pop(key) for key in [key for key in self._logs if key[0] == topic]]
+            directories = {partition_log.directory for partition_log in doomed}
+            # Segments retention queued go with their directories; purged later by their old
+            # paths, they would unlink files of a topic re-created under the same name.
+            queued = [segment for _, segment in self._deleted if segment.files.directory in directories]
+            self._deleted = [entry for entry in self._deleted if entry[1].files.directory not in directories]
         for partition_log in doomed:
             target = self._aside_path(partition_log.directory)
             partition_log.rename_directory(target)
             _remove_tree(target)
+        for segment in queued:
+            segment.delete()  # its files went with the directory: this releases its descriptor
         if doomed:
             # As Kafka's asyncDelete: the checkpoints must forget the topic now. Left until the
             # periodic checkpoint, a topic re-created under the name would inherit its recovery
