@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from benchmarks import consume_throughput, harness, latency, memory, produce_throughput
+from benchmarks import consume_throughput, harness, latency, memory, partitions, produce_throughput
 from benchmarks.harness import SummaryRow
 
-ORDER = ["produce", "consume", "latency", "memory"]
+ORDER = ["produce", "consume", "latency", "partitions", "memory"]
 
 
 def main(argv: list[str] | None = None) -> list[SummaryRow]:
@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> list[SummaryRow]:
     if "latency" not in args.skip:
         print("\n### latency", flush=True)
         done["latency"] = latency.main(quick)
+    if "partitions" not in args.skip:
+        print("\n### partitions and restarts", flush=True)
+        done["partitions"] = partitions.main(["--quick"] if args.quick else [])
     if "memory" not in args.skip:  # last: the longest
         print("\n### memory", flush=True)
         try:
@@ -72,7 +75,7 @@ def main(argv: list[str] | None = None) -> list[SummaryRow]:
 def summarize_existing() -> list[SummaryRow]:
     """Recompute every summary row from the stored results (with the current summary code)."""
     modules = {"produce": (produce_throughput, "produce_throughput"), "consume": (consume_throughput, "consume_throughput"),
-               "latency": (latency, "latency"), "memory": (memory, "memory")}
+               "latency": (latency, "latency"), "partitions": (partitions, "partitions"), "memory": (memory, "memory")}
     rows: list[SummaryRow] = []
     commits = set()
     for name in ORDER:
