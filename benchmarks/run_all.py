@@ -3,7 +3,7 @@
     python -m benchmarks.run_all                    # full volumes (~15-20 min on 2 cores, plus the 10 GiB memory run)
     python -m benchmarks.run_all --quick            # every volume ~20x smaller (~2 min)
     python -m benchmarks.run_all --memory-gb 4      # a smaller memory run
-    python -m benchmarks.run_all --skip memory      # leave some out (produce, consume, latency, memory)
+    python -m benchmarks.run_all --skip memory      # leave some out (produce, consume, latency, partitions, memory)
     python -m benchmarks.run_all --profile          # also run the py-spy profiles (benchmarks.profile)
 
 `make bench` runs `python -m benchmarks.run_all`. Each benchmark writes
