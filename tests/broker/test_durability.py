@@ -300,3 +300,41 @@ def test_topic_creation_failing_part_way_rolls_back_and_the_broker_restarts(faul
     reply, _ = client.request(ApiKey.CREATE_TOPICS, {"topics": [create_topic_named]})
     assert reply["topics"][0]["error_code"] == NONE, reply
     assert len(list(faulty.log_dir.glob("half-*"))) == 50
+
+
+def earliest_offset(client, topic: str) -> int:
+    reply, _ = client.request(ApiKey.LIST_OFFSETS, {"topics": [
+        {"name": topic, "partitions": [{"partition": 0, "timestamp": -2}]}]})
+    entry = reply["topics"][0]["partitions"][0]
+    assert entry["error_code"] == NONE, reply
+    return entry["offset"]
+
+
+def test_retention_failing_for_one_partition_goes_on_for_the_others(tmp_path, raw_client):
+    """The renames of one partition's segments fail (its disk area is bad): retention of every
+    other partition goes on, the failing one keeps its segments whole and readable, and catches
+    up once the renames work again."""
+    broker = FaultyBroker(tmp_path, {"log.retention.check.interval.ms": 50, "file.delete.delay.ms": 0})
+    broker.start()
+    try:
+        client = raw_client(broker.port)
+        configs = {"segment.bytes": 4096, "retention.bytes": 4096}
+        stuck, flowing = create_topic(client, configs), create_topic(client, configs)
+        (broker.faults / "rename.fail").write_text(f"{stuck}-0")
+        for i in range(12):
+            for topic in (stuck, flowing):
+                produce(client, topic, batch(b"%04d" % i + b"x" * 1500))
+        deadline = time.monotonic() + 30
+        while earliest_offset(client, flowing) == 0:
+            assert time.monotonic() < deadline, "retention stopped for every partition"
+            time.sleep(0.05)
+        assert earliest_offset(client, stuck) == 0
+        assert len(fetched_values(client, stuck)) > 0
+        assert "retention failed" in broker.log_tail(100_000)
+        (broker.faults / "rename.fail").unlink()
+        while earliest_offset(client, stuck) == 0:
+            assert time.monotonic() < deadline, "retention did not resume once the renames worked"
+            time.sleep(0.05)
+        assert produce(client, stuck, batch(b"after"))["base_offset"] == 12
+    finally:
+        broker.kill()

@@ -7,9 +7,10 @@ test drives through files in the directory named by PYMQ_FAULT_DIR:
     fsync.count     the hooks append one line per fsync, so a test can see that one happened
     create.budget   holds a number N: the next N file creations (os.open with O_CREAT) succeed,
                     every later one fails with EMFILE (as when the process runs out of descriptors)
+    rename.fail     holds a path fragment: every os.rename of a path containing it fails with EIO
 
-The broker code is unchanged: only `os.fsync`, `os.open` and the filesystem sync are wrapped, at
-the process's edge, which is where a real disk would misbehave.
+The broker code is unchanged: only `os.fsync`, `os.open`, `os.rename` and the filesystem sync are
+wrapped, at the process's edge, which is where a real disk would misbehave.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from broker.log import checkpoint, log_manager
 FAULT_DIR = Path(os.environ["PYMQ_FAULT_DIR"])
 _real_fsync = os.fsync
 _real_open = os.open
+_real_rename = os.rename
 _real_sync_filesystem = checkpoint.sync_filesystem
 
 
@@ -52,6 +54,13 @@ def open_file(path: Any, flags: int, mode: int = 0o777, *, dir_fd: int | None = 
     return _real_open(path, flags, mode, dir_fd=dir_fd)
 
 
+def rename(src: Any, dst: Any, *, src_dir_fd: int | None = None, dst_dir_fd: int | None = None) -> None:
+    failing = FAULT_DIR / "rename.fail"
+    if failing.exists() and failing.read_text().strip() in str(src):
+        raise OSError(errno.EIO, "injected rename failure")
+    _real_rename(src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+
+
 def sync_filesystem(directory: Path) -> None:
     _fault_point()
     _real_sync_filesystem(directory)
@@ -59,6 +68,7 @@ def sync_filesystem(directory: Path) -> None:
 
 os.fsync = fsync
 os.open = open_file
+os.rename = rename
 checkpoint.sync_filesystem = log_manager.sync_filesystem = sync_filesystem
 
 if __name__ == "__main__":
