@@ -182,8 +182,8 @@ class Connection(asyncio.BufferedProtocol):
             # A frame's size is an int32: a response that cannot be framed gets a named error.
             _release(parts)
             too_large = MessageTooLargeError(f"response of {size} payload bytes cannot be framed: {err}")
-            control, parts = error_fields(too_large), []
-            header = protocol.encode_response(correlation_id, control, 0)
+            control, parts, size = error_fields(too_large), [], 0
+            header = protocol.encode_response(correlation_id, control, size)
         self.last_active = self.loop.time()
         # Queue (as file ranges, not bytes) while a response is being sent with sendfile or while
         # the client is not reading: a slow reader then costs references, not fetched data.
