@@ -14,10 +14,11 @@ raises that error before decoding anything else.
 from __future__ import annotations
 
 from dataclasses import field as dataclass_field
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar, Union
 
 from broker.errors import NONE, PymqError, error_for_code
-from broker.protocol.fields import field
+from broker.protocol.fields import entries, field
 from broker.protocol.framing import ApiKey
 
 Buffer = Union[bytes, bytearray, memoryview]
@@ -71,6 +72,7 @@ class Message:
 
 
 R = TypeVar("R", bound=Message)
+T = TypeVar("T")
 
 
 class RequestMessage(Message, Generic[R]):
@@ -108,3 +110,18 @@ def put_error(out: dict[str, Any], code: int, message: str | None) -> dict[str, 
 def decode_error(control: dict[str, Any]) -> tuple[int, str | None]:
     """The error fields of an outcome's control map."""
     return field(control, "error_code", int, NONE), field(control, "error_message", str, None)
+
+
+def topics_control(topics: Iterable[Any]) -> dict[str, Any]:
+    """The control map of a response answered per topic and partition (produce, fetch, list
+    offsets): each partition outcome encodes itself."""
+    return {"error_code": NONE, "topics": [{"name": t.name, "partitions": [p.to_control() for p in t.partitions]}
+                                           for t in topics]}
+
+
+def decode_topics(control: dict[str, Any], topic_type: Callable[[str, tuple[Any, ...]], T],
+                  decode_partition: Callable[[dict[str, Any]], Any]) -> tuple[T, ...]:
+    """The topics of a response answered per topic and partition, each partition decoded by
+    `decode_partition` (its outcome type's `from_control`)."""
+    return tuple(topic_type(field(t, "name", str), tuple(decode_partition(p) for p in entries(t, "partitions")))
+                 for t in entries(control, "topics"))

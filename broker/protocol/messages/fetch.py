@@ -20,6 +20,7 @@ from broker.errors import InvalidRequestError, PymqError
 from broker.protocol.fields import entries, entry_field, field, non_negative
 from broker.protocol.framing import ApiKey
 from broker.protocol.messages.base import (
+    topics_control,
     NO_LEADER_EPOCH,
     Message,
     Outcome,
@@ -59,8 +60,7 @@ class FetchResponse(Message):
     topics: tuple[FetchTopicResponse, ...]
 
     def to_control(self) -> dict[str, Any]:
-        return {"error_code": 0, "topics": [{"name": t.name, "partitions": [p.to_control() for p in t.partitions]}
-                                            for t in self.topics]}
+        return topics_control(self.topics)
 
     def payload(self) -> list[Part]:
         return [p.records for t in self.topics for p in t.partitions if part_size(p.records)]

@@ -18,6 +18,8 @@ from broker.errors import InvalidRequestError, PymqError
 from broker.protocol.fields import entries, entry_field, field
 from broker.protocol.framing import ApiKey
 from broker.protocol.messages.base import (
+    decode_topics,
+    topics_control,
     NO_LEADER_EPOCH,
     Message,
     Outcome,
@@ -62,15 +64,11 @@ class ListOffsetsResponse(Message):
     topics: tuple[ListOffsetsTopicResponse, ...]
 
     def to_control(self) -> dict[str, Any]:
-        return {"error_code": 0, "topics": [{"name": t.name, "partitions": [p.to_control() for p in t.partitions]}
-                                            for t in self.topics]}
+        return topics_control(self.topics)
 
     @classmethod
     def from_control(cls, control: dict[str, Any], payload: memoryview) -> "ListOffsetsResponse":
-        return cls(tuple(
-            ListOffsetsTopicResponse(field(t, "name", str),
-                                     tuple(ListOffsetsPartitionResponse.from_control(p) for p in entries(t, "partitions")))
-            for t in entries(control, "topics")))
+        return cls(decode_topics(control, ListOffsetsTopicResponse, ListOffsetsPartitionResponse.from_control))
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,8 @@ from broker.errors import InvalidRequestError, InvalidRequiredAcksError, PymqErr
 from broker.protocol.fields import entries, entry_field, field, non_negative
 from broker.protocol.framing import ApiKey
 from broker.protocol.messages.base import (
+    decode_topics,
+    topics_control,
     NO_LEADER_EPOCH,
     Buffer,
     Message,
@@ -65,15 +67,11 @@ class ProduceResponse(Message):
     topics: tuple[ProduceTopicResponse, ...]
 
     def to_control(self) -> dict[str, Any]:
-        return {"error_code": 0, "topics": [{"name": t.name, "partitions": [p.to_control() for p in t.partitions]}
-                                            for t in self.topics]}
+        return topics_control(self.topics)
 
     @classmethod
     def from_control(cls, control: dict[str, Any], payload: memoryview) -> "ProduceResponse":
-        return cls(tuple(
-            ProduceTopicResponse(field(t, "name", str),
-                                 tuple(ProducePartitionResponse.from_control(p) for p in entries(t, "partitions")))
-            for t in entries(control, "topics")))
+        return cls(decode_topics(control, ProduceTopicResponse, ProducePartitionResponse.from_control))
 
 
 @dataclass(frozen=True, slots=True)
