@@ -119,7 +119,16 @@ class ReplicaManager:
 
     async def _append_queued(self, target: Partition, pending: Awaitable[AppendInfo], acks: int,
                              timeout_ms: int) -> AppendInfo:
-        outcome = self._appended(target, await pending, acks, timeout_ms)
+        try:
+            info = await pending
+        except KafkaStorageError:
+            if self._partitions.get((target.topic, target.partition)) is not target:
+                # The topic was deleted while the append waited on the writer thread: the log is
+                # closed because the partition is gone, not because the disk failed.
+                raise UnknownTopicOrPartitionError(
+                    f"{target.topic}-{target.partition} was deleted while the append was queued") from None
+            raise
+        outcome = self._appended(target, info, acks, timeout_ms)
         return outcome if isinstance(outcome, AppendInfo) else await outcome
 
     def _appended(self, target: Partition, info: AppendInfo, acks: int,

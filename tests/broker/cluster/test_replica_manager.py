@@ -1,0 +1,48 @@
+"""ReplicaManager paths that a real broker reaches only in a narrow window, driven here with the
+real log, log writer and purgatories."""
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from broker import record
+from broker.cluster.partition import LeaderAndIsr
+from broker.config import LogConfig
+from broker.errors import UnknownTopicOrPartitionError
+from broker.log import LogManager, TopicLogSpec, UnifiedLog
+from broker.log_writer import LogWriter
+from broker.purgatory import FetchPurgatory
+from broker.replica_manager import ReplicaManager
+
+
+def test_an_append_queued_when_its_topic_is_deleted_is_unknown_topic(tmp_path: Path, monkeypatch):
+    """The append waits on the writer thread while the topic is deleted: the producer is told
+    UNKNOWN_TOPIC_OR_PARTITION (the partition is gone), not KAFKA_STORAGE_ERROR (a failed disk)."""
+    release = threading.Event()
+    real_append = UnifiedLog.append_as_leader
+
+    def held_append(self, payload, leader_epoch):
+        release.wait(10)
+        return real_append(self, payload, leader_epoch)
+
+    async def scenario() -> None:
+        logs = LogManager(tmp_path / "data")
+        replicas = ReplicaManager(0, logs, LogWriter(offload_bytes=0, max_queued_bytes=1 << 20), FetchPurgatory())
+        await replicas.create_partitions("t", TopicLogSpec(None, LogConfig(), 1), [0],
+                                         {("t", 0): LeaderAndIsr(0, 0, (0,), (0,))})
+        monkeypatch.setattr(UnifiedLog, "append_as_leader", held_append)
+        payload = memoryview(record.encode_batch(record.make_body([b"v"], timestamps_ms=record.now_ms())))
+        pending = replicas.append("t", 0, payload, acks=1, timeout_ms=1000)
+        assert not isinstance(pending, tuple) and asyncio.iscoroutine(pending)
+        appended = asyncio.ensure_future(pending)
+        await asyncio.sleep(0)
+        await replicas.delete_topic("t")
+        release.set()
+        with pytest.raises(UnknownTopicOrPartitionError, match="deleted while the append was queued"):
+            await appended
+        logs.close()
+
+    asyncio.run(scenario())
