@@ -126,17 +126,50 @@ LATEST = protocol.LATEST_TIMESTAMP
 
 
 class Admin:
-    """Synchronous admin client: every AsyncAdmin method, blocking."""
+    """Synchronous admin client: the AsyncAdmin methods, blocking (each is spelled out, so that a
+    misspelt call fails where it is written and every method has its signature and help)."""
 
     def __init__(self, bootstrap_servers: str | list[str], **config: Any) -> None:
         self._thread = LoopThread("pymq-admin")
         self._core = AsyncAdmin(bootstrap_servers, **config)
 
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._core, name)
-        if not callable(method):
-            return method
-        return lambda *args, **kwargs: self._thread.run(method(*args, **kwargs))
+    def create_topic(self, name: str, partitions: int = -1, replication_factor: int = -1,
+                     configs: dict[str, Any] | None = None, validate_only: bool = False) -> None:
+        """Create one topic (-1: the broker's default partitions / replication factor)."""
+        self._thread.run(self._core.create_topic(name, partitions, replication_factor, configs, validate_only))
+
+    def create_topics(self, topics: list[NewTopic | dict[str, Any]], validate_only: bool = False) -> None:
+        """Create several topics (NewTopic or dicts of its fields); AdminError if several fail."""
+        self._thread.run(self._core.create_topics(topics, validate_only))
+
+    def delete_topics(self, names: Iterable[str]) -> None:
+        self._thread.run(self._core.delete_topics(names))
+
+    def create_partitions(self, name: str, count: int, validate_only: bool = False) -> None:
+        """Grow `name` to `count` partitions."""
+        self._thread.run(self._core.create_partitions(name, count, validate_only))
+
+    def list_topics(self) -> list[str]:
+        return self._thread.run(self._core.list_topics())
+
+    def describe_topics(self, names: Iterable[str] | None = None) -> list[TopicDescription]:
+        """Partitions (leader, replicas, ISR) and effective configs of `names` (default: all)."""
+        return self._thread.run(self._core.describe_topics(names))
+
+    def describe_configs(self, names: Iterable[str]) -> dict[str, dict[str, dict[str, Any]]]:
+        return self._thread.run(self._core.describe_configs(names))
+
+    def alter_configs(self, name: str, set_configs: dict[str, Any] | None = None, delete: Iterable[str] = (),
+                      validate_only: bool = False) -> None:
+        """Set some configs and reset others to the broker default (incremental)."""
+        self._thread.run(self._core.alter_configs(name, set_configs, delete, validate_only))
+
+    def list_offsets(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
+        """(offset, timestamp) per partition for EARLIEST (-2), LATEST (-1) or a time in ms."""
+        return self._thread.run(self._core.list_offsets(timestamps))
+
+    def api_versions(self) -> list[dict[str, Any]]:
+        return self._thread.run(self._core.api_versions())
 
     def close(self) -> None:
         """Release connections; calling it again does nothing."""
