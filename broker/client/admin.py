@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Iterable
 
 from broker import protocol
 from broker.client.cluster import Cluster, PartitionInfo, partition_infos
+from broker.client.config import BootstrapServers, client_settings
 from broker.client.consumer import TopicPartition, list_offsets
 from broker.client.loop_thread import LoopThread
 from broker.errors import PymqError
@@ -129,9 +131,11 @@ class Admin:
     """Synchronous admin client: the AsyncAdmin methods, blocking (each is spelled out, so that a
     misspelt call fails where it is written and every method has its signature and help)."""
 
-    def __init__(self, bootstrap_servers: str | list[str], **config: Any) -> None:
+    def __init__(self, bootstrap_servers: BootstrapServers | Mapping[str, Any] | None = None,
+                 config: Mapping[str, Any] | None = None, **settings: Any) -> None:
+        bootstrap, kwargs = client_settings(AsyncAdmin.__init__, bootstrap_servers, config, settings)
         self._thread = LoopThread("pymq-admin")
-        self._core = AsyncAdmin(bootstrap_servers, **config)
+        self._core = AsyncAdmin(bootstrap, **kwargs)
 
     def create_topic(self, name: str, partitions: int = -1, replication_factor: int = -1,
                      configs: dict[str, Any] | None = None, validate_only: bool = False) -> None:

@@ -24,6 +24,7 @@ import logging
 from collections import deque
 from functools import partial
 from itertools import repeat
+from collections.abc import Mapping
 from typing import Any, Iterable, NamedTuple
 
 import numpy as np
@@ -31,6 +32,7 @@ import pyarrow as pa
 
 from broker import protocol, record
 from broker.client.cluster import Cluster
+from broker.client.config import BootstrapServers, client_settings
 from broker.client.loop_thread import LoopThread
 from broker.errors import (
     ConsumerStoppedError,
@@ -484,12 +486,17 @@ class Consumer:
         consumer = Consumer("127.0.0.1:9092", auto_offset_reset="earliest")
         consumer.assign([("orders", 0), ("orders", 1)])
         table = consumer.poll_arrow(timeout_ms=500)   # pyarrow.Table, RECORD_SCHEMA
+
+    Settings may also be Kafka's dotted names or one dict (`broker.client.config`):
+    `Consumer({"bootstrap.servers": "127.0.0.1:9092", "auto.offset.reset": "earliest"})`.
     """
 
-    def __init__(self, bootstrap_servers: str | list[str], **config: Any) -> None:
+    def __init__(self, bootstrap_servers: BootstrapServers | Mapping[str, Any] | None = None,
+                 config: Mapping[str, Any] | None = None, **settings: Any) -> None:
+        bootstrap, kwargs = client_settings(AsyncConsumer.__init__, bootstrap_servers, config, settings)
         self._thread = LoopThread("pymq-consumer")
         try:
-            self._core: AsyncConsumer = self._thread.run(AsyncConsumer(bootstrap_servers, **config).start())
+            self._core: AsyncConsumer = self._thread.run(AsyncConsumer(bootstrap, **kwargs).start())
         except BaseException:
             self._thread.stop()
             raise

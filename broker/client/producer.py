@@ -27,6 +27,7 @@ from collections import deque
 from time import monotonic as _monotonic
 from time import time_ns as _time_ns
 from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -35,6 +36,7 @@ import pyarrow.compute as pc
 
 from broker import record
 from broker.client.cluster import Cluster
+from broker.client.config import BootstrapServers, client_settings
 from broker.client.loop_thread import LoopThread
 from broker.client.partitioner import StickyPartitioner, partition_for_key, partitions_for_keys
 from broker.errors import (
@@ -668,12 +670,17 @@ class Producer:
             future = producer.send("orders", b"value", key=b"customer-7")
             producer.flush()
             print(future.result())          # RecordMetadata(topic, partition, offset, timestamp)
+
+    Settings may also be Kafka's dotted names or one dict (`broker.client.config`):
+    `Producer({"bootstrap.servers": "127.0.0.1:9092", "linger.ms": 5})`.
     """
 
-    def __init__(self, bootstrap_servers: str | list[str], **config: Any) -> None:
+    def __init__(self, bootstrap_servers: BootstrapServers | Mapping[str, Any] | None = None,
+                 config: Mapping[str, Any] | None = None, **settings: Any) -> None:
+        bootstrap, kwargs = client_settings(AsyncProducer.__init__, bootstrap_servers, config, settings)
         self._thread = LoopThread("pymq-producer")
         try:
-            self._core: AsyncProducer = self._thread.run(self._create(bootstrap_servers, config))
+            self._core: AsyncProducer = self._thread.run(self._create(bootstrap, kwargs))
         except BaseException:
             self._thread.stop()
             raise

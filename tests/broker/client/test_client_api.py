@@ -19,3 +19,38 @@ def test_admin_spells_out_every_async_admin_method_with_its_signature():
         assert list(inspect.signature(sync).parameters) == list(inspect.signature(getattr(AsyncAdmin, name)).parameters), name
     with pytest.raises(AttributeError):
         Admin.create_topik  # noqa: B018 - the access itself must fail
+
+
+def test_pymq_is_the_package_applications_import():
+    import pymq
+    from broker import client
+
+    assert (pymq.Producer, pymq.Consumer, pymq.Admin) == (client.Producer, client.Consumer, client.Admin)
+
+
+def test_clients_take_kafkas_dotted_names_and_config_dicts(broker):
+    from pymq import Admin, Consumer, Producer
+
+    with Admin(config={"bootstrap.servers": broker.bootstrap, "request.timeout.ms": 10_000}) as admin:
+        admin.create_topic("dotted", partitions=1)
+    with Producer(**{"bootstrap.servers": broker.bootstrap, "linger.ms": 0, "acks": "all",
+                     "compression.type": "lz4", "max.in.flight.requests.per.connection": 1}) as producer:
+        metadata = producer.send("dotted", b"v", key=b"k").result(10)
+    assert (metadata.topic, metadata.offset) == ("dotted", 0)
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "auto.offset.reset": "earliest",
+                         "fetch.max.wait.ms": 100}, check_crcs=True)
+    try:
+        consumer.assign([("dotted", 0)])
+        assert consumer.poll_arrow(timeout_ms=5_000).column("value").to_pylist() == [b"v"]
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("make", ["Producer", "Consumer", "Admin"])
+def test_an_unknown_setting_is_named_at_construction(make):
+    import pymq
+
+    with pytest.raises(ValueError, match=r"unknown \w+ setting\(s\) enable.idempotence; accepted: .*request.timeout.ms"):
+        getattr(pymq, make)({"bootstrap.servers": "127.0.0.1:1", "enable.idempotence": True})
+    with pytest.raises(ValueError, match="bootstrap.servers is required"):
+        getattr(pymq, make)()

@@ -1,0 +1,28 @@
+"""pymq: `from pymq import Producer, Consumer, Admin`.
+
+The client lives in `broker.client` (with the broker that speaks the same protocol); this package
+is the name applications import, as they import `kafka` or `confluent_kafka`.
+"""
+from broker.client import (
+    EARLIEST,
+    LATEST,
+    RECORD_SCHEMA,
+    Admin,
+    AdminError,
+    AsyncAdmin,
+    AsyncConsumer,
+    AsyncProducer,
+    Consumer,
+    ConsumerRecord,
+    Producer,
+    RecordFuture,
+    RecordMetadata,
+    TopicDescription,
+)
+from broker.errors import PymqError
+
+__all__ = [
+    "Admin", "AdminError", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "Consumer", "ConsumerRecord",
+    "EARLIEST", "LATEST", "Producer", "PymqError", "RECORD_SCHEMA", "RecordFuture", "RecordMetadata",
+    "TopicDescription",
+]
