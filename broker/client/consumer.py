@@ -21,11 +21,12 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import time
 from collections import deque
 from functools import partial
 from itertools import repeat
 from collections.abc import Mapping
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Iterable, Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -486,6 +487,8 @@ class Consumer:
         consumer = Consumer("127.0.0.1:9092", auto_offset_reset="earliest")
         consumer.assign([("orders", 0), ("orders", 1)])
         table = consumer.poll_arrow(timeout_ms=500)   # pyarrow.Table, RECORD_SCHEMA
+        for record in consumer:                       # ConsumerRecord, as they arrive
+            ...
 
     Settings may also be Kafka's dotted names or one dict (`broker.client.config`):
     `Consumer({"bootstrap.servers": "127.0.0.1:9092", "auto.offset.reset": "earliest"})`.
@@ -536,6 +539,23 @@ class Consumer:
 
     def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
         return table_to_records(self.poll_arrow(timeout_ms, max_records))
+
+    def records(self, idle_timeout_ms: int | None = None) -> Iterator[ConsumerRecord]:
+        """Every record of the assigned partitions as it arrives, for `for record in ...` loops.
+        Runs until the consumer is closed, or until no record arrived for `idle_timeout_ms` (None:
+        forever, as `for record in consumer` does). Errors (e.g. CorruptRecordError) are raised
+        from the loop after every record before them was yielded; seek past and iterate again."""
+        idle_since = time.monotonic()
+        while not self._core._closed:
+            batch = self.poll(timeout_ms=200 if idle_timeout_ms is None else min(200, idle_timeout_ms))
+            if batch:
+                yield from batch
+                idle_since = time.monotonic()
+            elif idle_timeout_ms is not None and (time.monotonic() - idle_since) * 1000 >= idle_timeout_ms:
+                return
+
+    def __iter__(self) -> Iterator[ConsumerRecord]:
+        return self.records()
 
     def close(self) -> None:
         """Stop fetching and release everything; calling it again does nothing."""

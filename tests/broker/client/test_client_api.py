@@ -54,3 +54,23 @@ def test_an_unknown_setting_is_named_at_construction(make):
         getattr(pymq, make)({"bootstrap.servers": "127.0.0.1:1", "enable.idempotence": True})
     with pytest.raises(ValueError, match="bootstrap.servers is required"):
         getattr(pymq, make)()
+
+
+def test_iterating_a_consumer_yields_records_as_they_arrive(broker):
+    from pymq import Admin, Consumer, Producer
+
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("iterated", partitions=2)
+    with Producer(broker.bootstrap, linger_ms=0) as producer:
+        for i in range(6):
+            producer.send("iterated", b"v%d" % i, partition=i % 2)
+        producer.flush()
+    with Consumer(broker.bootstrap, auto_offset_reset="earliest") as consumer:
+        consumer.assign([("iterated", 0), ("iterated", 1)])
+        seen = []
+        for record in consumer:
+            seen.append(record.value)
+            if len(seen) == 6:
+                break
+        assert sorted(seen) == [b"v%d" % i for i in range(6)]
+        assert list(consumer.records(idle_timeout_ms=300)) == []  # nothing more: stops when idle
