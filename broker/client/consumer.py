@@ -308,7 +308,11 @@ class AsyncConsumer:
                 self._fetchers[node] = loop.create_task(self._fetch_loop(node))
 
     async def _fetch_loop(self, node: int) -> None:
-        while not self._closed:
+        me = asyncio.current_task()
+        # A loop replaced by _invalidate ends even if its cancellation was lost (asyncio.wait_for
+        # can swallow one whose inner future completed at the same moment): two loops fetching
+        # one partition would deliver its records twice.
+        while not self._closed and self._fetchers.get(node) is me:
             self._changed.clear()
             mine = [tp for tp in self._assigned if tp in self._fetch_positions and self._leader(tp) == node]
             if not mine or self._buffered_bytes >= self.max_buffer_bytes:
@@ -338,9 +342,9 @@ class AsyncConsumer:
 
     async def _fetch_once(self, node: int, tps: list[TopicPartition], epoch: int) -> None:
         by_topic: dict[str, list[FetchPartition]] = {}
-        for topic, partition in tps:
-            by_topic.setdefault(topic, []).append(
-                FetchPartition(partition, self._fetch_positions[(topic, partition)], self.max_partition_fetch_bytes))
+        requested = {tp: self._fetch_positions[tp] for tp in tps}
+        for (topic, partition), offset in requested.items():
+            by_topic.setdefault(topic, []).append(FetchPartition(partition, offset, self.max_partition_fetch_bytes))
         request = FetchRequest(tuple(FetchTopic(t, tuple(ps)) for t, ps in by_topic.items()),
                                self.fetch_max_wait_ms, self.fetch_min_bytes, self.fetch_max_bytes)
         reply = await self.cluster.send(node, request, timeout_s=self.request_timeout_s + self.fetch_max_wait_ms / 1000)
@@ -362,15 +366,21 @@ class AsyncConsumer:
                 self.high_watermarks[tp] = p.high_watermark
                 self._absorb(tp, p.records)  # type: ignore[arg-type]
         if reset:
-            await self._reset_fetch_positions(reset)
+            await self._reset_fetch_positions({tp: requested[tp] for tp in reset}, epoch)
 
-    async def _reset_fetch_positions(self, tps: list[TopicPartition]) -> None:
+    async def _reset_fetch_positions(self, out_of_range: dict[TopicPartition, int], epoch: int) -> None:
         """Out of range (e.g. retention passed us): jump per auto_offset_reset. The consumed
-        position follows unless records before the jump are still buffered for poll."""
-        log.warning("offsets out of range for %s; resetting to %s", tps, self.auto_offset_reset)
+        position follows unless records before the jump are still buffered for poll. Nothing
+        moves if the position changed meanwhile (a seek, or another answer already applied)."""
+        log.warning("offsets out of range for %s; resetting to %s", list(out_of_range), self.auto_offset_reset)
         target = protocol.EARLIEST_TIMESTAMP if self.auto_offset_reset == "earliest" else protocol.LATEST_TIMESTAMP
+        found = await self.list_offsets({tp: target for tp in out_of_range})
+        if epoch != self._epoch:
+            return
         buffered = {tp for tp, _, _ in self._buffer}
-        for tp, (offset, _) in (await self.list_offsets({tp: target for tp in tps})).items():
+        for tp, (offset, _) in found.items():
+            if self._fetch_positions.get(tp) != out_of_range[tp]:
+                continue
             self._fetch_positions[tp] = offset
             if tp not in buffered:
                 self._consumed[tp] = offset
