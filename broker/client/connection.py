@@ -87,6 +87,10 @@ class BrokerConnection(asyncio.BufferedProtocol):
                     future.set_result((response.control, response.payload))
         except PymqError as err:
             log.error("bad response frame from %s:%d: %s", self.host, self.port, err)
+            # Waiting requests learn why: the peer does not speak pymq's protocol (an HTTP server
+            # or proxy on that port answers with a "frame" of 1.2 GB: the bytes "HTTP").
+            self._fail_all(NetworkError(f"{self.host}:{self.port} is not a pymq broker (its answer is not a "
+                                        f"pymq response: {err})"))
             self.close()
 
     # -- requests --------------------------------------------------------------------------------
@@ -132,7 +136,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
         self._fail_all(NetworkError(f"connection to {self.host}:{self.port} closed"))
 
     def _fail_all(self, err: PymqError) -> None:
-        self._closed_error = err
+        self._closed_error = self._closed_error or err  # the first reason is the one to report
         pending, self._pending = self._pending, {}
         for future in pending.values():
             if not future.done():

@@ -74,3 +74,30 @@ def test_iterating_a_consumer_yields_records_as_they_arrive(broker):
                 break
         assert sorted(seen) == [b"v%d" % i for i in range(6)]
         assert list(consumer.records(idle_timeout_ms=300)) == []  # nothing more: stops when idle
+
+
+def test_a_peer_that_is_not_a_pymq_broker_is_named_as_such():
+    """Something else listens on the port (here: an HTTP server's answer to anything)."""
+    import socket
+    import threading
+
+    from broker.errors import NetworkError
+    from pymq import Admin
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def answer_http() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(1 << 16)
+            conn.sendall(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+            conn.recv(1 << 16)
+
+    thread = threading.Thread(target=answer_http, daemon=True)
+    thread.start()
+    try:
+        with Admin(f"127.0.0.1:{server.getsockname()[1]}", request_timeout_ms=5_000) as admin:
+            with pytest.raises(NetworkError, match=r"127.0.0.1:\d+ is not a pymq broker"):
+                admin.list_topics()
+    finally:
+        server.close()
