@@ -14,6 +14,7 @@ raises that error before decoding anything else.
 from __future__ import annotations
 
 from dataclasses import field as dataclass_field
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar, Union
 
@@ -50,21 +51,21 @@ def entry_error() -> Any:
     return dataclass_field(default=None, compare=False)
 
 
-class Message:
+class Message(ABC):
     """Base of every request and response message."""
 
     __slots__ = ()
     api_key: ClassVar[ApiKey]
     api_version: ClassVar[int] = 0
 
+    @abstractmethod
     def to_control(self) -> dict[str, Any]:
         """The control map sent on the wire."""
-        raise NotImplementedError
 
     @classmethod
+    @abstractmethod
     def from_control(cls, control: dict[str, Any], payload: memoryview) -> Self:
         """Decode and validate a received message; InvalidRequestError names the faulty field."""
-        raise NotImplementedError
 
     def payload(self) -> list[Part]:
         """The raw bytes written after the control map, in order (none for most messages)."""
