@@ -27,7 +27,13 @@ class LoopThread:
 
     def run(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run `coro` on the loop and wait for its result in the calling thread. If the caller
-        is interrupted (Ctrl-C, timeout), the coroutine is cancelled rather than left running."""
+        is interrupted (Ctrl-C, timeout), the coroutine is cancelled rather than left running.
+        Called from the loop's own thread (e.g. `flush()` inside an `on_delivery` callback) it
+        would wait for itself forever: that is a RuntimeError instead."""
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError(f"{self._thread.name}: a blocking client call from the client's own I/O thread (e.g. "
+                               "inside an on_delivery callback) would wait for itself")
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result(timeout_s)

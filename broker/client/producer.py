@@ -26,9 +26,10 @@ import time
 from collections import deque
 from time import monotonic as _monotonic
 from time import time_ns as _time_ns
-from dataclasses import dataclass
 from collections.abc import Mapping
-from typing import Any, Callable, Iterable
+from functools import partial
+from itertools import repeat
+from typing import Any, Callable, Iterable, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -55,9 +56,9 @@ RECORD_OVERHEAD = 16  # bytes counted per record on top of key + value when sizi
 TIMER_SLACK_S = 0.0005  # half of uvloop's timer resolution
 
 
-@dataclass(frozen=True, slots=True)
-class RecordMetadata:
-    """Where a record landed. `offset` is -1 with acks=0 (the broker does not answer)."""
+class RecordMetadata(NamedTuple):
+    """Where a record landed. `offset` is -1 with acks=0 (the broker does not answer) and when
+    the record failed. A NamedTuple: one is built per record at C speed."""
 
     topic: str
     partition: int
@@ -65,10 +66,21 @@ class RecordMetadata:
     timestamp: int
 
 
-class BatchResult:
-    """Completion shared by every record of one batch; completed once, on the producer's loop."""
+# tuple.__new__ straight from C: RecordMetadata(...) would add a Python call per record.
+_new_metadata = partial(tuple.__new__, RecordMetadata)
 
-    __slots__ = ("topic", "partition", "base_offset", "log_append_time", "error", "_event", "_futures")
+DeliveryCallback = Callable[[RecordMetadata, "BaseException | None"], Any]
+
+
+class BatchResult:
+    """Completion shared by every record of one batch; completed once, on the producer's loop.
+
+    `callbacks` holds the batch's `on_delivery` callbacks by record index (None where a record
+    has none) and `timestamps` their create times; `complete` calls them, in offset order, on the
+    thread that completes the batch: the producer's I/O thread."""
+
+    __slots__ = ("topic", "partition", "base_offset", "log_append_time", "error", "completed", "callbacks",
+                 "timestamps", "_event", "_futures")
 
     def __init__(self, topic: str, partition: int) -> None:
         self.topic = topic
@@ -76,31 +88,56 @@ class BatchResult:
         self.base_offset = -1
         self.log_append_time = -1
         self.error: BaseException | None = None
+        self.completed = False  # a plain attribute: what a completed future's methods check first
+        self.callbacks: list[DeliveryCallback | None] | None = None
+        self.timestamps: list[int] | None = None
         self._event = threading.Event()
         self._futures: list[asyncio.Future[None]] = []
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self.completed
 
     def complete(self, base_offset: int, log_append_time: int = -1, error: BaseException | None = None) -> None:
-        if self._event.is_set():
+        if self.completed:
             return
         self.base_offset, self.log_append_time, self.error = base_offset, log_append_time, error
+        self.completed = True
         self._event.set()
         for future in self._futures:
             if not future.done():
                 future.get_loop().call_soon_threadsafe(_resolve, future)
+        if self.callbacks is not None:
+            self._deliver()
+
+    def _deliver(self) -> None:
+        """Call each record's on_delivery once with its RecordMetadata and the batch's error (or
+        None). A callback that raises is logged; the others are still called (Kafka does the same)."""
+        callbacks, timestamps = self.callbacks, self.timestamps
+        self.callbacks = self.timestamps = None
+        assert callbacks is not None
+        n = len(callbacks)
+        offsets = range(self.base_offset, self.base_offset + n) if self.base_offset >= 0 and self.error is None else repeat(-1, n)
+        times = repeat(self.log_append_time, n) if self.log_append_time >= 0 or timestamps is None else timestamps
+        error = self.error
+        for callback, metadata in zip(callbacks, map(_new_metadata, zip(repeat(self.topic, n), repeat(self.partition, n),
+                                                                        offsets, times))):
+            if callback is not None:
+                try:
+                    callback(metadata, error)
+                except Exception:  # noqa: BLE001 - one application callback must not stop the others
+                    log.exception("on_delivery callback for %s-%d offset %d raised", self.topic, self.partition,
+                                  metadata.offset)
 
     def wait(self, timeout_s: float | None) -> None:
-        if not self._event.wait(timeout_s):
+        if not self.completed and not self._event.wait(timeout_s):
             raise TimeoutError(f"record not acknowledged within {timeout_s}s")
 
     async def wait_async(self) -> None:
-        if self._event.is_set():
+        if self.completed:
             return
         future = asyncio.get_running_loop().create_future()
         self._futures.append(future)
-        if self._event.is_set():  # completed between the check and the append
+        if self.completed:  # completed between the check and the append
             return
         await future
 
@@ -120,15 +157,19 @@ class RecordFuture(tuple):
     __slots__ = ()
 
     def done(self) -> bool:
-        return self[0].done()
+        return self[0].completed
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
-        self[0].wait(timeout)
+        batch = self[0]
+        if not batch.completed:
+            batch.wait(timeout)
         return self._metadata()
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        self[0].wait(timeout)
-        return self[0].error
+        batch = self[0]
+        if not batch.completed:
+            batch.wait(timeout)
+        return batch.error
 
     def __await__(self) -> Any:
         yield from self[0].wait_async().__await__()
@@ -138,9 +179,8 @@ class RecordFuture(tuple):
         batch, index, timestamp = self
         if batch.error is not None:
             raise batch.error
-        offset = batch.base_offset + index if batch.base_offset >= 0 else -1
-        timestamp = batch.log_append_time if batch.log_append_time >= 0 else timestamp
-        return RecordMetadata(batch.topic, batch.partition, offset, timestamp)
+        return _new_metadata((batch.topic, batch.partition, batch.base_offset + index if batch.base_offset >= 0 else -1,
+                              batch.log_append_time if batch.log_append_time >= 0 else timestamp))
 
 
 _new_future = tuple.__new__
@@ -168,19 +208,42 @@ class ProducerBatch:
     def encode(self, compression: str) -> record.EncodedBatch:
         if self.encoded is None:
             if self.body is None:
-                headers = None
-                if self.headers is not None:
-                    headers = [None if h is None else [{"key": k, "value": v} for k, v in h] for h in self.headers]
-                self.body = record.make_body(pa.array(self.values, pa.binary()), pa.array(self.keys, pa.binary()),
-                                             self.timestamps, headers)
-                self.keys = self.values = self.timestamps = []  # type: ignore[assignment]
-                self.headers = None
-            self.encoded = record.encode_batch_parts(self.body, compression=compression)
+                self.encoded = self._encode_records(compression)
+            else:
+                self.encoded = record.encode_batch_parts(self.body, compression=compression)
         return self.encoded
+
+    def _encode_records(self, compression: str) -> record.EncodedBatch:
+        """The accumulated lists as one batch. Built column by column (null keys and headers as
+        shared null arrays, timestamp bounds from the list) because most batches under a latency
+        target hold a handful of records, where fixed costs are all there is."""
+        n = len(self.values)
+        keys = self.keys
+        key_array = pa.nulls(n, pa.binary()) if keys.count(None) == n else pa.array(keys, pa.binary())
+        headers = None
+        if self.headers is not None:
+            headers = [None if h is None else [{"key": k, "value": v} for k, v in h] for h in self.headers]
+        timestamps = self.timestamps
+        self.body = record.make_body(pa.array(self.values, pa.binary()), key_array,
+                                     pa.array(timestamps, record.TIMESTAMP_TYPE), headers)
+        if self.result.callbacks is not None:
+            self.result.timestamps = timestamps
+        self.keys = self.values = self.timestamps = []  # type: ignore[assignment]
+        self.headers = None
+        return record.frame_parts(record.encode_body(self.body, compression), record_count=n,
+                                  base_timestamp=min(timestamps), max_timestamp=max(timestamps))
 
 
 class RecordAccumulator:
-    """Per-partition open batches plus the queue of sealed ones. Thread-safe (one lock)."""
+    """Per-partition open batches plus the queue of sealed ones, shared by the application's
+    threads (append) and the producer's I/O thread (drain, done).
+
+    Appends take one lock. The I/O thread takes it only to seal open batches that lingered out:
+    taking sealed batches (a deque) and accounting completed ones (counters only it writes) need
+    no lock. That matters under the GIL: a thread switched out while holding the lock makes the
+    other wait for the GIL's next hand-over, up to the 5 ms switch interval, so an application in
+    a tight send() loop and the sender would otherwise stall each other.
+    """
 
     def __init__(self, batch_size: int, linger_ms: int, buffer_memory: int,
                  on_batch: Callable[[str, int, bool], None]) -> None:
@@ -191,38 +254,50 @@ class RecordAccumulator:
         self.seal_after_s = self.linger_s or math.inf
         self.buffer_memory = buffer_memory
         self.lock = threading.Lock()
-        self.space = threading.Condition(self.lock)
+        self.space = threading.Condition(threading.Lock())  # waited on while buffer_memory is full
+        self.waiting_for_space = 0
         self.open: dict[tuple[str, int], ProducerBatch] = {}
         self.sealed: deque[ProducerBatch] = deque()
-        self.buffered_bytes = 0
+        self.appended_bytes = 0  # written under `lock`
+        self.completed_bytes = 0  # written by the I/O thread only
         self.incomplete: set[BatchResult] = set()
 
+    @property
+    def buffered_bytes(self) -> int:
+        return self.appended_bytes - self.completed_bytes
+
     def append(self, topic: str, partition: int, key: bytes | None, value: bytes | None, timestamp: int,
-               headers: Headers) -> RecordFuture:
+               headers: Headers, on_delivery: DeliveryCallback | None = None) -> RecordFuture:
         """Add one record and return its future. Opening a batch (the loop must learn its linger
         deadline) or sealing one (ready to send) calls `on_batch(topic, partition, sealed)`."""
         size = (len(key) if key else 0) + (len(value) if value else 0) + RECORD_OVERHEAD
+        tp = (topic, partition)
         with self.lock:
-            batch = self.open.get((topic, partition))
+            batch = self.open.get(tp)
             if batch is None:
-                batch = self.open[(topic, partition)] = ProducerBatch(topic, partition)
+                batch = self.open[tp] = ProducerBatch(topic, partition)
                 self.incomplete.add(batch.result)
                 self.on_batch(topic, partition, False)
             index = len(batch.values)
             batch.keys.append(key)
             batch.values.append(value)
             batch.timestamps.append(timestamp)
-            if headers is not None and batch.headers is None:
-                batch.headers = [None] * index
-            if batch.headers is not None:
+            if headers is not None or batch.headers is not None:
+                if batch.headers is None:
+                    batch.headers = [None] * index
                 batch.headers.append(headers)
+            if on_delivery is not None or batch.result.callbacks is not None:
+                callbacks = batch.result.callbacks
+                if callbacks is None:
+                    callbacks = batch.result.callbacks = [None] * index
+                callbacks.append(on_delivery)
             batch.size += size
-            batch.record_count += 1
-            self.buffered_bytes += size
+            self.appended_bytes += size
             # Sealing a lingered-out batch here, rather than only when the sender's timer fires,
             # keeps linger_ms precise under load: event-loop timers have millisecond resolution.
             if batch.size >= self.batch_size or _monotonic() >= batch.created + self.seal_after_s:
-                del self.open[(topic, partition)]
+                batch.record_count = index + 1
+                del self.open[tp]
                 self.sealed.append(batch)
                 self.on_batch(topic, partition, True)
             return _new_future(RecordFuture, (batch.result, index, timestamp))
@@ -232,39 +307,58 @@ class RecordAccumulator:
         batch = ProducerBatch(topic, partition, body)
         with self.lock:
             self.incomplete.add(batch.result)
-            self.buffered_bytes += batch.size
+            self.appended_bytes += batch.size
             self.sealed.append(batch)
         return batch.result
 
     def drain(self, force: bool = False) -> tuple[list[ProducerBatch], float | None]:
         """Sealed batches plus open ones past linger (all open ones with `force`), and the time
-        until the next open batch lingers out (None if none is open).
+        until the next open batch lingers out (None if none is open). I/O thread only.
 
         A batch due within TIMER_SLACK_S counts as due: uvloop's timers have millisecond
         resolution and turn shorter waits into immediate callbacks, so waiting for it would spin.
         """
+        sealed = self.sealed
+        ready = [sealed.popleft() for _ in range(len(sealed))]
+        if not self.open:
+            return ready, None
         now = time.monotonic()
+        next_due = None
         with self.lock:
-            ready = list(self.sealed)
-            self.sealed.clear()
-            next_due = None
             for tp, batch in list(self.open.items()):
                 due = batch.created + self.linger_s - now
                 if force or due <= TIMER_SLACK_S:
-                    ready.append(self.open.pop(tp))
+                    del self.open[tp]
+                    batch.record_count = len(batch.values)
+                    ready.append(batch)
                 else:
                     next_due = due if next_due is None else min(next_due, due)
-            return ready, next_due
+        return ready, next_due
 
     def requeue(self, batches: list[ProducerBatch]) -> None:
-        with self.lock:
-            self.sealed.extendleft(reversed(batches))
+        self.sealed.extendleft(reversed(batches))
 
     def done(self, batch: ProducerBatch) -> None:
-        with self.lock:
-            self.incomplete.discard(batch.result)
-            self.buffered_bytes -= batch.size
-            self.space.notify_all()
+        """`batch` completed (I/O thread): its bytes leave buffer_memory."""
+        self.incomplete.discard(batch.result)
+        self.completed_bytes += batch.size
+        if self.waiting_for_space:
+            with self.space:
+                self.space.notify_all()
+
+    def wait_for_space(self, timeout_s: float) -> None:
+        """Block the calling application thread until buffer_memory has room, up to `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        with self.space:
+            self.waiting_for_space += 1
+            try:
+                while self.buffered_bytes >= self.buffer_memory:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise DeliveryTimeoutError(f"buffer_memory full for {timeout_s}s (max_block_ms)")
+                    self.space.wait(min(remaining, 0.1))
+            finally:
+                self.waiting_for_space -= 1
 
     def has_room(self) -> bool:
         return self.buffered_bytes < self.buffer_memory
@@ -349,7 +443,7 @@ class AsyncProducer:
     # -- sending ---------------------------------------------------------------------------------
 
     def append(self, topic: str, partition: int, key: bytes | None, value: bytes | None,
-               timestamp_ms: int | None, headers: Headers) -> RecordFuture:
+               timestamp_ms: int | None, headers: Headers, on_delivery: DeliveryCallback | None = None) -> RecordFuture:
         """Thread-safe enqueue of one record for an already chosen partition."""
         if self._closed:
             raise ProducerClosedError("producer is closed")
@@ -358,7 +452,8 @@ class AsyncProducer:
         if value.__class__ is not bytes and value is not None:
             _check_bytes("value", value)
         return self.accumulator.append(topic, partition, key, value,
-                                       _time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms, headers)
+                                       _time_ns() // 1_000_000 if timestamp_ms is None else timestamp_ms, headers,
+                                       on_delivery)
 
     def _on_batch(self, topic: str, partition: int, sealed: bool) -> None:
         """A batch opened (the sender must learn its linger deadline) or sealed (ready to go);
@@ -371,11 +466,15 @@ class AsyncProducer:
         self._wake()
 
     async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None, *,
-                   partition: int | None = None, timestamp_ms: int | None = None, headers: Headers = None) -> RecordFuture:
-        """Queue one record; await the returned future for its RecordMetadata."""
+                   partition: int | None = None, timestamp_ms: int | None = None, headers: Headers = None,
+                   on_delivery: DeliveryCallback | None = None) -> RecordFuture:
+        """Queue one record; await the returned future for its RecordMetadata. `on_delivery(metadata,
+        error)` is called once when the record is acknowledged (error None) or failed, on this
+        event loop's thread, in offset order within a partition."""
         await self._wait_for_room()
         count = await self.partitions_of(topic)
-        return self.append(topic, self.choose_partition(topic, count, key, partition), key, value, timestamp_ms, headers)
+        return self.append(topic, self.choose_partition(topic, count, key, partition), key, value, timestamp_ms, headers,
+                           on_delivery)
 
     async def send_batch(self, topic: str, data: Any, *, partition: int | None = None,
                          timestamp_ms: int | None = None) -> list[BatchResult]:
@@ -690,9 +789,17 @@ class Producer:
         return await AsyncProducer(bootstrap_servers, **config).start()
 
     def send(self, topic: str, value: bytes | None = None, key: bytes | None = None, *, partition: int | None = None,
-             timestamp_ms: int | None = None, headers: Headers = None) -> RecordFuture:
+             timestamp_ms: int | None = None, headers: Headers = None,
+             on_delivery: DeliveryCallback | None = None) -> RecordFuture:
         """Queue one record (thread-safe, does not wait for the network). Blocks up to max_block_ms
-        when buffer_memory is full."""
+        when buffer_memory is full.
+
+        Its outcome: the returned future (`result()`, `exception()`, `done()`; cheap once the
+        record completed), or `on_delivery(metadata, error)`, called exactly once per record with
+        its RecordMetadata (offset -1 on failure) and None or the exception, on the producer's I/O
+        thread ("pymq-producer"), in offset order within a partition. Callbacks run where the
+        producer does its network work: keep them short (count, append to a queue), and do not
+        call `flush()` or `close()` from one. An exception a callback raises is logged."""
         core = self._core
         if core._closed:
             raise ProducerClosedError("producer is closed")
@@ -700,19 +807,10 @@ class Producer:
         if count is None:
             count = self._thread.run(core.partitions_of(topic))
         accumulator = core.accumulator
-        if accumulator.buffered_bytes >= accumulator.buffer_memory:
-            self._wait_for_room()
-        return core.append(topic, core.choose_partition(topic, count, key, partition), key, value, timestamp_ms, headers)
-
-    def _wait_for_room(self) -> None:
-        accumulator = self._core.accumulator
-        deadline = time.monotonic() + self._core.max_block_s
-        with accumulator.space:
-            while accumulator.buffered_bytes >= accumulator.buffer_memory:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    raise DeliveryTimeoutError(f"buffer_memory full for {self._core.max_block_s}s (max_block_ms)")
-                accumulator.space.wait(remaining)
+        if accumulator.appended_bytes - accumulator.completed_bytes >= accumulator.buffer_memory:
+            accumulator.wait_for_space(core.max_block_s)
+        return core.append(topic, core.choose_partition(topic, count, key, partition), key, value, timestamp_ms, headers,
+                           on_delivery)
 
     def send_batch(self, topic: str, data: Any, *, partition: int | None = None,
                    timestamp_ms: int | None = None) -> list[BatchResult]:

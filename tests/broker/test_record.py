@@ -671,10 +671,12 @@ def test_any_valid_body_passes_and_plain_pyarrow_reads_it(records, compression, 
 
 
 @pytest.mark.parametrize("compression", COMPRESSIONS)
-def test_encoded_body_leaves_out_the_end_of_stream_marker(compression):
+@pytest.mark.parametrize("n", [1, 100, 2000])  # 2000 x 100 B is past the small-body shortcut
+def test_encoded_body_leaves_out_the_end_of_stream_marker(compression, n):
     """The header frames the body, so the 8-byte end-of-stream marker is not written: the body is
-    the schema message and the record batch message, nothing more."""
-    body = make_body([b"%099d" % i for i in range(100)], timestamps_ms=TS)
+    the schema message and the record batch message, nothing more, byte for byte what Arrow's
+    stream writer writes (whether or not the small-body shortcut wrote it)."""
+    body = make_body([b"%099d" % i for i in range(n)], timestamps_ms=TS)
     ipc = encode_body(body, compression).to_pybytes()
     assert ipc.startswith(BODY_SCHEMA.serialize().to_pybytes())
     assert ipc + b"\xff\xff\xff\xff\0\0\0\0" == _ipc(body, compression=None if compression == "none" else compression)

@@ -318,6 +318,100 @@ def test_batch_above_max_message_bytes_fails_fast_with_message_too_large(shared_
         assert producer.send(topic, b"small").result(10).offset == 0
 
 
+# -- on_delivery callbacks ----------------------------------------------------------------------
+
+
+def test_on_delivery_is_called_once_per_record_in_offset_order_on_the_io_thread(shared_broker, new_topic):
+    """Every record's callback runs exactly once, with the metadata its future gives, on the
+    producer's I/O thread, in offset order per partition; records without a callback in the
+    same batches are left alone."""
+    import threading
+
+    topic = new_topic(3)
+    calls: list[tuple[int, object, object, str]] = []
+
+    def callback_for(i: int):
+        return lambda metadata, error: calls.append((i, metadata, error, threading.current_thread().name))
+
+    with Producer(shared_broker.bootstrap, linger_ms=20) as producer:
+        futures = [producer.send(topic, b"v%d" % i, key=b"k%d" % i, on_delivery=callback_for(i) if i % 3 else None)
+                   for i in range(300)]
+        producer.flush()
+        results = [f.result(10) for f in futures]
+    assert sorted(i for i, *_ in calls) == [i for i in range(300) if i % 3]
+    assert all(error is None for _, _, error, _ in calls)
+    assert {thread for *_, thread in calls} == {"pymq-producer"}
+    assert all(metadata == results[i] for i, metadata, _, _ in calls)
+    for p in range(3):
+        offsets = [m.offset for _, m, _, _ in calls if m.partition == p]
+        assert offsets == sorted(offsets) and offsets
+
+
+def test_on_delivery_reports_a_failed_record_with_its_error(shared_broker, new_topic):
+    """A record the broker rejects (over max.message.bytes): its callback gets offset -1 and the
+    error, and its future raises the same error."""
+    topic = new_topic(1, {"max.message.bytes": 4096})
+    calls: list[tuple[object, object]] = []
+    with Producer(shared_broker.bootstrap) as producer:
+        future = producer.send(topic, b"x" * 10_000, on_delivery=lambda m, e: calls.append((m, e)))
+        producer.flush()
+        with pytest.raises(MessageTooLargeError) as raised:
+            future.result(10)
+    [(metadata, error)] = calls
+    assert error is raised.value
+    assert (metadata.topic, metadata.partition, metadata.offset) == (topic, 0, -1)
+
+
+def test_a_raising_callback_is_logged_and_the_others_still_run(shared_broker, new_topic, caplog):
+    topic = new_topic(1)
+    seen: list[int] = []
+
+    def bad(metadata, error):
+        raise RuntimeError("application bug")
+
+    with Producer(shared_broker.bootstrap, linger_ms=50) as producer:
+        producer.send(topic, b"a", on_delivery=lambda m, e: seen.append(m.offset))
+        producer.send(topic, b"b", on_delivery=bad)
+        last = producer.send(topic, b"c", on_delivery=lambda m, e: seen.append(m.offset))
+        producer.flush()
+        assert last.result(10).offset == 2
+    assert seen == [0, 2]
+    assert "on_delivery callback" in caplog.text and "application bug" in caplog.text
+
+
+def test_flush_inside_a_callback_raises_instead_of_deadlocking(shared_broker, new_topic):
+    """flush() called on the I/O thread would wait for itself: it raises RuntimeError at once."""
+    topic = new_topic(1)
+    outcome: list[BaseException] = []
+    with Producer(shared_broker.bootstrap) as producer:
+
+        def flush_from_callback(metadata, error):
+            try:
+                producer.flush()
+            except RuntimeError as err:
+                outcome.append(err)
+
+        producer.send(topic, b"v", on_delivery=flush_from_callback).result(10)
+        producer.flush()
+    assert len(outcome) == 1 and "own I/O thread" in str(outcome[0])
+
+
+def test_async_producer_on_delivery_runs_on_its_loop(shared_broker, new_topic):
+    topic = new_topic(1)
+
+    async def produce() -> list[tuple[int, object]]:
+        calls = []
+        async with AsyncProducer(shared_broker.bootstrap) as producer:
+            loop = asyncio.get_running_loop()
+            for i in range(5):
+                await producer.send(topic, b"v%d" % i, on_delivery=lambda m, e: calls.append(
+                    (m.offset, e, asyncio.get_running_loop() is loop)))
+            await producer.flush()
+        return calls
+
+    assert asyncio.run(produce()) == [(i, None, True) for i in range(5)]
+
+
 # -- failures of the broker --------------------------------------------------------------------
 
 
@@ -356,6 +450,38 @@ def test_records_fail_with_delivery_timeout_when_broker_stays_down(broker_factor
         assert 1.4 <= time.monotonic() - start < 5
     finally:
         producer.close(timeout_s=1)
+
+
+def test_send_blocks_while_buffer_memory_is_full_and_resumes_when_records_complete(broker_factory):
+    """Broker down: sends fill buffer_memory, then block; max_block_ms later one raises. A sender
+    blocked in send() goes on once the broker is back and acknowledgements free the buffer."""
+    import threading
+
+    broker = broker_factory().start()
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("full", partitions=1)
+    with Producer(broker.bootstrap, buffer_memory=20_000, max_block_ms=400, linger_ms=0,
+                  retry_backoff_max_ms=100, delivery_timeout_ms=30_000) as producer:
+        producer.send("full", b"warm-up").result(10)
+        broker.stop()
+        futures = []
+        start = time.monotonic()
+        with pytest.raises(DeliveryTimeoutError, match="buffer_memory"):
+            for _ in range(1000):
+                futures.append(producer.send("full", b"x" * 1000))
+        assert 0.3 <= time.monotonic() - start < 5
+        assert 10 <= len(futures) <= 20
+
+        unblocked: list[object] = []
+        blocked = threading.Thread(target=lambda: unblocked.append(producer.send("full", b"late")))
+        producer._core.max_block_s = 30
+        blocked.start()
+        time.sleep(0.3)
+        assert blocked.is_alive() and not unblocked
+        broker.start()
+        blocked.join(30)
+        assert unblocked and unblocked[0].result(30).offset == len(futures) + 1
+        assert [f.result(30).offset for f in futures] == list(range(1, len(futures) + 1))
 
 
 # -- lifecycle ---------------------------------------------------------------------------------
