@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import threading
 import time
 from collections import deque
 from functools import partial
@@ -134,14 +135,22 @@ class AsyncConsumer:
         # more until that error was raised.
         self._buffer: deque[tuple[TopicPartition, pa.RecordBatch | CorruptRecordError, int]] = deque()
         self._buffered_bytes = 0
+        # The buffer, the consumed positions and `_error` are shared with the sync Consumer's
+        # application thread, which takes records without a hop through the event loop; `_lock`
+        # guards them and `_arrived` wakes such a poller. Async pollers wait on `_data_ready`.
+        self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)
         self._data_ready = asyncio.Event()
         self._changed = asyncio.Event()
+        self._waiting_for_room = False  # a fetch loop waits for poll to make room in the buffer
         self._error: PymqError | None = None
         self._fetchers: dict[int, asyncio.Task[None]] = {}
         self._epoch = 0  # bumped on every assign/seek: fetched data from an older epoch is dropped
         self._closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> "AsyncConsumer":
+        self._loop = asyncio.get_running_loop()
         record.warm_up()
         await self.cluster.refresh()
         return self
@@ -216,10 +225,11 @@ class AsyncConsumer:
         """Positions changed: drop prefetched data, and restart fetching from the consumed
         positions at once (a parked long poll for the old positions is abandoned)."""
         self._epoch += 1
-        self._buffer.clear()
-        self._buffered_bytes = 0
-        self._data_ready.clear()
-        self._fetch_positions = dict(self._consumed)
+        with self._lock:
+            self._buffer.clear()
+            self._buffered_bytes = 0
+            self._data_ready.clear()
+            self._fetch_positions = dict(self._consumed)
         for task in self._fetchers.values():
             task.cancel()
         self._fetchers = {}
@@ -237,27 +247,67 @@ class AsyncConsumer:
         raises again."""
         if self._closed:
             raise ConsumerStoppedError("consumer is closed")
-        if self._error is not None:
-            err, self._error = self._error, None
-            raise err
-        if not self._buffer and timeout_ms > 0:
+        if not self._buffer and self._error is None and timeout_ms > 0:
             try:
                 await asyncio.wait_for(self._data_ready.wait(), timeout_ms / 1000)
             except TimeoutError:
                 pass
-            if self._error is not None:
-                err, self._error = self._error, None
-                raise err
-        missing = [tp for tp in self._assigned if tp not in self._consumed]
-        if missing:
-            raise NoOffsetForPartitionError(f"no position for {missing}: seek first (auto_offset_reset=none)")
-        batches = self._take(max_records if max_records is not None else float("inf"))
-        if not batches and self._buffer and isinstance(self._buffer[0][1], CorruptRecordError):
-            raise self._corrupt_batch_reached()
-        if not self._buffer:
-            self._data_ready.clear()
-        self._changed.set()  # room in the buffer: fetchers may go on
+        return self._take_ready(max_records)
+
+    def _take_ready(self, max_records: int | None) -> pa.Table:
+        """What a poll returns now (any thread): a pending error is raised, else the buffered
+        records up to `max_records`. Fetchers waiting for room in the buffer are woken."""
+        wake = False
+        try:
+            with self._lock:
+                try:
+                    if self._error is not None:
+                        err, self._error = self._error, None
+                        raise err
+                    missing = [tp for tp in self._assigned if tp not in self._consumed]
+                    if missing:
+                        raise NoOffsetForPartitionError(f"no position for {missing}: seek first (auto_offset_reset=none)")
+                    batches = self._take(max_records if max_records is not None else float("inf"))
+                    if not batches and self._buffer and isinstance(self._buffer[0][1], CorruptRecordError):
+                        raise self._corrupt_batch_reached()
+                finally:
+                    if not self._buffer:
+                        self._data_ready.clear()
+                    wake, self._waiting_for_room = self._waiting_for_room, False
+        finally:
+            if wake:
+                self._wake_fetchers()
         return pa.Table.from_batches(batches, schema=RECORD_SCHEMA)
+
+    def _wake_fetchers(self) -> None:
+        """Set `_changed` on the loop, from whichever thread polled."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._changed.set()
+        else:
+            loop.call_soon_threadsafe(self._changed.set)
+
+    def wait_for_data(self, timeout_s: float) -> None:
+        """Block the calling (non-loop) thread until records or an error are buffered, the
+        consumer closes, or `timeout_s` passes: the sync Consumer's poll, without a loop hop."""
+        deadline = time.monotonic() + timeout_s
+        with self._arrived:
+            while not self._buffer and self._error is None and not self._closed:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._arrived.wait(remaining)
+
+    def _signal(self) -> None:
+        """Records or an error arrived (loop thread, `_lock` held): wake pollers of both kinds."""
+        self._data_ready.set()
+        self._arrived.notify_all()
 
     def _take(self, limit: float) -> list[pa.RecordBatch]:
         """Up to `limit` buffered rows, in order. A corrupt-batch marker stays in the buffer (at
@@ -285,14 +335,12 @@ class AsyncConsumer:
         return batches
 
     def _corrupt_batch_reached(self) -> CorruptRecordError:
-        """Take the marker at the front; the partition is fetched again from its position, so the
-        error comes back until the caller seeks past the bad batch."""
+        """Take the marker at the front (`_lock` held); the partition is fetched again from its
+        position, so the error comes back until the caller seeks past the bad batch."""
         tp, err, _ = self._buffer.popleft()
         assert isinstance(err, CorruptRecordError)
-        if not self._buffer:
-            self._data_ready.clear()
         self._fetch_positions[tp] = self._consumed[tp]
-        self._changed.set()
+        self._waiting_for_room = True  # the partition's fetcher has it back: wake it
         return err
 
     async def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
@@ -315,7 +363,11 @@ class AsyncConsumer:
         while not self._closed and self._fetchers.get(node) is me:
             self._changed.clear()
             mine = [tp for tp in self._assigned if tp in self._fetch_positions and self._leader(tp) == node]
-            if not mine or self._buffered_bytes >= self.max_buffer_bytes:
+            with self._lock:  # checked and flagged at once: a poll in between would not wake us
+                idle = not mine or self._buffered_bytes >= self.max_buffer_bytes
+                if idle:
+                    self._waiting_for_room = True
+            if idle:
                 await self._changed.wait()
                 continue
             epoch = self._epoch
@@ -326,8 +378,10 @@ class AsyncConsumer:
                 await asyncio.sleep(self.retry_backoff_s)
                 await self._refresh_quietly()
             except PymqError as err:
-                self._error = err
-                self._data_ready.set()
+                with self._lock:
+                    self._error = err
+                    self._waiting_for_room = True
+                    self._signal()
                 await self._changed.wait()
 
     def _leader(self, tp: TopicPartition) -> int | None:
@@ -377,19 +431,24 @@ class AsyncConsumer:
         found = await self.list_offsets({tp: target for tp in out_of_range})
         if epoch != self._epoch:
             return
-        buffered = {tp for tp, _, _ in self._buffer}
-        for tp, (offset, _) in found.items():
-            if self._fetch_positions.get(tp) != out_of_range[tp]:
-                continue
-            self._fetch_positions[tp] = offset
-            if tp not in buffered:
-                self._consumed[tp] = offset
+        with self._lock:
+            buffered = {tp for tp, _, _ in self._buffer}
+            for tp, (offset, _) in found.items():
+                if self._fetch_positions.get(tp) != out_of_range[tp]:
+                    continue
+                self._fetch_positions[tp] = offset
+                if tp not in buffered:
+                    self._consumed[tp] = offset
 
     def _absorb(self, tp: TopicPartition, data: memoryview) -> None:
         """Decode the complete batches of one partition's fetched bytes into the buffer. At a
         corrupt batch, what came before it stays buffered, a marker for it follows, and the
-        partition fetches nothing more until the marker was raised (or the caller seeks)."""
+        partition fetches nothing more until the marker was raised (or the caller seeks).
+        Decoding happens outside `_lock`; the buffer is extended under it in one step."""
         position = self._fetch_positions[tp]
+        fresh: list[tuple[TopicPartition, pa.RecordBatch | CorruptRecordError, int]] = []
+        fresh_bytes = 0
+        corrupt: CorruptRecordError | None = None
         bad_at = 0  # where the next batch starts: the corrupt one, if iter_batches raises
         try:
             for pos, header in record.iter_batches(data, verify=self.check_crcs):
@@ -399,23 +458,30 @@ class AsyncConsumer:
                 body = record.decode_body(data, header, pos)
                 batch = to_record_batch(tp[0], tp[1], header, body, max(position - header.base_offset, 0))
                 size = header.size  # the wire size: cheap, and what the fetch actually cost
-                self._buffer.append((tp, batch, size))
-                self._buffered_bytes += size
+                fresh.append((tp, batch, size))
+                fresh_bytes += size
                 position = header.next_offset
         except CorruptMessageError as err:
             offset = corrupt_batch_offset(data, bad_at, position, self.high_watermarks.get(tp, -1))
             log.warning("%s-%d: corrupt batch at offset %d: %s", tp[0], tp[1], offset, err)
-            self._buffer.append((tp, CorruptRecordError(f"{tp[0]}-{tp[1]} offset {offset}: {err}", tp[0], tp[1], offset), 0))
-            del self._fetch_positions[tp]
-            self._data_ready.set()
+            corrupt = CorruptRecordError(f"{tp[0]}-{tp[1]} offset {offset}: {err}", tp[0], tp[1], offset)
+            fresh.append((tp, corrupt, 0))
+        if not fresh:
             return
-        if position != self._fetch_positions[tp]:
-            self._fetch_positions[tp] = position
-            self._data_ready.set()
+        with self._lock:
+            self._buffer.extend(fresh)
+            self._buffered_bytes += fresh_bytes
+            if corrupt is not None:
+                del self._fetch_positions[tp]
+            else:
+                self._fetch_positions[tp] = position
+            self._signal()
 
     async def close(self) -> None:
         self._closed = True
         self._changed.set()
+        with self._lock:
+            self._arrived.notify_all()
         for task in self._fetchers.values():
             task.cancel()
         await asyncio.gather(*self._fetchers.values(), return_exceptions=True)
@@ -545,7 +611,14 @@ class Consumer:
         return self._run(self._core.end_offsets(list(tps)))
 
     def poll_arrow(self, timeout_ms: int = 1000, max_records: int | None = None) -> pa.Table:
-        return self._run(self._core.poll_arrow(timeout_ms, max_records))
+        """See AsyncConsumer.poll_arrow. Runs on the calling thread: it waits for the background
+        fetcher's data directly, so a record costs no hop through the event loop to be returned."""
+        core = self._core
+        if core._closed:
+            raise ConsumerStoppedError("consumer is closed")
+        if timeout_ms > 0:
+            core.wait_for_data(timeout_ms / 1000)
+        return core._take_ready(max_records)
 
     def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
         return table_to_records(self.poll_arrow(timeout_ms, max_records))
