@@ -417,6 +417,7 @@ def validate_batch(
     max_batch_bytes: int | None = None,
     now_ms: int | None = None,
     timestamp_bounds: TimestampBounds | None = None,
+    check_body: bool = True,
 ) -> BatchHeader:
     """Check the batch at `pos` without decoding its body's buffers, and return its header.
 
@@ -441,6 +442,8 @@ def validate_batch(
     crc = _crc32c.crc32c(view[pos + CRC_START : pos + header.size])
     if crc != header.crc:
         raise CorruptMessageError(f"batch at byte {pos}: CRC {crc:#010x} != stored {header.crc:#010x}")
+    if not check_body:
+        return header
     layout = _check_body(view[pos + HEADER_SIZE : pos + header.size], pos, header)
     if not layout.compacted and header.last_offset_delta != header.record_count - 1:
         raise CorruptMessageError(
@@ -561,12 +564,14 @@ def _check_timestamps(pos: int, header: BatchHeader, now_ms: int, bounds: Timest
 
 
 def iter_batches(
-    buf: bytes | bytearray | memoryview, *, verify: bool = True
+    buf: bytes | bytearray | memoryview, *, verify: bool = True, check_body: bool = True
 ) -> Iterator[tuple[int, BatchHeader]]:
     """Yield (position, header) of each complete batch in a buffer of concatenated batches.
 
     A partial batch at the end is skipped silently: fetch responses may end mid-batch by design.
-    With `verify`, every yielded batch passed `validate_batch`.
+    With `verify`, every yielded batch passed `validate_batch` (`check_body=False`: all of it
+    but the body's IPC structure, for readers that decode the body with `decode_body`, which
+    checks it fully anyway).
     """
     pos, end = 0, len(buf)
     while True:
@@ -575,7 +580,7 @@ def iter_batches(
             if size is not None and size < HEADER_SIZE:
                 raise CorruptMessageError(f"batch at byte {pos}: batch_length {size - LENGTH_PREFIX} too small")
             return
-        header = validate_batch(buf, pos) if verify else read_header(buf, pos)
+        header = validate_batch(buf, pos, check_body=check_body) if verify else read_header(buf, pos)
         yield pos, header
         pos += size
 
@@ -606,11 +611,17 @@ def decode_body(buf: bytes | bytearray | memoryview | pa.Buffer, header: BatchHe
     offset deltas strictly increasing from >= 0 to last_offset_delta): CorruptMessageError."""
     body = pa.py_buffer(buf) if not isinstance(buf, pa.Buffer) else buf
     body = body.slice(pos + HEADER_SIZE, header.size - HEADER_SIZE)
+    schema_message = STANDARD_LAYOUT.schema_message
     try:
-        reader = pa.ipc.open_stream(body)
-        if not (reader.schema.equals(BODY_SCHEMA) or reader.schema.equals(COMPACTED_BODY_SCHEMA)):
-            raise CorruptMessageError(f"batch at offset {header.base_offset}: body schema is not the record schema")
-        batch = reader.read_next_batch()
+        if len(body) > len(schema_message) and memoryview(body).cast("B")[:len(schema_message)] == schema_message:
+            # The schema message pymq writes itself: only the record batch message needs
+            # reading (a stream reader would parse the schema again: half the cost of a small batch).
+            batch = pa.ipc.read_record_batch(body.slice(len(schema_message)), BODY_SCHEMA)
+        else:
+            reader = pa.ipc.open_stream(body)
+            if not (reader.schema.equals(BODY_SCHEMA) or reader.schema.equals(COMPACTED_BODY_SCHEMA)):
+                raise CorruptMessageError(f"batch at offset {header.base_offset}: body schema is not the record schema")
+            batch = reader.read_next_batch()
         # A CRC only proves the producer's bytes arrived intact, not that they are valid Arrow: a
         # structurally broken body could crash the reader later, so check it fully here.
         batch.validate(full=True)
@@ -622,6 +633,9 @@ def decode_body(buf: bytes | bytearray | memoryview | pa.Buffer, header: BatchHe
         )
     if batch.num_columns == len(COMPACTED_BODY_SCHEMA):
         _check_offset_deltas(batch.column("offset_delta"), header)
+    elif header.last_offset_delta != header.record_count - 1:
+        raise CorruptMessageError(f"batch at offset {header.base_offset}: last_offset_delta {header.last_offset_delta} "
+                                  f"!= record_count {header.record_count} - 1 in a body without offset deltas")
     return batch
 
 

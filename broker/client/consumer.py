@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections import deque
-from functools import partial
+from functools import lru_cache, partial
 from itertools import repeat
 from collections.abc import Mapping
 from typing import Any, Iterable, Iterator, NamedTuple
@@ -83,6 +83,21 @@ def _repeated_string(text: str, n: int) -> pa.StringArray:
     return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(raw * n))
 
 
+_CONSTANT_ROWS = 1024  # constant columns of batches up to this size are slices of cached arrays
+
+
+@lru_cache(maxsize=512)
+def _constant_columns(topic: str, partition: int, log_append_time: bool) -> tuple[pa.Array, pa.Array, pa.Array]:
+    """The topic, partition and timestamp-type columns of a partition's batches, _CONSTANT_ROWS
+    long: small batches (the latency-bound case) slice them instead of building three arrays."""
+    return _constant_arrays(topic, partition, log_append_time, _CONSTANT_ROWS)
+
+
+def _constant_arrays(topic: str, partition: int, log_append_time: bool, n: int) -> tuple[pa.Array, pa.Array, pa.Array]:
+    return (_repeated_string(topic, n), pa.array(np.full(n, partition, np.int32)),
+            pa.array(np.full(n, 1 if log_append_time else 0, np.int8)))
+
+
 def to_record_batch(topic: str, partition: int, header: record.BatchHeader, body: pa.RecordBatch, skip: int) -> pa.RecordBatch:
     """One fetched batch as RECORD_SCHEMA rows, starting `skip` rows in."""
     if skip:
@@ -92,17 +107,13 @@ def to_record_batch(topic: str, partition: int, header: record.BatchHeader, body
     # LogAppendTime: the broker's append time in the header is every record's timestamp.
     timestamps = (pa.array(np.full(n, header.max_timestamp, np.int64)).cast(record.TIMESTAMP_TYPE)
                   if header.log_append_time else body.column(2))
+    if n <= _CONSTANT_ROWS:
+        topics, partitions, types = (column.slice(0, n) for column in _constant_columns(topic, partition, header.log_append_time))
+    else:
+        topics, partitions, types = _constant_arrays(topic, partition, header.log_append_time, n)
     return pa.RecordBatch.from_arrays(
-        [
-            _repeated_string(topic, n),
-            pa.array(np.full(n, partition, np.int32)),
-            pa.array(np.arange(first, first + n, dtype=np.int64)),
-            timestamps,
-            pa.array(np.full(n, 1 if header.log_append_time else 0, np.int8)),
-            body.column(0),
-            body.column(1),
-            body.column(3),
-        ],
+        [topics, partitions, pa.array(np.arange(first, first + n, dtype=np.int64)), timestamps, types,
+         body.column(0), body.column(1), body.column(3)],
         schema=RECORD_SCHEMA,
     )
 
@@ -451,7 +462,8 @@ class AsyncConsumer:
         corrupt: CorruptRecordError | None = None
         bad_at = 0  # where the next batch starts: the corrupt one, if iter_batches raises
         try:
-            for pos, header in record.iter_batches(data, verify=self.check_crcs):
+            # decode_body checks each body fully: the CRC and header checks are what is left.
+            for pos, header in record.iter_batches(data, verify=self.check_crcs, check_body=False):
                 bad_at = pos + header.size
                 if header.next_offset <= position:
                     continue

@@ -311,9 +311,17 @@ class RecordAccumulator:
             self.sealed.append(batch)
         return batch.result
 
-    def drain(self, force: bool = False) -> tuple[list[ProducerBatch], float | None]:
+    def drain(self, force: bool = False, busy: Mapping[tuple[str, int], int] | None = None
+              ) -> tuple[list[ProducerBatch], float | None]:
         """Sealed batches plus open ones past linger (all open ones with `force`), and the time
-        until the next open batch lingers out (None if none is open). I/O thread only.
+        until the next open batch lingers out (None if none is waiting on a timer). I/O thread only.
+
+        An open batch whose partition is in `busy` (a request carrying that partition is in
+        flight) stays open even past linger: it goes when that request completes, carrying every
+        record that arrived meanwhile. That is how small batches form without a timer: with
+        linger_ms 0 a lone record still goes at once, but records arriving faster than the
+        broker answers share requests instead of each paying a request's cost (Kafka's sender
+        batches the same way, by being busy). Full batches never wait for it.
 
         A batch due within TIMER_SLACK_S counts as due: uvloop's timers have millisecond
         resolution and turn shorter waits into immediate callbacks, so waiting for it would spin.
@@ -327,11 +335,11 @@ class RecordAccumulator:
         with self.lock:
             for tp, batch in list(self.open.items()):
                 due = batch.created + self.linger_s - now
-                if force or due <= TIMER_SLACK_S:
+                if force or (due <= TIMER_SLACK_S and not (busy and tp in busy)):
                     del self.open[tp]
                     batch.record_count = len(batch.values)
                     ready.append(batch)
-                else:
+                elif due > TIMER_SLACK_S:
                     next_due = due if next_due is None else min(next_due, due)
         return ready, next_due
 
@@ -398,6 +406,7 @@ class AsyncProducer:
         self._wakeup = asyncio.Event()
         self._in_flight: dict[int, asyncio.Semaphore] = {}
         self._requests: set[asyncio.Task[None]] = set()
+        self._busy: dict[tuple[str, int], int] = {}  # partitions with a request in flight: how many
         self._sender: asyncio.Task[None] | None = None
         self._closed = False
         self._flush_requested = False
@@ -458,10 +467,11 @@ class AsyncProducer:
     def _on_batch(self, topic: str, partition: int, sealed: bool) -> None:
         """A batch opened (the sender must learn its linger deadline) or sealed (ready to go);
         a sealed batch also moves the sticky partition on. A new batch needs no cross-thread
-        wake-up when the sleeping sender will wake before the batch is due anyway."""
+        wake-up when the sleeping sender will wake before the batch is due anyway, or when a
+        request for its partition is in flight (its completion wakes the sender: see drain)."""
         if sealed:
             self.sticky.next(topic, self.partition_counts.get(topic, 1), partition)
-        elif 0.0 < self._sleeping_until <= time.monotonic() + self.accumulator.linger_s:
+        elif (topic, partition) in self._busy or 0.0 < self._sleeping_until <= time.monotonic() + self.accumulator.linger_s:
             return
         self._wake()
 
@@ -579,7 +589,7 @@ class AsyncProducer:
             self._sleeping_until = 0.0  # awake: anyone opening a batch now must wake us
             self._wakeup.clear()  # before draining, so a wake-up during the drain is not lost
             force, self._flush_requested = self._flush_requested, False
-            batches, next_due = self.accumulator.drain(force=force)
+            batches, next_due = self.accumulator.drain(force, self._busy)
             if batches:
                 await self._dispatch(batches)
                 continue
@@ -625,9 +635,25 @@ class AsyncProducer:
     async def _launch(self, node: int, batches: list[ProducerBatch]) -> None:
         slots = self._in_flight.setdefault(node, asyncio.Semaphore(self.max_in_flight))
         await slots.acquire()
+        partitions = {(b.topic, b.partition) for b in batches}
+        busy = self._busy
+        for tp in partitions:
+            busy[tp] = busy.get(tp, 0) + 1
         task = asyncio.get_running_loop().create_task(self._produce(node, batches))
         self._requests.add(task)
-        task.add_done_callback(lambda t: (self._requests.discard(t), slots.release()))
+
+        def done(task: asyncio.Task[None]) -> None:
+            self._requests.discard(task)
+            slots.release()
+            for tp in partitions:
+                if busy[tp] == 1:
+                    del busy[tp]
+                else:
+                    busy[tp] -= 1
+            if self.accumulator.open:  # batches held back while this request was out may go now
+                self._wakeup.set()
+
+        task.add_done_callback(done)
 
     async def _produce(self, node: int, batches: list[ProducerBatch]) -> None:
         """One Produce request. A partition's batches travel as one record set in queue order; the

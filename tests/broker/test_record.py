@@ -807,3 +807,39 @@ def test_any_bytes_in_the_metadata_raise_nothing_but_corrupt_message(data, count
         validate_batch(_framed(bytes(ipc), record_count=HOSTILE_ROWS))
     except CorruptMessageError:
         pass
+
+
+# -- the reader's shortcuts ----------------------------------------------------------------------
+
+
+def test_iter_batches_without_the_body_check_still_verifies_the_crc():
+    """Consumers skip the structural body check (decode_body checks the body fully), never the CRC."""
+    buf = encode_batch(make_body([b"a", b"b"], timestamps_ms=TS))
+    assert [h.record_count for _, h in iter_batches(buf, check_body=False)] == [2]
+    buf[-1] ^= 0xFF
+    with pytest.raises(CorruptMessageError, match="CRC"):
+        list(iter_batches(buf, check_body=False))
+
+
+def test_decode_body_refuses_a_standard_body_whose_header_claims_offset_gaps():
+    """Only a compacted body (with offset deltas) may have gaps; a reader that skipped the
+    structural check learns it from decode_body."""
+    body = make_body([b"a", b"b"], timestamps_ms=TS)
+    buf = frame_body(encode_body(body), record_count=2, base_timestamp=TS, max_timestamp=TS, last_offset_delta=5)
+    with pytest.raises(CorruptMessageError, match="last_offset_delta"):
+        decode_body(buf, read_header(buf))
+
+
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_decode_body_reads_pymq_and_foreign_encodings_alike(compression):
+    """A body whose schema message is pymq's own takes the shortcut (no stream reader); one
+    written by another Arrow writer (schema metadata added) is read in full: same rows."""
+    body = make_body([b"%099d" % i for i in range(50)], timestamps_ms=TS)
+    ours = encode_batch(body, compression=compression)
+    foreign_schema = BODY_SCHEMA.with_metadata({"writer": "other"})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, foreign_schema) as writer:
+        writer.write_batch(pa.RecordBatch.from_arrays(body.columns, schema=foreign_schema))
+    theirs = frame_body(sink.getvalue(), record_count=50, base_timestamp=TS, max_timestamp=TS)
+    for buf in (ours, theirs):
+        assert decode_body(buf, read_header(buf)).to_pydict() == body.to_pydict()
