@@ -72,6 +72,11 @@ class Cluster:
         """Send a request the broker does not answer (produce with acks=0)."""
         await (await self.connection(node)).send_only(message)
 
+    def open_connection(self, node: int) -> BrokerConnection | None:
+        """The connection to broker `node` if it is open now, without waiting (else None)."""
+        conn = self._connections.get(node)
+        return conn if conn is not None and not conn.closed else None
+
     async def connection(self, node: int) -> BrokerConnection:
         """The one connection to broker `node`, opened on first use.
 

@@ -38,7 +38,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
                  max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES) -> None:
         self.host, self.port = host, port
         self.decoder = protocol.ResponseDecoder(max_response_bytes)
-        self._pending: dict[int, asyncio.Future[Reply]] = {}
+        self._pending: dict[int, tuple[asyncio.Future[Reply], asyncio.TimerHandle | None]] = {}
         self._ids = itertools.count(1)
         self._slots = asyncio.Semaphore(max_in_flight)
         self._transport: asyncio.Transport | None = None
@@ -80,10 +80,14 @@ class BrokerConnection(asyncio.BufferedProtocol):
     def buffer_updated(self, nbytes: int) -> None:
         try:
             for response in self.decoder.received(nbytes):
-                future = self._pending.pop(response.correlation_id, None)
-                if future is None:
+                entry = self._pending.pop(response.correlation_id, None)
+                if entry is None:
                     log.warning("response for unknown correlation id %d from %s:%d", response.correlation_id, self.host, self.port)
-                elif not future.done():
+                    continue
+                future, timer = entry
+                if timer is not None:
+                    timer.cancel()
+                if not future.done():
                     future.set_result((response.control, response.payload))
         except PymqError as err:
             log.error("bad response frame from %s:%d: %s", self.host, self.port, err)
@@ -98,37 +102,46 @@ class BrokerConnection(asyncio.BufferedProtocol):
     async def send(self, message: RequestMessage[R], *, timeout_s: float | None = 30.0) -> R:
         """Send one request and wait for its response: the PymqError its top-level `error_code`
         names is raised, otherwise the typed response is returned (decoded and validated)."""
-        control, payload = await self._send(message, True, timeout_s)
-        raise_for_error(control)
-        return message.response_type.from_control(control, payload)
+        async with self._slots:
+            await self._drained.wait()
+            control, payload = await self.request(message, timeout_s)
+        return decode_reply(message, control, payload)
 
     async def send_only(self, message: RequestMessage[Any]) -> None:
         """Send a request the broker does not answer (produce with acks=0); returns once written."""
-        await self._send(message, False, None)
-
-    async def _send(self, message: RequestMessage[Any], expect_response: bool, timeout_s: float | None) -> Reply:
-        if self.closed:
-            raise self._closed_error or NetworkError(f"connection to {self.host}:{self.port} is closed")
-        control, payload = message.to_control(), message.payload()
         async with self._slots:
             await self._drained.wait()
-            if self.closed:
-                raise self._closed_error or NetworkError(f"connection to {self.host}:{self.port} is closed")
-            correlation_id = next(self._ids) & 0x7FFFFFFF
-            size = sum(map(part_size, payload))
-            header = protocol.encode_request(message.api_key, message.api_version, correlation_id, control, size)
-            assert self._transport is not None
-            if not expect_response:
-                self._transport.writelines([header, *payload])  # type: ignore[list-item]
-                return {}, memoryview(b"")
-            future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-            self._pending[correlation_id] = future
-            self._transport.writelines([header, *payload])  # type: ignore[list-item]
-            try:
-                return await asyncio.wait_for(future, timeout_s)
-            except TimeoutError:
-                self._pending.pop(correlation_id, None)
-                raise RequestTimedOutError(f"no response from {self.host}:{self.port} within {timeout_s}s") from None
+            self.write(message, expect_response=False)
+
+    def request(self, message: RequestMessage[Any], timeout_s: float | None) -> asyncio.Future[Reply]:
+        """Write one request now and return the future of its raw reply, failed with
+        RequestTimedOutError after `timeout_s`. For callers that bound their own in-flight
+        requests (the producer's sender): no await between deciding to send and the write, so
+        no coroutine or task per request. Raises NetworkError at once if the connection is closed."""
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        correlation_id = self.write(message, expect_response=True)
+        timer = None
+        if timeout_s is not None:
+            timer = future.get_loop().call_later(timeout_s, self._expire, correlation_id, timeout_s)
+        self._pending[correlation_id] = (future, timer)
+        return future
+
+    def write(self, message: RequestMessage[Any], *, expect_response: bool) -> int:
+        """Frame and write `message`; its correlation id."""
+        if self.closed:
+            raise self._closed_error or NetworkError(f"connection to {self.host}:{self.port} is closed")
+        correlation_id = next(self._ids) & 0x7FFFFFFF
+        payload = message.payload()
+        header = protocol.encode_request(message.api_key, message.api_version, correlation_id, message.to_control(),
+                                         sum(map(part_size, payload)))
+        assert self._transport is not None
+        self._transport.writelines([header, *payload])  # type: ignore[list-item]
+        return correlation_id
+
+    def _expire(self, correlation_id: int, timeout_s: float) -> None:
+        entry = self._pending.pop(correlation_id, None)
+        if entry is not None and not entry[0].done():
+            entry[0].set_exception(RequestTimedOutError(f"no response from {self.host}:{self.port} within {timeout_s}s"))
 
     def close(self) -> None:
         if self._transport is not None:
@@ -138,6 +151,15 @@ class BrokerConnection(asyncio.BufferedProtocol):
     def _fail_all(self, err: PymqError) -> None:
         self._closed_error = self._closed_error or err  # the first reason is the one to report
         pending, self._pending = self._pending, {}
-        for future in pending.values():
+        for future, timer in pending.values():
+            if timer is not None:
+                timer.cancel()
             if not future.done():
                 future.set_exception(err)
+
+
+def decode_reply(message: RequestMessage[R], control: dict[str, Any], payload: memoryview) -> R:
+    """The typed response to `message` from its raw reply; the PymqError its top-level
+    `error_code` names is raised instead."""
+    raise_for_error(control)
+    return message.response_type.from_control(control, payload)

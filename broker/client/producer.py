@@ -47,7 +47,8 @@ from broker.errors import (
     PymqError,
     RequestTimedOutError,
 )
-from broker.protocol import ProducePartition, ProduceRequest, ProduceTopic
+from broker.client.connection import BrokerConnection, raise_for_error
+from broker.protocol import ProducePartition, ProduceRequest, ProduceResponse, ProduceTopic
 
 log = logging.getLogger("pymq.producer")
 
@@ -198,7 +199,7 @@ class ProducerBatch:
         self.timestamps: list[int] = []
         self.headers: list[Headers] | None = None
         self.body = body
-        self.size = body.nbytes if body is not None else 0
+        self.size = body.get_total_buffer_size() if body is not None else 0
         self.record_count = body.num_rows if body is not None else 0
         self.created = time.monotonic()
         self.result = BatchResult(topic, partition)
@@ -403,21 +404,22 @@ class AsyncProducer:
         self.accumulator = RecordAccumulator(batch_size, linger_ms, buffer_memory, self._on_batch)
         self.sticky = StickyPartitioner()
         self.partition_counts: dict[str, int] = {}
-        self._wakeup = asyncio.Event()
-        self._in_flight: dict[int, asyncio.Semaphore] = {}
-        self._requests: set[asyncio.Task[None]] = set()
+        self._in_flight: dict[int, int] = {}  # Produce requests outstanding per broker
+        self._replies: set[asyncio.Future[Any]] = set()  # their reply futures
         self._busy: dict[tuple[str, int], int] = {}  # partitions with a request in flight: how many
-        self._sender: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()  # slow paths: connect, resolve, retry, refresh
+        self._sender_queued = False  # a _run_sender call is queued on the loop
+        self._timer: asyncio.TimerHandle | None = None  # runs the sender when a batch lingers out
+        self._next_wake = 0.0  # monotonic time `_timer` fires (inf: none needed; 0: unknown)
+        self._refreshing = False
         self._closed = False
         self._flush_requested = False
-        self._sleeping_until = 0.0  # monotonic time the sender wakes at; 0 while it is awake
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def start(self) -> "AsyncProducer":
         self._loop = asyncio.get_running_loop()
         record.warm_up()
         await self._refresh_metadata()
-        self._sender = self._loop.create_task(self._send_loop())
         return self
 
     async def __aenter__(self) -> "AsyncProducer":
@@ -471,7 +473,7 @@ class AsyncProducer:
         request for its partition is in flight (its completion wakes the sender: see drain)."""
         if sealed:
             self.sticky.next(topic, self.partition_counts.get(topic, 1), partition)
-        elif (topic, partition) in self._busy or 0.0 < self._sleeping_until <= time.monotonic() + self.accumulator.linger_s:
+        elif (topic, partition) in self._busy or 0.0 < self._next_wake <= time.monotonic() + self.accumulator.linger_s:
             return
         self._wake()
 
@@ -542,23 +544,28 @@ class AsyncProducer:
             yield table.slice(start, rows_per_batch).combine_chunks().to_batches()[0]
 
     def _wake(self) -> None:
+        """Have the sender run soon, from any thread; at most one run is queued at a time."""
         loop = self._loop
-        if loop is None:
+        if loop is None or self._sender_queued or self._closed:
             return
+        self._sender_queued = True
         try:
             running = asyncio.get_running_loop()
         except RuntimeError:
             running = None
-        if running is loop:
-            self._wakeup.set()
-        else:
-            loop.call_soon_threadsafe(self._wakeup.set)
+        try:
+            if running is loop:
+                loop.call_soon(self._run_sender)
+            else:
+                loop.call_soon_threadsafe(self._run_sender)
+        except RuntimeError:  # the loop closed under a late append
+            self._sender_queued = False
 
     async def flush(self, timeout_s: float | None = None) -> None:
         """Send everything buffered now and wait until each of those records is acknowledged."""
         pending = list(self.accumulator.incomplete)
         self._flush_requested = True
-        self._wakeup.set()
+        self._wake()
         await asyncio.wait_for(asyncio.gather(*(r.wait_async() for r in pending)), timeout_s)
 
     async def close(self, timeout_s: float | None = 60.0) -> None:
@@ -569,93 +576,109 @@ class AsyncProducer:
             await self.flush(timeout_s)
         finally:
             self._closed = True
-            self._wakeup.set()
-            if self._sender is not None:
-                self._sender.cancel()
-                await asyncio.gather(self._sender, return_exceptions=True)
-            for task in list(self._requests):
+            if self._timer is not None:
+                self._timer.cancel()
+            for task in list(self._tasks):
                 task.cancel()
-            await asyncio.gather(*self._requests, return_exceptions=True)
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            for reply in list(self._replies):
+                reply.cancel()
             for result in list(self.accumulator.incomplete):
                 result.complete(-1, error=ProducerClosedError("producer closed before the record was sent"))
             await self.cluster.close()
 
     # -- the sender ------------------------------------------------------------------------------
+    #
+    # Callbacks on the loop, not a task: a run drains what is ready, writes Produce requests
+    # straight to the leaders' connections and returns; each reply's callback completes its
+    # batches and runs the sender again if anything waits. No coroutine, task or timeout wrapper
+    # per request: on the latency path (a handful of records per request) those were most of the
+    # producer's CPU. Slow paths (connecting, unknown leaders, retry back-off, metadata refresh)
+    # are tasks in `_tasks`.
 
-    async def _send_loop(self) -> None:
-        """Drain ready batches and send them; otherwise sleep until the next linger deadline or a
-        wake-up. `_sleeping_until` tells appending threads whether a wake-up is needed at all."""
-        while True:
-            self._sleeping_until = 0.0  # awake: anyone opening a batch now must wake us
-            self._wakeup.clear()  # before draining, so a wake-up during the drain is not lost
-            force, self._flush_requested = self._flush_requested, False
-            batches, next_due = self.accumulator.drain(force, self._busy)
-            if batches:
-                await self._dispatch(batches)
-                continue
-            self._sleeping_until = math.inf if next_due is None else time.monotonic() + next_due
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), next_due)
-            except TimeoutError:
-                pass
+    def _run_sender(self) -> None:
+        self._sender_queued = False
+        if self._closed:
+            return
+        force, self._flush_requested = self._flush_requested, False
+        batches, next_due = self.accumulator.drain(force, self._busy)
+        if batches:
+            self._dispatch(batches)
+        self._arm_timer(next_due)
 
-    async def _dispatch(self, batches: list[ProducerBatch]) -> None:
-        """Group batches per leader into requests of at most max_request_size and send them."""
+    def _arm_timer(self, next_due: float | None) -> None:
+        """Run the sender when the next open batch lingers out; `_next_wake` tells appending
+        threads whether a new batch needs a wake-up at all (see _on_batch)."""
+        if next_due is None:
+            self._next_wake = math.inf
+            return
+        when = time.monotonic() + next_due
+        if self._timer is not None and not self._timer.cancelled() and self._next_wake <= when:
+            return  # an earlier run is armed; it re-arms for the rest
+        if self._timer is not None:
+            self._timer.cancel()
+        assert self._loop is not None
+        self._timer = self._loop.call_later(next_due, self._on_timer)
+        self._next_wake = when
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._next_wake = 0.0
+        self._run_sender()
+
+    def _spawn(self, coro: Any) -> None:
+        """Run a slow path as a task that close() cancels."""
+        assert self._loop is not None
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _dispatch(self, batches: list[ProducerBatch]) -> None:
+        """Group batches per leader (from cached metadata) and send them."""
         now = time.monotonic()
-        if now - self._metadata_refreshed > self.metadata_max_age_s:
-            try:
-                await self._refresh_metadata()
-            except PymqError as err:
-                log.info("periodic metadata refresh failed: %s", err)
+        if now - self._metadata_refreshed > self.metadata_max_age_s and not self._refreshing:
+            self._refreshing = True
+            self._spawn(self._refresh_in_background())
         by_node: dict[int, list[ProducerBatch]] = {}
+        unknown: list[ProducerBatch] = []
         for batch in batches:
             if now - batch.created > self.delivery_timeout_s:
                 self._fail(batch, DeliveryTimeoutError(f"{batch.record_count} records to {batch.topic}-{batch.partition} "
                                                        f"not acknowledged within {self.delivery_timeout_s}s"))
                 continue
-            try:
-                node = await self.cluster.leader(batch.topic, batch.partition)
-            except PymqError as err:
-                await self._retry_or_fail([batch], err)
-                continue
-            by_node.setdefault(node, []).append(batch)
+            parts = self.cluster.topics.get(batch.topic)
+            if parts is None or batch.partition >= len(parts):
+                unknown.append(batch)
+            else:
+                by_node.setdefault(parts[batch.partition].leader, []).append(batch)
+        if unknown:
+            self._spawn(self._resolve_leaders(unknown))
         for node, node_batches in by_node.items():
-            request: list[ProducerBatch] = []
-            size = 0
-            for batch in node_batches:
-                encoded = batch.encode(self.compression)
-                if request and size + encoded.size > self.max_request_size:
-                    await self._launch(node, request)
-                    request, size = [], 0
-                request.append(batch)
-                size += encoded.size
-            if request:
-                await self._launch(node, request)
+            self._send_to(node, node_batches)
 
-    async def _launch(self, node: int, batches: list[ProducerBatch]) -> None:
-        slots = self._in_flight.setdefault(node, asyncio.Semaphore(self.max_in_flight))
-        await slots.acquire()
-        partitions = {(b.topic, b.partition) for b in batches}
-        busy = self._busy
-        for tp in partitions:
-            busy[tp] = busy.get(tp, 0) + 1
-        task = asyncio.get_running_loop().create_task(self._produce(node, batches))
-        self._requests.add(task)
+    def _send_to(self, node: int, batches: list[ProducerBatch]) -> None:
+        """Requests of at most max_request_size to `node`, while it has fewer than max_in_flight
+        outstanding; the rest wait at the front of the queue for a reply to free a slot."""
+        conn = self.cluster.open_connection(node)
+        if conn is None:
+            self._spawn(self._connect(node, batches))
+            return
+        requests: list[list[ProducerBatch]] = [[]]
+        size = 0
+        for batch in batches:
+            encoded = batch.encode(self.compression)
+            if requests[-1] and size + encoded.size > self.max_request_size:
+                requests.append([])
+                size = 0
+            requests[-1].append(batch)
+            size += encoded.size
+        for i, request in enumerate(requests):
+            if self._in_flight.get(node, 0) >= self.max_in_flight:
+                self.accumulator.requeue([b for r in requests[i:] for b in r])
+                return
+            self._launch(node, conn, request)
 
-        def done(task: asyncio.Task[None]) -> None:
-            self._requests.discard(task)
-            slots.release()
-            for tp in partitions:
-                if busy[tp] == 1:
-                    del busy[tp]
-                else:
-                    busy[tp] -= 1
-            if self.accumulator.open:  # batches held back while this request was out may go now
-                self._wakeup.set()
-
-        task.add_done_callback(done)
-
-    async def _produce(self, node: int, batches: list[ProducerBatch]) -> None:
+    def _launch(self, node: int, conn: BrokerConnection, batches: list[ProducerBatch]) -> None:
         """One Produce request. A partition's batches travel as one record set in queue order; the
         broker answers with the first offset, and each batch's base follows from the counts."""
         groups: dict[str, dict[int, list[ProducerBatch]]] = {}
@@ -669,21 +692,52 @@ class AsyncProducer:
         ordered = [b for parts in groups.values() for group in parts.values() for b in group]
         try:
             if self.acks == 0:
-                await self.cluster.send_only(node, request)
+                conn.write(request, expect_response=False)
             else:
-                reply = await self.cluster.send(node, request)
-        except (NetworkError, RequestTimedOutError) as err:
-            await self._retry_or_fail(ordered, err)
-            return
-        except PymqError as err:
-            for batch in ordered:
-                self._fail(batch, err)
+                reply = conn.request(request, self.cluster.request_timeout_s)
+        except PymqError as err:  # the connection closed since it was looked up
+            self._retry(ordered, err)
             return
         if self.acks == 0:
             for batch in ordered:
                 self._succeed(batch, -1, -1)
             return
-        outcomes = {(t.name, p.partition): p for t in reply.topics for p in t.partitions}
+        partitions = [(topic, p) for topic, parts in groups.items() for p in parts]
+        busy = self._busy
+        for tp in partitions:
+            busy[tp] = busy.get(tp, 0) + 1
+        self._in_flight[node] = self._in_flight.get(node, 0) + 1
+        self._replies.add(reply)
+        reply.add_done_callback(partial(self._on_reply, node, groups, partitions))
+
+    def _on_reply(self, node: int, groups: dict[str, dict[int, list[ProducerBatch]]],
+                  partitions: list[tuple[str, int]], reply: asyncio.Future[Any]) -> None:
+        self._replies.discard(reply)
+        self._in_flight[node] -= 1
+        busy = self._busy
+        for tp in partitions:
+            if busy[tp] == 1:
+                del busy[tp]
+            else:
+                busy[tp] -= 1
+        if reply.cancelled():  # close(): the batches fail there
+            return
+        try:
+            response = ProduceResponse.from_control(*_checked_reply(reply))
+        except (NetworkError, RequestTimedOutError) as err:
+            self._retry([b for parts in groups.values() for group in parts.values() for b in group], err)
+        except PymqError as err:
+            for parts in groups.values():
+                for group in parts.values():
+                    for batch in group:
+                        self._fail(batch, err)
+        else:
+            self._complete(groups, response)
+        if self.accumulator.sealed or self.accumulator.open:
+            self._wake()  # batches held back while this request was out may go now
+
+    def _complete(self, groups: dict[str, dict[int, list[ProducerBatch]]], response: ProduceResponse) -> None:
+        outcomes = {(t.name, p.partition): p for t in response.topics for p in t.partitions}
         retry: list[ProducerBatch] = []
         retry_error: PymqError | None = None
         for topic, parts in groups.items():
@@ -696,8 +750,7 @@ class AsyncProducer:
                     for batch in group:
                         self._succeed(batch, base, outcome.log_append_time)
                         base += batch.record_count
-                    continue
-                if err.retriable:
+                elif err.retriable:
                     retry.extend(group)
                     retry_error = err
                 else:
@@ -705,9 +758,12 @@ class AsyncProducer:
                         self._fail(batch, err)
         if retry:
             assert retry_error is not None
-            await self._retry_or_fail(retry, retry_error)
+            self._retry(retry, retry_error)
 
-    async def _retry_or_fail(self, batches: list[ProducerBatch], err: PymqError) -> None:
+    def _retry(self, batches: list[ProducerBatch], err: PymqError) -> None:
+        """Fail what is out of time or retries, or not retriable; the rest go again after a
+        back-off and a metadata refresh. Their partitions count as busy meanwhile, so no later
+        small batch of theirs overtakes them."""
         now = time.monotonic()
         retryable = []
         for batch in batches:
@@ -720,18 +776,62 @@ class AsyncProducer:
                 retryable.append(batch)
             else:
                 self._fail(batch, err)
-        if not retryable:
+        if retryable:
+            self._spawn(self._retry_after_backoff(retryable, err))
+
+    async def _retry_after_backoff(self, batches: list[ProducerBatch], err: PymqError) -> None:
+        partitions = [(b.topic, b.partition) for b in batches]
+        busy = self._busy
+        for tp in partitions:
+            busy[tp] = busy.get(tp, 0) + 1
+        try:
+            attempts = max(b.attempts for b in batches)
+            backoff = min(self.retry_backoff_s * 2 ** max(attempts - 1, 0), self.retry_backoff_max_s)
+            log.info("retrying %d batches after %s (attempt %d, backoff %.3fs)", len(batches), err.name(), attempts, backoff)
+            await asyncio.sleep(backoff)
+            try:
+                await self._refresh_metadata()
+            except PymqError as refresh_err:
+                log.info("metadata refresh failed: %s", refresh_err)
+        finally:
+            for tp in partitions:
+                if busy[tp] == 1:
+                    del busy[tp]
+                else:
+                    busy[tp] -= 1
+            self.accumulator.requeue(batches)
+            self._wake()
+
+    async def _resolve_leaders(self, batches: list[ProducerBatch]) -> None:
+        """Batches whose partition is not in the cached metadata: look it up, then queue them
+        again (or retry/fail them with the lookup's error)."""
+        try:
+            for batch in batches:
+                await self.cluster.leader(batch.topic, batch.partition)
+        except PymqError as err:
+            self._retry(batches, err)
             return
-        attempts = max(b.attempts for b in retryable)
-        backoff = min(self.retry_backoff_s * 2 ** max(attempts - 1, 0), self.retry_backoff_max_s)
-        log.info("retrying %d batches after %s (attempt %d, backoff %.3fs)", len(retryable), err.name(), attempts, backoff)
-        await asyncio.sleep(backoff)
+        self.accumulator.requeue(batches)
+        self._wake()
+
+    async def _connect(self, node: int, batches: list[ProducerBatch]) -> None:
+        try:
+            await self.cluster.connection(node)
+        except PymqError as err:
+            for batch in batches:
+                batch.attempts += 1  # a failed connection attempt counts as one
+            self._retry(batches, err)
+            return
+        self.accumulator.requeue(batches)
+        self._wake()
+
+    async def _refresh_in_background(self) -> None:
         try:
             await self._refresh_metadata()
-        except PymqError as refresh_err:
-            log.info("metadata refresh failed: %s", refresh_err)
-        self.accumulator.requeue(retryable)
-        self._wakeup.set()
+        except PymqError as err:
+            log.info("periodic metadata refresh failed: %s", err)
+        finally:
+            self._refreshing = False
 
     def _succeed(self, batch: ProducerBatch, base_offset: int, log_append_time: int) -> None:
         batch.result.complete(base_offset, log_append_time)
@@ -740,6 +840,14 @@ class AsyncProducer:
     def _fail(self, batch: ProducerBatch, err: BaseException) -> None:
         batch.result.complete(-1, error=err)
         self.accumulator.done(batch)
+
+
+def _checked_reply(reply: asyncio.Future[Any]) -> tuple[dict[str, Any], memoryview]:
+    """A reply future's (control, payload); its exception, or the PymqError its top-level error
+    code names, is raised."""
+    control, payload = reply.result()
+    raise_for_error(control)
+    return control, payload
 
 
 def _check_bytes(name: str, value: Any) -> None:
