@@ -98,22 +98,63 @@ def _constant_arrays(topic: str, partition: int, log_append_time: bool, n: int) 
             pa.array(np.full(n, 1 if log_append_time else 0, np.int8)))
 
 
-def to_record_batch(topic: str, partition: int, header: record.BatchHeader, body: pa.RecordBatch, skip: int) -> pa.RecordBatch:
-    """One fetched batch as RECORD_SCHEMA rows, starting `skip` rows in."""
-    if skip:
-        body = body.slice(skip)
-    n = body.num_rows
-    first = header.base_offset + skip
+class FetchedBatch(NamedTuple):
+    """One fetched batch's records as the consumer buffers them: the decoded body (already
+    trimmed to the records not yet consumed) and what turns it into records. Arrow rows of
+    RECORD_SCHEMA are built only for poll_arrow (`to_record_batch`); poll() builds its records
+    straight from the body's columns."""
+
+    first_offset: int
+    body: pa.RecordBatch  # key, value, timestamp, headers (, offset_delta)
+    offsets: pa.Array | None  # each record's offset where they have gaps (compacted), else None
+    append_time: int  # LogAppendTime: every record's timestamp (the broker's); -1: the body's
+
+    @property
+    def num_rows(self) -> int:
+        return self.body.num_rows
+
+    @property
+    def next_offset(self) -> int:
+        """The offset after the last record here."""
+        return (self.offsets[-1].as_py() if self.offsets is not None else self.first_offset + self.body.num_rows - 1) + 1
+
+    @classmethod
+    def of(cls, header: record.BatchHeader, body: pa.RecordBatch, position: int) -> "FetchedBatch":
+        """The records of a decoded batch from offset `position` on (a fetch from mid-batch
+        returns the whole batch)."""
+        append_time = header.max_timestamp if header.log_append_time else -1
+        if body.num_columns == len(record.COMPACTED_BODY_SCHEMA):
+            offsets = record.record_offsets(header, body)
+            skip = int(np.searchsorted(offsets.to_numpy(), position))
+            offsets = offsets.slice(skip)
+            return cls(offsets[0].as_py() if len(offsets) else position, body.slice(skip), offsets, append_time)
+        skip = max(position - header.base_offset, 0)
+        return cls(header.base_offset + skip, body.slice(skip) if skip else body, None, append_time)
+
+    def split(self, n: int) -> tuple["FetchedBatch", "FetchedBatch"]:
+        """The first `n` records and the rest."""
+        offsets = self.offsets
+        rest_first = self.first_offset + n if offsets is None else offsets[n].as_py()
+        return (self._replace(body=self.body.slice(0, n), offsets=None if offsets is None else offsets.slice(0, n)),
+                self._replace(first_offset=rest_first, body=self.body.slice(n),
+                              offsets=None if offsets is None else offsets.slice(n)))
+
+
+def to_record_batch(topic: str, partition: int, fetched: FetchedBatch) -> pa.RecordBatch:
+    """One fetched batch as RECORD_SCHEMA rows."""
+    body, n = fetched.body, fetched.body.num_rows
     # LogAppendTime: the broker's append time in the header is every record's timestamp.
-    timestamps = (pa.array(np.full(n, header.max_timestamp, np.int64)).cast(record.TIMESTAMP_TYPE)
-                  if header.log_append_time else body.column(2))
+    log_append_time = fetched.append_time >= 0
+    timestamps = (pa.array(np.full(n, fetched.append_time, np.int64)).cast(record.TIMESTAMP_TYPE)
+                  if log_append_time else body.column(2))
     if n <= _CONSTANT_ROWS:
-        topics, partitions, types = (column.slice(0, n) for column in _constant_columns(topic, partition, header.log_append_time))
+        topics, partitions, types = (column.slice(0, n) for column in _constant_columns(topic, partition, log_append_time))
     else:
-        topics, partitions, types = _constant_arrays(topic, partition, header.log_append_time, n)
+        topics, partitions, types = _constant_arrays(topic, partition, log_append_time, n)
+    offsets = (fetched.offsets if fetched.offsets is not None
+               else pa.array(np.arange(fetched.first_offset, fetched.first_offset + n, dtype=np.int64)))
     return pa.RecordBatch.from_arrays(
-        [topics, partitions, pa.array(np.arange(first, first + n, dtype=np.int64)), timestamps, types,
-         body.column(0), body.column(1), body.column(3)],
+        [topics, partitions, offsets, timestamps, types, body.column(0), body.column(1), body.column(3)],
         schema=RECORD_SCHEMA,
     )
 
@@ -144,7 +185,7 @@ class AsyncConsumer:
         # (tp, rows, bytes counted), or (tp, the error, 0) where a partition's fetched data turned
         # out corrupt: records before it are delivered first, and the partition fetches nothing
         # more until that error was raised.
-        self._buffer: deque[tuple[TopicPartition, pa.RecordBatch | CorruptRecordError, int]] = deque()
+        self._buffer: deque[tuple[TopicPartition, FetchedBatch | CorruptRecordError, int]] = deque()
         self._buffered_bytes = 0
         # The buffer, the consumed positions and `_error` are shared with the sync Consumer's
         # application thread, which takes records without a hop through the event loop; `_lock`
@@ -263,9 +304,24 @@ class AsyncConsumer:
                 await asyncio.wait_for(self._data_ready.wait(), timeout_ms / 1000)
             except TimeoutError:
                 pass
-        return self._take_ready(max_records)
+        return self._as_table(self._take_ready(max_records))
 
-    def _take_ready(self, max_records: int | None) -> pa.Table:
+    async def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
+        """Like poll_arrow, as ConsumerRecords (built from the batches' columns, no table)."""
+        if self._closed:
+            raise ConsumerStoppedError("consumer is closed")
+        if not self._buffer and self._error is None and timeout_ms > 0:
+            try:
+                await asyncio.wait_for(self._data_ready.wait(), timeout_ms / 1000)
+            except TimeoutError:
+                pass
+        return fetched_to_records(self._take_ready(max_records))
+
+    @staticmethod
+    def _as_table(taken: list[tuple[TopicPartition, FetchedBatch]]) -> pa.Table:
+        return pa.Table.from_batches([to_record_batch(tp[0], tp[1], f) for tp, f in taken], schema=RECORD_SCHEMA)
+
+    def _take_ready(self, max_records: int | None) -> list[tuple[TopicPartition, FetchedBatch]]:
         """What a poll returns now (any thread): a pending error is raised, else the buffered
         records up to `max_records`. Fetchers waiting for room in the buffer are woken."""
         wake = False
@@ -288,7 +344,7 @@ class AsyncConsumer:
         finally:
             if wake:
                 self._wake_fetchers()
-        return pa.Table.from_batches(batches, schema=RECORD_SCHEMA)
+        return batches
 
     def _wake_fetchers(self) -> None:
         """Set `_changed` on the loop, from whichever thread polled."""
@@ -320,11 +376,11 @@ class AsyncConsumer:
         self._data_ready.set()
         self._arrived.notify_all()
 
-    def _take(self, limit: float) -> list[pa.RecordBatch]:
+    def _take(self, limit: float) -> list[tuple[TopicPartition, FetchedBatch]]:
         """Up to `limit` buffered rows, in order. A corrupt-batch marker stays in the buffer (at
         the front once the rows before it are taken) and sets its partition's position."""
-        batches = []
-        kept: list[tuple[TopicPartition, pa.RecordBatch | CorruptRecordError, int]] = []
+        batches: list[tuple[TopicPartition, FetchedBatch]] = []
+        kept: list[tuple[TopicPartition, FetchedBatch | CorruptRecordError, int]] = []
         taken = 0
         while self._buffer and taken < limit:
             tp, batch, accounted = self._buffer.popleft()
@@ -336,12 +392,13 @@ class AsyncConsumer:
             if taken + batch.num_rows > limit:
                 keep = int(limit - taken)
                 share = accounted * keep // batch.num_rows
-                self._buffer.appendleft((tp, batch.slice(keep), accounted - share))
-                batch, accounted = batch.slice(0, keep), share
+                batch, rest = batch.split(keep)
+                self._buffer.appendleft((tp, rest, accounted - share))
+                accounted = share
             self._buffered_bytes -= accounted
-            batches.append(batch)
+            batches.append((tp, batch))
             taken += batch.num_rows
-            self._consumed[tp] = batch.column(2)[-1].as_py() + 1
+            self._consumed[tp] = batch.next_offset
         self._buffer.extendleft(reversed(kept))
         return batches
 
@@ -353,9 +410,6 @@ class AsyncConsumer:
         self._fetch_positions[tp] = self._consumed[tp]
         self._waiting_for_room = True  # the partition's fetcher has it back: wake it
         return err
-
-    async def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
-        return table_to_records(await self.poll_arrow(timeout_ms, max_records))
 
     # -- fetching --------------------------------------------------------------------------------
 
@@ -457,7 +511,7 @@ class AsyncConsumer:
         partition fetches nothing more until the marker was raised (or the caller seeks).
         Decoding happens outside `_lock`; the buffer is extended under it in one step."""
         position = self._fetch_positions[tp]
-        fresh: list[tuple[TopicPartition, pa.RecordBatch | CorruptRecordError, int]] = []
+        fresh: list[tuple[TopicPartition, FetchedBatch | CorruptRecordError, int]] = []
         fresh_bytes = 0
         corrupt: CorruptRecordError | None = None
         bad_at = 0  # where the next batch starts: the corrupt one, if iter_batches raises
@@ -467,8 +521,7 @@ class AsyncConsumer:
                 bad_at = pos + header.size
                 if header.next_offset <= position:
                     continue
-                body = record.decode_body(data, header, pos)
-                batch = to_record_batch(tp[0], tp[1], header, body, max(position - header.base_offset, 0))
+                batch = FetchedBatch.of(header, record.decode_body(data, header, pos), position)
                 size = header.size  # the wire size: cheap, and what the fetch actually cost
                 fresh.append((tp, batch, size))
                 fresh_bytes += size
@@ -532,41 +585,39 @@ async def list_offsets(cluster: Cluster, timestamps: dict[TopicPartition, int]) 
 _new_record = partial(tuple.__new__, ConsumerRecord)
 
 
-def table_to_records(table: pa.Table) -> list[ConsumerRecord]:
-    """Rows of a RECORD_SCHEMA table as ConsumerRecords.
-
-    Works chunk by chunk: each chunk is one partition's batch (see `to_record_batch`), so topic,
-    partition and timestamp type are repeated rather than materialized per row.
-    """
+def fetched_to_records(taken: list[tuple[TopicPartition, FetchedBatch]]) -> list[ConsumerRecord]:
+    """Taken batches as ConsumerRecords, built from the bodies' columns: topic, partition and
+    timestamp type repeated, offsets counted, never materialized as Arrow columns first."""
     out: list[ConsumerRecord] = []
     # Building a million tuples would trigger the cyclic GC thousands of times, each pass
     # scanning every live record so far: records hold no cycles, so pause it while building.
     gc_was_enabled = gc.isenabled()
     gc.disable()
     try:
-        _append_records(out, table)
+        for (topic, partition), fetched in taken:
+            body, n = fetched.body, fetched.body.num_rows
+            if not n:
+                continue
+            offsets: Iterable[int] = (range(fetched.first_offset, fetched.first_offset + n) if fetched.offsets is None
+                                      else fetched.offsets.to_numpy().tolist())
+            if fetched.append_time >= 0:
+                timestamps: Iterable[int] = repeat(fetched.append_time, n)
+            else:
+                timestamps = body.column(2).view(pa.int64()).to_numpy().tolist()
+            out.extend(map(_new_record, zip(
+                repeat(topic, n), repeat(partition, n), offsets, timestamps, repeat(1 if fetched.append_time >= 0 else 0, n),
+                body.column(0).to_pylist(), body.column(1).to_pylist(), _header_values(body.column(3), n),
+            )))
     finally:
         if gc_was_enabled:
             gc.enable()
     return out
 
 
-def _append_records(out: list[ConsumerRecord], table: pa.Table) -> None:
-    for batch in table.to_batches():
-        n = batch.num_rows
-        if not n:
-            continue
-        headers = batch.column(7)
-        header_values: Iterable[Any] = (
-            [None if h is None else [(e["key"], e["value"]) for e in h] for h in headers.to_pylist()]
-            if headers.null_count < n else repeat(None, n)
-        )
-        out.extend(map(_new_record, zip(
-            repeat(batch.column(0)[0].as_py(), n), repeat(batch.column(1)[0].as_py(), n),
-            batch.column(2).to_numpy().tolist(), batch.column(3).view(pa.int64()).to_numpy().tolist(),
-            repeat(batch.column(4)[0].as_py(), n), batch.column(5).to_pylist(), batch.column(6).to_pylist(),
-            header_values,
-        )))
+def _header_values(headers: pa.Array, n: int) -> Iterable[Any]:
+    if headers.null_count == n:
+        return repeat(None, n)
+    return [None if h is None else [(e["key"], e["value"]) for e in h] for h in headers.to_pylist()]
 
 
 class Consumer:
@@ -630,10 +681,16 @@ class Consumer:
             raise ConsumerStoppedError("consumer is closed")
         if timeout_ms > 0:
             core.wait_for_data(timeout_ms / 1000)
-        return core._take_ready(max_records)
+        return core._as_table(core._take_ready(max_records))
 
     def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
-        return table_to_records(self.poll_arrow(timeout_ms, max_records))
+        """See AsyncConsumer.poll; on the calling thread, like poll_arrow."""
+        core = self._core
+        if core._closed:
+            raise ConsumerStoppedError("consumer is closed")
+        if timeout_ms > 0:
+            core.wait_for_data(timeout_ms / 1000)
+        return fetched_to_records(core._take_ready(max_records))
 
     def records(self, idle_timeout_ms: int | None = None) -> Iterator[ConsumerRecord]:
         """Every record of the assigned partitions as it arrives, for `for record in ...` loops.

@@ -470,3 +470,46 @@ def _batch_at(base_offset: int) -> bytes:
 def test_corrupt_batch_offset_believes_only_a_plausible_base_offset(data, at, position, high_watermark, expected):
     """The base offset is outside the CRC: it counts only between the position and the high watermark."""
     assert corrupt_batch_offset(memoryview(data), at, position, high_watermark) == expected
+
+
+def test_a_compacted_batch_keeps_its_offsets_through_poll_and_poll_arrow(shared_broker, new_topic, consumers):
+    """A body with offset deltas (what compaction writes) has gaps: records come back at their
+    own offsets, the position moves past the last one, and a seek into a gap starts at the next
+    record, through both poll() and poll_arrow()."""
+    import asyncio
+
+    from broker.client.cluster import Cluster
+    from broker.protocol import ProducePartition, ProduceRequest, ProduceTopic
+
+    topic = new_topic(1)
+    now = record.now_ms()
+
+    async def produce_compacted() -> None:
+        cluster = Cluster(shared_broker.bootstrap)
+        try:
+            await cluster.refresh()
+            body = record.make_body([b"a", b"b", b"c"], [b"k1", b"k2", b"k3"], now, offset_deltas=[0, 3, 7])
+            request = ProduceRequest((ProduceTopic(topic, (ProducePartition(0, tuple(record.encode_batch_parts(body))),)),), 1)
+            reply = await cluster.send(await cluster.leader(topic, 0), request)
+            assert reply.topics[0].partitions[0].error() is None
+        finally:
+            await cluster.close()
+
+    asyncio.run(produce_compacted())
+    produce(shared_broker.bootstrap, topic, [b"after"])
+
+    consumer = consumers(shared_broker.bootstrap, auto_offset_reset="earliest")
+    consumer.assign([(topic, 0)])
+    records = []
+    deadline = time.monotonic() + 10
+    while len(records) < 4 and time.monotonic() < deadline:
+        records += consumer.poll(timeout_ms=200)
+    assert [(r.offset, r.value) for r in records] == [(0, b"a"), (3, b"b"), (7, b"c"), (8, b"after")]
+    assert consumer.position((topic, 0)) == 9
+
+    consumer.seek((topic, 0), 2)
+    table = pa.concat_tables([consumer.poll_arrow(timeout_ms=2000)])
+    while table.num_rows < 3 and time.monotonic() < deadline:
+        table = pa.concat_tables([table, consumer.poll_arrow(timeout_ms=200)])
+    assert table.column("offset").to_pylist() == [3, 7, 8]
+    assert table.column("value").to_pylist() == [b"b", b"c", b"after"]
