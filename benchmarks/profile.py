@@ -15,7 +15,7 @@ Scenarios:
 - consume_arrow:   Consumer.poll_arrow() over a pre-loaded topic (uvloop broker: pread + write)
 - consume_records: Consumer.poll() over the same topic
 - consume_arrow_asyncio: poll_arrow against the asyncio broker (sendfile)
-- latency:         10,000 msg/s, linger_ms=1, producer + tailing consumer + broker
+- latency:         10,000 msg/s, linger_ms=0, sync producer + per-record poll() consumer + broker
 
     python -m benchmarks.profile [--scenarios produce_send consume_arrow ...] [--rate 200] [--tmpfs]
 """
@@ -93,7 +93,7 @@ def _latency(rate: int, duration_s: float) -> dict[str, Any]:
     from benchmarks import latency
 
     profiler = harness.Profiler(harness.PROFILES_DIR, rate, tag="latency-")
-    row = latency.run_once("uvloop", 10_000, duration_s, 2.0, 1, 1, 50, 100, profiler=profiler)
+    row = latency.run_once(10_000, duration_s, 2.0, 0, profiler=profiler)
     profiles = row.pop("profile")
     return {"workload": row, "profiles": profiles}
 
