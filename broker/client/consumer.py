@@ -2,7 +2,8 @@
 
 A background fetcher keeps one long-polling Fetch per leader in flight for every assigned
 partition whose buffered data is below `max_buffer_bytes`, so the next `poll` usually finds data
-already decoded. Fetch responses are raw record batches: the consumer checks each batch's CRC
+already decoded. The next fetch goes out before a reply's records are decoded (its positions come
+from the batch headers), so a tailing consumer always has a long poll parked at the broker. Fetch responses are raw record batches: the consumer checks each batch's CRC
 (`check_crcs`), decodes the Arrow body zero-copy, drops rows before the fetch position (a fetch
 from mid-batch returns the whole batch) and adds `topic`, `partition`, `offset` and
 `timestamp_type` columns with Arrow kernels, never per record in Python.
@@ -34,6 +35,7 @@ import pyarrow as pa
 
 from broker import protocol, record
 from broker.client.cluster import Cluster
+from broker.client.connection import BrokerConnection, Reply, decode_reply
 from broker.client.config import BootstrapServers, client_settings
 from broker.client.loop_thread import LoopThread
 from broker.errors import (
@@ -46,7 +48,7 @@ from broker.errors import (
     PymqError,
     RequestTimedOutError,
 )
-from broker.protocol import FetchPartition, FetchRequest, FetchTopic, ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
+from broker.protocol import FetchPartition, FetchRequest, FetchResponse, FetchTopic, ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
 
 log = logging.getLogger("pymq.consumer")
 
@@ -422,32 +424,42 @@ class AsyncConsumer:
 
     async def _fetch_loop(self, node: int) -> None:
         me = asyncio.current_task()
-        # A loop replaced by _invalidate ends even if its cancellation was lost (asyncio.wait_for
-        # can swallow one whose inner future completed at the same moment): two loops fetching
-        # one partition would deliver its records twice.
-        while not self._closed and self._fetchers.get(node) is me:
-            self._changed.clear()
-            mine = [tp for tp in self._assigned if tp in self._fetch_positions and self._leader(tp) == node]
-            with self._lock:  # checked and flagged at once: a poll in between would not wake us
-                idle = not mine or self._buffered_bytes >= self.max_buffer_bytes
-                if idle:
-                    self._waiting_for_room = True
-            if idle:
-                await self._changed.wait()
-                continue
-            epoch = self._epoch
-            try:
-                await self._fetch_once(node, mine, epoch)
-            except (NetworkError, RequestTimedOutError) as err:
-                log.info("fetch from broker %d failed: %s; retrying", node, err)
-                await asyncio.sleep(self.retry_backoff_s)
-                await self._refresh_quietly()
-            except PymqError as err:
-                with self._lock:
-                    self._error = err
-                    self._waiting_for_room = True
-                    self._signal()
-                await self._changed.wait()
+        ahead: _Fetch | None = None  # the next fetch, sent before the last reply was decoded
+        try:
+            # A loop replaced by _invalidate ends even if its cancellation was lost (asyncio.wait_for
+            # can swallow one whose inner future completed at the same moment): two loops fetching
+            # one partition would deliver its records twice.
+            while not self._closed and self._fetchers.get(node) is me:
+                fetch, ahead = ahead, None
+                mine: list[TopicPartition] = []
+                if fetch is None:
+                    self._changed.clear()
+                    mine = [tp for tp in self._assigned if tp in self._fetch_positions and self._leader(tp) == node]
+                    with self._lock:  # checked and flagged at once: a poll in between would not wake us
+                        idle = not mine or self._buffered_bytes >= self.max_buffer_bytes
+                        if idle:
+                            self._waiting_for_room = True
+                    if idle:
+                        await self._changed.wait()
+                        continue
+                try:
+                    if fetch is None:
+                        conn = await self.cluster.connection(node)
+                        fetch = self._send_fetch(conn, {tp: self._fetch_positions[tp] for tp in mine})
+                    ahead = await self._complete_fetch(node, fetch)
+                except (NetworkError, RequestTimedOutError) as err:
+                    log.info("fetch from broker %d failed: %s; retrying", node, err)
+                    await asyncio.sleep(self.retry_backoff_s)
+                    await self._refresh_quietly()
+                except PymqError as err:
+                    with self._lock:
+                        self._error = err
+                        self._waiting_for_room = True
+                        self._signal()
+                    await self._changed.wait()
+        finally:
+            if ahead is not None:
+                ahead.reply.cancel()
 
     def _leader(self, tp: TopicPartition) -> int | None:
         parts = self.cluster.topics.get(tp[0])
@@ -459,33 +471,83 @@ class AsyncConsumer:
         except PymqError as err:
             log.info("metadata refresh failed: %s", err)
 
-    async def _fetch_once(self, node: int, tps: list[TopicPartition], epoch: int) -> None:
+    def _send_fetch(self, conn: BrokerConnection, positions: dict[TopicPartition, int]) -> "_Fetch":
+        """Write a Fetch for `positions` now (no await between deciding and writing)."""
         by_topic: dict[str, list[FetchPartition]] = {}
-        requested = {tp: self._fetch_positions[tp] for tp in tps}
-        for (topic, partition), offset in requested.items():
+        for (topic, partition), offset in positions.items():
             by_topic.setdefault(topic, []).append(FetchPartition(partition, offset, self.max_partition_fetch_bytes))
         request = FetchRequest(tuple(FetchTopic(t, tuple(ps)) for t, ps in by_topic.items()),
                                self.fetch_max_wait_ms, self.fetch_min_bytes, self.fetch_max_bytes)
-        reply = await self.cluster.send(node, request, timeout_s=self.request_timeout_s + self.fetch_max_wait_ms / 1000)
-        if epoch != self._epoch:
-            return  # positions moved while the fetch was out: its data starts at stale offsets
-        reset: list[TopicPartition] = []
-        for t in reply.topics:
-            for p in t.partitions:
-                tp = (t.name, p.partition)
-                err = p.error()
-                if err is not None:
-                    if isinstance(err, OffsetOutOfRangeError) and self.auto_offset_reset != "none":
-                        reset.append(tp)
-                        continue
-                    if err.retriable:
-                        await self._refresh_quietly()
-                        continue
-                    raise err
-                self.high_watermarks[tp] = p.high_watermark
-                self._absorb(tp, p.records)  # type: ignore[arg-type]
-        if reset:
-            await self._reset_fetch_positions({tp: requested[tp] for tp in reset}, epoch)
+        reply = conn.request(request, self.request_timeout_s + self.fetch_max_wait_ms / 1000)
+        return _Fetch(request, reply, positions, self._epoch)
+
+    async def _complete_fetch(self, node: int, fetch: "_Fetch") -> "_Fetch | None":
+        """Buffer one fetch's records; the next fetch if it could be sent ahead of decoding them.
+
+        A partition's data is taken only if the fetch asked for the partition's current fetch
+        position: data of an older epoch (a seek or assign since), or following a batch found
+        corrupt, starts at a stale offset and is dropped."""
+        control, payload = await fetch.reply
+        reply = decode_reply(fetch.request, control, payload)
+        if fetch.epoch != self._epoch:
+            return None
+        ahead = self._fetch_ahead(node, fetch, reply)
+        try:
+            reset: list[TopicPartition] = []
+            for t in reply.topics:
+                for p in t.partitions:
+                    tp = (t.name, p.partition)
+                    err = p.error()
+                    if err is not None:
+                        if isinstance(err, OffsetOutOfRangeError) and self.auto_offset_reset != "none":
+                            reset.append(tp)
+                            continue
+                        if err.retriable:
+                            await self._refresh_quietly()
+                            continue
+                        raise err
+                    self.high_watermarks[tp] = p.high_watermark
+                    if self._fetch_positions.get(tp) == fetch.requested.get(tp):
+                        self._absorb(tp, p.records)  # type: ignore[arg-type]
+            if reset:
+                await self._reset_fetch_positions({tp: fetch.requested[tp] for tp in reset}, fetch.epoch)
+        except BaseException:
+            if ahead is not None:
+                ahead.reply.cancel()
+            raise
+        if ahead is not None and any(self._fetch_positions.get(tp) != at for tp, at in ahead.requested.items()):
+            ahead.reply.cancel()  # decoding stopped short of where the headers said (a corrupt batch)
+            return None
+        return ahead
+
+    def _fetch_ahead(self, node: int, fetch: "_Fetch", reply: FetchResponse) -> "_Fetch | None":
+        """Send the next fetch before this reply's records are decoded, from the positions its
+        complete batches move each partition to (read from the batch headers alone).
+
+        The broker then holds the next long poll while this reply is decoded, and the I/O thread
+        has nothing left to do once it hands the records to the sync Consumer's poll(): that
+        thread waits for the GIL, which it gets only when this one goes idle. Only the plain
+        case goes ahead: every partition answered without error and the buffer has room for
+        what this reply brings; anything else waits for the reply to be handled first."""
+        conn = self.cluster.open_connection(node)
+        if conn is None or any(self._fetch_positions.get(tp) != at for tp, at in fetch.requested.items()):
+            return None
+        positions = dict(fetch.requested)
+        incoming = 0
+        try:
+            for t in reply.topics:
+                for p in t.partitions:
+                    tp = (t.name, p.partition)
+                    if p.error_code or tp not in positions:
+                        return None
+                    for _, header in record.iter_batches(p.records, verify=False):
+                        positions[tp] = max(positions[tp], header.next_offset)
+                    incoming += len(p.records)
+        except CorruptMessageError:
+            return None  # _absorb finds and reports it
+        if self._buffered_bytes + incoming >= self.max_buffer_bytes:
+            return None
+        return self._send_fetch(conn, positions)
 
     async def _reset_fetch_positions(self, out_of_range: dict[TopicPartition, int], epoch: int) -> None:
         """Out of range (e.g. retention passed us): jump per auto_offset_reset. The consumed
@@ -551,6 +613,16 @@ class AsyncConsumer:
             task.cancel()
         await asyncio.gather(*self._fetchers.values(), return_exceptions=True)
         await self.cluster.close()
+
+
+class _Fetch(NamedTuple):
+    """A Fetch in flight: the request, its raw reply, the positions it asked for, and the
+    epoch (of assign/seek) it was sent in."""
+
+    request: FetchRequest
+    reply: asyncio.Future[Reply]
+    requested: dict[TopicPartition, int]
+    epoch: int
 
 
 def corrupt_batch_offset(data: memoryview, at: int, position: int, high_watermark: int) -> int:

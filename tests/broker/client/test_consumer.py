@@ -293,6 +293,33 @@ def test_buffer_fills_in_the_background_between_polls(shared_broker, new_topic, 
     assert [r.value for r in records] == values(4, b"later")
 
 
+def test_a_tailing_consumer_sends_its_next_fetch_before_decoding_a_reply(shared_broker, new_topic, consumers):
+    """Each reply's records are decoded while the next fetch is already out (the broker holds it):
+    the I/O thread is idle right after handing records to poll(). Records still arrive once each,
+    in order, also across a seek made while such a fetch is out."""
+    topic = new_topic(1)
+    consumer = consumers(shared_broker.bootstrap, auto_offset_reset="earliest")
+    core = consumer._core
+    out_while_decoding: list[int] = []
+    absorb = core._absorb
+
+    def watched(tp, data):
+        out_while_decoding.append(len(core.cluster.open_connection(core._leader(tp))._pending))
+        absorb(tp, data)
+
+    core._absorb = watched
+    consumer.assign([(topic, 0)])
+    received: list[ConsumerRecord] = []
+    for i in range(5):
+        produce(shared_broker.bootstrap, topic, [b"v%d" % i])
+        received += poll_until(consumer, 1)
+    assert [r.value for r in received] == [b"v%d" % i for i in range(5)]
+    assert out_while_decoding and all(n >= 1 for n in out_while_decoding), out_while_decoding
+    consumer.seek((topic, 0), 2)
+    assert [r.offset for r in poll_until(consumer, 3)] == [2, 3, 4]
+    assert consumer.poll(timeout_ms=300) == []
+
+
 # -- failures ----------------------------------------------------------------------------------
 
 
