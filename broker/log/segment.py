@@ -21,7 +21,7 @@ import io
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -43,6 +43,7 @@ INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 DELETED_SUFFIX = ".deleted"
 _READ_CHUNK = 4 << 20  # recovery reads this much at a time, so small batches cost no syscall each
+_RECENT_BATCHES = 1024  # batch boundaries remembered per segment for tailing fetches (Segment._recent)
 _LOOKUP_READ = 8 << 10  # a lookup from an index entry scans about index.interval.bytes (4 KiB) of headers
 
 
@@ -63,10 +64,17 @@ class SegmentFiles:
     base_offset: int
     state: str = ""
 
+    # Built once per kind: every append and fetch names the `.log` (a file cache key), and a
+    # fresh Path costs its parsing and hashing each time.
+    _paths: dict[str, Path] = field(default_factory=dict, init=False, repr=False, compare=False)
+
     KINDS: tuple[str, ...] = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
 
     def path(self, kind: str) -> Path:
-        return self.directory / f"{self.base_offset:020d}{kind}{self.state}"
+        found = self._paths.get(kind)
+        if found is None:
+            found = self._paths[kind] = self.directory / f"{self.base_offset:020d}{kind}{self.state}"
+        return found
 
     @property
     def log(self) -> Path:
@@ -160,6 +168,10 @@ class Segment:
         self._first_append_ms: int | None = None
         self._sealed = False
         self.damage: str | None = None  # what recovery found broken below the recovery point
+        # base offset -> (position, size) of the batches appended last: a consumer tailing the
+        # log fetches from exactly such a boundary, found here without an index lookup and a
+        # scan of up to index.interval.bytes of headers per fetch. Oldest first, bounded.
+        self._recent: dict[int, tuple[int, int]] = {}
 
     @classmethod
     def create(cls, directory: Path, base_offset: int, cache: FileCache) -> Segment:
@@ -232,9 +244,13 @@ class Segment:
         assert batches[-1].next_offset - 1 - self.base_offset <= INT32_MAX, "relative offset overflows the index"
         self._write(data, self._size)
         position = self._size
+        recent = self._recent
         for batch in batches:
             self._index_batch(batch, position, index_interval_bytes)
+            recent[batch.base_offset] = (position, batch.size)
             position += batch.size
+        while len(recent) > _RECENT_BATCHES:
+            del recent[next(iter(recent))]
         self._size = position
         if self._first_append_ms is None:
             self._first_append_ms = now_ms
@@ -281,19 +297,26 @@ class Segment:
         """Bytes from the batch holding `offset`: min(max_bytes, what the segment holds [before the
         batch holding `max_offset`]), but the whole first batch even beyond max_bytes (KIP-74).
         None if the segment ends before `offset`; an empty slice if `max_offset` leaves nothing."""
-        reader = self._reader()
-        found = self._find_position(reader, offset)
+        found = self._batch_at(offset)
         if found is None:
             return None
-        position, header = found
+        position, first_size, first_offset = found
         end = self._size
         if max_offset is not None:
-            limit = self._find_position(reader, max_offset)
+            limit = self._batch_at(max_offset)
             end = end if limit is None else limit[0]
-        size = max(0, min(end - position, max(max_bytes, header.size)))
+        size = max(0, min(end - position, max(max_bytes, first_size)))
         if not size:
-            return FetchSlice.empty(header.base_offset)
-        return FetchSlice(io.FileIO(self._cache.dup(self.log_path), "r"), position, size, header.base_offset)
+            return FetchSlice.empty(first_offset)
+        return FetchSlice(io.FileIO(self._cache.dup(self.log_path), "r"), position, size, first_offset)
+
+    def _batch_at(self, offset: int) -> tuple[int, int, int] | None:
+        """(position, size, base offset) of the first batch whose last offset >= `offset`."""
+        recent = self._recent.get(offset)
+        if recent is not None:
+            return recent[0], recent[1], offset
+        found = self._find_position(self._reader(), offset)
+        return None if found is None else (found[0], found[1].size, found[1].base_offset)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record with timestamp >= `timestamp_ms`, or None.
@@ -389,6 +412,7 @@ class Segment:
         return truncated
 
     def _reset(self) -> None:
+        self._recent.clear()
         self.offset_index.reset()
         self.time_index.reset()
         self._sealed = False
@@ -422,6 +446,7 @@ class Segment:
         is cut: the log's end was cut back to it, so it is the active segment now)."""
         found = self.find_position(offset)
         self._sealed = False
+        self._recent.clear()
         if found is None:
             return 0
         position, header = found

@@ -121,6 +121,34 @@ def test_read_range(segment, offset, max_bytes, max_offset, expected):
     assert found.read_bytes() == segment.log_path.read_bytes()[expected[0] : sum(expected)]
 
 
+def test_reads_at_recently_appended_boundaries_match_reads_after_reopen(segment):
+    """Tailing fetches find their batch among the recent appends (no index scan); the answers
+    equal those of a reopened segment, which has only the index, for every boundary and limit."""
+    filled(segment, batches=6, interval=NO_INDEX)
+    fresh = [(s.position, s.size, s.first_offset) for s in
+             (segment.read(o, 10**6, limit) for o in range(0, 18, RECORDS) for limit in (None, 9, 18))]
+    reopened = reopen(segment)
+    reopened.load()
+    assert [(s.position, s.size, s.first_offset) for s in
+            (reopened.read(o, 10**6, limit) for o in range(0, 18, RECORDS) for limit in (None, 9, 18))] == fresh
+    reopened.close()
+
+
+def test_no_read_uses_a_batch_boundary_that_truncation_removed(segment):
+    """After truncate_to, batches appended again at the same offsets (here larger) are read where
+    they are now, not where the removed ones were."""
+    filled(segment, batches=4)
+    segment.truncate_to(6)
+    bigger = build_batch(RECORDS * 2)
+    append(segment, bigger)
+    append(segment, build_batch(RECORDS))
+    inside = segment.read(9, 1)  # a boundary before the truncation, inside the bigger batch now
+    assert (inside.position, inside.size, inside.first_offset) == (2 * SIZE, len(bigger), 6)
+    after = segment.read(12, 1)
+    assert (after.position, after.first_offset) == (2 * SIZE + len(bigger), 12)
+    assert after.read_bytes() == segment.log_path.read_bytes()[2 * SIZE + len(bigger):]
+
+
 def test_read_past_the_end_is_none(segment):
     filled(segment)
     assert segment.read(15, 100) is None
