@@ -27,14 +27,17 @@ class FetchPurgatory:
         """Return when any of `partitions` has new committed data, or after `timeout_s` seconds."""
         if timeout_s <= 0:
             return
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
         for tp in partitions:
             self._waiters[tp].add(future)
+        # A timer resolving the same future instead of asyncio.wait_for, whose wrapping costs two
+        # more loop turns between the notify and the fetch reading again (every tailing fetch).
+        timer = loop.call_later(timeout_s, _resolve, future)
         try:
-            await asyncio.wait_for(future, timeout_s)
-        except TimeoutError:
-            pass
+            await future
         finally:
+            timer.cancel()
             for tp in partitions:
                 waiters = self._waiters.get(tp)
                 if waiters is not None:
@@ -47,8 +50,12 @@ class FetchPurgatory:
         waiters = self._waiters.pop(tp, None)
         if waiters:
             for future in waiters:
-                if not future.done():
-                    future.set_result(None)
+                _resolve(future)
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 class ProducePurgatory:
