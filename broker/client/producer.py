@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from broker import record
+from broker import body_template, record
 from broker.client.cluster import Cluster
 from broker.client.config import BootstrapServers, client_settings
 from broker.client.loop_thread import LoopThread
@@ -215,24 +215,33 @@ class ProducerBatch:
         return self.encoded
 
     def _encode_records(self, compression: str) -> record.EncodedBatch:
-        """The accumulated lists as one batch. Built column by column (null keys and headers as
-        shared null arrays, timestamp bounds from the list) because most batches under a latency
-        target hold a handful of records, where fixed costs are all there is."""
+        """The accumulated lists as one batch. Most batches under a latency target hold a handful
+        of records, where fixed costs are all there is: the common shape (no headers, no null
+        values, keys all null or all set, uncompressed) fills in a BodyTemplate without pyarrow;
+        others are built column by column (null keys and headers as shared null arrays,
+        timestamp bounds from the list)."""
         n = len(self.values)
-        keys = self.keys
-        key_array = pa.nulls(n, pa.binary()) if keys.count(None) == n else pa.array(keys, pa.binary())
-        headers = None
-        if self.headers is not None:
-            headers = [None if h is None else [{"key": k, "value": v} for k, v in h] for h in self.headers]
-        timestamps = self.timestamps
-        self.body = record.make_body(pa.array(self.values, pa.binary()), key_array,
-                                     pa.array(timestamps, record.TIMESTAMP_TYPE), headers)
+        keys, values, timestamps = self.keys, self.values, self.timestamps
+        keyless = keys.count(None) == n
+        template = None
+        if (compression == "none" and self.headers is None and n <= body_template.MAX_RECORDS
+                and None not in values and (keyless or None not in keys)):
+            template = body_template.template_for(not keyless)
+        if template is not None:  # the common small batch: no pyarrow on the way
+            encoded: pa.Buffer | bytes = template.encode(None if keyless else keys, values, timestamps)
+        else:
+            headers = None
+            if self.headers is not None:
+                headers = [None if h is None else [{"key": k, "value": v} for k, v in h] for h in self.headers]
+            self.body = record.make_body(pa.array(values, pa.binary()),
+                                         pa.nulls(n, pa.binary()) if keyless else pa.array(keys, pa.binary()),
+                                         pa.array(timestamps, record.TIMESTAMP_TYPE), headers)
+            encoded = record.encode_body(self.body, compression)
         if self.result.callbacks is not None:
             self.result.timestamps = timestamps
         self.keys = self.values = self.timestamps = []  # type: ignore[assignment]
         self.headers = None
-        return record.frame_parts(record.encode_body(self.body, compression), record_count=n,
-                                  base_timestamp=min(timestamps), max_timestamp=max(timestamps))
+        return record.frame_parts(encoded, record_count=n, base_timestamp=min(timestamps), max_timestamp=max(timestamps))
 
 
 class RecordAccumulator:
