@@ -116,37 +116,117 @@ def check_schema_message(stream: memoryview, pos: int, end: int) -> None:
 
 
 def read_record_batch(stream: memoryview, pos: int, *, nodes: int, buffers: int,
-                      max_metadata_bytes: int) -> RecordBatchMessage:
+                      max_metadata_bytes: int, shapes: tuple["RecordBatchShape", ...] = ()) -> RecordBatchMessage:
     """Read the RecordBatch message at `pos`, which must be the stream's last message: its body
     ends exactly at the end of `stream`, or 8 bytes before it followed by the end-of-stream marker.
 
     The caller knows the schema, so it says how many field `nodes` and `buffers` the batch must
     carry (that also keeps the reads constant). Checks: message type and version, bodyLength,
     the node and buffer counts, every buffer (offset, length) inside the body, the compression
-    codec (LZ4_FRAME or ZSTD, per-buffer method) and no variadic buffer counts."""
+    codec (LZ4_FRAME or ZSTD, per-buffer method) and no variadic buffer counts. Metadata laid
+    out exactly like one of `shapes` (see RecordBatchShape) has its numbers read from their
+    known places instead of walking the flatbuffer; the checks on them are the same."""
     where = f"record batch message at body byte {pos}"
     end = message_end(stream, pos, "record batch message", max_metadata_bytes)
-    header_type, batch, body_length = _message(stream[pos + PREFIX_SIZE : end], where)
+    metadata = stream[pos + PREFIX_SIZE : end]
+    for shape in shapes:
+        numbers = shape.numbers(metadata)
+        if numbers is not None and shape.counts == (nodes, buffers):
+            length, body_length, node_values, buffer_values = numbers
+            _check_body_extent(stream, end, body_length, where)
+            _check_buffers(buffer_values, body_length, where)
+            return RecordBatchMessage(pos, length, body_length, node_values, buffer_values, None)
+    header_type, batch, body_length = _message(metadata, where)
     if header_type != HEADER_RECORD_BATCH:
         raise IpcFormatError(f"{where}: header_type {header_type}, expected RecordBatch ({HEADER_RECORD_BATCH})")
-    remaining = len(stream) - end
-    if body_length < 0 or body_length not in (remaining, remaining - len(END_OF_STREAM)):
-        raise IpcFormatError(f"{where}: bodyLength {body_length} does not fill the {remaining} bytes left in the body")
-    if body_length != remaining and stream[end + body_length :] != END_OF_STREAM:
-        raise IpcFormatError(f"{where}: the {len(END_OF_STREAM)} bytes after it are not the end-of-stream marker")
+    _check_body_extent(stream, end, body_length, where)
     length = _scalar(batch, 0, fb.Int64Flags, 0, where, "length")
     node_values = _pairs(batch, 1, nodes, where, "nodes")
     buffer_values = _pairs(batch, 2, buffers, where, "buffers")
-    outside = _first_buffer_outside(buffer_values, body_length)
-    if outside is not None:
-        offset, size = buffer_values[2 * outside], buffer_values[2 * outside + 1]
-        raise IpcFormatError(f"{where}: buffer {outside} (offset {offset}, length {size}) lies outside the "
-                             f"{body_length}-byte message body")
+    _check_buffers(buffer_values, body_length, where)
     codec = _compression(batch, where)
     variadic = _field(batch, 4, 4, where, "variadicBufferCounts")
     if variadic is not None and _vector(batch.table, variadic, 8, where, "variadicBufferCounts")[1]:
         raise IpcFormatError(f"{where}: variadicBufferCounts present (no view types in this schema)")
     return RecordBatchMessage(pos, length, body_length, node_values, buffer_values, codec)
+
+
+def _check_body_extent(stream: memoryview, end: int, body_length: int, where: str) -> None:
+    """The body fills the stream after the metadata (ending at `end`), or all but a trailing
+    end-of-stream marker."""
+    remaining = len(stream) - end
+    if body_length < 0 or body_length not in (remaining, remaining - len(END_OF_STREAM)):
+        raise IpcFormatError(f"{where}: bodyLength {body_length} does not fill the {remaining} bytes left in the body")
+    if body_length != remaining and stream[end + body_length :] != END_OF_STREAM:
+        raise IpcFormatError(f"{where}: the {len(END_OF_STREAM)} bytes after it are not the end-of-stream marker")
+
+
+def _check_buffers(buffer_values: tuple[int, ...], body_length: int, where: str) -> None:
+    outside = _first_buffer_outside(buffer_values, body_length)
+    if outside is not None:
+        offset, size = buffer_values[2 * outside], buffer_values[2 * outside + 1]
+        raise IpcFormatError(f"{where}: buffer {outside} (offset {offset}, length {size}) lies outside the "
+                             f"{body_length}-byte message body")
+
+
+class RecordBatchShape:
+    """The layout of one writer's RecordBatch metadata, learned from an example message.
+
+    A writer lays out the flatbuffer of every record batch of one schema the same way: vtables,
+    offsets and vector counts are equal, and only the numbers differ (the row count, bodyLength,
+    each field node's and buffer's values). Given an example, this knows where those numbers sit,
+    so that (a) metadata whose every other byte equals the example's is read by unpacking them
+    there, with the same result the flatbuffer walk gives (checked on the example), and (b) a
+    writer can produce such metadata by packing numbers into a copy (`pack`). Only uncompressed
+    examples with no variadic counts are accepted (their bytes then prove both absent)."""
+
+    def __init__(self, metadata: bytes, nodes: int, buffers: int) -> None:
+        where = "example record batch message"
+        _, batch, body_length = _message(memoryview(metadata), where)
+        if _compression(batch, where) is not None or _field(batch, 4, 4, where, "variadicBufferCounts") is not None:
+            raise IpcFormatError(f"{where}: compressed or with variadic counts")
+        message = Table(bytearray(metadata), 0)
+        message = Table(message.Bytes, message.Get(fb.UOffsetTFlags, 0))
+        record_batch = Table(message.Bytes, message.Indirect(message.Pos + message.Offset(8)))
+        self.counts = (nodes, buffers)
+        self.metadata = metadata
+        self.length_at = record_batch.Pos + record_batch.Offset(4)
+        self.body_length_at = message.Pos + message.Offset(10)
+        self.nodes_at = record_batch.Vector(record_batch.Offset(6))
+        self.buffers_at = record_batch.Vector(record_batch.Offset(8))
+        self._int64 = struct.Struct("<q")
+        self._nodes = struct.Struct(f"<{2 * nodes}q")
+        self._buffers = struct.Struct(f"<{2 * buffers}q")
+        self._slots = [(self.length_at, 8), (self.body_length_at, 8), (self.nodes_at, self._nodes.size),
+                       (self.buffers_at, self._buffers.size)]
+        self._fixed = self._without_numbers(metadata)
+        expected = (_scalar(batch, 0, fb.Int64Flags, 0, where, "length"), body_length,
+                    _pairs(batch, 1, nodes, where, "nodes"), _pairs(batch, 2, buffers, where, "buffers"))
+        if min(self.length_at, self.body_length_at, self.nodes_at, self.buffers_at) <= 0 or self.numbers(metadata) != expected:
+            raise IpcFormatError(f"{where}: its numbers are not where this reader looks for them")
+
+    def _without_numbers(self, metadata: bytes | memoryview) -> bytearray:
+        out = bytearray(metadata)
+        for at, size in self._slots:
+            out[at : at + size] = bytes(size)
+        return out
+
+    def numbers(self, metadata: bytes | memoryview) -> tuple[int, int, tuple[int, ...], tuple[int, ...]] | None:
+        """(length, bodyLength, node values, buffer values) of metadata in this shape, else None."""
+        if len(metadata) != len(self.metadata) or self._without_numbers(metadata) != self._fixed:
+            return None
+        return (self._int64.unpack_from(metadata, self.length_at)[0], self._int64.unpack_from(metadata, self.body_length_at)[0],
+                self._nodes.unpack_from(metadata, self.nodes_at), self._buffers.unpack_from(metadata, self.buffers_at))
+
+    def pack(self, length: int, body_length: int, node_values: tuple[int, ...] | list[int],
+             buffer_values: tuple[int, ...] | list[int]) -> bytearray:
+        """Metadata of this shape carrying these numbers."""
+        out = bytearray(self.metadata)
+        self._int64.pack_into(out, self.length_at, length)
+        self._int64.pack_into(out, self.body_length_at, body_length)
+        self._nodes.pack_into(out, self.nodes_at, *node_values)
+        self._buffers.pack_into(out, self.buffers_at, *buffer_values)
+        return out
 
 
 def _first_buffer_outside(buffers: tuple[int, ...], body_length: int) -> int | None:

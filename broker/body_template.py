@@ -8,8 +8,8 @@ values, keys all null or all set, no compression) only numbers change from one b
 the row count, each field node's (length, null_count), each buffer's (offset, length) and the
 body length sit at fixed places in the record batch message's flatbuffer.
 
-So pyarrow writes one example body per key variant, the places of those numbers are read from
-it once, and `encode` packs the numbers in and concatenates the buffers (offsets and timestamps
+So pyarrow writes one example body per key variant, the places of those numbers are learned from
+it once (`arrow_ipc.RecordBatchShape`), and `encode` packs the numbers in and concatenates the buffers (offsets and timestamps
 with `array`, values with `bytes.join`). The output is byte-for-byte what
 `record.encode_body(record.make_body(...))` writes: that is checked against pyarrow for a spread
 of shapes when a template is built, and a template that does not match (another pyarrow version
@@ -23,18 +23,13 @@ import logging
 import struct
 from array import array
 
-import flatbuffers
-import pyarrow as pa
-from flatbuffers.number_types import UOffsetTFlags
-
-from broker import record
+from broker import arrow_ipc, record
 
 log = logging.getLogger(__name__)
 
 MAX_RECORDS = 256  # above this pyarrow's fixed cost is spread thin enough
 _ALIGNMENT = 8  # Arrow IPC pads every body buffer to 8 bytes
 _PREFIX = struct.Struct("<Ii")  # continuation marker, metadata length
-_STRUCT_SIZE = 16  # a FieldNode (length, null_count) and a Buffer (offset, length) are two int64s
 if array("i").itemsize != 4 or array("q").itemsize != 8:
     raise ImportError("array('i') / array('q') are not 32 / 64-bit on this platform")
 
@@ -47,36 +42,17 @@ class BodyTemplate:
         sample = record.make_body([b"v"], [b"k"] if keyed else None, [0])
         message = sample.serialize().to_pybytes()
         _, metadata_size = _PREFIX.unpack_from(message)
-        self._metadata = message[_PREFIX.size:_PREFIX.size + metadata_size]
-        self._prefix = record.STANDARD_LAYOUT.schema_message + message[:_PREFIX.size]
-        self._find_slots(self._metadata)
+        layout = record.STANDARD_LAYOUT
+        self.shape = arrow_ipc.RecordBatchShape(message[_PREFIX.size:_PREFIX.size + metadata_size],
+                                                layout.nodes, layout.buffers)
+        if self.shape.counts != (7, 17):
+            raise ValueError(f"{layout.nodes} field nodes and {layout.buffers} buffers, expected 7 and 17")
+        self._prefix = layout.schema_message + message[:_PREFIX.size]
         # The headers column is always null here: after its validity bitmap and offsets (which
         # grow with the row count) its child buffers are empty and constant, taken as written.
-        self._header_children = self._sample_buffers(message)[10:]
-
-    def _find_slots(self, metadata: bytes) -> None:
-        """Where the row count, field nodes, buffers and body length live in the metadata."""
-        root = flatbuffers.table.Table(bytearray(metadata), 0)
-        message = flatbuffers.table.Table(root.Bytes, root.Get(UOffsetTFlags, 0))
-        self._body_length_at = message.Pos + message.Offset(10)  # Message.bodyLength (slot 3)
-        batch = flatbuffers.table.Table(message.Bytes, message.Indirect(message.Pos + message.Offset(8)))
-        self._length_at = batch.Pos + batch.Offset(4)  # RecordBatch.length (slot 0)
-        self._nodes_at = batch.Vector(batch.Offset(6))  # RecordBatch.nodes (slot 1)
-        self._node_count = batch.VectorLen(batch.Offset(6))
-        self._buffers_at = batch.Vector(batch.Offset(8))  # RecordBatch.buffers (slot 2)
-        self._buffer_count = batch.VectorLen(batch.Offset(8))
-        if min(self._body_length_at, self._length_at, self._nodes_at, self._buffers_at) <= 0:
-            raise ValueError("the example record batch message lacks a field the template fills in")
-        if (self._node_count, self._buffer_count) != (7, 17):
-            raise ValueError(f"{self._node_count} field nodes and {self._buffer_count} buffers, expected 7 and 17")
-        self._nodes = struct.Struct(f"<{2 * self._node_count}q")
-        self._buffers = struct.Struct(f"<{2 * self._buffer_count}q")
-
-    def _sample_buffers(self, message: bytes) -> list[bytes]:
-        """The body buffers of a message written by pyarrow, unpadded, in order."""
-        values = self._buffers.unpack_from(self._metadata, self._buffers_at)
-        body = message[_PREFIX.size + len(self._metadata):]
-        return [body[offset:offset + length] for offset, length in zip(values[0::2], values[1::2])]
+        body = message[_PREFIX.size + metadata_size:]
+        spans = self.shape.numbers(self.shape.metadata)[3]  # type: ignore[index]
+        self._header_children = [body[offset:offset + size] for offset, size in zip(spans[20::2], spans[21::2])]
 
     def encode(self, keys: list[bytes] | None, values: list[bytes], timestamps: list[int]) -> bytes:
         """The IPC body (schema message + record batch message) of these records; `keys` None
@@ -104,13 +80,9 @@ class BodyTemplate:
             if pad:
                 parts.append(bytes(pad))
             position += size + pad
-        metadata = bytearray(self._metadata)
-        struct.pack_into("<q", metadata, self._length_at, n)
-        struct.pack_into("<q", metadata, self._body_length_at, position)
-        # Pre-order: key, value, timestamp, headers (all null), its struct and the struct's two
-        # fields (empty: a null list has no elements).
-        self._nodes.pack_into(metadata, self._nodes_at, n, key_nulls, n, 0, n, 0, n, n, 0, 0, 0, 0, 0, 0)
-        self._buffers.pack_into(metadata, self._buffers_at, *spans)
+        # Field nodes in pre-order: key, value, timestamp, headers (all null), its struct and the
+        # struct's two fields (empty: a null list has no elements).
+        metadata = self.shape.pack(n, position, (n, key_nulls, n, 0, n, 0, n, n, 0, 0, 0, 0, 0, 0), spans)
         return b"".join([self._prefix, metadata, *parts])
 
     def matches_pyarrow(self) -> bool:
@@ -126,6 +98,12 @@ class BodyTemplate:
         return True
 
 
+def known_shapes() -> tuple[arrow_ipc.RecordBatchShape, ...]:
+    """The record batch metadata shapes pymq's producers write for small bodies: the broker's
+    validator reads their numbers without walking the flatbuffer."""
+    return tuple(t.shape for t in (template_for(False), template_for(True)) if t is not None)
+
+
 @functools.cache
 def template_for(keyed: bool) -> BodyTemplate | None:
     """The template of a key variant, or None where pyarrow lays bodies out differently than
@@ -134,7 +112,7 @@ def template_for(keyed: bool) -> BodyTemplate | None:
         template = BodyTemplate(keyed)
         if template.matches_pyarrow():
             return template
-    except (ValueError, struct.error, IndexError) as err:
+    except (ValueError, struct.error, IndexError) as err:  # IpcFormatError is a ValueError
         log.info("no body template (keyed=%s): %s", keyed, err)
         return None
     log.info("no body template (keyed=%s): its output differs from pyarrow's on this version", keyed)
