@@ -13,6 +13,9 @@ Workloads (null keys, so the sticky partitioner spreads batches over the partiti
 - send100:  100-byte values through `Producer.send`, one call per record
 - batch1k:  1 KiB values through `Producer.send_batch`
 - batch100_sustained: batch100's usual best config with 8x the volume (~5 GB written)
+- checked_cb{100,1k}_p{1,3}, checked_futures100_p{1,3}: per-record `send()` with every record's
+  outcome checked by the application, by on_delivery callback or by keeping every future and
+  asking each after `flush()` (inside the timed part), on 1 and 3 partitions
 Each configuration runs REPEAT times on the same broker; the summary takes the configuration with
 the best median run. The producer warms up with 200,000 records first (connections, code paths and
 the broker's allocator: the very first run on a fresh broker is up to 2x slower).
@@ -26,7 +29,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 from benchmarks import harness
 from benchmarks.harness import KB, MB, SummaryRow
@@ -54,8 +57,17 @@ SWEEPS: dict[str, tuple[str, int, int, list[dict[str, Any]]]] = {
     "batch100_sustained": ("batch", 100, 40_000_000, [
         {"batch_size": 512 * KB, "linger_ms": 5},
     ]),
+    # Per-record send() as applications write it: every record's outcome checked, by an
+    # on_delivery callback (send_cb) or by keeping each future and asking it after flush
+    # (send_futures); on 1 and on 3 partitions (issue 7's targets: >= 600k msg/s of 100 B on one
+    # partition, no more than 10 % less on three).
+    **{f"checked_{style}{label}_p{parts}": (f"send_{style}", size, count, [{"batch_size": 1024 * KB, "linger_ms": 5}])
+       for style in ("cb", "futures") for label, size, count in (("100", 100, 2_000_000), ("1k", 1024, 500_000))
+       for parts in (1, 3) if style == "cb" or label == "100"},
 }
 REPEAT = {"batch100": 3, "send100": 2, "batch1k": 3, "batch100_sustained": 1}
+PARTITIONS = {name: int(name[-1]) for name in SWEEPS if name.startswith("checked_")}  # else --partitions
+CHECKED_TARGET = 600_000
 BASE_CONFIG = {"acks": 1, "max_in_flight": 5, "compression": "none", "buffer_memory": 64 * MB}
 TARGETS = {"batch100": 1_000_000, "send100": 500_000, "batch1k_mb": 400}
 
@@ -81,21 +93,25 @@ def produce_worker(bootstrap: str, topic: str, mode: str, records: int, record_s
         # Warm-up: not timed.
         if mode == "batch":
             _send_tables(producer, topic, max(warmup_records, rows) if warmup_records else 0, rows, tables, limit)
+            producer.flush()
         else:
-            _send_records(producer, topic, warmup_records, values)
-        producer.flush()
+            check = _send_records(producer, topic, warmup_records, values, mode)
+            producer.flush()
+            check()
         if ready is not None:
             ready.set()
         if go is not None:
             go.wait()
         meter = harness.WindowMeter("producer", broker_pid).start()
         t0 = time.perf_counter()
+        verify: Callable[[], None] = lambda: None
         if mode == "batch":
             _send_tables(producer, topic, records, rows, tables, limit)
         else:
-            _send_records(producer, topic, records, values)
+            verify = _send_records(producer, topic, records, values, mode)
         t_sent = time.perf_counter()
         producer.flush()
+        verify()
         elapsed = time.perf_counter() - t0
         cpu = meter.stop(elapsed)
     out = {
@@ -106,10 +122,44 @@ def produce_worker(bootstrap: str, topic: str, mode: str, records: int, record_s
     return out
 
 
-def _send_records(producer: Any, topic: str, count: int, values: list[bytes]) -> None:
+def _send_records(producer: Any, topic: str, count: int, values: list[bytes], mode: str) -> Callable[[], None]:
+    """Per-record send(); returns the application's check of every outcome, to run once flushed
+    (mode send_cb: an on_delivery callback counted them; send_futures: each kept future is asked;
+    send: nothing is checked)."""
     send = producer.send
+    if mode == "send_cb":
+        outcomes: list[Any] = [0, None]  # acknowledged, first error (written by the I/O thread only)
+
+        def on_delivery(metadata: Any, error: BaseException | None) -> None:
+            if error is None:
+                outcomes[0] += 1
+            elif outcomes[1] is None:
+                outcomes[1] = error
+
+        for i in range(count):
+            send(topic, values[i & 1023], on_delivery=on_delivery)
+
+        def verify_callbacks() -> None:
+            if outcomes[1] is not None:
+                raise outcomes[1]
+            if outcomes[0] != count:
+                raise RuntimeError(f"{outcomes[0]} of {count} records acknowledged")
+        return verify_callbacks
+    if mode == "send_futures":
+        futures = [send(topic, values[i & 1023]) for i in range(count)]
+
+        def verify_futures() -> None:
+            failed = [err for err in map(_exception_of, futures) if err is not None]
+            if failed:
+                raise failed[0]
+        return verify_futures
     for i in range(count):
         send(topic, values[i & 1023])
+    return lambda: None
+
+
+def _exception_of(future: Any) -> BaseException | None:
+    return future.exception()
 
 
 def _send_tables(producer: Any, topic: str, count: int, rows: int, tables: list[Any], limit: int) -> None:
@@ -157,9 +207,13 @@ def run_one(broker: harness.BrokerProcess, name: str, mode: str, record_size: in
         worker = harness.Worker(produce_worker, name=f"producer-{name}", bootstrap=broker.bootstrap, topic=topic,
                                 mode=mode, records=records, record_size=record_size, config=full_config,
                                 broker_pid=broker.pid, rows_per_call=rows_per_call, ready=ready, go=go).start()
-        if not ready.wait(120):
-            worker.kill()
-            raise RuntimeError("producer did not get ready")
+        deadline = time.monotonic() + 120
+        while not ready.wait(0.5):
+            if not worker.process.is_alive():
+                worker.result(timeout_s=5)  # raises the producer's error
+            if time.monotonic() > deadline:
+                worker.kill()
+                raise RuntimeError("producer did not get ready")
         harness.wait_for_quiet()
         go.set()
         if profiler is not None:
@@ -169,7 +223,7 @@ def run_one(broker: harness.BrokerProcess, name: str, mode: str, record_size: in
         profile = profiler.stop() if profiler is not None else None
     finally:
         harness.delete_topic(broker.bootstrap, topic)
-    row = {"workload": name, "mode": mode, **{k: full_config[k] for k in ("batch_size", "linger_ms", "max_in_flight",
+    row = {"workload": name, "mode": mode, "partitions": partitions, **{k: full_config[k] for k in ("batch_size", "linger_ms", "max_in_flight",
                                                                           "compression")}, **result}
     row["batch_size_bytes"] = full_config["batch_size"]
     row["batch_size"] = f"{full_config['batch_size'] // KB}K"
@@ -187,12 +241,12 @@ def run(quick: bool = False, only: list[str] | None = None, records: int | None 
             if only and name not in only:
                 continue
             n = records or harness.scaled(default_records, quick)
-            repeat = 1 if quick else REPEAT.get(name, 1)
+            repeat = 1 if quick else REPEAT.get(name, 2)
             best: dict[str, Any] | None = None
             for config in configs:
                 runs = []
                 for rep in range(repeat):
-                    row = run_one(broker, name, mode, size, n, config, partitions, rows_per_call)
+                    row = run_one(broker, name, mode, size, n, config, PARTITIONS.get(name, partitions), rows_per_call)
                     row["run"] = rep + 1
                     _show_progress(row)
                     rows.append(row)
@@ -200,7 +254,7 @@ def run(quick: bool = False, only: list[str] | None = None, records: int | None 
                 median = _median_row(runs)
                 if best is None or median["records_per_s"] > best["records_per_s"]:
                     best = median
-            if lz4 and best is not None and not name.endswith("sustained"):
+            if lz4 and best is not None and name in ("batch100", "send100", "batch1k"):
                 config = {"batch_size": best["batch_size_bytes"], "linger_ms": best["linger_ms"]}
                 for rep in range(repeat):
                     row = run_one(broker, name, mode, size, n, {**config, "compression": "lz4"}, partitions, rows_per_call)
@@ -274,10 +328,38 @@ def summary(result: dict[str, Any]) -> list[SummaryRow]:
         out.append(SummaryRow("ingest, `send_batch()`, 1 KiB values", ">= 400 MB/s", f"{r['mb_per_s']:.0f} MB/s "
                               f"({harness.rate(r['records_per_s'])})", r["mb_per_s"] >= TARGETS["batch1k_mb"],
                               cfg(r) + lz4_note("batch1k")))
+    out += _checked_summary(rows)
     return out
 
 
-COLUMNS = ["workload", "batch_size", "linger_ms", "max_in_flight", "compression", "run", "records", "elapsed_s",
+def _checked_summary(rows: list[dict[str, Any]]) -> list[SummaryRow]:
+    """The checked per-record modes: 100 B by callback on one partition against the target,
+    three partitions against 90 % of it, the rest reported."""
+    out = []
+    one = best_row(rows, "checked_cb100_p1")
+    for name in (n for n in SWEEPS if n.startswith("checked_")):
+        r = best_row(rows, name)
+        if r is None:
+            continue
+        style = "on_delivery callback" if "_cb" in name else "futures kept, each asked after flush()"
+        label = f"per-record `send()`, every outcome checked ({style}), {r['record_size']} B, {r['partitions']} partition(s)"
+        runs = ", ".join(harness.rate(x).replace(" msg/s", "") for x in r["runs_per_s"])
+        note = (f"median of {len(r['runs_per_s'])} runs ({runs}); {r['records']:,} records, batch_size {r['batch_size']}, "
+                f"linger {r['linger_ms']} ms; cpu producer {r['producer_cpu_pct']}% / broker {r.get('broker_cpu_pct', '?')}%"
+                f" / rest of machine {r.get('other_cpu_pct', '?')}%")
+        if name == "checked_cb100_p1":
+            out.append(SummaryRow(label, f">= {CHECKED_TARGET:,} msg/s", harness.rate(r["records_per_s"]),
+                                  r["records_per_s"] >= CHECKED_TARGET, note))
+        elif name == "checked_cb100_p3" and one is not None:
+            ratio = r["records_per_s"] / one["records_per_s"]
+            out.append(SummaryRow(label, ">= 90 % of 1 partition", f"{harness.rate(r['records_per_s'])} ({ratio:.0%})",
+                                  ratio >= 0.9 and r["records_per_s"] >= 0.9 * CHECKED_TARGET, note))
+        else:
+            out.append(SummaryRow(label, "(report)", harness.rate(r["records_per_s"]), None, note))
+    return out
+
+
+COLUMNS = ["workload", "partitions", "batch_size", "linger_ms", "max_in_flight", "compression", "run", "records", "elapsed_s",
            "records_per_s", "mb_per_s", "producer_cpu_pct", "broker_cpu_pct", "other_cpu_pct"]
 
 
