@@ -675,7 +675,7 @@ def fetched_to_records(taken: list[tuple[TopicPartition, FetchedBatch]]) -> list
             if fetched.append_time >= 0:
                 timestamps: Iterable[int] = repeat(fetched.append_time, n)
             else:
-                timestamps = body.column(2).view(pa.int64()).to_numpy().tolist()
+                timestamps = body.column(2).to_numpy().view(np.int64).tolist()  # datetime64[ms], zero-copy
             out.extend(map(_new_record, zip(
                 repeat(topic, n), repeat(partition, n), offsets, timestamps, repeat(1 if fetched.append_time >= 0 else 0, n),
                 body.column(0).to_pylist(), body.column(1).to_pylist(), _header_values(body.column(3), n),
