@@ -3,10 +3,11 @@
 A background fetcher keeps one long-polling Fetch per leader in flight for every assigned
 partition whose buffered data is below `max_buffer_bytes`, so the next `poll` usually finds data
 already decoded. The next fetch goes out before a reply's records are decoded (its positions come
-from the batch headers), so a tailing consumer always has a long poll parked at the broker. Fetch responses are raw record batches: the consumer checks each batch's CRC
-(`check_crcs`), decodes the Arrow body zero-copy, drops rows before the fetch position (a fetch
-from mid-batch returns the whole batch) and adds `topic`, `partition`, `offset` and
-`timestamp_type` columns with Arrow kernels, never per record in Python.
+from the batch headers), so a tailing consumer always has a long poll parked at the broker.
+Fetch responses are raw record batches: the consumer checks each batch's CRC (`check_crcs`),
+decodes the Arrow body zero-copy, drops rows before the fetch position (a fetch from mid-batch
+returns the whole batch) and adds `topic`, `partition`, `offset` and `timestamp_type` columns
+with Arrow kernels, never per record in Python.
 
 `poll_arrow()` returns one pyarrow Table (schema `RECORD_SCHEMA`); `poll()` returns
 `ConsumerRecord`s built from the same table. An out-of-range position is reset per
