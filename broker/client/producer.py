@@ -73,6 +73,9 @@ _new_metadata = partial(tuple.__new__, RecordMetadata)
 DeliveryCallback = Callable[[RecordMetadata, "BaseException | None"], Any]
 
 
+_EVENT_LOCK = threading.Lock()  # guards the lazy creation of BatchResult._event
+
+
 class BatchResult:
     """Completion shared by every record of one batch; completed once, on the producer's loop.
 
@@ -92,7 +95,9 @@ class BatchResult:
         self.completed = False  # a plain attribute: what a completed future's methods check first
         self.callbacks: list[DeliveryCallback | None] | None = None
         self.timestamps: list[int] | None = None
-        self._event = threading.Event()
+        # Made by the first thread that waits (most batches complete unwaited: callbacks, flush,
+        # or futures asked after completion), so opening a batch costs no Condition and Lock.
+        self._event: threading.Event | None = None
         self._futures: list[asyncio.Future[None]] = []
 
     def done(self) -> bool:
@@ -103,7 +108,9 @@ class BatchResult:
             return
         self.base_offset, self.log_append_time, self.error = base_offset, log_append_time, error
         self.completed = True
-        self._event.set()
+        event = self._event  # read after `completed` is set: a waiter that made it saw False first
+        if event is not None:
+            event.set()
         for future in self._futures:
             if not future.done():
                 future.get_loop().call_soon_threadsafe(_resolve, future)
@@ -130,7 +137,15 @@ class BatchResult:
                                   metadata.offset)
 
     def wait(self, timeout_s: float | None) -> None:
-        if not self.completed and not self._event.wait(timeout_s):
+        if self.completed:
+            return
+        event = self._event
+        if event is None:
+            with _EVENT_LOCK:  # two first waiters must share one event
+                event = self._event
+                if event is None:
+                    event = self._event = threading.Event()
+        if not self.completed and not event.wait(timeout_s):
             raise TimeoutError(f"record not acknowledged within {timeout_s}s")
 
     async def wait_async(self) -> None:

@@ -3,6 +3,7 @@ linger, the columnar send_batch path, errors, retries across an outage, delivery
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import pandas as pd
@@ -11,7 +12,7 @@ import pytest
 
 from broker.client import Admin, AsyncProducer, Consumer, ConsumerRecord, Producer
 from broker.client.partitioner import partition_for_key
-from broker.client.producer import RecordAccumulator
+from broker.client.producer import BatchResult, RecordAccumulator
 from broker.errors import (
     DeliveryTimeoutError,
     MessageTooLargeError,
@@ -538,3 +539,18 @@ def test_async_producer_futures_can_be_awaited(shared_broker, new_topic):
     first, second = asyncio.run(asyncio.wait_for(produce(), 30))
     assert (first.topic, first.partition, first.offset) == (topic, 1, 0)
     assert (second.partition, second.offset) == (1, 1)
+
+
+def test_threads_waiting_on_a_batch_around_its_completion_all_return():
+    """A batch's event is made by its first waiter (most batches are never waited on); waiters
+    racing each other and the completion must all see it complete, none wait forever."""
+    for _ in range(300):
+        result = BatchResult("t", 0)
+        returned: list[int] = []
+        waiters = [threading.Thread(target=lambda: (result.wait(5), returned.append(1))) for _ in range(3)]
+        for waiter in waiters:
+            waiter.start()
+        result.complete(7)
+        for waiter in waiters:
+            waiter.join(6)
+        assert len(returned) == 3
