@@ -300,17 +300,14 @@ class AsyncConsumer:
         CorruptRecordError naming topic, partition and offset (a call that has no records to
         return raises it at once). Until the caller seeks, the partition is fetched again and
         raises again."""
-        if self._closed:
-            raise ConsumerStoppedError("consumer is closed")
-        if not self._buffer and self._error is None and timeout_ms > 0:
-            try:
-                await asyncio.wait_for(self._data_ready.wait(), timeout_ms / 1000)
-            except TimeoutError:
-                pass
-        return self._as_table(self._take_ready(max_records))
+        return self._as_table(await self._poll_batches(timeout_ms, max_records))
 
     async def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
         """Like poll_arrow, as ConsumerRecords (built from the batches' columns, no table)."""
+        return fetched_to_records(await self._poll_batches(timeout_ms, max_records))
+
+    async def _poll_batches(self, timeout_ms: int, max_records: int | None) -> list[tuple[TopicPartition, FetchedBatch]]:
+        """What a poll returns, after waiting up to `timeout_ms` for records when none are buffered."""
         if self._closed:
             raise ConsumerStoppedError("consumer is closed")
         if not self._buffer and self._error is None and timeout_ms > 0:
@@ -318,7 +315,7 @@ class AsyncConsumer:
                 await asyncio.wait_for(self._data_ready.wait(), timeout_ms / 1000)
             except TimeoutError:
                 pass
-        return fetched_to_records(self._take_ready(max_records))
+        return self._take_ready(max_records)
 
     @staticmethod
     def _as_table(taken: list[tuple[TopicPartition, FetchedBatch]]) -> pa.Table:
@@ -749,21 +746,19 @@ class Consumer:
     def poll_arrow(self, timeout_ms: int = 1000, max_records: int | None = None) -> pa.Table:
         """See AsyncConsumer.poll_arrow. Runs on the calling thread: it waits for the background
         fetcher's data directly, so a record costs no hop through the event loop to be returned."""
-        core = self._core
-        if core._closed:
-            raise ConsumerStoppedError("consumer is closed")
-        if timeout_ms > 0:
-            core.wait_for_data(timeout_ms / 1000)
-        return core._as_table(core._take_ready(max_records))
+        return self._core._as_table(self._poll_batches(timeout_ms, max_records))
 
     def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
         """See AsyncConsumer.poll; on the calling thread, like poll_arrow."""
+        return fetched_to_records(self._poll_batches(timeout_ms, max_records))
+
+    def _poll_batches(self, timeout_ms: int, max_records: int | None) -> list[tuple[TopicPartition, FetchedBatch]]:
         core = self._core
         if core._closed:
             raise ConsumerStoppedError("consumer is closed")
         if timeout_ms > 0:
             core.wait_for_data(timeout_ms / 1000)
-        return fetched_to_records(core._take_ready(max_records))
+        return core._take_ready(max_records)
 
     def records(self, idle_timeout_ms: int | None = None) -> Iterator[ConsumerRecord]:
         """Every record of the assigned partitions as it arrives, for `for record in ...` loops.
