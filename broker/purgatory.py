@@ -1,8 +1,13 @@
 """Purgatories: requests that wait for a partition's state to move (Kafka's DelayedOperation).
 
-- `FetchPurgatory`: a fetch that found fewer than `min_bytes` parks one future under every
-  partition it asked for; when a partition's high watermark moves (not on append: data above the
-  high watermark is invisible to consumers) the future resolves and the fetch reads again.
+- `DelayedOperationPurgatory` holds `DelayedOperation`s (a fetch that found fewer than
+  `min_bytes`; later a follower's fetch, a produce waiting for its ISR) watched under the
+  partitions they wait on. When a partition's state moves (for fetches: its high watermark, not an
+  append, since data above it is invisible to consumers) `notify` has each watcher try again on
+  the next loop turn; a watcher that still cannot complete keeps watching until its deadline,
+  when it completes with what there is. No task, future or coroutine per operation: a tailing
+  consumer parks and wakes one fetch per record batch, and those were most of the broker's
+  per-fetch work.
 - `ProducePurgatory`: a produce whose acknowledgement must wait (the flush policy demands an
   fsync first; later, acks=all waits for the ISR) parks under its partition with the offset it
   needs; `complete` resolves every waiter whose condition now holds, `fail` every waiter of a
@@ -12,50 +17,111 @@ Waking is O(waiters of that partition). Loop-local: call from the event-loop thr
 """
 from __future__ import annotations
 
+import abc
 import asyncio
-from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 TopicPartition = tuple[str, int]
+# Called once with (answer, None) or (None, error).
+Completion = Callable[[Any, "BaseException | None"], None]
 
 
-class FetchPurgatory:
-    def __init__(self) -> None:
-        self._waiters: dict[TopicPartition, set[asyncio.Future[None]]] = defaultdict(set)
+class DelayedOperation(abc.ABC):
+    """An answer that waits for a condition or a deadline (Kafka's DelayedOperation). It completes
+    exactly once: from `try_complete` once its condition holds, from `on_expiration` at its
+    deadline, or never if cancelled (its requester went away). Whoever waits for the answer sets
+    `on_complete` before the operation is watched."""
 
-    async def wait(self, partitions: list[TopicPartition], timeout_s: float) -> None:
-        """Return when any of `partitions` has new committed data, or after `timeout_s` seconds."""
-        if timeout_s <= 0:
+    def __init__(self, keys: Sequence[Hashable]) -> None:
+        self.keys = keys
+        self.done = False
+        self.on_complete: Completion | None = None
+        self._purgatory: DelayedOperationPurgatory | None = None
+        self._timer: asyncio.TimerHandle | None = None
+
+    @abc.abstractmethod
+    def try_complete(self) -> bool:
+        """Complete (through `complete`) if the condition now holds; return whether it did."""
+
+    @abc.abstractmethod
+    def on_expiration(self) -> None:
+        """The deadline passed: complete with what there is."""
+
+    def complete(self, answer: Any, error: BaseException | None = None) -> None:
+        if self.done:
             return
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[None] = loop.create_future()
-        for tp in partitions:
-            self._waiters[tp].add(future)
-        # A timer resolving the same future instead of asyncio.wait_for, whose wrapping costs two
-        # more loop turns between the notify and the fetch reading again (every tailing fetch).
-        timer = loop.call_later(timeout_s, _resolve, future)
+        on_complete = self.on_complete
+        self._finish()
+        if on_complete is not None:
+            on_complete(answer, error)
+
+    def cancel(self) -> None:
+        """Stop waiting without an answer."""
+        if not self.done:
+            self._finish()
+
+    def _finish(self) -> None:
+        # Drop every reference back to this operation (timer callback, requester's callback,
+        # purgatory): a finished operation must be freed by reference counting. Thousands of
+        # fetches a second left in cycles made the cyclic GC stop the broker for tens of ms.
+        self.done = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._purgatory is not None:
+            self._purgatory._forget(self)
+            self._purgatory = None
+        self.on_complete = None
+
+    def _attempt(self, step: Callable[[], Any]) -> None:
+        """Run `try_complete` or `on_expiration`; a bug in either answers with the error instead
+        of leaving the requester waiting."""
         try:
-            await future
-        finally:
-            timer.cancel()
-            for tp in partitions:
-                waiters = self._waiters.get(tp)
-                if waiters is not None:
-                    waiters.discard(future)
-                    if not waiters:
-                        del self._waiters[tp]
-
-    def notify(self, tp: TopicPartition) -> None:
-        """Wake every fetch waiting on `tp` (its high watermark moved)."""
-        waiters = self._waiters.pop(tp, None)
-        if waiters:
-            for future in waiters:
-                _resolve(future)
+            step()
+        except Exception as err:
+            self.complete(None, err)
 
 
-def _resolve(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
+class DelayedOperationPurgatory:
+    """Operations watched by key until they complete or expire (Kafka's DelayedOperationPurgatory)."""
+
+    def __init__(self) -> None:
+        self._watchers: dict[Hashable, dict[DelayedOperation, None]] = {}
+        self._notified: set[Hashable] = set()
+
+    def __len__(self) -> int:
+        return len({op for ops in self._watchers.values() for op in ops})
+
+    def watch(self, op: DelayedOperation, timeout_s: float) -> None:
+        """Park `op` (whose first `try_complete` just failed) under its keys until a `notify` of
+        one lets it complete, or `timeout_s` passes."""
+        loop = asyncio.get_running_loop()
+        op._purgatory = self
+        for key in op.keys:
+            self._watchers.setdefault(key, {})[op] = None
+        op._timer = loop.call_later(max(timeout_s, 0.0), op._attempt, op.on_expiration)
+
+    def notify(self, key: Hashable) -> None:
+        """`key`'s state moved: its watchers try to complete on the next loop turn (after the
+        request that moved it is answered; several moves in one turn make one attempt)."""
+        if key in self._watchers and key not in self._notified:
+            self._notified.add(key)
+            asyncio.get_running_loop().call_soon(self._check, key)
+
+    def _check(self, key: Hashable) -> None:
+        self._notified.discard(key)
+        for op in list(self._watchers.get(key, ())):
+            if not op.done:
+                op._attempt(op.try_complete)
+
+    def _forget(self, op: DelayedOperation) -> None:
+        for key in op.keys:
+            ops = self._watchers.get(key)
+            if ops is not None:
+                ops.pop(op, None)
+                if not ops:
+                    del self._watchers[key]
 
 
 class ProducePurgatory:

@@ -31,7 +31,7 @@ from broker.config import LogConfig
 from broker.errors import InvalidRequestError, KafkaStorageError, RequestTimedOutError, UnknownTopicOrPartitionError
 from broker.log import AppendInfo, FetchSlice, LogManager, TopicLogSpec, UnifiedLog
 from broker.log_writer import LogWriter
-from broker.purgatory import FetchPurgatory, ProducePurgatory
+from broker.purgatory import DelayedOperation, DelayedOperationPurgatory, ProducePurgatory
 from broker.record import now_ms
 
 log = logging.getLogger("pymq.replica_manager")
@@ -40,7 +40,7 @@ TopicPartition = tuple[str, int]
 
 
 class ReplicaManager:
-    def __init__(self, broker_id: int, logs: LogManager, writer: LogWriter, fetch_purgatory: FetchPurgatory) -> None:
+    def __init__(self, broker_id: int, logs: LogManager, writer: LogWriter, fetch_purgatory: DelayedOperationPurgatory) -> None:
         self.broker_id = broker_id
         self.logs = logs
         self.writer = writer
@@ -174,8 +174,10 @@ class ReplicaManager:
         target.check_leader(current_leader_epoch)
         return target.log
 
-    async def wait_for_data(self, partitions: list[TopicPartition], timeout_s: float) -> None:
-        await self.fetch_purgatory.wait(partitions, timeout_s)
+    def park_fetch(self, fetch: DelayedOperation, timeout_s: float) -> None:
+        """Park a fetch that wants more than there is; it retries when one of its partitions'
+        high watermark moves (or the partition goes away) and answers at `timeout_s` regardless."""
+        self.fetch_purgatory.watch(fetch, timeout_s)
 
     # --- flushes ---------------------------------------------------------------------------
 

@@ -25,8 +25,9 @@ import socket
 import struct
 import sys
 from collections import deque
-from pathlib import Path
 from collections.abc import Awaitable
+from functools import partial
+from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 from typing import Any
 
@@ -35,12 +36,12 @@ from broker.cluster.metadata_store import LocalMetadataStore, MetadataStore
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
 from broker.errors import InvalidRequestError, MessageTooLargeError, PymqError
-from broker.handlers import Part, RequestHandlers, Result, error_fields, unexpected_error
+from broker.handlers import Part, RequestHandlers, Result, error_fields, to_result, unexpected_error
 from broker.cluster.partition import LeaderAndIsr
 from broker.log import FetchSlice, LogManager, TopicLogSpec
 from broker.log_writer import LogWriter
 from broker.metrics import serve_metrics
-from broker.purgatory import FetchPurgatory
+from broker.purgatory import DelayedOperation, DelayedOperationPurgatory
 from broker.replica_manager import ReplicaManager
 
 log = logging.getLogger("pymq.server")
@@ -60,7 +61,7 @@ class Connection(asyncio.BufferedProtocol):
         self.peer = "?"
         self.last_active = self.loop.time()
         self.in_flight: set[asyncio.Task[None]] = set()
-        self._fetches: set[asyncio.Task[None]] = set()
+        self._parked: set[DelayedOperation] = set()  # this connection's fetches in the purgatory
         self._queue: deque[tuple[bytes, list[Part]]] = deque()
         self._writer: asyncio.Task[None] | None = None
         self._write_paused = False
@@ -83,8 +84,9 @@ class Connection(asyncio.BufferedProtocol):
         self.broker.connections.discard(self)
         # Parked fetches have nobody to answer; admin changes run to completion so that
         # metadata and logs never disagree because a client hung up mid-request.
-        for task in self._fetches:
-            task.cancel()
+        for op in self._parked:
+            op.cancel()
+        self._parked.clear()
         while self._queue:
             _release(self._queue.popleft()[1])
         if self._writer is not None:
@@ -130,15 +132,28 @@ class Connection(asyncio.BufferedProtocol):
             result = (error_fields(err), [])
         except Exception as err:  # a bug must not take the connection down
             result = (unexpected_error(err), [])
-        if isinstance(result, Awaitable):
+        if isinstance(result, DelayedOperation):
+            result.on_complete = partial(self._delayed_done, frame.correlation_id, result)
+            self._parked.add(result)
+            self._update_reading()
+        elif isinstance(result, Awaitable):
             task = self.loop.create_task(self._finish(frame.correlation_id, result))
             self.in_flight.add(task)
-            if frame.api_key == protocol.ApiKey.FETCH:
-                self._fetches.add(task)
             task.add_done_callback(self._task_done)
             self._update_reading()
         else:
             self._respond(frame.correlation_id, result)
+
+    def _delayed_done(self, correlation_id: int, op: DelayedOperation, answer: Any, error: BaseException | None) -> None:
+        self._parked.discard(op)
+        if error is None:
+            result = to_result(answer)
+        elif isinstance(error, PymqError):
+            result = (error_fields(error), [])
+        else:
+            result = (unexpected_error(error), [])
+        self._respond(correlation_id, result)
+        self._update_reading()
 
     async def _finish(self, correlation_id: int, pending: Awaitable[Result]) -> None:
         try:
@@ -153,13 +168,17 @@ class Connection(asyncio.BufferedProtocol):
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self.in_flight.discard(task)
-        self._fetches.discard(task)
         self._update_reading()
+
+    @property
+    def waiting(self) -> int:
+        """Requests read but not answered yet."""
+        return len(self.in_flight) + len(self._parked)
 
     def _update_reading(self) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        should_pause = self._write_paused or len(self.in_flight) >= self.broker.config["queued.max.requests"]
+        should_pause = self._write_paused or self.waiting >= self.broker.config["queued.max.requests"]
         if should_pause and not self._read_paused:
             self.transport.pause_reading()
         elif not should_pause and self._read_paused:
@@ -269,7 +288,7 @@ class Broker:
         self.store = store or LocalMetadataStore(self.log_dir / METADATA_FILE)
         self.registry = TopicRegistry(self.store, config["broker.id"], config.log_defaults)
         self.logs = LogManager(self.log_dir, max_open_files=config["log.max.open.files"])
-        self.purgatory = FetchPurgatory()
+        self.purgatory = DelayedOperationPurgatory()
         self.writer = LogWriter(config["log.writer.offload.bytes"], config["queued.max.request.bytes"])
         self.replicas = ReplicaManager(config["broker.id"], self.logs, self.writer, self.purgatory)
         self.handlers = RequestHandlers(config, self.registry, self.replicas, self.advertised)
@@ -360,7 +379,7 @@ class Broker:
         limit_s = self.config["connections.max.idle.ms"] / 1000
         now = asyncio.get_running_loop().time()
         for conn in list(self.connections):
-            if not conn.in_flight and now - conn.last_active > limit_s and conn.transport is not None:
+            if not conn.waiting and now - conn.last_active > limit_s and conn.transport is not None:
                 log.info("closing idle connection %s", conn.peer)
                 conn.transport.close()
 

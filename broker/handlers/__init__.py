@@ -5,8 +5,10 @@ Handlers never see frames or sockets: the server decodes a `Request` frame and c
 (`broker.protocol.messages`), runs the family's handler, and turns the typed response into what
 the server writes: `(control, parts)`, where parts are bytes-like objects or `FetchSlice`s
 (segment byte ranges the server sends with sendfile), or None for "no response" (produce with
-acks=0). Handlers that may wait (fetch long poll, admin writes to the metadata store, a produce
-whose acknowledgement waits) return awaitables; the rest answer synchronously. Every partition
+acks=0). Handlers that may wait return awaitables (admin writes to the metadata store, a produce
+whose acknowledgement waits) or a `DelayedOperation` parked in a purgatory (a fetch long poll:
+no task per request) whose answer the server turns into a Result with `to_result`; the rest
+answer synchronously. Every partition
 access goes through the `ReplicaManager`; reads resolve their log through the one seam
 `RequestHandlers._leader_log`.
 
@@ -32,13 +34,14 @@ from broker.handlers.metadata import MetadataHandler
 from broker.handlers.produce import ProduceHandler
 from broker.log import FetchSlice, UnifiedLog
 from broker.protocol import REQUEST_TYPES, ApiKey, Message
+from broker.purgatory import DelayedOperation
 from broker.replica_manager import ReplicaManager
 
 log = logging.getLogger("pymq.handlers")
 
 Part = Union[bytes, bytearray, memoryview, FetchSlice]
 Result = tuple[dict[str, Any], list[Part]] | None
-Answer = Union[Message, None, Awaitable[Union[Message, None]]]
+Answer = Union[Message, None, Awaitable[Union[Message, None]], DelayedOperation]
 
 
 def error_fields(err: PymqError) -> dict[str, Any]:
@@ -52,12 +55,12 @@ def unexpected_error(err: BaseException) -> dict[str, Any]:
     return error_fields(UnknownServerError(f"{type(err).__name__}: {err}"))
 
 
-def _result(response: Message | None) -> Result:
+def to_result(response: Message | None) -> Result:
     return None if response is None else (response.to_control(), response.payload())  # type: ignore[return-value]
 
 
 async def _result_later(pending: Awaitable[Message | None]) -> Result:
-    return _result(await pending)
+    return to_result(await pending)
 
 
 class RequestHandlers:
@@ -91,7 +94,7 @@ class RequestHandlers:
         }
         assert self._table.keys() == REQUEST_TYPES.keys(), "every API has a handler and a request message"
 
-    def handle(self, request: protocol.Request) -> Result | Awaitable[Result]:
+    def handle(self, request: protocol.Request) -> Result | Awaitable[Result] | DelayedOperation:
         """Dispatch one request. Raises PymqError for request-level failures (malformed
         messages included)."""
         handler = self._table.get(request.api_key)
@@ -105,7 +108,9 @@ class RequestHandlers:
         message = REQUEST_TYPES[request.api_key].from_control(request.control, request.payload)
         answer = handler(message)
         if isinstance(answer, Message) or answer is None:
-            return _result(answer)
+            return to_result(answer)
+        if isinstance(answer, DelayedOperation):
+            return answer
         return _result_later(answer)
 
     def _leader_log(self, topic: str, partition: int, current_leader_epoch: int) -> UnifiedLog:

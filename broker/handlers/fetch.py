@@ -1,5 +1,8 @@
 """Fetch handler: read each partition from its fetch offset, long-polling for `min_bytes`.
 
+A fetch that finds enough at once is answered synchronously; otherwise it becomes a
+`DelayedFetch` parked in the replica manager's fetch purgatory, which reads again when one of its
+partitions' high watermark moves and answers with whatever there is at its deadline.
 The response mirrors the request's entries. Each partition's bytes are a segment range
 (`FetchSlice`) the server sends with sendfile; a pass whose ranges will not be sent (not enough
 data yet) closes them. The broker bounds the request: waits to MAX_WAIT_MS_LIMIT, sizes to
@@ -7,7 +10,6 @@ data yet) closes them. The broker bounds the request: waits to MAX_WAIT_MS_LIMIT
 """
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 
 from broker.config import BrokerConfig
@@ -22,6 +24,7 @@ from broker.protocol import (
     FetchTopicResponse,
     code_and_message,
 )
+from broker.purgatory import DelayedOperation
 from broker.replica_manager import ReplicaManager
 
 MAX_WAIT_MS_LIMIT = 300_000
@@ -37,24 +40,31 @@ class FetchHandler:
         self.replicas = replicas
         self.leader_log = leader_log
 
-    async def fetch(self, request: FetchRequest) -> FetchResponse:
+    def fetch(self, request: FetchRequest) -> FetchResponse | DelayedFetch:
         max_wait_ms = min(max(request.max_wait_ms, 0), MAX_WAIT_MS_LIMIT)
         min_bytes = max(request.min_bytes, 0)
         limit = self.config["fetch.max.bytes"]
         max_bytes = min(max(limit if request.max_bytes is None else request.max_bytes, 1), limit)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + max_wait_ms / 1000
-        while True:
-            response, pieces, failed = self._read(request, max_bytes)
-            remaining = deadline - loop.time()
-            if sum(piece.size for piece in pieces) >= min_bytes or failed or remaining <= 0:
-                return response
-            for piece in pieces:  # not enough yet: this pass's ranges will not be sent
-                piece.close()
-            wanted = [(t.name, p.partition) for t in request.topics for p in t.partitions]
-            await self.replicas.wait_for_data(wanted, remaining)
+        if max_wait_ms <= 0:
+            return self.read(request, max_bytes)[0]
+        response = self.read_enough(request, min_bytes, max_bytes)
+        if response is not None:
+            return response
+        delayed = DelayedFetch(self, request, min_bytes, max_bytes)
+        self.replicas.park_fetch(delayed, max_wait_ms / 1000)
+        return delayed
 
-    def _read(self, request: FetchRequest, max_bytes: int) -> tuple[FetchResponse, list[FetchSlice], bool]:
+    def read_enough(self, request: FetchRequest, min_bytes: int, max_bytes: int) -> FetchResponse | None:
+        """One read of every partition: the response if it has `min_bytes` or an error, else None
+        (and the ranges it found are closed: they will not be sent)."""
+        response, pieces, failed = self.read(request, max_bytes)
+        if failed or sum(piece.size for piece in pieces) >= min_bytes:
+            return response
+        for piece in pieces:
+            piece.close()
+        return None
+
+    def read(self, request: FetchRequest, max_bytes: int) -> tuple[FetchResponse, list[FetchSlice], bool]:
         """One pass over the requested partitions: the response, its ranges, and whether any failed."""
         topics = []
         pieces: list[FetchSlice] = []
@@ -94,3 +104,26 @@ class FetchHandler:
             return FetchPartitionResponse(p.partition, high_watermark=high_watermark, log_start_offset=log_start_offset), None
         return FetchPartitionResponse(p.partition, high_watermark=high_watermark, log_start_offset=log_start_offset,
                                       records=piece), piece
+
+
+class DelayedFetch(DelayedOperation):
+    """A fetch waiting for `min_bytes` across its partitions (Kafka's DelayedFetch). Each attempt
+    reads every partition again: the offsets may have become invalid meanwhile (retention,
+    truncation, leadership), and the answer must say so."""
+
+    def __init__(self, handler: FetchHandler, request: FetchRequest, min_bytes: int, max_bytes: int) -> None:
+        super().__init__([(t.name, p.partition) for t in request.topics for p in t.partitions])
+        self.handler = handler
+        self.request = request
+        self.min_bytes = min_bytes
+        self.max_bytes = max_bytes
+
+    def try_complete(self) -> bool:
+        response = self.handler.read_enough(self.request, self.min_bytes, self.max_bytes)
+        if response is None:
+            return False
+        self.complete(response)
+        return True
+
+    def on_expiration(self) -> None:
+        self.complete(self.handler.read(self.request, self.max_bytes)[0])

@@ -14,7 +14,7 @@ from broker.config import LogConfig
 from broker.errors import UnknownTopicOrPartitionError
 from broker.log import LogManager, TopicLogSpec, UnifiedLog
 from broker.log_writer import LogWriter
-from broker.purgatory import FetchPurgatory
+from broker.purgatory import DelayedOperationPurgatory
 from broker.replica_manager import ReplicaManager
 
 
@@ -30,7 +30,7 @@ def test_an_append_queued_when_its_topic_is_deleted_is_unknown_topic(tmp_path: P
 
     async def scenario() -> None:
         logs = LogManager(tmp_path / "data")
-        replicas = ReplicaManager(0, logs, LogWriter(offload_bytes=0, max_queued_bytes=1 << 20), FetchPurgatory())
+        replicas = ReplicaManager(0, logs, LogWriter(offload_bytes=0, max_queued_bytes=1 << 20), DelayedOperationPurgatory())
         await replicas.create_partitions("t", TopicLogSpec(None, LogConfig(), 1), [0],
                                          {("t", 0): LeaderAndIsr(0, 0, (0,), (0,))})
         monkeypatch.setattr(UnifiedLog, "append_as_leader", held_append)

@@ -15,7 +15,7 @@ from broker.config import LogConfig
 from broker.errors import KafkaStorageError
 from broker.log import LogManager, TopicLogSpec, leader_epoch
 from broker.log_writer import LogWriter
-from broker.purgatory import FetchPurgatory
+from broker.purgatory import DelayedOperationPurgatory
 from broker.replica_manager import ReplicaManager
 
 from tests.broker.log.appends import append
@@ -110,7 +110,7 @@ def test_a_log_deleted_with_a_flush_due_is_not_flushed_again_and_again(tmp_path,
     async def scenario() -> None:
         manager = LogManager(tmp_path / "data", clock)
         writer = LogWriter(1 << 30, 1 << 30)
-        replicas = ReplicaManager(0, manager, writer, FetchPurgatory())
+        replicas = ReplicaManager(0, manager, writer, DelayedOperationPurgatory())
         try:
             await replicas.create_partitions("t", TopicLogSpec(OLD_ID, config(flush_messages=1), 1), [0],
                                              {("t", 0): LeaderAndIsr(0, 0, (0,), (0,))})
