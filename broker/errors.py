@@ -206,6 +206,20 @@ class NoOffsetForPartitionError(PymqError):
     code = 1003
 
 
+class DataLossError(PymqError):
+    """Offsets a bounded read needed were deleted (retention) or are gone (truncation) before it
+    read them; names topic, partition and the offsets [start, end) that are lost."""
+
+    code = 1005
+
+    def __init__(self, message: str, topic: str = "", partition: int = -1, start: int = -1, end: int = -1) -> None:
+        super().__init__(message)
+        self.topic, self.partition, self.start, self.end = topic, partition, start, end
+
+    def __reduce__(self) -> tuple:  # keeps the fields when pickled (Spark tasks, processes)
+        return type(self), (str(self), self.topic, self.partition, self.start, self.end)
+
+
 _NAMES: dict[type[PymqError], str] = {
     UnknownServerError: "UNKNOWN_SERVER_ERROR",
     CorruptMessageError: "CORRUPT_MESSAGE",
@@ -242,6 +256,7 @@ _NAMES: dict[type[PymqError], str] = {
     ConsumerStoppedError: "CONSUMER_STOPPED",
     NoOffsetForPartitionError: "NO_OFFSET_FOR_PARTITION",
     CorruptRecordError: "CORRUPT_RECORD",
+    DataLossError: "DATA_LOSS",
 }
 
 NONE = 0

@@ -1,0 +1,4 @@
+"""The `pymq` Spark data source: `register(spark)`, then `spark.read.format("pymq")`."""
+from spark_datasource.source import PymqDataSource, register
+
+__all__ = ["PymqDataSource", "register"]

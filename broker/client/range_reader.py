@@ -1,0 +1,170 @@
+"""Read a bounded offset range of one partition: what a Spark task (or a notebook) does.
+
+Unlike the `Consumer`, which tails partitions with prefetching and long polls, a range read knows
+where it stops: each Fetch asks for the next `max_bytes` from the current position without
+waiting (the range is below the high watermark when it was planned), and no byte past the
+range's last batch is requested. Batches come back decoded (zero-copy Arrow bodies) and trimmed to
+[start, end); turning them into rows of any schema is the caller's (Arrow kernels, no per-record
+Python).
+
+Offsets the range wants that retention has deleted are data loss: `DataLossError` names topic,
+partition and the lost offsets, or, with `fail_on_data_loss=False`, the read skips to the log
+start and reports how many offsets it skipped in `lost`.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from broker import protocol, record
+from broker.client.cluster import Cluster
+from broker.client.consumer import FetchedBatch, corrupt_batch_offset, list_offsets
+from broker.errors import (
+    CorruptMessageError,
+    CorruptRecordError,
+    DataLossError,
+    NetworkError,
+    OffsetOutOfRangeError,
+    PymqError,
+    RequestTimedOutError,
+)
+from broker.protocol import FetchPartition, FetchRequest, FetchTopic
+
+log = logging.getLogger("pymq.range_reader")
+
+RETRIES = 5  # leader changes, timeouts: each retry refreshes metadata after a backoff
+
+
+@dataclass
+class RangeStats:
+    """What a range read cost and skipped: tests and benchmarks check pushdown with it."""
+
+    fetches: int = 0
+    bytes_fetched: int = 0
+    records: int = 0
+    lost: int = 0  # offsets skipped because retention had deleted them (fail_on_data_loss=False)
+
+
+async def read_range(cluster: Cluster, topic: str, partition: int, start: int, end: int, *,
+                     max_bytes: int = 8 << 20, fail_on_data_loss: bool = True, check_crcs: bool = True,
+                     retry_backoff_s: float = 0.1, stats: RangeStats | None = None
+                     ) -> AsyncIterator[list[FetchedBatch]]:
+    """The records of `topic`-`partition` with offsets in [start, end), in order: the batches
+    of one fetch at a time (a caller may join them into one Arrow batch).
+
+    Raises DataLossError for offsets that are gone (see the module docstring),
+    CorruptRecordError for a batch that fails its checks, and the broker's error for anything
+    not retriable."""
+    stats = stats if stats is not None else RangeStats()
+    position = start
+    failures = 0
+    while position < end:
+        try:
+            leader = await cluster.leader(topic, partition)
+            request = FetchRequest((FetchTopic(topic, (FetchPartition(partition, position, max_bytes),)),),
+                                   max_wait_ms=0, min_bytes=0, max_bytes=max_bytes)
+            reply = await cluster.send(leader, request)
+            answer = reply.topics[0].partitions[0]
+            err = answer.error()
+            if err is not None:
+                raise err
+        except OffsetOutOfRangeError:
+            position = await _lost(cluster, topic, partition, position, end, fail_on_data_loss, stats)
+            continue
+        except PymqError as err:
+            if not (err.retriable or isinstance(err, (NetworkError, RequestTimedOutError))):
+                raise
+            failures = await _retry(cluster, topic, partition, err, failures, retry_backoff_s)
+            continue
+        failures = 0
+        data = answer.records
+        stats.fetches += 1
+        stats.bytes_fetched += len(data)
+        moved = False
+        chunk = []
+        for batch in _decode(topic, partition, data, position, answer.high_watermark, check_crcs):
+            if batch.first_offset >= end:
+                position = end
+                break
+            moved = True
+            last = batch.next_offset >= end
+            if batch.next_offset > end:
+                batch = batch.split(_rows_before(batch, end))[0]
+            if batch.num_rows:
+                stats.records += batch.num_rows
+                chunk.append(batch)
+            position = end if last else batch.next_offset
+            if last:
+                break
+        if chunk:
+            yield chunk
+        if not moved and position < end:
+            if answer.log_start_offset > position:  # deleted between the fetch's start and now
+                position = await _lost(cluster, topic, partition, position, end, fail_on_data_loss, stats)
+            elif answer.high_watermark <= position:
+                raise DataLossError(f"{topic}-{partition}: offsets {position}..{end - 1} are not in the log any more "
+                                    f"(its end is {answer.high_watermark}: truncated?)", topic, partition, position, end)
+            else:  # a batch larger than max_bytes: the broker sends it whole, so this is a broker bug
+                raise PymqError(f"{topic}-{partition}: fetch at {position} returned no batch below the high "
+                                f"watermark {answer.high_watermark}")
+
+
+def _decode(topic: str, partition: int, data: memoryview | bytes, position: int, high_watermark: int,
+            check_crcs: bool) -> list[FetchedBatch]:
+    """The complete batches of one fetch answer from `position` on."""
+    view = memoryview(data)
+    batches = []
+    bad_at = 0
+    try:
+        for pos, header in record.iter_batches(view, verify=check_crcs, check_body=False):
+            bad_at = pos + header.size
+            if header.next_offset <= position:
+                continue
+            batches.append(FetchedBatch.of(header, record.decode_body(view, header, pos), position))
+            position = header.next_offset
+    except CorruptMessageError as err:
+        offset = corrupt_batch_offset(view, bad_at, position, high_watermark)
+        raise CorruptRecordError(f"{topic}-{partition} offset {offset}: {err}", topic, partition, offset) from err
+    return batches
+
+
+def _rows_before(batch: FetchedBatch, end: int) -> int:
+    if batch.offsets is None:
+        return end - batch.first_offset
+    return int(np.searchsorted(batch.offsets.to_numpy(), end))
+
+
+async def _lost(cluster: Cluster, topic: str, partition: int, position: int, end: int,
+                fail_on_data_loss: bool, stats: RangeStats) -> int:
+    """`position` is below the log start: raise, or return where reading goes on."""
+    found = await list_offsets(cluster, {(topic, partition): protocol.EARLIEST_TIMESTAMP})
+    log_start = found[(topic, partition)][0]
+    if log_start <= position:
+        raise DataLossError(f"{topic}-{partition}: offset {position} is out of range but the log starts at "
+                            f"{log_start}", topic, partition, position, end)
+    gone_to = min(log_start, end)
+    message = (f"{topic}-{partition}: offsets {position}..{gone_to - 1} were deleted (retention) before they "
+               f"were read; the log now starts at {log_start}")
+    if fail_on_data_loss:
+        raise DataLossError(message + " (failOnDataLoss=true; set it to false to skip them)",
+                            topic, partition, position, gone_to)
+    log.warning("%s; skipping %d offsets (failOnDataLoss=false)", message, gone_to - position)
+    stats.lost += gone_to - position
+    return gone_to
+
+
+async def _retry(cluster: Cluster, topic: str, partition: int, err: PymqError, failures: int,
+                 backoff_s: float) -> int:
+    if failures >= RETRIES:
+        raise err
+    log.info("%s-%d: fetch failed (%s); retrying", topic, partition, err)
+    await asyncio.sleep(backoff_s * (failures + 1))
+    try:
+        await cluster.refresh([topic])
+    except PymqError as refresh_err:
+        log.info("metadata refresh failed: %s", refresh_err)
+    return failures + 1

@@ -1,0 +1,59 @@
+"""`spark.read.format("pymq")`: a bounded read of topics, one Spark task per offset range.
+
+Planning (driver): the subscription's partitions, each one's [start, end) from
+startingOffsets/endingOffsets (or their timestamp forms), narrowed by pushed-down filters, split
+by `ranges.split_ranges`. Reading (executors): `task.read_offset_range`.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
+
+from spark_datasource.filters import PushedFilters
+from spark_datasource.offsets import OffsetReader
+from spark_datasource.options import InvalidOptionError, SourceOptions
+from spark_datasource.ranges import OffsetRange, RangePartition, split_ranges
+from spark_datasource.task import read_offset_range
+
+
+class PymqBatchReader(DataSourceReader):
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self.filters = PushedFilters()
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        return list(self.filters.push(filters))
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return [RangePartition(r) for r in self.plan()]
+
+    def plan(self) -> list[OffsetRange]:
+        """The offset ranges this read covers, split for Spark tasks."""
+        offsets = OffsetReader(self.options)
+        try:
+            tps = [tp for tp in offsets.topic_partitions(missing_ok=False) if self.filters.allows_partition(tp[1])]
+            starts = offsets.resolve(self.options.starting, tps, starting=True)
+            ends = offsets.resolve(self.options.ending, tps, starting=False)
+            by_time = (offsets.offsets_for_time(tps, self.filters.time_low_ms)
+                       if self.filters.time_low_ms is not None else {})
+        finally:
+            offsets.close()
+        ranges = []
+        for tp in tps:
+            start, end = starts[tp], ends[tp]
+            if start > end:
+                raise InvalidOptionError(
+                    f"{tp[0]}-{tp[1]}: starting offset {start} (option {self.options.starting.option}) is after "
+                    f"ending offset {end} (option {self.options.ending.option})")
+            if tp in by_time:  # a time filter: no record before this offset can match it
+                start = end if by_time[tp] is None else max(start, by_time[tp])
+            start, end = self.filters.narrow(start, end)
+            ranges.append(OffsetRange(tp[0], tp[1], start, end))
+        return split_ranges(ranges, self.options.min_partitions, self.options.max_records_per_partition)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, RangePartition):  # Spark's placeholder when nothing was planned
+            return iter(())
+        return read_offset_range(self.options, partition.range)

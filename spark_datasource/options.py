@@ -1,0 +1,363 @@
+"""The `pymq` source's options, parsed and checked once, when the query starts.
+
+Names, forms, defaults and precedence are the Spark Kafka source's, so that a Kafka pipeline moves
+to pymq by changing the format name and the bootstrap option:
+
+| option | forms | default | notes |
+| --- | --- | --- | --- |
+| `bootstrap.servers` / `kafka.bootstrap.servers` | `host:port[,host:port]` | required | |
+| `subscribe` / `subscribePattern` / `assign` | comma list / regex / `{"topic":[0,1]}` | exactly one | a pattern is re-evaluated each trigger |
+| `startingOffsets` | `earliest`, `latest`, `{"topic":{"0":23,"1":-2}}` | batch `earliest`, stream `latest` | -2 earliest, -1 latest; JSON names every partition |
+| `endingOffsets` | `latest`, JSON | `latest` | batch only |
+| `startingTimestamp` / `endingTimestamp` | ms since the epoch, every partition | | beat the `*OffsetsByTimestamp` and `*Offsets` options |
+| `startingOffsetsByTimestamp` / `endingOffsetsByTimestamp` | `{"topic":{"0":1700000000000}}` | | beat `startingOffsets` / `endingOffsets` |
+| `startingOffsetsByTimestampStrategy` | `error`, `latest` | `error` | a partition with no record at or after the time |
+| `maxOffsetsPerTrigger`, `minOffsetsPerTrigger` | positive long | | streaming admission control |
+| `maxTriggerDelay` | duration (`15m`, `30s`, `500ms`) | `15m` | with `minOffsetsPerTrigger` |
+| `minPartitions`, `maxRecordsPerPartition` | positive int | | how ranges split into Spark partitions |
+| `failOnDataLoss` | `true`, `false` | `true` | offsets deleted by retention before they were read |
+| `includeHeaders` | `true`, `false` | `false` | adds the `headers` column |
+| `kafka.<setting>` | client setting | | e.g. `kafka.request.timeout.ms`, `kafka.fetch.max.bytes` |
+
+An unknown, malformed or contradictory option raises `InvalidOptionError` naming the option and
+what it accepts, before any task runs. Spark hands options over case-insensitively (lower-cased
+keys), so lookups here are by lower-cased name.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+EARLIEST = -2
+LATEST = -1
+
+# Kafka's by-timestamp strategies for a partition without a record at or after the time.
+STRATEGY_ERROR = "error"
+STRATEGY_LATEST = "latest"
+
+# Settings a Spark task passes to the pymq client, as Kafka's consumer names (`kafka.` prefix).
+CLIENT_SETTINGS = {
+    "request.timeout.ms": "request_timeout_ms",
+    "fetch.max.bytes": "fetch_max_bytes",
+    "max.partition.fetch.bytes": "max_partition_fetch_bytes",
+    "retry.backoff.ms": "retry_backoff_ms",
+    "check.crcs": "check_crcs",
+}
+
+_SOURCE_OPTIONS = {
+    "bootstrap.servers", "kafka.bootstrap.servers", "subscribe", "subscribepattern", "assign",
+    "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp",
+    "startingoffsetsbytimestamp", "endingoffsetsbytimestamp", "startingoffsetsbytimestampstrategy",
+    "maxoffsetspertrigger", "minoffsetspertrigger", "maxtriggerdelay", "minpartitions",
+    "maxrecordsperpartition", "failondataloss", "includeheaders",
+}
+_SPELLING = {name.lower(): name for name in (
+    "subscribePattern", "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp",
+    "startingOffsetsByTimestamp", "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy",
+    "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "minPartitions",
+    "maxRecordsPerPartition", "failOnDataLoss", "includeHeaders")}
+_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
+_DURATION_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+class InvalidOptionError(ValueError):
+    """An option of the `pymq` source or sink that cannot be used, with what it accepts."""
+
+
+def spelled(name: str) -> str:
+    """An option's name as the documentation writes it (Spark lower-cases the keys)."""
+    return _SPELLING.get(name, name)
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """Where a read starts or ends: one of `earliest`/`latest` for every partition, offsets per
+    partition (-2 earliest, -1 latest), or a time: one for every partition or one per partition."""
+
+    kind: str  # "earliest", "latest", "offsets", "timestamp", "timestamps"
+    offsets: dict[str, dict[int, int]] = field(default_factory=dict)  # "offsets" / "timestamps"
+    timestamp: int = -1  # "timestamp"
+    option: str = ""  # the option it came from, for errors
+
+    @classmethod
+    def earliest(cls, option: str = "") -> "OffsetSpec":
+        return cls("earliest", option=option)
+
+    @classmethod
+    def latest(cls, option: str = "") -> "OffsetSpec":
+        return cls("latest", option=option)
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """Every option of a `pymq` read, checked; the one object planning and tasks work from."""
+
+    bootstrap_servers: str
+    subscribe: tuple[str, ...] = ()
+    subscribe_pattern: str | None = None
+    assign: dict[str, tuple[int, ...]] | None = None
+    starting: OffsetSpec = field(default_factory=OffsetSpec.earliest)
+    ending: OffsetSpec = field(default_factory=OffsetSpec.latest)
+    by_timestamp_strategy: str = STRATEGY_ERROR
+    max_offsets_per_trigger: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60_000
+    min_partitions: int | None = None
+    max_records_per_partition: int | None = None
+    fail_on_data_loss: bool = True
+    include_headers: bool = False
+    client: dict[str, Any] = field(default_factory=dict)  # keyword settings for the pymq client
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], streaming: bool) -> "SourceOptions":
+        """Check `options` for a batch (`streaming=False`) or streaming read."""
+        opts = {k.lower(): str(v) for k, v in options.items()}
+        client: dict[str, Any] = {}
+        for name in sorted(opts):
+            if name in _SOURCE_OPTIONS or name == "path":
+                continue
+            setting = name.removeprefix("kafka.")
+            if name.startswith("kafka.") and setting in CLIENT_SETTINGS:
+                client[CLIENT_SETTINGS[setting]] = _client_value(name, opts[name])
+                continue
+            accepted = ", ".join(sorted(spelled(n) for n in _SOURCE_OPTIONS))
+            kafka = ", ".join(f"kafka.{s}" for s in CLIENT_SETTINGS)
+            raise InvalidOptionError(f"unknown option {name!r} for format pymq; accepted: {accepted}, and {kafka}")
+        if opts.get("path"):
+            raise InvalidOptionError("option 'path' (load(path)) is not used by format pymq: name topics with "
+                                     "subscribe, subscribePattern or assign")
+
+        bootstrap = opts.get("kafka.bootstrap.servers") or opts.get("bootstrap.servers")
+        if not bootstrap or not bootstrap.strip():
+            raise InvalidOptionError("option 'kafka.bootstrap.servers' (or 'bootstrap.servers') is required: "
+                                     "'host:port[,host:port...]'")
+        if opts.get("kafka.bootstrap.servers") and opts.get("bootstrap.servers") \
+                and opts["kafka.bootstrap.servers"] != opts["bootstrap.servers"]:
+            raise InvalidOptionError("options 'kafka.bootstrap.servers' and 'bootstrap.servers' disagree: give one")
+
+        strategies = [n for n in ("assign", "subscribe", "subscribepattern") if n in opts]
+        if len(strategies) != 1:
+            given = ", ".join(spelled(n) for n in strategies) or "none"
+            raise InvalidOptionError("exactly one of the options 'subscribe' (comma-separated topics), "
+                                     "'subscribePattern' (a Java/Python regex) or 'assign' "
+                                     f"(JSON, e.g. {{\"topicA\":[0,1]}}) is required; given: {given}")
+        subscribe: tuple[str, ...] = ()
+        pattern = None
+        assign = None
+        if "subscribe" in opts:
+            subscribe = tuple(t.strip() for t in opts["subscribe"].split(",") if t.strip())
+            if not subscribe:
+                raise InvalidOptionError("option 'subscribe' needs at least one topic: 'topicA,topicB'")
+        elif "subscribepattern" in opts:
+            pattern = opts["subscribepattern"]
+            try:
+                re.compile(pattern)
+            except re.error as err:
+                raise InvalidOptionError(f"option 'subscribePattern' is not a valid regex ({err}): {pattern!r}") from err
+            if not pattern.strip():
+                raise InvalidOptionError("option 'subscribePattern' must not be empty")
+        else:
+            assign = _parse_assign(opts["assign"])
+
+        starting = _offset_spec(opts, "starting", streaming)
+        ending = _offset_spec(opts, "ending", streaming)
+        strategy = opts.get("startingoffsetsbytimestampstrategy", STRATEGY_ERROR).strip().lower()
+        if strategy not in (STRATEGY_ERROR, STRATEGY_LATEST):
+            raise InvalidOptionError(f"option 'startingOffsetsByTimestampStrategy' must be 'error' or 'latest', "
+                                     f"not {opts['startingoffsetsbytimestampstrategy']!r}")
+        _check_partitions_named(starting, assign)
+        _check_partitions_named(ending, assign)
+
+        max_per_trigger = _positive(opts, "maxoffsetspertrigger")
+        min_per_trigger = _positive(opts, "minoffsetspertrigger")
+        if max_per_trigger is not None and min_per_trigger is not None and min_per_trigger > max_per_trigger:
+            raise InvalidOptionError(f"option 'minOffsetsPerTrigger' ({min_per_trigger}) must not exceed "
+                                     f"'maxOffsetsPerTrigger' ({max_per_trigger})")
+        delay = _duration_ms(opts, "maxtriggerdelay", 15 * 60_000)
+        return cls(
+            bootstrap_servers=bootstrap.strip(),
+            subscribe=subscribe,
+            subscribe_pattern=pattern,
+            assign=assign,
+            starting=starting,
+            ending=ending,
+            by_timestamp_strategy=strategy,
+            max_offsets_per_trigger=max_per_trigger,
+            min_offsets_per_trigger=min_per_trigger,
+            max_trigger_delay_ms=delay,
+            min_partitions=_positive(opts, "minpartitions"),
+            max_records_per_partition=_positive(opts, "maxrecordsperpartition"),
+            fail_on_data_loss=_boolean(opts, "failondataloss", True),
+            include_headers=_boolean(opts, "includeheaders", False),
+            client=client,
+        )
+
+    def topic_matches(self, topic: str) -> bool:
+        """Whether `topic` is read by this query's subscription."""
+        if self.subscribe:
+            return topic in self.subscribe
+        if self.subscribe_pattern is not None:
+            return re.fullmatch(self.subscribe_pattern, topic) is not None
+        return self.assign is not None and topic in self.assign
+
+
+def _parse_assign(text: str) -> dict[str, tuple[int, ...]]:
+    example = '{"topicA":[0,1],"topicB":[2,4]}'
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InvalidOptionError(f"option 'assign' must be JSON like {example}: {err}") from err
+    if not isinstance(value, dict) or not value:
+        raise InvalidOptionError(f"option 'assign' must be a JSON object of topics to partition lists, like {example}")
+    assign = {}
+    for topic, partitions in value.items():
+        if (not isinstance(partitions, list) or not partitions
+                or not all(isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in partitions)):
+            raise InvalidOptionError(f"option 'assign': topic {topic!r} needs a non-empty list of partition "
+                                     f"numbers (>= 0), like {example}")
+        assign[topic] = tuple(sorted(set(partitions)))
+    return assign
+
+
+def _offset_spec(opts: dict[str, str], side: str, streaming: bool) -> OffsetSpec:
+    """The starting or ending spec, by Kafka's precedence: `<side>Timestamp`, then
+    `<side>OffsetsByTimestamp`, then `<side>Offsets`."""
+    names = [f"{side}timestamp", f"{side}offsetsbytimestamp", f"{side}offsets"]
+    if side == "ending" and streaming:
+        given = [spelled(n) for n in names if n in opts]
+        if given:
+            raise InvalidOptionError(f"option {given[0]!r} is for batch queries only: a streaming query has no end "
+                                     "(use Trigger.AvailableNow to stop at the latest offsets)")
+        return OffsetSpec.latest()
+    timestamp_name, by_timestamp_name, offsets_name = names
+    if timestamp_name in opts:
+        return OffsetSpec("timestamp", timestamp=_timestamp(spelled(timestamp_name), opts[timestamp_name]),
+                          option=spelled(timestamp_name))
+    if by_timestamp_name in opts:
+        offsets = _partition_json(spelled(by_timestamp_name), opts[by_timestamp_name], "a time in ms since the epoch",
+                                  minimum=0)
+        return OffsetSpec("timestamps", offsets=offsets, option=spelled(by_timestamp_name))
+    option = spelled(offsets_name)
+    text = opts.get(offsets_name)
+    if text is None:
+        return OffsetSpec.latest(option) if side == "ending" or streaming else OffsetSpec.earliest(option)
+    word = text.strip().lower()
+    if word in ("earliest", "latest"):
+        if side == "starting" and word == "latest" and not streaming:
+            raise InvalidOptionError("option 'startingOffsets' cannot be 'latest' for a batch query (it would read "
+                                     "nothing); use 'earliest' or JSON offsets")
+        if side == "ending" and word == "earliest":
+            raise InvalidOptionError("option 'endingOffsets' cannot be 'earliest' (it would read nothing); "
+                                     "use 'latest' or JSON offsets")
+        return OffsetSpec(word, option=option)
+    offsets = _partition_json(option, text, "an offset, -2 (earliest) or -1 (latest)", minimum=EARLIEST)
+    for topic, partitions in offsets.items():
+        for partition, offset in partitions.items():
+            if side == "starting" and offset == LATEST and not streaming:
+                raise InvalidOptionError(f"option 'startingOffsets': {topic}-{partition} is -1 (latest), which a "
+                                         "batch query cannot start from")
+            if side == "ending" and offset == EARLIEST:
+                raise InvalidOptionError(f"option 'endingOffsets': {topic}-{partition} is -2 (earliest), which a "
+                                         "batch query cannot end at")
+    return OffsetSpec("offsets", offsets=offsets, option=option)
+
+
+def _partition_json(option: str, text: str, what: str, minimum: int) -> dict[str, dict[int, int]]:
+    example = '{"topicA":{"0":23,"1":-2},"topicB":{"0":-1}}'
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InvalidOptionError(f"option {option!r} must be 'earliest', 'latest' or JSON like {example}: {err}") from err
+    if not isinstance(value, dict) or not value:
+        raise InvalidOptionError(f"option {option!r} must be a JSON object of topics to {{partition: value}}, "
+                                 f"like {example}")
+    parsed: dict[str, dict[int, int]] = {}
+    for topic, partitions in value.items():
+        if not isinstance(partitions, dict) or not partitions:
+            raise InvalidOptionError(f"option {option!r}: topic {topic!r} needs an object of partition -> {what}")
+        parsed[topic] = {}
+        for partition, number in partitions.items():
+            try:
+                p = int(partition)
+            except ValueError:
+                raise InvalidOptionError(f"option {option!r}: {partition!r} of topic {topic!r} is not a "
+                                         "partition number") from None
+            if p < 0 or not isinstance(number, int) or isinstance(number, bool) or number < minimum:
+                raise InvalidOptionError(f"option {option!r}: {topic}-{partition} must be {what}, not {number!r}")
+            parsed[topic][p] = number
+    return parsed
+
+
+def _check_partitions_named(spec: OffsetSpec, assign: dict[str, tuple[int, ...]] | None) -> None:
+    """With `assign`, per-partition JSON must name exactly the assigned partitions (Kafka's rule:
+    a partition left out would be read from an undefined place)."""
+    if assign is None or spec.kind not in ("offsets", "timestamps"):
+        return
+    named = {(t, p) for t, ps in spec.offsets.items() for p in ps}
+    assigned = {(t, p) for t, ps in assign.items() for p in ps}
+    if named != assigned:
+        raise InvalidOptionError(f"option {spec.option!r} must give every assigned partition and no other: "
+                                 f"given {sorted(named)}, assigned {sorted(assigned)}")
+
+
+def _timestamp(option: str, text: str) -> int:
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise InvalidOptionError(f"option {option!r} must be a time in milliseconds since the epoch, "
+                                 f"not {text!r}") from None
+    if value < 0:
+        raise InvalidOptionError(f"option {option!r} must be a time in milliseconds since the epoch (>= 0), not {value}")
+    return value
+
+
+def _positive(opts: dict[str, str], name: str) -> int | None:
+    text = opts.get(name)
+    if text is None:
+        return None
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise InvalidOptionError(f"option {spelled(name)!r} must be a positive integer, not {text!r}") from None
+    if value <= 0:
+        raise InvalidOptionError(f"option {spelled(name)!r} must be a positive integer, not {value}")
+    return value
+
+
+def _boolean(opts: dict[str, str], name: str, default: bool) -> bool:
+    text = opts.get(name)
+    if text is None:
+        return default
+    word = text.strip().lower()
+    if word not in ("true", "false"):
+        raise InvalidOptionError(f"option {spelled(name)!r} must be 'true' or 'false', not {text!r}")
+    return word == "true"
+
+
+def _duration_ms(opts: dict[str, str], name: str, default: int) -> int:
+    text = opts.get(name)
+    if text is None:
+        return default
+    found = _DURATION.match(text)
+    if not found:
+        raise InvalidOptionError(f"option {spelled(name)!r} must be a duration like '15m', '30s' or '500ms', "
+                                 f"not {text!r}")
+    return int(found.group(1)) * _DURATION_MS[(found.group(2) or "ms").lower()]
+
+
+def _client_value(name: str, text: str) -> Any:
+    if name == "kafka.check.crcs":
+        word = text.strip().lower()
+        if word not in ("true", "false"):
+            raise InvalidOptionError(f"option {name!r} must be 'true' or 'false', not {text!r}")
+        return word == "true"
+    try:
+        value = int(text.strip())
+    except ValueError:
+        raise InvalidOptionError(f"option {name!r} must be a positive integer, not {text!r}") from None
+    if value <= 0:
+        raise InvalidOptionError(f"option {name!r} must be a positive integer, not {value}")
+    return value

@@ -1,0 +1,46 @@
+"""The `pymq` Spark data source.
+
+Name: `pymq`
+
+    from spark_datasource import register
+    register(spark)
+    df = (spark.read.format("pymq")
+          .option("kafka.bootstrap.servers", "127.0.0.1:9092")   # or "bootstrap.servers"
+          .option("subscribe", "orders")
+          .load())
+
+Schema: the Spark Kafka source's (`schema.py`). Options: `options.py`. Partitioning: one task
+per topic-partition offset range, split by size (`ranges.py`). Filters on partition, offset and
+timestamp are pushed down (`filters.py`).
+"""
+from __future__ import annotations
+
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceReader
+from pyspark.sql.types import StructType
+
+from spark_datasource.batch_reader import PymqBatchReader
+from spark_datasource.options import SourceOptions, _boolean
+from spark_datasource.schema import spark_schema
+
+# Spark refuses a reader that implements pushFilters unless this is on (it would otherwise drop
+# the pushdown silently); register() turns it on for the session.
+PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
+
+
+class PymqDataSource(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "pymq"
+
+    def schema(self) -> StructType:
+        return spark_schema(_boolean({k.lower(): v for k, v in self.options.items()}, "includeheaders", False))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return PymqBatchReader(SourceOptions.parse(self.options, streaming=False))
+
+
+def register(spark: SparkSession) -> None:
+    """Make `format("pymq")` available in `spark` (and enable Python filter pushdown)."""
+    spark.conf.set(PUSHDOWN_CONF, "true")
+    spark.dataSource.register(PymqDataSource)

@@ -1,0 +1,46 @@
+"""One Spark session (local[2]) for the whole test run, with the pymq source registered, and one
+broker per test module: Spark's start-up costs seconds, so tests share both and use their own
+topics."""
+from __future__ import annotations
+
+import itertools
+import re
+from collections.abc import Iterator
+
+import pytest
+
+from broker.process import BrokerProcess
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator:
+    from pyspark.sql import SparkSession
+
+    from spark_datasource import register
+
+    session = (SparkSession.builder.master("local[2]").appName("pymq-tests")
+               .config("spark.ui.enabled", "false")
+               .config("spark.sql.shuffle.partitions", "2")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.driver.bindAddress", "127.0.0.1")
+               .config("spark.python.worker.reuse", "true")
+               .getOrCreate())
+    register(session)
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="module")
+def source_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """A broker shared by one test module's tests."""
+    process = BrokerProcess(tmp_path_factory.mktemp("spark-broker"), {}).start()
+    yield process
+    process.kill()
+
+
+@pytest.fixture
+def topic_name(request: pytest.FixtureRequest) -> str:
+    """A topic name no other test uses."""
+    return re.sub(r"[^a-zA-Z0-9._-]", "-", f"t{next(_names)}-{request.node.name[:40]}")
