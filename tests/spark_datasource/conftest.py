@@ -4,7 +4,9 @@ topics."""
 from __future__ import annotations
 
 import itertools
+import os
 import re
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -20,6 +22,8 @@ def spark() -> Iterator:
 
     from spark_datasource import register
 
+    # Spark's Python workers (planning and tasks) must run this interpreter: the venv's.
+    os.environ["PYSPARK_PYTHON"] = sys.executable
     session = (SparkSession.builder.master("local[2]").appName("pymq-tests")
                .config("spark.ui.enabled", "false")
                .config("spark.sql.shuffle.partitions", "2")
