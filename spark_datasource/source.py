@@ -16,12 +16,13 @@ timestamp are pushed down (`filters.py`).
 from __future__ import annotations
 
 from pyspark.sql import SparkSession
-from pyspark.sql.datasource import DataSource, DataSourceReader
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
 from pyspark.sql.types import StructType
 
 from spark_datasource.batch_reader import PymqBatchReader
 from spark_datasource.options import SourceOptions, _boolean
 from spark_datasource.schema import spark_schema
+from spark_datasource.stream_reader import PymqStreamReader
 
 # Spark refuses a reader that implements pushFilters unless this is on (it would otherwise drop
 # the pushdown silently); register() turns it on for the session.
@@ -38,6 +39,9 @@ class PymqDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return PymqBatchReader(SourceOptions.parse(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return PymqStreamReader(SourceOptions.parse(self.options, streaming=True))
 
 
 def register(spark: SparkSession) -> None:

@@ -1,0 +1,169 @@
+"""`spark.readStream.format("pymq")`: micro-batches of offset ranges, checkpointed by Spark.
+
+Offsets are `{"topic": {"partition": next_offset}}` (partition numbers as JSON keys). The reader
+lives in one long-running Python process on the driver, so it keeps what admission control needs
+between triggers (when the last batch was cut, the Trigger.AvailableNow target).
+
+- `initialOffset`: the starting options (default `latest`) over the partitions that exist now.
+- `latestOffset(start, limit)`: the subscription is looked up again (new topics matching
+  `subscribePattern`, partitions added with CreatePartitions), new partitions are read from their
+  earliest offset, and the end is cut by the read limit: `maxOffsetsPerTrigger` rows split across
+  partitions in proportion to their backlog (Kafka's rule), `minOffsetsPerTrigger` waits for enough
+  rows unless `maxTriggerDelay` has passed since the last batch.
+- `partitions(start, end)`: one task per partition range, split like batch reads.
+- Data loss (offsets deleted by retention before they were read, a partition whose log went
+  backwards, a deleted topic) fails the query naming topic, partition and offsets
+  (`failOnDataLoss=true`) or is logged with the count of offsets skipped.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+
+from broker.errors import DataLossError
+from spark_datasource.offsets import OffsetReader, PartitionOffsets, TopicPartition
+from spark_datasource.options import SourceOptions
+from spark_datasource.ranges import OffsetRange, RangePartition, split_ranges
+from spark_datasource.task import read_offset_range
+
+log = logging.getLogger("pymq.spark.stream")
+
+Offsets = dict[str, dict[str, int]]  # what Spark checkpoints
+
+
+def to_json(offsets: PartitionOffsets) -> Offsets:
+    out: Offsets = {}
+    for (topic, partition), offset in sorted(offsets.items()):
+        out.setdefault(topic, {})[str(partition)] = offset
+    return out
+
+
+def from_json(offsets: Offsets) -> PartitionOffsets:
+    return {(topic, int(p)): int(o) for topic, parts in offsets.items() for p, o in parts.items()}
+
+
+def rate_limit(start: PartitionOffsets, latest: PartitionOffsets, max_rows: int) -> PartitionOffsets:
+    """Ends that admit at most about `max_rows` rows, shared by backlog (Kafka's rateLimit: each
+    partition's share rounded down, or up when under one row so a small backlog still moves)."""
+    backlog = {tp: max(end - start.get(tp, end), 0) for tp, end in latest.items()}
+    total = sum(backlog.values())
+    if total <= max_rows:
+        return dict(latest)
+    out = {}
+    for tp, end in latest.items():
+        begin = start.get(tp, end)
+        share = max_rows * backlog[tp] / total
+        out[tp] = min(end, begin + (math.ceil(share) if share < 1 else math.floor(share)))
+    return out
+
+
+class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: SourceOptions) -> None:
+        self.options = options
+        self._offsets = OffsetReader(options)
+        self._latest: PartitionOffsets | None = None  # for reportLatestOffset
+        self._target: PartitionOffsets | None = None  # Trigger.AvailableNow: never read past these
+        self._last_batch_s = time.monotonic()
+
+    # -- offsets -----------------------------------------------------------------------------
+
+    def initialOffset(self) -> Offsets:
+        tps = self._offsets.topic_partitions(missing_ok=True)
+        return to_json(self._offsets.resolve(self.options.starting, tps, starting=True))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        if self.options.max_offsets_per_trigger is not None:
+            return ReadMaxRows(self.options.max_offsets_per_trigger)
+        if self.options.min_offsets_per_trigger is not None:
+            return ReadMinRows(self.options.min_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = self._latest_now({})
+
+    def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
+        begin = from_json(start)
+        latest = self._target if self._target is not None else self._latest_now(begin)
+        self._latest = latest
+        if isinstance(limit, ReadAllAvailable):
+            return self._advance(begin, latest)
+        new = [tp for tp in latest if tp not in begin]
+        since = {**self._offsets.earliest(new), **begin} if new else begin  # new partitions: from their start
+        # Spark passes one limit; the options may set both bounds (Kafka's composite limit).
+        if self._target is None and self.options.min_offsets_per_trigger is not None:
+            backlog = sum(max(end - since.get(tp, end), 0) for tp, end in latest.items())
+            waited_ms = (time.monotonic() - self._last_batch_s) * 1000
+            if backlog < self.options.min_offsets_per_trigger and waited_ms < self.options.max_trigger_delay_ms:
+                return start
+        max_rows = self.options.max_offsets_per_trigger or (limit.max_rows if isinstance(limit, ReadMaxRows) else None)
+        if max_rows is not None:
+            latest = rate_limit(since, latest, max_rows)
+        return self._advance(begin, latest)
+
+    def reportLatestOffset(self) -> Offsets | None:
+        return None if self._latest is None else to_json(self._latest)
+
+    def _latest_now(self, begin: PartitionOffsets) -> PartitionOffsets:
+        """Every partition the subscription has now, at its latest offset; partitions of `begin`
+        that are gone stay at their position (planning reports the loss)."""
+        tps = self._offsets.topic_partitions(missing_ok=True)
+        latest = self._offsets.latest(tps)
+        for tp, offset in begin.items():
+            latest.setdefault(tp, offset)
+        return latest
+
+    def _advance(self, begin: PartitionOffsets, end: PartitionOffsets) -> Offsets:
+        if end != begin:
+            self._last_batch_s = time.monotonic()
+        return to_json(end)
+
+    # -- planning and reading ----------------------------------------------------------------
+
+    def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
+        begin, stop = from_json(start), from_json(end)
+        new = [tp for tp in stop if tp not in begin]
+        if new:  # discovered since the last batch (a new topic or partition): read from its start
+            begin.update(self._offsets.earliest(new))
+        existing = set(self._offsets.topic_partitions(missing_ok=True))
+        ranges = []
+        for tp, until in stop.items():
+            since = begin[tp]
+            if tp not in existing:
+                self._lost(tp, f"{tp[0]}-{tp[1]} no longer exists (topic deleted?)", since, until)
+                continue
+            if until < since:
+                self._lost(tp, f"{tp[0]}-{tp[1]}'s log went back from offset {since} to {until}", until, since)
+                continue
+            ranges.append(OffsetRange(tp[0], tp[1], since, until))
+        return [RangePartition(r) for r in split_ranges(ranges, self.options.min_partitions,
+                                                        self.options.max_records_per_partition)]
+
+    def _lost(self, tp: TopicPartition, what: str, start: int, end: int) -> None:
+        if self.options.fail_on_data_loss:
+            raise DataLossError(f"{what}: offsets may have been lost (failOnDataLoss=true; set it to false "
+                                "to go on)", tp[0], tp[1], start, end)
+        log.warning("%s: offsets may have been lost; going on (failOnDataLoss=false)", what)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, RangePartition):
+            return iter(())
+        return read_offset_range(self.options, partition.range)
+
+    def commit(self, end: Offsets) -> None:
+        """Nothing to do: progress lives in Spark's checkpoint (offsets are not committed to a
+        consumer group; that is the consumer-groups issue's)."""
+
+    def stop(self) -> None:
+        self._offsets.close()
