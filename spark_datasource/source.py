@@ -16,13 +16,20 @@ timestamp are pushed down (`filters.py`).
 from __future__ import annotations
 
 from pyspark.sql import SparkSession
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceArrowWriter,
+    DataSourceReader,
+    DataSourceStreamArrowWriter,
+    DataSourceStreamReader,
+)
 from pyspark.sql.types import StructType
 
 from spark_datasource.batch_reader import PymqBatchReader
-from spark_datasource.options import SourceOptions, _boolean
+from spark_datasource.options import InvalidOptionError, SourceOptions, _boolean
 from spark_datasource.schema import spark_schema
 from spark_datasource.stream_reader import PymqStreamReader
+from spark_datasource.writer import PymqArrowWriter, PymqStreamArrowWriter, SinkOptions
 
 # Spark refuses a reader that implements pushFilters unless this is on (it would otherwise drop
 # the pushdown silently); register() turns it on for the session.
@@ -42,6 +49,20 @@ class PymqDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return PymqStreamReader(SourceOptions.parse(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
+        _append_only(overwrite)
+        return PymqArrowWriter(SinkOptions.parse(self.options, schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
+        _append_only(overwrite)
+        return PymqStreamArrowWriter(SinkOptions.parse(self.options, schema))
+
+
+def _append_only(overwrite: bool) -> None:
+    if overwrite:
+        raise InvalidOptionError("the pymq sink appends to topics: use mode 'append' (a topic cannot be overwritten; "
+                                 "delete and re-create it to start over)")
 
 
 def register(spark: SparkSession) -> None:
