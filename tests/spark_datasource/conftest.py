@@ -4,9 +4,7 @@ topics."""
 from __future__ import annotations
 
 import itertools
-import os
 import re
-import sys
 from collections.abc import Iterator
 
 import pytest
@@ -18,20 +16,9 @@ _names = itertools.count()
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator:
-    from pyspark.sql import SparkSession
+    from spark_datasource import local_spark
 
-    from spark_datasource import register
-
-    # Spark's Python workers (planning and tasks) must run this interpreter: the venv's.
-    os.environ["PYSPARK_PYTHON"] = sys.executable
-    session = (SparkSession.builder.master("local[2]").appName("pymq-tests")
-               .config("spark.ui.enabled", "false")
-               .config("spark.sql.shuffle.partitions", "2")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.driver.bindAddress", "127.0.0.1")
-               .config("spark.python.worker.reuse", "true")
-               .getOrCreate())
-    register(session)
+    session = local_spark("pymq-tests", **{"spark.sql.shuffle.partitions": "2"})
     yield session
     session.stop()
 

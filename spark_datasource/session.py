@@ -1,0 +1,35 @@
+"""A local Spark session with the `pymq` source registered: what the main job, the tests, the
+benchmarks and notebooks start from.
+
+Spark's Python workers (query planning and tasks) must run the interpreter that has pymq
+installed; `PYSPARK_PYTHON` tells Spark which, and is set here before the JVM starts.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+from pyspark.sql import SparkSession
+
+from spark_datasource.source import register
+
+LOCAL_DEFAULTS = {
+    "spark.ui.enabled": "false",
+    "spark.sql.shuffle.partitions": "4",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.driver.host": "127.0.0.1",
+    "spark.python.worker.reuse": "true",
+}
+
+
+def local_spark(app_name: str, cores: int = 2, **conf: str) -> SparkSession:
+    """`local[cores]` with this interpreter for Python workers and `format("pymq")` registered."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
+    for key, value in {**LOCAL_DEFAULTS, **conf}.items():
+        builder = builder.config(key, value)
+    session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR")
+    register(session)
+    return session
