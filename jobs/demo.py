@@ -1,12 +1,22 @@
-"""The main job: one broker on conf/broker.toml, a topic, a demo stream produced and consumed.
+"""The main job: one broker on conf/broker.toml, a demo event stream, and Spark pipelines on it.
 
-Run with `make run` (or `python -m jobs.demo`). It starts `pymq broker start` as a child
-process (broker.process.BrokerProcess; broker output in data/broker.out), creates the topic `demo.events` if needed, produces a columnar batch of click events
-plus a few single records, reads every partition back from the start as Arrow, checks that
-nothing was lost or reordered, prints a summary and stops the broker cleanly.
+Run with `make run` (or `python -m jobs.demo`). It
+
+1. starts `pymq broker start` as a child process (broker.process.BrokerProcess; its output goes
+   to data/broker.out) and creates the topic `demo.events` (3 partitions) if needed;
+2. feeds it a stream of page-view events from a producer thread: JSON values keyed by user, whose
+   event times advance ten simulated minutes over the run;
+3. runs a Spark Structured Streaming query reading the topic with `format("pymq")`: page views per
+   page per event-time minute, with a one-minute watermark, appended to a Parquet table as each
+   minute closes;
+4. runs a batch query over the same topic and checks it against what was produced (every event
+   exactly once, keyed events in one partition per user);
+5. prints a summary and stops the broker cleanly.
 """
 from __future__ import annotations
 
+import shutil
+import threading
 import time
 from pathlib import Path
 
@@ -16,85 +26,160 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.table import Table
 
-from broker.client import Admin, Consumer, Producer
+from broker.client import Admin, Producer
 from broker.config import BrokerConfig
-from broker.process import BrokerProcess
 from broker.errors import TopicAlreadyExistsError
+from broker.process import BrokerProcess
 
 CONFIG = Path(__file__).resolve().parent.parent / "conf" / "broker.toml"
 TOPIC = "demo.events"
-EVENTS = 200_000
+PARTITIONS = 3
+PAGES = ["/home", "/search", "/cart", "/checkout"]
+EVENTS_PER_TICK = 2_000
+TICKS = 20  # each tick is 30 simulated seconds of events, sent 0.5 s apart: 10 event-time minutes
 console = Console()
 
 
-def click_events(n: int) -> pa.Table:
+def page_views(tick: int, start_ms: int, rng: np.random.Generator) -> tuple[pa.Table, pa.Array]:
+    """One tick's events (key user-N, value {"page": ..., "user": ...}, event times within the
+    tick) and each event's page."""
+    n = EVENTS_PER_TICK
+    users = pc.binary_join_element_wise(pa.array(np.full(n, "user-")), pc.cast(pa.array(rng.integers(0, 500, n)), pa.string()), "")
+    pages = pa.array(np.array(PAGES)[rng.integers(0, len(PAGES), n)])
+    values = pc.binary_join_element_wise(pa.array(np.full(n, '{"page": "')), pages, pa.array(np.full(n, '", "user": "')),
+                                         users, pa.array(np.full(n, '"}')), "")
+    times = start_ms + tick * 30_000 + np.sort(rng.integers(0, 30_000, n))
+    return pa.table({"key": users, "value": values, "timestamp": pa.array(times, pa.timestamp("ms", tz="UTC"))}), pages
+
+
+def feed(bootstrap: str, produced: list[pa.Array], failed: list[BaseException]) -> None:
+    """The producer thread: TICKS batches of events, 0.5 s apart."""
     rng = np.random.default_rng(7)
-    users = pc.binary_join_element_wise(pa.array(np.full(n, "user-")), pc.cast(pa.array(rng.integers(0, 1000, n)), pa.string()), "")
-    pages = pa.array(np.array(["/home", "/search", "/cart", "/checkout"])[rng.integers(0, 4, n)])
-    values = pc.binary_join_element_wise(pa.array(np.full(n, '{"page": "')), pages, pa.array(np.full(n, '"}')), "")
-    return pa.table({"key": users, "value": values})
+    start_ms = (int(time.time() * 1000) // 60_000 - 10) * 60_000  # ten minutes ago, on a minute
+    try:
+        with Producer(bootstrap, linger_ms=5, compression="lz4") as producer:
+            for tick in range(TICKS):
+                events, pages = page_views(tick, start_ms, rng)
+                producer.send_batch(TOPIC, events)
+                producer.flush()
+                produced.append(pages)
+                time.sleep(0.5)
+    except BaseException as err:  # reported by the main thread
+        failed.append(err)
 
 
 def main() -> None:
     config = BrokerConfig.load(CONFIG)
+    data = Path(config["log.dir"]).parent
     broker = BrokerProcess(Path(config["log.dir"]), {"port": config["port"]}, config_file=CONFIG,
-                           output=Path(config["log.dir"]).parent / "broker.out")
+                           output=data / "broker.out")
     try:
         broker.start()
     except RuntimeError as err:
         raise SystemExit(f"{err}\n(is port {config['port']} free?)") from None
-    bootstrap = broker.bootstrap
     try:
-        console.print(f"[bold]broker[/] {bootstrap} (log.dir {config['log.dir']})")
-        with Admin(bootstrap) as admin:
-            try:
-                admin.create_topic(TOPIC, partitions=3)
-            except TopicAlreadyExistsError:
-                pass
-            before = admin.list_offsets({(TOPIC, p): -1 for p in range(3)})
-
-        events = click_events(EVENTS)
-        started = time.perf_counter()
-        with Producer(bootstrap, linger_ms=5, compression="lz4") as producer:
-            producer.send_batch(TOPIC, events)
-            singles = [producer.send(TOPIC, f"single-{i}".encode(), key=b"user-1") for i in range(1000)]
-            producer.flush()
-        produce_s = time.perf_counter() - started
-        partitions_of_user_1 = {f.result().partition for f in singles}
-
-        consumer = Consumer(bootstrap, auto_offset_reset="earliest")
-        consumer.assign([(TOPIC, p) for p in range(3)])
-        for tp, offset in before.items():
-            consumer.seek(tp, offset[0])
-        started = time.perf_counter()
-        tables = []
-        received = 0
-        while received < EVENTS + 1000:
-            table = consumer.poll_arrow(timeout_ms=2000)
-            if table.num_rows == 0:
-                break
-            tables.append(table)
-            received += table.num_rows
-        consume_s = time.perf_counter() - started
-        consumer.close()
-        table = pa.concat_tables(tables) if tables else None
-
-        summary = Table(title=f"topic {TOPIC}")
-        for column in ("partition", "records", "first offset", "last offset"):
-            summary.add_column(column, justify="right")
-        if table is not None:
-            for p in range(3):
-                rows = table.filter(pc.equal(table["partition"], p))
-                if rows.num_rows:
-                    summary.add_row(str(p), f"{rows.num_rows:,}", str(pc.min(rows["offset"])), str(pc.max(rows["offset"])))
-        console.print(summary)
-        console.print(f"produced {EVENTS + 1000:,} records in {produce_s:.2f}s; consumed {received:,} in {consume_s:.2f}s")
-        console.print(f"all 1,000 records keyed user-1 landed on partition(s) {sorted(partitions_of_user_1)}")
-        if received != EVENTS + 1000 or len(partitions_of_user_1) != 1:
-            raise SystemExit("demo failed: records lost or keyed records split across partitions")
-        console.print("[green]demo ok[/]")
+        run(broker.bootstrap, data / "demo")
     finally:
         broker.stop()
+
+
+def run(bootstrap: str, out: Path) -> None:
+    console.print(f"[bold]broker[/] {bootstrap}")
+    with Admin(bootstrap) as admin:
+        try:
+            admin.create_topic(TOPIC, partitions=PARTITIONS)
+        except TopicAlreadyExistsError:
+            pass
+        before = {tp: offset for tp, (offset, _) in admin.list_offsets({(TOPIC, p): -1 for p in range(PARTITIONS)}).items()}
+
+    console.print("[bold]spark[/] starting local[2] ...")
+    from pyspark.sql import functions as F
+
+    from spark_datasource import local_spark
+
+    spark = local_spark("pymq-demo")
+    shutil.rmtree(out, ignore_errors=True)
+    started = time.perf_counter()
+    produced: list[pa.Array] = []  # the page of every acknowledged event
+    failed: list[BaseException] = []
+    producer = threading.Thread(target=feed, args=(bootstrap, produced, failed), name="demo-producer")
+    producer.start()
+
+    # The streaming pipeline: views per page per event-time minute, closed by a watermark.
+    start_json = "{%s}" % ", ".join(f'"{p}": {before[(TOPIC, p)]}' for p in range(PARTITIONS))
+    events = (spark.readStream.format("pymq")
+              .option("kafka.bootstrap.servers", bootstrap)
+              .option("subscribe", TOPIC)
+              .option("startingOffsets", f'{{"{TOPIC}": {start_json}}}')
+              .option("maxOffsetsPerTrigger", 20_000)
+              .load())
+    per_minute = (events
+                  .select(F.get_json_object(F.col("value").cast("string"), "$.page").alias("page"), "timestamp")
+                  .withWatermark("timestamp", "1 minute")
+                  .groupBy(F.window("timestamp", "1 minute").alias("minute"), "page")
+                  .count())
+    query = (per_minute.writeStream.format("parquet").outputMode("append")
+             .option("path", str(out / "views_per_minute"))
+             .option("checkpointLocation", str(out / "checkpoint"))
+             .trigger(processingTime="1 second")
+             .start())
+    producer.join()
+    if failed:
+        query.stop()
+        raise SystemExit(f"demo failed: the producer failed: {failed[0]!r}")
+    total = sum(len(pages) for pages in produced)
+    wait_for(query, total)
+    query.stop()
+    stream_s = time.perf_counter() - started
+
+    # A batch query over the same topic: every event exactly once, in its user's one partition.
+    batch = (spark.read.format("pymq")
+             .option("kafka.bootstrap.servers", bootstrap)
+             .option("subscribe", TOPIC)
+             .option("startingOffsets", f'{{"{TOPIC}": {start_json}}}')
+             .load()
+             .select(F.col("key").cast("string").alias("user"), F.get_json_object(F.col("value").cast("string"), "$.page").alias("page"),
+                     "partition"))
+    by_page = {r["page"]: r["count"] for r in batch.groupBy("page").count().collect()}
+    users_split = batch.groupBy("user").agg(F.countDistinct("partition").alias("n")).filter("n > 1").count()
+    minutes = spark.read.parquet(str(out / "views_per_minute"))
+    closed = minutes.select("minute").distinct().count()
+    streamed = minutes.agg(F.sum("count")).first()[0] or 0
+
+    expected_by_page = dict.fromkeys(PAGES, 0)
+    for item in pc.value_counts(pa.chunked_array(produced)).to_pylist():
+        expected_by_page[item["values"]] = item["counts"]
+
+    summary = Table(title=f"topic {TOPIC}: page views")
+    for column in ("page", "produced", "batch query", "in closed minutes (stream)"):
+        summary.add_column(column, justify="right")
+    per_page_stream = {r["page"]: r["n"] for r in minutes.groupBy("page").agg(F.sum("count").alias("n")).collect()}
+    for page in PAGES:
+        summary.add_row(page, f"{expected_by_page[page]:,}", f"{by_page.get(page, 0):,}", f"{per_page_stream.get(page, 0):,}")
+    console.print(summary)
+    console.print(f"produced {total:,} events over {TICKS * 30 // 60} event-time minutes; the streaming query read them "
+                  f"in {stream_s:.1f}s and closed {closed} minutes ({streamed:,} events; the last minute stays open until "
+                  "the watermark passes it)")
+    spark.stop()
+    if by_page != expected_by_page or users_split:
+        raise SystemExit(f"demo failed: batch counts {by_page} != produced {expected_by_page}, "
+                         f"or {users_split} users' events split across partitions")
+    if streamed == 0 or streamed > total:
+        raise SystemExit(f"demo failed: the streaming query counted {streamed} of {total} events")
+    console.print("[green]demo ok[/]")
+
+
+def wait_for(query, total: int, timeout_s: float = 60.0) -> None:
+    """Until the streaming query has read `total` rows (or fails, or time runs out)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if query.exception() is not None:
+            raise SystemExit(f"demo failed: the streaming query failed: {query.exception()}")
+        read = sum(p["numInputRows"] for p in query.recentProgress)
+        if read >= total and not query.status["isTriggerActive"]:
+            return
+        time.sleep(0.5)
+    raise SystemExit(f"demo failed: the streaming query read {read} of {total} events in {timeout_s:.0f}s")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ LOCAL_DEFAULTS = {
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
     "spark.python.worker.reuse": "true",
+    "spark.ui.showConsoleProgress": "false",
 }
 
 
