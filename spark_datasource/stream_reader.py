@@ -91,11 +91,11 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._target = self._latest_now({})
+        self._target = self._latest_now()
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         begin = from_json(start)
-        latest = self._target if self._target is not None else self._latest_now(begin)
+        latest = self._target if self._target is not None else self._latest_now()
         self._latest = latest
         if isinstance(limit, ReadAllAvailable):
             return self._advance(begin, latest)
@@ -115,14 +115,12 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> Offsets | None:
         return None if self._latest is None else to_json(self._latest)
 
-    def _latest_now(self, begin: PartitionOffsets) -> PartitionOffsets:
-        """Every partition the subscription has now, at its latest offset; partitions of `begin`
-        that are gone stay at their position (planning reports the loss)."""
-        tps = self._offsets.topic_partitions(missing_ok=True)
-        latest = self._offsets.latest(tps)
-        for tp, offset in begin.items():
-            latest.setdefault(tp, offset)
-        return latest
+    def _latest_now(self) -> PartitionOffsets:
+        """Every partition the subscription has now, at its latest offset. A partition that is
+        gone (topic deleted) is left out: the end then differs from the start, so a batch is
+        planned and `partitions` reports the loss (kept at its old position, an idle query never
+        planned a batch and the deletion went unreported; Kafka's source drops it the same way)."""
+        return self._offsets.latest(self._offsets.topic_partitions(missing_ok=True))
 
     def _advance(self, begin: PartitionOffsets, end: PartitionOffsets) -> Offsets:
         if end != begin:
@@ -137,6 +135,9 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if new:  # discovered since the last batch (a new topic or partition): read from its start
             begin.update(self._offsets.earliest(new))
         existing = set(self._offsets.topic_partitions(missing_ok=True))
+        for tp in sorted(begin.keys() - stop.keys()):  # gone: latestOffset leaves deleted partitions out
+            self._lost(tp, f"{tp[0]}-{tp[1]} no longer exists (topic deleted?) after offset {begin[tp]}",
+                       begin[tp], begin[tp])
         ranges = []
         for tp, until in stop.items():
             since = begin[tp]

@@ -13,7 +13,9 @@ Columns, as the Spark Kafka sink takes them:
 Other columns are ignored (as Kafka's sink does). Options: `kafka.bootstrap.servers` (or
 `bootstrap.servers`), `topic`, and producer settings as `kafka.<name>` (`kafka.acks`,
 `kafka.linger.ms`, `kafka.batch.size`, `kafka.compression.type`, ...). The sink's producer
-defaults to `acks=all`.
+defaults to `acks=all`. Batch writes need `.mode("append")`: Spark refuses its default mode
+(ErrorIfExists) for every Python data source before the sink is asked, and the sink refuses
+overwrite.
 
 Each task sends its Arrow batches with the producer's columnar `send_batch` (rows are grouped by
 topic and partition with Arrow kernels; no per-row Python), flushes, and checks every batch's
@@ -42,12 +44,16 @@ from spark_datasource.schema import HEADER_TYPE
 log = logging.getLogger("pymq.spark.writer")
 
 SINK_DEFAULTS = {"acks": "all", "linger_ms": 5, "batch_size": 1 << 20}
+# Options of Spark's own writers that reach every sink with the user's (`writeStream` keeps
+# `checkpointLocation` and `queryName` there; `save(path)` sets `path`): not the sink's, so not
+# refused as unknown.
+SPARK_WRITER_OPTIONS = ("path", "checkpointlocation", "queryname")
 _COLUMN_TYPES = {
     "value": (BinaryType(), StringType()),
     "key": (BinaryType(), StringType()),
     "topic": (StringType(),),
     "partition": (IntegerType(),),
-    "headers": (ArrayType(HEADER_TYPE), ArrayType(HEADER_TYPE, containsNull=False)),
+    "headers": (ArrayType(HEADER_TYPE),),
 }
 
 
@@ -67,7 +73,8 @@ class SinkOptions:
             raise InvalidOptionError("option 'kafka.bootstrap.servers' (or 'bootstrap.servers') is required: "
                                      "'host:port[,host:port...]'")
         topic = opts.pop("topic", None)
-        opts.pop("path", None)
+        for name in SPARK_WRITER_OPTIONS:
+            opts.pop(name, None)
         settings = {}
         for name, value in opts.items():
             if not name.startswith("kafka."):
@@ -98,7 +105,10 @@ def _check_columns(schema: StructType, topic_option: str | None) -> None:
         raise InvalidOptionError("the pymq sink needs the 'topic' option or a 'topic' column (string)")
     for name, accepted in _COLUMN_TYPES.items():
         f = fields.get(name)
-        if f is not None and f.dataType not in accepted:
+        # Compared as type strings, which leave nullability out: headers made with F.struct of
+        # literals have non-nullable fields (a DataType compare refused them as "not
+        # array<struct<key:string,value:binary>>"), and the producer casts each batch anyway.
+        if f is not None and f.dataType.simpleString() not in {t.simpleString() for t in accepted}:
             kinds = " or ".join(t.simpleString() for t in accepted)
             raise InvalidOptionError(f"the pymq sink's column {name!r} must be {kinds}, not {f.dataType.simpleString()}")
 
