@@ -36,6 +36,9 @@ class PymqBatchReader(DataSourceReader):
             tps = [tp for tp in offsets.topic_partitions(missing_ok=False) if self.filters.allows_partition(tp[1])]
             starts = offsets.resolve(self.options.starting, tps, starting=True)
             ends = offsets.resolve(self.options.ending, tps, starting=False)
+            # An explicit ending offset past the end is a mistake in the option: the task would
+            # find the offsets missing and report them as data loss ("truncated?").
+            latest = offsets.latest(tps) if self.options.ending.kind == "offsets" else ends
             by_time = (offsets.offsets_for_time(tps, self.filters.time_low_ms)
                        if self.filters.time_low_ms is not None else {})
         finally:
@@ -43,6 +46,10 @@ class PymqBatchReader(DataSourceReader):
         ranges = []
         for tp in tps:
             start, end = starts[tp], ends[tp]
+            if end > latest[tp]:
+                raise InvalidOptionError(
+                    f"{tp[0]}-{tp[1]}: ending offset {end} (option {self.options.ending.option}) is after the "
+                    f"partition's latest offset {latest[tp]}")
             if start > end:
                 raise InvalidOptionError(
                     f"{tp[0]}-{tp[1]}: starting offset {start} (option {self.options.starting.option}) is after "

@@ -6,7 +6,8 @@
   to its span and is left for Spark to finish.
 - `timestamp` (>, >=, =): each partition starts at the first offset whose record time is at or
   after the bound (ListOffsets by time); with CreateTime a later record may carry an earlier
-  time, so Spark still applies the filter. `<`/`<=` narrow nothing for the same reason.
+  time, so Spark still applies the filter. `<`/`<=` narrow nothing for the same reason, nor does
+  a bound before the epoch.
 
 - `IS NOT NULL` on a column that is never null (all but key, value, headers): handled.
 
@@ -56,7 +57,8 @@ class PushedFilters:
     def push(self, filters: Iterable[Filter]) -> Iterable[Filter]:
         """Take what can be used; yield what Spark must still evaluate (pyspark's contract)."""
         for f in filters:
-            column = f.attribute[0] if len(f.attribute) == 1 else None
+            attribute = getattr(f, "attribute", ())  # `Not` has a child filter, no column
+            column = attribute[0] if len(attribute) == 1 else None
             if isinstance(f, IsNotNull) and column in NEVER_NULL:
                 continue
             if column == "partition" and self._partition(f):
@@ -102,6 +104,8 @@ class PushedFilters:
         if not isinstance(f, (GreaterThan, GreaterThanOrEqual, EqualTo)) or not isinstance(f.value, dt.datetime):
             return
         ms = _epoch_ms(f.value)
+        if ms < 0:  # ListOffsets takes -1/-2 as latest/earliest and refuses other negatives
+            return
         self.time_low_ms = ms if self.time_low_ms is None else max(self.time_low_ms, ms)
 
 

@@ -148,7 +148,8 @@ class SourceOptions:
         pattern = None
         assign = None
         if "subscribe" in opts:
-            subscribe = tuple(t.strip() for t in opts["subscribe"].split(",") if t.strip())
+            # A topic named twice is subscribed once (as by a Kafka consumer), not read twice.
+            subscribe = tuple(dict.fromkeys(t.strip() for t in opts["subscribe"].split(",") if t.strip()))
             if not subscribe:
                 raise InvalidOptionError("option 'subscribe' needs at least one topic: 'topicA,topicB'")
         elif "subscribepattern" in opts:

@@ -7,6 +7,7 @@ there are at least `minPartitions` pieces.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 
@@ -45,6 +46,18 @@ def split_ranges(ranges: list[OffsetRange], min_partitions: int | None,
     if min_partitions and sum(pieces.values()) < min_partitions and total:
         for r in ranges:
             pieces[r] = max(pieces[r], min(r.size, max(1, round(r.size / total * min_partitions))))
+        # Rounding can leave fewer than min_partitions pieces (3 equal ranges, 4 wanted): each
+        # missing one goes to the range with the most offsets per piece, while any can be cut.
+        missing = min_partitions - sum(pieces.values())
+        widest = [(-r.size / pieces[r], i) for i, r in enumerate(ranges) if pieces[r] < r.size]
+        heapq.heapify(widest)
+        while missing > 0 and widest:
+            i = heapq.heappop(widest)[1]
+            r = ranges[i]
+            pieces[r] += 1
+            missing -= 1
+            if pieces[r] < r.size:
+                heapq.heappush(widest, (-r.size / pieces[r], i))
     out = []
     for r in sorted(ranges, key=lambda r: (r.topic, r.partition, r.start)):
         n = pieces[r]

@@ -1,11 +1,15 @@
 """Read a bounded offset range of one partition: what a Spark task (or a notebook) does.
 
 Unlike the `Consumer`, which tails partitions with prefetching and long polls, a range read knows
-where it stops: each Fetch asks for the next `max_bytes` from the current position without
-waiting (the range is below the high watermark when it was planned), and no byte past the
-range's last batch is requested. Batches come back decoded (zero-copy Arrow bodies) and trimmed to
-[start, end); turning them into rows of any schema is the caller's (Arrow kernels, no per-record
-Python).
+where it stops: each Fetch asks for the next bytes from the current position without waiting
+(the range is below the high watermark when it was planned), and next to no byte past the
+range's last batch is requested. A Fetch cannot name an end offset, so each asks for what the
+rest of the range needs at the bytes per offset seen so far (at most `max_bytes`); the first asks
+for one byte, which the broker answers with exactly the first batch (KIP-74: the first batch
+comes whole whatever the limit). Asking for `max_bytes` every time would read up to 8 MiB past
+the end of every small range, and a pushed-down `offset < n` would save no I/O. Batches come back
+decoded (zero-copy Arrow bodies) and trimmed to [start, end); turning them into rows of any
+schema is the caller's (Arrow kernels, no per-record Python).
 
 Offsets the range wants that retention has deleted are data loss: `DataLossError` names topic,
 partition and the lost offsets, or, with `fail_on_data_loss=False`, the read skips to the log
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -37,6 +42,7 @@ from broker.protocol import FetchPartition, FetchRequest, FetchTopic
 log = logging.getLogger("pymq.range_reader")
 
 RETRIES = 5  # leader changes, timeouts: each retry refreshes metadata after a backoff
+SIZE_MARGIN = 1.1  # fetch a little more than the estimate: records vary in size
 
 
 @dataclass
@@ -62,11 +68,14 @@ async def read_range(cluster: Cluster, topic: str, partition: int, start: int, e
     stats = stats if stats is not None else RangeStats()
     position = start
     failures = 0
+    seen_bytes = seen_offsets = 0  # what fetches so far returned and how far they moved
     while position < end:
+        size = 1 if not seen_offsets else min(max_bytes, math.ceil((end - position) * seen_bytes / seen_offsets
+                                                                   * SIZE_MARGIN))
         try:
             leader = await cluster.leader(topic, partition)
-            request = FetchRequest((FetchTopic(topic, (FetchPartition(partition, position, max_bytes),)),),
-                                   max_wait_ms=0, min_bytes=0, max_bytes=max_bytes)
+            request = FetchRequest((FetchTopic(topic, (FetchPartition(partition, position, size),)),),
+                                   max_wait_ms=0, min_bytes=0, max_bytes=size)
             reply = await cluster.send(leader, request)
             answer = reply.topics[0].partitions[0]
             err = answer.error()
@@ -85,6 +94,7 @@ async def read_range(cluster: Cluster, topic: str, partition: int, start: int, e
         stats.fetches += 1
         stats.bytes_fetched += len(data)
         moved = False
+        fetched_from = position
         chunk = []
         for batch in _decode(topic, partition, data, position, answer.high_watermark, check_crcs):
             if batch.first_offset >= end:
@@ -100,6 +110,8 @@ async def read_range(cluster: Cluster, topic: str, partition: int, start: int, e
             position = end if last else batch.next_offset
             if last:
                 break
+        seen_bytes += len(data)
+        seen_offsets += position - fetched_from
         if chunk:
             yield chunk
         if not moved and position < end:
