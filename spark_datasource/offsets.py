@@ -40,7 +40,7 @@ class OffsetReader:
         if opts.subscribe_pattern is not None:
             wanted = sorted(t for t in existing if opts.topic_matches(t) and not t.startswith("__"))
         else:
-            wanted = list(opts.subscribe) if opts.subscribe else sorted(opts.assign or {})
+            wanted = list(dict.fromkeys(opts.subscribe)) if opts.subscribe else sorted(opts.assign or {})
             missing = [t for t in wanted if t not in existing]
             if missing and not missing_ok:
                 raise InvalidOptionError(f"unknown topic(s) {', '.join(missing)} in option "

@@ -75,7 +75,7 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._offsets = OffsetReader(options)
         self._latest: PartitionOffsets | None = None  # for reportLatestOffset
         self._target: PartitionOffsets | None = None  # Trigger.AvailableNow: never read past these
-        self._last_batch_s = time.monotonic()
+        self._last_batch_s = -math.inf  # the first trigger never waits for minOffsetsPerTrigger (Kafka's rule)
 
     # -- offsets -----------------------------------------------------------------------------
 
@@ -133,7 +133,11 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin, stop = from_json(start), from_json(end)
         new = [tp for tp in stop if tp not in begin]
         if new:  # discovered since the last batch (a new topic or partition): read from its start
-            begin.update(self._offsets.earliest(new))
+            earliest = self._offsets.earliest(new)
+            for tp, offset in sorted(earliest.items()):
+                if offset > 0:  # retention deleted records before the query saw the partition
+                    self._lost(tp, f"new partition {tp[0]}-{tp[1]} starts at offset {offset}, not 0", 0, offset)
+            begin.update(earliest)
         existing = set(self._offsets.topic_partitions(missing_ok=True))
         for tp in sorted(begin.keys() - stop.keys()):  # gone: latestOffset leaves deleted partitions out
             self._lost(tp, f"{tp[0]}-{tp[1]} no longer exists (topic deleted?) after offset {begin[tp]}",

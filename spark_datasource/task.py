@@ -2,7 +2,7 @@
 
 The task owns a private event loop and one client `Cluster` for the duration of the range and
 steps the client's async range reader from the task's own thread (no background thread, no hop).
-Each fetch (up to `kafka.max.partition.fetch.bytes`, default 8 MiB) becomes one Arrow record batch
+Each fetch (up to `kafka.max.partition.fetch.bytes` and `kafka.fetch.max.bytes`, default 8 MiB) becomes one Arrow record batch
 of the source's schema; no per-record Python anywhere on the way.
 """
 from __future__ import annotations
@@ -30,7 +30,8 @@ def read_offset_range(options: SourceOptions, offset_range: OffsetRange,
     cluster = Cluster(options.bootstrap_servers, request_timeout_ms=client.get("request_timeout_ms", 30_000))
     batches = read_range(
         cluster, offset_range.topic, offset_range.partition, offset_range.start, offset_range.end,
-        max_bytes=client.get("max_partition_fetch_bytes", DEFAULT_FETCH_BYTES),
+        max_bytes=min(client.get("max_partition_fetch_bytes", DEFAULT_FETCH_BYTES),
+                      client.get("fetch_max_bytes", DEFAULT_FETCH_BYTES)),
         fail_on_data_loss=options.fail_on_data_loss, check_crcs=client.get("check_crcs", True),
         retry_backoff_s=client.get("retry_backoff_ms", 100) / 1000, stats=stats,
     )

@@ -105,6 +105,8 @@ def _check_columns(schema: StructType, topic_option: str | None) -> None:
         raise InvalidOptionError("the pymq sink needs the 'topic' option or a 'topic' column (string)")
     for name, accepted in _COLUMN_TYPES.items():
         f = fields.get(name)
+        if name == "topic" and topic_option is not None:
+            continue  # the option wins: the column is not read (Kafka's sink ignores it too)
         # Compared as type strings, which leave nullability out: headers made with F.struct of
         # literals have non-nullable fields (a DataType compare refused them as "not
         # array<struct<key:string,value:binary>>"), and the producer casts each batch anyway.
