@@ -351,14 +351,5 @@ def _duration_ms(opts: dict[str, str], name: str, default: int) -> int:
 
 def _client_value(name: str, text: str) -> Any:
     if name == "kafka.check.crcs":
-        word = text.strip().lower()
-        if word not in ("true", "false"):
-            raise InvalidOptionError(f"option {name!r} must be 'true' or 'false', not {text!r}")
-        return word == "true"
-    try:
-        value = int(text.strip())
-    except ValueError:
-        raise InvalidOptionError(f"option {name!r} must be a positive integer, not {text!r}") from None
-    if value <= 0:
-        raise InvalidOptionError(f"option {name!r} must be a positive integer, not {value}")
-    return value
+        return _boolean({name: text}, name, True)
+    return _positive({name: text}, name)
