@@ -11,6 +11,8 @@ timestamp type are constant columns.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pyarrow as pa
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
@@ -48,13 +50,36 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
     return to_arrow_schema(spark_schema(include_headers), timezone="UTC")
 
 
-def to_rows(topic: str, partition: int, batches: list[FetchedBatch], schema: pa.Schema) -> pa.RecordBatch:
-    """One partition's fetched batches as one Arrow batch of `schema` (from `arrow_schema`)."""
-    records = [to_record_batch(topic, partition, fetched) for fetched in batches]
-    if len(records) == 1:
-        joined = records[0]
-    else:
-        joined = pa.Table.from_batches(records).combine_chunks().to_batches()[0]
+# Fetched batches at least this long go to Spark as they are; shorter ones (a per-record producer
+# makes batches of a few records) are joined into runs of about this many rows first, since Spark
+# pays a fixed cost per Arrow batch. Joining copies the buffers, so large batches are never joined.
+MIN_BATCH_ROWS = 16_384
+
+
+def to_rows(topic: str, partition: int, batches: list[FetchedBatch], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """One partition's fetched batches as Arrow batches of `schema` (from `arrow_schema`)."""
+    run: list[pa.RecordBatch] = []
+    rows = 0
+    for fetched in batches:
+        records = to_record_batch(topic, partition, fetched)
+        if records.num_rows >= MIN_BATCH_ROWS and not run:
+            yield _project(records, schema)
+            continue
+        run.append(records)
+        rows += records.num_rows
+        if rows >= MIN_BATCH_ROWS:
+            yield _project(_join(run), schema)
+            run, rows = [], 0
+    if run:
+        yield _project(_join(run), schema)
+
+
+def _join(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    return batches[0] if len(batches) == 1 else pa.Table.from_batches(batches).combine_chunks().to_batches()[0]
+
+
+def _project(joined: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    """RECORD_SCHEMA rows as the source's columns: Spark's timestamp unit and int type."""
     columns = [
         joined.column("key"),
         joined.column("value"),

@@ -2,8 +2,9 @@
 
 The task owns a private event loop and one client `Cluster` for the duration of the range and
 steps the client's async range reader from the task's own thread (no background thread, no hop).
-Each fetch (up to `kafka.max.partition.fetch.bytes` and `kafka.fetch.max.bytes`, default 8 MiB) becomes one Arrow record batch
-of the source's schema; no per-record Python anywhere on the way.
+A fetch (up to `kafka.max.partition.fetch.bytes` and `kafka.fetch.max.bytes`, default 8 MiB)
+becomes Arrow record batches of the source's schema (`schema.to_rows`); no per-record Python
+anywhere on the way.
 """
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def read_offset_range(options: SourceOptions, offset_range: OffsetRange,
                 fetched = loop.run_until_complete(anext(batches))
             except StopAsyncIteration:
                 return
-            yield to_rows(offset_range.topic, offset_range.partition, fetched, schema)
+            yield from to_rows(offset_range.topic, offset_range.partition, fetched, schema)
     finally:
         try:
             loop.run_until_complete(batches.aclose())
