@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 
 from pyspark.sql import SparkSession
 
@@ -27,6 +28,9 @@ LOCAL_DEFAULTS = {
 def local_spark(app_name: str, cores: int = 2, **conf: str) -> SparkSession:
     """`local[cores]` with this interpreter for Python workers and `format("pymq")` registered."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode: no "hostname resolves to loopback" warning
+    # pymq never converts through pandas; PySpark's warning about the pinned pandas 3 is noise here.
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
     for key, value in {**LOCAL_DEFAULTS, **conf}.items():
         builder = builder.config(key, value)
