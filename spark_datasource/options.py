@@ -67,6 +67,12 @@ class InvalidOptionError(ValueError):
     """An option of the `pymq` source or sink that cannot be used, with what it accepts."""
 
 
+def include_headers(options: Mapping[str, str]) -> bool:
+    """The `includeHeaders` option alone: the schema is asked for before the other options are
+    checked (Spark calls DataSource.schema first)."""
+    return _boolean({k.lower(): str(v) for k, v in options.items()}, "includeheaders", False)
+
+
 def spelled(name: str) -> str:
     """An option's name as the documentation writes it (Spark lower-cases the keys)."""
     return _SPELLING.get(name, name)

@@ -26,7 +26,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from spark_datasource.batch_reader import PymqBatchReader
-from spark_datasource.options import InvalidOptionError, SourceOptions, _boolean
+from spark_datasource.options import InvalidOptionError, SourceOptions, include_headers
 from spark_datasource.schema import spark_schema
 from spark_datasource.stream_reader import PymqStreamReader
 from spark_datasource.writer import PymqArrowWriter, PymqStreamArrowWriter, SinkOptions
@@ -42,7 +42,7 @@ class PymqDataSource(DataSource):
         return "pymq"
 
     def schema(self) -> StructType:
-        return spark_schema(_boolean({k.lower(): v for k, v in self.options.items()}, "includeheaders", False))
+        return spark_schema(include_headers(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return PymqBatchReader(SourceOptions.parse(self.options, streaming=False))
