@@ -33,9 +33,10 @@ class PymqBatchReader(DataSourceReader):
         """The offset ranges this read covers, split for Spark tasks."""
         offsets = OffsetReader(self.options)
         try:
-            tps = [tp for tp in offsets.topic_partitions(missing_ok=False) if self.filters.allows_partition(tp[1])]
-            starts = offsets.resolve(self.options.starting, tps, starting=True)
-            ends = offsets.resolve(self.options.ending, tps, starting=False)
+            subscribed = offsets.topic_partitions(missing_ok=False)
+            tps = [tp for tp in subscribed if self.filters.allows_partition(tp[1])]
+            starts = offsets.resolve(self.options.starting, tps, starting=True, subscribed=subscribed)
+            ends = offsets.resolve(self.options.ending, tps, starting=False, subscribed=subscribed)
             # An explicit ending offset past the end is a mistake in the option: the task would
             # find the offsets missing and report them as data loss ("truncated?").
             latest = offsets.latest(tps) if self.options.ending.kind == "offsets" else ends
