@@ -45,10 +45,14 @@ class PymqDataSource(DataSource):
         return spark_schema(include_headers(self.options))
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        return PymqBatchReader(SourceOptions.parse(self.options, streaming=False))
+        options = SourceOptions.parse(self.options, streaming=False)
+        _fixed_schema(schema, options.include_headers)
+        return PymqBatchReader(options)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        return PymqStreamReader(SourceOptions.parse(self.options, streaming=True))
+        options = SourceOptions.parse(self.options, streaming=True)
+        _fixed_schema(schema, options.include_headers)
+        return PymqStreamReader(options)
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceArrowWriter:
         _append_only(overwrite)
@@ -57,6 +61,16 @@ class PymqDataSource(DataSource):
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamArrowWriter:
         _append_only(overwrite)
         return PymqStreamArrowWriter(SinkOptions.parse(self.options, schema))
+
+
+def _fixed_schema(schema: StructType, headers: bool) -> None:
+    """Spark passes a user-specified schema (`.schema(...)`) instead of `schema()`'s: the rows are
+    always the source's columns, so another schema would fail every task with a schema mismatch."""
+    expected = spark_schema(headers)
+    if schema.simpleString() != expected.simpleString():
+        raise InvalidOptionError(f"format pymq has a fixed schema and cannot be set with a custom one: "
+                                 f"{expected.simpleString()} (includeHeaders={str(headers).lower()}); "
+                                 f"given {schema.simpleString()}")
 
 
 def _append_only(overwrite: bool) -> None:

@@ -6,12 +6,15 @@ from collections.abc import Iterator
 
 import pytest
 from pyspark.sql.datasource import EqualTo
+from pyspark.sql.types import BinaryType, StructField, StructType
 
 from broker.client import Admin, Producer
 from broker.process import BrokerProcess
 from spark_datasource.batch_reader import PymqBatchReader
-from spark_datasource.options import SourceOptions
+from spark_datasource.options import InvalidOptionError, SourceOptions
 from spark_datasource.ranges import OffsetRange
+from spark_datasource.schema import spark_schema
+from spark_datasource.source import PymqDataSource
 
 TOPIC = "review"
 PARTITIONS = 2
@@ -44,3 +47,16 @@ def test_partition_filter_with_json_offsets_naming_every_partition(review):
                           endingOffsets=json.dumps({TOPIC: {"0": 10, "1": -1}}))
     assert list(reader.pushFilters([EqualTo(("partition",), 1)])) == []
     assert reader.plan() == [OffsetRange(TOPIC, 1, 5, PER_PARTITION)]
+
+
+def test_a_user_specified_schema_other_than_the_sources_is_refused_when_the_query_is_planned():
+    """The schema is fixed (Kafka's source refuses a custom one): a different one used to fail
+    each task with Spark's "Return schema mismatch", after the data was fetched."""
+    options = {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": TOPIC}
+    custom = StructType([StructField("value", BinaryType())])
+    for make in (lambda s: PymqDataSource(options).reader(s), lambda s: PymqDataSource(options).streamReader(s)):
+        with pytest.raises(InvalidOptionError, match="fixed schema"):
+            make(custom)
+        make(spark_schema(False))  # the source's own schema (what Spark passes without .schema())
+    with pytest.raises(InvalidOptionError, match="includeHeaders"):
+        PymqDataSource({**options, "includeHeaders": "true"}).reader(spark_schema(False))
