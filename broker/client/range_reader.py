@@ -89,7 +89,6 @@ async def read_range(cluster: Cluster, topic: str, partition: int, start: int, e
                 raise
             failures = await _retry(cluster, topic, partition, err, failures, retry_backoff_s)
             continue
-        failures = 0
         data = answer.records
         stats.fetches += 1
         stats.bytes_fetched += len(data)
@@ -114,12 +113,16 @@ async def read_range(cluster: Cluster, topic: str, partition: int, start: int, e
         seen_offsets += position - fetched_from
         if chunk:
             yield chunk
-        if not moved and position < end:
+        if moved:
+            failures = 0
+        elif position < end:
             if answer.log_start_offset > position:  # deleted between the fetch's start and now
                 position = await _lost(cluster, topic, partition, position, end, fail_on_data_loss, stats)
             elif answer.high_watermark <= position:
-                raise DataLossError(f"{topic}-{partition}: offsets {position}..{end - 1} are not in the log any more "
-                                    f"(its end is {answer.high_watermark}: truncated?)", topic, partition, position, end)
+                # Retried first: a new leader's high watermark can lag the old one's for a moment.
+                gone = DataLossError(f"{topic}-{partition}: offsets {position}..{end - 1} are not in the log any more "
+                                     f"(its end is {answer.high_watermark}: truncated?)", topic, partition, position, end)
+                failures = await _retry(cluster, topic, partition, gone, failures, retry_backoff_s)
             else:  # a batch larger than max_bytes: the broker sends it whole, so this is a broker bug
                 raise PymqError(f"{topic}-{partition}: fetch at {position} returned no batch below the high "
                                 f"watermark {answer.high_watermark}")

@@ -1,0 +1,59 @@
+"""read_range against a scripted cluster: how it retries, and when it calls offsets lost."""
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+import pytest
+
+from broker import record
+from broker.client.range_reader import RangeStats, read_range
+from broker.errors import DataLossError
+from broker.protocol import FetchPartitionResponse, FetchResponse, FetchTopicResponse
+
+
+def batch(base_offset: int, n: int) -> bytes:
+    body = record.make_body([f"v{base_offset + i}".encode() for i in range(n)], timestamps_ms=1_700_000_000_000)
+    return bytes(record.encode_batch(body, base_offset=base_offset))
+
+
+class ScriptedCluster:
+    """Answers each Fetch with the next scripted (records, high watermark); counts refreshes."""
+
+    def __init__(self, answers: list[tuple[bytes, int]]) -> None:
+        self.answers = deque(answers)
+        self.refreshes = 0
+
+    async def leader(self, topic: str, partition: int) -> int:
+        return 0
+
+    async def refresh(self, topics: list[str] | None = None) -> None:
+        self.refreshes += 1
+
+    async def send(self, node: int, request: object) -> FetchResponse:
+        records, high_watermark = self.answers.popleft()
+        answer = FetchPartitionResponse(0, high_watermark=high_watermark, log_start_offset=0, records=records)
+        return FetchResponse((FetchTopicResponse("t", (answer,)),))
+
+
+async def collect(cluster: ScriptedCluster, start: int, end: int) -> list[int]:
+    offsets = []
+    async for chunk in read_range(cluster, "t", 0, start, end, retry_backoff_s=0.001, stats=RangeStats()):  # type: ignore[arg-type]
+        for fetched in chunk:
+            offsets.extend(range(fetched.first_offset, fetched.next_offset))
+    return offsets
+
+
+def test_a_lagging_high_watermark_is_retried_before_offsets_are_called_lost():
+    """A fetch that finds the log ending below the range (a new leader catching up) is retried; the data then arrives."""
+    cluster = ScriptedCluster([(b"", 0), (b"", 0), (batch(0, 5), 5)])
+    assert asyncio.run(collect(cluster, 0, 5)) == [0, 1, 2, 3, 4]
+    assert cluster.refreshes == 2
+
+
+def test_offsets_still_missing_after_the_retries_are_data_loss():
+    """A log that stays shorter than the range fails naming topic, partition and the missing offsets."""
+    cluster = ScriptedCluster([(batch(0, 3), 3)] + [(b"", 3)] * 10)
+    with pytest.raises(DataLossError, match=r"t-0: offsets 3\.\.4 are not in the log") as caught:
+        asyncio.run(collect(cluster, 0, 5))
+    assert (caught.value.topic, caught.value.partition, caught.value.start, caught.value.end) == ("t", 0, 3, 5)
