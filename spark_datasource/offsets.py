@@ -91,7 +91,8 @@ class OffsetReader:
             unknown = sorted(set(named) - everything)
             missing = sorted(everything - set(named))
             if unknown or missing:
-                problem = (f"names {', '.join(f'{t}-{p}' for t, p in unknown)}, which the query does not read"
+                problem = (f"names {', '.join(f'{t}-{p}' for t, p in unknown)}, which the subscription does not "
+                           "have (no such topic or partition, or a topic it does not subscribe to)"
                            if unknown else f"leaves out {', '.join(f'{t}-{p}' for t, p in missing)}")
                 raise InvalidOptionError(f"option {spec.option!r} {problem}: give every partition of the "
                                          "subscribed topics (-2 earliest, -1 latest)")
