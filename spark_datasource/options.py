@@ -213,12 +213,7 @@ class SourceOptions:
 
 def _parse_assign(text: str) -> dict[str, tuple[int, ...]]:
     example = '{"topicA":[0,1],"topicB":[2,4]}'
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InvalidOptionError(f"option 'assign' must be JSON like {example}: {err}") from err
-    if not isinstance(value, dict) or not value:
-        raise InvalidOptionError(f"option 'assign' must be a JSON object of topics to partition lists, like {example}")
+    value = _json_object("assign", text, "topics to partition lists", example)
     assign = {}
     for topic, partitions in value.items():
         if (not isinstance(partitions, list) or not partitions
@@ -260,6 +255,10 @@ def _offset_spec(opts: dict[str, str], side: str, streaming: bool) -> OffsetSpec
             raise InvalidOptionError("option 'endingOffsets' cannot be 'earliest' (it would read nothing); "
                                      "use 'latest' or JSON offsets")
         return OffsetSpec(word, option=option)
+    if not word.startswith("{"):
+        words = "'latest'" if side == "ending" else "'earliest', 'latest'"
+        raise InvalidOptionError(f"option {option!r} must be {words} or JSON offsets like "
+                                 f"{{\"topicA\":{{\"0\":23,\"1\":-2}}}}, not {text!r}")
     offsets = _partition_json(option, text, "an offset, -2 (earliest) or -1 (latest)", minimum=EARLIEST)
     for topic, partitions in offsets.items():
         for partition, offset in partitions.items():
@@ -274,13 +273,7 @@ def _offset_spec(opts: dict[str, str], side: str, streaming: bool) -> OffsetSpec
 
 def _partition_json(option: str, text: str, what: str, minimum: int) -> dict[str, dict[int, int]]:
     example = '{"topicA":{"0":23,"1":-2},"topicB":{"0":-1}}'
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InvalidOptionError(f"option {option!r} must be 'earliest', 'latest' or JSON like {example}: {err}") from err
-    if not isinstance(value, dict) or not value:
-        raise InvalidOptionError(f"option {option!r} must be a JSON object of topics to {{partition: value}}, "
-                                 f"like {example}")
+    value = _json_object(option, text, "topics to {partition: value}", example)
     parsed: dict[str, dict[int, int]] = {}
     for topic, partitions in value.items():
         if not isinstance(partitions, dict) or not partitions:
@@ -296,6 +289,17 @@ def _partition_json(option: str, text: str, what: str, minimum: int) -> dict[str
                 raise InvalidOptionError(f"option {option!r}: {topic}-{partition} must be {what}, not {number!r}")
             parsed[topic][p] = number
     return parsed
+
+
+def _json_object(option: str, text: str, what: str, example: str) -> dict[str, Any]:
+    """`text` as a non-empty JSON object, or an error naming the option and showing an example."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise InvalidOptionError(f"option {option!r} must be JSON like {example}: {err}") from err
+    if not isinstance(value, dict) or not value:
+        raise InvalidOptionError(f"option {option!r} must be a JSON object of {what}, like {example}")
+    return value
 
 
 def _check_partitions_named(spec: OffsetSpec, assign: dict[str, tuple[int, ...]] | None) -> None:
