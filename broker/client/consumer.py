@@ -570,26 +570,13 @@ class AsyncConsumer:
         corrupt batch, what came before it stays buffered, a marker for it follows, and the
         partition fetches nothing more until the marker was raised (or the caller seeks).
         Decoding happens outside `_lock`; the buffer is extended under it in one step."""
-        position = self._fetch_positions[tp]
-        fresh: list[tuple[TopicPartition, FetchedBatch | CorruptRecordError, int]] = []
-        fresh_bytes = 0
-        corrupt: CorruptRecordError | None = None
-        bad_at = 0  # where the next batch starts: the corrupt one, if iter_batches raises
-        try:
-            # decode_body checks each body fully: the CRC and header checks are what is left.
-            for pos, header in record.iter_batches(data, verify=self.check_crcs, check_body=False):
-                bad_at = pos + header.size
-                if header.next_offset <= position:
-                    continue
-                batch = FetchedBatch.of(header, record.decode_body(data, header, pos), position)
-                size = header.size  # the wire size: cheap, and what the fetch actually cost
-                fresh.append((tp, batch, size))
-                fresh_bytes += size
-                position = header.next_offset
-        except CorruptMessageError as err:
-            offset = corrupt_batch_offset(data, bad_at, position, self.high_watermarks.get(tp, -1))
-            log.warning("%s-%d: corrupt batch at offset %d: %s", tp[0], tp[1], offset, err)
-            corrupt = CorruptRecordError(f"{tp[0]}-{tp[1]} offset {offset}: {err}", tp[0], tp[1], offset)
+        decoded = decode_fetched(tp, data, self._fetch_positions[tp], self.high_watermarks.get(tp, -1), self.check_crcs)
+        fresh: list[tuple[TopicPartition, FetchedBatch | CorruptRecordError, int]] = [
+            (tp, batch, size) for batch, size in decoded.batches]
+        fresh_bytes = sum(size for _, size in decoded.batches)
+        corrupt, position = decoded.corrupt, decoded.position
+        if corrupt is not None:
+            log.warning("corrupt batch: %s", corrupt)
             fresh.append((tp, corrupt, 0))
         if not fresh:
             return
@@ -631,6 +618,36 @@ def corrupt_batch_offset(data: memoryview, at: int, position: int, high_watermar
         return position
     base = record.read_header(data, at).base_offset
     return base if position < base < high_watermark else position
+
+
+class DecodedFetch(NamedTuple):
+    batches: list[tuple[FetchedBatch, int]]  # each with its wire size (what the fetch cost)
+    position: int  # the offset after the last complete batch decoded
+    corrupt: CorruptRecordError | None  # the batch decoding stopped at, if one failed its checks
+
+
+def decode_fetched(tp: TopicPartition, data: memoryview | bytes, position: int, high_watermark: int,
+                   verify: bool) -> DecodedFetch:
+    """The complete batches of one partition's fetched bytes from `position` on (a fetch from
+    mid-batch returns the whole batch; records before `position` are dropped). Decoding stops at
+    a batch that fails its checks: what came before it is kept and `corrupt` names topic,
+    partition and offset. The consumer and the range reader both read fetches through this."""
+    data = memoryview(data)
+    batches: list[tuple[FetchedBatch, int]] = []
+    bad_at = 0  # where the next batch starts: the corrupt one, if iter_batches raises
+    try:
+        # decode_body checks each body fully: the CRC and header checks are what is left.
+        for pos, header in record.iter_batches(data, verify=verify, check_body=False):
+            bad_at = pos + header.size
+            if header.next_offset <= position:
+                continue
+            batches.append((FetchedBatch.of(header, record.decode_body(data, header, pos), position), header.size))
+            position = header.next_offset
+    except CorruptMessageError as err:
+        offset = corrupt_batch_offset(data, bad_at, position, high_watermark)
+        corrupt = CorruptRecordError(f"{tp[0]}-{tp[1]} offset {offset}: {err}", tp[0], tp[1], offset)
+        return DecodedFetch(batches, position, corrupt)
+    return DecodedFetch(batches, position, None)
 
 
 async def list_offsets(cluster: Cluster, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:

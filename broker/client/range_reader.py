@@ -25,12 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from broker import protocol, record
+from broker import protocol
 from broker.client.cluster import Cluster
-from broker.client.consumer import FetchedBatch, corrupt_batch_offset, list_offsets
+from broker.client.consumer import FetchedBatch, decode_fetched, list_offsets
 from broker.errors import (
-    CorruptMessageError,
-    CorruptRecordError,
     DataLossError,
     NetworkError,
     OffsetOutOfRangeError,
@@ -95,7 +93,8 @@ async def read_range(cluster: Cluster, topic: str, partition: int, start: int, e
         moved = False
         fetched_from = position
         chunk = []
-        for batch in _decode(topic, partition, data, position, answer.high_watermark, check_crcs):
+        decoded = decode_fetched((topic, partition), data, position, answer.high_watermark, check_crcs)
+        for batch, _ in decoded.batches:
             if batch.first_offset >= end:
                 position = end
                 break
@@ -113,6 +112,8 @@ async def read_range(cluster: Cluster, topic: str, partition: int, start: int, e
         seen_offsets += position - fetched_from
         if chunk:
             yield chunk
+        if decoded.corrupt is not None and position < end:
+            raise decoded.corrupt  # a batch the range needs failed its checks
         if moved:
             failures = 0
         elif position < end:
@@ -126,25 +127,6 @@ async def read_range(cluster: Cluster, topic: str, partition: int, start: int, e
             else:  # a batch larger than max_bytes: the broker sends it whole, so this is a broker bug
                 raise PymqError(f"{topic}-{partition}: fetch at {position} returned no batch below the high "
                                 f"watermark {answer.high_watermark}")
-
-
-def _decode(topic: str, partition: int, data: memoryview | bytes, position: int, high_watermark: int,
-            check_crcs: bool) -> list[FetchedBatch]:
-    """The complete batches of one fetch answer from `position` on."""
-    view = memoryview(data)
-    batches = []
-    bad_at = 0
-    try:
-        for pos, header in record.iter_batches(view, verify=check_crcs, check_body=False):
-            bad_at = pos + header.size
-            if header.next_offset <= position:
-                continue
-            batches.append(FetchedBatch.of(header, record.decode_body(view, header, pos), position))
-            position = header.next_offset
-    except CorruptMessageError as err:
-        offset = corrupt_batch_offset(view, bad_at, position, high_watermark)
-        raise CorruptRecordError(f"{topic}-{partition} offset {offset}: {err}", topic, partition, offset) from err
-    return batches
 
 
 def _rows_before(batch: FetchedBatch, end: int) -> int:

@@ -8,7 +8,7 @@ import pytest
 
 from broker import record
 from broker.client.range_reader import RangeStats, read_range
-from broker.errors import DataLossError
+from broker.errors import CorruptRecordError, DataLossError
 from broker.protocol import FetchPartitionResponse, FetchResponse, FetchTopicResponse
 
 
@@ -57,3 +57,30 @@ def test_offsets_still_missing_after_the_retries_are_data_loss():
     with pytest.raises(DataLossError, match=r"t-0: offsets 3\.\.4 are not in the log") as caught:
         asyncio.run(collect(cluster, 0, 5))
     assert (caught.value.topic, caught.value.partition, caught.value.start, caught.value.end) == ("t", 0, 3, 5)
+
+
+def corrupted(data: bytes) -> bytes:
+    """`data` with its last byte flipped: the batch's CRC no longer matches."""
+    return data[:-1] + bytes([data[-1] ^ 0xFF])
+
+
+def test_a_corrupt_batch_the_range_needs_fails_it_naming_its_offset():
+    """The records before a corrupt batch are delivered, then CorruptRecordError names topic, partition and offset."""
+    cluster = ScriptedCluster([(batch(0, 3) + corrupted(batch(3, 3)), 6)])
+    got: list[int] = []
+
+    async def read() -> None:
+        async for chunk in read_range(cluster, "t", 0, 0, 6, stats=RangeStats()):  # type: ignore[arg-type]
+            for fetched in chunk:
+                got.extend(range(fetched.first_offset, fetched.next_offset))
+
+    with pytest.raises(CorruptRecordError) as caught:
+        asyncio.run(read())
+    assert got == [0, 1, 2]
+    assert (caught.value.topic, caught.value.partition, caught.value.offset) == ("t", 0, 3)
+
+
+def test_a_corrupt_batch_past_the_range_is_not_read():
+    """A range that ends before a corrupt batch reads its records and stops without error."""
+    cluster = ScriptedCluster([(batch(0, 3) + corrupted(batch(3, 3)), 6)])
+    assert asyncio.run(collect(cluster, 0, 3)) == [0, 1, 2]
