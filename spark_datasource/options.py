@@ -67,6 +67,19 @@ class InvalidOptionError(ValueError):
     """An option of the `pymq` source or sink that cannot be used, with what it accepts."""
 
 
+def bootstrap_servers(opts: Mapping[str, str]) -> str:
+    """The brokers, from `kafka.bootstrap.servers` (the Kafka source's name) or `bootstrap.servers`
+    (lower-cased option names); both the source and the sink take either."""
+    kafka, plain = opts.get("kafka.bootstrap.servers"), opts.get("bootstrap.servers")
+    if kafka and plain and kafka.strip() != plain.strip():
+        raise InvalidOptionError("options 'kafka.bootstrap.servers' and 'bootstrap.servers' disagree: give one")
+    bootstrap = (kafka or plain or "").strip()
+    if not bootstrap:
+        raise InvalidOptionError("option 'kafka.bootstrap.servers' (or 'bootstrap.servers') is required: "
+                                 "'host:port[,host:port...]'")
+    return bootstrap
+
+
 def include_headers(options: Mapping[str, str]) -> bool:
     """The `includeHeaders` option alone: the schema is asked for before the other options are
     checked (Spark calls DataSource.schema first)."""
@@ -136,13 +149,7 @@ class SourceOptions:
             raise InvalidOptionError("option 'path' (load(path)) is not used by format pymq: name topics with "
                                      "subscribe, subscribePattern or assign")
 
-        bootstrap = opts.get("kafka.bootstrap.servers") or opts.get("bootstrap.servers")
-        if not bootstrap or not bootstrap.strip():
-            raise InvalidOptionError("option 'kafka.bootstrap.servers' (or 'bootstrap.servers') is required: "
-                                     "'host:port[,host:port...]'")
-        if opts.get("kafka.bootstrap.servers") and opts.get("bootstrap.servers") \
-                and opts["kafka.bootstrap.servers"] != opts["bootstrap.servers"]:
-            raise InvalidOptionError("options 'kafka.bootstrap.servers' and 'bootstrap.servers' disagree: give one")
+        bootstrap = bootstrap_servers(opts)
 
         strategies = [n for n in ("assign", "subscribe", "subscribepattern") if n in opts]
         if len(strategies) != 1:
@@ -185,7 +192,7 @@ class SourceOptions:
                                      f"'maxOffsetsPerTrigger' ({max_per_trigger})")
         delay = _duration_ms(opts, "maxtriggerdelay", 15 * 60_000)
         return cls(
-            bootstrap_servers=bootstrap.strip(),
+            bootstrap_servers=bootstrap,
             subscribe=subscribe,
             subscribe_pattern=pattern,
             assign=assign,

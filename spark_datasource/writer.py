@@ -38,7 +38,7 @@ from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, St
 from broker.client import Producer
 from broker.client.config import client_settings
 from broker.client.producer import AsyncProducer
-from spark_datasource.options import InvalidOptionError
+from spark_datasource.options import InvalidOptionError, bootstrap_servers
 from spark_datasource.schema import HEADER_TYPE
 
 log = logging.getLogger("pymq.spark.writer")
@@ -67,11 +67,9 @@ class SinkOptions:
     def parse(cls, options: Mapping[str, str], schema: StructType) -> "SinkOptions":
         """Check the options and the DataFrame's columns before any task runs."""
         opts = {k.lower(): str(v) for k, v in options.items()}
-        bootstrap = opts.pop("kafka.bootstrap.servers", None) or opts.pop("bootstrap.servers", None)
+        bootstrap = bootstrap_servers(opts)
+        opts.pop("kafka.bootstrap.servers", None)
         opts.pop("bootstrap.servers", None)
-        if not bootstrap or not bootstrap.strip():
-            raise InvalidOptionError("option 'kafka.bootstrap.servers' (or 'bootstrap.servers') is required: "
-                                     "'host:port[,host:port...]'")
         topic = opts.pop("topic", None)
         for name in SPARK_WRITER_OPTIONS:
             opts.pop(name, None)
@@ -86,7 +84,7 @@ class SinkOptions:
         except ValueError as err:
             raise InvalidOptionError(f"pymq sink: {err} (give them with the 'kafka.' prefix)") from err
         _check_columns(schema, topic)
-        return cls(bootstrap.strip(), topic.strip() if topic else None, {**SINK_DEFAULTS, **producer})
+        return cls(bootstrap, topic.strip() if topic else None, {**SINK_DEFAULTS, **producer})
 
 
 def _number_or_text(value: str) -> Any:
@@ -141,31 +139,30 @@ def write_batches(options: SinkOptions, batches: Iterator[pa.RecordBatch]) -> Wr
 
 
 def _split(batch: pa.RecordBatch, topic_option: str | None) -> Iterator[tuple[str, int | None, pa.Table]]:
-    """The batch's rows grouped by topic and chosen partition (None: by key), with kernels."""
+    """The batch's rows grouped by topic and chosen partition (None: by key), with kernels; only
+    the sink's columns are carried (others are ignored, and never copied by the filters)."""
     names = {n.lower(): n for n in batch.schema.names}
-    table = pa.Table.from_batches([batch])
-    body = pa.table({c: table.column(names[c]) for c in ("key", "value", "headers") if c in names})
+    used = [c for c in ("key", "value", "headers", "topic", "partition")
+            if c in names and not (c == "topic" and topic_option is not None)]
+    table = pa.Table.from_batches([batch]).select([names[c] for c in used]).rename_columns(used)
+    body = [c for c in ("key", "value", "headers") if c in used]
     if topic_option is not None:
-        groups: list[tuple[str, pa.Table, pa.Table]] = [(topic_option, body, table)]
+        groups = [(topic_option, table)]
     else:
-        topics = table.column(names["topic"])
+        topics = table.column("topic")
         if topics.null_count:
             raise ValueError("pymq sink: a row has a null 'topic' and no 'topic' option is set")
-        groups = []
-        for name in pc.unique(topics).to_pylist():
-            mask = pc.equal(topics, name)
-            groups.append((name, body.filter(mask), table.filter(mask)))
-    for topic, rows, full in groups:
-        if "partition" not in names:
-            yield topic, None, rows
+        groups = [(name, table.filter(pc.equal(topics, name))) for name in pc.unique(topics).to_pylist()]
+    for topic, rows in groups:
+        if "partition" not in used:
+            yield topic, None, rows.select(body)
             continue
-        partitions = full.column(names["partition"])
+        partitions = rows.column("partition")
         keyed = pc.is_null(partitions)
         if pc.any(keyed).as_py():
-            yield topic, None, rows.filter(keyed)
-        chosen = pc.drop_null(partitions)
-        for p in pc.unique(chosen).to_pylist():
-            yield topic, p, rows.filter(pc.fill_null(pc.equal(partitions, p), False))
+            yield topic, None, rows.filter(keyed).select(body)
+        for p in pc.unique(pc.drop_null(partitions)).to_pylist():
+            yield topic, p, rows.filter(pc.fill_null(pc.equal(partitions, p), False)).select(body)
 
 
 class PymqArrowWriter(DataSourceArrowWriter):
