@@ -36,7 +36,7 @@ from broker.cluster.metadata_store import LocalMetadataStore, MetadataStore
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
 from broker.errors import InvalidRequestError, MessageTooLargeError, PymqError
-from broker.handlers import Part, RequestHandlers, Result, error_fields, to_result, unexpected_error
+from broker.handlers import Part, RequestHandlers, Result, error_fields, error_result, to_result
 from broker.cluster.partition import LeaderAndIsr
 from broker.log import FetchSlice, LogManager, TopicLogSpec
 from broker.log_writer import LogWriter
@@ -128,10 +128,8 @@ class Connection(asyncio.BufferedProtocol):
             return
         try:
             result = self.broker.handlers.handle(frame)
-        except PymqError as err:
-            result = (error_fields(err), [])
-        except Exception as err:  # a bug must not take the connection down
-            result = (unexpected_error(err), [])
+        except Exception as err:  # a named error, or a bug, which must not take the connection down
+            result = error_result(err)
         if isinstance(result, DelayedOperation):
             result.on_complete = partial(self._delayed_done, frame.correlation_id, result)
             self._parked.add(result)
@@ -146,24 +144,14 @@ class Connection(asyncio.BufferedProtocol):
 
     def _delayed_done(self, correlation_id: int, op: DelayedOperation, answer: Any, error: BaseException | None) -> None:
         self._parked.discard(op)
-        if error is None:
-            result = to_result(answer)
-        elif isinstance(error, PymqError):
-            result = (error_fields(error), [])
-        else:
-            result = (unexpected_error(error), [])
-        self._respond(correlation_id, result)
+        self._respond(correlation_id, to_result(answer) if error is None else error_result(error))
         self._update_reading()
 
     async def _finish(self, correlation_id: int, pending: Awaitable[Result]) -> None:
         try:
             result = await pending
-        except PymqError as err:
-            result = (error_fields(err), [])
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:
-            result = (unexpected_error(err), [])
+        except Exception as err:  # CancelledError is a BaseException: it propagates
+            result = error_result(err)
         self._respond(correlation_id, result)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:

@@ -55,6 +55,12 @@ def unexpected_error(err: BaseException) -> dict[str, Any]:
     return error_fields(UnknownServerError(f"{type(err).__name__}: {err}"))
 
 
+def error_result(err: BaseException) -> Result:
+    """The whole response to a request that failed: its named error, or UNKNOWN_SERVER_ERROR for
+    a bug (logged with its traceback)."""
+    return (error_fields(err) if isinstance(err, PymqError) else unexpected_error(err), [])
+
+
 def to_result(response: Message | None) -> Result:
     return None if response is None else (response.to_control(), response.payload())  # type: ignore[return-value]
 
