@@ -81,13 +81,6 @@ class OffsetMap:
     end_offset: int = 0  # exclusive: every keyed record below this (from start_offset) is mapped
     full: bool = False  # max_keys stopped the pass before the end of the input
 
-    def __len__(self) -> int:
-        return len(self.latest)
-
-    def latest_offset(self, key: bytes) -> int | None:
-        """The highest offset of `key` in the map, or None if the map does not hold it."""
-        return self.latest.get(key)
-
 
 @dataclass
 class CompactionStats:
@@ -118,7 +111,7 @@ def build_offset_map(batches: Iterable[BatchInput], max_keys: int) -> OffsetMap:
     if max_keys < 1:
         raise ValueError(f"max_keys must be positive, got {max_keys}")
     offset_map = OffsetMap(max_keys)
-    for header, body in _decoded(batches):
+    for _, header, body in _decoded(batches):
         if offset_map.start_offset is None:
             offset_map.start_offset = header.base_offset
         elif header.base_offset < offset_map.end_offset:
@@ -160,7 +153,7 @@ def compact_batches(
     limit = offset_map.end_offset if up_to_offset is None else min(up_to_offset, offset_map.end_offset)
     stats = stats if stats is not None else CompactionStats()
     horizon_ms = now_ms - delete_retention_ms
-    for data, header, body in _decoded_with_bytes(batches):
+    for data, header, body in _decoded(batches):
         stats.batches_in += 1
         stats.records_in += header.record_count
         stats.bytes_in += len(data)
@@ -247,7 +240,7 @@ def _codec(data: BatchBytes, body: pa.RecordBatch) -> str:
     return _CODECS[message.codec]
 
 
-def _decoded_with_bytes(batches: Iterable[BatchInput]) -> Iterator[tuple[BatchBytes, record.BatchHeader, pa.RecordBatch]]:
+def _decoded(batches: Iterable[BatchInput]) -> Iterator[tuple[BatchBytes, record.BatchHeader, pa.RecordBatch]]:
     """(bytes, header, body) of each batch; raw bytes are validated first (CRC included)."""
     for batch in batches:
         if isinstance(batch, StoredBatch):
@@ -259,7 +252,3 @@ def _decoded_with_bytes(batches: Iterable[BatchInput]) -> Iterator[tuple[BatchBy
                                  f"the batch has {header.size} (one batch per item)")
             yield batch, header, body
 
-
-def _decoded(batches: Iterable[BatchInput]) -> Iterator[tuple[record.BatchHeader, pa.RecordBatch]]:
-    for _, header, body in _decoded_with_bytes(batches):
-        yield header, body

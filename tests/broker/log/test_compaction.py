@@ -227,8 +227,8 @@ def test_max_keys_stops_the_map_and_reports_its_coverage():
     groups.append([(b"k0", b"new"), (b"k7", b"new")])  # offsets 8, 9: supersede k0 and k7
     batches = batches_of(groups)
     offset_map = build_offset_map(batches, max_keys=5)
-    assert offset_map.full and offset_map.end_offset == 4 and len(offset_map) == 4
-    assert offset_map.start_offset == 0 and offset_map.latest_offset(b"k3") == 3
+    assert offset_map.full and offset_map.end_offset == 4 and len(offset_map.latest) == 4
+    assert offset_map.start_offset == 0 and offset_map.latest[b"k3"] == 3
     out = list(compact_batches(batches, offset_map, NOW_MS, RETENTION_MS))
     assert out == batches  # nothing below offset 4 is superseded by offsets below 4
     # With room for every key, k0 at 0 and k7 at 7 go.
