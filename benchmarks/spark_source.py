@@ -62,7 +62,7 @@ def batch_read(spark: Any, bootstrap: str, topic: str, records: int, work: Path,
             "parquet_bytes": harness.dir_size_bytes(parquet)}
 
 
-def stream_noop(spark: Any, bootstrap: str, topic: str, records: int, work: Path, per_trigger: int) -> dict[str, Any]:
+def stream_noop(spark: Any, bootstrap: str, topic: str, work: Path, per_trigger: int) -> dict[str, Any]:
     query = (spark.readStream.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
              .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", per_trigger).load()
              .writeStream.format("noop").option("checkpointLocation", str(work / "noop-checkpoint"))
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 results["batch_read"] = batch_read(spark, broker.bootstrap, topic, records, work, args.repeat)
                 print("batch_read", results["batch_read"], flush=True)
             if "stream_noop" in args.only:
-                results["stream_noop"] = stream_noop(spark, broker.bootstrap, topic, records, work, max(records // 5, 1))
+                results["stream_noop"] = stream_noop(spark, broker.bootstrap, topic, work, max(records // 5, 1))
                 print("stream_noop", results["stream_noop"], flush=True)
             if "stream_latency" in args.only:
                 results["stream_latency"] = stream_latency(spark, broker.bootstrap, "latency", args.rate, duration, work)

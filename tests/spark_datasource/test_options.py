@@ -201,7 +201,7 @@ def test_spark_query_on_an_unknown_topic_fails_naming_it(spark, source_broker: B
         spark_read(spark, source_broker.bootstrap, subscribe=f"{topic_name},{missing}").collect()
     with pytest.raises(Exception, match=re.escape(missing)):
         spark_read(spark, source_broker.bootstrap, assign=json.dumps({missing: [0]})).collect()
-    with pytest.raises(Exception, match=f"no partition 2"):
+    with pytest.raises(Exception, match="no partition 2"):
         spark_read(spark, source_broker.bootstrap, assign=json.dumps({topic_name: [0, 2]})).collect()
     assert spark_read(spark, source_broker.bootstrap, subscribe=topic_name).count() == 0
 
