@@ -99,8 +99,56 @@ class InvalidRequiredAcksError(PymqError):
     code = 21
 
 
+class OffsetMetadataTooLargeError(PymqError):
+    """An offset commit's metadata string is longer than the coordinator keeps."""
+
+    code = 12
+
+
+class CoordinatorLoadInProgressError(PymqError):
+    """The coordinator is still loading the group's state from its log; retry after a backoff."""
+
+    code = 14
+    retriable = True
+
+
+class CoordinatorNotAvailableError(PymqError):
+    """No coordinator for the key right now (its partition has no leader, or the group is being
+    unloaded); find the coordinator again."""
+
+    code = 15
+    retriable = True
+
+
+class NotCoordinatorError(PymqError):
+    """This broker is not the coordinator of the group; find the coordinator again."""
+
+    code = 16
+    retriable = True
+
+
 class IllegalGenerationError(PymqError):
     code = 22
+
+
+class InconsistentGroupProtocolError(PymqError):
+    """The member's protocol type or protocols share nothing with the group's."""
+
+    code = 23
+
+
+class InvalidGroupIdError(PymqError):
+    code = 24
+
+
+class UnknownMemberIdError(PymqError):
+    code = 25
+
+
+class InvalidSessionTimeoutError(PymqError):
+    """The session timeout is outside the broker's group.min/max.session.timeout.ms."""
+
+    code = 26
 
 
 class InvalidTimestampError(PymqError):
@@ -174,6 +222,41 @@ class PolicyViolationError(PymqError):
     code = 44
 
 
+class NonEmptyGroupError(PymqError):
+    """The group still has members, so it cannot be deleted."""
+
+    code = 68
+
+
+class GroupIdNotFoundError(PymqError):
+    code = 69
+
+
+class MemberIdRequiredError(PymqError):
+    """A new member joined without a member id: the coordinator assigned one (the JoinGroup
+    response's `member_id`), and the member must join again with it."""
+
+    code = 79
+
+
+class GroupMaxSizeReachedError(PymqError):
+    """The group has group.max.size members already."""
+
+    code = 81
+
+
+class FencedInstanceIdError(PymqError):
+    """Another member joined with the same group_instance_id (static membership): this one is fenced."""
+
+    code = 82
+
+
+class GroupSubscribedToTopicError(PymqError):
+    """The group's active members consume the topic, so its committed offsets cannot be deleted."""
+
+    code = 86
+
+
 class BrokerNotAvailableError(PymqError):
     code = 8
     retriable = True
@@ -185,6 +268,12 @@ class VersionConflictError(PymqError):
 
     code = 900
     retriable = True
+
+
+class PartitionNotAssignedError(PymqError):
+    """A group member committed an offset for a partition its current assignment does not hold."""
+
+    code = 901
 
 
 # Client-side conditions that never come from a broker use codes >= 1000.
@@ -250,7 +339,22 @@ _NAMES: dict[type[PymqError], str] = {
     InconsistentTopicIdError: "INCONSISTENT_TOPIC_ID",
     PolicyViolationError: "POLICY_VIOLATION",
     BrokerNotAvailableError: "BROKER_NOT_AVAILABLE",
+    OffsetMetadataTooLargeError: "OFFSET_METADATA_TOO_LARGE",
+    CoordinatorLoadInProgressError: "COORDINATOR_LOAD_IN_PROGRESS",
+    CoordinatorNotAvailableError: "COORDINATOR_NOT_AVAILABLE",
+    NotCoordinatorError: "NOT_COORDINATOR",
+    InconsistentGroupProtocolError: "INCONSISTENT_GROUP_PROTOCOL",
+    InvalidGroupIdError: "INVALID_GROUP_ID",
+    UnknownMemberIdError: "UNKNOWN_MEMBER_ID",
+    InvalidSessionTimeoutError: "INVALID_SESSION_TIMEOUT",
+    NonEmptyGroupError: "NON_EMPTY_GROUP",
+    GroupIdNotFoundError: "GROUP_ID_NOT_FOUND",
+    MemberIdRequiredError: "MEMBER_ID_REQUIRED",
+    GroupMaxSizeReachedError: "GROUP_MAX_SIZE_REACHED",
+    FencedInstanceIdError: "FENCED_INSTANCE_ID",
+    GroupSubscribedToTopicError: "GROUP_SUBSCRIBED_TO_TOPIC",
     VersionConflictError: "CONCURRENT_METADATA_UPDATE",
+    PartitionNotAssignedError: "PARTITION_NOT_ASSIGNED",
     ProducerClosedError: "PRODUCER_CLOSED",
     DeliveryTimeoutError: "DELIVERY_TIMEOUT",
     ConsumerStoppedError: "CONSUMER_STOPPED",

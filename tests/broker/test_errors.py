@@ -88,3 +88,23 @@ def test_errors_are_pymq_errors_and_carry_retriable():
         assert issubclass(cls, PymqError) and isinstance(cls.retriable, bool)
     assert error_for_code(6).retriable is True
     assert InvalidRequestError.retriable is False
+
+
+GROUP_CODES = [
+    # code, wire name, retriable (as Kafka has it)
+    (12, "OFFSET_METADATA_TOO_LARGE", False), (14, "COORDINATOR_LOAD_IN_PROGRESS", True),
+    (15, "COORDINATOR_NOT_AVAILABLE", True), (16, "NOT_COORDINATOR", True), (22, "ILLEGAL_GENERATION", False),
+    (23, "INCONSISTENT_GROUP_PROTOCOL", False), (24, "INVALID_GROUP_ID", False), (25, "UNKNOWN_MEMBER_ID", False),
+    (26, "INVALID_SESSION_TIMEOUT", False), (27, "REBALANCE_IN_PROGRESS", True), (68, "NON_EMPTY_GROUP", False),
+    (69, "GROUP_ID_NOT_FOUND", False), (79, "MEMBER_ID_REQUIRED", False), (81, "GROUP_MAX_SIZE_REACHED", False),
+    (82, "FENCED_INSTANCE_ID", False), (86, "GROUP_SUBSCRIBED_TO_TOPIC", False), (901, "PARTITION_NOT_ASSIGNED", False),
+]
+
+
+@pytest.mark.parametrize("code, name, retriable", GROUP_CODES, ids=[c[1] for c in GROUP_CODES])
+def test_group_coordinator_codes_keep_their_kafka_numbers_and_retriability(code, name, retriable):
+    """The group coordinator's codes carry Kafka's numbers and names (pymq's own in 900..999), and
+    only the coordinator lookups (and a rebalance) are retried."""
+    err = error_for_code(code)
+    assert error_name(code) == name and type(err).name() == name
+    assert err.retriable is retriable

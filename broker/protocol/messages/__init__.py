@@ -39,6 +39,52 @@ from broker.protocol.messages.fetch import (
     FetchTopic,
     FetchTopicResponse,
 )
+from broker.protocol.messages.group import (
+    GROUP_KEY_TYPE,
+    NO_GENERATION_ID,
+    TRANSACTION_KEY_TYPE,
+    DeleteGroupsRequest,
+    DeleteGroupsResponse,
+    DeletedGroupResult,
+    DescribeGroupsRequest,
+    DescribeGroupsResponse,
+    DescribedGroup,
+    DescribedMember,
+    FindCoordinatorRequest,
+    FindCoordinatorResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    JoinGroupMember,
+    JoinGroupProtocol,
+    JoinGroupRequest,
+    JoinGroupResponse,
+    LeaveGroupMemberResponse,
+    LeaveGroupRequest,
+    LeaveGroupResponse,
+    ListGroupsRequest,
+    ListGroupsResponse,
+    ListedGroup,
+    MemberIdentity,
+    OffsetCommitPartition,
+    OffsetCommitPartitionResponse,
+    OffsetCommitRequest,
+    OffsetCommitResponse,
+    OffsetCommitTopic,
+    OffsetCommitTopicResponse,
+    OffsetDeletePartitionResponse,
+    OffsetDeleteRequest,
+    OffsetDeleteResponse,
+    OffsetDeleteTopic,
+    OffsetDeleteTopicResponse,
+    OffsetFetchPartitionResponse,
+    OffsetFetchRequest,
+    OffsetFetchResponse,
+    OffsetFetchTopic,
+    OffsetFetchTopicResponse,
+    SyncGroupAssignment,
+    SyncGroupRequest,
+    SyncGroupResponse,
+)
 from broker.protocol.messages.metadata import (
     ApiVersionRange,
     ApiVersionsRequest,
@@ -75,5 +121,13 @@ REQUEST_TYPES: dict[int, type[RequestMessage]] = {
                 CreateTopicsRequest, DeleteTopicsRequest, CreatePartitionsRequest, DescribeConfigsRequest,
                 AlterConfigsRequest)
 }
+
+# The group coordinator's requests: not in REQUEST_TYPES until their handler is registered
+# (RequestHandlers asserts that every request type has one).
+GROUP_REQUEST_TYPES: tuple[type[RequestMessage], ...] = (
+    FindCoordinatorRequest, JoinGroupRequest, SyncGroupRequest, HeartbeatRequest, LeaveGroupRequest,
+    OffsetCommitRequest, OffsetFetchRequest, ListGroupsRequest, DescribeGroupsRequest, DeleteGroupsRequest,
+    OffsetDeleteRequest,
+)
 
 __all__ = [name for name in dir() if not name.startswith("_")]
