@@ -1,0 +1,186 @@
+"""The records of `__consumer_offsets`: what the group coordinator writes and replays (DESIGN.md §6).
+
+The topic is compacted, so every record is keyed and the latest value per key is the state:
+
+    key   = msgpack [kind, group_id, ...]
+      OFFSET_KIND ("o"): ["o", group_id, topic, partition]      one committed offset
+      GROUP_KIND  ("g"): ["g", group_id]                        one group's metadata
+    value = msgpack map (below), or null: a tombstone (the offset or group was deleted)
+
+    offset value = {v: 0, offset, leader_epoch, metadata, commit_timestamp}
+    group value  = {v: 0, protocol_type, generation, protocol, leader, state_timestamp,
+                    members: [{member_id, group_instance_id, client_id, session_timeout_ms,
+                               rebalance_timeout_ms, subscription: bin, assignment: bin}]}
+
+Keys put the group first, so one group's records hash to the same partition of the topic
+(`partition_for`, Kafka's `abs(groupId.hashCode) % offsets.topic.num.partitions`) and the
+compacted topic keeps one record per (group, partition) and per group. A value's `v` lets later
+versions add fields; a reader refuses a newer version it cannot read instead of guessing.
+
+Pure: bytes in, values out. The coordinator turns requests into these records; the runtime
+appends them, and replays them (`decode_record`) when it takes over a partition of the topic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from broker.errors import CorruptMessageError
+
+OFFSETS_TOPIC = "__consumer_offsets"
+OFFSET_KIND = "o"
+GROUP_KIND = "g"
+VALUE_VERSION = 0
+
+
+def partition_for(group_id: str, partitions: int) -> int:
+    """The partition of `__consumer_offsets` that holds `group_id` (its leader coordinates the
+    group): Java's String.hashCode, made non-negative as Kafka's Utils.abs does, modulo the
+    partition count. Stable across processes and machines, unlike Python's salted `hash`."""
+    h = 0
+    for unit in _utf16_units(group_id):
+        h = (31 * h + unit) & 0xFFFFFFFF
+    signed = h - (1 << 32) if h >= 1 << 31 else h
+    return (0 if signed == -(1 << 31) else abs(signed)) % partitions
+
+
+def _utf16_units(text: str) -> list[int]:
+    data = text.encode("utf-16-be", "surrogatepass")
+    return [int.from_bytes(data[i:i + 2], "big") for i in range(0, len(data), 2)]
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetKey:
+    group_id: str
+    topic: str
+    partition: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupKey:
+    group_id: str
+
+
+RecordKey = OffsetKey | GroupKey
+
+
+@dataclass(frozen=True, slots=True)
+class CommittedOffset:
+    """A committed position: the next offset to consume, with the leader epoch of the record before
+    it (-1 unknown), the committer's metadata string, and when it was committed (expiry)."""
+
+    offset: int
+    leader_epoch: int = -1
+    metadata: str | None = None
+    commit_timestamp: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StoredMember:
+    member_id: str
+    group_instance_id: str | None
+    client_id: str
+    session_timeout_ms: int
+    rebalance_timeout_ms: int
+    subscription: bytes  # the member's metadata for the group's chosen protocol
+    assignment: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class StoredGroup:
+    """A group as of its last completed rebalance (or its becoming empty)."""
+
+    protocol_type: str | None
+    generation: int
+    protocol: str | None
+    leader: str | None
+    state_timestamp: int
+    members: tuple[StoredMember, ...]
+
+
+RecordValue = CommittedOffset | StoredGroup | None
+
+
+def encode_key(key: RecordKey) -> bytes:
+    if isinstance(key, OffsetKey):
+        return msgpack.packb([OFFSET_KIND, key.group_id, key.topic, key.partition])
+    return msgpack.packb([GROUP_KIND, key.group_id])
+
+
+def encode_value(value: RecordValue) -> bytes | None:
+    """The record value; None for a tombstone."""
+    if value is None:
+        return None
+    if isinstance(value, CommittedOffset):
+        return msgpack.packb({"v": VALUE_VERSION, "offset": value.offset, "leader_epoch": value.leader_epoch,
+                              "metadata": value.metadata, "commit_timestamp": value.commit_timestamp})
+    return msgpack.packb({
+        "v": VALUE_VERSION, "protocol_type": value.protocol_type, "generation": value.generation,
+        "protocol": value.protocol, "leader": value.leader, "state_timestamp": value.state_timestamp,
+        "members": [{"member_id": m.member_id, "group_instance_id": m.group_instance_id, "client_id": m.client_id,
+                     "session_timeout_ms": m.session_timeout_ms, "rebalance_timeout_ms": m.rebalance_timeout_ms,
+                     "subscription": m.subscription, "assignment": m.assignment} for m in value.members],
+    })
+
+
+def decode_record(key: bytes | None, value: bytes | None) -> tuple[RecordKey, RecordValue]:
+    """One replayed record. CorruptMessageError for anything this version did not write: replay
+    must not guess at the state of a group."""
+    try:
+        return _decode_key(key), _decode_value(key, value)
+    except (ValueError, TypeError, KeyError, msgpack.UnpackException) as err:
+        raise CorruptMessageError(f"{OFFSETS_TOPIC} record cannot be read: {err}") from err
+
+
+def _decode_key(key: bytes | None) -> RecordKey:
+    if key is None:
+        raise ValueError("record without a key")
+    parts = msgpack.unpackb(key)
+    if not isinstance(parts, list) or not parts:
+        raise ValueError("key is not a list")
+    if parts[0] == OFFSET_KIND and len(parts) == 4:
+        return OffsetKey(_str(parts[1]), _str(parts[2]), _int(parts[3]))
+    if parts[0] == GROUP_KIND and len(parts) == 2:
+        return GroupKey(_str(parts[1]))
+    raise ValueError(f"unknown key {parts[:1]!r}")
+
+
+def _decode_value(key: bytes | None, value: bytes | None) -> RecordValue:
+    if value is None:
+        return None
+    raw = msgpack.unpackb(value)
+    if not isinstance(raw, dict) or raw.get("v") != VALUE_VERSION:
+        raise ValueError(f"value version {raw.get('v') if isinstance(raw, dict) else '?'} is not {VALUE_VERSION}")
+    if "offset" in raw:
+        return CommittedOffset(_int(raw["offset"]), _int(raw["leader_epoch"]), _opt_str(raw["metadata"]),
+                               _int(raw["commit_timestamp"]))
+    members = tuple(StoredMember(_str(m["member_id"]), _opt_str(m["group_instance_id"]), _str(m["client_id"]),
+                                 _int(m["session_timeout_ms"]), _int(m["rebalance_timeout_ms"]),
+                                 _bytes(m["subscription"]), _bytes(m["assignment"]))
+                    for m in raw["members"])
+    return StoredGroup(_opt_str(raw["protocol_type"]), _int(raw["generation"]), _opt_str(raw["protocol"]),
+                       _opt_str(raw["leader"]), _int(raw["state_timestamp"]), members)
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else _str(value)
+
+
+def _int(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"expected an int, got {type(value).__name__}")
+    return value
+
+
+def _bytes(value: Any) -> bytes:
+    if not isinstance(value, bytes):
+        raise ValueError(f"expected bytes, got {type(value).__name__}")
+    return value
