@@ -10,7 +10,9 @@ segment positions must fit the int32 relative positions of the offset index).
 """
 from __future__ import annotations
 
+import math
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -23,29 +25,22 @@ INT64_MAX = 2**63 - 1
 
 @dataclass(frozen=True)
 class ConfigDef:
-    """One config key: its type, default, bounds and meaning."""
+    """One config key: its type, default, bounds and meaning. `normalize`, for a str config,
+    maps the spellings a user may type to the one stored and compared (before the choices check)."""
 
     name: str
     kind: type
     default: Any
     doc: str
-    minimum: int | None = None
-    maximum: int | None = None
+    minimum: int | float | None = None
+    maximum: int | float | None = None
     choices: tuple[str, ...] | None = None
+    normalize: Callable[[str], str] | None = None
 
     def parse(self, value: Any) -> Any:
         """Coerce `value` (a TOML value or a CLI string) and check bounds."""
         try:
-            if self.kind is int:
-                if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                    raise ValueError
-                parsed = int(value)
-            elif self.kind is bool:
-                parsed = value if isinstance(value, bool) else {"true": True, "false": False}[str(value).lower()]
-            elif isinstance(value, str):
-                parsed = value
-            else:
-                raise ValueError
+            parsed = self._coerce(value)
         except (ValueError, KeyError, TypeError):
             raise InvalidConfigError(f"{self.name}: {value!r} is not a valid {self.kind.__name__}") from None
         if self.minimum is not None and parsed < self.minimum:
@@ -55,6 +50,35 @@ class ConfigDef:
         if self.choices is not None and parsed not in self.choices:
             raise InvalidConfigError(f"{self.name}: {parsed!r} is not one of {', '.join(self.choices)}")
         return parsed
+
+    def _coerce(self, value: Any) -> Any:
+        """`value` as the config's type; ValueError, KeyError or TypeError if it is not one."""
+        if isinstance(value, bool) and self.kind is not bool:
+            raise ValueError  # TOML's true is not 1
+        if self.kind is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError
+            return int(value)
+        if self.kind is float:
+            parsed = float(value)  # "0.5", 0.5 and 1 alike
+            if not math.isfinite(parsed):
+                raise ValueError
+            return parsed
+        if self.kind is bool:
+            return value if isinstance(value, bool) else {"true": True, "false": False}[str(value).lower()]
+        if not isinstance(value, str):
+            raise ValueError
+        return value if self.normalize is None else self.normalize(value)
+
+
+def normalize_cleanup_policy(value: str) -> str:
+    """Kafka's cleanup.policy is a list: "delete,compact", "compact, delete" and "compact,delete"
+    all mean both, stored as "compact,delete" (the words sorted, which is Kafka's order). Unknown
+    words are left for the choices check to name."""
+    return ",".join(sorted({word.strip() for word in value.split(",")}))
+
+
+CLEANUP_POLICIES = ("delete", "compact", "compact,delete")
 
 
 # Topic-level configs and the broker key that holds each one's default.
@@ -76,7 +100,22 @@ TOPIC_CONFIGS: dict[str, tuple[ConfigDef, str]] = {
         (ConfigDef("message.timestamp.after.max.ms", int, 3_600_000,
                    "CreateTime: refuse a batch whose max_timestamp is more than this after the broker's clock", 0, INT64_MAX),
          "log.message.timestamp.after.max.ms"),
-        (ConfigDef("cleanup.policy", str, "delete", "what retention does to old segments", choices=("delete",)), "log.cleanup.policy"),
+        (ConfigDef("cleanup.policy", str, "delete",
+                   "delete: retention by time/size removes old segments; compact: the log cleaner keeps the latest "
+                   "record of each key; compact,delete: both", choices=CLEANUP_POLICIES, normalize=normalize_cleanup_policy),
+         "log.cleanup.policy"),
+        (ConfigDef("delete.retention.ms", int, 86_400_000,
+                   "compacted topics: keep a tombstone (null value) this long after its timestamp, so consumers "
+                   "that lag still see the delete", 0, INT64_MAX), "log.cleaner.delete.retention.ms"),
+        (ConfigDef("min.cleanable.dirty.ratio", float, 0.5,
+                   "compacted topics: clean a log once its uncleaned bytes are this fraction of its cleanable bytes",
+                   0.0, 1.0), "log.cleaner.min.cleanable.ratio"),
+        (ConfigDef("min.compaction.lag.ms", int, 0,
+                   "compacted topics: never clean a record younger than this (by its segment's max timestamp)",
+                   0, INT64_MAX), "log.cleaner.min.compaction.lag.ms"),
+        (ConfigDef("max.compaction.lag.ms", int, INT64_MAX,
+                   "compacted topics: clean a log whatever its dirty ratio once its oldest uncleaned record is this old",
+                   1, INT64_MAX), "log.cleaner.max.compaction.lag.ms"),
     ]
 }
 
@@ -97,6 +136,20 @@ class LogConfig:
     message_timestamp_before_max_ms: int = INT64_MAX
     message_timestamp_after_max_ms: int = 3_600_000
     cleanup_policy: str = "delete"
+    delete_retention_ms: int = 86_400_000
+    min_cleanable_dirty_ratio: float = 0.5
+    min_compaction_lag_ms: int = 0
+    max_compaction_lag_ms: int = INT64_MAX
+
+    @property
+    def compact(self) -> bool:
+        """The log cleaner keeps the latest record of each key (cleanup.policy has compact)."""
+        return "compact" in self.cleanup_policy.split(",")
+
+    @property
+    def delete(self) -> bool:
+        """Retention by retention.ms / retention.bytes applies (cleanup.policy has delete)."""
+        return "delete" in self.cleanup_policy.split(",")
 
     def __post_init__(self) -> None:
         # A batch larger than segment.bytes goes alone into a fresh segment (as in Kafka), so a
@@ -106,6 +159,11 @@ class LogConfig:
             raise InvalidConfigError(
                 f"segment.bytes ({self.segment_bytes}) + max.message.bytes ({self.max_message_bytes}) "
                 f"must fit in {INT32_MAX} bytes (the offset index stores 32-bit positions)"
+            )
+        if self.min_compaction_lag_ms > self.max_compaction_lag_ms:
+            raise InvalidConfigError(
+                f"min.compaction.lag.ms ({self.min_compaction_lag_ms}) must not exceed "
+                f"max.compaction.lag.ms ({self.max_compaction_lag_ms})"
             )
 
     @classmethod
@@ -156,6 +214,31 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
                   "how often the recovery points are checkpointed (also after every flushed segment roll)", 10, INT64_MAX),
         ConfigDef("zero.copy", bool, True, "send fetch data with sendfile when the event loop supports it"),
         ConfigDef("event.loop", str, "uvloop", "asyncio event loop", choices=("uvloop", "asyncio")),
+        # The log cleaner (broker/log/log_cleaner.py): one background thread for every compacted log.
+        ConfigDef("log.cleaner.enable", bool, True, "run the log cleaner, which compacts topics with cleanup.policy=compact"),
+        ConfigDef("log.cleaner.dedupe.buffer.size", int, 128 << 20,
+                  "memory for the cleaner's offset map (about 128 bytes per distinct key); a log with more "
+                  "distinct dirty keys is cleaned in several rounds", 64 << 10, INT64_MAX),
+        ConfigDef("log.cleaner.backoff.ms", int, 15_000, "how long the cleaner sleeps when no log needs cleaning",
+                  1, INT64_MAX),
+        ConfigDef("log.cleaner.io.buffer.size", int, 512 << 10,
+                  "the cleaner writes a cleaned segment in runs of this many bytes", 4096, INT32_MAX),
+        # The group coordinator and its compacted topic __consumer_offsets (broker/coordinator).
+        ConfigDef("offsets.topic.num.partitions", int, 50, "partitions of __consumer_offsets (fixed once it exists)",
+                  1, 1000),
+        ConfigDef("offsets.topic.segment.bytes", int, 100 << 20, "segment.bytes of __consumer_offsets", 4096, INT32_MAX),
+        ConfigDef("offsets.retention.minutes", int, 10_080,
+                  "committed offsets of a group with no members expire this long after it emptied", 1, INT32_MAX),
+        ConfigDef("offsets.retention.check.interval.ms", int, 600_000, "how often expired committed offsets are removed",
+                  1, INT64_MAX),
+        ConfigDef("offset.metadata.max.bytes", int, 4096, "largest metadata string of a committed offset", 0, 1 << 20),
+        ConfigDef("group.min.session.timeout.ms", int, 6000, "smallest session timeout a consumer may ask for",
+                  1, INT32_MAX),
+        ConfigDef("group.max.session.timeout.ms", int, 1_800_000, "largest session timeout a consumer may ask for",
+                  1, INT32_MAX),
+        ConfigDef("group.initial.rebalance.delay.ms", int, 3000,
+                  "how long a new group waits for more members before its first rebalance", 0, INT32_MAX),
+        ConfigDef("group.max.size", int, INT32_MAX, "members a consumer group may have", 1, INT32_MAX),
     ]
 }
 for _d, _broker_key in TOPIC_CONFIGS.values():
@@ -189,6 +272,10 @@ class BrokerConfig:
         config.log_defaults  # checks relations between limits at start-up
         if config["message.max.bytes"] + 1024 > config["socket.request.max.bytes"]:
             raise InvalidConfigError("socket.request.max.bytes must exceed message.max.bytes")
+        if config["group.min.session.timeout.ms"] > config["group.max.session.timeout.ms"]:
+            raise InvalidConfigError(
+                f"group.min.session.timeout.ms ({config['group.min.session.timeout.ms']}) must not exceed "
+                f"group.max.session.timeout.ms ({config['group.max.session.timeout.ms']})")
         return config
 
     @classmethod

@@ -9,6 +9,7 @@ import pytest
 from broker.config import (
     BROKER_CONFIGS,
     INT32_MAX,
+    INT64_MAX,
     TOPIC_CONFIGS,
     TOPIC_NAME_MAX,
     BrokerConfig,
@@ -20,6 +21,7 @@ from broker.config import (
 from broker.errors import InvalidConfigError, InvalidTopicError
 
 INT_DEF = ConfigDef("test.bytes", int, 10, "an int", minimum=1, maximum=100)
+FLOAT_DEF = ConfigDef("test.ratio", float, 0.5, "a float", minimum=0.0, maximum=1.0)
 BOOL_DEF = ConfigDef("test.enable", bool, False, "a bool")
 CHOICE_DEF = ConfigDef("test.mode", str, "a", "a choice", choices=("a", "b"))
 
@@ -41,9 +43,13 @@ CHOICE_DEF = ConfigDef("test.mode", str, "a", "a choice", choices=("a", "b"))
         (BOOL_DEF, True, True),
         (CHOICE_DEF, "b", "b"),
         (ConfigDef("test.name", str, "", "free text"), "anything at all", "anything at all"),
+        (FLOAT_DEF, "0.25", 0.25),
+        (FLOAT_DEF, 0.75, 0.75),
+        (FLOAT_DEF, 1, 1.0),
+        (FLOAT_DEF, "0", 0.0),
     ],
     ids=["int_str", "int", "int_valued_float", "int_minimum", "int_maximum", "bool_true", "bool_upper_false",
-         "bool_title", "bool_native", "choice", "free_str"],
+         "bool_title", "bool_native", "choice", "free_str", "float_str", "float", "float_from_int", "float_minimum"],
 )
 def test_parse_coerces_strings_and_native_values(definition, raw, expected):
     """parse turns CLI strings and TOML values into the config's type, bounds inclusive."""
@@ -64,9 +70,17 @@ def test_parse_coerces_strings_and_native_values(definition, raw, expected):
         (BOOL_DEF, "yes", "not a valid bool"),
         (BOOL_DEF, "1", "not a valid bool"),
         (CHOICE_DEF, "c", "not one of"),
+        (FLOAT_DEF, "1.5", "maximum"),
+        (FLOAT_DEF, -0.1, "minimum"),
+        (FLOAT_DEF, "half", "not a valid float"),
+        (FLOAT_DEF, "nan", "not a valid float"),
+        (FLOAT_DEF, float("inf"), "not a valid float"),
+        (FLOAT_DEF, True, "not a valid float"),
+        (FLOAT_DEF, None, "not a valid float"),
     ],
     ids=["below_min", "above_max", "word_as_int", "decimal_str", "fraction", "bool_as_int", "none_as_int",
-         "yes_as_bool", "one_as_bool", "bad_choice"],
+         "yes_as_bool", "one_as_bool", "bad_choice", "float_above_max", "float_below_min", "word_as_float",
+         "nan", "infinity", "bool_as_float", "none_as_float"],
 )
 def test_parse_rejects_bad_values_naming_the_key(definition, raw, match):
     """A value of the wrong type, out of bounds or not among the choices raises INVALID_CONFIG naming the key."""
@@ -131,10 +145,12 @@ def test_segment_plus_largest_batch_must_fit_32_bit_positions():
 
 @pytest.mark.parametrize(
     "values",
-    [{"segment.bytes": 4095}, {"segment.bytes": INT32_MAX + 1}, {"retention.ms": -2}, {"cleanup.policy": "compact"},
-     {"message.timestamp.type": "createtime"}],
-    ids=["segment_below_min", "segment_over_int32", "retention_below_minus_one", "compact_unsupported",
-         "timestamp_type_case"],
+    [{"segment.bytes": 4095}, {"segment.bytes": INT32_MAX + 1}, {"retention.ms": -2}, {"cleanup.policy": "shred"},
+     {"cleanup.policy": "compact,shred"}, {"cleanup.policy": ""}, {"message.timestamp.type": "createtime"},
+     {"min.cleanable.dirty.ratio": 1.01}, {"delete.retention.ms": -1}, {"max.compaction.lag.ms": 0}],
+    ids=["segment_below_min", "segment_over_int32", "retention_below_minus_one", "unknown_policy",
+         "unknown_policy_in_list", "empty_policy", "timestamp_type_case", "ratio_above_one",
+         "negative_delete_retention", "zero_max_compaction_lag"],
 )
 def test_out_of_range_topic_configs_are_rejected(values):
     """Topic configs outside their bounds or choices raise INVALID_CONFIG."""
@@ -263,3 +279,110 @@ def test_shipped_broker_toml_sets_the_timestamp_bounds_to_their_defaults():
     config = BrokerConfig.load(Path(__file__).resolve().parents[2] / "conf" / "broker.toml")
     assert config.values["log.message.timestamp.before.max.ms"] == 2**63 - 1
     assert config.values["log.message.timestamp.after.max.ms"] == 3_600_000
+
+
+# -- compaction (the log cleaner) -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw, expected, compact, delete",
+    [("delete", "delete", False, True), ("compact", "compact", True, False),
+     ("compact,delete", "compact,delete", True, True), ("delete,compact", "compact,delete", True, True),
+     (" delete , compact ", "compact,delete", True, True), ("compact,compact", "compact", True, False)],
+    ids=["delete", "compact", "both", "both_reversed", "both_spaced", "repeated"],
+)
+def test_cleanup_policy_is_normalised_and_says_what_applies(raw, expected, compact, delete):
+    """cleanup.policy takes Kafka's list in any order and stores one spelling; `compact` turns the
+    log cleaner on, `delete` retention by time and size."""
+    config = LogConfig.from_dotted({"cleanup.policy": raw})
+    assert (config.cleanup_policy, config.compact, config.delete) == (expected, compact, delete)
+    assert parse_topic_configs({"cleanup.policy": raw}) == {"cleanup.policy": expected}
+
+
+def test_compaction_configs_have_kafkas_names_and_defaults():
+    """The topic configs of compaction sit under Kafka's log.cleaner.* broker keys with Kafka's defaults."""
+    expected = {
+        "delete.retention.ms": ("log.cleaner.delete.retention.ms", 86_400_000),
+        "min.cleanable.dirty.ratio": ("log.cleaner.min.cleanable.ratio", 0.5),
+        "min.compaction.lag.ms": ("log.cleaner.min.compaction.lag.ms", 0),
+        "max.compaction.lag.ms": ("log.cleaner.max.compaction.lag.ms", INT64_MAX),
+        "cleanup.policy": ("log.cleanup.policy", "delete"),
+    }
+    assert {name: (TOPIC_CONFIGS[name][1], TOPIC_CONFIGS[name][0].default) for name in expected} == expected
+    broker = BrokerConfig.from_mapping({"log.cleaner.min.cleanable.ratio": "0.1", "log.cleanup.policy": "compact"})
+    topic = LogConfig.from_dotted({"delete.retention.ms": "1000"}, broker.log_defaults)
+    assert (topic.min_cleanable_dirty_ratio, topic.cleanup_policy, topic.delete_retention_ms) == (0.1, "compact", 1000)
+    assert topic.to_dotted()["min.cleanable.dirty.ratio"] == 0.1
+
+
+def test_min_compaction_lag_must_not_exceed_max():
+    """min.compaction.lag.ms > max.compaction.lag.ms is INVALID_CONFIG naming both (Kafka's check)."""
+    with pytest.raises(InvalidConfigError, match="min.compaction.lag.ms.*max.compaction.lag.ms"):
+        LogConfig.from_dotted({"min.compaction.lag.ms": 2000, "max.compaction.lag.ms": 1000})
+    assert LogConfig.from_dotted({"min.compaction.lag.ms": 1000, "max.compaction.lag.ms": 1000}).max_compaction_lag_ms == 1000
+
+
+def test_log_cleaner_broker_configs_have_kafkas_defaults():
+    """log.cleaner.enable, dedupe buffer, backoff and I/O buffer default as in Kafka."""
+    config = BrokerConfig.from_mapping({})
+    assert config["log.cleaner.enable"] is True
+    assert config["log.cleaner.dedupe.buffer.size"] == 128 << 20
+    assert config["log.cleaner.backoff.ms"] == 15_000
+    assert config["log.cleaner.io.buffer.size"] == 512 << 10
+    assert BrokerConfig.from_mapping({"log.cleaner.enable": "false"})["log.cleaner.enable"] is False
+    with pytest.raises(InvalidConfigError, match="log.cleaner.dedupe.buffer.size"):
+        BrokerConfig.from_mapping({"log.cleaner.dedupe.buffer.size": 1024})
+
+
+# -- the group coordinator's configs -----------------------------------------------------------------
+
+
+def test_group_coordinator_configs_have_kafkas_defaults():
+    """offsets.* and group.* broker configs default as in Kafka."""
+    config = BrokerConfig.from_mapping({})
+    assert {key: config[key] for key in (
+        "offsets.topic.num.partitions", "offsets.topic.segment.bytes", "offsets.retention.minutes",
+        "offsets.retention.check.interval.ms", "offset.metadata.max.bytes", "group.min.session.timeout.ms",
+        "group.max.session.timeout.ms", "group.initial.rebalance.delay.ms", "group.max.size")} == {
+        "offsets.topic.num.partitions": 50, "offsets.topic.segment.bytes": 100 << 20,
+        "offsets.retention.minutes": 10_080, "offsets.retention.check.interval.ms": 600_000,
+        "offset.metadata.max.bytes": 4096, "group.min.session.timeout.ms": 6000,
+        "group.max.session.timeout.ms": 1_800_000, "group.initial.rebalance.delay.ms": 3000,
+        "group.max.size": INT32_MAX}
+
+
+@pytest.mark.parametrize(
+    "values, match",
+    [({"offsets.topic.num.partitions": 0}, "offsets.topic.num.partitions"),
+     ({"offsets.topic.num.partitions": 1001}, "offsets.topic.num.partitions"),
+     ({"offsets.topic.segment.bytes": 4095}, "offsets.topic.segment.bytes"),
+     ({"offsets.retention.minutes": 0}, "offsets.retention.minutes"),
+     ({"offsets.retention.check.interval.ms": 0}, "offsets.retention.check.interval.ms"),
+     ({"offset.metadata.max.bytes": (1 << 20) + 1}, "offset.metadata.max.bytes"),
+     ({"group.min.session.timeout.ms": 0}, "group.min.session.timeout.ms"),
+     ({"group.initial.rebalance.delay.ms": -1}, "group.initial.rebalance.delay.ms"),
+     ({"group.max.size": 0}, "group.max.size")],
+    ids=["no_offsets_partitions", "too_many_offsets_partitions", "offsets_segment_too_small",
+         "zero_offsets_retention", "zero_check_interval", "metadata_over_1mib", "zero_min_session",
+         "negative_rebalance_delay", "zero_group_size"],
+)
+def test_group_coordinator_configs_are_bounded(values, match):
+    """Each group coordinator limit outside its bounds is INVALID_CONFIG naming the key."""
+    with pytest.raises(InvalidConfigError, match=match):
+        BrokerConfig.from_mapping(values)
+
+
+def test_group_session_timeout_bounds_must_be_ordered():
+    """group.min.session.timeout.ms above group.max.session.timeout.ms fails at start-up naming both."""
+    with pytest.raises(InvalidConfigError, match="group.min.session.timeout.ms.*group.max.session.timeout.ms"):
+        BrokerConfig.from_mapping({"group.min.session.timeout.ms": 10_000, "group.max.session.timeout.ms": 9_999})
+    config = BrokerConfig.from_mapping({"group.min.session.timeout.ms": 10_000, "group.max.session.timeout.ms": 10_000})
+    assert config["group.max.session.timeout.ms"] == 10_000
+
+
+def test_shipped_broker_toml_sets_cleaner_and_group_keys_to_their_defaults():
+    """conf/broker.toml documents the log cleaner's and the group coordinator's keys with their defaults."""
+    config = BrokerConfig.load(Path(__file__).resolve().parents[2] / "conf" / "broker.toml")
+    keys = [key for key in config.values if key.startswith(("log.cleaner.", "offsets.", "offset.", "group."))]
+    assert len(keys) == 17
+    assert {key: config.values[key] for key in keys} == {key: BROKER_CONFIGS[key].default for key in keys}
