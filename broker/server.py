@@ -303,6 +303,7 @@ class Broker:
         states = {(name, p): LeaderAndIsr.of(s)
                   for name, info in self.registry.topics.items() for p, s in info.partitions.items()}
         await self.replicas.load(specs, states)
+        await self.handlers.groups.start(self.advertised)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: Connection(self), self.config["host"], self.config["port"], reuse_address=True, backlog=1024
@@ -331,6 +332,7 @@ class Broker:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.handlers.groups.stop()
         await self.writer.close()
         await self.replicas.wait_idle()
         await asyncio.to_thread(self.logs.close)

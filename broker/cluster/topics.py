@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from broker.cluster.metadata_store import Compare, Delete, Get, MetadataStore, Put, TxnResult
+from broker.coordinator.group_records import OFFSETS_TOPIC
 from broker.config import TOPIC_CONFIGS, LogConfig, parse_topic_configs, validate_topic_name
 from broker.errors import (
     InvalidConfigError,
@@ -27,6 +28,8 @@ from broker.errors import (
 )
 
 MAX_PARTITIONS = 10_000  # per topic: each partition holds open files
+# Topics the broker writes itself; clients may read them, never produce to, create or delete them.
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
 
 
 @dataclass(frozen=True, slots=True)

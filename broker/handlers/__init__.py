@@ -29,6 +29,7 @@ from broker.config import BrokerConfig
 from broker.errors import InvalidRequestError, PymqError, UnknownServerError, UnsupportedVersionError
 from broker.handlers.admin import AdminHandler
 from broker.handlers.fetch import FetchHandler
+from broker.handlers.group import GroupHandler
 from broker.handlers.list_offsets import ListOffsetsHandler
 from broker.handlers.metadata import MetadataHandler
 from broker.handlers.produce import ProduceHandler
@@ -98,6 +99,21 @@ class RequestHandlers:
             ApiKey.FETCH: FetchHandler(config, replicas, self._leader_log).fetch,
             ApiKey.LIST_OFFSETS: ListOffsetsHandler(self._leader_log).list_offsets,
         }
+        self.groups = GroupHandler(config, registry, replicas, admin.create_internal_topic)
+        groups = self.groups
+        self._table.update({
+            ApiKey.FIND_COORDINATOR: groups.find_coordinator,
+            ApiKey.JOIN_GROUP: groups.join_group,
+            ApiKey.SYNC_GROUP: groups.sync_group,
+            ApiKey.HEARTBEAT: groups.heartbeat,
+            ApiKey.LEAVE_GROUP: groups.leave_group,
+            ApiKey.OFFSET_COMMIT: groups.offset_commit,
+            ApiKey.OFFSET_FETCH: groups.offset_fetch,
+            ApiKey.OFFSET_DELETE: groups.offset_delete,
+            ApiKey.LIST_GROUPS: groups.list_groups,
+            ApiKey.DESCRIBE_GROUPS: groups.describe_groups,
+            ApiKey.DELETE_GROUPS: groups.delete_groups,
+        })
         assert self._table.keys() == REQUEST_TYPES.keys(), "every API has a handler and a request message"
 
     def handle(self, request: protocol.Request) -> Result | Awaitable[Result] | DelayedOperation:

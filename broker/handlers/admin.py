@@ -10,12 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from broker.cluster.partition import LeaderAndIsr
-from broker.cluster.topics import TopicInfo, TopicRegistry
+from broker.cluster.topics import INTERNAL_TOPICS, TopicInfo, TopicRegistry
 from broker.config import BrokerConfig
-from broker.errors import KafkaStorageError, PymqError
+from broker.errors import InvalidTopicError, KafkaStorageError, PymqError
 from broker.log import TopicLogSpec
 from broker.protocol import (
     AlterConfigsRequest,
@@ -61,6 +61,11 @@ async def _per_topic(entries: tuple[E, ...], change: Callable[[E], Awaitable[Non
     return tuple(results)
 
 
+def _refuse_internal(name: str, verb: str) -> None:
+    if name in INTERNAL_TOPICS:
+        raise InvalidTopicError(f"{name} is internal: the broker manages it; it cannot be {verb} by a client")
+
+
 class AdminHandler:
     """Loop-local. The handlers are coroutines: they wait for the metadata store and the disk.
 
@@ -78,17 +83,27 @@ class AdminHandler:
         async def create(topic: NewTopic) -> None:
             partitions = self.config["num.partitions"] if topic.num_partitions == -1 else topic.num_partitions
             replication = 1 if topic.replication_factor == -1 else topic.replication_factor
+            _refuse_internal(topic.name, "created")
             if request.validate_only:
                 self.registry.validate_new_topic(topic.name, partitions, replication, topic.configs)
                 return
-            info = await self.registry.create(topic.name, partitions, replication, topic.configs)
-            await self._create_logs(info, list(range(partitions)), undo_topic=True)
-            log.info("created topic %s with %d partitions", topic.name, partitions)
+            await self._create_topic(topic.name, partitions, replication, topic.configs)
 
         return CreateTopicsResponse(await _per_topic(request.topics, create, self._changes))
 
+    async def create_internal_topic(self, name: str, partitions: int, configs: dict[str, Any]) -> None:
+        """Create a topic the broker needs (`__consumer_offsets`), in turn with admin changes."""
+        async with self._changes:
+            await self._create_topic(name, partitions, 1, configs)
+
+    async def _create_topic(self, name: str, partitions: int, replication: int, configs: dict[str, Any]) -> None:
+        info = await self.registry.create(name, partitions, replication, configs)
+        await self._create_logs(info, list(range(partitions)), undo_topic=True)
+        log.info("created topic %s with %d partitions", name, partitions)
+
     async def delete_topics(self, request: DeleteTopicsRequest) -> DeleteTopicsResponse:
         async def delete(topic: TopicRef) -> None:
+            _refuse_internal(topic.name, "deleted")
             await self.registry.delete(topic.name)
             await self.replicas.delete_topic(topic.name)
             log.info("deleted topic %s", topic.name)

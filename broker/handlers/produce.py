@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import Union
 
-from broker.errors import PymqError
+from broker.cluster.topics import INTERNAL_TOPICS
+from broker.errors import InvalidTopicError, PymqError
 from broker.log import AppendInfo
 from broker.protocol import (
     ProducePartition,
@@ -53,6 +54,8 @@ class ProduceHandler:
         malformed = topic.error or p.error
         if malformed is not None:
             return _failed(p.partition, malformed)
+        if topic.name in INTERNAL_TOPICS:
+            return _failed(p.partition, InvalidTopicError(f"{topic.name} is internal: only the broker writes to it"))
         try:
             appended = self.replicas.append(topic.name, p.partition, p.record_set(), request.acks, request.timeout_ms,
                                             current_leader_epoch=p.current_leader_epoch)

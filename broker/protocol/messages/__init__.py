@@ -115,19 +115,18 @@ from broker.protocol.messages.produce import (
     ProduceTopicResponse,
 )
 
-REQUEST_TYPES: dict[int, type[RequestMessage]] = {
-    cls.api_key: cls
-    for cls in (ProduceRequest, FetchRequest, ListOffsetsRequest, MetadataRequest, ApiVersionsRequest,
-                CreateTopicsRequest, DeleteTopicsRequest, CreatePartitionsRequest, DescribeConfigsRequest,
-                AlterConfigsRequest)
-}
-
-# The group coordinator's requests: not in REQUEST_TYPES until their handler is registered
-# (RequestHandlers asserts that every request type has one).
+# The group coordinator's requests (registered with the others below).
 GROUP_REQUEST_TYPES: tuple[type[RequestMessage], ...] = (
     FindCoordinatorRequest, JoinGroupRequest, SyncGroupRequest, HeartbeatRequest, LeaveGroupRequest,
     OffsetCommitRequest, OffsetFetchRequest, ListGroupsRequest, DescribeGroupsRequest, DeleteGroupsRequest,
     OffsetDeleteRequest,
 )
+
+REQUEST_TYPES: dict[int, type[RequestMessage]] = {
+    cls.api_key: cls
+    for cls in (ProduceRequest, FetchRequest, ListOffsetsRequest, MetadataRequest, ApiVersionsRequest,
+                CreateTopicsRequest, DeleteTopicsRequest, CreatePartitionsRequest, DescribeConfigsRequest,
+                AlterConfigsRequest, *GROUP_REQUEST_TYPES)
+}
 
 __all__ = [name for name in dir() if not name.startswith("_")]
