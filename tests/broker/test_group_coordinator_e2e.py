@@ -4,13 +4,14 @@ restarted broker replays `__consumer_offsets`: the group is Stable in the same g
 member keeps heartbeating without a rebalance, and the committed offsets read back."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
 
 from broker import record
 from broker.client import Admin
-from broker.coordinator.group_records import OFFSETS_TOPIC
+from broker.coordinator.group_records import OFFSETS_TOPIC, partition_for
 from broker.errors import NONE, InvalidTopicError, MemberIdRequiredError, error_for_code
 from broker.protocol import Message, RequestMessage
 from broker.protocol.consumer_protocol import Assignment, Subscription
@@ -120,3 +121,33 @@ def test_the_offsets_topic_is_internal(server, raw_client) -> None:
         assert type(error_for_code(deleted.topics[0].error_code)) is InvalidTopicError
     with Admin(server.bootstrap) as admin:
         assert OFFSETS_TOPIC in admin.list_topics()
+
+
+def partition_bytes(server: Any, partition: int) -> int:
+    directory = server.log_dir / f"{OFFSETS_TOPIC}-{partition}"
+    return sum(f.stat().st_size for f in directory.glob("*.log"))
+
+
+def test_the_log_cleaner_keeps_the_offsets_topic_bounded(broker_factory, raw_client) -> None:
+    """Thousands of commits to two keys: the cleaner compacts `__consumer_offsets` so its size stays
+    bounded, and after a restart (replay of the compacted log) the offsets are the last commits."""
+    server = broker_factory("cleaned", **GROUP_SETTINGS, **{
+        "offsets.topic.segment.bytes": 16 << 10, "log.cleaner.backoff.ms": 50,
+        "log.cleaner.min.cleanable.ratio": 0.01}).start()
+    with Admin(server.bootstrap) as admin:
+        admin.create_topic(TOPIC, partitions=3)
+    partition = partition_for("g1", GROUP_SETTINGS["offsets.topic.num.partitions"])
+    with raw_client(server.port) as client:
+        member, generation = form_group(client)
+        for offset in range(2400):  # ~300 KiB of records: many 16 KiB segments
+            commit(client, member, generation, {0: offset, 1: offset + 1})
+    deadline = time.monotonic() + 20
+    while partition_bytes(server, partition) > 64 << 10 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert partition_bytes(server, partition) <= 64 << 10
+    server.kill()
+    server.start()
+    with raw_client(server.port) as client:
+        fetched = send(client, OffsetFetchRequest("g1", None))
+        assert {(t.name, p.partition): p.committed_offset for t in fetched.topics for p in t.partitions} \
+            == {(TOPIC, 0): 2399, (TOPIC, 1): 2400}
