@@ -12,6 +12,11 @@ Commands:
     pymq consume TOPIC [--from-beginning|--offset N|--timestamp T] [--format text|json|table|csv]
     pymq perf produce TOPIC -n N -s BYTES [--mode send|batch] [--json]
     pymq perf consume TOPIC [-n N] [--mode arrow|records] [--json]
+    pymq group list [--state S]                              consumer groups, state, members
+    pymq group describe GROUP [--members] [--offsets]        offsets, lag and members of a group
+    pymq group delete GROUP...                               delete groups without members
+    pymq group reset-offsets GROUP (--topic T[:P,P] | --all-topics) (--to-earliest | --to-latest |
+        --to-datetime T | --shift-by N | --to-offset N) [--execute]
 
 Client commands take `-b/--bootstrap-server` (before or after the command; default
 $PYMQ_BOOTSTRAP or 127.0.0.1:9092). Operating errors print `error: NAME: message` on stderr and
@@ -24,6 +29,7 @@ import click
 from broker.cli.broker import broker_group
 from broker.cli.common import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, PymqGroup, remember_bootstrap
 from broker.cli.consume import consume
+from broker.cli.group import group_group
 from broker.cli.perf import perf_group
 from broker.cli.produce import produce
 from broker.cli.topic import topic_group
@@ -37,11 +43,11 @@ __all__ = ["cli", "main"]
               help=f"broker address host:port[,host:port...] for client commands (env {BOOTSTRAP_ENV})")
 @click.version_option(package_name="pymq", prog_name="pymq")
 def cli() -> None:
-    """pymq: a Kafka-like broker with Arrow record batches. Run a broker, manage topics,
-    produce and consume records, and measure performance."""
+    """pymq: a Kafka-like broker with Arrow record batches. Run a broker, manage topics and
+    consumer groups, produce and consume records, and measure performance."""
 
 
-for _command in (broker_group, topic_group, produce, consume, perf_group):
+for _command in (broker_group, topic_group, produce, consume, perf_group, group_group):
     cli.add_command(_command)
 
 
