@@ -6,16 +6,19 @@
     LogLoader      opening a directory: recovery of what follows the recovery point (log_loader.py)
     UnifiedLog     high watermark, log start offset, leader epochs, flush, retention (unified_log.py)
     LogManager     every log of a log directory, its checkpoints and failures (log_manager.py)
+    LogCleaner     compaction of cleanup.policy=compact logs on a background thread (log_cleaner.py,
+                   over the pure core in compaction.py)
 
 Does file I/O and nothing else: no networking, no asyncio. Methods that fsync, rename or recover
 are meant for worker threads; appends and reads are cheap enough for the event loop.
 """
 from broker.log.file_cache import FileCache
+from broker.log.log_cleaner import LogCleaner
 from broker.log.log_manager import LogManager, TopicLogSpec
 from broker.log.offset_index import OffsetIndex
 from broker.log.segment import FetchSlice, Segment, SegmentFiles
 from broker.log.time_index import TimeIndex
 from broker.log.unified_log import AppendInfo, LogDirFailure, UnifiedLog
 
-__all__ = ["AppendInfo", "FetchSlice", "FileCache", "LogDirFailure", "LogManager", "OffsetIndex", "Segment", "SegmentFiles",
+__all__ = ["AppendInfo", "FetchSlice", "FileCache", "LogCleaner", "LogDirFailure", "LogManager", "OffsetIndex", "Segment", "SegmentFiles",
            "TimeIndex", "TopicLogSpec", "UnifiedLog"]

@@ -7,7 +7,10 @@ What compaction guarantees, for the batches of the segments it is given (in offs
 - a record whose key appears again at a higher offset is removed;
 - a tombstone (non-null key, null value) that is the latest for its key is removed only once its
   timestamp is older than `now_ms - delete_retention_ms`, so consumers that were behind still
-  see the delete (Kafka's `delete.retention.ms`, here measured from the record's timestamp);
+  see the delete (Kafka's `delete.retention.ms`, here measured from the record's timestamp). A
+  record whose key the map does not hold counts as its key's latest, as in Kafka's cleaner: it
+  lies below the map's start, in the section a previous run already compacted (at most one
+  record per key), so a tombstone there still expires once the cleaner's map has moved on;
 - offsets never change: survivors keep theirs, so compacted batches and the log have gaps;
 - compacting the output again with the same map and clock changes nothing (idempotent).
 
@@ -61,7 +64,7 @@ BatchInput = BatchBytes | StoredBatch
 by the SegmentReader that yielded it)."""
 
 _CODECS = {None: "none", arrow_ipc.CODEC_LZ4_FRAME: "lz4", arrow_ipc.CODEC_ZSTD: "zstd"}
-_NOT_IN_MAP = -1  # below every offset: a key the map does not hold is never superseded
+_NOT_IN_MAP = -1  # below every offset: a key the map does not hold is never superseded, and is its latest
 
 
 @dataclass
@@ -144,8 +147,9 @@ def compact_batches(
 
     Records at offsets >= min(up_to_offset, offset_map.end_offset) are kept whatever their key:
     the map does not know whether they are superseded. Below that, a keyed record is removed if
-    the map holds a higher offset for its key, or if it is the key's latest, a tombstone, and its
-    timestamp is before `now_ms - delete_retention_ms` (ms since the epoch). An unchanged batch
+    the map holds a higher offset for its key, or if it is the key's latest (the map holds its
+    offset, or not the key at all), a tombstone, and its timestamp is before
+    `now_ms - delete_retention_ms` (ms since the epoch). An unchanged batch
     is yielded as the very buffer given (a StoredBatch's `data`); a changed one as a new bytearray.
     `stats`, if given, is updated as batches are consumed. Raises CorruptMessageError for bad raw
     bytes.
@@ -191,7 +195,8 @@ def _keep_mask(header: record.BatchHeader, body: pa.RecordBatch, latest: dict[by
     latest_offsets[candidates] = np.fromiter(map(latest.get, wanted, itertools.repeat(_NOT_IN_MAP)),
                                              dtype=np.int64, count=len(wanted))
     superseded = candidates & (latest_offsets > offsets)
-    tombstone = candidates & (latest_offsets == offsets) & ~body.column("value").is_valid().to_numpy(zero_copy_only=False)
+    # latest_offsets <= offsets: the map's offset is this record's, or the map does not hold the key.
+    tombstone = candidates & (latest_offsets <= offsets) & ~body.column("value").is_valid().to_numpy(zero_copy_only=False)
     if tombstone.any():
         tombstone &= _timestamps_ms(header, body) < horizon_ms
     return ~(superseded | tombstone), int(np.count_nonzero(tombstone))

@@ -22,7 +22,7 @@ from broker.errors import KafkaStorageError, OffsetOutOfRangeError
 from broker.log.checkpoint import fsync_and_close, fsync_directory
 from broker.log.file_cache import FileCache
 from broker.log.log_segments import LogSegments
-from broker.log.segment import BatchInfo, FetchSlice, Segment
+from broker.log.segment import SWAP_SUFFIX, BatchInfo, FetchSlice, Segment
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,12 @@ class SegmentsRemovedError(KafkaStorageError):
     def __init__(self, message: str, removed: list[Segment]) -> None:
         super().__init__(message)
         self.removed = removed
+
+
+class SwapFailedError(KafkaStorageError):
+    """A cleaned segment was committed (renamed `.swap`) but the segments it replaces could not
+    all be renamed away: only a restart's LogLoader can finish the swap, so the caller takes the
+    log directory offline."""
 
 
 class LocalLog:
@@ -143,12 +149,13 @@ class LocalLog:
             raise OffsetOutOfRangeError(f"offset {offset} is out of range [{start_offset}, {max_offset}]")
         if offset == max_offset:
             return FetchSlice.empty(offset)
-        i = self.segments.floor_index(offset)
+        i = max(self.segments.floor_index(offset), 0)
         while i < len(self.segments):
-            found = self.segments[max(i, 0)].read(offset, max_bytes, max_offset)
+            segment = self.segments[i]
+            found = segment.read(max(offset, segment.base_offset), max_bytes, max_offset)
             if found is not None:
                 return found
-            i += 1  # only past a segment that recovery cut short: its offsets are gone
+            i += 1  # past a segment that ends before `offset`: compaction or recovery left a gap
         return FetchSlice.empty(self.log_end_offset)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
@@ -204,6 +211,32 @@ class LocalLog:
         except KafkaStorageError as err:
             raise SegmentsRemovedError(str(err), self._remove_renamed(renamed)) from err
         return self._remove_renamed(renamed)
+
+    def replace_segments(self, cleaned: Segment, old: list[Segment]) -> None:
+        """The log cleaner's swap: put `cleaned` (sealed, fsynced, its files in `.cleaned` state,
+        based at old[0]'s base offset) in place of `old`, consecutive sealed segments of this log.
+        The old segments leave with their files renamed `.deleted` and stay open (in-flight reads
+        finish); the caller deletes them later. Renames and one directory fsync: the caller holds
+        the log's lock, so readers see either the old segments or the cleaned one.
+
+        Each step is a crash point that LogLoader resolves (Kafka's replaceSegments):
+        1. `.cleaned` -> `.swap`, the `.log` last: the commit. Before it, a restart deletes the
+           `.cleaned` files and the log is as it was.
+        2. fsync the directory, so the commit is durable before any old file is renamed.
+        3. each old segment -> `.deleted`; 4. `.swap` -> the final names. From the commit on, a
+           restart deletes every old segment the `.swap` covers and renames it into place.
+        KafkaStorageError from step 1: nothing changed (the caller deletes `cleaned`).
+        SwapFailedError after it: the files are half swapped until a restart."""
+        cleaned.rename_to(SWAP_SUFFIX)
+        try:
+            fsync_directory(self.directory)
+            for segment in old:
+                segment.mark_deleted()
+            cleaned.rename_to("")
+        except (OSError, KafkaStorageError) as err:
+            raise SwapFailedError(f"{self.directory}: swapping in {cleaned} failed after its commit: {err}") from err
+        self.segments.replace(old, cleaned)
+        self.dir_dirty = True
 
     def _remove_renamed(self, renamed: int) -> list[Segment]:
         self.dir_dirty = self.dir_dirty or bool(renamed)

@@ -13,7 +13,13 @@ Every batch of a segment the loader recovers is passed to `on_batch`, so that st
 the log (leader epochs now, producer state later) is rebuilt from the same scan.
 
 Leftovers of interrupted operations are removed first: `.deleted` files, checkpoint temp files,
-indexes whose `.log` is gone.
+indexes whose `.log` is gone, and `.cleaned` segments a log cleaner was writing. A `.swap` segment
+is a cleaned segment whose swap was committed (LocalLog.replace_segments): the swap is completed
+by deleting every live segment based in [its base offset, its next offset) and renaming it into
+place. Those are exactly the segments it was cleaned from that still hold records it may not
+(a segment cleaned from that lost all its records starts at or past its next offset: kept, it
+holds only superseded records, and duplicates no offset; the cleaner's checkpoint, not yet
+advanced, has it cleaned again).
 """
 from __future__ import annotations
 
@@ -30,7 +36,16 @@ from broker.log.checkpoint import TMP_SUFFIX
 from broker.log.file_cache import FileCache
 from broker.log.index_file import CorruptIndexError
 from broker.log.log_segments import LogSegments
-from broker.log.segment import DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, Segment
+from broker.log.segment import (
+    CLEANED_SUFFIX,
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    SWAP_SUFFIX,
+    TIME_INDEX_SUFFIX,
+    Segment,
+)
+from broker.log.segment_reader import FRAME_ONLY, SegmentReader
 
 log = logging.getLogger(__name__)
 
@@ -95,13 +110,12 @@ class LogLoader:
         return loaded
 
     def _segment_bases(self) -> list[int]:
-        """Base offsets of the `.log` files, after removing leftovers of interrupted operations."""
+        """Base offsets of the `.log` files, after removing leftovers of interrupted operations
+        and completing interrupted swaps."""
+        self._complete_swaps(self._remove_leftovers())
         bases, indexes = [], []
         for path in self.directory.iterdir():
-            name = path.name
-            if name.endswith(DELETED_SUFFIX) or name.endswith(TMP_SUFFIX):
-                _unlink(path)
-            elif path.suffix == LOG_SUFFIX and len(path.stem) == _SEGMENT_NAME_DIGITS and path.stem.isdigit():
+            if _segment_base(path, LOG_SUFFIX) is not None:
                 bases.append(int(path.stem))
             elif path.suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
                 indexes.append(path)
@@ -109,6 +123,58 @@ class LogLoader:
             if not path.with_suffix(LOG_SUFFIX).exists():
                 _unlink(path)
         return sorted(bases)
+
+    def _remove_leftovers(self) -> list[Path]:
+        """Unlink `.deleted`, `.tmp` and `.cleaned` files; returns the `.swap` files."""
+        swaps = []
+        for path in self.directory.iterdir():
+            name = path.name
+            if name.endswith((DELETED_SUFFIX, TMP_SUFFIX, CLEANED_SUFFIX)):
+                _unlink(path)
+            elif name.endswith(SWAP_SUFFIX):
+                swaps.append(path)
+        return swaps
+
+    def _complete_swaps(self, swaps: list[Path]) -> None:
+        """Finish each committed swap (a `.log.swap`). `.swap` indexes without one are from a
+        commit that a crash cut short (their `.log` was still `.cleaned`): garbage."""
+        committed = {base for path in swaps if (base := _segment_base(path, LOG_SUFFIX + SWAP_SUFFIX)) is not None}
+        for path in swaps:
+            for kind in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+                base = _segment_base(path, kind + SWAP_SUFFIX)
+                if base is not None and base not in committed:
+                    _unlink(path)
+        for base in sorted(committed):
+            self._complete_swap(base)
+
+    def _complete_swap(self, base: int) -> None:
+        """Delete the live segments the `.swap` at `base` replaces, then rename it into place."""
+        swap = Segment.open(self.directory, base, self.cache, SWAP_SUFFIX)
+        end = max(self._swap_end(swap), base + 1)
+        live = sorted(b for path in self.directory.glob(f"*{LOG_SUFFIX}") if (b := _segment_base(path, LOG_SUFFIX)) is not None)
+        replaced = [b for b in live if base <= b < end]
+        for old in replaced:
+            Segment.open(self.directory, old, self.cache).delete()
+        swap.rename_to("")
+        swap.close()
+        log.info("%s: completed the swap of cleaned segment %d (replacing segments %s)", self.directory, base, replaced)
+
+    def _swap_end(self, swap: Segment) -> int:
+        """The next offset of a `.swap` segment: from its indexes, or by framing its batches when
+        those are gone (a crash while renaming it into place) or bad."""
+        try:
+            swap.load()
+            return swap.next_offset
+        except (CorruptIndexError, CorruptMessageError):
+            pass
+        end = swap.base_offset
+        try:
+            with open(swap.log_path, "rb") as file:
+                for _, header in SegmentReader(file, swap.base_offset).batches(verify_from_offset=FRAME_ONLY):
+                    end = header.next_offset
+        except (OSError, CorruptMessageError) as err:
+            raise KafkaStorageError(f"cannot complete the swap of {swap.log_path}: {err}") from err
+        return end
 
     def _load_trusted(self, segment: Segment, next_base: int | None) -> bool:
         """Load a flushed segment from its index files. False if they are bad or disagree with the
@@ -128,6 +194,15 @@ class LogLoader:
             dropped += segment.log_path.stat().st_size
             segment.delete()
         return dropped
+
+
+def _segment_base(path: Path, suffix: str) -> int | None:
+    """The base offset of `{base:020d}{suffix}`, or None for any other name."""
+    name = path.name
+    if not name.endswith(suffix):
+        return None
+    stem = name[: -len(suffix)]
+    return int(stem) if len(stem) == _SEGMENT_NAME_DIGITS and stem.isdigit() else None
 
 
 def _unlink(path: Path) -> None:

@@ -10,12 +10,16 @@
         log-start-offset-checkpoint          every partition at once: periodically, after a
         replication-offset-checkpoint        segment roll was flushed, after a load, when a
                                              topic is deleted, and on a clean stop
+        cleaner-offset-checkpoint            per compacted partition: its first dirty offset,
+                                             where the log cleaner's next round starts reading
+                                             (also written after every cleaned log)
         anything else                        metadata files, foreign directories: left alone
 
 The manager opens, creates and deletes logs, runs retention, hands out the logs that are due a
-flush and writes the directory's checkpoints. Everything here that touches the disk is meant for
+flush and writes the directory's checkpoints (the log cleaner's too: log_cleaner.py keeps the first
+dirty offsets here, as Kafka's LogCleanerManager keeps them beside the log). Everything here that touches the disk is meant for
 worker threads (the server wraps calls in `asyncio.to_thread`); `get` and `partitions` are cheap.
-Segments removed by retention stay open for `delay_ms` (in-flight reads finish) before
+Segments removed by retention or replaced by the cleaner stay open for `delay_ms` (in-flight reads finish) before
 `purge_deleted` unlinks them. All logs of the directory share one `LogDirFailure`: after an fsync
 failed, every one of them answers KAFKA_STORAGE_ERROR.
 """
@@ -46,6 +50,7 @@ TopicPartition = tuple[str, int]
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 HIGH_WATERMARK_CHECKPOINT = "replication-offset-checkpoint"
+CLEANER_CHECKPOINT = "cleaner-offset-checkpoint"
 DELETE_DIR_SUFFIX = "-delete"
 
 
@@ -79,7 +84,9 @@ class LogManager:
         self._lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
         self._logs: dict[TopicPartition, UnifiedLog] = {}
-        self._deleted: list[tuple[int, Segment]] = []  # (ms when retention removed it, segment)
+        self._deleted: list[tuple[int, Segment]] = []  # (ms when retention or the cleaner removed it, segment)
+        self._first_dirty: dict[TopicPartition, int] = {}  # the cleaner's, for compacted logs
+        self._first_dirty_written: dict[TopicPartition, int] | None = None  # the file's content, once known
         self.cache = FileCache(max_open_files)
         self.failure = LogDirFailure()
         self.retention_failures = 0  # partitions whose retention raised (a metric; each is logged)
@@ -97,6 +104,8 @@ class LogManager:
         started = time.monotonic()
         self.purge_deleted_directories()
         checkpoints = self._read_checkpoints()
+        with self._lock:
+            self._first_dirty = read_offsets(self.log_dir / CLEANER_CHECKPOINT)
         for path in self._list_dir():
             key = parse_partition_dir(path)
             if key is None:
@@ -229,6 +238,7 @@ class LogManager:
         `purge_deleted_directories` on the next start."""
         with self._lock:
             doomed = [self._logs.pop(key) for key in [key for key in self._logs if key[0] == topic]]
+            self._first_dirty = {key: offset for key, offset in self._first_dirty.items() if key[0] != topic}
             directories = {partition_log.directory for partition_log in doomed}
             # Segments retention queued go with their directories; purged later by their old
             # paths, they would unlink files of a topic re-created under the same name.
@@ -279,9 +289,13 @@ class LogManager:
                 # Segments that left the log before the failure are ours to delete all the same.
                 segments = err.removed if isinstance(err, SegmentsRemovedError) else []
             removed += len(segments)
-            with self._lock:
-                self._deleted.extend((now_ms, segment) for segment in segments)
+            self.schedule_delete(segments, now_ms)
         return removed
+
+    def schedule_delete(self, segments: list[Segment], now_ms: int) -> None:
+        """Queue segments that left their log (renamed `.deleted`) for `purge_deleted`."""
+        with self._lock:
+            self._deleted.extend((now_ms, segment) for segment in segments)
 
     def purge_deleted(self, now_ms: int, delay_ms: int) -> int:
         """Close and unlink the segments retention removed at least `delay_ms` ago; returns how many."""
@@ -295,6 +309,34 @@ class LogManager:
                 log.error("cannot delete %s: %s", segment, err)
         return len(due)
 
+    # --- the log cleaner's checkpoint ------------------------------------------------------
+
+    def first_dirty_offset(self, partition_log: UnifiedLog) -> int | None:
+        """Where the cleaner's last round over `partition_log` stopped, or None if never cleaned."""
+        with self._lock:
+            return self._first_dirty.get((partition_log.topic, partition_log.partition))
+
+    def update_first_dirty_offset(self, partition_log: UnifiedLog, offset: int) -> None:
+        """Record that `partition_log` is clean below `offset` and write the cleaner checkpoint
+        (an atomic write and fsyncs: from the cleaner thread). KafkaStorageError if it fails."""
+        with self._lock:
+            self._first_dirty[(partition_log.topic, partition_log.partition)] = offset
+        if self.failure.failed:
+            return
+        with self._checkpoint_lock:
+            self._write_cleaner_checkpoint(self.all_logs())
+
+    def _write_cleaner_checkpoint(self, logs: list[UnifiedLog]) -> None:
+        """Entries of the compacted logs open now: a deleted topic's or one no longer compacted
+        go, so a topic compacted (again) under that name starts wholly dirty. Written only when
+        that changes what the file holds (the periodic checkpoint calls this too)."""
+        compacted = {(l.topic, l.partition) for l in logs if l.config.compact}
+        with self._lock:
+            offsets = {key: offset for key, offset in self._first_dirty.items() if key in compacted}
+        if offsets != self._first_dirty_written:
+            write_offsets(self.log_dir / CLEANER_CHECKPOINT, offsets)
+            self._first_dirty_written = offsets
+
     # --- durability ------------------------------------------------------------------------
 
     def logs_needing_flush(self, now_ms: int) -> list[UnifiedLog]:
@@ -302,8 +344,8 @@ class LogManager:
         return [partition_log for partition_log in self.all_logs() if partition_log.needs_flush(now_ms)]
 
     def checkpoint(self) -> None:
-        """Write the directory's recovery-point, log-start and high-watermark checkpoints for
-        every log (one atomic file each). From a worker thread. Skipped once the directory is
+        """Write the directory's recovery-point, log-start, high-watermark and cleaner
+        checkpoints for every log (one atomic file each). From a worker thread. Skipped once the directory is
         offline: its logs' offsets can no longer be trusted."""
         if self.failure.failed:
             return
@@ -315,6 +357,7 @@ class LogManager:
                 (HIGH_WATERMARK_CHECKPOINT, {(l.topic, l.partition): l.high_watermark for l in logs}),
             ):
                 write_offsets(self.log_dir / name, offsets)
+            self._write_cleaner_checkpoint(logs)
 
     def _read_checkpoints(self) -> dict[str, dict[TopicPartition, int]]:
         return {name: read_offsets(self.log_dir / name)

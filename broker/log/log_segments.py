@@ -64,6 +64,26 @@ class LogSegments:
         del self._bases[index:]
         return removed
 
+    def index_of_run(self, run: list[Segment]) -> int | None:
+        """Where `run` (these very segments, consecutive) starts in the log, or None if it is not
+        there as a whole (retention or truncation took some of it)."""
+        if not run:
+            return None
+        i = self.floor_index(run[0].base_offset)
+        if i < 0 or self._segments[i:i + len(run)] != run:
+            return None
+        return i
+
+    def replace(self, old: list[Segment], new: Segment) -> None:
+        """Put `new` where the consecutive sealed segments `old` are (the log cleaner's swap):
+        `new` starts where `old` did and ends before the segment after them."""
+        i = self.index_of_run(old)
+        assert i is not None and i + len(old) < len(self._segments), (old, self._segments)
+        assert new.base_offset == old[0].base_offset, (new, old[0])
+        assert new.next_offset <= self._segments[i + len(old)].base_offset, (new, self._segments[i + len(old)])
+        self._segments[i:i + len(old)] = [new]
+        self._bases[i:i + len(old)] = [new.base_offset]
+
     def clear(self) -> list[Segment]:
         return self.remove_from(0)
 

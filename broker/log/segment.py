@@ -4,8 +4,12 @@
                                                         increasing, the first >= base_offset
     {base_offset:020d}.index      OffsetIndex (offset_index.py)
     {base_offset:020d}.timeindex  TimeIndex (time_index.py)
-    *.deleted                     the same files after retention removed the segment from its log,
-                                  waiting for in-flight reads to finish before they are unlinked
+    *.deleted                     the same files after retention or the log cleaner removed the
+                                  segment from its log, waiting for in-flight reads to finish
+                                  before they are unlinked
+    *.cleaned                     a segment the log cleaner is writing (garbage after a crash)
+    *.swap                        a cleaned segment, complete and fsynced, replacing the segments it
+                                  was cleaned from (a restart finishes the swap: log_loader.py)
 
 Only the active (last) segment of a partition is appended to; once sealed it is immutable. The
 `.log` is written with pwrite at the segment's known size, so a failed write never shifts later
@@ -42,6 +46,8 @@ LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
 DELETED_SUFFIX = ".deleted"
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
 _READ_CHUNK = 4 << 20  # recovery reads this much at a time, so small batches cost no syscall each
 _RECENT_BATCHES = 16  # batch boundaries the active segment remembers for tailing fetches (Segment._recent):
 # ~2.5 KB per partition, 25 MB for 10,000 partitions taking appends
@@ -59,7 +65,8 @@ class SegmentFiles:
     what tiering uploads. A kind added later (a producer `.snapshot`, a `.txnindex`) is one more
     entry in `KINDS`, and every operation over the set picks it up.
 
-    `state` is "" for a live segment or `.deleted` once retention removed it from its log."""
+    `state` is "" for a live segment, `.deleted` once removed from its log, `.cleaned` while the
+    log cleaner writes it and `.swap` while it replaces the segments it was cleaned from."""
 
     directory: Path
     base_offset: int
@@ -175,11 +182,12 @@ class Segment:
         self._recent: dict[int, tuple[int, int]] = {}
 
     @classmethod
-    def create(cls, directory: Path, base_offset: int, cache: FileCache) -> Segment:
-        """A new empty active segment. Raises KafkaStorageError if its `.log` already exists or
-        a file cannot be created; then no file of the segment is left behind (a stray `.log`
-        would make every later creation at this offset fail)."""
-        files = SegmentFiles(directory, base_offset)
+    def create(cls, directory: Path, base_offset: int, cache: FileCache, state: str = "") -> Segment:
+        """A new empty active segment (named for `state`: the log cleaner writes `.cleaned` ones).
+        Raises KafkaStorageError if its `.log` already exists or a file cannot be created; then no
+        file of the segment is left behind (a stray `.log` would make every later creation at this
+        offset fail)."""
+        files = SegmentFiles(directory, base_offset, state)
         try:
             os.close(os.open(files.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         except OSError as err:
@@ -197,9 +205,10 @@ class Segment:
         return segment
 
     @classmethod
-    def open(cls, directory: Path, base_offset: int, cache: FileCache) -> Segment:
-        """Open an existing segment; call `load` or `recover` before anything else."""
-        return cls(SegmentFiles(directory, base_offset), cache)
+    def open(cls, directory: Path, base_offset: int, cache: FileCache, state: str = "") -> Segment:
+        """Open an existing segment (its files named for `state`); call `load` or `recover`
+        before anything else."""
+        return cls(SegmentFiles(directory, base_offset, state), cache)
 
     # --- state -------------------------------------------------------------------------------
 
@@ -327,6 +336,21 @@ class Segment:
         if self._max_timestamp < timestamp_ms:
             return None
         return self._reader().offset_for_timestamp(timestamp_ms)
+
+    @contextlib.contextmanager
+    def detached_reader(self, min_read_bytes: int = _READ_CHUNK) -> Iterator[SegmentReader]:
+        """A reader of the segment's valid bytes over a descriptor of its own, closed when the
+        block ends. It reads the same bytes whatever the log does to the segment meanwhile
+        (renamed, unlinked; a truncation shows as a torn tail), so the log cleaner can read a
+        sealed segment without holding the log's lock. Only for sealed segments: it shares the
+        in-memory offset index. KafkaStorageError if the `.log` is gone already."""
+        fd = self._cache.dup(self.log_path)
+        try:
+            yield SegmentReader(lambda size, position: os.pread(fd, size, position), self.base_offset,
+                                size=self._size, name=self.log_path.name, offset_index=self.offset_index,
+                                min_read_bytes=min_read_bytes, max_read_bytes=max(min_read_bytes, _READ_CHUNK))
+        finally:
+            os.close(fd)
 
     def _pread(self, size: int, position: int) -> bytes:
         with self._cache.pinned(self.log_path) as fd:
@@ -517,27 +541,32 @@ class Segment:
         fsync_and_close(self.prepare_sync(), self.log_path)
 
     def mark_deleted(self) -> None:
-        """Rename every file of the segment with a `.deleted` suffix; descriptors in use (and the
-        reads behind them) stay valid. The `.log` goes last: once it is renamed the segment is gone
-        for a restart, so everything else must be renamed by then. KafkaStorageError if a rename
-        fails; the `.log` then keeps its name (the indexes are renamed back if they can be, and a
-        restart rebuilds them if not) and the segment is still a whole part of its log."""
+        """Rename the segment's files `.deleted` (it left its log; see `rename_to`)."""
+        self.rename_to(DELETED_SUFFIX)
+
+    def rename_to(self, state: str) -> None:
+        """Rename every file of the segment to its name in `state` ("" live, `.deleted`,
+        `.cleaned`, `.swap`); descriptors in use (and the reads behind them) stay valid. The `.log`
+        goes last: a restart judges a segment by its `.log`, so everything else must be renamed by
+        then. KafkaStorageError if a rename fails; the `.log` then keeps its name (the indexes are
+        renamed back if they can be, and a restart rebuilds them if not) and the segment is still
+        whole in its old state."""
         self.offset_index.write_pending()
         self.time_index.write_pending()
         self._close_indexes()
-        live, deleted = self.files, self.files.in_state(DELETED_SUFFIX)
-        indexes = ((self.offset_index, live.index, deleted.index), (self.time_index, live.time_index, deleted.time_index))
+        old, new = self.files, self.files.in_state(state)
+        indexes = ((self.offset_index, old.index, new.index), (self.time_index, old.time_index, new.time_index))
         try:
             for index, _, path in indexes:
                 index.rename(path)
-            os.rename(live.log, deleted.log)
+            os.rename(old.log, new.log)
         except (OSError, KafkaStorageError) as err:
             for index, path, _ in indexes:
                 with contextlib.suppress(KafkaStorageError):
                     index.rename(path)
-            raise KafkaStorageError(f"cannot rename {live.log} and its indexes: {err}") from err
-        self._cache.rename(live.log, deleted.log)
-        self.files = deleted
+            raise KafkaStorageError(f"cannot rename {old.log} and its indexes to {new.log}: {err}") from err
+        self._cache.rename(old.log, new.log)
+        self.files = new
 
     def close(self) -> None:
         """Write queued index entries and close every fd (no fsync). Idempotent."""

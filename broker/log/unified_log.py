@@ -2,7 +2,9 @@
 
     {topic}-{partition}/
         {base_offset:020d}.log|.index|.timeindex   segments (segment.py), oldest first
-        *.deleted                                  segments removed by retention, awaiting unlink
+        *.deleted                                  segments removed by retention or replaced by
+                                                   the log cleaner, awaiting unlink
+        *.cleaned, *.swap                          a segment the log cleaner writes / swaps in
         leader-epoch-checkpoint                    "epoch start_offset" lines (leader_epoch.py)
         partition.metadata                         the topic id this directory belongs to
 
@@ -26,6 +28,12 @@ Durability: `flush` (from a worker thread) fsyncs and then advances the recovery
 fsync takes the whole log directory offline (`LogDirFailure`): the kernel may have dropped the
 dirty pages, so a later fsync that succeeds would launder the loss. Nothing retries it.
 
+Compaction (cleanup.policy=compact): the log cleaner reads sealed segments below
+`cleanable_segments().end_offset` without the lock (Segment.detached_reader), writes a cleaned
+segment, and swaps it in with `replace_segments`, which checks under the lock that the segments
+are still there as they were read. Retention by time and size applies only to logs whose
+cleanup.policy has delete.
+
 Threading: every public method may be called from any thread; state changes happen under one
 lock; `flush` runs its fsyncs outside it on duplicated fds, and retention writes the leader-epoch
 checkpoint outside it, so an append on the event loop never waits for those fsyncs.
@@ -45,7 +53,7 @@ from broker.errors import CorruptMessageError, InconsistentTopicIdError, KafkaSt
 from broker.log.checkpoint import read_partition_metadata, write_partition_metadata
 from broker.log.file_cache import FileCache
 from broker.log.leader_epoch import LeaderEpochCache
-from broker.log.local_log import LocalLog, SegmentsRemovedError
+from broker.log.local_log import LocalLog, SegmentsRemovedError, SwapFailedError
 from broker.log.log_loader import LogLoader
 from broker.log.segment import BatchInfo, FetchSlice, Segment
 
@@ -89,6 +97,21 @@ class AppendInfo:
     @property
     def next_offset(self) -> int:
         return self.last_offset + 1
+
+
+@dataclass(frozen=True, slots=True)
+class CleanableSegments:
+    """What the log cleaner may clean, read at one instant under the log's lock."""
+
+    segments: list[Segment]  # the sealed segments wholly below end_offset, oldest first
+    end_offset: int  # min(active segment's base, high watermark, recovery point)
+    log_start_offset: int
+    active_base_offset: int
+    generation: int  # truncations so far: a truncation rewrites sealed segments in place
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(segment.size for segment in self.segments)
 
 
 class UnifiedLog:
@@ -553,23 +576,87 @@ class UnifiedLog:
         return removed
 
     def _deletable_segments(self, now_ms: int) -> list[Segment]:
-        """The longest prefix of non-empty segments below the high watermark each of which is
-        older than retention.ms, leaves at least retention.bytes behind when removed, or lies
-        wholly below the log start offset (no reader can reach it: Kafka's log start breach)."""
-        retention_ms, retention_bytes = self.config.retention_ms, self.config.retention_bytes
-        excess_bytes = self._local.segments.size_bytes() - retention_bytes
-        deletable = []
-        for segment in self._local.segments:
-            if not segment.size or segment.next_offset > self.high_watermark:
+        """The longest prefix of segments below the high watermark each of which is older than
+        retention.ms, leaves at least retention.bytes behind when removed, or lies wholly below
+        the log start offset (no reader can reach it: Kafka's log start breach). Retention by
+        time and size applies only when cleanup.policy has delete. An empty sealed segment (the
+        cleaner emptied it) never stops the prefix: it goes with the next segment that goes."""
+        delete = self.config.delete
+        retention_ms = self.config.retention_ms if delete else -1
+        retention_bytes = self.config.retention_bytes if delete else -1
+        segments = self._local.segments
+        excess_bytes = segments.size_bytes() - retention_bytes
+        deletable: list[Segment] = []
+        empty: list[Segment] = []
+        for segment in segments:
+            if segment.next_offset > self.high_watermark or (not segment.size and segment is segments.active):
                 break
+            if not segment.size:
+                empty.append(segment)
+                continue
             expired = retention_ms >= 0 and now_ms - segment.max_timestamp > retention_ms
             oversize = retention_bytes >= 0 and excess_bytes - segment.size >= 0
             unreachable = segment.next_offset <= self.log_start_offset
             if not (expired or oversize or unreachable):
                 break
+            deletable += empty
             deletable.append(segment)
+            empty = []
             excess_bytes -= segment.size
         return deletable
+
+    # --- compaction ------------------------------------------------------------------------
+
+    def cleanable_segments(self) -> CleanableSegments:
+        """The segments the log cleaner may read and replace: sealed (the active segment takes
+        appends), below the high watermark (consumers may not have seen what is above; a
+        follower's may still be truncated) and below the recovery point (a record the cleaner
+        takes as superseding older ones must survive a crash)."""
+        with self._lock:
+            self._check_usable()
+            segments = self._local.segments
+            end = min(segments.active.base_offset, self.high_watermark, self.recovery_point)
+            cleanable = []
+            for segment in segments.snapshot()[:-1]:
+                if segment.next_offset > end:
+                    break
+                cleanable.append(segment)
+            return CleanableSegments(cleanable, end, self.log_start_offset, segments.active.base_offset,
+                                     self._truncations)
+
+    def holds_segments(self, segments: list[Segment], generation: int) -> bool:
+        """Whether the log is open and still holds `segments` as they were when `generation` was
+        read (the cleaner tells an error of its own from the log changing under it)."""
+        with self._lock:
+            if self._closed or self._truncations != generation:
+                return False
+            live = set(map(id, self._local.segments))
+            return all(id(segment) in live for segment in segments)
+
+    def replace_segments(self, cleaned: Segment, old: list[Segment], generation: int) -> bool:
+        """Swap `cleaned` (sealed, fsynced, in `.cleaned` state) in for `old` (LocalLog's swap)
+        and make the swap durable (a directory fsync) before returning True. False, with nothing
+        changed, if `old` is no longer in the log as it was when `generation` was read (retention
+        removed some, a truncation rewrote them, the log was closed): the caller deletes
+        `cleaned`. KafkaStorageError if the swap fails; once it was committed the directory goes
+        offline (a restart completes it). From the cleaner thread."""
+        with self._flush_lock:  # a close or a directory rename waits for the swap to finish
+            with self._lock:
+                if self._closed or self._truncations != generation or self._local.segments.index_of_run(old) is None:
+                    return False
+                self._dir_failure.check()
+                try:
+                    self._local.replace_segments(cleaned, old)
+                except SwapFailedError as err:
+                    self._dir_failure.fail(err)
+                    raise
+            try:
+                # The renames after the commit, durable before the cleaner checkpoints past them.
+                self._local.sync([], sync_directory=True)
+            except KafkaStorageError as err:
+                self._dir_failure.fail(err)
+                raise
+        return True
 
     # --- lifecycle -------------------------------------------------------------------------
 
