@@ -38,7 +38,7 @@ from broker.config import BrokerConfig
 from broker.errors import InvalidRequestError, MessageTooLargeError, PymqError
 from broker.handlers import Part, RequestHandlers, Result, error_fields, error_result, to_result
 from broker.cluster.partition import LeaderAndIsr
-from broker.log import FetchSlice, LogManager, TopicLogSpec
+from broker.log import FetchSlice, LogCleaner, LogManager, TopicLogSpec
 from broker.log_writer import LogWriter
 from broker.metrics import serve_metrics
 from broker.purgatory import DelayedOperation, DelayedOperationPurgatory
@@ -276,6 +276,7 @@ class Broker:
         self.store = store or LocalMetadataStore(self.log_dir / METADATA_FILE)
         self.registry = TopicRegistry(self.store, config["broker.id"], config.log_defaults)
         self.logs = LogManager(self.log_dir, max_open_files=config["log.max.open.files"])
+        self.cleaner = LogCleaner.from_config(config, self.logs)
         self.purgatory = DelayedOperationPurgatory()
         self.writer = LogWriter(config["log.writer.offload.bytes"], config["queued.max.request.bytes"])
         self.replicas = ReplicaManager(config["broker.id"], self.logs, self.writer, self.purgatory)
@@ -303,6 +304,8 @@ class Broker:
         states = {(name, p): LeaderAndIsr.of(s)
                   for name, info in self.registry.topics.items() for p, s in info.partitions.items()}
         await self.replicas.load(specs, states)
+        if self.config["log.cleaner.enable"]:
+            self.cleaner.start()
         await self.handlers.groups.start(self.advertised)
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
@@ -335,6 +338,7 @@ class Broker:
         await self.handlers.groups.stop()
         await self.writer.close()
         await self.replicas.wait_idle()
+        await asyncio.to_thread(self.cleaner.stop)  # before the logs close: a swap in progress finishes
         await asyncio.to_thread(self.logs.close)
         await self.store.close()
         if self._metrics is not None:
