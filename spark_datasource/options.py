@@ -17,11 +17,18 @@ to pymq by changing the format name and the bootstrap option:
 | `minPartitions`, `maxRecordsPerPartition` | positive int | | how ranges split into Spark partitions |
 | `failOnDataLoss` | `true`, `false` | `true` | offsets deleted by retention before they were read |
 | `includeHeaders` | `true`, `false` | `false` | adds the `headers` column |
+| `groupIdForLag` | consumer group id | | streaming: commit each finished batch's end to it (`lag_group.py`) |
 | `kafka.<setting>` | client setting | | e.g. `kafka.request.timeout.ms`, `kafka.fetch.max.bytes` |
 
 An unknown, malformed or contradictory option raises `InvalidOptionError` naming the option and
 what it accepts, before any task runs. Spark hands options over case-insensitively (lower-cased
 keys), so lookups here are by lower-cased name.
+
+`groupIdForLag` (not in the Kafka source, which cannot do it: SPARK-27549) makes a streaming
+query commit its position, the end of each finished micro-batch, to that consumer group, so that
+`pymq group describe GROUP` shows the pipeline's lag. The checkpoint stays the source of truth;
+a commit that fails (the group has active members, the broker is unreachable) is logged and the
+query goes on. Use a group of its own that no consumer joins. A batch read refuses the option.
 """
 from __future__ import annotations
 
@@ -52,13 +59,13 @@ _SOURCE_OPTIONS = {
     "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp",
     "startingoffsetsbytimestamp", "endingoffsetsbytimestamp", "startingoffsetsbytimestampstrategy",
     "maxoffsetspertrigger", "minoffsetspertrigger", "maxtriggerdelay", "minpartitions",
-    "maxrecordsperpartition", "failondataloss", "includeheaders",
+    "maxrecordsperpartition", "failondataloss", "includeheaders", "groupidforlag",
 }
 _SPELLING = {name.lower(): name for name in (
     "subscribePattern", "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp",
     "startingOffsetsByTimestamp", "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy",
     "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "minPartitions",
-    "maxRecordsPerPartition", "failOnDataLoss", "includeHeaders")}
+    "maxRecordsPerPartition", "failOnDataLoss", "includeHeaders", "groupIdForLag")}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
 _DURATION_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -128,6 +135,7 @@ class SourceOptions:
     max_records_per_partition: int | None = None
     fail_on_data_loss: bool = True
     include_headers: bool = False
+    group_id_for_lag: str | None = None  # streaming: the group each finished batch's end is committed to
     client: dict[str, Any] = field(default_factory=dict)  # keyword settings for the pymq client
 
     @classmethod
@@ -191,6 +199,7 @@ class SourceOptions:
             raise InvalidOptionError(f"option 'minOffsetsPerTrigger' ({min_per_trigger}) must not exceed "
                                      f"'maxOffsetsPerTrigger' ({max_per_trigger})")
         delay = _duration_ms(opts, "maxtriggerdelay", 15 * 60_000)
+        lag_group = _lag_group(opts, streaming)
         return cls(
             bootstrap_servers=bootstrap,
             subscribe=subscribe,
@@ -206,6 +215,7 @@ class SourceOptions:
             max_records_per_partition=_positive(opts, "maxrecordsperpartition"),
             fail_on_data_loss=_boolean(opts, "failondataloss", True),
             include_headers=_boolean(opts, "includeheaders", False),
+            group_id_for_lag=lag_group,
             client=client,
         )
 
@@ -319,6 +329,19 @@ def _check_partitions_named(spec: OffsetSpec, assign: dict[str, tuple[int, ...]]
     if named != assigned:
         raise InvalidOptionError(f"option {spec.option!r} must give every assigned partition and no other: "
                                  f"given {sorted(named)}, assigned {sorted(assigned)}")
+
+
+def _lag_group(opts: dict[str, str], streaming: bool) -> str | None:
+    text = opts.get("groupidforlag")
+    if text is None:
+        return None
+    if not streaming:
+        raise InvalidOptionError("option 'groupIdForLag' is for streaming queries only: it commits the end of each "
+                                 "finished micro-batch to a consumer group, and a batch read has no micro-batches")
+    group = text.strip()
+    if not group:
+        raise InvalidOptionError(f"option 'groupIdForLag' must name a consumer group (a non-empty string), not {text!r}")
+    return group
 
 
 def _timestamp(option: str, text: str) -> int:

@@ -11,6 +11,8 @@ between triggers (when the last batch was cut, the Trigger.AvailableNow target).
   partitions in proportion to their backlog (Kafka's rule), `minOffsetsPerTrigger` waits for enough
   rows unless `maxTriggerDelay` has passed since the last batch.
 - `partitions(start, end)`: one task per partition range, split like batch reads.
+- `groupIdForLag`: the end of each finished micro-batch (`start` of `latestOffset`, and
+  `commit(end)`) is committed to that consumer group for lag reporting (`lag_group.py`).
 - Data loss (offsets deleted by retention before they were read, a partition whose log went
   backwards, a deleted topic) fails the query naming topic, partition and offsets
   (`failOnDataLoss=true`) or is logged with the count of offsets skipped.
@@ -33,6 +35,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from broker.errors import DataLossError
+from spark_datasource.lag_group import LagGroup
 from spark_datasource.offsets import OffsetReader, PartitionOffsets, TopicPartition
 from spark_datasource.options import SourceOptions
 from spark_datasource.ranges import OffsetRange, RangePartition, split_ranges
@@ -76,6 +79,8 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest: PartitionOffsets | None = None  # for reportLatestOffset
         self._target: PartitionOffsets | None = None  # Trigger.AvailableNow: never read past these
         self._last_batch_s = -math.inf  # the first trigger never waits for minOffsetsPerTrigger (Kafka's rule)
+        self._lag = (LagGroup(options.group_id_for_lag, options.bootstrap_servers)
+                     if options.group_id_for_lag is not None else None)
 
     # -- offsets -----------------------------------------------------------------------------
 
@@ -95,6 +100,9 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: Offsets, limit: ReadLimit) -> Offsets:
         begin = from_json(start)
+        # Spark plans one batch at a time: `start` is where the last finished batch ended (or
+        # where the query starts), and this call also comes when no batch follows it.
+        self._report_position(begin)
         latest = self._target if self._target is not None else self._latest_now()
         self._latest = latest
         if isinstance(limit, ReadAllAvailable):
@@ -167,8 +175,18 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_offset_range(self.options, partition.range)
 
     def commit(self, end: Offsets) -> None:
-        """Nothing to do: progress lives in Spark's checkpoint (offsets are not committed to a
-        consumer group; that is the consumer-groups issue's)."""
+        """Spark finished the batch that ends at `end` (it says so when it plans the next one).
+        Progress lives in Spark's checkpoint; with groupIdForLag the end is also committed to
+        the group, for lag reporting only."""
+        self._report_position(from_json(end))
+
+    def _report_position(self, offsets: PartitionOffsets) -> None:
+        if self._lag is not None:
+            self._lag.commit(offsets)
 
     def stop(self) -> None:
-        self._offsets.close()
+        try:
+            if self._lag is not None:
+                self._lag.close()
+        finally:
+            self._offsets.close()
