@@ -267,7 +267,7 @@ class LogCleaner:
     def _clean(self, ltc: LogToClean, now_ms: int, remaining: list[Segment]) -> CleanerStats | None:
         """Map, clean group by group, checkpoint. None if a swap found the segments changed."""
         started = time.monotonic()
-        stats = CleanerStats(str(ltc.log), ltc.first_dirty_offset)
+        stats = CleanerStats(f"{ltc.log.topic}-{ltc.log.partition}", ltc.first_dirty_offset)
         offset_map = self._build_map(ltc, stats)
         end = stats.end_offset = offset_map.end_offset
         for group in group_segments([s for s in ltc.segments if s.base_offset < end], ltc.config.segment_bytes):
