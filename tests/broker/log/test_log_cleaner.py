@@ -81,6 +81,16 @@ def read_all(partition_log: UnifiedLog, start: int | None = None) -> list[Entry]
     return out
 
 
+def wait_for(condition, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
+    """Until `condition()` holds (a deadline for a hung thread, not a timing assertion)."""
+    done = threading.Event()
+    for _ in range(int(timeout_s / 0.005)):
+        if condition():
+            return
+        done.wait(0.005)
+    raise AssertionError("timed out")
+
+
 @pytest.fixture
 def cleaner_for():
     """cleaner_for(manager, **kwargs) -> a LogCleaner on the fake clock's time; stopped at teardown."""
@@ -98,13 +108,11 @@ def cleaner_for():
 
 @pytest.fixture
 def compacted(logs, cleaner_for):
-    """compacted(**config) -> (log, cleaner): topic-0 with COMPACT's settings (overridden) and a
-    cleaner on its LogManager."""
+    """compacted(**config) -> (log, cleaner): topic-0 compacted, with the log fixtures' small
+    segments and COMPACT's dirty ratio (LogConfig fields override), and a cleaner on its manager."""
     def open_compacted(**overrides: object) -> tuple[UnifiedLog, LogCleaner]:
-        config = replace(COMPACT, **overrides)
-        partition_log = logs.open(**{k: getattr(config, k) for k in (
-            "cleanup_policy", "min_cleanable_dirty_ratio", "delete_retention_ms", "min_compaction_lag_ms",
-            "max_compaction_lag_ms", "retention_ms", "retention_bytes", "segment_bytes")})
+        partition_log = logs.open(**{"cleanup_policy": "compact",
+                                     "min_cleanable_dirty_ratio": COMPACT.min_cleanable_dirty_ratio, **overrides})
         return partition_log, cleaner_for(logs.manager)
     return open_compacted
 
@@ -186,7 +194,7 @@ def logs_dir(partition_log: UnifiedLog) -> Path:
     return partition_log.directory.parent
 
 
-def test_min_compaction_lag_keeps_young_segments_dirty(compacted, clock):
+def test_min_compaction_lag_keeps_young_segments_dirty(compacted):
     """Segments whose newest record is younger than min.compaction.lag.ms are not cleaned yet."""
     partition_log, cleaner = compacted(min_compaction_lag_ms=60_000)
     produce(partition_log, updates(60, 4), timestamp_ms=NOW_MS - 120_000)
@@ -367,7 +375,7 @@ def test_dedupe_buffer_bytes_translate_to_keys():
 # --- tombstones ------------------------------------------------------------------------------------
 
 
-def test_tombstones_expire_after_delete_retention_even_once_clean(compacted, clock):
+def test_tombstones_expire_after_delete_retention_even_once_clean(compacted):
     """A tombstone removes its key's older values at once and stays for delete.retention.ms; a
     later round (the tombstone now in the clean section) removes it once that has passed."""
     partition_log, cleaner = compacted(delete_retention_ms=DAY_MS)
@@ -426,7 +434,7 @@ def test_compact_delete_topics_get_retention_and_compact_ones_do_not(compacted, 
     assert set(new) <= set(read_all(partition_log))
 
 
-def test_empty_cleaned_segments_do_not_stop_retention(compacted, logs):
+def test_empty_cleaned_segments_do_not_stop_retention(compacted):
     """An emptied segment at the head of a compact,delete log goes with the next expired segment
     instead of holding retention back."""
     partition_log, cleaner = compacted(cleanup_policy="compact,delete", retention_ms=60_000, delete_retention_ms=0)
@@ -471,6 +479,8 @@ def test_appends_and_fetches_carry_on_while_the_cleaner_runs(compacted, cleaner_
         try:
             for i in range(100):
                 written.extend(produce(partition_log, updates(10, 10, b"p%03d" % i), per_batch=5))
+                if i == 50:  # half way, the cleaner must have swapped segments under the readers
+                    wait_for(lambda: cleaner.logs_cleaned > 0)
         except BaseException as err:  # reported by the main thread
             errors.append(err)
         finally:
@@ -493,7 +503,6 @@ def test_appends_and_fetches_carry_on_while_the_cleaner_runs(compacted, cleaner_
         thread.join()
     cleaner.stop()
     assert not errors, errors
-    assert cleaner.logs_cleaned > 1
     final = {key: (offset, value) for offset, key, value in read_all(partition_log)}
     assert final == {key: (offset, value) for offset, key, value in latest(written)}
 
@@ -547,9 +556,6 @@ def test_the_thread_starts_wakes_and_stops(compacted):
     cleaner.start()
     produce(partition_log, updates(200, 6))
     cleaner.wake()
-    for _ in range(1000):
-        if cleaner.logs_cleaned:
-            break
-        threading.Event().wait(0.01)
+    wait_for(lambda: cleaner.logs_cleaned > 0)
     cleaner.stop()
     assert cleaner.logs_cleaned == 1 and cleaner._thread is None
