@@ -1,9 +1,10 @@
 """The lightweight pymq client: Producer, Consumer and Admin, each with an asyncio core."""
 from broker.client.admin import EARLIEST, LATEST, Admin, AdminError, AsyncAdmin, TopicDescription
 from broker.client.consumer import RECORD_SCHEMA, AsyncConsumer, Consumer, ConsumerRecord
+from broker.client.consumer_coordinator import GroupMetadata
 from broker.client.producer import AsyncProducer, Producer, RecordFuture, RecordMetadata
 
 __all__ = [
     "Admin", "AdminError", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "Consumer", "ConsumerRecord",
-    "EARLIEST", "LATEST", "Producer", "RECORD_SCHEMA", "RecordFuture", "RecordMetadata", "TopicDescription",
+    "EARLIEST", "GroupMetadata", "LATEST", "Producer", "RECORD_SCHEMA", "RecordFuture", "RecordMetadata", "TopicDescription",
 ]

@@ -10,7 +10,7 @@ at construction, instead of a TypeError deep in a constructor or a setting silen
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 BootstrapServers = str | list[str]
@@ -18,6 +18,13 @@ BootstrapServers = str | list[str]
 ALIASES = {
     "compression.type": "compression",
     "max.in.flight.requests.per.connection": "max_in_flight",
+}
+
+# partition.assignment.strategy as Kafka users write it: class names, short or qualified.
+KAFKA_ASSIGNOR_CLASSES = {
+    "RangeAssignor": "range",
+    "RoundRobinAssignor": "roundrobin",
+    "CooperativeStickyAssignor": "cooperative-sticky",
 }
 
 
@@ -47,3 +54,33 @@ def client_settings(factory: Callable[..., Any], bootstrap_servers: BootstrapSer
         kind = factory.__qualname__.split(".")[0].removeprefix("Async")
         raise ValueError(f"unknown {kind} setting(s) {', '.join(unknown)}; accepted: {names}")
     return bootstrap, settings
+
+
+def as_bool(name: str, value: Any) -> bool:
+    """A boolean setting given as a bool or as the strings "true"/"false" (a properties file's
+    values): `bool("false")` would be True."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise ValueError(f"{name} must be true or false, got {value!r}")
+
+
+def assignor_names(value: str | Sequence[str], known: Collection[str]) -> list[str]:
+    """partition.assignment.strategy as a list of pymq assignor names, in preference order, from a
+    list or a comma-separated string of pymq names or Kafka's class names
+    (`org.apache.kafka.clients.consumer.CooperativeStickyAssignor`)."""
+    items = value.split(",") if isinstance(value, str) else list(value)
+    names = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ValueError(f"partition.assignment.strategy entries must be names, got {item!r}")
+        name = item.strip()
+        name = KAFKA_ASSIGNOR_CLASSES.get(name.rpartition(".")[2], name)
+        if name not in known:
+            raise ValueError(f"unknown partition assignment strategy {item.strip()!r}; known: {', '.join(sorted(known))}")
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise ValueError("partition.assignment.strategy must name at least one assignor")
+    return names

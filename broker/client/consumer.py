@@ -17,27 +17,78 @@ A batch that fails the checks costs nothing that precedes it: every intact recor
 (and other partitions' records) is returned first, `position()` moves to the bad batch, and the
 next poll raises `CorruptRecordError` with its topic, partition and offset, so that a
 skip-and-continue loop can `seek(offset + 1)` past it.
+
+Consumer groups. With `group_id`, `subscribe(topics)` (or `pattern=`) lets the group's
+coordinator share the topics' partitions among its members (`broker.client.consumer_coordinator`
+keeps the membership: join, sync, background heartbeats); `assign()` instead reads fixed
+partitions and still commits to the group. The two are mutually exclusive. A newly assigned
+partition starts at the group's committed offset, else per `auto_offset_reset`. A position is
+always the next record to consume, and so is a committed offset.
+
+  - Rebalances happen inside `poll`: eager assignors (range, roundrobin) revoke everything before
+    rejoining; when every assignor is cooperative (cooperative-sticky) the consumer keeps its
+    partitions, consumes them during the rebalance, and revokes only those that move (then
+    rejoins at once, so the follow-up rebalance can place them). Callbacks `on_revoke`,
+    `on_assign` and `on_lost` get a sorted list of partitions and run on the application's
+    thread inside `poll` (and `unsubscribe`/`close`), never on the I/O thread, so they may call
+    the consumer (seek, commit, position). An AsyncConsumer's callbacks may be coroutine
+    functions. `on_lost` (default: `on_revoke`) means the partitions are already someone else's:
+    the session expired, the member was fenced, or it left after `max_poll_interval_ms`; a commit
+    for them would be refused. Under the cooperative protocol `on_revoke` runs after the new
+    generation began, so commits made inside it are refused by this broker
+    (PARTITION_NOT_ASSIGNED): auto-commit (and a commit before rejoining) covers them.
+  - Heartbeats run on the consumer's event loop, independent of the application: a sync
+    Consumer keeps its membership however slow the processing between polls, up to
+    `max_poll_interval_ms`; past that it leaves the group and rejoins at its next poll. An
+    AsyncConsumer heartbeats on its caller's loop: a step that blocks that loop for longer than
+    `session_timeout_ms` loses the membership.
+  - Static membership (`group_instance_id`): `close()` does not leave the group, so a restart
+    within `session_timeout_ms` gets the same partitions back without a rebalance.
+
+Delivery semantics:
+  - at least once (the default): `enable_auto_commit` commits the positions of records `poll`
+    returned only at a later poll (every `auto_commit_interval_ms`), before a rebalance revokes
+    partitions and at `close()`; so a record is committed only after the application came back
+    for more, and records returned but not processed before a crash are delivered again;
+  - at most once: `enable_auto_commit=False` and `commit()` right after `poll`, before processing;
+  - exactly once: through transactions (not yet).
+`commit()` commits the current positions (or the offsets given) and waits; `commit_async()` does
+not wait, never retries (a retry could land after a later commit and move the offset back) and
+hands its outcome to a callback at the next poll. A `seek` is explicit: what was sought is what
+the next commit commits.
+
+Thread safety: one application thread polls a Consumer (as in Kafka); its other methods may be
+called from that thread, including from inside the callbacks.
 """
 from __future__ import annotations
 
 import asyncio
 import gc
+import inspect
 import logging
+import re
 import threading
 import time
 from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from functools import lru_cache, partial
 from itertools import repeat
-from collections.abc import Mapping
-from typing import Any, Iterable, Iterator, NamedTuple
+from typing import Any, Iterable, Iterator, NamedTuple, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
 from broker import protocol, record
+from broker.client.assignors import ASSIGNORS, DEFAULT_ASSIGNORS, revocations
 from broker.client.cluster import Cluster
+from broker.client.config import BootstrapServers, as_bool, assignor_names, client_settings
 from broker.client.connection import BrokerConnection, Reply, decode_reply
-from broker.client.config import BootstrapServers, client_settings
+from broker.client.consumer_coordinator import (
+    CommitCallback,
+    ConsumerCoordinator,
+    GroupMetadata,
+    LostEvent,
+)
 from broker.client.loop_thread import LoopThread
 from broker.errors import (
     ConsumerStoppedError,
@@ -54,6 +105,11 @@ from broker.protocol import FetchPartition, FetchRequest, FetchResponse, FetchTo
 log = logging.getLogger("pymq.consumer")
 
 TopicPartition = tuple[str, int]
+T = TypeVar("T")
+# Work the application's thread drives: it runs the generator (and so the rebalance callbacks)
+# itself and hands every coroutine the generator yields to the consumer's loop.
+Steps = Generator[Coroutine[Any, Any, Any], Any, T]
+RebalanceCallback = Callable[[list[TopicPartition]], Any]
 RECORD_SCHEMA = pa.schema([
     pa.field("topic", pa.string(), nullable=False),
     pa.field("partition", pa.int32(), nullable=False),
@@ -162,16 +218,82 @@ def to_record_batch(topic: str, partition: int, fetched: FetchedBatch) -> pa.Rec
     )
 
 
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+async def run_steps_async(steps: Steps[T]) -> T:
+    """Drive `steps` on the current loop (the AsyncConsumer: the application's coroutine)."""
+    value: Any = None
+    error: Exception | None = None
+    while True:
+        try:
+            step = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value
+        value, error = None, None
+        try:
+            value = await step
+        except Exception as err:  # handed back to the generator, which decides
+            error = err
+
+
+def run_steps(thread: LoopThread, steps: Steps[T]) -> T:
+    """Drive `steps` from the application's thread, each yielded coroutine on the loop thread."""
+    value: Any = None
+    error: Exception | None = None
+    while True:
+        try:
+            step = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value
+        value, error = None, None
+        try:
+            value = thread.run(step)
+        except Exception as err:  # handed back to the generator, which decides
+            error = err
+
+
 class AsyncConsumer:
-    """The consumer core; use on one event loop (`Consumer` wraps it for threads)."""
+    """The consumer core; use on one event loop (`Consumer` wraps it for threads).
+
+    Group settings (Kafka's names and defaults): `group_id` (None: no group; `subscribe` and
+    `commit` need one), `group_instance_id` (static membership), `session_timeout_ms`,
+    `heartbeat_interval_ms` (below the session timeout), `max_poll_interval_ms` (also the
+    rebalance timeout the coordinator waits for members to rejoin), `partition_assignment_strategy`
+    (assignor names in preference order, or Kafka's class names), `enable_auto_commit` (default:
+    True with a group), `auto_commit_interval_ms`, `metadata_max_age_ms` (how often a pattern
+    subscription looks for new topics), `client_id`."""
 
     def __init__(self, bootstrap_servers: str | list[str], *, auto_offset_reset: str = "latest",
                  fetch_max_wait_ms: int = 500, fetch_min_bytes: int = 1, fetch_max_bytes: int = 50 << 20,
                  max_partition_fetch_bytes: int = 8 << 20, max_buffer_bytes: int = 64 << 20,
-                 check_crcs: bool = True, request_timeout_ms: int = 30_000, retry_backoff_ms: int = 100) -> None:
+                 check_crcs: bool = True, request_timeout_ms: int = 30_000, retry_backoff_ms: int = 100,
+                 group_id: str | None = None, group_instance_id: str | None = None, client_id: str = "pymq-consumer",
+                 session_timeout_ms: int = 45_000, heartbeat_interval_ms: int = 3_000,
+                 max_poll_interval_ms: int = 300_000,
+                 partition_assignment_strategy: str | Sequence[str] = DEFAULT_ASSIGNORS,
+                 enable_auto_commit: bool | str | None = None, auto_commit_interval_ms: int = 5_000,
+                 metadata_max_age_ms: int = 300_000) -> None:
         if auto_offset_reset not in ("earliest", "latest", "none"):
             raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
+        if group_id is not None and not group_id:
+            raise ValueError("group_id must not be empty (None: no group)")
+        if group_id is None and group_instance_id is not None:
+            raise ValueError("group_instance_id needs a group_id")
+        auto_commit = group_id is not None if enable_auto_commit is None else as_bool("enable.auto.commit", enable_auto_commit)
+        if auto_commit and group_id is None:
+            raise ValueError("enable_auto_commit needs a group_id: offsets are committed to a group")
+        if not 0 < heartbeat_interval_ms < session_timeout_ms:
+            raise ValueError(f"heartbeat_interval_ms ({heartbeat_interval_ms}) must be positive and below "
+                             f"session_timeout_ms ({session_timeout_ms})")
+        for name, value in (("max_poll_interval_ms", max_poll_interval_ms), ("auto_commit_interval_ms",
+                            auto_commit_interval_ms), ("metadata_max_age_ms", metadata_max_age_ms)):
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
+        strategies = assignor_names(partition_assignment_strategy, ASSIGNORS)
         self.auto_offset_reset = auto_offset_reset
+        self.enable_auto_commit = auto_commit
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.fetch_min_bytes = fetch_min_bytes
         self.fetch_max_bytes = fetch_max_bytes
@@ -203,6 +325,23 @@ class AsyncConsumer:
         self._epoch = 0  # bumped on every assign/seek: fetched data from an older epoch is dropped
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._paused: set[TopicPartition] = set()
+        # Group-assigned partitions whose committed offset is still to be looked up (`_lock`).
+        self._needs_position: set[TopicPartition] = set()
+        self._manual = False  # assign() was called with partitions: subscribe() must not be
+        # Set (under `_lock`) when the group needs the poller's attention: it stops waiting for records.
+        self._attention = False
+        self._on_assign: RebalanceCallback | None = None
+        self._on_revoke: RebalanceCallback | None = None
+        self._on_lost: RebalanceCallback | None = None
+        self._coordinator: ConsumerCoordinator | None = None
+        if group_id is not None:
+            self._coordinator = ConsumerCoordinator(
+                self.cluster, group_id, group_instance_id=group_instance_id, client_id=client_id,
+                session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms,
+                max_poll_interval_ms=max_poll_interval_ms, assignors=strategies, request_timeout_ms=request_timeout_ms,
+                retry_backoff_ms=retry_backoff_ms, metadata_max_age_ms=metadata_max_age_ms,
+                auto_commit_interval_ms=auto_commit_interval_ms, on_lost=self._partitions_lost, wake=self._wake_poller)
 
     async def start(self) -> "AsyncConsumer":
         self._loop = asyncio.get_running_loop()
@@ -213,18 +352,22 @@ class AsyncConsumer:
     # -- assignment and positions ----------------------------------------------------------------
 
     async def assign(self, partitions: Iterable[TopicPartition]) -> None:
-        """Consume exactly these partitions; new ones start per auto_offset_reset unless sought."""
+        """Consume exactly these partitions (no group rebalancing; `assign([])` stops). New ones
+        start at the group's committed offset (with a group_id), else per auto_offset_reset,
+        unless sought. Raises ValueError while subscribed."""
+        if self._coordinator is not None and self._coordinator.subscribed:
+            raise ValueError("assign() and subscribe() are mutually exclusive: this consumer is subscribed; "
+                             "call unsubscribe() first")
         wanted = list(dict.fromkeys((t, int(p)) for t, p in partitions))
         for topic, partition in wanted:
             await self.cluster.leader(topic, partition)  # raises for unknown topics/partitions
-        self._assigned = wanted
-        self._consumed = {tp: pos for tp, pos in self._consumed.items() if tp in wanted}
-        missing = [tp for tp in wanted if tp not in self._consumed]
-        if missing and self.auto_offset_reset != "none":  # with "none", seek before poll
-            await self._reset(missing, self.auto_offset_reset)
+        self._manual = bool(wanted)
+        self._set_assigned(wanted, needs_position=False)
+        await self._init_positions([tp for tp in wanted if tp not in self._consumed])
         self._invalidate()
 
     def assignment(self) -> list[TopicPartition]:
+        """The partitions this consumer reads now (assigned by hand or by its group)."""
         return list(self._assigned)
 
     async def seek(self, tp: TopicPartition, offset: int) -> None:
@@ -232,8 +375,33 @@ class AsyncConsumer:
         self._require_assigned(tp)
         if offset < 0:
             raise OffsetOutOfRangeError(f"offset {offset} is negative")
-        self._consumed[tp] = offset
+        with self._lock:
+            self._consumed[tp] = offset
+            self._needs_position.discard(tp)
         self._invalidate()
+
+    async def pause(self, *tps: TopicPartition) -> None:
+        """Stop fetching these partitions and returning their records (they stay assigned, and
+        in the group, and keep their positions) until `resume`. Buffered records of them are
+        dropped and fetched again after resume."""
+        for tp in tps:
+            self._require_assigned(tp)
+        with self._lock:
+            self._paused.update(tps)
+            self._drop_buffered(set(tps))
+            for tp in tps:
+                if tp in self._consumed:
+                    self._fetch_positions[tp] = self._consumed[tp]
+        self._changed.set()
+
+    async def resume(self, *tps: TopicPartition) -> None:
+        """Fetch and return these paused partitions again."""
+        self._paused.difference_update(tps)
+        self._ensure_fetchers()
+        self._changed.set()
+
+    def paused(self) -> list[TopicPartition]:
+        return sorted(self._paused)
 
     async def seek_to_beginning(self, *tps: TopicPartition) -> None:
         await self._reset(list(tps) or self._assigned, "earliest")
@@ -273,8 +441,71 @@ class AsyncConsumer:
         for tp in tps:
             self._require_assigned(tp)
         target = protocol.EARLIEST_TIMESTAMP if where == "earliest" else protocol.LATEST_TIMESTAMP
-        for tp, (offset, _) in (await self.list_offsets({tp: target for tp in tps})).items():
-            self._consumed[tp] = offset
+        found = await self.list_offsets({tp: target for tp in tps})
+        with self._lock:
+            for tp, (offset, _) in found.items():
+                self._consumed[tp] = offset
+                self._needs_position.discard(tp)
+
+    def _set_assigned(self, partitions: list[TopicPartition], *, needs_position: bool) -> None:
+        """Make `partitions` the assignment (loop): partitions that go lose their positions and
+        buffered records at once (no poll returns a record of a partition it no longer has); those
+        that stay keep theirs. With `needs_position`, new partitions wait for their committed
+        offset (`_init_positions`), and no poll complains about them meanwhile."""
+        keep = set(partitions)
+        removed = {tp for tp in self._assigned if tp not in keep}
+        with self._lock:
+            self._assigned = list(partitions)
+            self._drop_buffered(removed)
+            for tp in removed:
+                self._consumed.pop(tp, None)
+                self._fetch_positions.pop(tp, None)
+            self._paused &= keep
+            self._needs_position &= keep
+            if needs_position:
+                self._needs_position.update(tp for tp in partitions if tp not in self._consumed)
+        if self._coordinator is not None and self._coordinator.subscribed:
+            self._coordinator.owned = frozenset(partitions)
+        self._changed.set()
+
+    def _drop_buffered(self, tps: set[TopicPartition]) -> None:
+        """Forget the buffered records (and corrupt-batch markers) of `tps` (`_lock` held)."""
+        if not tps or not self._buffer:
+            return
+        kept = [entry for entry in self._buffer if entry[0] not in tps]
+        self._buffered_bytes -= sum(entry[2] for entry in self._buffer if entry[0] in tps)
+        self._buffer.clear()
+        self._buffer.extend(kept)
+        if not kept:
+            self._data_ready.clear()
+        self._waiting_for_room = True  # a fetcher waiting for room has it now (woken by the caller)
+
+    async def _init_positions(self, tps: list[TopicPartition]) -> None:
+        """Start positions for assigned partitions without one: the group's committed offset,
+        else per auto_offset_reset; with "none", none (poll raises NoOffsetForPartitionError
+        until a seek). A position set meanwhile (a seek inside on_assign) wins."""
+        assigned = set(self._assigned)
+        wanted = [tp for tp in tps if tp in assigned and tp not in self._consumed]
+        found: dict[TopicPartition, int] = {}
+        if wanted:
+            for topic in sorted({t for t, _ in wanted}):
+                await self.cluster.partitions(topic)  # the fetchers need the leaders
+            if self._coordinator is not None:
+                committed = await self._coordinator.fetch_committed(wanted)
+                found = {tp: offset for tp, offset in committed.items() if offset is not None}
+            rest = [tp for tp in wanted if tp not in found]
+            if rest and self.auto_offset_reset != "none":
+                target = protocol.EARLIEST_TIMESTAMP if self.auto_offset_reset == "earliest" else protocol.LATEST_TIMESTAMP
+                found.update({tp: offset for tp, (offset, _) in (await self.list_offsets({tp: target for tp in rest})).items()})
+        assigned = set(self._assigned)
+        with self._lock:
+            for tp, offset in found.items():
+                if tp in assigned and tp not in self._consumed:
+                    self._consumed[tp] = offset
+                    self._fetch_positions[tp] = offset
+            self._needs_position.difference_update(tps)
+        self._ensure_fetchers()
+        self._changed.set()
 
     def _invalidate(self) -> None:
         """Positions changed: drop prefetched data, and restart fetching from the consumed
@@ -307,15 +538,34 @@ class AsyncConsumer:
         return fetched_to_records(await self._poll_batches(timeout_ms, max_records))
 
     async def _poll_batches(self, timeout_ms: int, max_records: int | None) -> list[tuple[TopicPartition, FetchedBatch]]:
-        """What a poll returns, after waiting up to `timeout_ms` for records when none are buffered."""
+        """What a poll returns, after waiting up to `timeout_ms` for records when none are buffered.
+        In a group, the poll first does the group's work (see `_group_steps`)."""
         if self._closed:
             raise ConsumerStoppedError("consumer is closed")
-        if not self._buffer and self._error is None and timeout_ms > 0:
-            try:
-                await asyncio.wait_for(self._data_ready.wait(), timeout_ms / 1000)
-            except TimeoutError:
-                pass
-        return self._take_ready(max_records)
+        group = self._coordinator
+        if group is None:
+            if not self._buffer and self._error is None and timeout_ms > 0:
+                try:
+                    await asyncio.wait_for(self._data_ready.wait(), timeout_ms / 1000)
+                except TimeoutError:
+                    pass
+            return self._take_ready(max_records)
+        deadline = time.monotonic() + timeout_ms / 1000
+        group.note_poll_start()
+        try:
+            while True:
+                await run_steps_async(self._group_steps(deadline))
+                batches = self._take_ready(max_records)
+                remaining = deadline - time.monotonic()
+                if batches or remaining <= 0:
+                    return batches
+                if not self._attention:
+                    try:
+                        await asyncio.wait_for(self._data_ready.wait(), remaining)
+                    except TimeoutError:
+                        pass
+        finally:
+            group.note_poll_end()
 
     @staticmethod
     def _as_table(taken: list[tuple[TopicPartition, FetchedBatch]]) -> pa.Table:
@@ -331,7 +581,7 @@ class AsyncConsumer:
                     if self._error is not None:
                         err, self._error = self._error, None
                         raise err
-                    missing = [tp for tp in self._assigned if tp not in self._consumed]
+                    missing = [tp for tp in self._assigned if tp not in self._consumed and tp not in self._needs_position]
                     if missing:
                         raise NoOffsetForPartitionError(f"no position for {missing}: seek first (auto_offset_reset=none)")
                     batches = self._take(max_records if max_records is not None else float("inf"))
@@ -362,10 +612,11 @@ class AsyncConsumer:
 
     def wait_for_data(self, timeout_s: float) -> None:
         """Block the calling (non-loop) thread until records or an error are buffered, the
-        consumer closes, or `timeout_s` passes: the sync Consumer's poll, without a loop hop."""
+        consumer closes, the group needs the poller, or `timeout_s` passes: the sync Consumer's
+        poll, without a loop hop."""
         deadline = time.monotonic() + timeout_s
         with self._arrived:
-            while not self._buffer and self._error is None and not self._closed:
+            while not self._buffer and self._error is None and not self._closed and not self._attention:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return
@@ -432,7 +683,8 @@ class AsyncConsumer:
                 mine: list[TopicPartition] = []
                 if fetch is None:
                     self._changed.clear()
-                    mine = [tp for tp in self._assigned if tp in self._fetch_positions and self._leader(tp) == node]
+                    mine = [tp for tp in self._assigned if tp in self._fetch_positions and tp not in self._paused
+                            and self._leader(tp) == node]
                     with self._lock:  # checked and flagged at once: a poll in between would not wake us
                         idle = not mine or self._buffered_bytes >= self.max_buffer_bytes
                         if idle:
@@ -505,7 +757,7 @@ class AsyncConsumer:
                             continue
                         raise err
                     self.high_watermarks[tp] = p.high_watermark
-                    if self._fetch_positions.get(tp) == fetch.requested.get(tp):
+                    if self._fetch_positions.get(tp) == fetch.requested.get(tp) and tp not in self._paused:
                         self._absorb(tp, p.records)  # type: ignore[arg-type]
             if reset:
                 await self._reset_fetch_positions({tp: fetch.requested[tp] for tp in reset}, fetch.epoch)
@@ -528,7 +780,8 @@ class AsyncConsumer:
         case goes ahead: every partition answered without error and the buffer has room for
         what this reply brings; anything else waits for the reply to be handled first."""
         conn = self.cluster.open_connection(node)
-        if conn is None or any(self._fetch_positions.get(tp) != at for tp, at in fetch.requested.items()):
+        if conn is None or any(self._fetch_positions.get(tp) != at or tp in self._paused
+                               for tp, at in fetch.requested.items()):
             return None
         positions = dict(fetch.requested)
         incoming = 0
@@ -590,6 +843,16 @@ class AsyncConsumer:
             self._signal()
 
     async def close(self) -> None:
+        """Leave the group as `unsubscribe` does (commit if auto-commit, on_revoke, LeaveGroup
+        unless static), then stop fetching and release everything; calling it again does nothing."""
+        if self._closed:
+            return
+        try:
+            await run_steps_async(self._leave_steps("the consumer is closing"))
+        finally:
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
         self._closed = True
         self._changed.set()
         with self._lock:
@@ -597,7 +860,256 @@ class AsyncConsumer:
         for task in self._fetchers.values():
             task.cancel()
         await asyncio.gather(*self._fetchers.values(), return_exceptions=True)
+        if self._coordinator is not None:
+            await self._coordinator.close()
         await self.cluster.close()
+
+    # -- group membership ------------------------------------------------------------------------
+    #
+    # The poll runs `_group_steps` on the application's thread (Kafka's ConsumerCoordinator.poll):
+    # events the background task queued, auto-commit, and a rebalance (onJoinPrepare, the join
+    # round on the loop, onJoinComplete). Callbacks run in the generator, the loop work in the
+    # coroutines it yields; `run_steps` / `run_steps_async` drive it.
+
+    def _group(self) -> ConsumerCoordinator:
+        if self._coordinator is None:
+            raise ValueError("this needs a consumer group: create the consumer with group_id")
+        return self._coordinator
+
+    async def subscribe(self, topics: list[str] | None = None, pattern: str | None = None,
+                        on_assign: RebalanceCallback | None = None, on_revoke: RebalanceCallback | None = None,
+                        on_lost: RebalanceCallback | None = None) -> None:
+        """Let the group assign partitions of `topics` (or of every topic whose whole name
+        matches the regular expression `pattern`, checked every metadata_max_age_ms). Nothing
+        happens until the next poll, which joins. Calling it again replaces the subscription and
+        the callbacks (a changed subscription rejoins). See the module docstring for the
+        callbacks. Raises ValueError without a group_id, for a bad pattern, or after assign()."""
+        group = self._group()
+        if (topics is None) == (pattern is None):
+            raise ValueError("subscribe to either a list of topics or a pattern")
+        if isinstance(topics, str):
+            raise ValueError(f"topics must be a list of topic names, got the string {topics!r}")
+        if self._manual:
+            raise ValueError("assign() and subscribe() are mutually exclusive: this consumer has assigned "
+                             "partitions; call unsubscribe() (or assign([])) first")
+        try:
+            compiled = re.compile(pattern) if pattern is not None else None
+        except re.error as err:
+            raise ValueError(f"bad subscription pattern {pattern!r}: {err}") from err
+        self._on_assign, self._on_revoke, self._on_lost = on_assign, on_revoke, on_lost
+        group.subscribe(None if topics is None else list(topics), compiled)
+
+    async def unsubscribe(self) -> None:
+        """Give up the subscription (commit if auto-commit, on_revoke, LeaveGroup unless static)
+        or the manual assignment."""
+        await run_steps_async(self._leave_steps("the consumer unsubscribed"))
+
+    async def commit(self, offsets: Mapping[TopicPartition, int] | None = None, metadata: str | None = None) -> None:
+        """Commit `offsets` (each the next record to consume; default: the current positions of
+        every assigned partition) and wait. Raises PartitionNotAssignedError for a partition the
+        group did not give this member, RebalanceInProgressError during a rebalance (poll
+        finishes it), IllegalGenerationError / UnknownMemberIdError when the membership was
+        lost (the next poll rejoins)."""
+        group = self._group()
+        await group.commit(self._positions() if offsets is None else _checked_offsets(offsets), metadata)
+
+    def commit_async(self, offsets: Mapping[TopicPartition, int] | None = None,
+                     callback: CommitCallback | None = None, metadata: str | None = None) -> None:
+        """Commit without waiting (call on the consumer's loop); `callback(offsets, error)` runs
+        inside a later poll (or close). Never retried."""
+        group = self._group()
+        group.commit_in_background(self._positions() if offsets is None else _checked_offsets(offsets), metadata, callback)
+
+    async def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        """The group's committed offset of each partition (None: nothing committed)."""
+        return await self._group().fetch_committed([(t, int(p)) for t, p in partitions])
+
+    def group_metadata(self) -> GroupMetadata:
+        """(group_id, generation_id, member_id, group_instance_id) now."""
+        return self._group().metadata()
+
+    def _positions(self) -> dict[TopicPartition, int]:
+        """The position of every assigned partition that has one (any thread)."""
+        with self._lock:
+            return {tp: self._consumed[tp] for tp in self._assigned if tp in self._consumed}
+
+    def _uncommitted_positions(self) -> dict[TopicPartition, int]:
+        """Positions that differ from what this member last committed: what auto-commit sends."""
+        committed = self._group().committed_offsets
+        return {tp: offset for tp, offset in self._positions().items() if committed.get(tp) != offset}
+
+    def _wake_poller(self) -> None:
+        """The group needs the poller (loop): stop waiting for records."""
+        with self._lock:
+            self._attention = True
+            self._data_ready.set()
+            self._arrived.notify_all()
+
+    def _partitions_lost(self, partitions: list[TopicPartition], reason: str) -> None:
+        """The coordinator's hook (loop): stop fetching lost partitions at once; on_lost runs at
+        the next poll."""
+        lost = set(partitions)
+        self._set_assigned([tp for tp in self._assigned if tp not in lost], needs_position=False)
+
+    def _group_steps(self, deadline: float) -> Steps[None]:
+        """A poll's group work: queued events (on_lost, commit callbacks), the fatal error of a
+        fenced static member, auto-commit when due, and the rebalance if one is needed. Waits
+        for a join only while the consumer has no partitions to read (up to `deadline`)."""
+        group = self._group()
+        with self._lock:
+            self._attention = False
+        errors: list[Exception] = []
+        yield from self._run_events(errors)
+        if group.fatal is not None:
+            raise group.fatal
+        if self.enable_auto_commit and group.auto_commit_due():
+            offsets = self._uncommitted_positions()
+            if offsets:
+                yield self._commit_in_background(offsets)
+        if group.subscribed:
+            if group.needs_rejoin and not group.joining:
+                yield from self._prepare_rejoin(errors)
+                yield self._start_join()
+            if group.joining:
+                wait_s = 0.0 if self._assigned else max(deadline - time.monotonic(), 0.0)
+                if (yield group.wait_join(wait_s)):
+                    yield from self._complete_rejoin(errors)
+        if self._needs_position:
+            yield self._init_pending_positions()
+        if errors:
+            raise errors[0]
+
+    def _run_events(self, errors: list[Exception]) -> Steps[None]:
+        group = self._group()
+        while group.events:
+            event = group.events.popleft()
+            if isinstance(event, LostEvent):
+                log.warning("partitions lost (%s): %s", event.reason, event.partitions)
+                yield from self._invoke(self._on_lost or self._on_revoke, event.partitions, errors)
+            else:
+                yield from self._invoke(partial(event.callback, event.offsets), event.error, errors)
+
+    @staticmethod
+    def _invoke(callback: Callable[[Any], Any] | None, argument: Any, errors: list[Exception]) -> Steps[None]:
+        """Call an application callback here, on the application's thread (an awaitable it
+        returns is awaited). Its exception is kept for the poll to raise once the group's
+        bookkeeping is done, as Kafka does."""
+        if callback is None:
+            return
+        try:
+            result = callback(argument)
+            if inspect.isawaitable(result):
+                yield _awaited(result)
+        except Exception as err:  # the application's: raised from poll afterwards
+            log.error("consumer callback %r failed: %s", callback, err)
+            errors.append(err)
+
+    def _prepare_rejoin(self, errors: list[Exception]) -> Steps[None]:
+        """Kafka's onJoinPrepare: commit what was consumed (auto-commit), then revoke everything
+        (eager) or the partitions of topics no longer subscribed (cooperative)."""
+        group = self._group()
+        if self.enable_auto_commit:
+            offsets = self._uncommitted_positions()
+            if offsets:
+                yield self._commit_quietly(offsets)
+        if group.protocol == "eager":
+            revoked = sorted(self._assigned)
+        else:
+            revoked = sorted(tp for tp in self._assigned if not group.wants_topic(tp[0]))
+        if revoked:
+            yield from self._invoke(self._on_revoke, revoked, errors)
+            yield self._revoke(revoked)
+
+    def _complete_rejoin(self, errors: list[Exception]) -> Steps[None]:
+        """Kafka's onJoinComplete: revoke what moved away (cooperative; then rejoin at once so the
+        follow-up rebalance places it), take the new assignment, on_assign (cooperative: the added
+        partitions; eager: all), and look up the new partitions' committed offsets."""
+        group = self._group()
+        assignment = yield group.take_join_result()
+        if assignment is None:
+            return
+        assigned = list(assignment.partitions)
+        revoked, added = revocations(set(self._assigned), set(assigned))
+        if revoked:
+            yield from self._invoke(self._on_revoke, sorted(revoked), errors)
+        yield self._apply_assignment(assigned, rejoin=bool(revoked) and group.protocol == "cooperative")
+        yield from self._invoke(self._on_assign, sorted(added) if group.protocol == "cooperative" else assigned, errors)
+
+    async def _start_join(self) -> None:
+        self._group().start_join()
+
+    async def _revoke(self, partitions: list[TopicPartition]) -> None:
+        gone = set(partitions)
+        self._set_assigned([tp for tp in self._assigned if tp not in gone], needs_position=False)
+
+    async def _apply_assignment(self, partitions: list[TopicPartition], rejoin: bool) -> None:
+        group = self._group()
+        self._set_assigned(partitions, needs_position=True)
+        group.assignment_applied(partitions)
+        if rejoin:
+            group.request_rejoin("partitions were revoked: the follow-up rebalance places them")
+
+    async def _init_pending_positions(self) -> None:
+        """Committed offsets of newly assigned partitions; a retriable failure (the coordinator
+        moved, a leader is unknown) is retried at the next poll."""
+        try:
+            await self._init_positions(sorted(self._needs_position))
+        except PymqError as err:
+            if not err.retriable:
+                raise
+            log.info("start positions of %d partitions not known yet (%s); the next poll retries",
+                     len(self._needs_position), err)
+
+    async def _commit_in_background(self, offsets: dict[TopicPartition, int]) -> None:
+        self._group().commit_in_background(offsets, None, None)
+
+    async def _commit_quietly(self, offsets: dict[TopicPartition, int]) -> None:
+        """Auto-commit before giving partitions up: a failure is logged (the records will be
+        delivered again: at least once), not raised."""
+        try:
+            await self._group().commit(offsets)
+        except PymqError as err:
+            log.warning("auto-commit of %d partitions before a rebalance failed: %s", len(offsets), err)
+
+    def _leave_steps(self, reason: str) -> Steps[None]:
+        """Kafka's close/unsubscribe: wait for async commits, auto-commit, on_revoke (on_lost if
+        the generation is gone) for the partitions held, leave the group (a dynamic member; a
+        static one only stops), and forget the subscription or the manual assignment."""
+        group = self._coordinator
+        errors: list[Exception] = []
+        if group is not None:
+            yield group.flush_commits(self.request_timeout_s)
+            if self.enable_auto_commit:
+                offsets = self._uncommitted_positions()
+                if offsets:
+                    yield self._commit_quietly(offsets)
+            yield from self._run_events(errors)
+            if group.subscribed:
+                owned = sorted(self._assigned)
+                if owned:
+                    callback = self._on_revoke if group.generation >= 0 else (self._on_lost or self._on_revoke)
+                    yield from self._invoke(callback, owned, errors)
+                yield self._leave_group(reason)
+        yield self._revoke(list(self._assigned))
+        self._manual = False
+        if errors:
+            raise errors[0]
+
+    async def _leave_group(self, reason: str) -> None:
+        group = self._group()
+        self._set_assigned([], needs_position=False)
+        await group.leave(reason)
+        await group.unsubscribe()
+
+
+def _checked_offsets(offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
+    """Offsets to commit as given by the application: non-negative ints (the next record to consume)."""
+    checked = {}
+    for (topic, partition), offset in offsets.items():
+        if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset to commit for {topic}-{partition} must be an int >= 0, got {offset!r}")
+        checked[(topic, int(partition))] = offset
+    return checked
 
 
 class _Fetch(NamedTuple):
@@ -718,6 +1230,14 @@ class Consumer:
 
     Settings may also be Kafka's dotted names or one dict (`broker.client.config`):
     `Consumer({"bootstrap.servers": "127.0.0.1:9092", "auto.offset.reset": "earliest"})`.
+
+    In a group (see the module docstring for callbacks, commits and delivery semantics):
+
+        consumer = Consumer("127.0.0.1:9092", group_id="billing", auto_offset_reset="earliest")
+        consumer.subscribe(["orders"], on_assign=print, on_revoke=print)
+        for record in consumer:                       # joins at the first poll; auto-commits
+            ...
+        consumer.close()                              # commits, leaves the group
     """
 
     def __init__(self, bootstrap_servers: BootstrapServers | Mapping[str, Any] | None = None,
@@ -734,10 +1254,49 @@ class Consumer:
         return self._thread.run(coro)
 
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """See AsyncConsumer.assign (mutually exclusive with subscribe)."""
         self._run(self._core.assign(list(partitions)))
 
     def assignment(self) -> list[TopicPartition]:
         return self._core.assignment()
+
+    def subscribe(self, topics: list[str] | None = None, pattern: str | None = None,
+                  on_assign: RebalanceCallback | None = None, on_revoke: RebalanceCallback | None = None,
+                  on_lost: RebalanceCallback | None = None) -> None:
+        """See AsyncConsumer.subscribe. The callbacks run on this (the polling) thread."""
+        self._run(self._core.subscribe(topics, pattern, on_assign, on_revoke, on_lost))
+
+    def unsubscribe(self) -> None:
+        """See AsyncConsumer.unsubscribe; on_revoke runs on this thread."""
+        run_steps(self._thread, self._core._leave_steps("the consumer unsubscribed"))
+
+    def commit(self, offsets: Mapping[TopicPartition, int] | None = None, metadata: str | None = None) -> None:
+        """See AsyncConsumer.commit: waits for the coordinator's answer."""
+        self._run(self._core.commit(offsets, metadata))
+
+    def commit_async(self, offsets: Mapping[TopicPartition, int] | None = None,
+                     callback: CommitCallback | None = None, metadata: str | None = None) -> None:
+        """Commit without waiting (default: the positions now); `callback(offsets, error)` runs
+        on this thread inside a later poll (or close)."""
+        core = self._core
+        core._group()
+        snapshot = core._positions() if offsets is None else _checked_offsets(offsets)
+        self._thread.call_soon(core.commit_async, snapshot, callback, metadata)
+
+    def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
+        return self._run(self._core.committed(list(partitions)))
+
+    def group_metadata(self) -> GroupMetadata:
+        return self._core.group_metadata()
+
+    def pause(self, *tps: TopicPartition) -> None:
+        self._run(self._core.pause(*tps))
+
+    def resume(self, *tps: TopicPartition) -> None:
+        self._run(self._core.resume(*tps))
+
+    def paused(self) -> list[TopicPartition]:
+        return self._core.paused()
 
     def seek(self, tp: TopicPartition, offset: int) -> None:
         self._run(self._core.seek(tp, offset))
@@ -773,9 +1332,25 @@ class Consumer:
         core = self._core
         if core._closed:
             raise ConsumerStoppedError("consumer is closed")
-        if timeout_ms > 0:
-            core.wait_for_data(timeout_ms / 1000)
-        return core._take_ready(max_records)
+        group = core._coordinator
+        if group is None:
+            if timeout_ms > 0:
+                core.wait_for_data(timeout_ms / 1000)
+            return core._take_ready(max_records)
+        # In a group: the group's work first, on this thread (callbacks) and the loop (requests).
+        # A steady-state poll touches only flags and never waits for the loop.
+        deadline = time.monotonic() + timeout_ms / 1000
+        group.note_poll_start()
+        try:
+            while True:
+                run_steps(self._thread, core._group_steps(deadline))
+                batches = core._take_ready(max_records)
+                remaining = deadline - time.monotonic()
+                if batches or remaining <= 0:
+                    return batches
+                core.wait_for_data(remaining)
+        finally:
+            group.note_poll_end()
 
     def records(self, idle_timeout_ms: int | None = None) -> Iterator[ConsumerRecord]:
         """Every record of the assigned partitions as it arrives, for `for record in ...` loops.
@@ -795,13 +1370,16 @@ class Consumer:
         return self.records()
 
     def close(self) -> None:
-        """Stop fetching and release everything; calling it again does nothing."""
+        """See AsyncConsumer.close (on_revoke runs on this thread); calling it again does nothing."""
         if self._core._closed:
             return
         try:
-            self._run(self._core.close())
+            run_steps(self._thread, self._core._leave_steps("the consumer is closing"))
         finally:
-            self._thread.stop()
+            try:
+                self._run(self._core._shutdown())
+            finally:
+                self._thread.stop()
 
     def __enter__(self) -> "Consumer":
         return self
