@@ -182,8 +182,8 @@ class LogCleaner:
 
     def stop(self) -> None:
         """Stop the thread and wait for it: a clean in progress is given up between two batches
-        (its `.cleaned` files deleted), a swap in progress finishes first. Blocks: call it from
-        a worker thread, before the logs close."""
+        (its `.cleaned` files deleted), a swap in progress finishes first. Final: a stopped
+        cleaner cleans no more. Blocks: call it from a worker thread, before the logs close."""
         self._stopping.set()
         self._wakeup.set()
         if self._thread is not None:
