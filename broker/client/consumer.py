@@ -323,6 +323,10 @@ class AsyncConsumer:
         self._error: PymqError | None = None
         self._fetchers: dict[int, asyncio.Task[None]] = {}
         self._epoch = 0  # bumped on every assign/seek: fetched data from an older epoch is dropped
+        # Bumped whenever the partitions to fetch change without an epoch (group assignment, pause,
+        # resume, new start positions): a fetch sent ahead keeps its partitions, so one planned
+        # before the change is not sent and the loop plans again.
+        self._plan = 0
         self._closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._paused: set[TopicPartition] = set()
@@ -392,12 +396,17 @@ class AsyncConsumer:
             for tp in tps:
                 if tp in self._consumed:
                     self._fetch_positions[tp] = self._consumed[tp]
-        self._changed.set()
+        self._replan()
 
     async def resume(self, *tps: TopicPartition) -> None:
         """Fetch and return these paused partitions again."""
         self._paused.difference_update(tps)
         self._ensure_fetchers()
+        self._replan()
+
+    def _replan(self) -> None:
+        """The partitions to fetch changed (loop): fetch loops plan their next fetch afresh."""
+        self._plan += 1
         self._changed.set()
 
     def paused(self) -> list[TopicPartition]:
@@ -466,7 +475,7 @@ class AsyncConsumer:
                 self._needs_position.update(tp for tp in partitions if tp not in self._consumed)
         if self._coordinator is not None and self._coordinator.subscribed:
             self._coordinator.owned = frozenset(partitions)
-        self._changed.set()
+        self._replan()
 
     def _drop_buffered(self, tps: set[TopicPartition]) -> None:
         """Forget the buffered records (and corrupt-batch markers) of `tps` (`_lock` held)."""
@@ -505,7 +514,7 @@ class AsyncConsumer:
                     self._fetch_positions[tp] = offset
             self._needs_position.difference_update(tps)
         self._ensure_fetchers()
-        self._changed.set()
+        self._replan()
 
     def _invalidate(self) -> None:
         """Positions changed: drop prefetched data, and restart fetching from the consumed
@@ -729,7 +738,7 @@ class AsyncConsumer:
         request = FetchRequest(tuple(FetchTopic(t, tuple(ps)) for t, ps in by_topic.items()),
                                self.fetch_max_wait_ms, self.fetch_min_bytes, self.fetch_max_bytes)
         reply = conn.request(request, self.request_timeout_s + self.fetch_max_wait_ms / 1000)
-        return _Fetch(request, reply, positions, self._epoch)
+        return _Fetch(request, reply, positions, self._epoch, self._plan)
 
     async def _complete_fetch(self, node: int, fetch: "_Fetch") -> "_Fetch | None":
         """Buffer one fetch's records; the next fetch if it could be sent ahead of decoding them.
@@ -780,8 +789,8 @@ class AsyncConsumer:
         case goes ahead: every partition answered without error and the buffer has room for
         what this reply brings; anything else waits for the reply to be handled first."""
         conn = self.cluster.open_connection(node)
-        if conn is None or any(self._fetch_positions.get(tp) != at or tp in self._paused
-                               for tp, at in fetch.requested.items()):
+        if conn is None or fetch.plan != self._plan or any(self._fetch_positions.get(tp) != at
+                                                           for tp, at in fetch.requested.items()):
             return None
         positions = dict(fetch.requested)
         incoming = 0
@@ -1120,6 +1129,7 @@ class _Fetch(NamedTuple):
     reply: asyncio.Future[Reply]
     requested: dict[TopicPartition, int]
     epoch: int
+    plan: int  # the consumer's `_plan` when it was sent
 
 
 def corrupt_batch_offset(data: memoryview, at: int, position: int, high_watermark: int) -> int:
