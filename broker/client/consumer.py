@@ -566,7 +566,7 @@ class AsyncConsumer:
                 await run_steps_async(self._group_steps(deadline))
                 batches = self._take_ready(max_records)
                 remaining = deadline - time.monotonic()
-                if batches or remaining <= 0:
+                if batches or remaining <= 0 or max_records == 0:
                     return batches
                 if not self._attention:
                     try:
@@ -1356,7 +1356,7 @@ class Consumer:
                 run_steps(self._thread, core._group_steps(deadline))
                 batches = core._take_ready(max_records)
                 remaining = deadline - time.monotonic()
-                if batches or remaining <= 0:
+                if batches or remaining <= 0 or max_records == 0:
                     return batches
                 core.wait_for_data(remaining)
         finally:

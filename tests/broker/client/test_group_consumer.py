@@ -475,3 +475,69 @@ def test_group_settings_take_kafka_names_and_are_checked(shared_broker):
             plain.commit()
     finally:
         plain.close()
+
+
+def test_seek_inside_on_assign_wins_over_the_committed_offset(shared_broker, new_topic, members):
+    """Positions are looked up after on_assign: a seek there (a replay from the start) is kept."""
+    topic = new_topic(1)
+    produce(shared_broker.bootstrap, topic, 6)
+    first = members("replay").subscribe([topic])
+    poll_until([first], lambda: len(first.records) == 6, what="6 records")
+    first.consumer.close()  # commits 6
+    replayer = Consumer(shared_broker.bootstrap, group_id="replay", **FAST)
+    try:
+        replayer.subscribe([topic], on_assign=lambda partitions: replayer.seek_to_beginning(*partitions))
+        records: list[ConsumerRecord] = []
+        deadline = time.monotonic() + 20
+        while len(records) < 6 and time.monotonic() < deadline:
+            records += replayer.poll(timeout_ms=100)
+        assert [r.offset for r in records] == list(range(6))
+    finally:
+        replayer.close()
+
+
+def test_a_second_process_with_the_same_instance_id_fences_the_first(shared_broker, new_topic, members):
+    """Two live consumers with one group.instance.id: the newer takes over, the older one's poll
+    raises FencedInstanceIdError (and its partitions are lost) instead of consuming alongside."""
+    from broker.errors import FencedInstanceIdError
+
+    topic = new_topic(2)
+    older = members("fence", group_instance_id="same").subscribe([topic])
+    poll_until([older], lambda: len(older.assignment()) == 2, what="assignment")
+    newer = members("fence", group_instance_id="same").subscribe([topic])
+    poll_until([newer], lambda: len(newer.assignment()) == 2, what="the newer member's assignment")
+    with pytest.raises(FencedInstanceIdError):
+        poll_until([older], lambda: False, timeout_s=10, what="the fence")
+    assert older.assignment() == []
+    assert ("lost", [(topic, 0), (topic, 1)]) in older.events
+
+
+def test_async_consumer_joins_commits_and_awaits_coroutine_callbacks(shared_broker, new_topic):
+    """AsyncConsumer: subscribe, coroutine callbacks awaited inside poll, commit, close (which revokes)."""
+    import asyncio
+
+    from broker.client import AsyncConsumer
+
+    topic = new_topic(2)
+    produce(shared_broker.bootstrap, topic, 8)
+    events: list[tuple[str, list[TopicPartition]]] = []
+
+    async def scenario() -> None:
+        consumer = await AsyncConsumer(shared_broker.bootstrap, group_id="async", **FAST).start()
+        try:
+            async def on_assign(partitions: list[TopicPartition]) -> None:
+                await asyncio.sleep(0)
+                events.append(("assign", partitions))
+
+            await consumer.subscribe([topic], on_assign=on_assign, on_revoke=lambda ps: events.append(("revoke", ps)))
+            records: list[ConsumerRecord] = []
+            while len(records) < 8:
+                records += await consumer.poll(timeout_ms=100)
+            await consumer.commit()
+            assert await consumer.committed([(topic, 0), (topic, 1)]) == {
+                (topic, p): consumer.position((topic, p)) for p in range(2)}
+        finally:
+            await consumer.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert events == [("assign", [(topic, 0), (topic, 1)]), ("revoke", [(topic, 0), (topic, 1)])]
