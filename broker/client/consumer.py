@@ -421,8 +421,14 @@ class AsyncConsumer:
         self._invalidate()
 
     def position(self, tp: TopicPartition) -> int:
-        """The offset of the next record `poll` will return for `tp` (not how far prefetch got)."""
+        """The offset of the next record `poll` will return for `tp` (not how far prefetch got).
+        A partition the group just assigned gets its position (its committed offset) during the
+        poll that assigned it, after on_assign: asked before that, this raises (the sync
+        Consumer's `position` looks it up instead)."""
         self._require_assigned(tp)
+        if tp in self._needs_position:
+            raise NoOffsetForPartitionError(f"{tp[0]}-{tp[1]} has no position yet: its committed offset is looked "
+                                            "up after on_assign (seek there to choose one)")
         if tp not in self._consumed:
             raise NoOffsetForPartitionError(f"{tp[0]}-{tp[1]} has no position: seek first (auto_offset_reset=none)")
         return self._consumed[tp]
@@ -487,7 +493,6 @@ class AsyncConsumer:
         self._buffer.extend(kept)
         if not kept:
             self._data_ready.clear()
-        self._waiting_for_room = True  # a fetcher waiting for room has it now (woken by the caller)
 
     async def _init_positions(self, tps: list[TopicPartition]) -> None:
         """Start positions for assigned partitions without one: the group's committed offset,
@@ -1318,7 +1323,12 @@ class Consumer:
         self._run(self._core.seek_to_end(*tps))
 
     def position(self, tp: TopicPartition) -> int:
-        return self._core.position(tp)
+        """See AsyncConsumer.position; a partition just assigned by the group whose committed
+        offset is not known yet (inside on_assign) has it looked up first, as Kafka does."""
+        core = self._core
+        if tp in core._needs_position:
+            self._run(core._init_positions([tp]))
+        return core.position(tp)
 
     def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int] | None]:
         return self._run(self._core.offsets_for_times(timestamps))

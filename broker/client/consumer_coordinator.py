@@ -568,9 +568,12 @@ class ConsumerCoordinator:
             if isinstance(err, CoordinatorNotAvailableError):
                 # Brokers here answer only for the partitions they lead: ask each one.
                 for node in list(self.cluster.brokers):
-                    found = await self.cluster.send(node, FindCoordinatorRequest(self.group_id))
-                    err = found.error()
-                    if err is None:
+                    try:
+                        answer = await self.cluster.send(node, FindCoordinatorRequest(self.group_id))
+                    except (NetworkError, RequestTimedOutError):
+                        continue  # that one is down; another may be the coordinator
+                    if answer.error() is None:
+                        found, err = answer, None
                         break
             if err is not None:
                 raise err
@@ -586,11 +589,12 @@ class ConsumerCoordinator:
 
     async def _request(self, make: Callable[[], Any], deadline: float) -> Any:
         """Send the request `make()` builds to the coordinator until its answer carries no
-        coordinator error or `deadline` passes (then that error is raised)."""
+        coordinator error, retrying after a backoff until `deadline` (then that error is raised).
+        Each attempt may take the request timeout: the deadline bounds retries, not answers."""
         while True:
             try:
                 conn = await self._coordinator_connection()
-                response = await conn.send(make(), timeout_s=max(min(self.request_timeout_s, deadline - time.monotonic()), 0.1))
+                response = await conn.send(make(), timeout_s=self.request_timeout_s)
                 err = response.error()
                 if not isinstance(err, COORDINATOR_ERRORS):
                     return response

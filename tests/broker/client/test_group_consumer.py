@@ -477,20 +477,28 @@ def test_group_settings_take_kafka_names_and_are_checked(shared_broker):
         plain.close()
 
 
-def test_seek_inside_on_assign_wins_over_the_committed_offset(shared_broker, new_topic, members):
-    """Positions are looked up after on_assign: a seek there (a replay from the start) is kept."""
+def test_on_assign_sees_the_committed_position_and_a_seek_there_wins(shared_broker, new_topic, members):
+    """Inside on_assign, position() is the committed offset; a seek there (a replay from the
+    start) is where consumption starts."""
     topic = new_topic(1)
     produce(shared_broker.bootstrap, topic, 6)
     first = members("replay").subscribe([topic])
     poll_until([first], lambda: len(first.records) == 6, what="6 records")
     first.consumer.close()  # commits 6
     replayer = Consumer(shared_broker.bootstrap, group_id="replay", **FAST)
+    seen: list[int] = []
+
+    def rewind(partitions: list[TopicPartition]) -> None:
+        seen.extend(replayer.position(tp) for tp in partitions)
+        replayer.seek_to_beginning(*partitions)
+
     try:
-        replayer.subscribe([topic], on_assign=lambda partitions: replayer.seek_to_beginning(*partitions))
+        replayer.subscribe([topic], on_assign=rewind)
         records: list[ConsumerRecord] = []
         deadline = time.monotonic() + 20
         while len(records) < 6 and time.monotonic() < deadline:
             records += replayer.poll(timeout_ms=100)
+        assert seen == [6]
         assert [r.offset for r in records] == list(range(6))
     finally:
         replayer.close()
