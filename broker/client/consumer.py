@@ -1376,15 +1376,38 @@ class Consumer:
         """Every record of the assigned partitions as it arrives, for `for record in ...` loops.
         Runs until the consumer is closed, or until no record arrived for `idle_timeout_ms` (None:
         forever, as `for record in consumer` does). Errors (e.g. CorruptRecordError) are raised
-        from the loop after every record before them was yielded; seek past and iterate again."""
+        from the loop after every record before them was yielded; seek past and iterate again.
+
+        A record counts as consumed once it was yielded. A loop that stops early (`break`, an
+        exception) leaves the rest of the polled batch unconsumed: the positions move back to the
+        first record not yielded, so the next poll returns it and no commit covers it."""
         idle_since = time.monotonic()
         while not self._core._closed:
             batch = self.poll(timeout_ms=200 if idle_timeout_ms is None else min(200, idle_timeout_ms))
             if batch:
-                yield from batch
+                yielded = 0
+                try:
+                    for record in batch:
+                        yield record
+                        yielded += 1
+                finally:
+                    if yielded < len(batch) - 1:  # the record being yielded is consumed
+                        self._rewind(batch[yielded + 1:])
                 idle_since = time.monotonic()
             elif idle_timeout_ms is not None and (time.monotonic() - idle_since) * 1000 >= idle_timeout_ms:
                 return
+
+    def _rewind(self, unconsumed: list[ConsumerRecord]) -> None:
+        """Move each partition's position back to its first record in `unconsumed`."""
+        core = self._core
+        if core._closed:
+            return
+        first: dict[TopicPartition, int] = {}
+        for record in unconsumed:
+            first.setdefault((record.topic, record.partition), record.offset)
+        for tp, offset in first.items():
+            if tp in core._assigned and core._consumed.get(tp, -1) > offset:
+                self.seek(tp, offset)
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
         return self.records()

@@ -549,3 +549,25 @@ def test_async_consumer_joins_commits_and_awaits_coroutine_callbacks(shared_brok
 
     asyncio.run(asyncio.wait_for(scenario(), 30))
     assert events == [("assign", [(topic, 0), (topic, 1)]), ("revoke", [(topic, 0), (topic, 1)])]
+
+
+def test_breaking_out_of_the_record_loop_commits_only_what_was_yielded(shared_broker, new_topic, members):
+    """`for record in consumer` stopped after 3 records of a 10-record batch: close() commits 3,
+    and the group's next member reads records 3..9 (the rest of the batch was not consumed)."""
+    topic = new_topic(1)
+    with Producer(shared_broker.bootstrap, linger_ms=50) as producer:  # one batch
+        for i in range(10):
+            producer.send(topic, b"r%d" % i)
+        producer.flush()
+    member = members("iterate").subscribe([topic])
+    taken = []
+    for record in member.consumer:
+        taken.append(record.offset)
+        if len(taken) == 3:
+            break
+    assert taken == [0, 1, 2]
+    assert member.consumer.position((topic, 0)) == 3
+    member.consumer.close()
+    successor = members("iterate").subscribe([topic])
+    poll_until([successor], lambda: len(successor.records) == 7, what="the 7 records not consumed")
+    assert [r.offset for r in successor.records] == list(range(3, 10))
