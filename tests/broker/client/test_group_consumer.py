@@ -571,3 +571,31 @@ def test_breaking_out_of_the_record_loop_commits_only_what_was_yielded(shared_br
     successor = members("iterate").subscribe([topic])
     poll_until([successor], lambda: len(successor.records) == 7, what="the 7 records not consumed")
     assert [r.offset for r in successor.records] == list(range(3, 10))
+
+
+def test_member_survives_a_coordinator_restart_without_a_rebalance(broker_factory):
+    """SIGKILL and restart the broker under a live member: it finds the coordinator again, keeps
+    its generation and partitions (the group is replayed from __consumer_offsets), and goes on
+    consuming from where it was."""
+    from broker.client import Admin
+
+    broker = broker_factory(**BROKER_OVERRIDES).start()
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("failover", partitions=2)
+    produce(broker.bootstrap, "failover", 10)
+    consumer = Consumer(broker.bootstrap, group_id="failover", **{**FAST, "session_timeout_ms": 15_000,
+                                                                   "request_timeout_ms": 5000})
+    member = Member(consumer).subscribe(["failover"])
+    try:
+        poll_until([member], lambda: len(member.records) == 10, what="10 records")
+        generation = consumer.group_metadata().generation_id
+        consumer.commit()
+        broker.kill()
+        broker.start()
+        produce(broker.bootstrap, "failover", 10, start=10)
+        poll_until([member], lambda: len(member.records) == 20, timeout_s=30, what="the 10 records after the restart")
+        assert values_of(member.records) == sorted(b"v%d" % i for i in range(20))
+        assert consumer.group_metadata().generation_id == generation
+        assert member.kinds() == ["assign"]
+    finally:
+        consumer.close()
