@@ -35,8 +35,8 @@ always the next record to consume, and so is a committed offset.
     functions. `on_lost` (default: `on_revoke`) means the partitions are already someone else's:
     the session expired, the member was fenced, or it left after `max_poll_interval_ms`; a commit
     for them would be refused. Under the cooperative protocol `on_revoke` runs after the new
-    generation began, so commits made inside it are refused by this broker
-    (PARTITION_NOT_ASSIGNED): auto-commit (and a commit before rejoining) covers them.
+    generation began; the broker still accepts commits of the revoked partitions then, because
+    nobody owns them until the follow-up rebalance.
   - Heartbeats run on the consumer's event loop, independent of the application: a sync
     Consumer keeps its membership however slow the processing between polls, up to
     `max_poll_interval_ms`; past that it leaves the group and rejoins at its next poll. An

@@ -316,7 +316,7 @@ class GroupCoordinator:
         if group.leader == old_id:
             group.leader = new_id
         self._schedule(group)
-        if group.is_(GroupState.STABLE) and member.same_protocols(protocols):
+        if group.is_(GroupState.STABLE) and member.same_subscription(protocols):
             # Stored again so that a coordinator restart knows the new member id.
             response = self._join_response(group, member, skip_assignment=True)
             append = self._store(group, now_ms, lambda err, now: Result.reply(
@@ -450,8 +450,7 @@ class GroupCoordinator:
             if err is not None:
                 return self._reset_sync(group, err).add(self._prepare_rebalance(group, now, f"storing failed: {err}"))
             for member_id, assignment in assignments.items():
-                group.members[member_id].assignment = assignment
-                group.members[member_id].owned = owned_partitions(group.protocol_type, assignment)
+                group.members[member_id].take_assignment(group.protocol_type, assignment)
             group.transition(GroupState.STABLE, now)
             group.sync_deadline_ms = None
             self._schedule(group)
@@ -612,10 +611,11 @@ class GroupCoordinator:
             return Result.reply(token, OffsetCommitResponse(*code_and_message(err)))
         errors: dict[TopicPartition, PymqError] = {}
         commits: dict[TopicPartition, CommittedOffset] = {}
+        owned = self._owned_by_others(group, member)
         for topic in request.topics:
             for p in topic.partitions:
                 tp = (topic.name, p.partition)
-                err = p.error or self._commit_error(tp, p.metadata, member, partition_exists)
+                err = p.error or self._commit_error(tp, p.metadata, member, owned, partition_exists)
                 if err is not None:
                     errors[tp] = err
                 else:
@@ -660,15 +660,24 @@ class GroupCoordinator:
         member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms  # a commit shows the member alive
         return group, member
 
+    @staticmethod
+    def _owned_by_others(group: Group, member: Member | None) -> set[TopicPartition]:
+        if member is None or not member.revoking:
+            return set()
+        return {tp for m in group.members.values() if m is not member and m.owned for tp in m.owned}
+
     def _commit_error(self, tp: TopicPartition, metadata: str | None, member: Member | None,
-                      partition_exists: PartitionExists) -> PymqError | None:
+                      owned_by_others: set[TopicPartition], partition_exists: PartitionExists) -> PymqError | None:
+        """Why one partition's commit is refused, if it is. A member commits the partitions it owns,
+        and (cooperative protocol) those it is revoking that nobody owns yet."""
         if not partition_exists(*tp):
             return UnknownTopicOrPartitionError(f"unknown topic-partition {tp[0]}-{tp[1]}")
         if metadata is not None and len(metadata.encode()) > self.config.offset_metadata_max_bytes:
             return OffsetMetadataTooLargeError(
                 f"metadata of {len(metadata.encode())} bytes exceeds offset.metadata.max.bytes "
                 f"{self.config.offset_metadata_max_bytes}")
-        if member is not None and member.owned is not None and tp not in member.owned:
+        if member is not None and member.owned is not None and tp not in member.owned and (
+                tp not in member.revoking or tp in owned_by_others):
             return PartitionNotAssignedError(f"{tp[0]}-{tp[1]} is not assigned to member {member.member_id}")
         return None
 

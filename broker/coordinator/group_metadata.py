@@ -48,6 +48,9 @@ class Member:
     heartbeat_deadline_ms: int = 0
     assignment: bytes = b""
     owned: frozenset[TopicPartition] | None = None  # the decoded assignment (consumer protocol only)
+    # Partitions the last rebalance took from this member: under the cooperative protocol the
+    # member revokes them (and commits their offsets) after it learnt its new assignment.
+    revoking: frozenset[TopicPartition] = frozenset()
     awaiting_join: Any = None
     awaiting_sync: Any = None
     is_new: bool = True  # joined during the current rebalance: not yet given a generation
@@ -63,6 +66,26 @@ class Member:
 
     def same_protocols(self, protocols: tuple[tuple[str, bytes], ...]) -> bool:
         return self.protocols == protocols
+
+    def same_subscription(self, protocols: tuple[tuple[str, bytes], ...]) -> bool:
+        """Whether `protocols` subscribe to what this member's do. For the consumer protocol that
+        is the protocol names and each one's topics: the owned partitions and generation a
+        cooperative member sends change with every rebalance and say nothing about what it wants."""
+        if [name for name, _ in protocols] != [name for name, _ in self.protocols]:
+            return False
+        if self.protocol_type != PROTOCOL_TYPE:
+            return self.protocols == protocols
+        try:
+            return all(Subscription.decode(mine).topics == Subscription.decode(theirs).topics
+                       for (_, mine), (_, theirs) in zip(self.protocols, protocols))
+        except InvalidRequestError:
+            return self.protocols == protocols
+
+    def take_assignment(self, protocol_type: str | None, assignment: bytes) -> None:
+        """The assignment of a new generation; what it no longer holds is being revoked."""
+        owned = owned_partitions(protocol_type, assignment)
+        self.revoking = self.owned - owned if self.owned is not None and owned is not None else frozenset()
+        self.assignment, self.owned = assignment, owned
 
 
 @dataclass(slots=True, eq=False)

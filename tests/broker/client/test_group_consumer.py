@@ -273,25 +273,51 @@ def test_cooperative_member_join_revokes_only_the_moved_partitions(shared_broker
     assert [p for kind, ps in second.events if kind == "assign" for p in ps] == moved
 
 
+def test_cooperative_member_commits_the_partitions_it_revokes_inside_on_revoke(shared_broker, new_topic, members):
+    """Under the cooperative protocol on_revoke runs after the new generation began; committing
+    the revoked partitions' positions there is accepted (nobody owns them yet)."""
+    topic = new_topic(4)
+    produce(shared_broker.bootstrap, topic, 40)
+    partitions = [(topic, p) for p in range(4)]
+    settings = {"partition_assignment_strategy": ["cooperative-sticky"], "enable_auto_commit": False}
+    first = members("coop-commit", **settings)
+    committed: dict[TopicPartition, int] = {}
+
+    def on_revoke(revoked: list[TopicPartition]) -> None:
+        offsets = {tp: first.consumer.position(tp) for tp in revoked}
+        first.consumer.commit(offsets)
+        committed.update(offsets)
+
+    first.consumer.subscribe([topic], on_revoke=on_revoke)
+    poll_until([first], lambda: len(first.records) == 40, what="every record by the first member")
+    second = members("coop-commit", **settings).subscribe([topic])
+    poll_until([first, second], split_evenly([first, second], partitions), what="a 2/2 split")
+    assert committed and committed == first.consumer.end_offsets(list(committed))  # all 40 were consumed
+    assert first.consumer.committed(list(committed)) == committed
+
+
 # -- static membership ----------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("assignor", ["range", "cooperative-sticky"])
 def test_static_member_restarted_within_the_session_timeout_gets_its_partitions_without_a_rebalance(
-        shared_broker, new_topic, members):
+        shared_broker, new_topic, members, assignor):
     """A static member closes (no LeaveGroup) and a new process with its instance id takes its place:
-    same partitions, same generation, and the other member sees no revocation."""
+    same partitions, same generation, and the other member sees no revocation (a cooperative
+    member's subscription names the partitions it owned, which must not count as a change)."""
     topic = new_topic(6)
     partitions = [(topic, p) for p in range(6)]
-    settings = {"session_timeout_ms": 5000}
-    static = members("static", group_instance_id="static-a", **settings).subscribe([topic])
-    other = members("static", **settings).subscribe([topic])
+    settings = {"session_timeout_ms": 5000, "partition_assignment_strategy": [assignor]}
+    group = f"static-{assignor}"
+    static = members(group, group_instance_id="static-a", **settings).subscribe([topic])
+    other = members(group, **settings).subscribe([topic])
     poll_until([static, other], split_evenly([static, other], partitions), what="a 3/3 split")
     owned, generation = static.assignment(), other.consumer.group_metadata().generation_id
     other_events = list(other.events)
     static.consumer.close()
     assert static.events[-1] == ("revoke", owned)
 
-    restarted = members("static", group_instance_id="static-a", **settings).subscribe([topic])
+    restarted = members(group, group_instance_id="static-a", **settings).subscribe([topic])
     poll_until([restarted, other], lambda: restarted.assignment() == owned, timeout_s=10, what="the old partitions")
     assert restarted.events == [("assign", owned)]
     assert restarted.consumer.group_metadata().generation_id == generation

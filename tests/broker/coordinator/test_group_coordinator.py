@@ -439,3 +439,49 @@ def test_the_protocol_most_members_prefer_among_common_ones_wins() -> None:
 def test_an_empty_group_id_is_invalid(group_id: str) -> None:
     h = Harness()
     assert h.replies[h.join(group=group_id)].error_code != 0
+
+
+def test_a_cooperative_member_commits_partitions_it_revokes_until_another_member_owns_them() -> None:
+    """Under the cooperative protocol on_revoke runs after the new assignment arrived: commits of
+    the revoked partitions must still be accepted while nobody owns them (they are withheld from
+    their next owner until the follow-up rebalance)."""
+    h = Harness()
+    first, _ = h.stable_group_of_one(partitions=(0, 1, 2))
+    second_token = h.join_new()
+    h.join(first)
+    second = h.replies[second_token].member_id
+    h.sync(first, 2, {first: assignment(0, 1), second: assignment()})  # 2 is withheld this round
+    assert code_of(h.commit(first, 2, {2: 50}).topics[0].partitions[0]) is None
+    h.join(first)  # the follow-up rebalance hands partition 2 to the second member
+    h.join(second)
+    h.sync(first, 3, {first: assignment(0, 1), second: assignment(2)})
+    late = h.commit(first, 3, {2: 51})
+    assert code_of(late.topics[0].partitions[0]) is PartitionNotAssignedError
+    assert h.committed()[(TOPIC, 2)] == 50
+
+
+def test_a_revoked_partition_already_given_to_another_member_cannot_be_committed() -> None:
+    h = Harness()
+    first, _ = h.stable_group_of_one(partitions=(0, 1, 2))
+    second_token = h.join_new()
+    h.join(first)
+    second = h.replies[second_token].member_id
+    h.sync(first, 2, {first: assignment(0, 1), second: assignment(2)})  # an eager-style handover
+    assert code_of(h.commit(first, 2, {2: 50}).topics[0].partitions[0]) is PartitionNotAssignedError
+
+
+def test_a_static_cooperative_member_restarting_with_new_owned_partitions_does_not_rebalance() -> None:
+    """Its subscription carries the partitions it owned and their generation; those change across
+    restarts and rebalances, yet the member wants the same topics: no rebalance."""
+    h = Harness()
+    cooperative = ("cooperative-sticky",)
+    token = h.call("join_group", JoinGroupRequest("g", SESSION_MS, REBALANCE_MS, "", "pod-1", "consumer", (
+        JoinGroupProtocol("cooperative-sticky", Subscription((TOPIC,)).encode()),), "client"))
+    member = h.replies[token].member_id
+    h.call("sync_group", SyncGroupRequest("g", 1, member, "pod-1", "consumer", cooperative[0], (
+        SyncGroupAssignment(member, assignment(0, 1)),)))
+    restarted = JoinGroupRequest("g", SESSION_MS, REBALANCE_MS, "", "pod-1", "consumer", (JoinGroupProtocol(
+        "cooperative-sticky", Subscription((TOPIC,), ((TOPIC, 0), (TOPIC, 1)), generation_id=1).encode()),), "client")
+    again = h.replies[h.call("join_group", restarted)]
+    assert code_of(again) is None and again.generation_id == 1
+    assert h.coordinator.groups["g"].state is GroupState.STABLE
