@@ -14,6 +14,12 @@ from broker.client import (
     AsyncProducer,
     Consumer,
     ConsumerRecord,
+    GroupDescription,
+    GroupListing,
+    GroupMetadata,
+    MemberDescription,
+    OffsetAndMetadata,
+    PartitionLag,
     Producer,
     RecordFuture,
     RecordMetadata,
@@ -23,6 +29,7 @@ from broker.errors import PymqError
 
 __all__ = [
     "Admin", "AdminError", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "Consumer", "ConsumerRecord",
-    "EARLIEST", "LATEST", "Producer", "PymqError", "RECORD_SCHEMA", "RecordFuture", "RecordMetadata",
+    "EARLIEST", "GroupDescription", "GroupListing", "GroupMetadata", "LATEST", "MemberDescription",
+    "OffsetAndMetadata", "PartitionLag", "Producer", "PymqError", "RECORD_SCHEMA", "RecordFuture", "RecordMetadata",
     "TopicDescription",
 ]

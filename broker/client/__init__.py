@@ -1,10 +1,24 @@
 """The lightweight pymq client: Producer, Consumer and Admin, each with an asyncio core."""
-from broker.client.admin import EARLIEST, LATEST, Admin, AdminError, AsyncAdmin, TopicDescription
+from broker.client.admin import (
+    EARLIEST,
+    LATEST,
+    Admin,
+    AdminError,
+    AsyncAdmin,
+    GroupDescription,
+    GroupListing,
+    MemberDescription,
+    OffsetAndMetadata,
+    PartitionLag,
+    TopicDescription,
+)
 from broker.client.consumer import RECORD_SCHEMA, AsyncConsumer, Consumer, ConsumerRecord
 from broker.client.consumer_coordinator import GroupMetadata
 from broker.client.producer import AsyncProducer, Producer, RecordFuture, RecordMetadata
 
 __all__ = [
     "Admin", "AdminError", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "Consumer", "ConsumerRecord",
-    "EARLIEST", "GroupMetadata", "LATEST", "Producer", "RECORD_SCHEMA", "RecordFuture", "RecordMetadata", "TopicDescription",
+    "EARLIEST", "GroupDescription", "GroupListing", "GroupMetadata", "LATEST", "MemberDescription",
+    "OffsetAndMetadata", "PartitionLag", "Producer", "RECORD_SCHEMA", "RecordFuture", "RecordMetadata",
+    "TopicDescription",
 ]
