@@ -8,10 +8,12 @@ Run with `make run` (or `python -m jobs.demo`). It
    event times advance ten simulated minutes over the run;
 3. runs a Spark Structured Streaming query reading the topic with `format("pymq")`: page views per
    page per event-time minute, with a one-minute watermark, appended to a Parquet table as each
-   minute closes;
+   minute closes, and reports its progress to the consumer group `demo.views-per-minute`
+   (`groupIdForLag`), so `pymq group describe demo.views-per-minute` shows the pipeline's lag;
 4. runs a batch query over the same topic and checks it against what was produced (every event
    exactly once, keyed events in one partition per user);
-5. prints a summary and stops the broker cleanly.
+5. prints a summary (with the pipeline's lag per partition, which must be 0 once it caught up)
+   and stops the broker cleanly.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.table import Table
 
-from broker.client import Admin, Producer
+from broker.client import Admin, PartitionLag, Producer
 from broker.config import BrokerConfig
 from broker.errors import TopicAlreadyExistsError
 from broker.process import BrokerProcess
@@ -34,6 +36,7 @@ from broker.process import BrokerProcess
 CONFIG = Path(__file__).resolve().parent.parent / "conf" / "broker.toml"
 TOPIC = "demo.events"
 PARTITIONS = 3
+LAG_GROUP = "demo.views-per-minute"
 PAGES = ["/home", "/search", "/cart", "/checkout"]
 EVENTS_PER_TICK = 2_000
 TICKS = 20  # each tick is 30 simulated seconds of events, sent 0.5 s apart: 10 event-time minutes
@@ -112,6 +115,7 @@ def run(bootstrap: str, out: Path) -> None:
               .option("subscribe", TOPIC)
               .option("startingOffsets", f'{{"{TOPIC}": {start_json}}}')
               .option("maxOffsetsPerTrigger", 20_000)
+              .option("groupIdForLag", LAG_GROUP)
               .load())
     per_minute = (events
                   .select(F.get_json_object(F.col("value").cast("string"), "$.page").alias("page"), "timestamp")
@@ -129,8 +133,9 @@ def run(bootstrap: str, out: Path) -> None:
         raise SystemExit(f"demo failed: the producer failed: {failed[0]!r}")
     total = sum(len(pages) for pages in produced)
     wait_for(query, total)
-    query.stop()
     stream_s = time.perf_counter() - started
+    lag = pipeline_lag(bootstrap)
+    query.stop()
 
     # A batch query over the same topic: every event exactly once, in its user's one partition.
     batch = (spark.read.format("pymq")
@@ -157,6 +162,7 @@ def run(bootstrap: str, out: Path) -> None:
     for page in PAGES:
         summary.add_row(page, f"{expected_by_page[page]:,}", f"{by_page.get(page, 0):,}", f"{per_page_stream.get(page, 0):,}")
     console.print(summary)
+    console.print(lag_table(lag))
     console.print(f"produced {total:,} events over {TICKS * 30 // 60} event-time minutes; the streaming query read them "
                   f"in {stream_s:.1f}s and closed {closed} minutes ({streamed:,} events; the last minute stays open until "
                   "the watermark passes it)")
@@ -164,9 +170,34 @@ def run(bootstrap: str, out: Path) -> None:
     if by_page != expected_by_page or users_split:
         raise SystemExit(f"demo failed: batch counts {by_page} != produced {expected_by_page}, "
                          f"or {users_split} users' events split across partitions")
+    if any(row.lag != 0 for row in lag):
+        raise SystemExit(f"demo failed: the pipeline's group shows lag {[(row.partition, row.lag) for row in lag]}")
     if streamed == 0 or streamed > total:
         raise SystemExit(f"demo failed: the streaming query counted {streamed} of {total} events")
     console.print("[green]demo ok[/]")
+
+
+def pipeline_lag(bootstrap: str, timeout_s: float = 10.0) -> list[PartitionLag]:
+    """The streaming query's lag as its group shows it, once every partition caught up (the
+    source reports the end of each finished micro-batch; the last report may trail by a trigger)."""
+    deadline = time.monotonic() + timeout_s
+    with Admin(bootstrap) as admin:
+        while True:
+            lag = admin.group_lag(LAG_GROUP)
+            if (len(lag) == PARTITIONS and all(row.lag == 0 for row in lag)) or time.monotonic() > deadline:
+                return lag
+            time.sleep(0.2)
+
+
+def lag_table(lag: list[PartitionLag]) -> Table:
+    table = Table(title=f"group {LAG_GROUP} (the streaming query, via groupIdForLag)")
+    for column in ("partition", "committed", "log end", "lag"):
+        table.add_column(column, justify="right")
+    for row in lag:
+        table.add_row(str(row.partition), f"{row.committed:,}" if row.committed is not None else "-",
+                      f"{row.log_end_offset:,}" if row.log_end_offset is not None else "-",
+                      f"{row.lag:,}" if row.lag is not None else "-")
+    return table
 
 
 def wait_for(query, total: int, timeout_s: float = 60.0) -> None:
