@@ -431,6 +431,11 @@ class AsyncProducer:
         self._in_flight: dict[int, int] = {}  # Produce requests outstanding per broker
         self._replies: set[asyncio.Future[Any]] = set()  # their reply futures
         self._busy: dict[tuple[str, int], int] = {}  # partitions with a request in flight: how many
+        # Batches drained for a broker whose connection is being opened, oldest first: one list
+        # and one connect task per broker, so they go out in the order they were drained.
+        self._awaiting_connection: dict[int, list[ProducerBatch]] = {}
+        # Likewise batches whose partition is missing from the cached metadata: one lookup at a time.
+        self._awaiting_leaders: list[ProducerBatch] | None = None
         self._tasks: set[asyncio.Task[None]] = set()  # slow paths: connect, resolve, retry, refresh
         self._sender_queued = False  # a _run_sender call is queued on the loop
         self._timer: asyncio.TimerHandle | None = None  # runs the sender when a batch lingers out
@@ -658,34 +663,48 @@ class AsyncProducer:
         task.add_done_callback(self._tasks.discard)
 
     def _dispatch(self, batches: list[ProducerBatch]) -> None:
-        """Group batches per leader (from cached metadata) and send them."""
+        """Group batches per leader (from cached metadata) and send them. While a lookup of
+        leaders is under way, batches of the topics it looks up wait behind its batches."""
         now = time.monotonic()
         if now - self._metadata_refreshed > self.metadata_max_age_s and not self._refreshing:
             self._refreshing = True
             self._spawn(self._refresh_in_background())
         by_node: dict[int, list[ProducerBatch]] = {}
         unknown: list[ProducerBatch] = []
+        waiting = self._awaiting_leaders
+        looked_up = {b.topic for b in waiting} if waiting is not None else ()
         for batch in batches:
             if now - batch.created > self.delivery_timeout_s:
                 self._fail(batch, DeliveryTimeoutError(f"{batch.record_count} records to {batch.topic}-{batch.partition} "
                                                        f"not acknowledged within {self.delivery_timeout_s}s"))
                 continue
             parts = self.cluster.topics.get(batch.topic)
-            if parts is None or batch.partition >= len(parts):
+            if parts is None or batch.partition >= len(parts) or batch.topic in looked_up:
                 unknown.append(batch)
             else:
                 by_node.setdefault(parts[batch.partition].leader, []).append(batch)
-        if unknown:
-            self._spawn(self._resolve_leaders(unknown))
+        if unknown and waiting is not None:
+            waiting.extend(unknown)
+        elif unknown:
+            self._awaiting_leaders = unknown
+            self._spawn(self._resolve_leaders())
         for node, node_batches in by_node.items():
             self._send_to(node, node_batches)
 
     def _send_to(self, node: int, batches: list[ProducerBatch]) -> None:
         """Requests of at most max_request_size to `node`, while it has fewer than max_in_flight
-        outstanding; the rest wait at the front of the queue for a reply to free a slot."""
+        outstanding; the rest wait at the front of the queue for a reply to free a slot.
+
+        While the connection is being opened, batches join those already waiting for it, even
+        once it is open: the waiting ones are older and must go first (see _connect)."""
+        waiting = self._awaiting_connection.get(node)
+        if waiting is not None:
+            waiting.extend(batches)
+            return
         conn = self.cluster.open_connection(node)
         if conn is None:
-            self._spawn(self._connect(node, batches))
+            self._awaiting_connection[node] = list(batches)
+            self._spawn(self._connect(node))
             return
         requests: list[list[ProducerBatch]] = [[]]
         size = 0
@@ -826,25 +845,46 @@ class AsyncProducer:
             self.accumulator.requeue(batches)
             self._wake()
 
-    async def _resolve_leaders(self, batches: list[ProducerBatch]) -> None:
+    async def _resolve_leaders(self) -> None:
         """Batches whose partition is not in the cached metadata: look it up, then queue them
-        again (or retry/fail them with the lookup's error)."""
+        all again in drain order (or retry/fail them with the lookup's error). Batches that join
+        while it runs are looked up too; see _connect for why there is one list."""
+        batches = self._awaiting_leaders
+        assert batches is not None
+        error: PymqError | None = None
         try:
-            for batch in batches:
-                await self.cluster.leader(batch.topic, batch.partition)
+            checked = 0
+            while checked < len(batches):  # the list grows while a lookup is awaited
+                await self.cluster.leader(batches[checked].topic, batches[checked].partition)
+                checked += 1
         except PymqError as err:
-            self._retry(batches, err)
+            error = err
+        finally:
+            self._awaiting_leaders = None
+        if error is not None:
+            self._retry(batches, error)
             return
         self.accumulator.requeue(batches)
         self._wake()
 
-    async def _connect(self, node: int, batches: list[ProducerBatch]) -> None:
+    async def _connect(self, node: int) -> None:
+        """Open the connection to `node`, then queue every batch that waited for it, in drain
+        order, at the front (they are older than anything queued since).
+
+        A task per sender run, each requeueing its own batches at the front when the connection
+        opened, put the last run's batches first: a partition's records were written in reverse
+        groups. Hence one list per broker, taken whole."""
+        error: PymqError | None = None
         try:
             await self.cluster.connection(node)
         except PymqError as err:
+            error = err
+        finally:  # also when close() cancels the task: a later connect starts afresh
+            batches = self._awaiting_connection.pop(node)
+        if error is not None:
             for batch in batches:
                 batch.attempts += 1  # a failed connection attempt counts as one
-            self._retry(batches, err)
+            self._retry(batches, error)
             return
         self.accumulator.requeue(batches)
         self._wake()

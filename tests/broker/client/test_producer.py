@@ -67,6 +67,45 @@ def test_offsets_stay_distinct_when_one_request_carries_several_batches_of_a_par
     assert offsets == list(range(20))
 
 
+@pytest.mark.parametrize("slow_path", ["_open", "refresh"], ids=["connection-opening", "leader-lookup"])
+def test_batches_drained_while_a_slow_path_waits_keep_their_order(shared_broker, new_topic, slow_path):
+    """Three one-record batches drained one by one while the leader's connection opens (or its
+    partition is looked up), and a fourth drained the moment that is done, land at offsets 0..3
+    in send order: no later batch overtakes the ones waiting."""
+    topic = new_topic(1)
+
+    async def produce() -> list[bytes]:
+        async with AsyncProducer(shared_broker.bootstrap, linger_ms=0) as producer:
+            cluster, let_go, late = producer.cluster, asyncio.Event(), []
+            leader = (await cluster.partitions(topic))[0].leader
+            if slow_path == "_open":
+                assert cluster.open_connection(leader) is None  # start() used the bootstrap connection
+            else:
+                await cluster.connection(leader)
+                del cluster.topics[topic]  # the sender must look the partition up
+            done_now = getattr(cluster, slow_path)
+
+            async def done_when_let_go(*args):
+                await let_go.wait()
+                result = await done_now(*args)
+                if not late:  # done, but the sender's task has not resumed: a batch drained now
+                    late.append(await producer.send(topic, b"d", partition=0))
+                    await asyncio.sleep(0)  # the sender runs
+                return result
+
+            setattr(cluster, slow_path, done_when_let_go)
+            futures = []
+            for value in (b"a", b"b", b"c"):
+                futures.append(await producer.send(topic, value, partition=0))
+                await asyncio.sleep(0)  # the sender drains this one batch, which must wait
+            let_go.set()
+            await producer.flush()
+            assert [(await f).offset for f in futures + late] == [0, 1, 2, 3]
+        return [r.value for r in sorted(consume(shared_broker.bootstrap, topic, 1, 4), key=lambda r: r.offset)]
+
+    assert asyncio.run(asyncio.wait_for(produce(), 30)) == [b"a", b"b", b"c", b"d"]
+
+
 def test_send_to_explicit_partition_lands_there(shared_broker, new_topic):
     """partition=2 overrides the key hash: every record is stored in partition 2."""
     topic = new_topic(3)
