@@ -184,3 +184,80 @@ def module_broker_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     yield make
     for process in started:
         process.kill()
+
+
+# -- an active consumer-group member, joined with raw JoinGroup / SyncGroup -----------------------
+
+RAW_MEMBER_SESSION_MS = 60_000  # a raw member sends no heartbeats: it must outlive the test
+
+
+async def _join_and_sync(bootstrap: str, group: str, topic: str, partitions: list[int]) -> str:
+    """A consumer-protocol member owning `partitions` of `topic` (the group becomes Stable)."""
+    from broker.client import AsyncAdmin
+    from broker.errors import MemberIdRequiredError
+    from broker.protocol import JoinGroupProtocol, JoinGroupRequest, SyncGroupAssignment, SyncGroupRequest
+    from broker.protocol.consumer_protocol import Assignment, Subscription
+
+    admin = AsyncAdmin(bootstrap)
+    try:
+        node = (await admin.find_coordinator(group)).node_id
+        protocol = JoinGroupProtocol("range", Subscription((topic,)).encode())
+
+        def join(member_id: str) -> JoinGroupRequest:
+            return JoinGroupRequest(group, RAW_MEMBER_SESSION_MS, RAW_MEMBER_SESSION_MS, member_id, None, "consumer",
+                                    (protocol,), client_id="test-member")
+
+        first = await admin.cluster.send(node, join(""))
+        assert isinstance(first.error(), MemberIdRequiredError)
+        joined = await admin.cluster.send(node, join(first.member_id))
+        assert joined.error() is None and joined.leader == joined.member_id
+        assignment = Assignment(tuple((topic, p) for p in partitions)).encode()
+        synced = await admin.cluster.send(node, SyncGroupRequest(
+            group, joined.generation_id, joined.member_id, None, "consumer", joined.protocol_name,
+            (SyncGroupAssignment(joined.member_id, assignment),)))
+        assert synced.error() is None
+        return joined.member_id
+    finally:
+        await admin.close()
+
+
+async def _leave(bootstrap: str, group: str, member_id: str) -> None:
+    from broker.client import AsyncAdmin
+    from broker.protocol import LeaveGroupRequest, MemberIdentity
+
+    admin = AsyncAdmin(bootstrap)
+    try:
+        node = (await admin.find_coordinator(group)).node_id
+        await admin.cluster.send(node, LeaveGroupRequest(group, (MemberIdentity(member_id),)))
+    finally:
+        await admin.close()
+
+
+class RawGroupMembers:
+    """`members(bootstrap, group, topic, partitions)` -> the id of a member that owns `partitions`
+    of `topic` in a Stable group (it never heartbeats; its session outlives the test);
+    `members.leave(...)` makes one leave, and teardown makes the rest leave."""
+
+    def __init__(self) -> None:
+        self.joined: list[tuple[str, str, str]] = []
+
+    def __call__(self, bootstrap: str, group: str, topic: str, partitions: list[int]) -> str:
+        import asyncio
+
+        member_id = asyncio.run(_join_and_sync(bootstrap, group, topic, partitions))
+        self.joined.append((bootstrap, group, member_id))
+        return member_id
+
+    def leave(self, bootstrap: str, group: str, member_id: str) -> None:
+        import asyncio
+
+        asyncio.run(_leave(bootstrap, group, member_id))
+        self.joined.remove((bootstrap, group, member_id))
+
+
+@pytest.fixture
+def raw_group_members() -> Iterator[RawGroupMembers]:
+    members = RawGroupMembers()
+    yield members
+    for joined in list(members.joined):
+        members.leave(*joined)

@@ -3,7 +3,7 @@ list / describe / delete / reset-offsets run through the CLI against a real brok
 including a group with an active member (joined with raw JoinGroup / SyncGroup messages)."""
 from __future__ import annotations
 
-import asyncio
+import functools
 import itertools
 from collections.abc import Iterator
 from datetime import datetime, timezone
@@ -13,22 +13,11 @@ from click.testing import CliRunner, Result
 
 from broker.cli import cli
 from broker.cli.group import NoCommittedOffsetError, ResetPlan, format_assignment, new_offsets
-from broker.client import Admin, AsyncAdmin, Producer
-from broker.errors import MemberIdRequiredError
-from broker.protocol import (
-    JoinGroupProtocol,
-    JoinGroupRequest,
-    LeaveGroupRequest,
-    MemberIdentity,
-    SyncGroupAssignment,
-    SyncGroupRequest,
-)
-from broker.protocol.consumer_protocol import Assignment, Subscription
+from broker.client import Admin, Producer
 
 T0_MS = 1_700_000_000_000  # record i of a partition has timestamp T0_MS + i * 1000
 RECORDS = {0: 10, 1: 4}  # records per partition of each test's topic
 COMMITTED = {0: 5, 1: 2}  # the group's offsets before each test resets them
-SESSION_TIMEOUT_MS = 60_000  # the test member sends no heartbeats: it must outlive the test
 _ids = itertools.count()
 
 
@@ -150,51 +139,10 @@ def committed(admin: Admin, group: str) -> dict[int, int]:
     return {p: o.offset for (_, p), o in admin.list_group_offsets(group).items()}
 
 
-async def _join_and_sync(bootstrap: str, group: str, topic: str, partitions: list[int]) -> str:
-    admin = AsyncAdmin(bootstrap)
-    try:
-        node = (await admin.find_coordinator(group)).node_id
-        protocol = JoinGroupProtocol("range", Subscription((topic,)).encode())
-
-        def join(member_id: str) -> JoinGroupRequest:
-            return JoinGroupRequest(group, SESSION_TIMEOUT_MS, SESSION_TIMEOUT_MS, member_id, None, "consumer",
-                                    (protocol,), client_id="cli-test-client")
-
-        first = await admin.cluster.send(node, join(""))
-        assert isinstance(first.error(), MemberIdRequiredError)
-        joined = await admin.cluster.send(node, join(first.member_id))
-        assert joined.error() is None
-        synced = await admin.cluster.send(node, SyncGroupRequest(
-            group, joined.generation_id, joined.member_id, None, "consumer", joined.protocol_name,
-            (SyncGroupAssignment(joined.member_id, Assignment(tuple((topic, p) for p in partitions)).encode()),)))
-        assert synced.error() is None
-        return joined.member_id
-    finally:
-        await admin.close()
-
-
-async def _leave(bootstrap: str, group: str, member_id: str) -> None:
-    admin = AsyncAdmin(bootstrap)
-    try:
-        node = (await admin.find_coordinator(group)).node_id
-        await admin.cluster.send(node, LeaveGroupRequest(group, (MemberIdentity(member_id),)))
-    finally:
-        await admin.close()
-
-
 @pytest.fixture
-def active_member(bootstrap: str):
+def active_member(raw_group_members, bootstrap):
     """active_member(group, topic, partitions) -> the id of a member owning them; it leaves at teardown."""
-    joined: list[tuple[str, str]] = []
-
-    def make(group: str, topic: str, partitions: list[int]) -> str:
-        member_id = asyncio.run(_join_and_sync(bootstrap, group, topic, partitions))
-        joined.append((group, member_id))
-        return member_id
-
-    yield make
-    for group, member_id in joined:
-        asyncio.run(_leave(bootstrap, group, member_id))
+    return functools.partial(raw_group_members, bootstrap)
 
 
 def test_list_shows_groups_with_state_and_members(bootstrap, setup) -> None:
@@ -227,9 +175,9 @@ def test_describe_active_group_shows_members_and_owners(bootstrap, setup, active
     result = run("-b", bootstrap, "group", "describe", live, "--members", "--offsets")
     assert result.exit_code == 0, result.output
     assert f"group {live}  state Stable  protocol consumer/range  members 1" in result.stdout
-    assert rows(result.stdout, member_id) == [[member_id, "-", "cli-test-client", "2", f"{topic}(0,1)"]]
-    assert rows(result.stdout, topic) == [[topic, "0", "-", "10", "-", member_id, "cli-test-client"],
-                                          [topic, "1", "-", "4", "-", member_id, "cli-test-client"]]
+    assert rows(result.stdout, member_id) == [[member_id, "-", "test-member", "2", f"{topic}(0,1)"]]
+    assert rows(result.stdout, topic) == [[topic, "0", "-", "10", "-", member_id, "test-member"],
+                                          [topic, "1", "-", "4", "-", member_id, "test-member"]]
 
 
 def test_describe_unknown_group_is_an_error(bootstrap) -> None:

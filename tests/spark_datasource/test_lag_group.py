@@ -10,7 +10,7 @@ a query whose group has an active member still reads everything.
 """
 from __future__ import annotations
 
-import asyncio
+import functools
 import itertools
 import logging
 import socket
@@ -24,22 +24,11 @@ import pytest
 from click.testing import CliRunner
 
 from broker.cli import cli
-from broker.client import Admin, AsyncAdmin, Producer
-from broker.errors import MemberIdRequiredError
+from broker.client import Admin, Producer
 from broker.process import BrokerProcess
-from broker.protocol import (
-    JoinGroupProtocol,
-    JoinGroupRequest,
-    LeaveGroupRequest,
-    MemberIdentity,
-    SyncGroupAssignment,
-    SyncGroupRequest,
-)
-from broker.protocol.consumer_protocol import Assignment, Subscription
 from spark_datasource.lag_group import METADATA_MAX_BYTES, RETRY_AFTER_FAILURE_S, LagGroup, commit_metadata
 from spark_datasource.options import InvalidOptionError, SourceOptions
 
-SESSION_TIMEOUT_MS = 60_000  # the test member sends no heartbeats: it must outlive the test
 _groups = itertools.count()
 _queries = itertools.count()
 
@@ -70,53 +59,11 @@ def admin(bootstrap: str) -> Iterator[Admin]:
 
 
 @pytest.fixture
-def active_member(bootstrap: str):
+def active_member(raw_group_members, bootstrap):
     """active_member(group_id, topic, partitions): a consumer-protocol member owning
     `partitions` of `topic` (a Stable group), joined with raw JoinGroup/SyncGroup; it leaves at
     teardown."""
-    joined: list[tuple[str, str]] = []
-
-    def make(group: str, topic: str, partitions: list[int]) -> str:
-        member_id = asyncio.run(_join_and_sync(bootstrap, group, topic, partitions))
-        joined.append((group, member_id))
-        return member_id
-
-    yield make
-    for group, member_id in joined:
-        asyncio.run(_leave(bootstrap, group, member_id))
-
-
-async def _join_and_sync(bootstrap: str, group: str, topic: str, partitions: list[int]) -> str:
-    admin = AsyncAdmin(bootstrap)
-    try:
-        node = (await admin.find_coordinator(group)).node_id
-        protocol = JoinGroupProtocol("range", Subscription((topic,)).encode())
-
-        def join(member_id: str) -> JoinGroupRequest:
-            return JoinGroupRequest(group, SESSION_TIMEOUT_MS, SESSION_TIMEOUT_MS, member_id, None, "consumer",
-                                    (protocol,), client_id="lag-test-member")
-
-        first = await admin.cluster.send(node, join(""))
-        assert isinstance(first.error(), MemberIdRequiredError)
-        joined = await admin.cluster.send(node, join(first.member_id))
-        assert joined.error() is None and joined.leader == joined.member_id
-        assignment = Assignment(tuple((topic, p) for p in partitions)).encode()
-        synced = await admin.cluster.send(node, SyncGroupRequest(
-            group, joined.generation_id, joined.member_id, None, "consumer", joined.protocol_name,
-            (SyncGroupAssignment(joined.member_id, assignment),)))
-        assert synced.error() is None
-        return joined.member_id
-    finally:
-        await admin.close()
-
-
-async def _leave(bootstrap: str, group: str, member_id: str) -> None:
-    admin = AsyncAdmin(bootstrap)
-    try:
-        node = (await admin.find_coordinator(group)).node_id
-        await admin.cluster.send(node, LeaveGroupRequest(group, (MemberIdentity(member_id),)))
-    finally:
-        await admin.close()
+    return functools.partial(raw_group_members, bootstrap)
 
 
 def produce(bootstrap: str, topic: str, counts: dict[int, int]) -> None:

@@ -4,34 +4,23 @@ errors for unknown groups, and refusals while a group has an active member (join
 JoinGroup / SyncGroup messages)."""
 from __future__ import annotations
 
-import asyncio
+import functools
 import itertools
 from collections.abc import Iterator
 
 import pytest
 
-from broker.client import Admin, AdminError, AsyncAdmin, Producer
+from broker.client import Admin, AdminError, Producer
 from broker.client.admin import GroupListing, MemberDescription, OffsetAndMetadata, PartitionLag
 from broker.errors import (
     GroupIdNotFoundError,
     GroupSubscribedToTopicError,
-    MemberIdRequiredError,
     NonEmptyGroupError,
     UnknownTopicOrPartitionError,
 )
-from broker.protocol import (
-    JoinGroupProtocol,
-    JoinGroupRequest,
-    LeaveGroupRequest,
-    MemberIdentity,
-    SyncGroupAssignment,
-    SyncGroupRequest,
-)
-from broker.protocol.consumer_protocol import Assignment, Subscription
 
 # No initial rebalance delay, so that a member joining an empty group gets its generation at once.
 BROKER_OVERRIDES = {"group.initial.rebalance.delay.ms": 0}
-SESSION_TIMEOUT_MS = 60_000  # the test member sends no heartbeats: it must outlive the test
 _group_ids = itertools.count()
 
 
@@ -54,54 +43,11 @@ def produce(bootstrap: str, topic: str, counts: dict[int, int]) -> None:
                 producer.send(topic, value=f"v{i}".encode(), partition=partition)
 
 
-async def _join_and_sync(bootstrap: str, group_id: str, topic: str, partitions: list[int]) -> str:
-    admin = AsyncAdmin(bootstrap)
-    try:
-        node = (await admin.find_coordinator(group_id)).node_id
-        protocol = JoinGroupProtocol("range", Subscription((topic,)).encode())
-
-        def join(member_id: str) -> JoinGroupRequest:
-            return JoinGroupRequest(group_id, SESSION_TIMEOUT_MS, SESSION_TIMEOUT_MS, member_id, None, "consumer",
-                                    (protocol,), client_id="test-client")
-
-        first = await admin.cluster.send(node, join(""))
-        assert isinstance(first.error(), MemberIdRequiredError)
-        joined = await admin.cluster.send(node, join(first.member_id))
-        assert joined.error() is None and joined.leader == joined.member_id
-        assignment = Assignment(tuple((topic, p) for p in partitions)).encode()
-        synced = await admin.cluster.send(node, SyncGroupRequest(
-            group_id, joined.generation_id, joined.member_id, None, "consumer", joined.protocol_name,
-            (SyncGroupAssignment(joined.member_id, assignment),)))
-        assert synced.error() is None
-        return joined.member_id
-    finally:
-        await admin.close()
-
-
-async def _leave(bootstrap: str, group_id: str, member_id: str) -> None:
-    admin = AsyncAdmin(bootstrap)
-    try:
-        node = (await admin.find_coordinator(group_id)).node_id
-        reply = await admin.cluster.send(node, LeaveGroupRequest(group_id, (MemberIdentity(member_id),)))
-        assert reply.error() is None
-    finally:
-        await admin.close()
-
-
 @pytest.fixture
-def active_member(shared_broker):
+def active_member(raw_group_members, shared_broker):
     """active_member(group_id, topic, partitions) -> member id of a consumer-protocol member that
     owns `partitions` of `topic` (Stable group); it leaves the group at teardown."""
-    joined: list[tuple[str, str]] = []
-
-    def make(group_id: str, topic: str, partitions: list[int]) -> str:
-        member_id = asyncio.run(_join_and_sync(shared_broker.bootstrap, group_id, topic, partitions))
-        joined.append((group_id, member_id))
-        return member_id
-
-    yield make
-    for group_id, member_id in joined:
-        asyncio.run(_leave(shared_broker.bootstrap, group_id, member_id))
+    return functools.partial(raw_group_members, shared_broker.bootstrap)
 
 
 # -- committed offsets -------------------------------------------------------------------------
@@ -223,9 +169,9 @@ def test_active_group_is_described_with_assignments_and_lag(shared_broker, admin
     member_id = active_member(group_id, topic, [0])
     (description,) = admin.describe_groups([group_id])
     assert (description.state, description.protocol_type, description.protocol) == ("Stable", "consumer", "range")
-    assert description.members == [MemberDescription(member_id, None, "test-client", [(topic, 0)])]
+    assert description.members == [MemberDescription(member_id, None, "test-member", [(topic, 0)])]
     assert GroupListing(group_id, "Stable", "consumer") in admin.list_groups(states=["Stable"])
-    assert admin.group_lag(group_id) == [PartitionLag(topic, 0, None, 5, None, member_id, "test-client"),
+    assert admin.group_lag(group_id) == [PartitionLag(topic, 0, None, 5, None, member_id, "test-member"),
                                          PartitionLag(topic, 1, None, 0, None, None, None)]
 
 
@@ -245,11 +191,11 @@ def test_active_group_refuses_alter_delete_and_offset_delete(admin, new_topic, g
     assert admin.list_group_offsets(group_id) == {(topic, 0): OffsetAndMetadata(2, None, None)}
 
 
-def test_alter_offsets_accepted_once_the_member_left(shared_broker, admin, new_topic, group_id):
+def test_alter_offsets_accepted_once_the_member_left(shared_broker, admin, new_topic, group_id, raw_group_members):
     """After the last member leaves, the group is Empty and takes commits from outside again."""
     topic = new_topic(partitions=1)
-    member_id = asyncio.run(_join_and_sync(shared_broker.bootstrap, group_id, topic, [0]))
-    asyncio.run(_leave(shared_broker.bootstrap, group_id, member_id))
+    member_id = raw_group_members(shared_broker.bootstrap, group_id, topic, [0])
+    raw_group_members.leave(shared_broker.bootstrap, group_id, member_id)
     admin.alter_group_offsets(group_id, {(topic, 0): 4})
     assert admin.list_group_offsets(group_id) == {(topic, 0): OffsetAndMetadata(4, None, None)}
     assert admin.describe_groups([group_id])[0].state == "Empty"
