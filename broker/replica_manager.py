@@ -29,7 +29,7 @@ from typing import Any
 from broker.cluster.partition import NO_EPOCH, LeaderAndIsr, Partition
 from broker.config import LogConfig
 from broker.errors import InvalidRequestError, KafkaStorageError, RequestTimedOutError, UnknownTopicOrPartitionError
-from broker.log import AppendInfo, FetchSlice, LogManager, TopicLogSpec, UnifiedLog
+from broker.log import AppendInfo, LogManager, TopicLogSpec, UnifiedLog
 from broker.log_writer import LogWriter
 from broker.purgatory import DelayedOperation, DelayedOperationPurgatory, ProducePurgatory
 from broker.record import now_ms

@@ -1387,8 +1387,8 @@ class Consumer:
             if batch:
                 yielded = 0
                 try:
-                    for record in batch:
-                        yield record
+                    for consumed in batch:
+                        yield consumed
                         yielded += 1
                 finally:
                     if yielded < len(batch) - 1:  # the record being yielded is consumed
@@ -1403,8 +1403,8 @@ class Consumer:
         if core._closed:
             return
         first: dict[TopicPartition, int] = {}
-        for record in unconsumed:
-            first.setdefault((record.topic, record.partition), record.offset)
+        for item in unconsumed:
+            first.setdefault((item.topic, item.partition), item.offset)
         for tp, offset in first.items():
             if tp in core._assigned and core._consumed.get(tp, -1) > offset:
                 self.seek(tp, offset)

@@ -204,7 +204,7 @@ def test_failed_fsync_takes_the_directory_offline_and_is_never_laundered(faulty,
     produce(client, other, batch(b"other"))
 
     faulty.fail_fsyncs()
-    sent = send_produce(client, flushed, batch(b"lost"))
+    send_produce(client, flushed, batch(b"lost"))
     _, reply, _ = client.recv_response()
     assert reply["topics"][0]["partitions"][0]["error_code"] == KafkaStorageError.code, reply
     faulty.fail_fsyncs(False)  # the disk "recovers": the directory must stay offline anyway
