@@ -28,7 +28,7 @@ member did before it (the data is in the page cache, which outlives the process)
 Commit modes, as the consumer's docstring defines the delivery guarantees:
 - `after` (at-least-once): process a poll's records, then commit their next offsets; partitions
   being revoked are committed again in on_revoke (Kafka's pattern; under the cooperative protocol
-  the broker refuses that commit, PARTITION_NOT_ASSIGNED, which the per-poll commit made moot).
+  the broker accepts it while nobody owns them yet).
 - `before` (at-most-once): commit a poll's next offsets, then process the records.
 
 `--crash-after-records N` makes the member SIGKILL itself at its mode's worst moment once it has
