@@ -116,6 +116,18 @@ TOPIC_CONFIGS: dict[str, tuple[ConfigDef, str]] = {
         (ConfigDef("max.compaction.lag.ms", int, INT64_MAX,
                    "compacted topics: clean a log whatever its dirty ratio once its oldest uncleaned record is this old",
                    1, INT64_MAX), "log.cleaner.max.compaction.lag.ms"),
+        # Tiered storage (DESIGN.md section 7; Kafka's KIP-405 names). The broker must also have
+        # remote.log.storage.system.enable for a topic's remote.storage.enable to take effect.
+        (ConfigDef("remote.storage.enable", bool, False,
+                   "upload sealed segments to the remote store and let local retention delete the local "
+                   "copies once uploaded"), "log.remote.storage.enable"),
+        (ConfigDef("local.retention.ms", int, -2,
+                   "remote.storage.enable: delete a local segment this long after its newest record, once "
+                   "uploaded; -2 uses retention.ms, -1 keeps local copies as long as retention.ms", -2, INT64_MAX),
+         "log.local.retention.ms"),
+        (ConfigDef("local.retention.bytes", int, -2,
+                   "remote.storage.enable: delete the oldest uploaded local segments while the local log is "
+                   "larger; -2 uses retention.bytes, -1 no limit", -2, INT64_MAX), "log.local.retention.bytes"),
     ]
 }
 
@@ -140,6 +152,19 @@ class LogConfig:
     min_cleanable_dirty_ratio: float = 0.5
     min_compaction_lag_ms: int = 0
     max_compaction_lag_ms: int = INT64_MAX
+    remote_storage_enable: bool = False
+    local_retention_ms: int = -2
+    local_retention_bytes: int = -2
+
+    @property
+    def effective_local_retention_ms(self) -> int:
+        """local.retention.ms, or retention.ms where it is -2 (Kafka's rule)."""
+        return self.retention_ms if self.local_retention_ms == -2 else self.local_retention_ms
+
+    @property
+    def effective_local_retention_bytes(self) -> int:
+        """local.retention.bytes, or retention.bytes where it is -2 (Kafka's rule)."""
+        return self.retention_bytes if self.local_retention_bytes == -2 else self.local_retention_bytes
 
     @property
     def compact(self) -> bool:
@@ -165,6 +190,12 @@ class LogConfig:
                 f"min.compaction.lag.ms ({self.min_compaction_lag_ms}) must not exceed "
                 f"max.compaction.lag.ms ({self.max_compaction_lag_ms})"
             )
+        # Kafka's rule: the local log is part of the whole log, so it cannot be kept longer.
+        for local, whole, name in ((self.local_retention_ms, self.retention_ms, "ms"),
+                                   (self.local_retention_bytes, self.retention_bytes, "bytes")):
+            if whole != -1 and (local == -1 or local > whole):
+                raise InvalidConfigError(
+                    f"local.retention.{name} ({local}) must not exceed retention.{name} ({whole})")
 
     @classmethod
     def from_dotted(cls, values: dict[str, Any], defaults: "LogConfig | None" = None) -> "LogConfig":
@@ -173,7 +204,13 @@ class LogConfig:
         return replace(defaults or cls(), **{k.replace(".", "_"): v for k, v in parsed.items()})
 
     def to_dotted(self) -> dict[str, Any]:
-        return {f.name.replace("_", "."): getattr(self, f.name) for f in fields(self)}
+        """The dotted configs; a bool as Kafka spells it, "true" or "false" (the wire's config
+        values are strings and numbers)."""
+        return {f.name.replace("_", "."): _dotted_value(getattr(self, f.name)) for f in fields(self)}
+
+
+def _dotted_value(value: Any) -> Any:
+    return ("true" if value else "false") if isinstance(value, bool) else value
 
 
 def parse_topic_configs(values: dict[str, Any]) -> dict[str, Any]:
@@ -239,6 +276,23 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("group.initial.rebalance.delay.ms", int, 3000,
                   "how long a new group waits for more members before its first rebalance", 0, INT32_MAX),
         ConfigDef("group.max.size", int, INT32_MAX, "members a consumer group may have", 1, INT32_MAX),
+        # Tiered storage (broker/log/remote_log_manager.py, tiered_storage/).
+        ConfigDef("remote.log.storage.system.enable", bool, False,
+                  "run the remote log manager: topics with remote.storage.enable tier their sealed segments"),
+        ConfigDef("remote.storage.url", str, "",
+                  "fsspec URL of the remote store (file:///path, s3://bucket/prefix, ...); empty: "
+                  "file://{log.dir}/remote"),
+        ConfigDef("remote.storage.s3.endpoint.url", str, "", "s3:// stores: endpoint URL (empty: AWS's)"),
+        ConfigDef("remote.storage.s3.access.key", str, "", "s3:// stores: access key id (empty: the environment's)"),
+        ConfigDef("remote.storage.s3.secret.key", str, "", "s3:// stores: secret access key (empty: the environment's)"),
+        ConfigDef("remote.storage.s3.region", str, "", "s3:// stores: region (empty: the environment's)"),
+        ConfigDef("remote.log.manager.task.interval.ms", int, 30_000,
+                  "how often the remote log manager looks for segments to upload and remote segments to expire",
+                  10, INT64_MAX),
+        ConfigDef("remote.log.manager.copy.max.bytes.per.second", int, INT64_MAX,
+                  "bandwidth of all segment uploads together", 1, INT64_MAX),
+        ConfigDef("remote.log.manager.thread.pool.size", int, 2,
+                  "segment uploads in flight at once (one per partition at a time)", 1, 1024),
     ]
 }
 for _d, _broker_key in TOPIC_CONFIGS.values():
@@ -277,6 +331,18 @@ class BrokerConfig:
                 f"group.min.session.timeout.ms ({config['group.min.session.timeout.ms']}) must not exceed "
                 f"group.max.session.timeout.ms ({config['group.max.session.timeout.ms']})")
         return config
+
+    @property
+    def remote_storage_url(self) -> str:
+        """remote.storage.url, or file://{log.dir}/remote when empty."""
+        return self["remote.storage.url"] or f"file://{Path(self['log.dir']).resolve()}/remote"
+
+    @property
+    def remote_storage_options(self) -> dict[str, str]:
+        """The fsspec options of the remote store (RemoteSegmentStore.from_url's names)."""
+        keys = {"endpoint_url": "remote.storage.s3.endpoint.url", "key": "remote.storage.s3.access.key",
+                "secret": "remote.storage.s3.secret.key", "region": "remote.storage.s3.region"}
+        return {option: self[key] for option, key in keys.items() if self[key]}
 
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> "BrokerConfig":

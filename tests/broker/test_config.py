@@ -386,3 +386,48 @@ def test_shipped_broker_toml_sets_cleaner_and_group_keys_to_their_defaults():
     keys = [key for key in config.values if key.startswith(("log.cleaner.", "offsets.", "offset.", "group."))]
     assert len(keys) == 17
     assert {key: config.values[key] for key in keys} == {key: BROKER_CONFIGS[key].default for key in keys}
+
+
+# --- tiered storage ---------------------------------------------------------------------------
+
+
+def test_tiering_topic_configs_default_to_kafkas():
+    """remote.storage.enable is off; local.retention.* are -2, which means the whole log's retention."""
+    config = LogConfig(retention_ms=1000, retention_bytes=5000)
+    assert (config.remote_storage_enable, config.local_retention_ms, config.local_retention_bytes) == (False, -2, -2)
+    assert (config.effective_local_retention_ms, config.effective_local_retention_bytes) == (1000, 5000)
+    assert TOPIC_CONFIGS["local.retention.ms"][1] == "log.local.retention.ms"
+
+
+def test_tiering_topic_configs_parse_and_override():
+    """A topic enables tiering and keeps less locally than in the whole log."""
+    config = LogConfig.from_dotted({"remote.storage.enable": "true", "local.retention.ms": "60000",
+                                    "local.retention.bytes": 4096, "retention.bytes": 8192})
+    assert config.remote_storage_enable
+    assert (config.effective_local_retention_ms, config.effective_local_retention_bytes) == (60000, 4096)
+
+
+@pytest.mark.parametrize("values", [
+    {"local.retention.ms": 2000, "retention.ms": 1000},
+    {"local.retention.bytes": -1, "retention.bytes": 1000},
+    {"local.retention.bytes": -3},
+], ids=["local-ms-above-whole", "local-bytes-unbounded-whole-bounded", "below-minus-two"])
+def test_local_retention_cannot_exceed_the_whole_logs(values):
+    """Kafka's rule: the local log is part of the whole log, so it is never kept longer."""
+    with pytest.raises(InvalidConfigError):
+        LogConfig.from_dotted(values)
+
+
+def test_remote_storage_broker_configs():
+    """The remote store defaults to a folder of the log dir; the S3 keys become fsspec options."""
+    config = BrokerConfig.from_mapping({"log.dir": "/srv/pymq"})
+    assert config.remote_storage_url == "file:///srv/pymq/remote"
+    assert config.remote_storage_options == {}
+    assert not config["remote.log.storage.system.enable"]
+    assert config["remote.log.manager.task.interval.ms"] == 30_000
+    assert config["remote.log.manager.thread.pool.size"] == 2
+    s3 = BrokerConfig.from_mapping({"remote.storage.url": "s3://bucket/pymq", "remote.storage.s3.endpoint.url": "http://x:9000",
+                                    "remote.storage.s3.access.key": "k", "remote.storage.s3.secret.key": "s",
+                                    "remote.storage.s3.region": "eu-west-1"})
+    assert s3.remote_storage_url == "s3://bucket/pymq"
+    assert s3.remote_storage_options == {"endpoint_url": "http://x:9000", "key": "k", "secret": "s", "region": "eu-west-1"}
