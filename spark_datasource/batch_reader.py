@@ -3,6 +3,10 @@
 Planning (driver): the subscription's partitions, each one's [start, end) from
 startingOffsets/endingOffsets (or their timestamp forms), narrowed by pushed-down filters, split
 by `ranges.split_ranges`. Reading (executors): `task.read_offset_range`.
+
+With `remoteStorage.url`, the part of each range the remote tier holds is planned from the
+partitions' manifests instead, one task per remote segment not pruned by the pushed filters, read
+by executors from the object store (`remote_ranges.py`); only the rest is split for the brokers.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ from spark_datasource.filters import PushedFilters
 from spark_datasource.offsets import OffsetReader
 from spark_datasource.options import InvalidOptionError, SourceOptions
 from spark_datasource.ranges import OffsetRange, RangePartition, split_ranges
+from spark_datasource.remote_ranges import RemoteSegmentPartition, plan_remote, read_remote_segment
 from spark_datasource.task import read_offset_range
 
 
@@ -27,10 +32,20 @@ class PymqBatchReader(DataSourceReader):
         return list(self.filters.push(filters))
 
     def partitions(self) -> Sequence[InputPartition]:
-        return [RangePartition(r) for r in self.plan()]
+        if self.options.remote_storage_url is None:
+            return [RangePartition(r) for r in self.plan()]
+        remote, rest = plan_remote(self.options, self.offset_ranges(), self.filters.time_low_ms,
+                                   self.filters.time_high_ms)
+        brokers = [RangePartition(r) for r in split_ranges(
+            rest, self.options.min_partitions, self.options.max_records_per_partition)]
+        return sorted([*remote, *brokers], key=lambda p: (p.range.topic, p.range.partition, p.range.start))
 
     def plan(self) -> list[OffsetRange]:
-        """The offset ranges this read covers, split for Spark tasks."""
+        """The offset ranges this read covers, split for Spark tasks (all read from brokers)."""
+        return split_ranges(self.offset_ranges(), self.options.min_partitions, self.options.max_records_per_partition)
+
+    def offset_ranges(self) -> list[OffsetRange]:
+        """Each planned partition's [start, end), narrowed by the pushed filters (maybe empty)."""
         offsets = OffsetReader(self.options)
         try:
             subscribed = offsets.topic_partitions(missing_ok=False)
@@ -59,9 +74,11 @@ class PymqBatchReader(DataSourceReader):
                 start = end if by_time[tp] is None else max(start, by_time[tp])
             start, end = self.filters.narrow(start, end)
             ranges.append(OffsetRange(tp[0], tp[1], start, end))
-        return split_ranges(ranges, self.options.min_partitions, self.options.max_records_per_partition)
+        return ranges
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, RemoteSegmentPartition):
+            return read_remote_segment(self.options, partition)
         if not isinstance(partition, RangePartition):  # Spark's placeholder when nothing was planned
             return iter(())
         return read_offset_range(self.options, partition.range)

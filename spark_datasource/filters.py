@@ -6,8 +6,10 @@
   to its span and is left for Spark to finish.
 - `timestamp` (>, >=, =): each partition starts at the first offset whose record time is at or
   after the bound (ListOffsets by time); with CreateTime a later record may carry an earlier
-  time, so Spark still applies the filter. `<`/`<=` narrow nothing for the same reason, nor does
-  a bound before the epoch.
+  time, so Spark still applies the filter. `<`/`<=` narrow no offset range for the same reason, nor
+  does a bound before the epoch. With `remoteStorage.url`, both sides (`time_low_ms`,
+  `time_high_ms`) also skip whole remote segments whose [min, max] record times miss them
+  (`PartitionManifest.prune`); Spark still applies the filter.
 
 - `IS NOT NULL` on a column that is never null (all but key, value, headers): handled.
 
@@ -44,6 +46,7 @@ class PushedFilters:
     offset_low: int = 0  # inclusive
     offset_high: int | None = None  # exclusive
     time_low_ms: int | None = None  # records before this time may be skipped
+    time_high_ms: int | None = None  # records after this time may be skipped (inclusive bound)
 
     def allows_partition(self, partition: int) -> bool:
         return (self.partition_low <= partition < self.partition_high
@@ -101,12 +104,16 @@ class PushedFilters:
         return True
 
     def _timestamp(self, f: Filter) -> None:
-        if not isinstance(f, (GreaterThan, GreaterThanOrEqual, EqualTo)) or not isinstance(f.value, dt.datetime):
+        if not isinstance(f.value if hasattr(f, "value") else None, dt.datetime):
             return
         ms = _epoch_ms(f.value)
         if ms < 0:  # ListOffsets takes -1/-2 as latest/earliest and refuses other negatives
             return
-        self.time_low_ms = ms if self.time_low_ms is None else max(self.time_low_ms, ms)
+        if isinstance(f, (LessThan, LessThanOrEqual, EqualTo)):
+            # Milliseconds floored: a record time (whole ms) below a sub-ms bound is at most this.
+            self.time_high_ms = ms if self.time_high_ms is None else min(self.time_high_ms, ms)
+        if isinstance(f, (GreaterThan, GreaterThanOrEqual, EqualTo)):
+            self.time_low_ms = ms if self.time_low_ms is None else max(self.time_low_ms, ms)
 
 
 def _is_int(v: object) -> bool:

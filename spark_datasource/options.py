@@ -19,6 +19,8 @@ to pymq by changing the format name and the bootstrap option:
 | `includeHeaders` | `true`, `false` | `false` | adds the `headers` column |
 | `groupIdForLag` | consumer group id | | streaming: commit each finished batch's end to it (`lag_group.py`) |
 | `kafka.<setting>` | client setting | | e.g. `kafka.request.timeout.ms`, `kafka.fetch.max.bytes` |
+| `remoteStorage.url` | fsspec URL (`file:///path`, `s3://bucket/prefix`, ...) | | batch: read tiered segments from this store directly (`remote_ranges.py`) |
+| `remoteStorage.s3.endpointUrl`, `.accessKey`, `.secretKey`, `.region` | strings | | for an `s3://` store; need `remoteStorage.url` |
 
 An unknown, malformed or contradictory option raises `InvalidOptionError` naming the option and
 what it accepts, before any task runs. Spark hands options over case-insensitively (lower-cased
@@ -29,6 +31,11 @@ query commit its position, the end of each finished micro-batch, to that consume
 `pymq group describe GROUP` shows the pipeline's lag. The checkpoint stays the source of truth;
 a commit that fails (the group has active members, the broker is unreachable) is logged and the
 query goes on. Use a group of its own that no consumer joins. A batch read refuses the option.
+
+`remoteStorage.url` (not in the Kafka source) names the brokers' remote store (DESIGN.md section
+7): a batch read then plans the tiered part of each range from the partitions' manifests and its
+executors read those segments from the store themselves; only the part not yet tiered is fetched
+from brokers. Streaming reads refuse it for now.
 """
 from __future__ import annotations
 
@@ -59,13 +66,23 @@ _SOURCE_OPTIONS = {
     "startingoffsets", "endingoffsets", "startingtimestamp", "endingtimestamp",
     "startingoffsetsbytimestamp", "endingoffsetsbytimestamp", "startingoffsetsbytimestampstrategy",
     "maxoffsetspertrigger", "minoffsetspertrigger", "maxtriggerdelay", "minpartitions",
-    "maxrecordsperpartition", "failondataloss", "includeheaders", "groupidforlag",
+    "maxrecordsperpartition", "failondataloss", "includeheaders", "groupidforlag", "remotestorage.url",
 }
+# remoteStorage.s3.* options, as RemoteSegmentStore.from_url's filesystem options.
+REMOTE_S3_OPTIONS = {
+    "remotestorage.s3.endpointurl": "endpoint_url",
+    "remotestorage.s3.accesskey": "key",
+    "remotestorage.s3.secretkey": "secret",
+    "remotestorage.s3.region": "region",
+}
+_SOURCE_OPTIONS |= set(REMOTE_S3_OPTIONS)
 _SPELLING = {name.lower(): name for name in (
     "subscribePattern", "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp",
     "startingOffsetsByTimestamp", "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy",
     "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "minPartitions",
-    "maxRecordsPerPartition", "failOnDataLoss", "includeHeaders", "groupIdForLag")}
+    "maxRecordsPerPartition", "failOnDataLoss", "includeHeaders", "groupIdForLag", "remoteStorage.url",
+    "remoteStorage.s3.endpointUrl", "remoteStorage.s3.accessKey", "remoteStorage.s3.secretKey",
+    "remoteStorage.s3.region")}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
 _DURATION_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -137,6 +154,9 @@ class SourceOptions:
     include_headers: bool = False
     group_id_for_lag: str | None = None  # streaming: the group each finished batch's end is committed to
     client: dict[str, Any] = field(default_factory=dict)  # keyword settings for the pymq client
+    remote_storage_url: str | None = None  # batch: the remote store tiered segments are read from
+    # RemoteSegmentStore.from_url's filesystem options (may hold a secret key: kept out of repr)
+    remote_storage_options: dict[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool) -> "SourceOptions":
@@ -200,6 +220,7 @@ class SourceOptions:
                                      f"'maxOffsetsPerTrigger' ({max_per_trigger})")
         delay = _duration_ms(opts, "maxtriggerdelay", 15 * 60_000)
         lag_group = _lag_group(opts, streaming)
+        remote_url, remote_options = _remote_storage(opts, streaming)
         return cls(
             bootstrap_servers=bootstrap,
             subscribe=subscribe,
@@ -217,6 +238,8 @@ class SourceOptions:
             include_headers=_boolean(opts, "includeheaders", False),
             group_id_for_lag=lag_group,
             client=client,
+            remote_storage_url=remote_url,
+            remote_storage_options=remote_options,
         )
 
     def topic_matches(self, topic: str) -> bool:
@@ -342,6 +365,28 @@ def _lag_group(opts: dict[str, str], streaming: bool) -> str | None:
     if not group:
         raise InvalidOptionError(f"option 'groupIdForLag' must name a consumer group (a non-empty string), not {text!r}")
     return group
+
+
+def _remote_storage(opts: dict[str, str], streaming: bool) -> tuple[str | None, dict[str, str]]:
+    """`remoteStorage.url` and its S3 settings (batch reads only, for now)."""
+    url = opts.get("remotestorage.url")
+    s3 = {setting: opts[name].strip() for name, setting in REMOTE_S3_OPTIONS.items() if name in opts}
+    if url is None:
+        if s3:
+            given = next(spelled(n) for n in REMOTE_S3_OPTIONS if n in opts)
+            raise InvalidOptionError(f"option {given!r} needs 'remoteStorage.url' (the store it is for)")
+        return None, {}
+    if streaming:
+        raise InvalidOptionError("option 'remoteStorage.url' is for batch queries only (for now): a streaming query "
+                                 "reads through the brokers, which serve tiered offsets themselves")
+    url = url.strip()
+    if not url:
+        raise InvalidOptionError("option 'remoteStorage.url' must be a store URL like 'file:///data/pymq-remote' or "
+                                 "'s3://bucket/prefix', not an empty string")
+    if s3 and not url.startswith(("s3://", "s3a://")):
+        given = next(spelled(n) for n in REMOTE_S3_OPTIONS if n in opts)
+        raise InvalidOptionError(f"option {given!r} is for an s3:// store; 'remoteStorage.url' is {url!r}")
+    return url, s3
 
 
 def _timestamp(option: str, text: str) -> int:

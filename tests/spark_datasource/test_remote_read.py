@@ -1,0 +1,191 @@
+"""Batch reads with `remoteStorage.url`: tiered segments planned from the manifests and read by
+executors straight from the object store, the untiered tail from the broker.
+
+The remote tier is built without the broker's tiering loop: a real broker writes `tiered` (2
+partitions, small segments), is stopped cleanly, its sealed segments are uploaded with
+RemoteSegmentStore to a `file://` root and committed to each partition's manifest, and the broker
+starts again with its local log whole. Record n of partition p has offset n and create time
+`BASE_MS + 10 * n`.
+"""
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pytest
+from pyspark.sql import functions as F
+from pyspark.sql.datasource import GreaterThanOrEqual, LessThan
+
+from broker.client import Admin, Producer
+from broker.log import SegmentFiles
+from broker.process import BrokerProcess
+from spark_datasource.batch_reader import PymqBatchReader
+from spark_datasource.options import InvalidOptionError, SourceOptions
+from spark_datasource.ranges import RangePartition
+from spark_datasource.remote_ranges import RemoteSegmentPartition
+from tiered_storage import PartitionManifest, RemoteSegmentStore
+
+TOPIC = "tiered"
+PARTITIONS = 2
+BATCHES = 30
+PER_BATCH = 20
+PER_PARTITION = BATCHES * PER_BATCH
+BASE_MS = 1_700_000_000_000
+STEP_MS = 10
+
+
+def value_of(partition: int, n: int) -> bytes:
+    return f"p{partition}-{n:06d}".encode().ljust(60, b".")
+
+
+@pytest.fixture(scope="module")
+def tiered(source_broker: BrokerProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[int, PartitionManifest]]:
+    """`tiered` written, its sealed segments uploaded and committed; the manifests by partition."""
+    bootstrap = source_broker.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(TOPIC, partitions=PARTITIONS, configs={"segment.bytes": 4096, "retention.ms": -1})
+    with Producer(bootstrap, linger_ms=0) as producer:
+        for b in range(BATCHES):
+            for p in range(PARTITIONS):
+                ns = range(b * PER_BATCH, (b + 1) * PER_BATCH)
+                producer.send_batch(TOPIC, pa.table({
+                    "key": [f"k{n % 7}".encode() for n in ns],
+                    "value": [value_of(p, n) for n in ns],
+                    "timestamp": pa.array([BASE_MS + STEP_MS * n for n in ns], pa.int64()),
+                }), partition=p)
+            producer.flush()
+    source_broker.stop()
+    store = RemoteSegmentStore.from_url(remote_url(tmp_path_factory))
+    manifests = {}
+    try:
+        for p in range(PARTITIONS):
+            [directory] = source_broker.log_dir.glob(f"**/{TOPIC}-{p}")
+            bases = sorted(int(path.stem) for path in directory.glob("*.log"))
+            assert len(bases) >= 5, bases
+            manifest = store.load_manifest(TOPIC, p)
+            for base in bases[:-1]:  # every segment but the active one
+                segment = store.upload_segment(TOPIC, p, SegmentFiles(directory, base))
+                manifest = store.commit_manifest(manifest.version, manifest.with_segment(segment))
+            manifests[p] = manifest
+            assert 0 < manifest.log_end_offset < PER_PARTITION
+    finally:
+        source_broker.start()
+    yield manifests
+
+
+_ROOT: list[str] = []
+
+
+def remote_url(tmp_path_factory: pytest.TempPathFactory | None = None) -> str:
+    if not _ROOT:
+        assert tmp_path_factory is not None
+        _ROOT.append(f"file://{tmp_path_factory.mktemp('remote')}")
+    return _ROOT[0]
+
+
+def options(bootstrap: str, **extra: str) -> dict[str, str]:
+    return {"kafka.bootstrap.servers": bootstrap, "subscribe": TOPIC, "includeHeaders": "true", **extra}
+
+
+def reader(bootstrap: str, filters: list | None = None, **extra: str) -> PymqBatchReader:
+    r = PymqBatchReader(SourceOptions.parse(options(bootstrap, **{"remoteStorage.url": remote_url()}, **extra), False))
+    if filters:
+        r.pushFilters(filters)
+    return r
+
+
+def remote_parts(r: PymqBatchReader) -> list[RemoteSegmentPartition]:
+    return [p for p in r.partitions() if isinstance(p, RemoteSegmentPartition)]
+
+
+def utc(ms: int) -> dt.datetime:
+    return dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(milliseconds=ms)
+
+
+def test_remote_read_returns_every_record_once_as_the_broker_read_does(spark, source_broker, tiered):
+    """Every record of both tiers exactly once, all columns equal to a broker-only read."""
+    bootstrap = source_broker.bootstrap
+    planned = reader(bootstrap).partitions()
+    remote = [p for p in planned if isinstance(p, RemoteSegmentPartition)]
+    assert len(remote) == sum(len(m.segments) for m in tiered.values())
+    assert {p.range.partition for p in planned if isinstance(p, RangePartition)} == set(range(PARTITIONS))
+
+    from_remote = spark.read.format("pymq").options(**options(bootstrap, **{"remoteStorage.url": remote_url()})).load()
+    from_broker = spark.read.format("pymq").options(**options(bootstrap)).load()
+    got = from_remote.orderBy("partition", "offset").collect()
+    assert got == from_broker.orderBy("partition", "offset").collect()
+    assert [(r.partition, r.offset) for r in got] == [(p, n) for p in range(PARTITIONS) for n in range(PER_PARTITION)]
+    assert [r.value for r in got] == [value_of(p, n) for p in range(PARTITIONS) for n in range(PER_PARTITION)]
+    assert from_remote.count() == PARTITIONS * PER_PARTITION
+
+
+def test_remote_segments_are_read_with_the_broker_stopped(source_broker, tiered):
+    """Executors read the remote partitions from the object store alone: the broker is down."""
+    r = reader(source_broker.bootstrap)
+    remote = remote_parts(r)
+    source_broker.stop()
+    try:
+        rows = pa.Table.from_batches([b for part in remote for b in r.read(part)])
+    finally:
+        source_broker.start()
+    for p, manifest in tiered.items():
+        mine = rows.filter(pa.compute.equal(rows["partition"], p))
+        assert mine["offset"].to_pylist() == list(range(manifest.log_end_offset))
+        assert mine["value"].to_pylist() == [value_of(p, n) for n in range(manifest.log_end_offset)]
+        assert mine["timestamp"].cast(pa.int64()).to_pylist() == [(BASE_MS + STEP_MS * n) * 1000
+                                                                    for n in range(manifest.log_end_offset)]
+
+
+def test_an_offset_filter_plans_fewer_remote_segments(spark, source_broker, tiered):
+    """offset >= 200 AND offset < 300 opens only the segments holding those offsets."""
+    everything = len(remote_parts(reader(source_broker.bootstrap)))
+    pruned = remote_parts(reader(source_broker.bootstrap, [GreaterThanOrEqual(("offset",), 200),
+                                                           LessThan(("offset",), 300)]))
+    assert 0 < len(pruned) < everything
+    assert all(200 <= p.range.start < p.range.end <= 300 for p in pruned)
+    df = spark.read.format("pymq").options(**options(source_broker.bootstrap, **{"remoteStorage.url": remote_url()})).load()
+    got = df.where((F.col("offset") >= 200) & (F.col("offset") < 300)).select("partition", "offset").collect()
+    assert sorted((r.partition, r.offset) for r in got) == [(p, n) for p in range(PARTITIONS) for n in range(200, 300)]
+
+
+def test_a_timestamp_filter_plans_fewer_remote_segments(spark, source_broker, tiered):
+    """timestamp < t skips every remote segment whose records are all later than t."""
+    cut = 150
+    everything = len(remote_parts(reader(source_broker.bootstrap)))
+    pruned = remote_parts(reader(source_broker.bootstrap, [LessThan(("timestamp",), utc(BASE_MS + STEP_MS * cut))]))
+    assert 0 < len(pruned) < everything
+    assert all(p.segment.min_timestamp < BASE_MS + STEP_MS * cut for p in pruned)
+    df = spark.read.format("pymq").options(**options(source_broker.bootstrap, **{"remoteStorage.url": remote_url()})).load()
+    got = df.where(F.col("timestamp") < utc(BASE_MS + STEP_MS * cut)).select("partition", "offset").collect()
+    assert sorted((r.partition, r.offset) for r in got) == [(p, n) for p in range(PARTITIONS) for n in range(cut)]
+
+
+def test_a_later_timestamp_filter_skips_the_earlier_segments(source_broker, tiered):
+    """timestamp >= t plans no remote segment wholly before t."""
+    cut = 300
+    pruned = remote_parts(reader(source_broker.bootstrap, [GreaterThanOrEqual(("timestamp",), utc(BASE_MS + STEP_MS * cut))]))
+    assert pruned and all(p.segment.max_timestamp >= BASE_MS + STEP_MS * cut for p in pruned)
+    assert len(pruned) < len(remote_parts(reader(source_broker.bootstrap)))
+
+
+@pytest.mark.parametrize("given, streaming, message", [
+    ({"remoteStorage.url": "file:///x"}, True, "batch queries only"),
+    ({"remoteStorage.s3.region": "eu-west-1"}, False, "needs 'remoteStorage.url'"),
+    ({"remoteStorage.url": "file:///x", "remoteStorage.s3.accessKey": "a"}, False, "for an s3:// store"),
+    ({"remoteStorage.url": " "}, False, "not an empty string"),
+], ids=["streaming", "s3-without-url", "s3-option-on-file-url", "empty-url"])
+def test_remote_storage_options_are_checked(given, streaming, message):
+    """Misused remoteStorage options fail at parse time, naming the option."""
+    with pytest.raises(InvalidOptionError, match=message):
+        SourceOptions.parse({"kafka.bootstrap.servers": "h:1", "subscribe": "t", **given}, streaming)
+
+
+def test_s3_settings_reach_the_store_options_and_stay_out_of_repr():
+    """remoteStorage.s3.* become from_url's s3 options; the secret is not printed."""
+    opts = SourceOptions.parse({"kafka.bootstrap.servers": "h:1", "subscribe": "t", "remoteStorage.url": "s3://b/p",
+                                "remoteStorage.s3.endpointUrl": "http://127.0.0.1:9", "remoteStorage.s3.accessKey": "AK",
+                                "remoteStorage.s3.secretKey": "SECRET", "remoteStorage.s3.region": "eu-west-1"}, False)
+    assert opts.remote_storage_options == {"endpoint_url": "http://127.0.0.1:9", "key": "AK", "secret": "SECRET",
+                                           "region": "eu-west-1"}
+    assert "SECRET" not in repr(opts)
