@@ -189,3 +189,51 @@ def test_s3_settings_reach_the_store_options_and_stay_out_of_repr():
     assert opts.remote_storage_options == {"endpoint_url": "http://127.0.0.1:9", "key": "AK", "secret": "SECRET",
                                            "region": "eu-west-1"}
     assert "SECRET" not in repr(opts)
+
+
+@pytest.fixture(scope="module")
+def s3_url(tiered, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    """The file:// tier copied object by object to a bucket of a moto S3 server (same layout and
+    names); its URL and the remoteStorage.s3.* options that reach it."""
+    from tests.tiered_storage.backends import REGION, MotoServer, make_bucket
+
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log").start()
+    try:
+        bucket = make_bucket(server.endpoint_url)
+        source = RemoteSegmentStore.from_url(remote_url())
+        target = RemoteSegmentStore.from_url(f"s3://{bucket}/pymq", {
+            "endpoint_url": server.endpoint_url, "key": "testing", "secret": "testing", "region": REGION})
+        for path in source.fs.find(source.topic_path(TOPIC)):
+            target.fs.pipe_file(target.root + path.removeprefix(source.root), source.fs.cat_file(path))
+        yield f"s3://{bucket}/pymq", {"remoteStorage.s3.endpointUrl": server.endpoint_url,
+                                      "remoteStorage.s3.accessKey": "testing",
+                                      "remoteStorage.s3.secretKey": "testing", "remoteStorage.s3.region": REGION}
+    finally:
+        server.stop()
+
+
+def test_remote_read_from_s3_equals_the_broker_read(spark, source_broker, tiered, s3_url):
+    """The same read against an S3 store (moto, through s3fs on the executors): every record once."""
+    url, s3 = s3_url
+    bootstrap = source_broker.bootstrap
+    r = PymqBatchReader(SourceOptions.parse(options(bootstrap, **{"remoteStorage.url": url}, **s3), False))
+    assert len(remote_parts(r)) == sum(len(m.segments) for m in tiered.values())
+    from_s3 = spark.read.format("pymq").options(**options(bootstrap, **{"remoteStorage.url": url}, **s3)).load()
+    from_broker = spark.read.format("pymq").options(**options(bootstrap)).load()
+    assert from_s3.orderBy("partition", "offset").collect() == from_broker.orderBy("partition", "offset").collect()
+
+
+def test_split_at_remote_end_cuts_at_segment_bounds_and_leaves_deleted_offsets_to_the_brokers(tiered):
+    """Remote parts tile [start, remote end) at segment bounds; a range starting below the remote
+    log start (deleted remotely) goes to the brokers whole, which answer or report the loss."""
+    from spark_datasource.ranges import OffsetRange
+    from spark_datasource.remote_ranges import split_at_remote_end
+
+    manifest = tiered[0]
+    parts, tail = split_at_remote_end(OffsetRange(TOPIC, 0, 5, PER_PARTITION), manifest, None, None)
+    assert [(p.range.start, p.range.end) for p in parts] == [
+        (max(5, s.base_offset), s.next_offset) for s in manifest.segments]
+    assert (tail.start, tail.end) == (manifest.log_end_offset, PER_PARTITION)
+    trimmed = manifest.with_log_start_offset(manifest.segments[1].base_offset)
+    parts, tail = split_at_remote_end(OffsetRange(TOPIC, 0, 0, PER_PARTITION), trimmed, None, None)
+    assert parts == [] and (tail.start, tail.end) == (0, PER_PARTITION)
