@@ -24,15 +24,24 @@ import asyncio
 import logging
 from collections.abc import Awaitable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from broker.cluster.partition import NO_EPOCH, LeaderAndIsr, Partition
 from broker.config import LogConfig
-from broker.errors import InvalidRequestError, KafkaStorageError, RequestTimedOutError, UnknownTopicOrPartitionError
+from broker.errors import (
+    InvalidRequestError,
+    KafkaStorageError,
+    PymqError,
+    RequestTimedOutError,
+    UnknownTopicOrPartitionError,
+)
 from broker.log import AppendInfo, LogManager, TopicLogSpec, UnifiedLog
 from broker.log_writer import LogWriter
 from broker.purgatory import DelayedOperation, DelayedOperationPurgatory, ProducePurgatory
 from broker.record import now_ms
+
+if TYPE_CHECKING:
+    from broker.log.remote_log_manager import RemoteLogManager
 
 log = logging.getLogger("pymq.replica_manager")
 
@@ -50,6 +59,7 @@ class ReplicaManager:
         self._flushing: dict[UnifiedLog, bool] = {}  # log -> another flush was asked for meanwhile
         self._checkpoint_wanted = False
         self._checkpointing: asyncio.Task[None] | None = None
+        self.remote_logs: RemoteLogManager | None = None  # tiered storage, when the broker runs it
 
     # --- partitions ------------------------------------------------------------------------
 
@@ -99,6 +109,15 @@ class ReplicaManager:
             self.produce_purgatory.fail(key, UnknownTopicOrPartitionError(f"topic {topic!r} was deleted"))
             self.fetch_purgatory.notify(key)
         await asyncio.to_thread(self.logs.delete_topic, topic)
+        if self.remote_logs is not None:
+            try:
+                await asyncio.to_thread(self.remote_logs.delete_topic, topic)
+            except PymqError as err:
+                log.error("remote data of deleted topic %s not deleted: %s", topic, err)
+
+    def leader_logs(self) -> list[UnifiedLog]:
+        """The logs of the partitions led here (what the remote log manager tiers)."""
+        return [p.log for p in self._partitions.values() if p.is_leader]
 
     def update_config(self, topic: str, config: LogConfig) -> None:
         self.logs.update_config(topic, config)

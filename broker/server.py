@@ -275,11 +275,15 @@ class Broker:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.store = store or LocalMetadataStore(self.log_dir / METADATA_FILE)
         self.registry = TopicRegistry(self.store, config["broker.id"], config.log_defaults)
-        self.logs = LogManager(self.log_dir, max_open_files=config["log.max.open.files"])
+        self.logs = LogManager(self.log_dir, max_open_files=config["log.max.open.files"],
+                               remote_storage=config["remote.log.storage.system.enable"])
         self.cleaner = LogCleaner.from_config(config, self.logs)
         self.purgatory = DelayedOperationPurgatory()
         self.writer = LogWriter(config["log.writer.offload.bytes"], config["queued.max.request.bytes"])
         self.replicas = ReplicaManager(config["broker.id"], self.logs, self.writer, self.purgatory)
+        if config["remote.log.storage.system.enable"]:
+            from broker.log.remote_log_manager import RemoteLogManager  # fsspec: only when tiering
+            self.replicas.remote_logs = RemoteLogManager.from_config(config, self.replicas.leader_logs)
         self.handlers = RequestHandlers(config, self.registry, self.replicas, self.advertised)
         self.connections: set[Connection] = set()
         self.zero_copy = config["zero.copy"] and config["event.loop"] == "asyncio"
@@ -322,6 +326,8 @@ class Broker:
             loop.create_task(self._every(self.config["log.flush.offset.checkpoint.interval.ms"], self._checkpoint)),
             loop.create_task(self._every(1000, self._close_idle)),
         ]
+        if self.replicas.remote_logs is not None:
+            self._tasks.append(loop.create_task(self._every(self.config["remote.log.manager.task.interval.ms"], self._tier)))
         log.info("pymq broker %d listening on %s:%d (log.dir %s, %d topics)", self.config["broker.id"],
                  self.config["host"], self.port, self.log_dir, len(self.registry.topics))
 
@@ -339,6 +345,8 @@ class Broker:
         await self.writer.close()
         await self.replicas.wait_idle()
         await asyncio.to_thread(self.cleaner.stop)  # before the logs close: a swap in progress finishes
+        if self.replicas.remote_logs is not None:  # an upload in progress finishes, no other starts
+            await asyncio.to_thread(self.replicas.remote_logs.close)
         await asyncio.to_thread(self.logs.close)
         await self.store.close()
         if self._metrics is not None:
@@ -362,6 +370,11 @@ class Broker:
 
     async def _retention(self) -> None:
         await self.replicas.run_retention(self.config["file.delete.delay.ms"])
+
+    async def _tier(self) -> None:
+        """Submit the tiering tasks (they run in the remote log manager's threads)."""
+        assert self.replicas.remote_logs is not None
+        self.replicas.remote_logs.schedule()
 
     async def _scheduled_flush(self) -> None:
         self.replicas.schedule_flushes()

@@ -8,6 +8,9 @@
     LogManager     every log of a log directory, its checkpoints and failures (log_manager.py)
     LogCleaner     compaction of cleanup.policy=compact logs on a background thread (log_cleaner.py,
                    over the pure core in compaction.py)
+    RemoteLogManager  tiering: uploads sealed segments to the remote store, commits the manifest,
+                   expires remote segments (remote_log_manager.py; imported where used: it pulls in
+                   fsspec, and only brokers with remote.log.storage.system.enable need it)
 
 Does file I/O and nothing else: no networking, no asyncio. Methods that fsync, rename or recover
 are meant for worker threads; appends and reads are cheap enough for the event loop.

@@ -78,8 +78,10 @@ class TopicLogSpec:
 class LogManager:
     """The partition logs of one log directory, keyed by (topic, partition). Thread-safe."""
 
-    def __init__(self, log_dir: Path, clock: Callable[[], int] = record.now_ms, max_open_files: int = 1024) -> None:
+    def __init__(self, log_dir: Path, clock: Callable[[], int] = record.now_ms, max_open_files: int = 1024,
+                 remote_storage: bool = False) -> None:
         self.log_dir = Path(log_dir)
+        self.remote_storage = remote_storage  # remote.log.storage.system.enable: logs of remote.storage.enable topics tier
         self._clock = clock
         self._lock = threading.Lock()
         self._checkpoint_lock = threading.Lock()
@@ -209,6 +211,7 @@ class LogManager:
             dir_failure=self.failure,
             leader_epoch=spec.leader_epoch,
             durable=durable,
+            remote_storage=self.remote_storage,
         )
 
     # --- lookups ---------------------------------------------------------------------------

@@ -34,6 +34,14 @@ segment, and swaps it in with `replace_segments`, which checks under the lock th
 are still there as they were read. Retention by time and size applies only to logs whose
 cleanup.policy has delete.
 
+Tiered storage (DESIGN.md section 7): when the log is `tiered` (the broker runs the remote log
+manager and the topic has remote.storage.enable), the RemoteLogManager uploads sealed segments and
+records the highest offset the remote store holds here (`update_remote_log_state`). Local
+retention (local.retention.ms/bytes) then deletes only segments wholly at or below it, moving
+`local_log_start_offset`; `log_start_offset` stays the start of the whole log (remote plus local),
+moved only by the remote log manager once expired remote segments left the manifest. Reads below
+the local log start are not served yet (OFFSET_OUT_OF_RANGE).
+
 Threading: every public method may be called from any thread; state changes happen under one
 lock; `flush` runs its fsyncs outside it on duplicated fds, and retention writes the leader-epoch
 checkpoint outside it, so an append on the event loop never waits for those fsyncs.
@@ -60,6 +68,7 @@ from broker.log.segment import BatchInfo, FetchSlice, Segment
 log = logging.getLogger(__name__)
 
 LEADER_EPOCH_FILE = "leader-epoch-checkpoint"
+INT64_END = 2**63  # past every offset
 
 
 class LogDirFailure:
@@ -137,6 +146,9 @@ class UnifiedLog:
         self._truncations = 0  # cuts of the log's end: a flush in flight across one vouches for nothing
         self.log_start_offset = local.start_offset
         self.high_watermark = local.log_end_offset
+        self.remote_storage = False  # the broker runs tiered storage (open's remote_storage)
+        self.tiered = False  # remote_storage and the topic's remote.storage.enable
+        self.highest_offset_in_remote_storage = -1  # -1 until the remote log manager read the manifest
         self.last_recovery_truncated_bytes = 0
         self.recovered_bytes = 0  # what the last open re-validated after the recovery point
         self.damaged_segments = 0
@@ -158,12 +170,15 @@ class UnifiedLog:
         dir_failure: LogDirFailure | None = None,
         leader_epoch: int | None = None,
         durable: bool = True,
+        remote_storage: bool = False,
     ) -> UnifiedLog:
         """Create the directory with one empty segment, or load it and recover what follows
         `recovery_point`. With `topic_id`, a directory that belongs to another incarnation of the
         topic raises InconsistentTopicIdError (the caller moves it aside). `leader_epoch`, if
         newer than the log's, starts at the LEO. `durable=False` leaves the new files unsynced for
-        a caller that creates many logs and syncs the filesystem once. Raises KafkaStorageError if
+        a caller that creates many logs and syncs the filesystem once. `remote_storage`: the broker
+        runs tiered storage (the topic's remote.storage.enable then makes the log `tiered`, and
+        the checkpointed `log_start_offset` may lie below the local segments). Raises KafkaStorageError if
         the directory cannot be used."""
         try:
             directory.mkdir(parents=True, exist_ok=True)
@@ -191,7 +206,13 @@ class UnifiedLog:
         except OSError as err:
             raise KafkaStorageError(f"cannot load {directory}: {err}") from err
         unified = cls(directory, topic, partition, config, local, epochs, clock, dir_failure or LogDirFailure(), topic_id)
-        unified.log_start_offset = min(max(log_start_offset, local.start_offset), local.log_end_offset)
+        unified.remote_storage = remote_storage
+        unified.tiered = remote_storage and config.remote_storage_enable
+        if unified.tiered:
+            # The whole log starts where the remote one does, below the local segments.
+            unified.log_start_offset = min(log_start_offset, local.start_offset)
+        else:
+            unified.log_start_offset = min(max(log_start_offset, local.start_offset), local.log_end_offset)
         hw = local.log_end_offset if high_watermark is None else high_watermark
         unified.high_watermark = min(max(hw, unified.log_start_offset), local.log_end_offset)
         unified.last_recovery_truncated_bytes = loaded.truncated_bytes
@@ -236,6 +257,8 @@ class UnifiedLog:
         with self._lock:
             self.config = config
             self._local.config = config
+            # Once tiered, a log stays tiered until the broker restarts (its log start is the remote one's).
+            self.tiered = self.tiered or (self.remote_storage and config.remote_storage_enable)
 
     def segments(self) -> list[Segment]:
         """A snapshot of the segments, oldest first; the last is the active one."""
@@ -417,6 +440,10 @@ class UnifiedLog:
         OffsetOutOfRangeError outside [log_start_offset, LEO]."""
         with self._lock:
             self._check_usable()
+            if self.log_start_offset <= offset < self.local_log_start_offset:
+                raise OffsetOutOfRangeError(
+                    f"{self.topic}-{self.partition}: offset {offset} is in remote storage (below the local log "
+                    f"start {self.local_log_start_offset}); reads from remote storage are not served yet")
             if not self.log_start_offset <= offset <= self.log_end_offset:
                 raise OffsetOutOfRangeError(
                     f"offset {offset} is out of range for {self.topic}-{self.partition}: "
@@ -555,9 +582,10 @@ class UnifiedLog:
             except SegmentsRemovedError as err:
                 # A rename failed part way: the segments renamed before it left the log.
                 removed, error = err.removed, err
-            self.log_start_offset = max(self.log_start_offset, self._local.start_offset)
-            # Nothing below the log start needs recovery: the recovery point may skip ahead.
-            self._local.recovery_point = max(self._local.recovery_point, self.log_start_offset)
+            if not self.tiered:  # a tiered log's start is the remote log's (update_remote_log_state)
+                self.log_start_offset = max(self.log_start_offset, self._local.start_offset)
+            # Nothing below the (local) log start needs recovery: the recovery point may skip ahead.
+            self._local.recovery_point = max(self._local.recovery_point, self.log_start_offset, self._local.start_offset)
             epochs_changed = self._epochs.truncate_from_start(self.log_start_offset, write=False)
         if epochs_changed:
             # Outside the lock: appends on the event loop must not wait for these fsyncs. Under
@@ -572,7 +600,8 @@ class UnifiedLog:
         if error is not None:
             # The caller still gets the removed segments to delete, whatever failed.
             raise SegmentsRemovedError(str(error), removed) from error
-        log.info("%s: retention deleted %d segments, log start offset now %d", self, len(removed), self.log_start_offset)
+        log.info("%s: retention deleted %d segments, log start offset now %d (local %d)", self, len(removed),
+                 self.log_start_offset, self.local_log_start_offset)
         return removed
 
     def _deletable_segments(self, now_ms: int) -> list[Segment]:
@@ -584,6 +613,12 @@ class UnifiedLog:
         delete = self.config.delete
         retention_ms = self.config.retention_ms if delete else -1
         retention_bytes = self.config.retention_bytes if delete else -1
+        # Tiered: local retention, and only over what the remote store holds (uploaded and committed).
+        uploaded_end = INT64_END
+        if self.tiered:
+            retention_ms = self.config.effective_local_retention_ms if delete else -1
+            retention_bytes = self.config.effective_local_retention_bytes if delete else -1
+            uploaded_end = self.highest_offset_in_remote_storage + 1
         segments = self._local.segments
         excess_bytes = segments.size_bytes() - retention_bytes
         deletable: list[Segment] = []
@@ -591,6 +626,8 @@ class UnifiedLog:
         for segment in segments:
             if segment.next_offset > self.high_watermark or (not segment.size and segment is segments.active):
                 break
+            if segment.next_offset > uploaded_end and segment.next_offset > self.log_start_offset:
+                break  # not in the remote store yet: its only copy is this one
             if not segment.size:
                 empty.append(segment)
                 continue
@@ -604,6 +641,27 @@ class UnifiedLog:
             empty = []
             excess_bytes -= segment.size
         return deletable
+
+    def update_remote_log_state(self, log_start_offset: int, highest_offset: int) -> None:
+        """The remote log manager read or committed the manifest: the remote log starts at
+        `log_start_offset` and holds every offset up to `highest_offset` (-1: nothing). Local
+        retention may then delete local segments wholly at or below `highest_offset`; the log
+        start moves up to the remote log's (never down, never past the local segments' start
+        unless retention dropped them: the offsets between are gone)."""
+        with self._lock:
+            self.highest_offset_in_remote_storage = max(self.highest_offset_in_remote_storage, highest_offset)
+            if highest_offset < 0 or highest_offset + 1 < self._local.start_offset:
+                # Nothing remote, or a gap below the local segments: the log starts locally.
+                start = self._local.start_offset
+            else:
+                start = log_start_offset
+            self.log_start_offset = min(max(self.log_start_offset, start), self.log_end_offset)
+            self.high_watermark = max(self.high_watermark, self.log_start_offset)
+
+    def local_segments_above(self, offset: int) -> list[Segment]:
+        """The segments holding offsets at or above `offset` (remote retention counts their bytes)."""
+        with self._lock:
+            return [segment for segment in self._local.segments if segment.next_offset > offset]
 
     # --- compaction ------------------------------------------------------------------------
 

@@ -1,0 +1,251 @@
+"""RemoteLogManager: tiers the sealed segments of led partitions to the remote store (Kafka's
+RemoteLogManager; DESIGN.md section 7, the store and manifest in tiered_storage/).
+
+For each log that is `tiered` (the broker has remote.log.storage.system.enable and the topic
+remote.storage.enable) and led here, one task at a time per partition, in a pool of
+`remote.log.manager.thread.pool.size` worker threads (the event loop only submits tasks):
+
+1. First time: read the partition's manifest (what is uploaded; a broker killed during an upload
+   left only unnamed objects, so that segment is uploaded again: idempotent). Then, and again
+   every grace period, clean the partition's orphans older than the grace period (an hour).
+2. Upload, in offset order, every sealed segment not yet in the manifest that lies wholly below
+   the high watermark and the recovery point (committed and fsynced): its `.log`, `.index` and
+   `.timeindex`, read back and checked by size and CRC32C (RemoteSegmentStore.upload_segment).
+   Bandwidth is bounded by remote.log.manager.copy.max.bytes.per.second over all uploads.
+3. Commit the manifest naming it (compare-and-set on the version read), and only then record the
+   highest offset in remote storage on the UnifiedLog: local retention (local.retention.*) may
+   delete local segments wholly at or below it, never anything else.
+4. Whole-log retention (retention.ms / retention.bytes over remote plus local-only bytes): commit a
+   manifest without the expired remote segments, move the log start offset, then delete their
+   objects (a crash between leaves orphans, which step 1 cleans).
+
+Any failure (the store down, a conflict, a local file gone) is logged once per run of failures
+and retried with exponential backoff capped at `max_backoff_ms`; nothing local is ever deleted
+here. Deleting a topic deletes its remote folder (`delete_topic`).
+
+Not here yet: reads below the local log start from the remote store (fetches there get
+OFFSET_OUT_OF_RANGE), and compacted topics (they are never tiered, as in Kafka).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+
+from broker import record
+from broker.config import INT64_MAX, BrokerConfig
+from broker.errors import KafkaStorageError, PymqError
+from broker.log.segment import Segment
+from broker.log.unified_log import UnifiedLog
+from tiered_storage import DEFAULT_ORPHAN_GRACE_MS, ManifestConflictError, PartitionManifest, RemoteSegmentStore
+
+log = logging.getLogger(__name__)
+
+INITIAL_BACKOFF_MS = 500
+
+
+@dataclass
+class _PartitionTiering:
+    """What the manager knows of one partition; touched by one task at a time (`busy`)."""
+
+    manifest: PartitionManifest | None = None  # None: read it (first run, or after a conflict)
+    busy: bool = False
+    failures: int = 0  # consecutive failed runs
+    retry_at_ms: int = 0
+    orphans_cleaned_ms: int | None = None  # when clean_orphans last ran (again every grace period)
+
+
+class CopyThrottle:
+    """Bounds the bytes uploaded per second over all uploads: each upload reserves its size and
+    waits until the reservations before it have had their time (a token bucket without burst)."""
+
+    def __init__(self, bytes_per_second: int, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], None] = time.sleep) -> None:
+        assert bytes_per_second > 0, bytes_per_second
+        self.bytes_per_second = bytes_per_second
+        self._clock = clock
+        self._sleep = sleep
+        self._lock = threading.Lock()
+        self._next_free = 0.0
+
+    def acquire(self, size: int) -> float:
+        """Wait for `size` bytes of bandwidth; returns the seconds waited."""
+        if self.bytes_per_second >= INT64_MAX:
+            return 0.0
+        with self._lock:
+            now = self._clock()
+            start = max(now, self._next_free)
+            self._next_free = start + size / self.bytes_per_second
+        if start > now:
+            self._sleep(start - now)
+        return start - now
+
+
+class RemoteLogManager:
+    """Build with `from_config`, or with a store (tests inject one). `leader_logs` returns the
+    logs this broker leads (called on the caller's thread of `schedule`)."""
+
+    def __init__(self, store: RemoteSegmentStore, leader_logs: Callable[[], list[UnifiedLog]], *,
+                 thread_pool_size: int = 2, copy_max_bytes_per_second: int = INT64_MAX,
+                 clock: Callable[[], int] = record.now_ms, orphan_grace_ms: int = DEFAULT_ORPHAN_GRACE_MS,
+                 max_backoff_ms: int = 30_000) -> None:
+        assert thread_pool_size >= 1, thread_pool_size
+        self.store = store
+        self._leader_logs = leader_logs
+        self._clock = clock
+        self._orphan_grace_ms = orphan_grace_ms
+        self._max_backoff_ms = max_backoff_ms
+        self._throttle = CopyThrottle(copy_max_bytes_per_second)
+        self._executor = ThreadPoolExecutor(thread_pool_size, thread_name_prefix="remote-log")
+        self._lock = threading.Lock()
+        self._partitions: dict[tuple[str, int], _PartitionTiering] = {}
+        self._closed = False
+        self.uploaded_segments = 0  # metrics
+        self.expired_segments = 0
+        self.failures = 0
+
+    @classmethod
+    def from_config(cls, config: BrokerConfig, leader_logs: Callable[[], list[UnifiedLog]]) -> RemoteLogManager:
+        store = RemoteSegmentStore.from_url(config.remote_storage_url, config.remote_storage_options)
+        return cls(store, leader_logs, thread_pool_size=config["remote.log.manager.thread.pool.size"],
+                   copy_max_bytes_per_second=config["remote.log.manager.copy.max.bytes.per.second"])
+
+    # --- scheduling ------------------------------------------------------------------------
+
+    def schedule(self) -> list[Future[None]]:
+        """Submit a tiering task for every tiered led partition that has none running and is not
+        backing off; returns their futures. Never blocks (call it from the event loop)."""
+        now = self._clock()
+        futures = []
+        with self._lock:
+            if self._closed:
+                return []
+            for partition_log in self._leader_logs():
+                if not partition_log.tiered or partition_log.offline or not partition_log.config.delete:
+                    continue  # compacted topics are not tiered (Kafka refuses them too)
+                state = self._partitions.setdefault((partition_log.topic, partition_log.partition), _PartitionTiering())
+                if state.busy or now < state.retry_at_ms:
+                    continue
+                state.busy = True
+                futures.append(self._executor.submit(self._run, partition_log, state))
+        return futures
+
+    def run_once(self) -> None:
+        """Schedule and wait for the tasks (tests and tools)."""
+        wait(self.schedule())
+
+    def close(self) -> None:
+        """Stop: tasks finish the upload in progress and start no other (call before the logs close)."""
+        with self._lock:
+            self._closed = True
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def delete_topic(self, topic: str) -> None:
+        """Delete every remote object of `topic` (its local logs are already gone). RemoteStorageError
+        if the store fails: the caller logs it (the objects stay, unnamed by any live topic id)."""
+        with self._lock:
+            for key in [key for key in self._partitions if key[0] == topic]:
+                del self._partitions[key]
+        self.store.delete_topic(topic)
+
+    def manifest(self, topic: str, partition: int) -> PartitionManifest | None:
+        """The last manifest read or committed for the partition (None if not read yet)."""
+        with self._lock:
+            state = self._partitions.get((topic, partition))
+            return state.manifest if state is not None else None
+
+    # --- one partition ---------------------------------------------------------------------
+
+    def _run(self, partition_log: UnifiedLog, state: _PartitionTiering) -> None:
+        try:
+            self._tier(partition_log, state)
+            state.failures = 0
+        except (PymqError, OSError, ValueError) as err:  # RemoteStorageError and KafkaStorageError are PymqErrors
+            state.failures += 1
+            self.failures += 1
+            delay = min(INITIAL_BACKOFF_MS << min(state.failures - 1, 30), self._max_backoff_ms)
+            state.retry_at_ms = self._clock() + delay
+            if isinstance(err, ManifestConflictError):
+                state.manifest = None  # another writer committed: read it again
+            level = logging.WARNING if state.failures == 1 else logging.DEBUG
+            log.log(level, "tiering %s failed (%d in a row; retry in %d ms): %s", partition_log, state.failures, delay, err)
+        except Exception:
+            state.failures += 1
+            self.failures += 1
+            state.retry_at_ms = self._clock() + self._max_backoff_ms
+            log.exception("tiering %s failed", partition_log)
+        finally:
+            state.busy = False
+
+    def _tier(self, partition_log: UnifiedLog, state: _PartitionTiering) -> None:
+        topic, partition = partition_log.topic, partition_log.partition
+        if state.manifest is None:
+            manifest = self.store.load_manifest(topic, partition, partition_log.topic_id)
+            state.manifest = manifest
+            self._publish(partition_log, manifest)
+        now = self._clock()
+        if state.manifest.version > 0 and (state.orphans_cleaned_ms is None
+                                           or now - state.orphans_cleaned_ms >= self._orphan_grace_ms):
+            # Attempts a crash or a failure left, once older than the grace period.
+            removed = self.store.clean_orphans(topic, partition, self._orphan_grace_ms)
+            state.orphans_cleaned_ms = now
+            if removed:
+                log.info("%s: removed %d orphaned remote objects", partition_log, len(removed))
+        for segment in self._candidates(partition_log, state.manifest):
+            if self._closed:
+                return
+            self._throttle.acquire(segment.size)
+            remote = self.store.upload_segment(topic, partition, segment.files)
+            manifest = state.manifest
+            if partition_log.topic_id and not manifest.topic_id:
+                manifest = manifest.with_topic_id(partition_log.topic_id)
+            state.manifest = self.store.commit_manifest(manifest.version, manifest.with_segment(remote))
+            self.uploaded_segments += 1
+            self._publish(partition_log, state.manifest)
+            log.debug("%s: uploaded segment %d..%d (%d bytes)", partition_log, remote.base_offset,
+                      remote.last_offset, remote.size_bytes)
+        self._expire(partition_log, state)
+
+    @staticmethod
+    def _candidates(partition_log: UnifiedLog, manifest: PartitionManifest) -> list[Segment]:
+        """Sealed, non-empty segments above what the manifest holds, wholly below the high
+        watermark and the recovery point, oldest first."""
+        end = min(partition_log.high_watermark, partition_log.recovery_point)
+        segments = partition_log.segments()[:-1]  # the last is the active one
+        return [segment for segment in segments
+                if segment.size and segment.next_offset <= end
+                and segment.base_offset >= manifest.log_end_offset
+                and segment.next_offset > max(manifest.log_start_offset, partition_log.log_start_offset)]
+
+    def _expire(self, partition_log: UnifiedLog, state: _PartitionTiering) -> None:
+        """Whole-log retention: expired remote segments leave the manifest, then their objects go."""
+        manifest = state.manifest
+        assert manifest is not None
+        config = partition_log.config
+        local_only = sum(segment.size for segment in partition_log.local_segments_above(manifest.log_end_offset))
+        expired = manifest.expired_segments(self._clock(), config.retention_ms, config.retention_bytes, local_only)
+        if not expired:
+            return
+        state.manifest = self.store.commit_manifest(manifest.version, manifest.with_log_start_offset(expired[-1].next_offset))
+        self._publish(partition_log, state.manifest)
+        self.expired_segments += len(expired)
+        log.info("%s: remote retention removed %d segments, log start offset now %d", partition_log, len(expired),
+                 partition_log.log_start_offset)
+        for segment in expired:
+            try:
+                self.store.delete_segment(partition_log.topic, partition_log.partition, segment)
+            except PymqError as err:  # unnamed by the manifest now: orphan cleaning removes them later
+                log.warning("%s: objects of expired remote segment %d not deleted: %s", partition_log,
+                            segment.base_offset, err)
+
+    @staticmethod
+    def _publish(partition_log: UnifiedLog, manifest: PartitionManifest) -> None:
+        """Tell the log what the remote store holds (local retention may delete up to it)."""
+        highest = manifest.log_end_offset - 1 if manifest.segments else -1
+        try:
+            partition_log.update_remote_log_state(manifest.log_start_offset, highest)
+        except KafkaStorageError:
+            pass  # closed meanwhile

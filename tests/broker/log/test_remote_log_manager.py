@@ -1,0 +1,210 @@
+"""RemoteLogManager (broker/log/remote_log_manager.py) with UnifiedLog's tiered retention: sealed
+segments upload in order to a file:// store, the manifest names them, local retention deletes
+only what is uploaded, whole-log retention expires remote segments first, outages lose nothing."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from broker.errors import OffsetOutOfRangeError
+from broker.log import FileCache, UnifiedLog
+from broker.log.remote_log_manager import CopyThrottle, RemoteLogManager
+from tests.broker.log.appends import append
+from tests.broker.log.conftest import SMALL, TOPIC_ID, build_batch
+from tiered_storage import RemoteSegmentStore, RemoteStorageError
+
+TIERED = replace(SMALL, remote_storage_enable=True, local_retention_bytes=0, retention_ms=-1)
+
+
+def open_log(tmp_path: Path, clock, config=TIERED, remote_storage: bool = True, **offsets) -> UnifiedLog:
+    return UnifiedLog.open(tmp_path / "data" / "topic-0", "topic", 0, config, topic_id=TOPIC_ID, cache=FileCache(),
+                           clock=clock, remote_storage=remote_storage, **offsets)
+
+
+def fill(partition_log: UnifiedLog, batches: int) -> None:
+    for _ in range(batches):
+        append(partition_log, build_batch(records=10, value=b"v" * 100))
+    partition_log.flush()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> RemoteSegmentStore:
+    return RemoteSegmentStore.from_url(f"file://{tmp_path}/remote")
+
+
+def manager(store: RemoteSegmentStore, partition_log: UnifiedLog, clock) -> RemoteLogManager:
+    return RemoteLogManager(store, lambda: [partition_log], clock=clock, thread_pool_size=2)
+
+
+def test_sealed_segments_upload_in_order_then_local_retention_deletes_them(tmp_path, clock, store):
+    """Every sealed segment is in the manifest; local retention leaves only the active one; the
+    log start stays 0 (the whole log) while the local log start moves."""
+    partition_log = open_log(tmp_path, clock)
+    fill(partition_log, 30)
+    sealed = partition_log.segments()[:-1]
+    assert len(sealed) >= 3
+    assert partition_log.delete_old_segments(clock()) == []  # nothing uploaded: nothing deleted
+    rlm = manager(store, partition_log, clock)
+    try:
+        rlm.run_once()
+        manifest = store.load_manifest("topic", 0)
+        assert [s.base_offset for s in manifest.segments] == [s.base_offset for s in sealed]
+        assert manifest.log_end_offset == partition_log.segments()[-1].base_offset
+        assert partition_log.highest_offset_in_remote_storage == manifest.log_end_offset - 1
+        removed = partition_log.delete_old_segments(clock())
+        assert [s.base_offset for s in removed] == [s.base_offset for s in sealed]
+        assert partition_log.log_start_offset == 0
+        assert partition_log.local_log_start_offset == manifest.log_end_offset
+        with pytest.raises(OffsetOutOfRangeError, match="remote storage"):
+            partition_log.read(0, 1 << 20)
+        rlm.run_once()  # nothing new: no new manifest version
+        assert store.load_manifest("topic", 0).version == manifest.version
+    finally:
+        rlm.close()
+        partition_log.close()
+
+
+def test_store_outage_deletes_nothing_local_and_retries(tmp_path, clock, store, monkeypatch):
+    """While uploads fail, no local segment goes; after the backoff the upload succeeds."""
+    partition_log = open_log(tmp_path, clock)
+    fill(partition_log, 20)
+    segments_before = [s.base_offset for s in partition_log.segments()]
+
+    def down(*args, **kwargs):
+        raise RemoteStorageError("store down")
+    real_upload = store.upload_segment
+    monkeypatch.setattr(store, "upload_segment", down)
+    rlm = manager(store, partition_log, clock)
+    try:
+        rlm.run_once()
+        assert rlm.failures == 1
+        rlm.run_once()  # backing off: not even tried
+        assert rlm.failures == 1
+        assert partition_log.delete_old_segments(clock()) == []
+        assert [s.base_offset for s in partition_log.segments()] == segments_before
+        monkeypatch.setattr(store, "upload_segment", real_upload)
+        clock.advance(60_000)
+        rlm.run_once()
+        assert len(store.load_manifest("topic", 0).segments) == len(segments_before) - 1
+        assert len(partition_log.delete_old_segments(clock())) == len(segments_before) - 1
+    finally:
+        rlm.close()
+        partition_log.close()
+
+
+def test_restart_reads_the_manifest_and_uploads_nothing_twice(tmp_path, clock, store):
+    """A new manager (a restarted broker) learns from the manifest what is uploaded."""
+    partition_log = open_log(tmp_path, clock)
+    fill(partition_log, 20)
+    first = manager(store, partition_log, clock)
+    first.run_once()
+    first.close()
+    uploaded = store.load_manifest("topic", 0)
+    fill(partition_log, 10)
+    second = manager(store, partition_log, clock)
+    try:
+        second.run_once()
+        manifest = store.load_manifest("topic", 0)
+        bases = [s.base_offset for s in manifest.segments]
+        assert bases == sorted(set(bases))
+        assert bases[:len(uploaded.segments)] == [s.base_offset for s in uploaded.segments]
+        assert len(bases) == len(partition_log.segments()) - 1
+    finally:
+        second.close()
+        partition_log.close()
+
+
+def test_whole_log_retention_expires_remote_segments_first(tmp_path, clock, store):
+    """retention.bytes over remote plus local: the oldest remote segments leave the manifest,
+    their objects are deleted, and the log start offset moves to the new remote start."""
+    partition_log = open_log(tmp_path, clock, config=replace(TIERED, local_retention_bytes=-2, retention_bytes=-1))
+    fill(partition_log, 30)
+    rlm = manager(store, partition_log, clock)
+    try:
+        rlm.run_once()
+        manifest = store.load_manifest("topic", 0)
+        keep = manifest.segments[-1].size_bytes + partition_log.segments()[-1].size
+        partition_log.update_config(replace(partition_log.config, retention_bytes=keep, local_retention_bytes=0))
+        rlm.run_once()
+        after = store.load_manifest("topic", 0)
+        assert [s.base_offset for s in after.segments] == [manifest.segments[-1].base_offset]
+        assert partition_log.log_start_offset == after.log_start_offset == manifest.segments[-1].base_offset
+        gone = manifest.segments[0]
+        assert not Path(store.object_path("topic", 0, gone.log)).exists()
+        removed = partition_log.delete_old_segments(clock())
+        assert partition_log.local_log_start_offset == after.log_end_offset
+        assert removed
+    finally:
+        rlm.close()
+        partition_log.close()
+
+
+def test_without_the_broker_flag_the_log_is_not_tiered(tmp_path, clock):
+    """remote.storage.enable alone (remote.log.storage.system.enable off) keeps plain retention."""
+    partition_log = open_log(tmp_path, clock, config=replace(TIERED, retention_bytes=0), remote_storage=False)
+    try:
+        fill(partition_log, 20)
+        assert not partition_log.tiered
+        assert partition_log.delete_old_segments(clock())
+        assert partition_log.log_start_offset == partition_log.local_log_start_offset
+    finally:
+        partition_log.close()
+
+
+def test_tiered_log_start_survives_reopen(tmp_path, clock, store):
+    """The checkpointed log start below the local segments is kept on reopen (the remote part)."""
+    partition_log = open_log(tmp_path, clock)
+    fill(partition_log, 20)
+    rlm = manager(store, partition_log, clock)
+    rlm.run_once()
+    rlm.close()
+    partition_log.delete_old_segments(clock())
+    local_start = partition_log.local_log_start_offset
+    partition_log.close()
+    reopened = open_log(tmp_path, clock, log_start_offset=0, recovery_point=local_start)
+    try:
+        assert (reopened.log_start_offset, reopened.local_log_start_offset) == (0, local_start)
+    finally:
+        reopened.close()
+
+
+def test_copy_throttle_spaces_uploads_by_their_size():
+    """At 1000 bytes/s, a second 500-byte upload waits half a second after the first."""
+    now = [0.0]
+    slept = []
+    throttle = CopyThrottle(1000, clock=lambda: now[0], sleep=slept.append)
+    assert throttle.acquire(500) == 0.0
+    assert throttle.acquire(500) == pytest.approx(0.5)
+    assert slept == [pytest.approx(0.5)]
+
+
+def test_an_upload_killed_before_its_commit_is_redone_and_its_orphans_cleaned(tmp_path, clock, store):
+    """Objects uploaded but never named by a manifest (a broker killed before the commit): the
+    next manager uploads the segment again under a new attempt and cleans the orphans."""
+    partition_log = open_log(tmp_path, clock)
+    fill(partition_log, 20)
+    first_segment = partition_log.segments()[0]
+    RemoteLogManager(store, lambda: [], clock=clock).close()
+    rlm = manager(store, partition_log, clock)
+    try:
+        rlm.run_once()  # a manifest exists from here on
+        fill(partition_log, 10)
+        manifest = store.load_manifest("topic", 0)
+        crashed = store.upload_segment("topic", 0, partition_log.segments()[len(manifest.segments)].files)
+        orphan = Path(store.object_path("topic", 0, crashed.log))
+        assert orphan.exists()
+    finally:
+        rlm.close()
+    restarted = RemoteLogManager(store, lambda: [partition_log], clock=clock, orphan_grace_ms=0)
+    try:
+        restarted.run_once()
+        after = store.load_manifest("topic", 0)
+        bases = [s.base_offset for s in after.segments]
+        assert bases == sorted(set(bases)) and bases[0] == first_segment.base_offset
+        assert crashed.base_offset in bases and after.segment_at(crashed.base_offset).upload_id != crashed.upload_id
+        assert not orphan.exists()
+    finally:
+        restarted.close()
+        partition_log.close()
