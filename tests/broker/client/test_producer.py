@@ -12,13 +12,16 @@ import pytest
 
 from broker.client import Admin, AsyncProducer, Consumer, ConsumerRecord, Producer
 from broker.client.partitioner import partition_for_key
-from broker.client.producer import BatchResult, RecordAccumulator
+from broker.client.producer import BatchResult, PartitionMutes, ProducerBatch, RecordAccumulator
 from broker.errors import (
     DeliveryTimeoutError,
     MessageTooLargeError,
+    NetworkError,
+    NotLeaderError,
     ProducerClosedError,
     UnknownTopicOrPartitionError,
 )
+from broker.protocol import ProducePartitionResponse, ProduceResponse, ProduceTopicResponse
 
 def consume(bootstrap: str, topic: str, partitions: int, expected: int, timeout_s: float = 20.0) -> list[ConsumerRecord]:
     """Every record of the topic from the beginning; fails unless exactly `expected` arrive."""
@@ -104,6 +107,128 @@ def test_batches_drained_while_a_slow_path_waits_keep_their_order(shared_broker,
         return [r.value for r in sorted(consume(shared_broker.bootstrap, topic, 1, 4), key=lambda r: r.offset)]
 
     assert asyncio.run(asyncio.wait_for(produce(), 30)) == [b"a", b"b", b"c", b"d"]
+
+
+class HookedLock:
+    """The accumulator's lock, running `hook` once just before it is next taken."""
+
+    def __init__(self, lock, hook):
+        self.lock, self.hook = lock, hook
+
+    def __enter__(self):
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            hook()
+        return self.lock.__enter__()
+
+    def __exit__(self, *exc):
+        return self.lock.__exit__(*exc)
+
+
+def test_a_batch_sealed_while_the_sender_drains_goes_before_the_batch_opened_after_it():
+    """Just before the sender takes the lock to collect lingered-out open batches, an application
+    thread fills batch [a, b] (sealed) and opens [c] on the same partition, due at once
+    (linger_ms=0): the sender hands out [a, b] and then [c], not [c] alone first."""
+    accumulator = RecordAccumulator(batch_size=40, linger_ms=0, buffer_memory=1 << 30,
+                                    on_batch=lambda topic, partition, sealed: None)
+    accumulator.append("t", 0, None, b"a" * 10, 1, None)  # 26 bytes of 40: open
+
+    def application_thread_appends():
+        def append():
+            accumulator.append("t", 0, None, b"b" * 10, 2, None)  # 52 bytes: sealed
+            accumulator.append("t", 0, None, b"c" * 10, 3, None)  # a new open batch
+        thread = threading.Thread(target=append)
+        thread.start()
+        thread.join(5)
+
+    accumulator.lock = HookedLock(accumulator.lock, application_thread_appends)
+    first, _ = accumulator.drain()
+    second, _ = accumulator.drain()
+    assert ([b.timestamps for b in first], second) == ([[1, 2], [3]], [])
+
+
+def not_leader_reply(topic: str) -> tuple[dict, memoryview]:
+    response = ProduceResponse((ProduceTopicResponse(topic, (ProducePartitionResponse(0, NotLeaderError.code),)),))
+    return response.to_control(), memoryview(b"")
+
+
+@pytest.mark.parametrize("failure", ["lost-connection", "not-leader", "connect-fails"])
+def test_max_in_flight_one_sends_a_retried_batch_before_newer_batches_of_its_partition(shared_broker, new_topic, failure):
+    """max_in_flight=1, one record per batch: batch a fails with a retriable error (its request's
+    connection is lost, the partition answers NOT_LEADER, or the leader's connection cannot be
+    opened) while b, c, d of its partition are sealed. They wait while a backs off, and a goes
+    first: offsets 0..3 in send order (b, c, d used to be sent during a's back-off)."""
+    topic = new_topic(1)
+
+    async def produce() -> list[bytes]:
+        async with AsyncProducer(shared_broker.bootstrap, linger_ms=0, batch_size=1, max_in_flight=1,
+                                 retry_backoff_ms=10) as producer:
+            cluster, retry_may_go = producer.cluster, asyncio.Event()
+            leader = (await cluster.partitions(topic))[0].leader
+            refresh = producer._refresh_metadata
+
+            async def refresh_when_let_go():  # the back-off's end: a's retry waits for the test
+                await retry_may_go.wait()
+                await refresh()
+
+            producer._refresh_metadata = refresh_when_let_go
+            first_reply = asyncio.get_running_loop().create_future()
+            if failure == "connect-fails":
+                assert cluster.open_connection(leader) is None  # start() used the bootstrap connection
+                connect = cluster.connection
+                attempts = []
+
+                async def first_attempt_fails(node):
+                    attempts.append(node)
+                    if len(attempts) == 1:
+                        raise NetworkError("injected: connection refused")
+                    return await connect(node)
+
+                cluster.connection = first_attempt_fails
+            else:
+                conn = await cluster.connection(leader)
+                request = conn.request
+
+                def first_request_answered_by_the_test(message, timeout_s):
+                    conn.request = request
+                    return first_reply  # nothing written: a is not stored
+
+                conn.request = first_request_answered_by_the_test
+            futures = [await producer.send(topic, b"a", partition=0)]
+            await asyncio.sleep(0)  # the sender hands a out
+            for value in (b"b", b"c", b"d"):
+                futures.append(await producer.send(topic, value, partition=0))
+                await asyncio.sleep(0)  # the sender drains it: no free in-flight slot
+            if failure == "lost-connection":
+                first_reply.set_exception(NetworkError("injected: connection lost"))
+            elif failure == "not-leader":
+                first_reply.set_result(not_leader_reply(topic))
+            await asyncio.sleep(0.3)  # a backs off: were b, c, d let go, they would be written now
+            retry_may_go.set()
+            await producer.flush()
+            assert [(await f).offset for f in futures] == [0, 1, 2, 3]
+        return [r.value for r in sorted(consume(shared_broker.bootstrap, topic, 1, 4), key=lambda r: r.offset)]
+
+    assert asyncio.run(asyncio.wait_for(produce(), 30)) == [b"a", b"b", b"c", b"d"]
+
+
+def test_muted_partition_releases_its_batches_in_drain_order_whatever_order_they_come_back_in():
+    """Batches a, b of partition 0 are out, c and d are drained meanwhile and held back (partition
+    1's batch is not). b comes back before a; later c and d come back while b is still out: each
+    time partition 0 is released once nothing of it is out, its batches in drain order."""
+    mutes = PartitionMutes()
+    a, b, c, d = (ProducerBatch("t", 0) for _ in range(4))
+    other = ProducerBatch("t", 1)
+    assert mutes.hand_out([a, b]) == [a, b]
+    assert mutes.hand_out([c, other, d]) == [other]  # c and d wait; partition 1 was not muted
+    assert mutes.returned([b]) == []  # a is still out
+    assert mutes.returned([a]) == [a, b, c, d]
+    assert mutes.hand_out([a, b, c, d]) == [a, b, c, d]
+    assert mutes.completed(a) == []
+    assert mutes.returned([c, d]) == []  # b is still out
+    assert mutes.completed(b) == [c, d]
+    assert mutes.completed(other) == []
+    assert mutes.muted == {}
 
 
 def test_send_to_explicit_partition_lands_there(shared_broker, new_topic):
@@ -490,6 +615,62 @@ def test_records_fail_with_delivery_timeout_when_broker_stays_down(broker_factor
         assert 1.4 <= time.monotonic() - start < 5
     finally:
         producer.close(timeout_s=1)
+
+
+def consume_to_end(bootstrap: str, topic: str, partitions: int, timeout_s: float = 30.0) -> list[ConsumerRecord]:
+    """Every record of the topic up to its end offsets (duplicates included)."""
+    with Consumer(bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=100) as consumer:
+        tps = [(topic, p) for p in range(partitions)]
+        consumer.assign(tps)
+        expected = sum(consumer.end_offsets(tps).values())
+        records: list[ConsumerRecord] = []
+        deadline = time.monotonic() + timeout_s
+        while len(records) < expected and time.monotonic() < deadline:
+            records += consumer.poll(timeout_ms=200)
+        assert len(records) == expected, f"received {len(records)} of {expected} records"
+    return records
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["stop", "kill"])
+def test_max_in_flight_one_keeps_each_partitions_order_across_broker_restarts(broker_factory, crash):
+    """A thread sends numbered records to 3 partitions (max_in_flight=1, small batches) while the
+    broker is stopped (or killed) and restarted twice: requests in flight fail, reconnects are
+    refused, batches are retried. Every record is acknowledged and stored, and each partition's
+    log holds them in send order (a retry may add a second copy of a batch whose response was
+    lost: only first copies are compared)."""
+    broker = broker_factory().start()
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("ordered", partitions=3)
+    futures = []
+    stop = threading.Event()
+    with Producer(broker.bootstrap, max_in_flight=1, linger_ms=1, batch_size=1000, retry_backoff_ms=20,
+                  retry_backoff_max_ms=100, delivery_timeout_ms=60_000) as producer:
+
+        def send_numbered() -> None:
+            while not stop.is_set():
+                i = len(futures)
+                futures.append(producer.send("ordered", b"%d" % i, partition=i % 3))
+                if i % 20 == 19:
+                    time.sleep(0.002)
+
+        sender = threading.Thread(target=send_numbered)
+        sender.start()
+        try:
+            for _ in range(2):
+                time.sleep(0.4)
+                broker.kill() if crash else broker.stop()
+                time.sleep(0.4)  # records sent meanwhile are retried against a closed port
+                broker.start()
+            time.sleep(0.4)
+        finally:
+            stop.set()
+            sender.join(10)
+        producer.flush(60)
+    assert [f.exception(0) for f in futures] == [None] * len(futures)
+    records = consume_to_end(broker.bootstrap, "ordered", 3)
+    for p in range(3):
+        values = [int(r.value) for r in sorted(records, key=lambda r: r.offset) if r.partition == p]
+        assert list(dict.fromkeys(values)) == list(range(p, len(futures), 3))
 
 
 def test_send_blocks_while_buffer_memory_is_full_and_resumes_when_records_complete(broker_factory):
