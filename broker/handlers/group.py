@@ -39,6 +39,7 @@ from broker.errors import (
 from broker.log import UnifiedLog
 from broker.protocol.messages.base import Message, code_and_message
 from broker.protocol.messages.group import (
+    GROUP_KEY_TYPE,
     DeleteGroupsRequest,
     DescribeGroupsRequest,
     DescribeGroupsResponse,
@@ -62,7 +63,6 @@ from broker.replica_manager import ReplicaManager
 
 log = logging.getLogger("pymq.group_handler")
 
-GROUP_KEY_TYPE, TRANSACTION_KEY_TYPE = 0, 1
 APPEND_TIMEOUT_MS = 5_000  # Kafka's offsets.commit.timeout.ms
 TICK_S = 0.05  # timer resolution of sessions and rebalance deadlines
 READ_CHUNK_BYTES = 4 << 20
