@@ -34,7 +34,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from broker.errors import DataLossError
+from broker.errors import DataLossError, UnknownTopicOrPartitionError
 from spark_datasource.lag_group import LagGroup
 from spark_datasource.offsets import OffsetReader, PartitionOffsets, TopicPartition
 from spark_datasource.options import SourceOptions
@@ -44,6 +44,7 @@ from spark_datasource.task import read_offset_range
 log = logging.getLogger("pymq.spark.stream")
 
 Offsets = dict[str, dict[str, int]]  # what Spark checkpoints
+LATEST_ATTEMPTS = 3  # listings of the partitions and their offsets, while topics are being deleted
 
 
 def to_json(offsets: PartitionOffsets) -> Offsets:
@@ -127,7 +128,14 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Every partition the subscription has now, at its latest offset. A partition that is
         gone (topic deleted) is left out: the end then differs from the start, so a batch is
         planned and `partitions` reports the loss (kept at its old position, an idle query never
-        planned a batch and the deletion went unreported; Kafka's source drops it the same way)."""
+        planned a batch and the deletion went unreported; Kafka's source drops it the same way).
+        A topic deleted between listing the partitions and asking their offsets is listed again
+        (it is then gone from the list), instead of failing the query with UNKNOWN_TOPIC."""
+        for _ in range(LATEST_ATTEMPTS - 1):
+            try:
+                return self._offsets.latest(self._offsets.topic_partitions(missing_ok=True))
+            except UnknownTopicOrPartitionError:
+                continue
         return self._offsets.latest(self._offsets.topic_partitions(missing_ok=True))
 
     def _advance(self, begin: PartitionOffsets, end: PartitionOffsets) -> Offsets:
