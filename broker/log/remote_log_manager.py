@@ -56,6 +56,19 @@ class _PartitionTiering:
     failures: int = 0  # consecutive failed runs
     retry_at_ms: int = 0
     orphans_cleaned_ms: int | None = None  # when clean_orphans last ran (again every grace period)
+    last_error: str | None = None  # the last failed run's error, until a run succeeds
+
+
+@dataclass(frozen=True)
+class TieringStatus:
+    """A partition's tiering as its last run left it: the manifest (None: not read yet), the
+    failed runs in a row and the last one's error (0 and None once a run succeeds), and when the
+    next run may start (ms; 0: at the next schedule)."""
+
+    manifest: PartitionManifest | None
+    failures: int
+    last_error: str | None
+    retry_at_ms: int
 
 
 class CopyThrottle:
@@ -157,17 +170,25 @@ class RemoteLogManager:
             state = self._partitions.get((topic, partition))
             return state.manifest if state is not None else None
 
+    def status(self, topic: str, partition: int) -> TieringStatus:
+        """What tiering knows of the partition now (`pymq tier status`, metrics)."""
+        with self._lock:
+            state = self._partitions.get((topic, partition)) or _PartitionTiering()
+            return TieringStatus(state.manifest, state.failures, state.last_error, state.retry_at_ms)
+
     # --- one partition ---------------------------------------------------------------------
 
     def _run(self, partition_log: UnifiedLog, state: _PartitionTiering) -> None:
         try:
             self._tier(partition_log, state)
             state.failures = 0
+            state.last_error = None
         except (PymqError, OSError, ValueError) as err:  # RemoteStorageError and KafkaStorageError are PymqErrors
             state.failures += 1
             self.failures += 1
             delay = min(INITIAL_BACKOFF_MS << min(state.failures - 1, 30), self._max_backoff_ms)
             state.retry_at_ms = self._clock() + delay
+            state.last_error = f"{type(err).__name__}: {err}"
             if isinstance(err, ManifestConflictError):
                 state.manifest = None  # another writer committed: read it again
             level = logging.WARNING if state.failures == 1 else logging.DEBUG
@@ -176,6 +197,7 @@ class RemoteLogManager:
             state.failures += 1
             self.failures += 1
             state.retry_at_ms = self._clock() + self._max_backoff_ms
+            state.last_error = "internal error (see the broker log)"
             log.exception("tiering %s failed", partition_log)
         finally:
             state.busy = False
