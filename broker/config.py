@@ -293,6 +293,15 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
                   "bandwidth of all segment uploads together", 1, INT64_MAX),
         ConfigDef("remote.log.manager.thread.pool.size", int, 2,
                   "segment uploads in flight at once (one per partition at a time)", 1, 1024),
+        ConfigDef("remote.log.reader.threads", int, 4,
+                  "threads reading remote segments for fetches and offset lookups below the local log start",
+                  1, 1024),
+        ConfigDef("remote.log.reader.cache.size.bytes", int, 256 << 20,
+                  "bytes of remote segment chunks and indexes the broker keeps in memory (LRU)", 1 << 20, INT64_MAX),
+        ConfigDef("remote.log.reader.chunk.bytes", int, 4 << 20,
+                  "size of one cached range of a remote segment (one ranged GET)", 64 << 10, 1 << 30),
+        ConfigDef("remote.log.reader.prefetch.chunks", int, 1,
+                  "chunks read ahead of a sequential remote reader (0: none)", 0, 64),
     ]
 }
 for _d, _broker_key in TOPIC_CONFIGS.values():

@@ -25,7 +25,7 @@ import socket
 import struct
 import sys
 from collections import deque
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
@@ -327,6 +327,8 @@ class Broker:
             loop.create_task(self._every(1000, self._close_idle)),
         ]
         if self.replicas.remote_logs is not None:
+            self.replicas.remote_logs.reader.on_ready = self._remote_read_ready(loop)
+            self.replicas.remote_logs.schedule()  # reads the manifests now: reads below the local start need them
             self._tasks.append(loop.create_task(self._every(self.config["remote.log.manager.task.interval.ms"], self._tier)))
         log.info("pymq broker %d listening on %s:%d (log.dir %s, %d topics)", self.config["broker.id"],
                  self.config["host"], self.port, self.log_dir, len(self.registry.topics))
@@ -370,6 +372,16 @@ class Broker:
 
     async def _retention(self) -> None:
         await self.replicas.run_retention(self.config["file.delete.delay.ms"])
+
+    def _remote_read_ready(self, loop: asyncio.AbstractEventLoop) -> Callable[[tuple[str, int]], None]:
+        """A remote read's answer waits (reader thread): wake the fetches parked on its partition."""
+        def ready(key: tuple[str, int]) -> None:
+            try:
+                loop.call_soon_threadsafe(self.purgatory.notify, key)
+            except RuntimeError:
+                pass  # the loop closed: the broker is stopping
+
+        return ready
 
     async def _tier(self) -> None:
         """Submit the tiering tasks (they run in the remote log manager's threads)."""

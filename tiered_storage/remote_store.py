@@ -458,7 +458,7 @@ class RemoteSegmentStore:
         Bad bytes are never returned: the batches before them are, and a read starting at them
         raises CorruptMessageError (CORRUPT_MESSAGE), as a local fetch does."""
         return self._with_index_fallback(
-            topic, partition, segment, lambda reader: _validated_range(reader, start_offset, end_offset, max_bytes))
+            topic, partition, segment, lambda reader: validated_range(reader, start_offset, end_offset, max_bytes)[1])
 
     def _with_index_fallback(self, topic: str, partition: int, segment: RemoteSegment, read: Callable[[SegmentReader], Any]) -> Any:
         """`read(reader)`; an index entry that points at the wrong batch (CorruptIndexError) only
@@ -554,12 +554,15 @@ class RemoteSegmentStore:
         return out
 
 
-def _validated_range(reader: SegmentReader, start_offset: int, end_offset: int | None, max_bytes: int | None) -> bytes:
-    """`read_batches` over `reader`: batches are framed while scanning and each is validated only
-    when it is to be returned, so a bad batch past the range does not fail the read."""
+def validated_range(reader: SegmentReader, start_offset: int, end_offset: int | None,
+                    max_bytes: int | None) -> tuple[int, bytes]:
+    """`read_batches` over any reader (the broker's goes through its chunk cache): the byte
+    position of the first batch returned (the segment's size if none) and the batches. They are
+    framed while scanning and each is validated only when it is to be returned, so a bad batch
+    past the range does not fail the read."""
     found = reader.find_position(start_offset)
     if found is None:
-        return b""
+        return reader.size, b""
     parts: list[memoryview] = []
     total = 0
     try:
@@ -579,7 +582,7 @@ def _validated_range(reader: SegmentReader, start_offset: int, end_offset: int |
         if not parts:
             raise
         # The intact batches before the bad one are the answer; a read from the bad one fails.
-    return b"".join(parts)
+    return found[0], b"".join(parts)
 
 
 # --- local files ---------------------------------------------------------------------------------

@@ -97,7 +97,7 @@ class RequestHandlers:
             ApiKey.ALTER_CONFIGS: admin.alter_configs,
             ApiKey.PRODUCE: ProduceHandler(replicas).produce,
             ApiKey.FETCH: FetchHandler(config, replicas, self._leader_log).fetch,
-            ApiKey.LIST_OFFSETS: ListOffsetsHandler(self._leader_log).list_offsets,
+            ApiKey.LIST_OFFSETS: ListOffsetsHandler(self._leader_log, replicas).list_offsets,
         }
         self.groups = GroupHandler(config, registry, replicas, admin.create_internal_topic)
         groups = self.groups

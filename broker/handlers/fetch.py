@@ -7,14 +7,21 @@ The response mirrors the request's entries. Each partition's bytes are a segment
 (`FetchSlice`) the server sends with sendfile; a pass whose ranges will not be sent (not enough
 data yet) closes them. The broker bounds the request: waits to MAX_WAIT_MS_LIMIT, sizes to
 `fetch.max.bytes`; the first partition with data may exceed the budget by one batch (KIP-74).
+
+Offsets below a tiered log's local start are read from the remote tier
+(broker/log/remote_log_reader.py): from its cache at once when it holds the bytes; otherwise a
+worker loads them and the fetch waits as a DelayedFetch (even with min_bytes 0: an empty answer
+would only bring the same fetch back), woken on the partition when the answer is ready. Their
+bytes go out as a buffer, not a file range.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from broker.config import BrokerConfig
-from broker.errors import PymqError
+from broker.errors import OffsetMovedToTieredStorageError, PymqError
 from broker.log import FetchSlice, UnifiedLog
+from broker.log.remote_log_reader import RemoteReadPending
 from broker.protocol import (
     FetchPartition,
     FetchPartitionResponse,
@@ -56,54 +63,91 @@ class FetchHandler:
 
     def read_enough(self, request: FetchRequest, min_bytes: int, max_bytes: int) -> FetchResponse | None:
         """One read of every partition: the response if it has `min_bytes` or an error, else None
-        (and the ranges it found are closed: they will not be sent)."""
-        response, pieces, failed = self.read(request, max_bytes)
-        if failed or sum(piece.size for piece in pieces) >= min_bytes:
+        (and the ranges it found are closed: they will not be sent). A remote read in progress
+        makes it wait for at least one byte."""
+        response, read = self.read(request, max_bytes)
+        if read.failed or read.size >= max(min_bytes, 1 if read.pending else 0):
             return response
-        for piece in pieces:
-            piece.close()
+        read.close()
         return None
 
-    def read(self, request: FetchRequest, max_bytes: int) -> tuple[FetchResponse, list[FetchSlice], bool]:
-        """One pass over the requested partitions: the response, its ranges, and whether any failed."""
+    def read(self, request: FetchRequest, max_bytes: int) -> tuple[FetchResponse, _Read]:
+        """One pass over the requested partitions: the response and what it read."""
         topics = []
-        pieces: list[FetchSlice] = []
-        total = 0
-        failed = False
+        read = _Read()
         for topic in request.topics:
             entries = []
             for p in topic.partitions:
-                entry, piece = self._read_partition(topic, p, max_bytes, max_bytes - total, total == 0)
+                entry = self._read_partition(topic, p, max_bytes, max_bytes - read.size, read)
                 entries.append(entry)
-                failed = failed or entry.error_code != 0
-                if piece is not None:
-                    pieces.append(piece)
-                    total += piece.size
+                read.failed = read.failed or entry.error_code != 0
             topics.append(FetchTopicResponse(topic.name, tuple(entries)))
-        return FetchResponse(tuple(topics)), pieces, failed
+        return FetchResponse(tuple(topics)), read
 
     def _read_partition(self, topic: FetchTopic, p: FetchPartition, max_bytes: int, budget: int,
-                        first: bool) -> tuple[FetchPartitionResponse, FetchSlice | None]:
-        """One partition's entry and its range (None when it has no bytes to send)."""
+                        read: _Read) -> FetchPartitionResponse:
+        """One partition's entry; its bytes are added to `read`."""
         malformed = topic.error or p.error
         if malformed is not None:
-            return FetchPartitionResponse(p.partition, *code_and_message(malformed)), None
+            return FetchPartitionResponse(p.partition, *code_and_message(malformed))
         high_watermark = log_start_offset = -1
         try:
             partition_log = self.leader_log(topic.name, p.partition, p.current_leader_epoch)
             high_watermark, log_start_offset = partition_log.high_watermark, partition_log.log_start_offset
             limit = min(max(max_bytes if p.max_bytes is None else p.max_bytes, 1), budget)
-            if limit <= 0 and not first:
+            if limit <= 0 and read.size:
                 return FetchPartitionResponse(p.partition, high_watermark=high_watermark,
-                                              log_start_offset=log_start_offset), None
-            piece = partition_log.read(p.fetch_offset, max(limit, 1))
+                                              log_start_offset=log_start_offset)
+            try:
+                records: FetchSlice | bytes = partition_log.read(p.fetch_offset, max(limit, 1))
+            except OffsetMovedToTieredStorageError:
+                records = self._read_remote(partition_log, p.fetch_offset, max(limit, 1))
+        except RemoteReadPending:
+            read.pending = True
+            return FetchPartitionResponse(p.partition, high_watermark=high_watermark, log_start_offset=log_start_offset)
         except PymqError as err:
-            return FetchPartitionResponse(p.partition, *code_and_message(err), high_watermark, log_start_offset), None
-        if not piece.size:
-            piece.close()
-            return FetchPartitionResponse(p.partition, high_watermark=high_watermark, log_start_offset=log_start_offset), None
+            return FetchPartitionResponse(p.partition, *code_and_message(err), high_watermark, log_start_offset)
+        size = len(records) if isinstance(records, bytes) else records.size
+        if not size:
+            if isinstance(records, FetchSlice):
+                records.close()
+            return FetchPartitionResponse(p.partition, high_watermark=high_watermark, log_start_offset=log_start_offset)
+        read.add(records, size)
         return FetchPartitionResponse(p.partition, high_watermark=high_watermark, log_start_offset=log_start_offset,
-                                      records=piece), piece
+                                      records=records)
+
+    def _read_remote(self, partition_log: UnifiedLog, offset: int, max_bytes: int) -> FetchSlice | bytes:
+        """`offset` (below the local log start) from the remote tier; past the remote log's end
+        (a compaction gap up to the local start), the local log from its start."""
+        remote = self.replicas.remote_logs
+        if remote is None:
+            raise OffsetMovedToTieredStorageError(f"{partition_log}: offset {offset} is below the local log start "
+                                                  "and this broker does not run tiered storage")
+        data = remote.reader.read(partition_log.topic, partition_log.partition,
+                                  remote.manifest(partition_log.topic, partition_log.partition), offset, max_bytes)
+        return data if data else partition_log.read(partition_log.local_log_start_offset, max_bytes)
+
+
+class _Read:
+    """What one pass over a fetch's partitions read: its size, the file ranges to close if it is
+    not sent, whether a partition failed and whether one waits for a remote read."""
+
+    __slots__ = ("size", "slices", "failed", "pending")
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.slices: list[FetchSlice] = []
+        self.failed = False
+        self.pending = False
+
+    def add(self, records: FetchSlice | bytes, size: int) -> None:
+        self.size += size
+        if isinstance(records, FetchSlice):
+            self.slices.append(records)
+
+    def close(self) -> None:
+        for piece in self.slices:
+            piece.close()
 
 
 class DelayedFetch(DelayedOperation):

@@ -1,5 +1,14 @@
-"""ListOffsets handler: a partition's earliest or latest offset, or the first at or after a time."""
+"""ListOffsets handler: a partition's earliest or latest offset, or the first at or after a time.
+
+Earliest is the log start offset, the remote log's for a tiered log. A time lookup on a tiered log
+whose remote segments hold records at or after the time is answered from them (by a remote reader
+worker: the response then waits for it); otherwise from the local log.
+"""
 from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from concurrent.futures import Future
 
 from broker.errors import PymqError
 from broker.handlers.fetch import LeaderLog
@@ -15,28 +24,75 @@ from broker.protocol import (
     ListOffsetsTopicResponse,
     code_and_message,
 )
+from broker.replica_manager import ReplicaManager
 
 
 class ListOffsetsHandler:
-    """Loop-local, synchronous. Latest is the high watermark: what a consumer can read."""
+    """Loop-local. Latest is the high watermark: what a consumer can read. Synchronous unless a
+    time lookup needs the remote tier."""
 
-    def __init__(self, leader_log: LeaderLog) -> None:
+    def __init__(self, leader_log: LeaderLog, replicas: ReplicaManager) -> None:
         self.leader_log = leader_log
+        self.replicas = replicas
 
-    def list_offsets(self, request: ListOffsetsRequest) -> ListOffsetsResponse:
-        return ListOffsetsResponse(tuple(
-            ListOffsetsTopicResponse(topic.name, tuple(self._partition(topic, p) for p in topic.partitions))
-            for topic in request.topics))
+    def list_offsets(self, request: ListOffsetsRequest) -> ListOffsetsResponse | Awaitable[ListOffsetsResponse]:
+        answers = [[self._partition(topic, p) for p in topic.partitions] for topic in request.topics]
+        if any(isinstance(answer, Future) for entries in answers for answer in entries):
+            return self._after_remote_lookups(request, answers)
+        return self._response(request, answers)  # type: ignore[arg-type]
 
-    def _partition(self, topic: ListOffsetsTopic, p: ListOffsetsPartition) -> ListOffsetsPartitionResponse:
+    async def _after_remote_lookups(self, request: ListOffsetsRequest,
+                                    answers: list[list[ListOffsetsPartitionResponse | Future[ListOffsetsPartitionResponse]]]) -> ListOffsetsResponse:
+        done = [[await asyncio.wrap_future(answer) if isinstance(answer, Future) else answer for answer in entries]
+                for entries in answers]
+        return self._response(request, done)
+
+    @staticmethod
+    def _response(request: ListOffsetsRequest, answers: list[list[ListOffsetsPartitionResponse]]) -> ListOffsetsResponse:
+        return ListOffsetsResponse(tuple(ListOffsetsTopicResponse(topic.name, tuple(entries))
+                                         for topic, entries in zip(request.topics, answers)))
+
+    def _partition(self, topic: ListOffsetsTopic,
+                   p: ListOffsetsPartition) -> ListOffsetsPartitionResponse | Future[ListOffsetsPartitionResponse]:
         malformed = topic.error or p.error
         if malformed is not None:
             return ListOffsetsPartitionResponse(p.partition, *code_and_message(malformed))
         try:
-            offset, timestamp = _offset_for(self.leader_log(topic.name, p.partition, p.current_leader_epoch), p.timestamp)
+            partition_log = self.leader_log(topic.name, p.partition, p.current_leader_epoch)
+            if p.timestamp >= 0:
+                lookup = self._remote_lookup(partition_log, p.partition, p.timestamp)
+                if lookup is not None:
+                    return lookup
+            offset, timestamp = _offset_for(partition_log, p.timestamp)
         except PymqError as err:
             return ListOffsetsPartitionResponse(p.partition, *code_and_message(err))
         return ListOffsetsPartitionResponse(p.partition, offset=offset, timestamp=timestamp)
+
+    def _remote_lookup(self, partition_log: UnifiedLog, partition: int,
+                       timestamp: int) -> Future[ListOffsetsPartitionResponse] | None:
+        """The remote tier's answer to come, if its segments may hold a record at or after
+        `timestamp` (the manifest's max timestamps tell without a read); None: ask the local log."""
+        remote = self.replicas.remote_logs
+        if remote is None or not partition_log.tiered:
+            return None
+        manifest = remote.manifest(partition_log.topic, partition_log.partition)
+        if manifest is None or not manifest.prune(partition_log.log_start_offset, None, timestamp, None):
+            return None
+        answer: Future[ListOffsetsPartitionResponse] = Future()
+
+        def found(lookup: Future[tuple[int, int] | None]) -> None:
+            try:
+                hit = lookup.result()
+                if hit is None:  # the manifest's max timestamp was a record below the log start
+                    hit = _offset_for(partition_log, timestamp)
+                answer.set_result(ListOffsetsPartitionResponse(partition, offset=hit[0], timestamp=hit[1]))
+            except PymqError as err:
+                answer.set_result(ListOffsetsPartitionResponse(partition, *code_and_message(err)))
+            except BaseException as err:
+                answer.set_exception(err)
+
+        remote.reader.offset_for_timestamp(partition_log.topic, partition, manifest, timestamp).add_done_callback(found)
+        return answer
 
 
 def _offset_for(partition_log: UnifiedLog, timestamp: int) -> tuple[int, int]:

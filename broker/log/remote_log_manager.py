@@ -23,8 +23,10 @@ Any failure (the store down, a conflict, a local file gone) is logged once per r
 and retried with exponential backoff capped at `max_backoff_ms`; nothing local is ever deleted
 here. Deleting a topic deletes its remote folder (`delete_topic`).
 
-Not here yet: reads below the local log start from the remote store (fetches there get
-OFFSET_OUT_OF_RANGE), and compacted topics (they are never tiered, as in Kafka).
+Compacted topics tier too (Kafka refuses them): the cleaner leaves alone the segments uploaded or
+being uploaded (UnifiedLog.pin_for_upload), so the remote tier holds them as they were sealed;
+remote retention then applies only if cleanup.policy has delete. Reads below the local log start
+go through `reader` (broker/log/remote_log_reader.py).
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 from broker import record
 from broker.config import INT64_MAX, BrokerConfig
 from broker.errors import KafkaStorageError, PymqError
+from broker.log.remote_log_reader import RemoteLogReader
 from broker.log.segment import Segment
 from broker.log.unified_log import UnifiedLog
 from tiered_storage import DEFAULT_ORPHAN_GRACE_MS, ManifestConflictError, PartitionManifest, RemoteSegmentStore
@@ -104,9 +107,10 @@ class RemoteLogManager:
     def __init__(self, store: RemoteSegmentStore, leader_logs: Callable[[], list[UnifiedLog]], *,
                  thread_pool_size: int = 2, copy_max_bytes_per_second: int = INT64_MAX,
                  clock: Callable[[], int] = record.now_ms, orphan_grace_ms: int = DEFAULT_ORPHAN_GRACE_MS,
-                 max_backoff_ms: int = 30_000) -> None:
+                 max_backoff_ms: int = 30_000, reader: RemoteLogReader | None = None) -> None:
         assert thread_pool_size >= 1, thread_pool_size
         self.store = store
+        self.reader = reader or RemoteLogReader(store)
         self._leader_logs = leader_logs
         self._clock = clock
         self._orphan_grace_ms = orphan_grace_ms
@@ -123,8 +127,12 @@ class RemoteLogManager:
     @classmethod
     def from_config(cls, config: BrokerConfig, leader_logs: Callable[[], list[UnifiedLog]]) -> RemoteLogManager:
         store = RemoteSegmentStore.from_url(config.remote_storage_url, config.remote_storage_options)
+        reader = RemoteLogReader(store, cache_bytes=config["remote.log.reader.cache.size.bytes"],
+                                 chunk_bytes=config["remote.log.reader.chunk.bytes"],
+                                 prefetch_chunks=config["remote.log.reader.prefetch.chunks"],
+                                 threads=config["remote.log.reader.threads"])
         return cls(store, leader_logs, thread_pool_size=config["remote.log.manager.thread.pool.size"],
-                   copy_max_bytes_per_second=config["remote.log.manager.copy.max.bytes.per.second"])
+                   copy_max_bytes_per_second=config["remote.log.manager.copy.max.bytes.per.second"], reader=reader)
 
     # --- scheduling ------------------------------------------------------------------------
 
@@ -137,8 +145,8 @@ class RemoteLogManager:
             if self._closed:
                 return []
             for partition_log in self._leader_logs():
-                if not partition_log.tiered or partition_log.offline or not partition_log.config.delete:
-                    continue  # compacted topics are not tiered (Kafka refuses them too)
+                if not partition_log.tiered or partition_log.offline:
+                    continue
                 state = self._partitions.setdefault((partition_log.topic, partition_log.partition), _PartitionTiering())
                 if state.busy or now < state.retry_at_ms:
                     continue
@@ -155,6 +163,7 @@ class RemoteLogManager:
         with self._lock:
             self._closed = True
         self._executor.shutdown(wait=True, cancel_futures=True)
+        self.reader.close()
 
     def delete_topic(self, topic: str) -> None:
         """Delete every remote object of `topic` (its local logs are already gone). RemoteStorageError
@@ -219,14 +228,19 @@ class RemoteLogManager:
         for segment in self._candidates(partition_log, state.manifest):
             if self._closed:
                 return
-            self._throttle.acquire(segment.size)
-            remote = self.store.upload_segment(topic, partition, segment.files)
-            manifest = state.manifest
-            if partition_log.topic_id and not manifest.topic_id:
-                manifest = manifest.with_topic_id(partition_log.topic_id)
-            state.manifest = self.store.commit_manifest(manifest.version, manifest.with_segment(remote))
-            self.uploaded_segments += 1
-            self._publish(partition_log, state.manifest)
+            if not partition_log.pin_for_upload(segment):
+                break  # the cleaner replaced it meanwhile: the next run sees the new segments
+            try:
+                self._throttle.acquire(segment.size)
+                remote = self.store.upload_segment(topic, partition, segment.files)
+                manifest = state.manifest
+                if partition_log.topic_id and not manifest.topic_id:
+                    manifest = manifest.with_topic_id(partition_log.topic_id)
+                state.manifest = self.store.commit_manifest(manifest.version, manifest.with_segment(remote))
+                self.uploaded_segments += 1
+                self._publish(partition_log, state.manifest)
+            finally:
+                partition_log.unpin_upload()
             log.debug("%s: uploaded segment %d..%d (%d bytes)", partition_log, remote.base_offset,
                       remote.last_offset, remote.size_bytes)
         self._expire(partition_log, state)
@@ -247,6 +261,8 @@ class RemoteLogManager:
         manifest = state.manifest
         assert manifest is not None
         config = partition_log.config
+        if not config.delete:
+            return  # compact only: no retention by time or size, remote or local
         local_only = sum(segment.size for segment in partition_log.local_segments_above(manifest.log_end_offset))
         expired = manifest.expired_segments(self._clock(), config.retention_ms, config.retention_bytes, local_only)
         if not expired:

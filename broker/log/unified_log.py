@@ -40,7 +40,9 @@ records the highest offset the remote store holds here (`update_remote_log_state
 retention (local.retention.ms/bytes) then deletes only segments wholly at or below it, moving
 `local_log_start_offset`; `log_start_offset` stays the start of the whole log (remote plus local),
 moved only by the remote log manager once expired remote segments left the manifest. Reads below
-the local log start are not served yet (OFFSET_OUT_OF_RANGE).
+the local log start raise OffsetMovedToTieredStorageError: the fetch handler reads them from the
+remote tier. Compacted logs tier too: the cleaner never replaces a segment that is uploaded or
+being uploaded (`pin_for_upload`), so each uploaded segment is exactly one local segment.
 
 Threading: every public method may be called from any thread; state changes happen under one
 lock; `flush` runs its fsyncs outside it on duplicated fds, and retention writes the leader-epoch
@@ -57,7 +59,13 @@ from pathlib import Path
 
 from broker import record
 from broker.config import LogConfig
-from broker.errors import CorruptMessageError, InconsistentTopicIdError, KafkaStorageError, OffsetOutOfRangeError
+from broker.errors import (
+    CorruptMessageError,
+    InconsistentTopicIdError,
+    KafkaStorageError,
+    OffsetMovedToTieredStorageError,
+    OffsetOutOfRangeError,
+)
 from broker.log.checkpoint import read_partition_metadata, write_partition_metadata
 from broker.log.file_cache import FileCache
 from broker.log.leader_epoch import LeaderEpochCache
@@ -149,6 +157,8 @@ class UnifiedLog:
         self.remote_storage = False  # the broker runs tiered storage (open's remote_storage)
         self.tiered = False  # remote_storage and the topic's remote.storage.enable
         self.highest_offset_in_remote_storage = -1  # -1 until the remote log manager read the manifest
+        self._remote_state_known = False  # update_remote_log_state ran (the cleaner waits for it)
+        self._upload_pin: Segment | None = None  # being uploaded: the cleaner must not replace it
         self.last_recovery_truncated_bytes = 0
         self.recovered_bytes = 0  # what the last open re-validated after the recovery point
         self.damaged_segments = 0
@@ -437,13 +447,14 @@ class UnifiedLog:
         """Bytes of one segment from the batch holding `offset`, below `max_offset` (default: the
         high watermark; a follower reads to the LEO). KIP-74: the whole first batch even past
         `max_bytes`; the end may cut a batch. Empty at or past `max_offset`.
-        OffsetOutOfRangeError outside [log_start_offset, LEO]."""
+        OffsetOutOfRangeError outside [log_start_offset, LEO]; OffsetMovedToTieredStorageError
+        below the local log start (the remote tier holds it: broker/log/remote_log_reader.py)."""
         with self._lock:
             self._check_usable()
             if self.log_start_offset <= offset < self.local_log_start_offset:
-                raise OffsetOutOfRangeError(
+                raise OffsetMovedToTieredStorageError(
                     f"{self.topic}-{self.partition}: offset {offset} is in remote storage (below the local log "
-                    f"start {self.local_log_start_offset}); reads from remote storage are not served yet")
+                    f"start {self.local_log_start_offset})")
             if not self.log_start_offset <= offset <= self.log_end_offset:
                 raise OffsetOutOfRangeError(
                     f"offset {offset} is out of range for {self.topic}-{self.partition}: "
@@ -615,9 +626,9 @@ class UnifiedLog:
         retention_bytes = self.config.retention_bytes if delete else -1
         # Tiered: local retention, and only over what the remote store holds (uploaded and committed).
         uploaded_end = INT64_END
-        if self.tiered:
-            retention_ms = self.config.effective_local_retention_ms if delete else -1
-            retention_bytes = self.config.effective_local_retention_bytes if delete else -1
+        if self.tiered:  # compacted too: the remote copy is the one that stays
+            retention_ms = self.config.effective_local_retention_ms
+            retention_bytes = self.config.effective_local_retention_bytes
             uploaded_end = self.highest_offset_in_remote_storage + 1
         segments = self._local.segments
         excess_bytes = segments.size_bytes() - retention_bytes
@@ -649,6 +660,7 @@ class UnifiedLog:
         start moves up to the remote log's (never down, never past the local segments' start
         unless retention dropped them: the offsets between are gone)."""
         with self._lock:
+            self._remote_state_known = True
             self.highest_offset_in_remote_storage = max(self.highest_offset_in_remote_storage, highest_offset)
             if highest_offset < 0 or highest_offset + 1 < self._local.start_offset:
                 # Nothing remote, or a gap below the local segments: the log starts locally.
@@ -657,6 +669,28 @@ class UnifiedLog:
                 start = log_start_offset
             self.log_start_offset = min(max(self.log_start_offset, start), self.log_end_offset)
             self.high_watermark = max(self.high_watermark, self.log_start_offset)
+
+    def pin_for_upload(self, segment: Segment) -> bool:
+        """Keep the cleaner from replacing `segment` while it uploads (an uploaded segment must be
+        exactly one local segment, or the local copy of its records and the next ones could
+        straddle the remote log end and never tier). False if the log no longer holds it."""
+        with self._lock:
+            if self._closed or all(s is not segment for s in self._local.segments):
+                return False
+            self._upload_pin = segment
+            return True
+
+    def unpin_upload(self) -> None:
+        with self._lock:
+            self._upload_pin = None
+
+    def _tiering_holds(self, segment: Segment) -> bool:
+        """Whether tiering has `segment` (uploaded, being uploaded, or not known yet): the cleaner
+        leaves it alone. Under the lock."""
+        if not self.tiered:
+            return False
+        return (not self._remote_state_known or segment is self._upload_pin
+                or segment.base_offset <= self.highest_offset_in_remote_storage)
 
     def local_segments_above(self, offset: int) -> list[Segment]:
         """The segments holding offsets at or above `offset` (remote retention counts their bytes)."""
@@ -678,6 +712,9 @@ class UnifiedLog:
             for segment in segments.snapshot()[:-1]:
                 if segment.next_offset > end:
                     break
+                if self._tiering_holds(segment):
+                    cleanable.clear()  # only what lies above everything tiering holds
+                    continue
                 cleanable.append(segment)
             return CleanableSegments(cleanable, end, self.log_start_offset, segments.active.base_offset,
                                      self._truncations)
@@ -700,7 +737,8 @@ class UnifiedLog:
         offline (a restart completes it). From the cleaner thread."""
         with self._flush_lock:  # a close or a directory rename waits for the swap to finish
             with self._lock:
-                if self._closed or self._truncations != generation or self._local.segments.index_of_run(old) is None:
+                if (self._closed or self._truncations != generation or self._local.segments.index_of_run(old) is None
+                        or any(self._tiering_holds(segment) for segment in old)):
                     return False
                 self._dir_failure.check()
                 try:

@@ -2,8 +2,8 @@
 under tmp: sealed segments end up in the manifest and leave the local disk, none before it was
 uploaded; SIGKILL during uploads leaves a consistent manifest and no record lost or doubled.
 
-Reads below the local log start are not served yet: a consumer at offset 0 gets
-OFFSET_OUT_OF_RANGE (what this file checks), so the remote part is read straight from the store."""
+The remote part is checked twice: straight from the store, and through the broker (a consumer
+from offset 0, and time lookups, answered from the remote tier below the local log start)."""
 from __future__ import annotations
 
 import time
@@ -145,10 +145,38 @@ def test_sealed_segments_tier_and_leave_the_local_disk(broker_factory, tmp_path)
     check_complete(broker.bootstrap, broker.log_dir, store, produced)
     with Consumer(broker.bootstrap, auto_offset_reset="none") as consumer:
         assert consumer.beginning_offsets([(TOPIC, 0)]) == {(TOPIC, 0): 0}  # the whole log starts at 0
+    assert local_bases(broker.log_dir)[0] > 0
+    for _ in range(2):  # cold, then from the broker's cache
+        assert consume_from(broker.bootstrap, 0, produced) == [value(i) for i in range(produced)]
+    check_time_lookups(broker.bootstrap, store)
+
+
+def consume_from(bootstrap: str, start: int, end: int) -> list[bytes]:
+    """The values of offsets [start, end) read in order by one consumer (each offset once)."""
+    values: list[bytes] = []
+    with Consumer(bootstrap, auto_offset_reset="none") as consumer:
         consumer.assign([(TOPIC, 0)])
-        consumer.seek((TOPIC, 0), 0)
-        with pytest.raises(OffsetOutOfRangeError):  # not served from remote storage yet
-            consumer.poll_arrow(timeout_ms=2000)
+        consumer.seek((TOPIC, 0), start)
+        deadline = time.monotonic() + 60
+        while len(values) < end - start:
+            assert time.monotonic() < deadline, f"read {len(values)} of {end - start} records"
+            table = consumer.poll_arrow(timeout_ms=500)
+            assert table["offset"].to_pylist() == list(range(start + len(values), start + len(values) + table.num_rows))
+            values += table["value"].to_pylist()
+    return values
+
+
+def check_time_lookups(bootstrap: str, store: RemoteSegmentStore) -> None:
+    """offsets_for_times finds the first record at or after a time held only remotely: the first
+    record of each of a few remote segments, looked up by its own timestamp."""
+    manifest = manifest_of(store)
+    with Consumer(bootstrap, auto_offset_reset="none") as consumer:
+        for segment in manifest.segments[:: max(len(manifest.segments) // 4, 1)]:
+            data = store.read_batches(TOPIC, 0, segment, segment.base_offset)
+            header, body = record.decode_batch(data, 0)
+            first_ts = body.column("timestamp").cast(pa.int64())[0].as_py()
+            found = consumer.offsets_for_times({(TOPIC, 0): first_ts})[(TOPIC, 0)]
+            assert found is not None and found[0] <= segment.base_offset and found[1] >= first_ts, (segment, found)
 
 
 def test_sigkill_during_uploads_keeps_the_manifest_consistent(broker_factory, tmp_path):
