@@ -33,6 +33,7 @@ from broker.handlers.group import GroupHandler
 from broker.handlers.list_offsets import ListOffsetsHandler
 from broker.handlers.metadata import MetadataHandler
 from broker.handlers.produce import ProduceHandler
+from broker.handlers.tiering import TieringHandler
 from broker.log import FetchSlice, UnifiedLog
 from broker.protocol import REQUEST_TYPES, ApiKey, Message
 from broker.purgatory import DelayedOperation
@@ -114,6 +115,7 @@ class RequestHandlers:
             ApiKey.DESCRIBE_GROUPS: groups.describe_groups,
             ApiKey.DELETE_GROUPS: groups.delete_groups,
         })
+        self._table[ApiKey.DESCRIBE_TIERING] = TieringHandler(registry, replicas).describe_tiering
         assert self._table.keys() == REQUEST_TYPES.keys(), "every API has a handler and a request message"
 
     def handle(self, request: protocol.Request) -> Result | Awaitable[Result] | DelayedOperation:

@@ -59,6 +59,8 @@ class ApiKey(enum.IntEnum):
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
     OFFSET_DELETE = 47
+    # pymq's own APIs, numbered from 1000: outside Kafka's numbering, so they never collide with a Kafka key.
+    DESCRIBE_TIERING = 1000
 
 
 # The versions of each API this broker speaks: (min, max).

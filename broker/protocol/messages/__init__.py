@@ -114,6 +114,12 @@ from broker.protocol.messages.produce import (
     ProduceTopic,
     ProduceTopicResponse,
 )
+from broker.protocol.messages.tiering import (
+    DescribeTieringRequest,
+    DescribeTieringResponse,
+    TieringPartition,
+    TieringTopic,
+)
 
 # The group coordinator's requests (registered with the others below).
 GROUP_REQUEST_TYPES: tuple[type[RequestMessage], ...] = (
@@ -126,7 +132,7 @@ REQUEST_TYPES: dict[int, type[RequestMessage]] = {
     cls.api_key: cls
     for cls in (ProduceRequest, FetchRequest, ListOffsetsRequest, MetadataRequest, ApiVersionsRequest,
                 CreateTopicsRequest, DeleteTopicsRequest, CreatePartitionsRequest, DescribeConfigsRequest,
-                AlterConfigsRequest, *GROUP_REQUEST_TYPES)
+                AlterConfigsRequest, DescribeTieringRequest, *GROUP_REQUEST_TYPES)
 }
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -30,6 +30,8 @@ from broker.protocol import (
     DeleteTopicsResponse,
     DescribeConfigsRequest,
     DescribeConfigsResponse,
+    DescribeTieringRequest,
+    DescribeTieringResponse,
     FetchPartition,
     FetchPartitionResponse,
     FetchRequest,
@@ -54,6 +56,8 @@ from broker.protocol import (
     ProduceResponse,
     ProduceTopic,
     ProduceTopicResponse,
+    TieringPartition,
+    TieringTopic,
     TopicConfigs,
     TopicMetadata,
     TopicRef,
@@ -116,6 +120,11 @@ metadata_responses = st.builds(
         PartitionMetadata, int32, int32, epochs, tuples(int32), tuples(int32), error_codes, messages_text)))))
 api_versions_responses = st.builds(ApiVersionsResponse, tuples(st.builds(ApiVersionRange, int32, names, int32, int32)))
 topic_results = tuples(st.builds(TopicResult, names, error_codes, messages_text))
+tiering_partitions = st.builds(TieringPartition, int32, error_codes, messages_text, st.booleans(),
+                               *[offsets] * 4, int64, offsets, offsets, int64, int32, offsets, offsets, int64, int32,
+                               messages_text)
+describe_tiering_responses = st.builds(DescribeTieringResponse, tuples(st.builds(
+    TieringTopic, names, error_codes, messages_text, tuples(tiering_partitions))))
 
 MESSAGES: list[tuple[str, st.SearchStrategy[Message]]] = [
     ("produce-request", produce_requests),
@@ -142,6 +151,8 @@ MESSAGES: list[tuple[str, st.SearchStrategy[Message]]] = [
     ("alter-configs-request", st.builds(AlterConfigsRequest, tuples(st.builds(ConfigChange, names, configs, tuples(names))),
                                         st.booleans())),
     ("alter-configs-response", st.builds(AlterConfigsResponse, topic_results)),
+    ("describe-tiering-request", st.builds(DescribeTieringRequest, st.none() | tuples(names))),
+    ("describe-tiering-response", describe_tiering_responses),
 ]
 
 

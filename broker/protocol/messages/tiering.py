@@ -1,0 +1,140 @@
+"""DescribeTiering (API key 1000, pymq's own): how far each partition this broker leads is tiered
+to the remote store (`pymq tier status`).
+
+    request  control = {topics: [name] | None}
+    response control = {error_code: 0, topics: [{name, error_code, error_message?, partitions: [
+                        {partition, error_code, error_message?, tiered, log_start_offset,
+                         local_log_start_offset, log_end_offset, high_watermark, local_bytes,
+                         remote_log_start_offset, remote_log_end_offset, remote_bytes, remote_segments,
+                         manifest_version, upload_lag_offsets, upload_lag_bytes, failures, last_error}]}]}
+
+`topics` None: every topic with partitions led by the broker asked; a topic named in the request
+that the broker does not know answers UNKNOWN_TOPIC_OR_PARTITION on its entry. Only partitions
+led by the broker asked are listed (their leader is the one that tiers them).
+
+Per partition: the whole log's start (`log_start_offset`, below the local segments once tiered),
+the local segments' range [local_log_start_offset, log_end_offset) and their `local_bytes`; the
+remote log's range [remote_log_start_offset, remote_log_end_offset), its `.log` bytes and segment
+count, and the version of the manifest the broker holds. Upload lag: the offsets and bytes of the
+local segments at or above the remote log end (not uploaded yet, the active segment included).
+`failures` tiering runs failed in a row, `last_error` the last one's error (None once a run
+succeeds). A partition that is not tiered has `tiered` false, remote offsets and the manifest
+version -1, and every count 0; so does a tiered one whose manifest the broker has not read yet,
+except that its upload lag is -1 (unknown).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from broker.errors import NONE, InvalidRequestError
+from broker.protocol.fields import entries, field
+from broker.protocol.framing import ApiKey
+from broker.protocol.messages.base import Message, Outcome, RequestMessage, decode_error, put_error
+
+# The int fields of a partition entry, in the dataclass's order after `tiered` (all default -1 or 0).
+_INT_FIELDS = ("log_start_offset", "local_log_start_offset", "log_end_offset", "high_watermark", "local_bytes",
+               "remote_log_start_offset", "remote_log_end_offset", "remote_bytes", "remote_segments",
+               "manifest_version", "upload_lag_offsets", "upload_lag_bytes", "failures")
+_DEFAULTS = {"log_start_offset": -1, "local_log_start_offset": -1, "log_end_offset": -1, "high_watermark": -1,
+             "remote_log_start_offset": -1, "remote_log_end_offset": -1, "manifest_version": -1}
+
+
+@dataclass(frozen=True, slots=True)
+class TieringPartition(Outcome):
+    partition: int
+    error_code: int = 0
+    error_message: str | None = None
+    tiered: bool = False
+    log_start_offset: int = -1
+    local_log_start_offset: int = -1
+    log_end_offset: int = -1
+    high_watermark: int = -1
+    local_bytes: int = 0
+    remote_log_start_offset: int = -1
+    remote_log_end_offset: int = -1  # one past the last offset held remotely
+    remote_bytes: int = 0
+    remote_segments: int = 0
+    manifest_version: int = -1  # -1: no manifest read (not tiered, or not read yet); 0: nothing committed
+    upload_lag_offsets: int = 0  # -1: unknown (manifest not read yet)
+    upload_lag_bytes: int = 0
+    failures: int = 0  # tiering runs failed in a row
+    last_error: str | None = None
+
+    @property
+    def remote_known(self) -> bool:
+        """Whether the remote fields describe a manifest (tiered and its manifest read)."""
+        return self.tiered and self.manifest_version >= 0
+
+    def to_control(self) -> dict[str, Any]:
+        out = put_error({"partition": self.partition}, self.error_code, self.error_message)
+        out["tiered"] = self.tiered
+        for name in _INT_FIELDS:
+            out[name] = getattr(self, name)
+        out["last_error"] = self.last_error
+        return out
+
+    @classmethod
+    def from_control(cls, control: dict[str, Any]) -> "TieringPartition":
+        ints = {name: field(control, name, int, _DEFAULTS.get(name, 0)) for name in _INT_FIELDS}
+        return cls(field(control, "partition", int), *decode_error(control), tiered=field(control, "tiered", bool, False),
+                   last_error=field(control, "last_error", str, None), **ints)
+
+
+@dataclass(frozen=True, slots=True)
+class TieringTopic(Outcome):
+    name: str
+    error_code: int = 0
+    error_message: str | None = None
+    partitions: tuple[TieringPartition, ...] = ()
+
+    def to_control(self) -> dict[str, Any]:
+        out = put_error({"name": self.name}, self.error_code, self.error_message)
+        out["partitions"] = [p.to_control() for p in self.partitions]
+        return out
+
+    @classmethod
+    def from_control(cls, control: dict[str, Any]) -> "TieringTopic":
+        partitions = () if control.get("partitions") is None else tuple(
+            TieringPartition.from_control(p) for p in entries(control, "partitions"))
+        return cls(field(control, "name", str), *decode_error(control), partitions)
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeTieringResponse(Message):
+    """One entry per topic (of the request, in its order; or every topic with partitions led
+    here, by name), its partitions by number."""
+
+    api_key: ClassVar[ApiKey] = ApiKey.DESCRIBE_TIERING
+    topics: tuple[TieringTopic, ...]
+
+    def to_control(self) -> dict[str, Any]:
+        return {"error_code": NONE, "topics": [t.to_control() for t in self.topics]}
+
+    @classmethod
+    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "DescribeTieringResponse":
+        topics = () if control.get("topics") is None else tuple(
+            TieringTopic.from_control(t) for t in entries(control, "topics"))
+        return cls(topics)
+
+
+@dataclass(frozen=True, slots=True)
+class DescribeTieringRequest(RequestMessage[DescribeTieringResponse]):
+    """`topics` None: every topic with partitions led by this broker."""
+
+    api_key: ClassVar[ApiKey] = ApiKey.DESCRIBE_TIERING
+    response_type: ClassVar[type[DescribeTieringResponse]] = DescribeTieringResponse
+    topics: tuple[str, ...] | None = None
+
+    def to_control(self) -> dict[str, Any]:
+        return {"topics": None if self.topics is None else list(self.topics)}
+
+    @classmethod
+    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "DescribeTieringRequest":
+        if control.get("topics") is None:
+            return cls(None)
+        names = field(control, "topics", list)
+        for name in names:
+            if not isinstance(name, str):
+                raise InvalidRequestError(f"field 'topics' must be a list of strings, got a {type(name).__name__}")
+        return cls(tuple(names))
