@@ -213,3 +213,79 @@ def test_deleting_a_topic_deletes_its_remote_data(broker_factory, tmp_path):
         admin.delete_topics([TOPIC])
     wait_until(lambda: not (tmp_path / "remote" / TOPIC).exists(), 30, "the remote folder is gone")
     assert manifest_of(store).version == 0
+
+
+def test_a_compacted_topic_tiers_and_reads_back_from_offset_0(broker_factory, tmp_path):
+    """cleanup.policy=compact with remote.storage.enable (Kafka refuses this): sealed segments
+    tier and leave the disk while the cleaner compacts only what tiering does not hold; a
+    consumer from offset 0 reads records in offset order, each with the value produced at its
+    offset, and the latest record of every key among them."""
+    broker = tiering_broker(broker_factory, tmp_path, **{"log.cleaner.backoff.ms": 50}).start()
+    store = RemoteSegmentStore.from_url(f"file://{tmp_path}/remote")
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(TOPIC, partitions=1, configs={
+            "segment.bytes": 16 << 10, "remote.storage.enable": "true", "cleanup.policy": "compact",
+            "local.retention.bytes": 32 << 10, "min.cleanable.dirty.ratio": 0.01})
+    keys = 50
+    produced = 10_000
+    schema = pa.schema([("key", pa.binary()), ("value", pa.binary())])
+    with Producer(broker.bootstrap, linger_ms=5) as producer:
+        for chunk in range(0, produced, 500):
+            ids = range(chunk, chunk + 500)
+            producer.send_batch(TOPIC, pa.table({"key": [b"k%d" % (i % keys) for i in ids],
+                                                 "value": [value(i) for i in ids]}, schema=schema))
+        producer.flush()
+    wait_until(lambda: len(manifest_of(store).segments) >= 5 and local_bases(broker.log_dir)[0] > 0, 60,
+               "a compacted topic's segments are tiered and leave the disk",
+               every=lambda: check_nothing_local_lost(broker.log_dir, store))
+    manifest = manifest_of(store)
+    with Consumer(broker.bootstrap, auto_offset_reset="none") as consumer:
+        # The cleaner may have emptied the oldest segments before they tiered (every key recurs):
+        # the log then starts at the first segment tiering found non-empty.
+        start = consumer.beginning_offsets([(TOPIC, 0)])[(TOPIC, 0)]
+        assert start == manifest.log_start_offset < local_bases(broker.log_dir)[0]
+        consumer.assign([(TOPIC, 0)])
+        consumer.seek((TOPIC, 0), start)
+        offsets: list[int] = []
+        latest: dict[bytes, int] = {}
+        deadline = time.monotonic() + 60
+        while not offsets or offsets[-1] < produced - 1:
+            assert time.monotonic() < deadline, f"read up to {offsets[-1] if offsets else None}"
+            table = consumer.poll_arrow(timeout_ms=500)
+            for offset, key, v in zip(table["offset"].to_pylist(), table["key"].to_pylist(), table["value"].to_pylist()):
+                assert v == value(offset)
+                offsets.append(offset)
+                latest[key] = offset
+    assert offsets == sorted(set(offsets)) and offsets[0] == start
+    # The remote tier holds its segments as they were sealed: every offset of the first one.
+    first = manifest.segments[0]
+    assert set(range(first.base_offset, first.next_offset)) <= set(offsets)
+    assert latest == {b"k%d" % k: produced - keys + k for k in range(keys)}
+
+
+def test_a_tampered_remote_segment_answers_corrupt_message(broker_factory, tmp_path):
+    """A byte flipped in a tiered segment's `.log` object: a consumer reading there gets
+    CORRUPT_MESSAGE (CorruptMessageError), never the bad bytes; the records before the bad
+    batch still arrive."""
+    from broker.errors import CorruptMessageError
+
+    broker = tiering_broker(broker_factory, tmp_path).start()
+    store = RemoteSegmentStore.from_url(f"file://{tmp_path}/remote")
+    create_topic(broker.bootstrap, 16 << 10, 0)
+    produce(broker.bootstrap, 0, 3_000)
+    wait_until(lambda: len(manifest_of(store).segments) >= 3 and local_bases(broker.log_dir)[0]
+               >= manifest_of(store).segments[2].next_offset, 60, "three segments are tiered and deleted locally")
+    victim = manifest_of(store).segments[1]
+    path = tmp_path / "remote" / TOPIC / "0" / victim.log.name
+    data = bytearray(path.read_bytes())
+    data[-10] ^= 0xFF  # inside the last batch's records: only its CRC can tell
+    path.write_bytes(bytes(data))
+    with Consumer(broker.bootstrap, auto_offset_reset="none") as consumer:
+        consumer.assign([(TOPIC, 0)])
+        consumer.seek((TOPIC, 0), 0)
+        seen: list[int] = []
+        with pytest.raises(CorruptMessageError, match=victim.log.name):
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                seen += consumer.poll_arrow(timeout_ms=500)["offset"].to_pylist()
+    assert seen == list(range(len(seen))) and len(seen) >= victim.base_offset

@@ -208,3 +208,45 @@ def test_an_upload_killed_before_its_commit_is_redone_and_its_orphans_cleaned(tm
     finally:
         restarted.close()
         partition_log.close()
+
+
+def test_the_cleaner_leaves_what_tiering_holds_alone(tmp_path, clock, store):
+    """A tiered compacted log: nothing is cleanable until tiering read the manifest; then only
+    segments above the remote log end, never the one being uploaded; and a swap of segments that
+    became uploaded or pinned after the cleaner read them is refused (an uploaded segment must be
+    exactly one local segment, or the records after it would never tier)."""
+    compacted = replace(TIERED, cleanup_policy="compact")
+    partition_log = open_log(tmp_path, clock, config=compacted)
+    fill(partition_log, 30)
+    sealed = partition_log.segments()[:-1]
+    assert len(sealed) >= 4
+    assert partition_log.cleanable_segments().segments == []  # the remote state is not known yet
+    partition_log.update_remote_log_state(0, -1)  # an empty manifest read
+    before = partition_log.cleanable_segments()
+    assert before.segments == sealed
+    assert partition_log.pin_for_upload(sealed[0])
+    assert partition_log.cleanable_segments().segments == sealed[1:]
+    assert not partition_log.replace_segments(sealed[0], sealed[:2], before.generation)  # pinned: refused, nothing changed
+    partition_log.unpin_upload()
+    partition_log.update_remote_log_state(0, sealed[1].next_offset - 1)  # two segments uploaded
+    assert partition_log.cleanable_segments().segments == sealed[2:]
+    assert not partition_log.replace_segments(sealed[1], sealed[1:3], before.generation)
+    assert partition_log.segments()[:-1] == sealed
+
+
+def test_a_compacted_tiered_log_uploads_and_expires_nothing_by_retention(tmp_path, clock, store):
+    """cleanup.policy=compact tiers like delete does, but retention.ms never removes remote segments."""
+    compacted = replace(TIERED, cleanup_policy="compact", retention_ms=1)
+    partition_log = open_log(tmp_path, clock, config=compacted)
+    fill(partition_log, 30)
+    sealed = partition_log.segments()[:-1]
+    rlm = manager(store, partition_log, clock)
+    try:
+        rlm.run_once()
+        clock.advance(60_000)
+        rlm.run_once()
+        manifest = store.load_manifest("topic", 0)
+        assert [s.base_offset for s in manifest.segments] == [s.base_offset for s in sealed]
+        assert manifest.log_start_offset == 0 and partition_log.log_start_offset == 0
+    finally:
+        rlm.close()
