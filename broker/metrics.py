@@ -11,6 +11,18 @@ and fetch paths pay nothing for them. Per partition, as Kafka's kafka.log/kafka.
 Per broker: pymq_log_dir_offline (1 once a failed fsync took the directory offline),
 pymq_log_retention_failures_total, pymq_log_flushes_in_flight, pymq_connections.
 
+With tiered storage (remote_logs set), per tiered partition led here, from the manifest the remote
+log manager holds (none until it has read it; `pymq tier status` shows the same):
+
+    pymq_remote_log_start_offset, pymq_remote_log_end_offset (one past the last remote offset)
+    pymq_remote_log_size_bytes, pymq_remote_log_segments
+    pymq_tiering_upload_lag_offsets, pymq_tiering_upload_lag_bytes
+                                  local offsets / segment bytes at or above the remote end
+    pymq_tiering_failures_in_a_row tiering runs failed in a row (0 once one succeeds)
+
+and per broker the manager's counters pymq_tiering_uploaded_segments_total,
+pymq_tiering_expired_segments_total (remote retention) and pymq_tiering_failures_total.
+
 The scrape runs on prometheus_client's HTTP thread: it reads attributes and list snapshots only,
 never takes a log's lock for long, and never touches the event loop.
 """
@@ -43,6 +55,19 @@ _PARTITION_GAUGES: list[tuple[str, str, Callable[..., int]]] = [
 ]
 
 
+_TIERING_GAUGES: list[tuple[str, str, Callable[..., int]]] = [
+    ("pymq_remote_log_start_offset", "first offset the remote log holds", lambda t: t.remote_log_start_offset),
+    ("pymq_remote_log_end_offset", "one past the last offset the remote log holds", lambda t: t.remote_log_end_offset),
+    ("pymq_remote_log_size_bytes", "bytes of the remote segments' logs", lambda t: t.remote_bytes),
+    ("pymq_remote_log_segments", "segments in the remote log", lambda t: t.remote_segments),
+    ("pymq_tiering_upload_lag_offsets", "local offsets at or above the remote log end (not uploaded yet)",
+     lambda t: t.upload_lag_offsets),
+    ("pymq_tiering_upload_lag_bytes", "bytes of local segments at or above the remote log end (not uploaded yet)",
+     lambda t: t.upload_lag_bytes),
+    ("pymq_tiering_failures_in_a_row", "tiering runs of the partition failed in a row", lambda t: t.failures),
+]
+
+
 class BrokerCollector(Collector):
     """Reads the replica manager's partitions and the log manager's counters at scrape time."""
 
@@ -65,6 +90,34 @@ class BrokerCollector(Collector):
         yield GaugeMetricFamily("pymq_log_flushes_in_flight", "log flushes running now",
                                 value=self.replicas.flushes_in_flight)
         yield GaugeMetricFamily("pymq_connections", "client connections open", value=self.connections())
+        if self.replicas.remote_logs is not None:
+            yield from self._tiering()
+
+    def _tiering(self) -> Iterator[Metric]:
+        from broker.errors import PymqError
+        from broker.handlers.tiering import describe_partition
+
+        remote_logs = self.replicas.remote_logs
+        assert remote_logs is not None
+        families = [GaugeMetricFamily(name, doc, labels=["topic", "partition"]) for name, doc, _ in _TIERING_GAUGES]
+        for partition_log in self.replicas.leader_logs():
+            if not partition_log.tiered:
+                continue
+            try:
+                tiering = describe_partition(partition_log, remote_logs)
+            except PymqError:
+                continue  # closed meanwhile (deleted, directory offline)
+            labels = [partition_log.topic, str(partition_log.partition)]
+            for family, (name, _, read) in zip(families, _TIERING_GAUGES):
+                # Before the manifest is read nothing is known of the remote log, only the failures.
+                if tiering.manifest_version >= 0 or name == "pymq_tiering_failures_in_a_row":
+                    family.add_metric(labels, read(tiering))
+        yield from families
+        yield CounterMetricFamily("pymq_tiering_uploaded_segments", "segments uploaded to the remote store",
+                                  value=remote_logs.uploaded_segments)
+        yield CounterMetricFamily("pymq_tiering_expired_segments", "remote segments removed by retention",
+                                  value=remote_logs.expired_segments)
+        yield CounterMetricFamily("pymq_tiering_failures", "tiering runs that failed", value=remote_logs.failures)
 
 
 def serve_metrics(host: str, port: int, replicas: ReplicaManager, connections: Callable[[], int]) -> WSGIServer:

@@ -49,6 +49,7 @@ from broker.protocol import (
     DescribeConfigsRequest,
     DescribedGroup,
     DescribeGroupsRequest,
+    DescribeTieringRequest,
     FindCoordinatorRequest,
     ListGroupsRequest,
     Message,
@@ -64,6 +65,7 @@ from broker.protocol import (
     Outcome,
     PartitionCount,
     RequestMessage,
+    TieringPartition,
     TopicConfigs,
     TopicMetadata,
     TopicRef,
@@ -131,6 +133,39 @@ class PartitionLag:
     lag: int | None
     member_id: str | None
     client_id: str | None
+
+
+@dataclass(frozen=True)
+class PartitionTiering:
+    """One row of `describe_tiering`, as the partition's leader knows it (fields as
+    broker/protocol/messages/tiering.py describes them). Local segments hold
+    [local_log_start_offset, log_end_offset); the remote log [remote_log_start_offset,
+    remote_log_end_offset) (-1 when not tiered, or its manifest not read yet: `manifest_version`
+    -1). Upload lag: offsets and bytes of local segments at or above the remote log end (-1:
+    unknown). `failures` tiering runs failed in a row, the last with `last_error`."""
+
+    topic: str
+    partition: int
+    tiered: bool
+    log_start_offset: int
+    local_log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+    local_bytes: int
+    remote_log_start_offset: int
+    remote_log_end_offset: int
+    remote_bytes: int
+    remote_segments: int
+    manifest_version: int
+    upload_lag_offsets: int
+    upload_lag_bytes: int
+    failures: int
+    last_error: str | None
+
+    @classmethod
+    def from_message(cls, topic: str, p: TieringPartition) -> "PartitionTiering":
+        fields = {f.name: getattr(p, f.name) for f in dataclasses.fields(cls) if f.name != "topic"}
+        return cls(topic=topic, **fields)
 
 
 class AdminError(PymqError):
@@ -422,6 +457,35 @@ class AsyncAdmin:
                                      None if member is None else member.client_id))
         return rows
 
+    # -- tiered storage ----------------------------------------------------------------------------
+
+    async def describe_tiering(self, topics: Iterable[str] | None = None) -> list[PartitionTiering]:
+        """Tiering per partition of `topics` (default: every topic with partitions), asked of
+        every broker (each answers for the partitions it leads), sorted by topic and partition.
+        An unknown topic raises UnknownTopicOrPartitionError after the others were asked
+        (AdminError if several fail); so does a partition's own error."""
+        wanted = None if topics is None else tuple(dict.fromkeys(topics))
+        await self.cluster.refresh([])
+        request = DescribeTieringRequest(wanted)
+        replies = await asyncio.gather(*(self.cluster.send(node, request) for node in sorted(self.cluster.brokers)))
+        rows: dict[tuple[str, int], PartitionTiering] = {}
+        errors: dict[str, PymqError] = {}
+        known: set[str] = set()
+        for reply in replies:
+            for t in reply.topics:
+                err = t.error()
+                if err is not None:
+                    errors.setdefault(t.name, err)
+                    continue
+                known.add(t.name)
+                for p in t.partitions:
+                    if (perr := p.error()) is not None:
+                        errors.setdefault(f"{t.name}-{p.partition}", perr)
+                        continue
+                    rows[(t.name, p.partition)] = PartitionTiering.from_message(t.name, p)
+        _raise_named_errors({name: err for name, err in errors.items() if name not in known})
+        return [rows[key] for key in sorted(rows)]
+
     async def close(self) -> None:
         await self.cluster.close()
 
@@ -513,6 +577,11 @@ class Admin:
     def group_lag(self, group_id: str) -> list[PartitionLag]:
         """Committed offset, log end offset, lag and owning member per partition of the group's topics."""
         return self._thread.run(self._core.group_lag(group_id))
+
+    def describe_tiering(self, topics: Iterable[str] | None = None) -> list[PartitionTiering]:
+        """Local and remote ranges, bytes, upload lag and tiering failures per partition of
+        `topics` (default: all), sorted; UnknownTopicOrPartitionError for an unknown topic."""
+        return self._thread.run(self._core.describe_tiering(topics))
 
     def close(self) -> None:
         """Release connections; calling it again does nothing."""
