@@ -104,14 +104,15 @@ class ReplicaManager:
 
     async def delete_topic(self, topic: str) -> None:
         """Stop hosting `topic` and remove its logs (moved aside at once, in a worker thread)."""
+        topic_id = None
         for key in [key for key in self._partitions if key[0] == topic]:
-            del self._partitions[key]
+            topic_id = self._partitions.pop(key).log.topic_id
             self.produce_purgatory.fail(key, UnknownTopicOrPartitionError(f"topic {topic!r} was deleted"))
             self.fetch_purgatory.notify(key)
         await asyncio.to_thread(self.logs.delete_topic, topic)
         if self.remote_logs is not None:
             try:
-                await asyncio.to_thread(self.remote_logs.delete_topic, topic)
+                await asyncio.to_thread(self.remote_logs.delete_topic, topic, topic_id)
             except PymqError as err:
                 log.error("remote data of deleted topic %s not deleted: %s", topic, err)
 

@@ -506,12 +506,25 @@ class RemoteSegmentStore:
         self._delete_tree(self.manifests_path(topic, partition))
         self._delete_tree(self.partition_path(topic, partition))
 
-    def delete_topic(self, topic: str) -> None:
-        """Empty the topic's folder, every partition's manifests first."""
+    def delete_topic(self, topic: str, topic_id: str | None = None) -> None:
+        """Empty the topic's folder, every partition's manifests first. With `topic_id`, a
+        partition whose manifest is of another topic id (a topic of the same name created since)
+        is kept, and so is the folder."""
+        kept = 0
         for name, info in self._list(self.topic_path(topic), files=False):
             if info.get("type") == "directory" and name.isdigit():
-                self._delete_tree(self.manifests_path(topic, int(name)))
-        self._delete_tree(self.topic_path(topic))
+                if topic_id:
+                    try:
+                        self.load_manifest(topic, int(name), topic_id)
+                    except RemoteTopicIdMismatchError as err:
+                        log.warning("not deleting %s: %s", self.partition_path(topic, int(name)), err)
+                        kept += 1
+                        continue
+                    except CorruptManifestError:
+                        pass  # nothing valid names a topic id: it goes with the topic
+                self.delete_partition(topic, int(name))
+        if not kept:
+            self._delete_tree(self.topic_path(topic))
 
     def _delete_tree(self, path: str) -> None:
         with self._remote(f"delete of {path}"):

@@ -56,6 +56,8 @@ class _PartitionTiering:
 
     manifest: PartitionManifest | None = None  # None: read it (first run, or after a conflict)
     busy: bool = False
+    task: Future[None] | None = None  # the last task submitted (a topic deletion waits for it)
+    deleted: bool = False  # its topic is being deleted: upload nothing more
     failures: int = 0  # consecutive failed runs
     retry_at_ms: int = 0
     orphans_cleaned_ms: int | None = None  # when clean_orphans last ran (again every grace period)
@@ -151,7 +153,8 @@ class RemoteLogManager:
                 if state.busy or now < state.retry_at_ms:
                     continue
                 state.busy = True
-                futures.append(self._executor.submit(self._run, partition_log, state))
+                state.task = self._executor.submit(self._run, partition_log, state)
+                futures.append(state.task)
         return futures
 
     def run_once(self) -> None:
@@ -165,13 +168,20 @@ class RemoteLogManager:
         self._executor.shutdown(wait=True, cancel_futures=True)
         self.reader.close()
 
-    def delete_topic(self, topic: str) -> None:
-        """Delete every remote object of `topic` (its local logs are already gone). RemoteStorageError
-        if the store fails: the caller logs it (the objects stay, unnamed by any live topic id)."""
+    def delete_topic(self, topic: str, topic_id: str | None = None) -> None:
+        """Delete every remote object of `topic` (its local logs are already gone, so no new
+        upload starts), after the uploads in flight finished: one committing after the deletion
+        would leave a manifest behind for a topic of the same name created later. With
+        `topic_id`, a partition whose manifest names another topic id (a newer topic of the same
+        name) is left alone. RemoteStorageError if the store fails: the caller logs it."""
         with self._lock:
-            for key in [key for key in self._partitions if key[0] == topic]:
-                del self._partitions[key]
-        self.store.delete_topic(topic)
+            keys = [key for key in self._partitions if key[0] == topic]
+            states = [self._partitions.pop(key) for key in keys]
+            for state in states:
+                state.deleted = True
+            tasks = [state.task for state in states if state.task is not None]
+        wait(tasks)
+        self.store.delete_topic(topic, topic_id)
 
     def manifest(self, topic: str, partition: int) -> PartitionManifest | None:
         """The last manifest read or committed for the partition (None if not read yet)."""
@@ -226,7 +236,7 @@ class RemoteLogManager:
             if removed:
                 log.info("%s: removed %d orphaned remote objects", partition_log, len(removed))
         for segment in self._candidates(partition_log, state.manifest):
-            if self._closed:
+            if self._closed or state.deleted:
                 return
             if not partition_log.pin_for_upload(segment):
                 break  # the cleaner replaced it meanwhile: the next run sees the new segments

@@ -250,3 +250,39 @@ def test_a_compacted_tiered_log_uploads_and_expires_nothing_by_retention(tmp_pat
         assert manifest.log_start_offset == 0 and partition_log.log_start_offset == 0
     finally:
         rlm.close()
+
+
+def test_deleting_a_topic_waits_for_its_upload_in_flight(tmp_path, clock, store, monkeypatch):
+    """An upload still running when its topic is deleted finishes (or fails) before the remote
+    folder is emptied, so no manifest it commits survives the deletion."""
+    import threading
+
+    partition_log = open_log(tmp_path, clock)
+    fill(partition_log, 30)
+    started, release = threading.Event(), threading.Event()
+    upload = store.upload_segment
+
+    def slow_upload(*args, **kwargs):  # type: ignore[no-untyped-def]
+        started.set()
+        release.wait(10)
+        return upload(*args, **kwargs)
+
+    monkeypatch.setattr(store, "upload_segment", slow_upload)
+    logs = [partition_log]
+    rlm = RemoteLogManager(store, lambda: logs, clock=clock, thread_pool_size=2)
+    try:
+        rlm.schedule()
+        assert started.wait(10)
+        logs.clear()  # the topic's partitions are no longer led here
+        deleter = threading.Thread(target=rlm.delete_topic, args=("topic", TOPIC_ID))
+        deleter.start()
+        deleter.join(0.3)
+        assert deleter.is_alive()  # waiting for the upload
+        release.set()
+        deleter.join(10)
+        assert not deleter.is_alive()
+        assert store.load_manifest("topic", 0).version == 0
+        assert store.fs.find(store.topic_path("topic")) == []
+    finally:
+        release.set()
+        rlm.close()
