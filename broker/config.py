@@ -302,6 +302,9 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
                   "size of one cached range of a remote segment (one ranged GET)", 64 << 10, 1 << 30),
         ConfigDef("remote.log.reader.prefetch.chunks", int, 1,
                   "chunks read ahead of a sequential remote reader (0: none)", 0, 64),
+        ConfigDef("remote.fetch.max.wait.ms", int, 500,
+                  "longest a fetch waits for a remote read (beyond its own max wait) before answering without it",
+                  1, 300_000),
     ]
 }
 for _d, _broker_key in TOPIC_CONFIGS.values():

@@ -57,16 +57,6 @@ class OffsetOutOfRangeError(PymqError):
     code = 1
 
 
-class OffsetMovedToTieredStorageError(OffsetOutOfRangeError):
-    """The offset is in the log but below the local log start: only the remote tier holds it
-    (Kafka's OffsetMovedToTieredStorageException). The fetch handler reads it from there; any
-    other reader sees OFFSET_OUT_OF_RANGE."""
-
-    @classmethod
-    def name(cls) -> str:
-        return OffsetOutOfRangeError.name()
-
-
 class InvalidFetchSizeError(PymqError):
     code = 4
 

@@ -21,7 +21,11 @@ log manager holds (none until it has read it; `pymq tier status` shows the same)
     pymq_tiering_failures_in_a_row tiering runs failed in a row (0 once one succeeds)
 
 and per broker the manager's counters pymq_tiering_uploaded_segments_total,
-pymq_tiering_expired_segments_total (remote retention) and pymq_tiering_failures_total.
+pymq_tiering_expired_segments_total (remote retention) and pymq_tiering_failures_total, and the
+remote reader's (broker/log/remote_log_reader.py): pymq_remote_read_cache_bytes (chunks and
+indexes held), pymq_remote_read_cache_hits_total / _misses_total / _evictions_total, and
+pymq_remote_reads_total / pymq_remote_read_errors_total (reads a worker ran because the cache
+lacked bytes, and those that failed).
 
 The scrape runs on prometheus_client's HTTP thread: it reads attributes and list snapshots only,
 never takes a log's lock for long, and never touches the event loop.
@@ -118,6 +122,16 @@ class BrokerCollector(Collector):
         yield CounterMetricFamily("pymq_tiering_expired_segments", "remote segments removed by retention",
                                   value=remote_logs.expired_segments)
         yield CounterMetricFamily("pymq_tiering_failures", "tiering runs that failed", value=remote_logs.failures)
+        reader = remote_logs.reader
+        yield GaugeMetricFamily("pymq_remote_read_cache_bytes", "bytes of remote chunks and indexes cached",
+                                value=reader.cache.size_bytes)
+        for name, doc, value in [("hits", "cache lookups that found the entry", reader.cache.hits),
+                                 ("misses", "cache lookups that did not", reader.cache.misses),
+                                 ("evictions", "entries evicted to stay within the cache size", reader.cache.evictions)]:
+            yield CounterMetricFamily(f"pymq_remote_read_cache_{name}", doc, value=value)
+        yield CounterMetricFamily("pymq_remote_reads", "remote reads run by a worker (the cache lacked bytes)",
+                                  value=reader.worker_reads)
+        yield CounterMetricFamily("pymq_remote_read_errors", "remote reads that failed", value=reader.read_errors)
 
 
 def serve_metrics(host: str, port: int, replicas: ReplicaManager, connections: Callable[[], int]) -> WSGIServer:

@@ -19,8 +19,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from broker.config import BrokerConfig
-from broker.errors import OffsetMovedToTieredStorageError, PymqError
+from broker.errors import PymqError
 from broker.log import FetchSlice, UnifiedLog
+from broker.log.unified_log import OffsetMovedToTieredStorageError
 from broker.log.remote_log_reader import RemoteReadPending
 from broker.protocol import (
     FetchPartition,
@@ -53,20 +54,22 @@ class FetchHandler:
         limit = self.config["fetch.max.bytes"]
         max_bytes = min(max(limit if request.max_bytes is None else request.max_bytes, 1), limit)
         if max_wait_ms <= 0:
-            return self.read(request, max_bytes)[0]
-        response = self.read_enough(request, min_bytes, max_bytes)
-        if response is not None:
+            min_bytes = 0  # answer at once (unless a remote read is in progress)
+        response, read = self.read(request, max_bytes)
+        if read.enough(min_bytes):
             return response
+        read.close()
+        if read.pending:  # Kafka's remote.fetch.max.wait.ms: a remote read may take longer than max_wait_ms
+            max_wait_ms = max(max_wait_ms, self.config["remote.fetch.max.wait.ms"])
         delayed = DelayedFetch(self, request, min_bytes, max_bytes)
         self.replicas.park_fetch(delayed, max_wait_ms / 1000)
         return delayed
 
     def read_enough(self, request: FetchRequest, min_bytes: int, max_bytes: int) -> FetchResponse | None:
         """One read of every partition: the response if it has `min_bytes` or an error, else None
-        (and the ranges it found are closed: they will not be sent). A remote read in progress
-        makes it wait for at least one byte."""
+        (and the ranges it found are closed: they will not be sent)."""
         response, read = self.read(request, max_bytes)
-        if read.failed or read.size >= max(min_bytes, 1 if read.pending else 0):
+        if read.enough(min_bytes):
             return response
         read.close()
         return None
@@ -144,6 +147,12 @@ class _Read:
         self.size += size
         if isinstance(records, FetchSlice):
             self.slices.append(records)
+
+    def enough(self, min_bytes: int) -> bool:
+        """Whether to answer now: a partition failed, or there are `min_bytes`, and at least
+        one byte while a remote read is in progress (an empty answer would only bring the same
+        fetch back: even a fetch that would not wait waits for it)."""
+        return self.failed or self.size >= max(min_bytes, 1 if self.pending else 0)
 
     def close(self) -> None:
         for piece in self.slices:

@@ -33,7 +33,7 @@ from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from broker.errors import PymqError
+from broker.errors import PymqError, UnknownServerError
 from broker.log.index_file import CorruptIndexError
 from broker.log.offset_index import OffsetIndex
 from broker.log.segment_reader import SegmentReader
@@ -44,7 +44,9 @@ from tiered_storage.remote_store import validated_range
 log = logging.getLogger(__name__)
 
 TopicPartition = tuple[str, int]
-# Unclaimed answers of worker reads kept for their retries (a fetch that went away never claims one).
+# Unclaimed answers of worker reads kept for their retries (a fetch that went away never claims
+# one), at most this many and a quarter of the cache's bytes, the oldest dropped first: a retry
+# that finds none reads the cache again.
 MAX_UNCLAIMED_ANSWERS = 1024
 
 
@@ -118,8 +120,11 @@ class RemoteLogReader:
         self._lock = threading.Lock()
         self._pending: set[tuple[str, int, int]] = set()  # reads a worker runs
         self._answers: OrderedDict[tuple[str, int, int], tuple[bytes, PymqError | None]] = OrderedDict()
+        self._answers_bytes = 0
+        self._max_answers_bytes = max(cache_bytes // 4, chunk_bytes)
         self._loading: dict[Hashable, Future[Any]] = {}  # chunks and indexes being loaded
         self._closed = False
+        self.worker_reads = self.read_errors = 0  # metrics
 
     def close(self) -> None:
         """Stop the workers (reads in progress finish; their answers are dropped)."""
@@ -138,6 +143,8 @@ class RemoteLogReader:
         key = (topic, partition, offset)
         with self._lock:
             answer = self._answers.pop(key, None)
+            if answer is not None:
+                self._answers_bytes -= len(answer[0])
         if answer is not None:
             data, error = answer
             if error is not None:
@@ -169,22 +176,26 @@ class RemoteLogReader:
     def _worker_read(self, key: tuple[str, int, int], manifest: PartitionManifest | None, max_bytes: int) -> None:
         topic, partition, offset = key
         data, error = b"", None
+        self.worker_reads += 1
         try:
             if manifest is None:
                 manifest = self.store.load_manifest(topic, partition)
             data = self._read(topic, partition, manifest, offset, max_bytes, blocking=True)
         except PymqError as err:  # RemoteStorageError, CorruptMessageError: the retry answers with it
             error = err
-        except Exception as err:  # a bug: answered as UNKNOWN_SERVER_ERROR by the handler's caller
+        except Exception as err:  # a bug: the retry answers UNKNOWN_SERVER_ERROR
             log.exception("remote read of %s-%d at offset %d failed", topic, partition, offset)
-            error = PymqError(f"{type(err).__name__}: {err}")
+            error = UnknownServerError(f"{type(err).__name__}: {err}")
         with self._lock:
+            self.read_errors += error is not None
             self._pending.discard(key)
             if self._closed:
                 return
+            old = self._answers.pop(key, None)
+            self._answers_bytes += len(data) - (len(old[0]) if old is not None else 0)
             self._answers[key] = (data, error)
-            while len(self._answers) > MAX_UNCLAIMED_ANSWERS:
-                self._answers.popitem(last=False)
+            while len(self._answers) > MAX_UNCLAIMED_ANSWERS or self._answers_bytes > self._max_answers_bytes:
+                self._answers_bytes -= len(self._answers.popitem(last=False)[1][0])
         self.on_ready((topic, partition))
 
     def _read(self, topic: str, partition: int, manifest: PartitionManifest, offset: int, max_bytes: int,

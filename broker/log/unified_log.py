@@ -63,7 +63,6 @@ from broker.errors import (
     CorruptMessageError,
     InconsistentTopicIdError,
     KafkaStorageError,
-    OffsetMovedToTieredStorageError,
     OffsetOutOfRangeError,
 )
 from broker.log.checkpoint import read_partition_metadata, write_partition_metadata
@@ -77,6 +76,16 @@ log = logging.getLogger(__name__)
 
 LEADER_EPOCH_FILE = "leader-epoch-checkpoint"
 INT64_END = 2**63  # past every offset
+
+
+class OffsetMovedToTieredStorageError(OffsetOutOfRangeError):
+    """The offset is in the log but below the local log start: only the remote tier holds it
+    (Kafka's OffsetMovedToTieredStorageException). The fetch handler reads it from there; any
+    other reader sees OFFSET_OUT_OF_RANGE (not a wire code of its own)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return OffsetOutOfRangeError.name()
 
 
 class LogDirFailure:

@@ -17,7 +17,7 @@ from click.testing import CliRunner, Result
 
 from broker.cli import cli
 from broker.cli.tier import human_bytes, offset_range
-from broker.client import Admin, Producer
+from broker.client import Admin, Consumer, Producer
 from broker.client.admin import PartitionTiering
 from broker.errors import UnknownTopicOrPartitionError
 from tiered_storage import RemoteSegmentStore
@@ -190,6 +190,20 @@ def test_status_matches_the_manifest_and_the_local_files(broker_factory, tmp_pat
     assert metrics["pymq_tiering_failures_total"] == 0
     assert "pymq_tiering_expired_segments_total" in metrics
     assert not any(f'topic="{PLAIN}"' in name for name in metrics if name.startswith(("pymq_remote", "pymq_tiering")))
+
+    # A consumer from offset 0 makes the broker read the remote tier: its reader's metrics move.
+    assert metrics["pymq_remote_reads_total"] == 0
+    with Consumer(broker.bootstrap, auto_offset_reset="none") as consumer:
+        consumer.assign([(TOPIC, 0)])
+        consumer.seek((TOPIC, 0), 0)
+        read = 0
+        deadline = time.monotonic() + 30
+        while read < produced:
+            assert time.monotonic() < deadline
+            read += consumer.poll_arrow(timeout_ms=500).num_rows
+    metrics = scrape(broker)
+    assert metrics["pymq_remote_reads_total"] >= 1 and metrics["pymq_remote_read_errors_total"] == 0
+    assert metrics["pymq_remote_read_cache_bytes"] > 0 and metrics["pymq_remote_read_cache_hits_total"] > 0
 
 
 def test_unknown_and_non_tiered_topics(broker_factory, tmp_path) -> None:
