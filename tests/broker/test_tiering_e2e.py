@@ -290,3 +290,28 @@ def test_a_tampered_remote_segment_answers_corrupt_message(broker_factory, tmp_p
             while time.monotonic() < deadline:
                 seen += consumer.poll_arrow(timeout_ms=500)["offset"].to_pylist()
     assert seen == list(range(len(seen))) and len(seen) >= victim.base_offset
+
+
+def test_whole_log_retention_expires_remote_segments_and_earliest_moves(broker_factory, tmp_path):
+    """retention.bytes over the whole log (remote plus local): the oldest remote segments leave
+    the manifest and the store, ListOffsets earliest moves to the new remote log start, and a
+    consumer from there reads every remaining record in order."""
+    broker = tiering_broker(broker_factory, tmp_path).start()
+    store = RemoteSegmentStore.from_url(f"file://{tmp_path}/remote")
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(TOPIC, partitions=1, configs={
+            "segment.bytes": 16 << 10, "remote.storage.enable": "true", "local.retention.bytes": 32 << 10,
+            "retention.ms": -1, "retention.bytes": 200 << 10})
+    produced = 10_000
+    produce(broker.bootstrap, 0, produced)
+    wait_until(lambda: manifest_of(store).log_start_offset > 0 and manifest_of(store).log_end_offset
+               == local_bases(broker.log_dir)[-1], 60, "remote retention removed the oldest segments")
+    manifest = manifest_of(store)
+    assert manifest.segments[0].base_offset == manifest.log_start_offset
+    folder = tmp_path / "remote" / TOPIC / "0"
+    wait_until(lambda: sorted(p.name for p in folder.glob("*.log")) == sorted(s.log.name for s in manifest_of(store).segments),
+               30, "the expired segments' objects are deleted")
+    with Consumer(broker.bootstrap, auto_offset_reset="earliest") as consumer:
+        earliest = consumer.beginning_offsets([(TOPIC, 0)])[(TOPIC, 0)]
+        assert earliest == manifest_of(store).log_start_offset > 0
+    assert consume_from(broker.bootstrap, earliest, produced) == [value(i) for i in range(earliest, produced)]
