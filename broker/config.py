@@ -286,6 +286,13 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("remote.storage.s3.access.key", str, "", "s3:// stores: access key id (empty: the environment's)"),
         ConfigDef("remote.storage.s3.secret.key", str, "", "s3:// stores: secret access key (empty: the environment's)"),
         ConfigDef("remote.storage.s3.region", str, "", "s3:// stores: region (empty: the environment's)"),
+        ConfigDef("remote.storage.s3.connect.timeout.ms", int, 10_000,
+                  "s3:// stores: how long one request waits to connect", 1, INT32_MAX),
+        ConfigDef("remote.storage.s3.read.timeout.ms", int, 30_000,
+                  "s3:// stores: how long one request waits for the store to answer (a hung store fails "
+                  "the tiering run, which retries with backoff)", 1, INT32_MAX),
+        ConfigDef("remote.storage.s3.max.attempts", int, 3,
+                  "s3:// stores: attempts per request, the first included, before the run fails", 1, 100),
         ConfigDef("remote.log.manager.task.interval.ms", int, 30_000,
                   "how often the remote log manager looks for segments to upload and remote segments to expire",
                   10, INT64_MAX),
@@ -350,11 +357,18 @@ class BrokerConfig:
         return self["remote.storage.url"] or f"file://{Path(self['log.dir']).resolve()}/remote"
 
     @property
-    def remote_storage_options(self) -> dict[str, str]:
-        """The fsspec options of the remote store (RemoteSegmentStore.from_url's names)."""
+    def remote_storage_options(self) -> dict[str, Any]:
+        """The options of an s3:// remote store (RemoteSegmentStore.from_url's names); none for
+        other URLs (their settings go in the URL or the fsspec configuration)."""
+        if not self.remote_storage_url.startswith(("s3://", "s3a://")):
+            return {}
         keys = {"endpoint_url": "remote.storage.s3.endpoint.url", "key": "remote.storage.s3.access.key",
                 "secret": "remote.storage.s3.secret.key", "region": "remote.storage.s3.region"}
-        return {option: self[key] for option, key in keys.items() if self[key]}
+        options: dict[str, Any] = {option: self[key] for option, key in keys.items() if self[key]}
+        options["connect_timeout_s"] = self["remote.storage.s3.connect.timeout.ms"] / 1000
+        options["read_timeout_s"] = self["remote.storage.s3.read.timeout.ms"] / 1000
+        options["max_attempts"] = self["remote.storage.s3.max.attempts"]
+        return options
 
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> "BrokerConfig":

@@ -158,10 +158,11 @@ class LocalLog:
             i += 1  # past a segment that ends before `offset`: compaction or recovery left a gap
         return FetchSlice.empty(self.log_end_offset)
 
-    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
+    def offset_for_timestamp(self, timestamp_ms: int, start_offset: int = 0) -> tuple[int, int] | None:
+        """The first record at or after `start_offset` with timestamp >= `timestamp_ms`."""
         for segment in self.segments:
-            if segment.max_timestamp >= timestamp_ms:
-                found = segment.offset_for_timestamp(timestamp_ms)
+            if segment.max_timestamp >= timestamp_ms and segment.next_offset > start_offset:
+                found = segment.offset_for_timestamp(timestamp_ms, start_offset)
                 if found is not None:
                     return found
         return None

@@ -33,6 +33,7 @@ from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+from broker import record
 from broker.errors import PymqError, UnknownServerError
 from broker.log.index_file import CorruptIndexError
 from broker.log.offset_index import OffsetIndex
@@ -149,7 +150,7 @@ class RemoteLogReader:
             data, error = answer
             if error is not None:
                 raise error
-            return data
+            return _first_batches(data, max_bytes)  # a worker may have read for a larger fetch
         if manifest is not None:
             try:
                 return self._read(topic, partition, manifest, offset, max_bytes, blocking=False)
@@ -194,7 +195,9 @@ class RemoteLogReader:
             old = self._answers.pop(key, None)
             self._answers_bytes += len(data) - (len(old[0]) if old is not None else 0)
             self._answers[key] = (data, error)
-            while len(self._answers) > MAX_UNCLAIMED_ANSWERS or self._answers_bytes > self._max_answers_bytes:
+            # Never the one just stored: its retry must find it even if the cache could not keep its chunks.
+            while len(self._answers) > 1 and (len(self._answers) > MAX_UNCLAIMED_ANSWERS
+                                              or self._answers_bytes > self._max_answers_bytes):
                 self._answers_bytes -= len(self._answers.popitem(last=False)[1][0])
         self.on_ready((topic, partition))
 
@@ -204,19 +207,25 @@ class RemoteLogReader:
         (a segment may end in a compaction gap)."""
         segment = manifest.segment_for_offset(offset)
         while segment is not None:
-            try:
-                position, data = validated_range(self._reader(topic, partition, segment, blocking), offset, None, max_bytes)
-            except CorruptIndexError as err:
-                # An index entry points at the wrong batch: the `.log` alone still answers.
-                log.warning("%s-%d: reading remote segment %s without its indexes: %s", topic, partition,
-                            segment.log.name, err)
-                self.cache.put(self._indexes_key(topic, partition, segment), (None, None), 0)
-                continue
+            position, data = self._without_bad_index(topic, partition, segment, lambda reader: validated_range(
+                reader, offset, None, max_bytes), blocking)
             if data:
                 self._prefetch(topic, partition, manifest, segment, position + len(data))
                 return data
             segment = self._next_segment(manifest, segment)
         return b""
+
+    def _without_bad_index(self, topic: str, partition: int, segment: RemoteSegment,
+                           read: Callable[[SegmentReader], Any], blocking: bool = True) -> Any:
+        """`read(reader)`; an index entry that points at the wrong place (CorruptIndexError) is
+        logged, the segment's indexes are dropped for good, and the `.log` alone answers."""
+        try:
+            return read(self._reader(topic, partition, segment, blocking))
+        except CorruptIndexError as err:
+            log.warning("%s-%d: reading remote segment %s without its indexes: %s", topic, partition,
+                        segment.log.name, err)
+            self.cache.put(self._indexes_key(topic, partition, segment), (None, None), 0)
+            return read(self._reader(topic, partition, segment, blocking))
 
     # --- ListOffsets -----------------------------------------------------------------------------
 
@@ -230,9 +239,10 @@ class RemoteLogReader:
     def _offset_for_timestamp(self, topic: str, partition: int, manifest: PartitionManifest,
                               timestamp_ms: int) -> tuple[int, int] | None:
         for segment in manifest.prune(manifest.log_start_offset, None, timestamp_ms, None):
-            found = self._reader(topic, partition, segment, blocking=True).offset_for_timestamp(timestamp_ms)
+            found = self._without_bad_index(topic, partition, segment, lambda reader: reader.offset_for_timestamp(
+                timestamp_ms, manifest.log_start_offset))
             if found is not None:
-                return max(found[0], manifest.log_start_offset), found[1]
+                return found
         return None
 
     # --- cache -----------------------------------------------------------------------------------
@@ -250,7 +260,7 @@ class RemoteLogReader:
 
         return SegmentReader(pread, segment.base_offset, size=segment.size_bytes,
                              name=f"{topic}/{partition}/{segment.log.name}",
-                             offset_index=indexes[0], time_index=indexes[1])
+                             offset_index=indexes[0], time_index=indexes[1], align=chunk)
 
     def _chunk(self, topic: str, partition: int, segment: RemoteSegment, k: int, blocking: bool) -> bytes:
         key = (topic, partition, segment.upload_id, k)
@@ -358,3 +368,16 @@ class RemoteLogReader:
     @staticmethod
     def _next_segment(manifest: PartitionManifest, segment: RemoteSegment) -> RemoteSegment | None:
         return manifest.segment_for_offset(segment.next_offset)
+
+
+def _first_batches(data: bytes, max_bytes: int) -> bytes:
+    """The first whole batch of `data` and the ones after it that fit in `max_bytes` (KIP-74)."""
+    if len(data) <= max_bytes:
+        return data
+    end = 0
+    while end < len(data):
+        size = record.batch_size_at(data, end)
+        if size is None or (end and end + size > max_bytes):
+            break  # (None cannot happen: `data` is whole, validated batches)
+        end += size
+    return data[:end]

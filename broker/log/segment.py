@@ -328,14 +328,13 @@ class Segment:
         found = self._find_position(self._reader(), offset)
         return None if found is None else (found[0], found[1].size, found[1].base_offset)
 
-    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record with timestamp >= `timestamp_ms`, or None.
-
-        The time index bounds the scan (SegmentReader.offset_for_timestamp).
+    def offset_for_timestamp(self, timestamp_ms: int, start_offset: int = 0) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after `start_offset` with timestamp >=
+        `timestamp_ms`, or None. The time index bounds the scan (SegmentReader.offset_for_timestamp).
         """
         if self._max_timestamp < timestamp_ms:
             return None
-        return self._reader().offset_for_timestamp(timestamp_ms)
+        return self._reader().offset_for_timestamp(timestamp_ms, start_offset)
 
     @contextlib.contextmanager
     def detached_reader(self, min_read_bytes: int = _READ_CHUNK) -> Iterator[SegmentReader]:

@@ -22,6 +22,7 @@ file object's position are state): one reader per thread.
 from __future__ import annotations
 
 import io
+import itertools
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
@@ -93,8 +94,10 @@ class SegmentReader:
         time_index: TimeIndex | bytes | bytearray | memoryview | None = None,
         min_read_bytes: int = MIN_READ_BYTES,
         max_read_bytes: int = MAX_READ_BYTES,
+        align: int | None = None,
     ) -> None:
         assert 0 < min_read_bytes <= max_read_bytes, (min_read_bytes, max_read_bytes)
+        assert align is None or align > 0, align
         self.base_offset = base_offset
         self.name = name or f"{base_offset:020d}.log"
         if callable(source):
@@ -108,6 +111,7 @@ class SegmentReader:
         self.size = size
         self._min_read = min_read_bytes
         self._max_read = max_read_bytes
+        self._align = align  # reads ahead stop at a multiple of it (a cache's chunk bounds)
         self._next_read = min_read_bytes
         self._buf = b""
         self._buf_start = 0
@@ -168,7 +172,11 @@ class SegmentReader:
         if not sequential:
             self._next_read = self._min_read
         read_from = position + len(keep)
-        wanted = min(max(size - len(keep), self._next_read), self.size - read_from)
+        needed = size - len(keep)
+        wanted = max(needed, self._next_read)
+        if self._align is not None:  # read ahead only to the end of the chunk holding the last byte needed
+            wanted = max(needed, min(wanted, -(-(read_from + needed) // self._align) * self._align - read_from))
+        wanted = min(wanted, self.size - read_from)
         fresh = self._read(wanted, read_from)
         self._buf = keep + fresh if keep else fresh
         self._buf_start = position
@@ -241,39 +249,59 @@ class SegmentReader:
         """(position, header) of the first batch whose last offset >= `offset`, or None if the
         segment ends before `offset`. The offset index (when given) gives where to start; a scan
         of framed headers finishes. CorruptIndexError if the index entry does not point at the
-        batch it names; CorruptMessageError if the scan meets bad bytes."""
+        start of the batch it names; CorruptMessageError if the scan meets bad bytes."""
         entry_offset, start = self.offset_index.lookup(offset) if self.offset_index is not None else (self.base_offset, 0)
-        for position, header in self.batches(start, verify_from_offset=FRAME_ONLY):
-            if position == start and start and header.base_offset != entry_offset:
-                raise CorruptIndexError(
-                    f"{self._index_path('.index').name}: entry ({entry_offset}, {start}) points at a batch "
-                    f"based at {header.base_offset}")
+        batches = self.batches(start, verify_from_offset=FRAME_ONLY)
+        try:
+            first = next(batches, None)
+        except CorruptMessageError as err:
+            if not start:
+                raise
+            # No batch begins where the entry says (it points inside one): the index is wrong.
+            raise CorruptIndexError(f"{self._index_path('.index').name}: entry ({entry_offset}, {start}) "
+                                    f"points at no batch: {err}") from err
+        if first is not None and start and first[1].base_offset != entry_offset:
+            raise CorruptIndexError(
+                f"{self._index_path('.index').name}: entry ({entry_offset}, {start}) points at a batch "
+                f"based at {first[1].base_offset}")
+        for position, header in itertools.chain([first] if first is not None else [], batches):
             if header.next_offset > offset:
                 return position, header
         return None
 
-    def offset_for_timestamp(self, timestamp_ms: int) -> tuple[int, int] | None:
-        """(offset, timestamp) of the first record with timestamp >= `timestamp_ms`, or None.
+    def offset_for_timestamp(self, timestamp_ms: int, start_offset: int = 0) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record at or after `start_offset` (a log start: the
+        records below it are deleted) with timestamp >= `timestamp_ms`, or None.
 
         The time index (when given) bounds the scan; only the matching batch's body is decoded,
         and only when its records' timestamps differ (a CreateTime batch: within a batch they need
-        not grow). A LogAppendTime batch's records all carry its max_timestamp. Callers holding a segment's
-        max timestamp (the remote manifest has it) skip segments that end before the target: the
-        reader cannot, without scanning."""
-        start = 0
+        not grow) or some of its records lie below `start_offset`. A LogAppendTime batch's records
+        all carry its max_timestamp. Callers holding a segment's max timestamp (the remote
+        manifest has it) skip segments that end before the target: the reader cannot, without
+        scanning."""
+        floor_offset = start_offset
         if self.time_index is not None and len(self.time_index):
-            floor_offset = self.time_index.lookup(timestamp_ms)
+            floor_offset = max(floor_offset, self.time_index.lookup(timestamp_ms))
+        start = 0
+        if floor_offset > self.base_offset:
             found = self.find_position(floor_offset)
             if found is None:
-                raise CorruptIndexError(f"{self._index_path('.timeindex').name}: offset {floor_offset} is past the segment's end")
+                if floor_offset > start_offset:
+                    raise CorruptIndexError(
+                        f"{self._index_path('.timeindex').name}: offset {floor_offset} is past the segment's end")
+                return None
             start = found[0]
         for position, header in self.batches(start, verify_from_offset=FRAME_ONLY):
-            if header.max_timestamp >= timestamp_ms:
-                return self._first_record_at_or_after(position, header, timestamp_ms)
+            if header.max_timestamp >= timestamp_ms and header.last_offset >= start_offset:
+                hit = self._first_record_at_or_after(position, header, timestamp_ms, start_offset)
+                if hit is not None:
+                    return hit
         return None
 
-    def _first_record_at_or_after(self, position: int, header: record.BatchHeader, timestamp_ms: int) -> tuple[int, int]:
-        if header.log_append_time or header.base_timestamp == header.max_timestamp:
+    def _first_record_at_or_after(self, position: int, header: record.BatchHeader, timestamp_ms: int,
+                                  start_offset: int) -> tuple[int, int] | None:
+        same_timestamps = header.log_append_time or header.base_timestamp == header.max_timestamp
+        if same_timestamps and header.base_offset >= start_offset:
             # Every record of a LogAppendTime batch carries its max timestamp, and the header
             # tells every timestamp of a batch whose records share one.
             return header.base_offset, header.max_timestamp
@@ -282,9 +310,16 @@ class SegmentReader:
         buf, at = self._bytes(position, header.size)
         data = memoryview(buf)[at : at + header.size]
         body = self._decode(position, self._validate(position, data), data)
-        timestamps = body.column("timestamp").cast(pa.int64()).to_numpy()
-        i = int(np.argmax(timestamps >= timestamp_ms))
-        return record.record_offsets(header, body)[i].as_py(), int(timestamps[i])  # compacted bodies have gaps
+        offsets = record.record_offsets(header, body).to_numpy()  # compacted bodies have gaps
+        if same_timestamps:
+            timestamps = np.full(len(offsets), header.max_timestamp, dtype=np.int64)
+        else:
+            timestamps = body.column("timestamp").cast(pa.int64()).to_numpy()
+        matches = (timestamps >= timestamp_ms) & (offsets >= start_offset)
+        if not matches.any():
+            return None
+        i = int(np.argmax(matches))
+        return int(offsets[i]), int(timestamps[i])
 
     # --- ranges ----------------------------------------------------------------------------------
 

@@ -479,10 +479,10 @@ class UnifiedLog:
         high watermark (Kafka's ListOffsets), or None if every such record is older."""
         with self._lock:
             self._check_usable()
-            found = self._local.offset_for_timestamp(timestamp_ms)
+            found = self._local.offset_for_timestamp(timestamp_ms, self.log_start_offset)
             if found is None or found[0] >= self.high_watermark:
                 return None
-            return found if found[0] >= self.log_start_offset else (self.log_start_offset, found[1])
+            return found
 
     # --- truncation (replication) ----------------------------------------------------------
 

@@ -430,4 +430,10 @@ def test_remote_storage_broker_configs():
                                     "remote.storage.s3.access.key": "k", "remote.storage.s3.secret.key": "s",
                                     "remote.storage.s3.region": "eu-west-1"})
     assert s3.remote_storage_url == "s3://bucket/pymq"
-    assert s3.remote_storage_options == {"endpoint_url": "http://x:9000", "key": "k", "secret": "s", "region": "eu-west-1"}
+    assert s3.remote_storage_options == {"endpoint_url": "http://x:9000", "key": "k", "secret": "s", "region": "eu-west-1",
+                                         "connect_timeout_s": 10.0, "read_timeout_s": 30.0, "max_attempts": 3}
+    hurried = BrokerConfig.from_mapping({"remote.storage.url": "s3://bucket/pymq", "remote.storage.s3.read.timeout.ms": 2500,
+                                         "remote.storage.s3.connect.timeout.ms": 500, "remote.storage.s3.max.attempts": 1})
+    assert hurried.remote_storage_options == {"connect_timeout_s": 0.5, "read_timeout_s": 2.5, "max_attempts": 1}
+    # Other stores take no S3 settings (they would reach their fsspec filesystem as unknown arguments).
+    assert BrokerConfig.from_mapping({"remote.storage.url": "memory://x", "remote.storage.s3.region": "r"}).remote_storage_options == {}
