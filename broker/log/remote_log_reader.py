@@ -177,7 +177,6 @@ class RemoteLogReader:
     def _worker_read(self, key: tuple[str, int, int], manifest: PartitionManifest | None, max_bytes: int) -> None:
         topic, partition, offset = key
         data, error = b"", None
-        self.worker_reads += 1
         try:
             if manifest is None:
                 manifest = self.store.load_manifest(topic, partition)
@@ -188,6 +187,7 @@ class RemoteLogReader:
             log.exception("remote read of %s-%d at offset %d failed", topic, partition, offset)
             error = UnknownServerError(f"{type(err).__name__}: {err}")
         with self._lock:
+            self.worker_reads += 1
             self.read_errors += error is not None
             self._pending.discard(key)
             if self._closed:
