@@ -549,6 +549,31 @@ class RemoteSegmentStore:
 
     # --- listing ---------------------------------------------------------------------------------
 
+    def topics(self) -> list[str]:
+        """The names of the topic folders under the root, sorted: a reader's list of what may be
+        tiered (a listed topic may have no partition with a manifest yet: see `partitions`)."""
+        names = []
+        for name, info in self._list(self.root, files=False):
+            if info.get("type") != "directory":
+                continue
+            try:
+                validate_topic_name(name)
+            except PymqError:
+                continue
+            names.append(name)
+        return sorted(names)
+
+    def partitions(self, topic: str) -> list[int]:
+        """The partitions of `topic` in the store, ascending: its numeric folders
+        `{root}/{topic}/{partition}/` that hold at least one manifest version (valid or not; a
+        folder without one holds nothing a reader may use). [] for a topic not in the store."""
+        found = []
+        for name, info in self._list(self.topic_path(topic), files=False):
+            if info.get("type") == "directory" and name.isdigit() and str(int(name)) == name:
+                if self.manifest_versions(topic, int(name)):
+                    found.append(int(name))
+        return sorted(found)
+
     def _list(self, folder: str, *, files: bool = True) -> list[tuple[str, dict[str, Any]]]:
         """(name, info) of the entries of `folder` (files only by default), fresh from the store;
         an absent folder is empty."""

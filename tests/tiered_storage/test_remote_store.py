@@ -259,6 +259,24 @@ def test_clean_orphans_keeps_named_objects_and_deletes_dropped_segments(store, s
         store.read_range(TOPIC, 0, dropped, 0, 10)  # a reader holding the old manifest
 
 
+# --- listing ----------------------------------------------------------------------------------------
+
+def test_topics_and_partitions_list_the_folders_that_hold_manifests(store, sealed_segments):
+    """partitions(topic): the numeric folders with a manifest, ascending (not one holding only
+    segment objects, nor a non-numeric folder); topics(): the topic folders; both [] when empty."""
+    assert store.topics() == [] and store.partitions(TOPIC) == []
+    upload_and_commit(store, sealed_segments[:1], partition=10)
+    upload_and_commit(store, sealed_segments[:1], partition=2)
+    store.upload_segment(TOPIC, 3, sealed_segments[0])  # uploaded, never committed: no manifest
+    store.fs.pipe_file(f"{store.topic_path(TOPIC)}/notes/x", b"x")
+    store.fs.pipe_file(f"{store.topic_path('other')}/0/{sealed_segments[0].log.name}", b"x")
+    assert store.partitions(TOPIC) == [2, 10]
+    assert store.partitions("other") == [] and store.partitions("absent") == []
+    assert store.topics() == sorted([TOPIC, "other"])
+    store.delete_partition(TOPIC, 10)
+    assert store.partitions(TOPIC) == [2]
+
+
 # --- deletion ---------------------------------------------------------------------------------------
 
 def test_delete_partition_and_topic_empty_their_prefixes(store, sealed_segments):
