@@ -5,8 +5,13 @@ startingOffsets/endingOffsets (or their timestamp forms), narrowed by pushed-dow
 by `ranges.split_ranges`. Reading (executors): `task.read_offset_range`.
 
 With `remoteStorage.url`, the part of each range the remote tier holds is planned from the
-partitions' manifests instead, one task per remote segment not pruned by the pushed filters, read
-by executors from the object store (`remote_ranges.py`); only the rest is split for the brokers.
+partitions' manifests instead: tasks of remote segments not pruned by the pushed filters (a
+segment larger than `maxRecordsPerPartition` is cut into several, as a broker range is), read by
+executors from the object store (`remote_ranges.py`); only the rest is fetched from the brokers.
+
+With `remoteStorage.only=true` no broker is contacted at all: the partitions, earliest and latest
+come from the store's manifests (`remote_ranges.RemoteOffsetReader`), and only tiered offsets
+are read (up to each manifest's `log_end_offset`).
 """
 from __future__ import annotations
 
@@ -19,7 +24,14 @@ from spark_datasource.filters import PushedFilters
 from spark_datasource.offsets import OffsetReader
 from spark_datasource.options import InvalidOptionError, SourceOptions
 from spark_datasource.ranges import OffsetRange, RangePartition, split_ranges
-from spark_datasource.remote_ranges import RemoteSegmentPartition, plan_remote, read_remote_segment
+from spark_datasource.remote_ranges import (
+    RemoteOffsetReader,
+    RemoteSegmentPartition,
+    check_remote_start,
+    plan_remote,
+    read_remote_segment,
+    split_partitions,
+)
 from spark_datasource.task import read_offset_range
 
 
@@ -32,21 +44,30 @@ class PymqBatchReader(DataSourceReader):
         return list(self.filters.push(filters))
 
     def partitions(self) -> Sequence[InputPartition]:
-        if self.options.remote_storage_url is None:
+        opts = self.options
+        if opts.remote_storage_url is None:
             return [RangePartition(r) for r in self.plan()]
-        remote, rest = plan_remote(self.options, self.offset_ranges(), self.filters.time_low_ms,
-                                   self.filters.time_high_ms)
-        brokers = [RangePartition(r) for r in split_ranges(
-            rest, self.options.min_partitions, self.options.max_records_per_partition)]
-        return sorted([*remote, *brokers], key=lambda p: (p.range.topic, p.range.partition, p.range.start))
+        if opts.remote_storage_only:
+            offsets = RemoteOffsetReader(opts)
+            remote, rest = plan_remote(opts, self.offset_ranges(offsets), self.filters.time_low_ms,
+                                       self.filters.time_high_ms, manifests=offsets.manifests)
+            left = [r for r in rest if r.size]
+            assert not left, f"remoteStorage.only planned offsets the store does not hold: {left}"
+        else:
+            remote, rest = plan_remote(opts, self.offset_ranges(), self.filters.time_low_ms, self.filters.time_high_ms)
+        return split_partitions(remote, rest, opts.min_partitions, opts.max_records_per_partition)
 
     def plan(self) -> list[OffsetRange]:
         """The offset ranges this read covers, split for Spark tasks (all read from brokers)."""
         return split_ranges(self.offset_ranges(), self.options.min_partitions, self.options.max_records_per_partition)
 
-    def offset_ranges(self) -> list[OffsetRange]:
-        """Each planned partition's [start, end), narrowed by the pushed filters (maybe empty)."""
-        offsets = OffsetReader(self.options)
+    def offset_ranges(self, offsets: OffsetReader | None = None) -> list[OffsetRange]:
+        """Each planned partition's [start, end), narrowed by the pushed filters (maybe empty).
+        `offsets` answers the questions (default: the brokers, through an OffsetReader, or the
+        store alone with remoteStorage.only)."""
+        remote_only = self.options.remote_storage_only
+        if offsets is None:
+            offsets = RemoteOffsetReader(self.options) if remote_only else OffsetReader(self.options)
         try:
             subscribed = offsets.topic_partitions(missing_ok=False)
             tps = [tp for tp in subscribed if self.filters.allows_partition(tp[1])]
@@ -55,8 +76,10 @@ class PymqBatchReader(DataSourceReader):
             # An explicit ending offset past the end is a mistake in the option: the task would
             # find the offsets missing and report them as data loss ("truncated?").
             latest = offsets.latest(tps) if self.options.ending.kind == "offsets" else ends
+            # From the store alone there is no time lookup: remote segments are pruned by time instead.
             by_time = (offsets.offsets_for_time(tps, self.filters.time_low_ms)
-                       if self.filters.time_low_ms is not None else {})
+                       if self.filters.time_low_ms is not None and not remote_only else {})
+            earliest = offsets.earliest(tps) if remote_only else {}
         finally:
             offsets.close()
         ranges = []
@@ -65,7 +88,7 @@ class PymqBatchReader(DataSourceReader):
             if end > latest[tp]:
                 raise InvalidOptionError(
                     f"{tp[0]}-{tp[1]}: ending offset {end} (option {self.options.ending.option}) is after the "
-                    f"partition's latest offset {latest[tp]}")
+                    f"partition's {'remote log end' if remote_only else 'latest'} offset {latest[tp]}")
             if start > end:
                 raise InvalidOptionError(
                     f"{tp[0]}-{tp[1]}: starting offset {start} (option {self.options.starting.option}) is after "
@@ -73,7 +96,8 @@ class PymqBatchReader(DataSourceReader):
             if tp in by_time:  # a time filter: no record before this offset can match it
                 start = end if by_time[tp] is None else max(start, by_time[tp])
             start, end = self.filters.narrow(start, end)
-            ranges.append(OffsetRange(tp[0], tp[1], start, end))
+            r = OffsetRange(tp[0], tp[1], start, end)
+            ranges.append(check_remote_start(self.options, r, earliest[tp]) if remote_only else r)
         return ranges
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

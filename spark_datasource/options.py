@@ -21,6 +21,7 @@ to pymq by changing the format name and the bootstrap option:
 | `kafka.<setting>` | client setting | | e.g. `kafka.request.timeout.ms`, `kafka.fetch.max.bytes` |
 | `remoteStorage.url` | fsspec URL (`file:///path`, `s3://bucket/prefix`, ...) | | batch: read tiered segments from this store directly (`remote_ranges.py`) |
 | `remoteStorage.s3.endpointUrl`, `.accessKey`, `.secretKey`, `.region` | strings | | for an `s3://` store; need `remoteStorage.url` |
+| `remoteStorage.only` | `true`, `false` | `false` | batch: read only the tiered history, from the store alone; no broker contacted, bootstrap optional |
 
 An unknown, malformed or contradictory option raises `InvalidOptionError` naming the option and
 what it accepts, before any task runs. Spark hands options over case-insensitively (lower-cased
@@ -35,7 +36,19 @@ query goes on. Use a group of its own that no consumer joins. A batch read refus
 `remoteStorage.url` (not in the Kafka source) names the brokers' remote store (DESIGN.md section
 7): a batch read then plans the tiered part of each range from the partitions' manifests and its
 executors read those segments from the store themselves; only the part not yet tiered is fetched
-from brokers. Streaming reads refuse it for now.
+from brokers. Streaming reads refuse it for now. Remote segments are split like broker ranges
+(`maxRecordsPerPartition`, `minPartitions`).
+
+`remoteStorage.only=true` (needs `remoteStorage.url`; batch only) reads the tiered history and
+nothing else, with no broker contacted at all, for planning or reading: the bootstrap option is
+optional then. The partitions are the store's (`RemoteSegmentStore.partitions`: the numeric
+folders under `{root}/{topic}/` holding a manifest; `subscribePattern` matches the topic folders,
+`RemoteSegmentStore.topics`); `earliest`/`latest` are each manifest's `log_start_offset` and
+`log_end_offset`; JSON offsets are checked against those as against a broker's (an ending
+offset past the remote log end is an error; a starting offset below the remote log start is data
+loss: failOnDataLoss=true fails, false starts at the remote log start). The `*Timestamp` and
+`*OffsetsByTimestamp` options need a broker's time lookups and are refused with it; a filter on
+`timestamp` still prunes remote segments. Records not yet tiered are not read.
 """
 from __future__ import annotations
 
@@ -67,6 +80,7 @@ _SOURCE_OPTIONS = {
     "startingoffsetsbytimestamp", "endingoffsetsbytimestamp", "startingoffsetsbytimestampstrategy",
     "maxoffsetspertrigger", "minoffsetspertrigger", "maxtriggerdelay", "minpartitions",
     "maxrecordsperpartition", "failondataloss", "includeheaders", "groupidforlag", "remotestorage.url",
+    "remotestorage.only",
 }
 # remoteStorage.s3.* options, as RemoteSegmentStore.from_url's filesystem options.
 REMOTE_S3_OPTIONS = {
@@ -82,7 +96,7 @@ _SPELLING = {name.lower(): name for name in (
     "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "minPartitions",
     "maxRecordsPerPartition", "failOnDataLoss", "includeHeaders", "groupIdForLag", "remoteStorage.url",
     "remoteStorage.s3.endpointUrl", "remoteStorage.s3.accessKey", "remoteStorage.s3.secretKey",
-    "remoteStorage.s3.region")}
+    "remoteStorage.s3.region", "remoteStorage.only")}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
 _DURATION_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -157,6 +171,7 @@ class SourceOptions:
     remote_storage_url: str | None = None  # batch: the remote store tiered segments are read from
     # RemoteSegmentStore.from_url's filesystem options (may hold a secret key: kept out of repr)
     remote_storage_options: dict[str, str] = field(default_factory=dict, repr=False)
+    remote_storage_only: bool = False  # batch: plan and read from the store alone, never a broker
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool) -> "SourceOptions":
@@ -177,7 +192,10 @@ class SourceOptions:
             raise InvalidOptionError("option 'path' (load(path)) is not used by format pymq: name topics with "
                                      "subscribe, subscribePattern or assign")
 
-        bootstrap = bootstrap_servers(opts)
+        remote_url, remote_options, remote_only = _remote_storage(opts, streaming)
+        given_bootstrap = any(opts.get(n, "").strip() for n in ("kafka.bootstrap.servers", "bootstrap.servers"))
+        # remoteStorage.only contacts no broker: the bootstrap option is optional (checked if given).
+        bootstrap = bootstrap_servers(opts) if given_bootstrap or not remote_only else ""
 
         strategies = [n for n in ("assign", "subscribe", "subscribepattern") if n in opts]
         if len(strategies) != 1:
@@ -220,7 +238,8 @@ class SourceOptions:
                                      f"'maxOffsetsPerTrigger' ({max_per_trigger})")
         delay = _duration_ms(opts, "maxtriggerdelay", 15 * 60_000)
         lag_group = _lag_group(opts, streaming)
-        remote_url, remote_options = _remote_storage(opts, streaming)
+        if remote_only:
+            _check_no_time_lookups(opts)
         return cls(
             bootstrap_servers=bootstrap,
             subscribe=subscribe,
@@ -240,6 +259,7 @@ class SourceOptions:
             client=client,
             remote_storage_url=remote_url,
             remote_storage_options=remote_options,
+            remote_storage_only=remote_only,
         )
 
     def topic_matches(self, topic: str) -> bool:
@@ -367,15 +387,19 @@ def _lag_group(opts: dict[str, str], streaming: bool) -> str | None:
     return group
 
 
-def _remote_storage(opts: dict[str, str], streaming: bool) -> tuple[str | None, dict[str, str]]:
-    """`remoteStorage.url` and its S3 settings (batch reads only, for now)."""
+def _remote_storage(opts: dict[str, str], streaming: bool) -> tuple[str | None, dict[str, str], bool]:
+    """`remoteStorage.url`, its S3 settings and `remoteStorage.only` (batch reads only, for now)."""
     url = opts.get("remotestorage.url")
     s3 = {setting: opts[name].strip() for name, setting in REMOTE_S3_OPTIONS.items() if name in opts}
+    if "remotestorage.only" in opts and streaming:
+        raise InvalidOptionError("option 'remoteStorage.only' is for batch queries only: a streaming query reads "
+                                 "new records, which only the brokers have")
+    only = _boolean(opts, "remotestorage.only", False)
     if url is None:
-        if s3:
-            given = next(spelled(n) for n in REMOTE_S3_OPTIONS if n in opts)
+        if s3 or only:
+            given = next(spelled(n) for n in (*REMOTE_S3_OPTIONS, "remotestorage.only") if n in opts)
             raise InvalidOptionError(f"option {given!r} needs 'remoteStorage.url' (the store it is for)")
-        return None, {}
+        return None, {}, False
     if streaming:
         raise InvalidOptionError("option 'remoteStorage.url' is for batch queries only (for now): a streaming query "
                                  "reads through the brokers, which serve tiered offsets themselves")
@@ -386,7 +410,17 @@ def _remote_storage(opts: dict[str, str], streaming: bool) -> tuple[str | None, 
     if s3 and not url.startswith(("s3://", "s3a://")):
         given = next(spelled(n) for n in REMOTE_S3_OPTIONS if n in opts)
         raise InvalidOptionError(f"option {given!r} is for an s3:// store; 'remoteStorage.url' is {url!r}")
-    return url, s3
+    return url, s3, only
+
+
+def _check_no_time_lookups(opts: dict[str, str]) -> None:
+    """remoteStorage.only: the options that need a broker's ListOffsets by time are refused."""
+    for name in ("startingtimestamp", "startingoffsetsbytimestamp", "endingtimestamp", "endingoffsetsbytimestamp"):
+        if name in opts:
+            raise InvalidOptionError(
+                f"option {spelled(name)!r} cannot be used with 'remoteStorage.only=true': finding offsets by time "
+                "needs the brokers (ListOffsets); give offsets (startingOffsets / endingOffsets), or filter on the "
+                "`timestamp` column (remote segments outside the time bounds are skipped)")
 
 
 def _timestamp(option: str, text: str) -> int:

@@ -39,28 +39,42 @@ class RangePartition(InputPartition):
 def split_ranges(ranges: list[OffsetRange], min_partitions: int | None,
                  max_records: int | None) -> list[OffsetRange]:
     """Non-empty `ranges`, cut into pieces for Spark tasks, in (topic, partition, offset) order."""
-    ranges = [r for r in ranges if r.size > 0]
-    limit = max_records or DEFAULT_MAX_RECORDS
-    pieces = {r: math.ceil(r.size / limit) for r in ranges}
-    total = sum(r.size for r in ranges)
-    if min_partitions and sum(pieces.values()) < min_partitions and total:
-        for r in ranges:
-            pieces[r] = max(pieces[r], min(r.size, max(1, round(r.size / total * min_partitions))))
+    pieces = [piece for cut in split_each(ranges, min_partitions, max_records) for piece in cut]
+    return sorted(pieces, key=lambda r: (r.topic, r.partition, r.start))
+
+
+def split_each(ranges: list[OffsetRange], min_partitions: int | None,
+               max_records: int | None) -> list[list[OffsetRange]]:
+    """The pieces of each of `ranges` (same order; an empty range has none): pieces of at most
+    `max_records` offsets (default DEFAULT_MAX_RECORDS), and, in proportion to size, at least
+    `min_partitions` pieces in all. Pieces tile their range exactly, so readers that stop at
+    their piece's end neither skip nor repeat an offset at a cut. The one splitting rule for
+    broker ranges and remote segments (`remote_ranges.split_remote`)."""
+    counts = _piece_counts([r.size for r in ranges], min_partitions, max_records or DEFAULT_MAX_RECORDS)
+    out = []
+    for r, n in zip(ranges, counts):
+        bounds = [r.start + r.size * i // n for i in range(n + 1)] if n else []
+        out.append([OffsetRange(r.topic, r.partition, lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo])
+    return out
+
+
+def _piece_counts(sizes: list[int], min_partitions: int | None, limit: int) -> list[int]:
+    """How many pieces each range of `sizes` offsets is cut into (0 for an empty one)."""
+    pieces = [math.ceil(size / limit) if size > 0 else 0 for size in sizes]
+    total = sum(size for size in sizes if size > 0)
+    if min_partitions and sum(pieces) < min_partitions and total:
+        for i, size in enumerate(sizes):
+            if size > 0:
+                pieces[i] = max(pieces[i], min(size, max(1, round(size / total * min_partitions))))
         # Rounding can leave fewer than min_partitions pieces (3 equal ranges, 4 wanted): each
         # missing one goes to the range with the most offsets per piece, while any can be cut.
-        missing = min_partitions - sum(pieces.values())
-        widest = [(-r.size / pieces[r], i) for i, r in enumerate(ranges) if pieces[r] < r.size]
+        missing = min_partitions - sum(pieces)
+        widest = [(-size / pieces[i], i) for i, size in enumerate(sizes) if 0 < pieces[i] < size]
         heapq.heapify(widest)
         while missing > 0 and widest:
             i = heapq.heappop(widest)[1]
-            r = ranges[i]
-            pieces[r] += 1
+            pieces[i] += 1
             missing -= 1
-            if pieces[r] < r.size:
-                heapq.heappush(widest, (-r.size / pieces[r], i))
-    out = []
-    for r in sorted(ranges, key=lambda r: (r.topic, r.partition, r.start)):
-        n = pieces[r]
-        bounds = [r.start + r.size * i // n for i in range(n + 1)]
-        out.extend(OffsetRange(r.topic, r.partition, lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo)
-    return out
+            if pieces[i] < sizes[i]:
+                heapq.heappush(widest, (-sizes[i] / pieces[i], i))
+    return pieces

@@ -5,7 +5,17 @@ it, one `RemoteSegmentPartition` per remote segment that `PartitionManifest.prun
 range and the pushed time bounds (a segment whose time span misses them is never opened); at or
 above it, the rest goes to the brokers as before (`ranges.split_ranges`, `task.read_offset_range`).
 Offsets below the manifest's `log_start_offset` are deleted remotely: they go to the brokers too,
-which answer them or report them lost (failOnDataLoss).
+which answer them or report them lost (failOnDataLoss). A remote segment's range is then split
+like a broker range (`split_partitions`, with `ranges.split_each`: at most
+`maxRecordsPerPartition` offsets per task, at least `minPartitions` tasks in all): each piece is
+another `RemoteSegmentPartition` of the same segment, read from its first offset to its end. The
+cuts are offset arithmetic; a compacted segment's gaps only make some pieces smaller.
+
+`remoteStorage.only` (`RemoteOffsetReader`): the driver plans from the store alone, with no
+broker. The subscription's partitions are the store's (`RemoteSegmentStore.topics` and
+`.partitions`: numeric folders under `{root}/{topic}/` holding a manifest); earliest and latest
+are each manifest's `log_start_offset` and `log_end_offset`; the manifests loaded for the
+offsets are the ones planned from, so both agree.
 
 Reading (executors): `read_remote_segment` builds its own `RemoteSegmentStore` from the options
 and reads the segment's batches with ranged, CRC-validated reads (`read_batches`, a bounded
@@ -22,7 +32,9 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from spark_datasource.ranges import OffsetRange
+from spark_datasource.offsets import OffsetReader
+from spark_datasource.options import EARLIEST, LATEST, InvalidOptionError
+from spark_datasource.ranges import OffsetRange, RangePartition, split_each
 
 if TYPE_CHECKING:
     from spark_datasource.options import SourceOptions
@@ -72,22 +84,119 @@ def split_at_remote_end(offset_range: OffsetRange, manifest: "PartitionManifest"
 
 
 def plan_remote(options: "SourceOptions", ranges: list[OffsetRange], time_low_ms: int | None,
-                time_high_ms: int | None) -> tuple[list[RemoteSegmentPartition], list[OffsetRange]]:
-    """Remote segment partitions for `ranges` from each partition's current manifest, and the
-    ranges left for the brokers."""
-    store = remote_store(options)
+                time_high_ms: int | None, manifests: "dict[tuple[str, int], PartitionManifest] | None" = None,
+                ) -> tuple[list[RemoteSegmentPartition], list[OffsetRange]]:
+    """Remote segment partitions for `ranges` from each partition's manifest (from `manifests`
+    if given, else the current one in the store), and the ranges left for the brokers."""
+    store = remote_store(options) if manifests is None else None
     remote: list[RemoteSegmentPartition] = []
     rest: list[OffsetRange] = []
     for r in ranges:
         if r.size == 0:
             continue
-        manifest = store.load_manifest(r.topic, r.partition)
+        if manifests is not None:
+            manifest = manifests[(r.topic, r.partition)]
+        else:
+            assert store is not None
+            manifest = store.load_manifest(r.topic, r.partition)
         parts, tail = split_at_remote_end(r, manifest, time_low_ms, time_high_ms)
         log.info("%s-%d [%d, %d): %d of %d remote segment(s) planned, [%d, %d) from the brokers", r.topic,
                  r.partition, r.start, r.end, len(parts), len(manifest.segments), tail.start, tail.end)
         remote.extend(parts)
         rest.append(tail)
     return remote, rest
+
+
+def split_partitions(remote: list[RemoteSegmentPartition], rest: list[OffsetRange], min_partitions: int | None,
+                     max_records: int | None) -> list[InputPartition]:
+    """Remote segment partitions and broker ranges cut into Spark tasks by one rule
+    (`ranges.split_each`: `maxRecordsPerPartition`, and `minPartitions` over all of them), in
+    (topic, partition, offset) order. A remote segment's pieces stay partitions of that segment."""
+    cuts = split_each([p.range for p in remote] + rest, min_partitions, max_records)
+    parts: list[InputPartition] = [RemoteSegmentPartition(piece, p.segment)
+                                   for p, cut in zip(remote, cuts) for piece in cut]
+    parts.extend(RangePartition(piece) for cut in cuts[len(remote):] for piece in cut)
+    return sorted(parts, key=lambda p: (p.range.topic, p.range.partition, p.range.start))
+
+
+TopicPartition = tuple[str, int]
+
+
+class RemoteOffsetReader(OffsetReader):
+    """`offsets.OffsetReader` answered from the remote store's manifests, with no broker
+    (`remoteStorage.only`): the subscription's partitions are the store's, EARLIEST and LATEST
+    each manifest's `log_start_offset` and `log_end_offset`; JSON offsets are resolved and checked
+    by OffsetReader's own code. Asking anything of a broker (the time lookups, which the options
+    refuse with remoteStorage.only) is a bug. The manifests read are kept (`manifests`) for
+    planning, so that offsets and segments come from the same versions."""
+
+    def __init__(self, options: "SourceOptions") -> None:
+        super().__init__(options)
+        self.store = remote_store(options)
+        self.manifests: dict[TopicPartition, PartitionManifest] = {}
+
+    @property
+    def admin(self):  # noqa: ANN201 - never returns
+        raise AssertionError("remoteStorage.only: a broker was about to be contacted")
+
+    def topic_partitions(self, missing_ok: bool) -> list[TopicPartition]:
+        """The subscription's partitions in the store. A named topic (or assigned partition) the
+        store does not hold is an error unless `missing_ok`."""
+        opts, store = self.options, self.store
+        if opts.subscribe_pattern is not None:
+            topics = [t for t in store.topics() if opts.topic_matches(t) and not t.startswith("__")]
+            return [(t, p) for t in topics for p in store.partitions(t)]
+        wanted = list(opts.subscribe) if opts.subscribe else sorted(opts.assign or {})
+        found = {t: store.partitions(t) for t in wanted}
+        missing = [t for t in wanted if not found[t]]
+        if missing and not missing_ok:
+            raise InvalidOptionError(
+                f"unknown topic(s) {', '.join(missing)} in option {'subscribe' if opts.subscribe else 'assign'}: "
+                f"the remote store has no partition with a manifest under "
+                f"{', '.join(store.topic_path(t) + '/' for t in missing)} (remoteStorage.only=true reads only "
+                "tiered partitions)")
+        if opts.assign is None:
+            return [(t, p) for t in wanted for p in found[t]]
+        out = []
+        for t in wanted:
+            absent = [p for p in opts.assign[t] if p not in found[t]]
+            if absent and found[t] and not missing_ok:
+                raise InvalidOptionError(f"option 'assign': partition {t}-{absent[0]} is not in the remote store "
+                                         f"(tiered partitions of {t!r}: {found[t]}; remoteStorage.only=true)")
+            out.extend((t, p) for p in opts.assign[t] if p in found[t])
+        return out
+
+    def manifest(self, tp: TopicPartition) -> "PartitionManifest":
+        if tp not in self.manifests:
+            self.manifests[tp] = self.store.load_manifest(*tp)
+        return self.manifests[tp]
+
+    def _list(self, positions: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+        out = {}
+        for tp, position in positions.items():
+            if position not in (EARLIEST, LATEST):
+                raise AssertionError(f"remoteStorage.only: a time lookup ({position}) needs a broker")
+            m = self.manifest(tp)
+            out[tp] = m.log_start_offset if position == EARLIEST else m.log_end_offset
+        return out
+
+
+def check_remote_start(options: "SourceOptions", offset_range: OffsetRange, log_start: int) -> OffsetRange:
+    """remoteStorage.only: a range starting below the remote log start wants deleted offsets:
+    DataLossError (failOnDataLoss=true), or the range from the log start on (false)."""
+    from broker.errors import DataLossError
+
+    r = offset_range
+    if r.start >= min(log_start, r.end):
+        return r
+    gone_to = min(log_start, r.end)
+    message = (f"{r.topic}-{r.partition}: offsets {r.start}..{gone_to - 1} were deleted from the remote store "
+               f"(retention) before they were read; the remote log now starts at {log_start}")
+    if options.fail_on_data_loss:
+        raise DataLossError(message + " (failOnDataLoss=true; set it to false to skip them)",
+                            r.topic, r.partition, r.start, gone_to)
+    log.warning("%s; skipping %d offsets (failOnDataLoss=false)", message, gone_to - r.start)
+    return OffsetRange(r.topic, r.partition, gone_to, r.end)
 
 
 def read_remote_segment(options: "SourceOptions", part: RemoteSegmentPartition) -> Iterator[pa.RecordBatch]:

@@ -10,6 +10,8 @@ starts again with its local log whole. Record n of partition p has offset n and 
 from __future__ import annotations
 
 import datetime as dt
+import json
+import re
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -24,6 +26,7 @@ from spark_datasource.batch_reader import PymqBatchReader
 from spark_datasource.options import InvalidOptionError, SourceOptions
 from spark_datasource.ranges import RangePartition
 from spark_datasource.remote_ranges import RemoteSegmentPartition
+from spark_datasource.schema import arrow_schema
 from tiered_storage import PartitionManifest, RemoteSegmentStore
 
 TOPIC = "tiered"
@@ -237,3 +240,193 @@ def test_split_at_remote_end_cuts_at_segment_bounds_and_leaves_deleted_offsets_t
     trimmed = manifest.with_log_start_offset(manifest.segments[1].base_offset)
     parts, tail = split_at_remote_end(OffsetRange(TOPIC, 0, 0, PER_PARTITION), trimmed, None, None)
     assert parts == [] and (tail.start, tail.end) == (0, PER_PARTITION)
+
+
+# --- large remote segments split like broker ranges --------------------------------------------------
+
+def test_large_remote_segments_split_at_max_records_and_each_task_reads_exactly_its_records(spark, source_broker,
+                                                                                           tiered):
+    """maxRecordsPerPartition=7 (cuts inside record batches): every remote segment larger than 7
+    becomes several tasks of the same segment, tiling its range; each task returns exactly its
+    offsets (at most 7), and their union is the broker's read of the tiered offsets."""
+    limit = 7
+    r = reader(source_broker.bootstrap, maxRecordsPerPartition=str(limit))
+    parts = remote_parts(r)
+    assert all(p.range.size <= limit for p in parts)
+    for p, manifest in tiered.items():
+        mine = [q for q in parts if q.range.partition == p]
+        assert len(mine) > len(manifest.segments)
+        for segment in manifest.segments:
+            pieces = [(q.range.start, q.range.end) for q in mine if q.segment == segment]
+            assert len(pieces) == -(-(segment.next_offset - segment.base_offset) // limit)
+            assert [lo for lo, _ in pieces[1:]] == [hi for _, hi in pieces[:-1]]
+            assert (pieces[0][0], pieces[-1][1]) == (segment.base_offset, segment.next_offset)
+    seen = []
+    for part in parts:
+        rows = pa.Table.from_batches(list(r.read(part)), schema=arrow_schema(True))
+        assert rows["offset"].to_pylist() == list(range(part.range.start, part.range.end))
+        assert set(rows["partition"].to_pylist()) == {part.range.partition}
+        seen.extend(zip(rows["partition"].to_pylist(), rows["offset"].to_pylist(), rows["value"].to_pylist()))
+    assert sorted(seen) == [(p, n, value_of(p, n)) for p, m in tiered.items() for n in range(m.log_end_offset)]
+
+    df = spark.read.format("pymq").options(**options(
+        source_broker.bootstrap, **{"remoteStorage.url": remote_url(), "maxRecordsPerPartition": str(limit)})).load()
+    broker = spark.read.format("pymq").options(**options(source_broker.bootstrap)).load()
+    assert df.rdd.getNumPartitions() >= len(parts)
+    assert df.orderBy("partition", "offset").collect() == broker.orderBy("partition", "offset").collect()
+
+
+def test_min_partitions_counts_remote_segment_tasks_too(source_broker, tiered):
+    """minPartitions splits remote segments (with the broker tail) until there are that many tasks."""
+    segments = sum(len(m.segments) for m in tiered.values())
+    wanted = 3 * segments
+    planned = reader(source_broker.bootstrap, minPartitions=str(wanted)).partitions()
+    assert len(planned) >= wanted
+    remote = [p for p in planned if isinstance(p, RemoteSegmentPartition)]
+    assert len(remote) > segments
+    for p, manifest in tiered.items():
+        covered = sorted((q.range.start, q.range.end) for q in remote if q.range.partition == p)
+        assert covered[0][0] == 0 and covered[-1][1] == manifest.log_end_offset
+        assert all(a[1] == b[0] for a, b in zip(covered, covered[1:]))
+
+
+# --- remoteStorage.only: the tiered history from the store alone --------------------------------------
+
+def only_options(**extra: str) -> dict[str, str]:
+    """remoteStorage.only, no bootstrap option."""
+    return {"subscribe": TOPIC, "includeHeaders": "true", "remoteStorage.url": remote_url(),
+            "remoteStorage.only": "true", **extra}
+
+
+def only_reader(filters: list | None = None, **extra: str) -> PymqBatchReader:
+    r = PymqBatchReader(SourceOptions.parse(only_options(**extra), False))
+    if filters:
+        r.pushFilters(filters)
+    return r
+
+
+@pytest.fixture
+def broker_stopped(source_broker):
+    """The module's broker down for the whole test (planning included), up again afterwards."""
+    source_broker.stop()
+    try:
+        yield
+    finally:
+        source_broker.start()
+
+
+@pytest.fixture(scope="module")
+def broker_rows(spark, source_broker, tiered):
+    """A broker read (broker up) of the tiered offsets: offset < each manifest's log end."""
+    df = spark.read.format("pymq").options(**options(source_broker.bootstrap)).load()
+    ends = F.lit(False)
+    for p, m in tiered.items():
+        ends = ends | ((F.col("partition") == p) & (F.col("offset") < m.log_end_offset))
+    return df.where(ends).orderBy("partition", "offset").collect()
+
+
+def test_remote_only_reads_exactly_the_tiered_records_with_the_broker_stopped(spark, tiered, broker_rows,
+                                                                              broker_stopped):
+    """No bootstrap option and no broker: planning and reading from the store give exactly the
+    records a broker read gives below each manifest's log end, split by maxRecordsPerPartition."""
+    df = spark.read.format("pymq").options(**only_options(maxRecordsPerPartition="50")).load()
+    assert df.orderBy("partition", "offset").collect() == broker_rows
+    assert len(broker_rows) == sum(m.log_end_offset for m in tiered.values())
+    pattern = {k: v for k, v in only_options(subscribePattern="tier.*").items() if k != "subscribe"}
+    assert spark.read.format("pymq").options(**pattern).load().count() == len(broker_rows)
+
+
+def test_remote_only_offsets_are_the_manifests_and_json_offsets_are_checked(source_broker, tiered,
+                                                                             broker_stopped):
+    """earliest/latest are the manifest's start and end (a bootstrap to a dead broker is never
+    tried); -2/-1 and explicit JSON offsets resolve against them; an end past the remote log end
+    is refused; a start below the remote log start is data loss (failOnDataLoss)."""
+    ends = {p: m.log_end_offset for p, m in tiered.items()}
+    parts = remote_parts(only_reader(**{"kafka.bootstrap.servers": source_broker.bootstrap}))
+    assert {p: (min(q.range.start for q in parts if q.range.partition == p),
+                max(q.range.end for q in parts if q.range.partition == p)) for p in ends} == {
+        p: (0, e) for p, e in ends.items()}
+
+    json_opts = {"startingOffsets": json.dumps({TOPIC: {"0": 5, "1": -2}}),
+                 "endingOffsets": json.dumps({TOPIC: {"0": -1, "1": 30}})}
+    parts = remote_parts(only_reader(**json_opts))
+    covered = {p: sorted((q.range.start, q.range.end) for q in parts if q.range.partition == p) for p in ends}
+    assert (covered[0][0][0], covered[0][-1][1]) == (5, ends[0])
+    assert (covered[1][0][0], covered[1][-1][1]) == (0, 30)
+
+    with pytest.raises(InvalidOptionError, match="remote log end"):
+        only_reader(endingOffsets=json.dumps({TOPIC: {"0": ends[0] + 1, "1": -1}})).partitions()
+    with pytest.raises(InvalidOptionError, match="leaves out"):
+        only_reader(startingOffsets=json.dumps({TOPIC: {"0": 0}})).partitions()
+
+
+def test_remote_only_start_below_the_remote_log_start_is_data_loss(tiered, broker_stopped, tmp_path):
+    """A copy of the store whose partition 0 lost its first segment to retention: earliest is the
+    new start; an explicit start below it fails (failOnDataLoss=true) or starts there (false)."""
+    import shutil
+
+    from broker.errors import DataLossError
+
+    root = tmp_path / "trimmed"
+    shutil.copytree(remote_url().removeprefix("file://"), root)
+    store = RemoteSegmentStore.from_url(f"file://{root}")
+    manifest = store.load_manifest(TOPIC, 0)
+    start = manifest.segments[1].base_offset
+    store.commit_manifest(manifest.version, manifest.with_log_start_offset(start))
+
+    def plan(**extra: str) -> list:
+        opts = SourceOptions.parse(only_options(**{"remoteStorage.url": f"file://{root}", **extra}), False)
+        return [p for p in PymqBatchReader(opts).partitions() if p.range.partition == 0]
+
+    assert min(p.range.start for p in plan()) == start
+    explicit = {"startingOffsets": json.dumps({TOPIC: {"0": 3, "1": -2}})}
+    with pytest.raises(DataLossError, match=f"offsets 3..{start - 1} were deleted"):
+        plan(**explicit)
+    assert min(p.range.start for p in plan(**explicit, failOnDataLoss="false")) == start
+
+
+def test_remote_only_unknown_topic_is_a_clear_error(tiered, broker_stopped):
+    with pytest.raises(InvalidOptionError, match="unknown topic.*absent.*remote store"):
+        PymqBatchReader(SourceOptions.parse(only_options(subscribe="absent"), False)).partitions()
+    with pytest.raises(InvalidOptionError, match="partition tiered-7 is not in the remote store"):
+        PymqBatchReader(SourceOptions.parse({**{k: v for k, v in only_options().items() if k != "subscribe"},
+                                             "assign": json.dumps({TOPIC: [0, 7]})}, False)).partitions()
+
+
+def test_remote_only_still_prunes_by_time_and_offset(spark, tiered, broker_stopped):
+    """Pushed filters prune remote segments as before, with no broker for the time lookup."""
+    cut = 150
+    everything = len(remote_parts(only_reader()))
+    pruned = remote_parts(only_reader([LessThan(("timestamp",), utc(BASE_MS + STEP_MS * cut))]))
+    assert 0 < len(pruned) < everything
+    late = remote_parts(only_reader([GreaterThanOrEqual(("timestamp",), utc(BASE_MS + STEP_MS * cut))]))
+    assert 0 < len(late) < everything
+    df = spark.read.format("pymq").options(**only_options()).load()
+    got = df.where((F.col("timestamp") >= utc(BASE_MS + STEP_MS * cut)) & (F.col("offset") < 200)).select(
+        "partition", "offset").collect()
+    assert sorted((r.partition, r.offset) for r in got) == [(p, n) for p in range(PARTITIONS) for n in range(cut, 200)]
+
+
+@pytest.mark.parametrize("given, streaming, message", [
+    ({"remoteStorage.only": "true"}, False, "'remoteStorage.only' needs 'remoteStorage.url'"),
+    ({"remoteStorage.url": "file:///x", "remoteStorage.only": "true"}, True,
+     "'remoteStorage.only' is for batch queries only"),
+    ({"remoteStorage.url": "file:///x", "remoteStorage.only": "yes"}, False, "'remoteStorage.only' must be 'true'"),
+    ({"remoteStorage.url": "file:///x", "remoteStorage.only": "true", "startingTimestamp": "1"}, False,
+     "'startingTimestamp' cannot be used with 'remoteStorage.only=true'"),
+    ({"remoteStorage.url": "file:///x", "remoteStorage.only": "true",
+      "endingOffsetsByTimestamp": '{"t":{"0":1}}'}, False, "'endingOffsetsByTimestamp' cannot be used"),
+], ids=["without-url", "streaming", "not-boolean", "starting-timestamp", "ending-by-timestamp"])
+def test_remote_only_option_is_checked(given, streaming, message):
+    """Misuses of remoteStorage.only fail at parse time, naming the option."""
+    with pytest.raises(InvalidOptionError, match=re.escape(message)):
+        SourceOptions.parse({"subscribe": "t", **given}, streaming)
+
+
+def test_remote_only_makes_the_bootstrap_option_optional():
+    """remoteStorage.only: no bootstrap needed; without it (or with only=false) it still is."""
+    opts = SourceOptions.parse({"subscribe": "t", "remoteStorage.url": "file:///x", "remoteStorage.only": "true"}, False)
+    assert opts.remote_storage_only and opts.bootstrap_servers == ""
+    for given in ({"remoteStorage.url": "file:///x", "remoteStorage.only": "false"}, {}):
+        with pytest.raises(InvalidOptionError, match="bootstrap.servers"):
+            SourceOptions.parse({"subscribe": "t", **given}, False)
