@@ -3,7 +3,7 @@
     python -m benchmarks.run_all                    # full volumes (~15-20 min on 2 cores, plus the 10 GiB memory run)
     python -m benchmarks.run_all --quick            # every volume ~20x smaller (~2 min)
     python -m benchmarks.run_all --memory-gb 4      # a smaller memory run
-    python -m benchmarks.run_all --skip memory      # leave some out (produce, consume, latency, partitions, spark, groups, cleaner, memory)
+    python -m benchmarks.run_all --skip memory      # leave some out (produce, consume, latency, partitions, spark, tiered, groups, cleaner, memory)
     python -m benchmarks.run_all --profile          # also run the py-spy profiles (benchmarks.profile)
 
 `make bench` runs `python -m benchmarks.run_all`. Each benchmark writes
@@ -15,10 +15,10 @@ import argparse
 from typing import Any
 
 from benchmarks import (consume_throughput, groups, harness, latency, log_cleaner, memory, partitions,
-                        produce_throughput, spark_source)
+                        produce_throughput, spark_source, tiered_storage)
 from benchmarks.harness import SummaryRow
 
-ORDER = ["produce", "consume", "latency", "partitions", "spark", "groups", "cleaner", "memory"]
+ORDER = ["produce", "consume", "latency", "partitions", "spark", "tiered", "groups", "cleaner", "memory"]
 
 
 def main(argv: list[str] | None = None) -> list[SummaryRow]:
@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> list[SummaryRow]:
     if "spark" not in args.skip:
         print("\n### spark source", flush=True)
         done["spark"] = spark_source.main(quick)
+    if "tiered" not in args.skip:
+        print("\n### tiered storage", flush=True)
+        done["tiered"] = tiered_storage.main(quick)
     if "groups" not in args.skip:
         print("\n### consumer groups", flush=True)
         done["groups"] = groups.main(quick)
@@ -86,6 +89,7 @@ def summarize_existing() -> list[SummaryRow]:
     """Recompute every summary row from the stored results (with the current summary code)."""
     modules = {"produce": (produce_throughput, "produce_throughput"), "consume": (consume_throughput, "consume_throughput"),
                "latency": (latency, "latency"), "partitions": (partitions, "partitions"), "spark": (spark_source, "spark_source"),
+               "tiered": (tiered_storage, "tiered_storage"),
                "groups": (groups, "groups"), "cleaner": (log_cleaner, "log_cleaner"), "memory": (memory, "memory")}
     rows: list[SummaryRow] = []
     commits = set()
