@@ -18,13 +18,15 @@ are each manifest's `log_start_offset` and `log_end_offset`; the manifests loade
 offsets are the ones planned from, so both agree.
 
 Reading (executors): `read_remote_segment` builds its own `RemoteSegmentStore` from the options
-and reads the segment's batches with ranged, CRC-validated reads (`read_batches`, a bounded
-amount per read), decodes them with the consumer's decoder (`decode_fetched`: compacted batches
+and reads the segment's batches through one SegmentReader for the whole task (indexes read once;
+ranged GETs of 8 MiB growing to 64 MiB while it reads on: a GET's latency is the cost), a bounded
+amount at a time, decodes and validates them (CRC included) once with the consumer's decoder (`decode_fetched`: compacted batches
 keep their offsets, so gaps need nothing more) and turns them into rows with `schema.to_rows`, as
 a broker fetch is. No byte goes through a broker.
 """
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
@@ -37,6 +39,7 @@ from spark_datasource.options import EARLIEST, LATEST, InvalidOptionError
 from spark_datasource.ranges import OffsetRange, RangePartition, split_each
 
 if TYPE_CHECKING:
+    from broker.log.segment_reader import SegmentReader
     from spark_datasource.options import SourceOptions
     from tiered_storage import PartitionManifest, RemoteSegment, RemoteSegmentStore
 
@@ -44,6 +47,10 @@ log = logging.getLogger(__name__)
 
 # Bytes of `.log` one ranged read asks for (the first batch comes whole however large it is).
 REMOTE_READ_BYTES = 8 << 20
+# The task's one reader reads ahead in ranged GETs from this size, doubling to the max while it
+# reads on: a 64 MiB segment costs a handful of GETs (a GET's latency, not its size, is the cost).
+REMOTE_WINDOW_MIN_BYTES = 8 << 20
+REMOTE_WINDOW_MAX_BYTES = 64 << 20
 
 
 class RemoteSegmentPartition(InputPartition):
@@ -56,11 +63,17 @@ class RemoteSegmentPartition(InputPartition):
 
 
 def remote_store(options: "SourceOptions") -> "RemoteSegmentStore":
-    """The store the options name (driver or executor: each builds its own)."""
+    """The store the options name (driver or executor: each process builds its own, once: an S3
+    client costs a tenth of a second or more, and Spark reuses its Python workers across tasks)."""
+    assert options.remote_storage_url is not None
+    return _store(options.remote_storage_url, tuple(sorted(options.remote_storage_options.items())))
+
+
+@functools.lru_cache(maxsize=8)
+def _store(url: str, store_options: tuple[tuple[str, str], ...]) -> "RemoteSegmentStore":
     from tiered_storage import RemoteSegmentStore
 
-    assert options.remote_storage_url is not None
-    return RemoteSegmentStore.from_url(options.remote_storage_url, dict(options.remote_storage_options))
+    return RemoteSegmentStore.from_url(url, dict(store_options))
 
 
 def split_at_remote_end(offset_range: OffsetRange, manifest: "PartitionManifest", time_low_ms: int | None,
@@ -206,12 +219,27 @@ def read_remote_segment(options: "SourceOptions", part: RemoteSegmentPartition) 
     from broker.client.consumer import decode_fetched
     from spark_datasource.schema import arrow_schema, to_rows
 
+    from broker.log.index_file import CorruptIndexError
+
     store = remote_store(options)
     schema = arrow_schema(options.include_headers)
     topic, partition, end = part.range.topic, part.range.partition, part.range.end
+
+    def open_reader(indexes: bool = True) -> "SegmentReader":
+        # One reader for the whole task: its indexes are read once, its window grows as it reads on.
+        return store.open_reader(topic, partition, part.segment, indexes=indexes,
+                                 min_read_bytes=REMOTE_WINDOW_MIN_BYTES, max_read_bytes=REMOTE_WINDOW_MAX_BYTES)
+
+    reader = open_reader()
     position = part.range.start
     while position < end:
-        data = store.read_batches(topic, partition, part.segment, position, end, max_bytes=REMOTE_READ_BYTES)
+        # Framed here, validated once by the decoder (check_crcs), as a broker fetch is.
+        try:
+            data = reader.read_range(position, end, max_bytes=REMOTE_READ_BYTES, validate=False)
+        except CorruptIndexError as err:  # an entry points at the wrong batch: the `.log` alone answers
+            log.warning("%s: %s; reading without the index", part.segment.log.name, err)
+            reader = open_reader(indexes=False)
+            data = reader.read_range(position, end, max_bytes=REMOTE_READ_BYTES, validate=False)
         if not data:
             return  # the segment ends before `end`: a compaction gap
         decoded = decode_fetched((topic, partition), data, position, end, True)
