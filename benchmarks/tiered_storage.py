@@ -42,9 +42,6 @@ import argparse
 import contextlib
 import json
 import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.request
 import uuid
@@ -52,12 +49,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import harness
+from tests.tiered_storage import backends
+from tests.tiered_storage.backends import REGION, free_port
 from benchmarks.harness import MB, SummaryRow
 
 DEFAULT_RECORDS = 10_000_000
 RECORD_SIZE = 100
 UPLOAD_VALUE_SIZE = 1024
-REGION = "eu-west-1"  # not us-east-1: s3fs sends it as the bucket's LocationConstraint
 WORKLOADS = ["upload", "spark", "consume"]
 TOPIC = "tiered"
 LOCAL_TOPIC = "local-copy"
@@ -67,56 +65,25 @@ SEGMENT_MS = 10_000
 # -- moto's S3 server --------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+class MotoServer(backends.MotoServer):
+    """The tests' moto launcher (tests/tiered_storage/backends.py), also registered for the
+    harness cleanup, with the settings that reach it from a broker, Spark and the store."""
 
+    def start(self, timeout_s: float = 30.0) -> "MotoServer":
+        super().start(timeout_s)
+        assert self.proc is not None
+        _live_moto[self.proc.pid] = self
+        return self
 
-class MotoServer:
-    """`python -m moto.server` on 127.0.0.1 at a free port (as tests/tiered_storage/backends.py);
-    killed by PID in `stop()` and by the harness cleanup."""
-
-    def __init__(self, log_path: Path) -> None:
-        self.log_path = log_path
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
-
-    @property
-    def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def stop(self) -> None:
+        if self.proc is not None:
+            _live_moto.pop(self.proc.pid, None)
+        super().stop()
 
     @property
     def pid(self) -> int:
         assert self.proc is not None
         return self.proc.pid
-
-    def start(self, timeout_s: float = 30.0) -> "MotoServer":
-        from broker import process
-
-        self.port = free_port()
-        with open(self.log_path, "ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                                         stdout=out, stderr=subprocess.STDOUT, preexec_fn=process.die_with_parent)
-        _live_moto[self.proc.pid] = self
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                return self
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"moto server did not start:\n{self.log_path.read_text()[-2000:]}")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        proc, self.proc = self.proc, None
-        _live_moto.pop(proc.pid, None)
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
 
     def store_options(self) -> dict[str, Any]:
         """RemoteSegmentStore.from_url's options for this endpoint."""
