@@ -386,20 +386,84 @@ def timed(df: Any, kind: str) -> tuple[float, Any]:
     return time.perf_counter() - started, result
 
 
+def register_ceiling_source(spark: Any, records: int, tasks: int) -> None:
+    """format("pymq_ceiling"): what Spark's Python Data Source protocol alone reaches on this
+    machine. Its `tasks` tasks yield `records` rows of the pymq schema (100-byte values, as the
+    benchmark's) from ready Arrow batches: no I/O, no decode. Defined here in full, so that
+    Spark's workers unpickle it by value."""
+    from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+
+    from spark_datasource.schema import spark_schema
+
+    def batches(rows: int, per_batch: int = 16_384) -> Any:
+        import numpy as np
+        import pyarrow as pa
+
+        from spark_datasource.schema import arrow_schema
+
+        n = per_batch
+        letters = np.random.default_rng(7).integers(ord("A"), ord("Z") + 1, n * RECORD_SIZE, dtype=np.uint8)
+        offsets = np.arange(n + 1, dtype=np.int32) * RECORD_SIZE
+        values = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(letters)])
+        batch = pa.RecordBatch.from_arrays([
+            pa.nulls(n, pa.binary()), values, pa.array([TOPIC] * n), pa.array(np.zeros(n, np.int32)),
+            pa.array(np.arange(n, dtype=np.int64)), pa.array(np.zeros(n, np.int64)).cast(pa.timestamp("us", tz="UTC")),
+            pa.array(np.zeros(n, np.int32))], schema=arrow_schema(False))
+        for start in range(0, rows, n):
+            yield batch.slice(0, min(n, rows - start))
+
+    class Reader(DataSourceReader):
+        def partitions(self) -> list[InputPartition]:
+            return [InputPartition(records * (i + 1) // tasks - records * i // tasks) for i in range(tasks)]
+
+        def read(self, partition: InputPartition) -> Any:
+            return batches(partition.value)
+
+    class Source(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "pymq_ceiling"
+
+        def schema(self) -> Any:
+            return spark_schema(False)
+
+        def reader(self, schema: Any) -> Any:
+            return Reader()
+
+    spark.dataSource.register(Source)
+
+
+def copy_tier_to_file(tiered: TieredTopic) -> str:
+    """The tiered topic's objects (manifests and segments) copied from moto to a local folder: the
+    same remote layout behind a file:// URL, to read with no HTTP server in the way."""
+    from tiered_storage import RemoteSegmentStore
+
+    store = RemoteSegmentStore.from_url(tiered.url, tiered.moto.store_options())
+    target = tiered.work / "file-tier"
+    started = time.perf_counter()
+    store.fs.get(store.root, str(target), recursive=True)
+    print(f"copied the S3 tier to {target} in {time.perf_counter() - started:.1f} s", flush=True)
+    return f"file://{target}"
+
+
 def spark_read(spark: Any, tiered: TieredTopic, repeat: int) -> dict[str, Any]:
     from spark_datasource.batch_reader import PymqBatchReader
     from spark_datasource.options import SourceOptions
     from spark_datasource.ranges import RangePartition
-    from spark_datasource.remote_ranges import RemoteSegmentPartition
+    from spark_datasource.remote_ranges import RemoteRangePartition
 
     base = {"kafka.bootstrap.servers": tiered.broker.bootstrap, "subscribe": TOPIC,
             "endingOffsets": tiered.ending_offsets()}
     remote = {**base, "remoteStorage.url": tiered.url, **tiered.moto.spark_options()}
     planned = PymqBatchReader(SourceOptions.parse(remote, False)).partitions()
-    tasks = {"remote_segment_tasks": sum(isinstance(p, RemoteSegmentPartition) for p in planned),
+    remote_parts = [p for p in planned if isinstance(p, RemoteRangePartition)]
+    tasks = {"remote_range_tasks": len(remote_parts), "segments_planned": sum(len(p.segments) for p in remote_parts),
              "broker_range_tasks": sum(isinstance(p, RangePartition) and p.range.size > 0 for p in planned),
              "tasks": len(planned)}
     print("planned", tasks, flush=True)
+    file_url = copy_tier_to_file(tiered)
+    file_tier = {**base, "remoteStorage.url": file_url}
+    register_ceiling_source(spark, tiered.records, len(planned))
     parquet = tiered.work / "same-rows.parquet"
     started = time.perf_counter()
     spark.read.format("pymq").options(**remote).load().write.mode("overwrite").parquet(str(parquet))
@@ -407,22 +471,27 @@ def spark_read(spark: Any, tiered: TieredTopic, repeat: int) -> dict[str, Any]:
     expected = (tiered.records, tiered.records * RECORD_SIZE)
     out: dict[str, Any] = {"records": tiered.records, **tasks, "parquet_write_s": round(parquet_write_s, 2),
                            "parquet_bytes": harness.dir_size_bytes(parquet)}
+    sources = {"s3": lambda: spark.read.format("pymq").options(**remote).load(),
+               "file": lambda: spark.read.format("pymq").options(**file_tier).load(),
+               "ceiling": lambda: spark.read.format("pymq_ceiling").load(),
+               "parquet": lambda: spark.read.parquet(str(parquet))}
     for kind in ("agg", "noop"):
-        times: dict[str, list[float]] = {"s3": [], "parquet": []}
+        times: dict[str, list[float]] = {name: [] for name in sources}
         quiet = harness.wait_for_quiet()
         meter = harness.CpuMeter({"moto": tiered.moto.pid, "broker": tiered.broker.pid}).start()
-        for _ in range(repeat):  # alternate, so a disturbance hits both
-            for name, df in (("s3", lambda: spark.read.format("pymq").options(**remote).load()),
-                             ("parquet", lambda: spark.read.parquet(str(parquet)))):
+        for _ in range(repeat):  # alternate, so a disturbance hits all
+            for name, df in sources.items():
                 seconds, result = timed(df(), kind)
                 if kind == "agg" and tuple(result) != expected:
                     raise RuntimeError(f"{name} read {result}, expected {expected}")
                 times[name].append(round(seconds, 3))
         cpu = meter.stop()
-        s3_rate, pq_rate = tiered.records / min(times["s3"]), tiered.records / min(times["parquet"])
-        out[kind] = {"s3_s": times["s3"], "parquet_s": times["parquet"], "s3_rows_per_s": round(s3_rate),
-                     "parquet_rows_per_s": round(pq_rate), "ratio": round(s3_rate / pq_rate, 3),
-                     "load_before_pct": quiet, **cpu}
+        rates = {name: tiered.records / min(t) for name, t in times.items()}
+        out[kind] = {**{f"{name}_s": t for name, t in times.items()},
+                     **{f"{name}_rows_per_s": round(rate) for name, rate in rates.items()},
+                     **{f"{name}_ratio": round(rate / rates["parquet"], 3) for name, rate in rates.items()
+                        if name != "parquet"},
+                     "ratio": round(rates["s3"] / rates["parquet"], 3), "load_before_pct": quiet, **cpu}
         print(f"spark {kind}", out[kind], flush=True)
     # The same aggregate without remoteStorage.url: the broker serves the rows from the tier.
     seconds, result = timed(spark.read.format("pymq").options(**base).load(), "agg")
@@ -433,54 +502,38 @@ def spark_read(spark: Any, tiered: TieredTopic, repeat: int) -> dict[str, Any]:
     return out
 
 
-def probe_segment_reads(tiered: TieredTopic) -> dict[str, Any]:
-    """Where a Spark task's time goes: one remote segment read (a) as `read_remote_segment` does,
-    one `read_batches` of REMOTE_READ_BYTES after another, and (b) through one SegmentReader whose
-    window starts at 8 MiB, counting the ranged GETs of each; and what one GET of a range of that
-    object costs on this store (moto reads the whole object for every ranged GET)."""
-    from broker import record
-    from spark_datasource.remote_ranges import REMOTE_READ_BYTES
+def probe_store(tiered: TieredTopic, threads: int = 2) -> dict[str, Any]:
+    """What the S3 endpoint alone serves: every remote segment's `.log` read in the Spark
+    tasks' ranged GETs (READ_AHEAD_BYTES), by `threads` readers at once (as Spark local[2]'s
+    two tasks), with nothing else running. The time is a floor for any reader of these bytes on
+    this machine; a GET's cost for two sizes shows how it grows (moto copies the whole object for
+    every ranged GET)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from spark_datasource.remote_ranges import READ_AHEAD_BYTES
     from tiered_storage import RemoteSegmentStore
 
     store = RemoteSegmentStore.from_url(tiered.url, tiered.moto.store_options())
+    reads = [(p, segment, position, min(READ_AHEAD_BYTES, segment.size_bytes - position))
+             for p in range(tiered.partitions) for segment in store.load_manifest(TOPIC, p).segments
+             for position in range(0, segment.size_bytes, READ_AHEAD_BYTES)]
+    total = sum(size for *_, size in reads)
+    started = time.perf_counter()
+    with ThreadPoolExecutor(threads) as pool:
+        got = sum(pool.map(lambda r: len(store.read_range(TOPIC, *r)), reads))
+    seconds = time.perf_counter() - started
+    assert got == total, (got, total)
+    out: dict[str, Any] = {"bytes": total, "gets": len(reads), "threads": threads, "seconds": round(seconds, 2),
+                           "mb_per_s": round(total / seconds / MB, 1)}
     segment = store.load_manifest(TOPIC, 0).segments[0]
-    counts = {"log": 0, "index": 0}
-    read_range, read_index = store.read_range, store._read_index_object
-
-    def counted_range(*args: Any, **kwargs: Any) -> bytes:
-        counts["log"] += 1
-        return read_range(*args, **kwargs)
-
-    def counted_index(*args: Any, **kwargs: Any) -> bytes:
-        counts["index"] += 1
-        return read_index(*args, **kwargs)
-
-    store.read_range, store._read_index_object = counted_range, counted_index  # type: ignore[method-assign]
-    out: dict[str, Any] = {"segment_bytes": segment.size_bytes}
-    started, position = time.perf_counter(), segment.base_offset
-    while position < segment.next_offset:
-        data = store.read_batches(TOPIC, 0, segment, position, segment.next_offset, max_bytes=REMOTE_READ_BYTES)
-        for at, _ in record.iter_batches(data):
-            position = record.read_header(data, at).next_offset
-    out["per_read_batches"] = {"seconds": round(time.perf_counter() - started, 3), "log_gets": counts["log"],
-                               "index_gets": counts["index"]}
-    counts.update(log=0, index=0)
-    started, size = time.perf_counter(), 0
-    for batch in store.open_reader(TOPIC, 0, segment, min_read_bytes=REMOTE_READ_BYTES).stored_batches(0):
-        size += len(batch.data)
-    out["one_reader_8mib"] = {"seconds": round(time.perf_counter() - started, 3), "log_gets": counts["log"],
-                              "index_gets": counts["index"]}
     path = store.object_path(TOPIC, 0, segment.log)
-    for label, length in (("get_64kib_ms", 64 << 10), ("get_8mib_ms", 8 << 20)):
+    for label, length in (("get_64kib_ms", 64 << 10), ("get_window_ms", READ_AHEAD_BYTES)):
         started = time.perf_counter()
         for _ in range(5):
             store.fs.cat_file(path, start=0, end=min(length, segment.size_bytes))
         out[label] = round((time.perf_counter() - started) / 5 * 1000, 1)
-    print("segment read probe", out, flush=True)
+    print("store probe", out, flush=True)
     return out
-
-
-# -- consumer reads ----------------------------------------------------------------------------
 
 
 def consume_remote(tiered: TieredTopic) -> dict[str, Any]:
@@ -559,7 +612,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 spark = local_spark("pymq-tier-bench", **{"spark.driver.memory": "4g"})
                 try:
                     results["spark"] = spark_read(spark, tiered, args.repeat)
-                    results["spark"]["probe"] = probe_segment_reads(tiered)
+                    results["spark"]["store"] = probe_store(tiered)
                 finally:
                     spark.stop()
             if "consume" in args.only:
@@ -591,8 +644,18 @@ def summary(results: dict[str, Any]) -> list[SummaryRow]:
             rows.append(SummaryRow(f"Spark batch read from the S3 tier, {spark['records']:,} x 100 B, {what}",
                                    ">= 0.5x Parquet", f"{harness.rate(r['s3_rows_per_s'])} ({r['ratio']:.2f}x Parquet)",
                                    r["ratio"] >= 0.5, f"Parquet {harness.rate(r['parquet_rows_per_s'])}; "
-                                   f"{spark['remote_segment_tasks']} remote-segment / {spark['broker_range_tasks']} "
-                                   "broker-range tasks"))
+                                   f"{spark['remote_range_tasks']} remote-range tasks over {spark['segments_planned']} "
+                                   f"segments, {spark['broker_range_tasks']} broker-range tasks"))
+            rows.append(SummaryRow(f"  same rows, the tier copied to file:// ({what})", "(report)",
+                                   f"{harness.rate(r['file_rows_per_s'])} ({r['file_ratio']:.2f}x Parquet)", None,
+                                   "the same remote read with no HTTP server in the way"))
+            rows.append(SummaryRow(f"  Spark's Python Data Source ceiling ({what})", "(report)",
+                                   f"{harness.rate(r['ceiling_rows_per_s'])} ({r['ceiling_ratio']:.2f}x Parquet)", None,
+                                   "ready Arrow batches, no I/O, same rows and tasks"))
+        st = spark["store"]
+        rows.append(SummaryRow("moto alone serving the segments' bytes (2 readers)", "(report)", f"{st['mb_per_s']} MB/s",
+                               None, f"{st['bytes'] / MB:.0f} MB in {st['seconds']} s, {st['gets']} GETs: a floor "
+                               "for any reader of this store here"))
         v = spark["via_broker_agg"]
         rows.append(SummaryRow("same aggregate without remoteStorage.url (broker reads the tier)", "(report)",
                                harness.rate(v["rows_per_s"]), None, f"{v['seconds']} s"))

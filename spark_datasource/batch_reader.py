@@ -5,9 +5,9 @@ startingOffsets/endingOffsets (or their timestamp forms), narrowed by pushed-dow
 by `ranges.split_ranges`. Reading (executors): `task.read_offset_range`.
 
 With `remoteStorage.url`, the part of each range the remote tier holds is planned from the
-partitions' manifests instead: tasks of remote segments not pruned by the pushed filters (a
-segment larger than `maxRecordsPerPartition` is cut into several, as a broker range is), read by
-executors from the object store (`remote_ranges.py`); only the rest is fetched from the brokers.
+partitions' manifests instead: tasks of the remote segments not pruned by the pushed filters,
+cut by `maxRecordsPerPartition` and `minPartitions` as broker ranges are, read by executors from
+the object store (`remote_ranges.py`); only the rest is fetched from the brokers.
 
 With `remoteStorage.only=true` no broker is contacted at all: the partitions, earliest and latest
 come from the store's manifests (`remote_ranges.RemoteOffsetReader`), and only tiered offsets
@@ -26,10 +26,10 @@ from spark_datasource.options import InvalidOptionError, SourceOptions
 from spark_datasource.ranges import OffsetRange, RangePartition, split_ranges
 from spark_datasource.remote_ranges import (
     RemoteOffsetReader,
-    RemoteSegmentPartition,
+    RemoteRangePartition,
     check_remote_start,
     plan_remote,
-    read_remote_segment,
+    read_remote_range,
     split_partitions,
 )
 from spark_datasource.task import read_offset_range
@@ -101,8 +101,8 @@ class PymqBatchReader(DataSourceReader):
         return ranges
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if isinstance(partition, RemoteSegmentPartition):
-            return read_remote_segment(self.options, partition)
+        if isinstance(partition, RemoteRangePartition):
+            return read_remote_range(self.options, partition)
         if not isinstance(partition, RangePartition):  # Spark's placeholder when nothing was planned
             return iter(())
         return read_offset_range(self.options, partition.range)

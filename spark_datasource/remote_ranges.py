@@ -1,15 +1,18 @@
 """Batch reads straight from the remote tier (option `remoteStorage.url`; DESIGN.md sections 7 and 8).
 
 Planning (driver): each partition's [start, end) is cut at its manifest's remote log end. Below
-it, one `RemoteSegmentPartition` per remote segment that `PartitionManifest.prune` keeps for the
-range and the pushed time bounds (a segment whose time span misses them is never opened); at or
-above it, the rest goes to the brokers as before (`ranges.split_ranges`, `task.read_offset_range`).
-Offsets below the manifest's `log_start_offset` are deleted remotely: they go to the brokers too,
-which answer them or report them lost (failOnDataLoss). A remote segment's range is then split
-like a broker range (`split_partitions`, with `ranges.split_each`: at most
-`maxRecordsPerPartition` offsets per task, at least `minPartitions` tasks in all): each piece is
-another `RemoteSegmentPartition` of the same segment, read from its first offset to its end. The
-cuts are offset arithmetic; a compacted segment's gaps only make some pieces smaller.
+it, the remote segments that `PartitionManifest.prune` keeps for the range and the pushed time
+bounds (a segment whose time span misses them is never opened) make `RemoteRangePartition`s, one
+per run of kept segments next to each other in the manifest; at or above it, the rest goes to
+the brokers as before (`ranges.split_ranges`, `task.read_offset_range`). Offsets below the
+manifest's `log_start_offset` are deleted remotely: they go to the brokers too, which answer
+them or report them lost (failOnDataLoss). Remote ranges and broker ranges are then cut into
+tasks by one rule (`split_partitions`, with `ranges.split_each`: at most `maxRecordsPerPartition`
+offsets per task, at least `minPartitions` tasks in all), so a partition's history is as many
+tasks whether the brokers or the store hold it, as in the Kafka source; each piece keeps the
+segments it overlaps. The cuts are offset arithmetic; a compacted segment's gaps only make some
+pieces smaller. (A task per segment instead cost Spark ~60 ms per task on its Python worker
+protocol, and lost the read-ahead from one segment into the next.)
 
 `remoteStorage.only` (`RemoteOffsetReader`): the driver plans from the store alone, with no
 broker. The subscription's partitions are the store's (`RemoteSegmentStore.topics` and
@@ -17,26 +20,32 @@ broker. The subscription's partitions are the store's (`RemoteSegmentStore.topic
 are each manifest's `log_start_offset` and `log_end_offset`; the manifests loaded for the
 offsets are the ones planned from, so both agree.
 
-Reading (executors): `read_remote_segment` builds its own `RemoteSegmentStore` from the options
-and reads the segment's batches through one SegmentReader for the whole task (indexes read once;
-ranged GETs of 8 MiB growing to 64 MiB while it reads on: a GET's latency is the cost), a bounded
-amount at a time, decodes and validates them (CRC included) once with the consumer's decoder (`decode_fetched`: compacted batches
-keep their offsets, so gaps need nothing more) and turns them into rows with `schema.to_rows`, as
-a broker fetch is. No byte goes through a broker.
+Reading (executors): `read_remote_range` builds its own `RemoteSegmentStore` from the options
+(once per Python worker) and reads each segment through a SegmentReader whose source is a
+`read_ahead.ReadAhead`: ranged GETs of `READ_AHEAD_BYTES`, the next one fetched on a background
+thread while this one is decoded, and the next segment's indexes and first window fetched while
+this segment is read. One sequential scan frames the batches (indexes used once, to find the
+first); `DECODE_BYTES` at a time are decoded and validated (CRC included) by the consumer's
+decoder (`decode_fetched`: compacted batches keep their offsets, so gaps need nothing more) and
+turned into rows with `schema.to_rows`, as a broker fetch is. No byte goes through a broker.
 """
 from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
+from broker.client.consumer import decode_fetched
+from broker.log.segment_reader import FRAME_ONLY
 from spark_datasource.offsets import OffsetReader
 from spark_datasource.options import EARLIEST, LATEST, InvalidOptionError
 from spark_datasource.ranges import OffsetRange, RangePartition, split_each
+from spark_datasource.schema import arrow_schema, to_rows
 
 if TYPE_CHECKING:
     from broker.log.segment_reader import SegmentReader
@@ -45,21 +54,23 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Bytes of `.log` one ranged read asks for (the first batch comes whole however large it is).
-REMOTE_READ_BYTES = 8 << 20
-# The task's one reader reads ahead in ranged GETs from this size, doubling to the max while it
-# reads on: a 64 MiB segment costs a handful of GETs (a GET's latency, not its size, is the cost).
-REMOTE_WINDOW_MIN_BYTES = 8 << 20
-REMOTE_WINDOW_MAX_BYTES = 64 << 20
+# Bytes of `.log` per ranged GET. The next one is fetched while this one is decoded
+# (`read_ahead.ReadAhead`): a GET's latency, not its size, is the cost, and a task holds at most
+# three windows (the one decoded, the one ahead, the next segment's first).
+READ_AHEAD_BYTES = 32 << 20
+# Framed batches decoded, validated and handed to Spark at a time.
+DECODE_BYTES = 8 << 20
 
 
-class RemoteSegmentPartition(InputPartition):
-    """One Spark task's work: the records of `range` held by one remote segment. Picklable."""
+class RemoteRangePartition(InputPartition):
+    """One Spark task's work: the records of `range` held by `segments`, remote segments of one
+    partition next to each other in its manifest (none pruned between them), in offset order.
+    Picklable."""
 
-    def __init__(self, offset_range: OffsetRange, segment: "RemoteSegment") -> None:
+    def __init__(self, offset_range: OffsetRange, segments: "tuple[RemoteSegment, ...]") -> None:
         super().__init__(offset_range)
         self.range = offset_range
-        self.segment = segment
+        self.segments = segments
 
 
 def remote_store(options: "SourceOptions") -> "RemoteSegmentStore":
@@ -77,9 +88,10 @@ def _store(url: str, store_options: tuple[tuple[str, str], ...]) -> "RemoteSegme
 
 
 def split_at_remote_end(offset_range: OffsetRange, manifest: "PartitionManifest", time_low_ms: int | None,
-                        time_high_ms: int | None) -> tuple[list[RemoteSegmentPartition], OffsetRange]:
-    """`offset_range` as remote segment partitions (pruned by offsets and the time bounds, ms,
-    inclusive; None: open) and the range left for the brokers (possibly empty)."""
+                        time_high_ms: int | None) -> tuple[list[RemoteRangePartition], OffsetRange]:
+    """`offset_range` as remote range partitions, one per run of segments that pruning (by
+    offsets and the time bounds, ms, inclusive; None: open) keeps next to each other, and the
+    range left for the brokers (possibly empty)."""
     start, end = offset_range.start, offset_range.end
     remote_low = max(start, manifest.log_start_offset)
     remote_high = min(end, manifest.log_end_offset)
@@ -87,22 +99,29 @@ def split_at_remote_end(offset_range: OffsetRange, manifest: "PartitionManifest"
         # Nothing remote, or the range starts below the remote log start: the brokers answer
         # (or report the loss) for the whole range rather than leave a hole in the middle.
         return [], offset_range
+    kept = manifest.prune(remote_low, remote_high, time_low_ms, time_high_ms)
+    position = {segment.base_offset: i for i, segment in enumerate(manifest.segments)}
+    runs: list[list[RemoteSegment]] = []
+    for segment in kept:
+        if runs and position[segment.base_offset] == position[runs[-1][-1].base_offset] + 1:
+            runs[-1].append(segment)
+        else:
+            runs.append([segment])
     parts = []
-    for segment in manifest.prune(remote_low, remote_high, time_low_ms, time_high_ms):
-        lo, hi = max(remote_low, segment.base_offset), min(remote_high, segment.next_offset)
+    for run in runs:
+        lo, hi = max(remote_low, run[0].base_offset), min(remote_high, run[-1].next_offset)
         if lo < hi:
-            parts.append(RemoteSegmentPartition(
-                OffsetRange(offset_range.topic, offset_range.partition, lo, hi), segment))
+            parts.append(RemoteRangePartition(OffsetRange(offset_range.topic, offset_range.partition, lo, hi), tuple(run)))
     return parts, OffsetRange(offset_range.topic, offset_range.partition, remote_high, end)
 
 
 def plan_remote(options: "SourceOptions", ranges: list[OffsetRange], time_low_ms: int | None,
                 time_high_ms: int | None, manifests: "dict[tuple[str, int], PartitionManifest] | None" = None,
-                ) -> tuple[list[RemoteSegmentPartition], list[OffsetRange]]:
-    """Remote segment partitions for `ranges` from each partition's manifest (from `manifests`
+                ) -> tuple[list[RemoteRangePartition], list[OffsetRange]]:
+    """Remote range partitions for `ranges` from each partition's manifest (from `manifests`
     if given, else the current one in the store), and the ranges left for the brokers."""
     store = remote_store(options) if manifests is None else None
-    remote: list[RemoteSegmentPartition] = []
+    remote: list[RemoteRangePartition] = []
     rest: list[OffsetRange] = []
     for r in ranges:
         if r.size == 0:
@@ -114,20 +133,22 @@ def plan_remote(options: "SourceOptions", ranges: list[OffsetRange], time_low_ms
             manifest = store.load_manifest(r.topic, r.partition)
         parts, tail = split_at_remote_end(r, manifest, time_low_ms, time_high_ms)
         log.info("%s-%d [%d, %d): %d of %d remote segment(s) planned, [%d, %d) from the brokers", r.topic,
-                 r.partition, r.start, r.end, len(parts), len(manifest.segments), tail.start, tail.end)
+                 r.partition, r.start, r.end, sum(len(p.segments) for p in parts), len(manifest.segments),
+                 tail.start, tail.end)
         remote.extend(parts)
         rest.append(tail)
     return remote, rest
 
 
-def split_partitions(remote: list[RemoteSegmentPartition], rest: list[OffsetRange], min_partitions: int | None,
+def split_partitions(remote: list[RemoteRangePartition], rest: list[OffsetRange], min_partitions: int | None,
                      max_records: int | None) -> list[InputPartition]:
-    """Remote segment partitions and broker ranges cut into Spark tasks by one rule
+    """Remote range partitions and broker ranges cut into Spark tasks by one rule
     (`ranges.split_each`: `maxRecordsPerPartition`, and `minPartitions` over all of them), in
-    (topic, partition, offset) order. A remote segment's pieces stay partitions of that segment."""
+    (topic, partition, offset) order. Each piece of a remote range keeps the segments it overlaps."""
     cuts = split_each([p.range for p in remote] + rest, min_partitions, max_records)
-    parts: list[InputPartition] = [RemoteSegmentPartition(piece, p.segment)
-                                   for p, cut in zip(remote, cuts) for piece in cut]
+    parts: list[InputPartition] = [
+        RemoteRangePartition(piece, tuple(s for s in p.segments if s.base_offset < piece.end and s.next_offset > piece.start))
+        for p, cut in zip(remote, cuts) for piece in cut]
     parts.extend(RangePartition(piece) for cut in cuts[len(remote):] for piece in cut)
     return sorted(parts, key=lambda p: (p.range.topic, p.range.partition, p.range.start))
 
@@ -212,51 +233,91 @@ def check_remote_start(options: "SourceOptions", offset_range: OffsetRange, log_
     return OffsetRange(r.topic, r.partition, gone_to, r.end)
 
 
-def read_remote_segment(options: "SourceOptions", part: RemoteSegmentPartition) -> Iterator[pa.RecordBatch]:
-    """The rows of `part.range` from its remote segment, read from the object store directly.
-    RemoteStorageError if the store fails (RemoteObjectNotFoundError: retention removed the
+def read_remote_range(options: "SourceOptions", part: RemoteRangePartition) -> Iterator[pa.RecordBatch]:
+    """The rows of `part.range` from its remote segments, read from the object store directly.
+    RemoteStorageError if the store fails (RemoteObjectNotFoundError: retention removed a
     segment since planning; the query can be run again), CorruptRecordError for a bad batch."""
-    from broker.client.consumer import decode_fetched
-    from spark_datasource.schema import arrow_schema, to_rows
-
-    from broker.log.index_file import CorruptIndexError
+    from tiered_storage.read_ahead import ReadAhead
 
     store = remote_store(options)
     schema = arrow_schema(options.include_headers)
-    topic, partition, end = part.range.topic, part.range.partition, part.range.end
+    topic, partition = part.range.topic, part.range.partition
+    bounds = [(max(part.range.start, s.base_offset), min(part.range.end, s.next_offset)) for s in part.segments]
+    executor = ThreadPoolExecutor(1, thread_name_prefix=f"pymq-read-ahead-{topic}-{partition}")
 
-    def open_reader(indexes: bool = True) -> "SegmentReader":
-        # One reader for the whole task: its indexes are read once, its window grows as it reads on.
-        return store.open_reader(topic, partition, part.segment, indexes=indexes,
-                                 min_read_bytes=REMOTE_WINDOW_MIN_BYTES, max_read_bytes=REMOTE_WINDOW_MAX_BYTES)
+    def open_segment(i: int, indexes: bool = True) -> "SegmentReader":
+        """Segment i's reader (its indexes read here, on the read-ahead thread when opened
+        ahead), its first window already on the way."""
+        segment = part.segments[i]
+        ahead = ReadAhead(functools.partial(store.read_range, topic, partition, segment), segment.size_bytes,
+                          READ_AHEAD_BYTES, executor)
+        reader = store.open_reader(topic, partition, segment, indexes=indexes, source=ahead,
+                                   min_read_bytes=READ_AHEAD_BYTES, max_read_bytes=READ_AHEAD_BYTES)
+        index = reader.offset_index
+        ahead.prime(index.lookup(bounds[i][0])[1] if index is not None else 0)
+        return reader
 
-    reader = open_reader()
-    position = part.range.start
-    while position < end:
-        # Framed here, validated once by the decoder (check_crcs), as a broker fetch is.
-        try:
-            data = reader.read_range(position, end, max_bytes=REMOTE_READ_BYTES, validate=False)
-        except CorruptIndexError as err:  # an entry points at the wrong batch: the `.log` alone answers
-            log.warning("%s: %s; reading without the index", part.segment.log.name, err)
-            reader = open_reader(indexes=False)
-            data = reader.read_range(position, end, max_bytes=REMOTE_READ_BYTES, validate=False)
-        if not data:
-            return  # the segment ends before `end`: a compaction gap
-        decoded = decode_fetched((topic, partition), data, position, end, True)
-        chunk = []
-        for batch, _ in decoded.batches:
-            if batch.first_offset >= end:
-                break
-            if batch.next_offset > end:
-                batch = batch.split(_rows_before(batch, end))[0]
-            if batch.num_rows:
-                chunk.append(batch)
-        yield from to_rows(topic, partition, chunk, schema)
-        if decoded.corrupt is not None and decoded.position < end:
-            raise decoded.corrupt  # a batch the range needs failed its checks
-        if decoded.position <= position:
-            return  # nothing past `position` in this segment: the range ends in a compaction gap
-        position = decoded.position
+    try:
+        opening = executor.submit(open_segment, 0)
+        for i, (low, high) in enumerate(bounds):
+            reader = opening.result()
+            if i + 1 < len(bounds):  # the next segment's indexes and first window while this one is read
+                opening = executor.submit(open_segment, i + 1)
+            yield from _read_segment(reader, topic, partition, low, high, schema,
+                                     reopen=functools.partial(open_segment, i, False))
+    finally:
+        executor.shutdown(wait=False, cancel_futures=True)
+
+
+def _read_segment(reader: "SegmentReader", topic: str, partition: int, low: int, high: int, schema: pa.Schema,
+                  reopen: "Callable[[], SegmentReader]") -> Iterator[pa.RecordBatch]:
+    """The rows of offsets [low, high) of one segment: its batches framed in one sequential scan
+    (no index lookup after the first), decoded and validated (CRC included) `DECODE_BYTES` at a
+    time by the consumer's decoder (`decode_fetched`: compacted batches keep their offsets, so
+    gaps need nothing more) and turned into rows by `schema.to_rows`, as a broker fetch is."""
+    from broker.log.index_file import CorruptIndexError
+
+    try:
+        found = reader.find_position(low)
+    except CorruptIndexError as err:  # an entry points at the wrong batch: the `.log` alone answers
+        log.warning("%s: %s; reading without the index", reader.name, err)
+        reader = reopen()
+        found = reader.find_position(low)
+    if found is None:
+        return  # the segment ends before `low`: a compaction gap
+    position = low
+    chunk: list[memoryview] = []
+    size = 0
+    for batch in reader.stored_batches(found[0], verify_from_offset=FRAME_ONLY):
+        if batch.header.base_offset >= high:
+            break
+        chunk.append(batch.data)
+        size += len(batch.data)
+        if size >= DECODE_BYTES:
+            position = yield from _decode(topic, partition, b"".join(chunk), position, high, schema)
+            chunk, size = [], 0
+    if chunk:
+        yield from _decode(topic, partition, b"".join(chunk), position, high, schema)
+
+
+def _decode(topic: str, partition: int, data: bytes, position: int, high: int,
+            schema: pa.Schema) -> Generator[pa.RecordBatch, None, int]:
+    """Rows of the framed batches in `data` from offset `position` to `high`; returns the offset
+    after the last batch. CorruptRecordError (after the rows before it) for a batch that fails
+    its checks."""
+    decoded = decode_fetched((topic, partition), data, position, high, True)
+    chunk = []
+    for batch, _ in decoded.batches:
+        if batch.first_offset >= high:
+            break
+        if batch.next_offset > high:
+            batch = batch.split(_rows_before(batch, high))[0]
+        if batch.num_rows:
+            chunk.append(batch)
+    yield from to_rows(topic, partition, chunk, schema)
+    if decoded.corrupt is not None:
+        raise decoded.corrupt  # every batch here is one the range needs
+    return decoded.position
 
 
 def _rows_before(batch, end: int) -> int:

@@ -45,7 +45,7 @@ from broker.log.index_file import CorruptIndexError
 from broker.log.offset_index import OffsetIndex
 from broker.log.segment import SegmentFiles
 from broker.log.segment_metadata import SegmentMetadata
-from broker.log.segment_reader import FRAME_ONLY, SegmentReader
+from broker.log.segment_reader import FRAME_ONLY, PRead, SegmentReader
 from broker.log.time_index import TimeIndex
 from tiered_storage.errors import (
     CorruptManifestError,
@@ -424,10 +424,11 @@ class RemoteSegmentStore:
         return data
 
     def open_reader(self, topic: str, partition: int, segment: RemoteSegment, *, indexes: bool = True,
-                    **reader_kwargs: Any) -> SegmentReader:
-        """A SegmentReader over the remote `.log` (ranged reads; `reader_kwargs` tune its window)
-        with both indexes loaded when `indexes`; a corrupt index is logged and done without (the
-        reader scans from the segment's start instead)."""
+                    source: PRead | None = None, **reader_kwargs: Any) -> SegmentReader:
+        """A SegmentReader over the remote `.log` (ranged reads, or `source` when given, e.g. a
+        `read_ahead.ReadAhead` over `read_range`; `reader_kwargs` tune its window) with both
+        indexes loaded when `indexes`; a corrupt index is logged and done without (the reader
+        scans from the segment's start instead)."""
         offset_index = time_index = None
         if indexes:
             try:
@@ -440,7 +441,7 @@ class RemoteSegmentStore:
         def pread(size: int, position: int) -> bytes:
             return self.read_range(topic, partition, segment, position, size)
 
-        return SegmentReader(pread, segment.base_offset, size=segment.size_bytes,
+        return SegmentReader(source or pread, segment.base_offset, size=segment.size_bytes,
                              name=f"{topic}/{partition}/{segment.log.name}", offset_index=offset_index,
                              time_index=time_index, **reader_kwargs)
 

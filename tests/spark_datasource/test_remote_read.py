@@ -13,6 +13,7 @@ import datetime as dt
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pyarrow as pa
 import pytest
@@ -25,7 +26,7 @@ from broker.process import BrokerProcess
 from spark_datasource.batch_reader import PymqBatchReader
 from spark_datasource.options import InvalidOptionError, SourceOptions
 from spark_datasource.ranges import RangePartition
-from spark_datasource.remote_ranges import RemoteSegmentPartition
+from spark_datasource.remote_ranges import RemoteRangePartition
 from spark_datasource.schema import arrow_schema
 from tiered_storage import PartitionManifest, RemoteSegmentStore
 
@@ -98,8 +99,17 @@ def reader(bootstrap: str, filters: list | None = None, **extra: str) -> PymqBat
     return r
 
 
-def remote_parts(r: PymqBatchReader) -> list[RemoteSegmentPartition]:
-    return [p for p in r.partitions() if isinstance(p, RemoteSegmentPartition)]
+def remote_parts(r: PymqBatchReader) -> list[RemoteRangePartition]:
+    return [p for p in r.partitions() if isinstance(p, RemoteRangePartition)]
+
+
+def segments_opened(parts: list[RemoteRangePartition]) -> list[tuple[int, int]]:
+    """(partition, base offset) of every remote segment the planned tasks will open."""
+    return [(p.range.partition, s.base_offset) for p in parts for s in p.segments]
+
+
+def every_segment(tiered) -> list[tuple[int, int]]:
+    return [(p, s.base_offset) for p, m in tiered.items() for s in m.segments]
 
 
 def utc(ms: int) -> dt.datetime:
@@ -110,8 +120,11 @@ def test_remote_read_returns_every_record_once_as_the_broker_read_does(spark, so
     """Every record of both tiers exactly once, all columns equal to a broker-only read."""
     bootstrap = source_broker.bootstrap
     planned = reader(bootstrap).partitions()
-    remote = [p for p in planned if isinstance(p, RemoteSegmentPartition)]
-    assert len(remote) == sum(len(m.segments) for m in tiered.values())
+    remote = [p for p in planned if isinstance(p, RemoteRangePartition)]
+    # One task per partition's remote history (the default maxRecordsPerPartition is far above it),
+    # as the Kafka source plans a partition: each opens every segment of its partition.
+    assert len(remote) == len(tiered)
+    assert segments_opened(remote) == every_segment(tiered)
     assert {p.range.partition for p in planned if isinstance(p, RangePartition)} == set(range(PARTITIONS))
 
     from_remote = spark.read.format("pymq").options(**options(bootstrap, **{"remoteStorage.url": remote_url()})).load()
@@ -142,10 +155,11 @@ def test_remote_segments_are_read_with_the_broker_stopped(source_broker, tiered)
 
 def test_an_offset_filter_plans_fewer_remote_segments(spark, source_broker, tiered):
     """offset >= 200 AND offset < 300 opens only the segments holding those offsets."""
-    everything = len(remote_parts(reader(source_broker.bootstrap)))
+    everything = segments_opened(remote_parts(reader(source_broker.bootstrap)))
     pruned = remote_parts(reader(source_broker.bootstrap, [GreaterThanOrEqual(("offset",), 200),
                                                            LessThan(("offset",), 300)]))
-    assert 0 < len(pruned) < everything
+    assert 0 < len(segments_opened(pruned)) < len(everything)
+    assert all(s.base_offset < 300 and s.next_offset > 200 for p in pruned for s in p.segments)
     assert all(200 <= p.range.start < p.range.end <= 300 for p in pruned)
     df = spark.read.format("pymq").options(**options(source_broker.bootstrap, **{"remoteStorage.url": remote_url()})).load()
     got = df.where((F.col("offset") >= 200) & (F.col("offset") < 300)).select("partition", "offset").collect()
@@ -155,10 +169,10 @@ def test_an_offset_filter_plans_fewer_remote_segments(spark, source_broker, tier
 def test_a_timestamp_filter_plans_fewer_remote_segments(spark, source_broker, tiered):
     """timestamp < t skips every remote segment whose records are all later than t."""
     cut = 150
-    everything = len(remote_parts(reader(source_broker.bootstrap)))
+    everything = segments_opened(remote_parts(reader(source_broker.bootstrap)))
     pruned = remote_parts(reader(source_broker.bootstrap, [LessThan(("timestamp",), utc(BASE_MS + STEP_MS * cut))]))
-    assert 0 < len(pruned) < everything
-    assert all(p.segment.min_timestamp < BASE_MS + STEP_MS * cut for p in pruned)
+    assert 0 < len(segments_opened(pruned)) < len(everything)
+    assert all(s.min_timestamp < BASE_MS + STEP_MS * cut for p in pruned for s in p.segments)
     df = spark.read.format("pymq").options(**options(source_broker.bootstrap, **{"remoteStorage.url": remote_url()})).load()
     got = df.where(F.col("timestamp") < utc(BASE_MS + STEP_MS * cut)).select("partition", "offset").collect()
     assert sorted((r.partition, r.offset) for r in got) == [(p, n) for p in range(PARTITIONS) for n in range(cut)]
@@ -168,8 +182,10 @@ def test_a_later_timestamp_filter_skips_the_earlier_segments(source_broker, tier
     """timestamp >= t plans no remote segment wholly before t."""
     cut = 300
     pruned = remote_parts(reader(source_broker.bootstrap, [GreaterThanOrEqual(("timestamp",), utc(BASE_MS + STEP_MS * cut))]))
-    assert pruned and all(p.segment.max_timestamp >= BASE_MS + STEP_MS * cut for p in pruned)
-    assert len(pruned) < len(remote_parts(reader(source_broker.bootstrap)))
+    assert pruned and all(s.max_timestamp >= BASE_MS + STEP_MS * cut for p in pruned for s in p.segments)
+    assert len(segments_opened(pruned)) < len(every_segment(tiered))
+    # The tasks start at the first kept segment, not at the partition's first offset.
+    assert all(p.range.start == p.segments[0].base_offset > 0 for p in pruned)
 
 
 @pytest.mark.parametrize("given, streaming, message", [
@@ -220,23 +236,34 @@ def test_remote_read_from_s3_equals_the_broker_read(spark, source_broker, tiered
     url, s3 = s3_url
     bootstrap = source_broker.bootstrap
     r = PymqBatchReader(SourceOptions.parse(options(bootstrap, **{"remoteStorage.url": url}, **s3), False))
-    assert len(remote_parts(r)) == sum(len(m.segments) for m in tiered.values())
+    assert segments_opened(remote_parts(r)) == every_segment(tiered)
     from_s3 = spark.read.format("pymq").options(**options(bootstrap, **{"remoteStorage.url": url}, **s3)).load()
     from_broker = spark.read.format("pymq").options(**options(bootstrap)).load()
     assert from_s3.orderBy("partition", "offset").collect() == from_broker.orderBy("partition", "offset").collect()
 
 
 def test_split_at_remote_end_cuts_at_segment_bounds_and_leaves_deleted_offsets_to_the_brokers(tiered):
-    """Remote parts tile [start, remote end) at segment bounds; a range starting below the remote
+    """The remote part is [start, remote end) over the segments holding it; a time bound that
+    prunes a segment in the middle makes two parts, around it; a range starting below the remote
     log start (deleted remotely) goes to the brokers whole, which answer or report the loss."""
     from spark_datasource.ranges import OffsetRange
     from spark_datasource.remote_ranges import split_at_remote_end
 
     manifest = tiered[0]
     parts, tail = split_at_remote_end(OffsetRange(TOPIC, 0, 5, PER_PARTITION), manifest, None, None)
-    assert [(p.range.start, p.range.end) for p in parts] == [
-        (max(5, s.base_offset), s.next_offset) for s in manifest.segments]
+    assert [(p.range.start, p.range.end, p.segments) for p in parts] == [
+        (5, manifest.log_end_offset, manifest.segments)]
     assert (tail.start, tail.end) == (manifest.log_end_offset, PER_PARTITION)
+    assert len(manifest.segments) >= 3
+    first, middle, *rest = manifest.segments
+    # Timestamps grow with offsets here: a (min, max) bound that excludes no segment, and a
+    # manifest whose middle segment's time span misses it, as a late-arriving batch's would not.
+    shifted = [replace(middle, metadata=replace(middle.metadata, min_timestamp=middle.max_timestamp + 10**9,
+                                                max_timestamp=middle.max_timestamp + 10**9))]
+    holed = replace(manifest, segments=(first, *shifted, *rest))
+    parts, _ = split_at_remote_end(OffsetRange(TOPIC, 0, 0, PER_PARTITION), holed, None, rest[-1].max_timestamp)
+    assert [(p.range.start, p.range.end, p.segments) for p in parts] == [
+        (0, first.next_offset, (first,)), (rest[0].base_offset, manifest.log_end_offset, tuple(rest))]
     trimmed = manifest.with_log_start_offset(manifest.segments[1].base_offset)
     parts, tail = split_at_remote_end(OffsetRange(TOPIC, 0, 0, PER_PARTITION), trimmed, None, None)
     assert parts == [] and (tail.start, tail.end) == (0, PER_PARTITION)
@@ -244,23 +271,24 @@ def test_split_at_remote_end_cuts_at_segment_bounds_and_leaves_deleted_offsets_t
 
 # --- large remote segments split like broker ranges --------------------------------------------------
 
-def test_large_remote_segments_split_at_max_records_and_each_task_reads_exactly_its_records(spark, source_broker,
-                                                                                           tiered):
-    """maxRecordsPerPartition=7 (cuts inside record batches): every remote segment larger than 7
-    becomes several tasks of the same segment, tiling its range; each task returns exactly its
-    offsets (at most 7), and their union is the broker's read of the tiered offsets."""
+def test_large_remote_ranges_split_at_max_records_and_each_task_reads_exactly_its_records(spark, source_broker,
+                                                                                         tiered):
+    """maxRecordsPerPartition=7 (cuts inside record batches): each partition's remote range
+    becomes tasks of at most 7 offsets tiling it, each naming exactly the segments it overlaps;
+    each task returns exactly its offsets, and their union is the broker's read of the tiered
+    offsets."""
     limit = 7
     r = reader(source_broker.bootstrap, maxRecordsPerPartition=str(limit))
     parts = remote_parts(r)
     assert all(p.range.size <= limit for p in parts)
     for p, manifest in tiered.items():
-        mine = [q for q in parts if q.range.partition == p]
-        assert len(mine) > len(manifest.segments)
-        for segment in manifest.segments:
-            pieces = [(q.range.start, q.range.end) for q in mine if q.segment == segment]
-            assert len(pieces) == -(-(segment.next_offset - segment.base_offset) // limit)
-            assert [lo for lo, _ in pieces[1:]] == [hi for _, hi in pieces[:-1]]
-            assert (pieces[0][0], pieces[-1][1]) == (segment.base_offset, segment.next_offset)
+        mine = sorted((q for q in parts if q.range.partition == p), key=lambda q: q.range.start)
+        assert len(mine) == -(-manifest.log_end_offset // limit)
+        assert [q.range.start for q in mine[1:]] == [q.range.end for q in mine[:-1]]
+        assert (mine[0].range.start, mine[-1].range.end) == (0, manifest.log_end_offset)
+        for q in mine:
+            assert q.segments == tuple(s for s in manifest.segments
+                                       if s.base_offset < q.range.end and s.next_offset > q.range.start)
     seen = []
     for part in parts:
         rows = pa.Table.from_batches(list(r.read(part)), schema=arrow_schema(True))
@@ -277,12 +305,12 @@ def test_large_remote_segments_split_at_max_records_and_each_task_reads_exactly_
 
 
 def test_min_partitions_counts_remote_segment_tasks_too(source_broker, tiered):
-    """minPartitions splits remote segments (with the broker tail) until there are that many tasks."""
+    """minPartitions splits remote ranges (with the broker tail) until there are that many tasks."""
     segments = sum(len(m.segments) for m in tiered.values())
     wanted = 3 * segments
     planned = reader(source_broker.bootstrap, minPartitions=str(wanted)).partitions()
     assert len(planned) >= wanted
-    remote = [p for p in planned if isinstance(p, RemoteSegmentPartition)]
+    remote = [p for p in planned if isinstance(p, RemoteRangePartition)]
     assert len(remote) > segments
     for p, manifest in tiered.items():
         covered = sorted((q.range.start, q.range.end) for q in remote if q.range.partition == p)
@@ -396,11 +424,11 @@ def test_remote_only_unknown_topic_is_a_clear_error(tiered, broker_stopped):
 def test_remote_only_still_prunes_by_time_and_offset(spark, tiered, broker_stopped):
     """Pushed filters prune remote segments as before, with no broker for the time lookup."""
     cut = 150
-    everything = len(remote_parts(only_reader()))
+    everything = len(segments_opened(remote_parts(only_reader())))
     pruned = remote_parts(only_reader([LessThan(("timestamp",), utc(BASE_MS + STEP_MS * cut))]))
-    assert 0 < len(pruned) < everything
+    assert 0 < len(segments_opened(pruned)) < everything
     late = remote_parts(only_reader([GreaterThanOrEqual(("timestamp",), utc(BASE_MS + STEP_MS * cut))]))
-    assert 0 < len(late) < everything
+    assert 0 < len(segments_opened(late)) < everything
     df = spark.read.format("pymq").options(**only_options()).load()
     got = df.where((F.col("timestamp") >= utc(BASE_MS + STEP_MS * cut)) & (F.col("offset") < 200)).select(
         "partition", "offset").collect()
