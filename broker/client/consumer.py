@@ -16,7 +16,9 @@ with Arrow kernels, never per record in Python.
 A batch that fails the checks costs nothing that precedes it: every intact record before it
 (and other partitions' records) is returned first, `position()` moves to the bad batch, and the
 next poll raises `CorruptRecordError` with its topic, partition and offset, so that a
-skip-and-continue loop can `seek(offset + 1)` past it.
+skip-and-continue loop can `seek(offset + 1)` past it. A broker's non-retriable error for a
+partition (e.g. CORRUPT_MESSAGE from a damaged log) is delivered the same way, as Kafka's
+fetcher does: after the partition's records fetched before it, while the other partitions go on.
 
 Consumer groups. With `group_id`, `subscribe(topics)` (or `pattern=`) lets the group's
 coordinator share the topics' partitions among its members (`broker.client.consumer_coordinator`
@@ -308,9 +310,9 @@ class AsyncConsumer:
         self.high_watermarks: dict[TopicPartition, int] = {}
         self._assigned: list[TopicPartition] = []
         # (tp, rows, bytes counted), or (tp, the error, 0) where a partition's fetched data turned
-        # out corrupt: records before it are delivered first, and the partition fetches nothing
-        # more until that error was raised.
-        self._buffer: deque[tuple[TopicPartition, FetchedBatch | CorruptRecordError, int]] = deque()
+        # out corrupt or its broker answered a non-retriable error: records before it are
+        # delivered first, and the partition fetches nothing more until that error was raised.
+        self._buffer: deque[tuple[TopicPartition, FetchedBatch | PymqError, int]] = deque()
         self._buffered_bytes = 0
         # The buffer, the consumed positions and `_error` are shared with the sync Consumer's
         # application thread, which takes records without a hop through the event loop; `_lock`
@@ -484,7 +486,7 @@ class AsyncConsumer:
         self._replan()
 
     def _drop_buffered(self, tps: set[TopicPartition]) -> None:
-        """Forget the buffered records (and corrupt-batch markers) of `tps` (`_lock` held)."""
+        """Forget the buffered records (and error markers) of `tps` (`_lock` held)."""
         if not tps or not self._buffer:
             return
         kept = [entry for entry in self._buffer if entry[0] not in tps]
@@ -599,8 +601,8 @@ class AsyncConsumer:
                     if missing:
                         raise NoOffsetForPartitionError(f"no position for {missing}: seek first (auto_offset_reset=none)")
                     batches = self._take(max_records if max_records is not None else float("inf"))
-                    if not batches and self._buffer and isinstance(self._buffer[0][1], CorruptRecordError):
-                        raise self._corrupt_batch_reached()
+                    if not batches and self._buffer and isinstance(self._buffer[0][1], PymqError):
+                        raise self._partition_error_reached()
                 finally:
                     if not self._buffer:
                         self._data_ready.clear()
@@ -642,16 +644,17 @@ class AsyncConsumer:
         self._arrived.notify_all()
 
     def _take(self, limit: float) -> list[tuple[TopicPartition, FetchedBatch]]:
-        """Up to `limit` buffered rows, in order. A corrupt-batch marker stays in the buffer (at
-        the front once the rows before it are taken) and sets its partition's position."""
+        """Up to `limit` buffered rows, in order. An error marker stays in the buffer (at the
+        front once the rows before it are taken); a corrupt batch's sets its partition's position."""
         batches: list[tuple[TopicPartition, FetchedBatch]] = []
-        kept: list[tuple[TopicPartition, FetchedBatch | CorruptRecordError, int]] = []
+        kept: list[tuple[TopicPartition, FetchedBatch | PymqError, int]] = []
         taken = 0
         while self._buffer and taken < limit:
             tp, batch, accounted = self._buffer.popleft()
-            if isinstance(batch, CorruptRecordError):
-                # Nothing of tp follows it in the buffer: its fetching stopped at the bad batch.
-                self._consumed[tp] = batch.offset
+            if isinstance(batch, PymqError):
+                # Nothing of tp follows it in the buffer: its fetching stopped there.
+                if isinstance(batch, CorruptRecordError):
+                    self._consumed[tp] = batch.offset
                 kept.append((tp, batch, accounted))
                 continue
             if taken + batch.num_rows > limit:
@@ -667,11 +670,11 @@ class AsyncConsumer:
         self._buffer.extendleft(reversed(kept))
         return batches
 
-    def _corrupt_batch_reached(self) -> CorruptRecordError:
-        """Take the marker at the front (`_lock` held); the partition is fetched again from its
-        position, so the error comes back until the caller seeks past the bad batch."""
+    def _partition_error_reached(self) -> PymqError:
+        """Take the error marker at the front (`_lock` held); the partition is fetched again from
+        its position, so the error comes back until the caller seeks past it (or it clears)."""
         tp, err, _ = self._buffer.popleft()
-        assert isinstance(err, CorruptRecordError)
+        assert isinstance(err, PymqError)
         self._fetch_positions[tp] = self._consumed[tp]
         self._waiting_for_room = True  # the partition's fetcher has it back: wake it
         return err
@@ -769,7 +772,9 @@ class AsyncConsumer:
                         if err.retriable:
                             await self._refresh_quietly()
                             continue
-                        raise err
+                        if self._fetch_positions.get(tp) == fetch.requested.get(tp):
+                            self._hold_error(tp, err)
+                        continue
                     self.high_watermarks[tp] = p.high_watermark
                     if self._fetch_positions.get(tp) == fetch.requested.get(tp) and tp not in self._paused:
                         self._absorb(tp, p.records)  # type: ignore[arg-type]
@@ -832,13 +837,22 @@ class AsyncConsumer:
                 if tp not in buffered:
                     self._consumed[tp] = offset
 
+    def _hold_error(self, tp: TopicPartition, err: PymqError) -> None:
+        """A broker's non-retriable error for `tp`: a marker after its buffered records, raised
+        by the poll that reaches it; the partition fetches nothing more until then."""
+        log.warning("fetch of %s-%d failed: %s", tp[0], tp[1], err)
+        with self._lock:
+            self._buffer.append((tp, err, 0))
+            del self._fetch_positions[tp]
+            self._signal()
+
     def _absorb(self, tp: TopicPartition, data: memoryview) -> None:
         """Decode the complete batches of one partition's fetched bytes into the buffer. At a
         corrupt batch, what came before it stays buffered, a marker for it follows, and the
         partition fetches nothing more until the marker was raised (or the caller seeks).
         Decoding happens outside `_lock`; the buffer is extended under it in one step."""
         decoded = decode_fetched(tp, data, self._fetch_positions[tp], self.high_watermarks.get(tp, -1), self.check_crcs)
-        fresh: list[tuple[TopicPartition, FetchedBatch | CorruptRecordError, int]] = [
+        fresh: list[tuple[TopicPartition, FetchedBatch | PymqError, int]] = [
             (tp, batch, size) for batch, size in decoded.batches]
         fresh_bytes = sum(size for _, size in decoded.batches)
         corrupt, position = decoded.corrupt, decoded.position
