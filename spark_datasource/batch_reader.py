@@ -54,7 +54,9 @@ class PymqBatchReader(DataSourceReader):
             left = [r for r in rest if r.size]
             assert not left, f"remoteStorage.only planned offsets the store does not hold: {left}"
         else:
-            remote, rest = plan_remote(opts, self.offset_ranges(), self.filters.time_low_ms, self.filters.time_high_ms)
+            offsets = OffsetReader(opts)
+            remote, rest = plan_remote(opts, self.offset_ranges(offsets), self.filters.time_low_ms,
+                                       self.filters.time_high_ms, topic_ids=offsets.topic_ids)
         return split_partitions(remote, rest, opts.min_partitions, opts.max_records_per_partition)
 
     def plan(self) -> list[OffsetRange]:

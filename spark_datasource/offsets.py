@@ -20,6 +20,9 @@ class OffsetReader:
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._admin: Admin | None = None
+        # The id of each topic `topic_partitions` described: which incarnation of a topic name
+        # the brokers serve (remote manifests of another one must not be read as this one).
+        self.topic_ids: dict[str, str] = {}
 
     @property
     def admin(self) -> Admin:
@@ -48,7 +51,9 @@ class OffsetReader:
             wanted = [t for t in wanted if t in existing]
         if not wanted:
             return []
-        counts = {d.name: len(d.partitions) for d in self.admin.describe_topics(wanted)}
+        described = self.admin.describe_topics(wanted)
+        self.topic_ids.update((d.name, d.topic_id) for d in described)
+        counts = {d.name: len(d.partitions) for d in described}
         if opts.assign is not None:
             out = []
             for topic in wanted:

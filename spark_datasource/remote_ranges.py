@@ -117,9 +117,13 @@ def split_at_remote_end(offset_range: OffsetRange, manifest: "PartitionManifest"
 
 def plan_remote(options: "SourceOptions", ranges: list[OffsetRange], time_low_ms: int | None,
                 time_high_ms: int | None, manifests: "dict[tuple[str, int], PartitionManifest] | None" = None,
-                ) -> tuple[list[RemoteRangePartition], list[OffsetRange]]:
+                topic_ids: dict[str, str] | None = None) -> tuple[list[RemoteRangePartition], list[OffsetRange]]:
     """Remote range partitions for `ranges` from each partition's manifest (from `manifests`
-    if given, else the current one in the store), and the ranges left for the brokers."""
+    if given, else the current one in the store), and the ranges left for the brokers. With
+    `topic_ids` (the brokers' topic ids), a manifest of another incarnation of the topic (one
+    deleted and created again, whose remote data outlived it) is not read: the brokers answer."""
+    from tiered_storage import RemoteTopicIdMismatchError
+
     store = remote_store(options) if manifests is None else None
     remote: list[RemoteRangePartition] = []
     rest: list[OffsetRange] = []
@@ -130,7 +134,12 @@ def plan_remote(options: "SourceOptions", ranges: list[OffsetRange], time_low_ms
             manifest = manifests[(r.topic, r.partition)]
         else:
             assert store is not None
-            manifest = store.load_manifest(r.topic, r.partition)
+            try:
+                manifest = store.load_manifest(r.topic, r.partition, (topic_ids or {}).get(r.topic))
+            except RemoteTopicIdMismatchError as err:
+                log.warning("%s: not read; [%d, %d) from the brokers", err, r.start, r.end)
+                rest.append(r)
+                continue
         parts, tail = split_at_remote_end(r, manifest, time_low_ms, time_high_ms)
         log.info("%s-%d [%d, %d): %d of %d remote segment(s) planned, [%d, %d) from the brokers", r.topic,
                  r.partition, r.start, r.end, sum(len(p.segments) for p in parts), len(manifest.segments),
@@ -201,8 +210,21 @@ class RemoteOffsetReader(OffsetReader):
         return out
 
     def manifest(self, tp: TopicPartition) -> "PartitionManifest":
+        """The partition's manifest (loaded once). RemoteTopicIdMismatchError if another
+        partition of the topic read before is of another topic id: the store holds two
+        incarnations of the topic, and there is no broker to say which one is current."""
+        from tiered_storage import RemoteTopicIdMismatchError
+
         if tp not in self.manifests:
-            self.manifests[tp] = self.store.load_manifest(*tp)
+            manifest = self.store.load_manifest(*tp)
+            for (topic, partition), other in self.manifests.items():
+                if topic == tp[0] and manifest.topic_id and other.topic_id and other.topic_id != manifest.topic_id:
+                    raise RemoteTopicIdMismatchError(
+                        f"{self.store.topic_path(topic)}: partition {tp[1]} is of topic id {manifest.topic_id} but "
+                        f"partition {partition} of {other.topic_id}: the store holds two incarnations of {topic!r} "
+                        "(a topic deleted and created again); read the current one's partitions with 'assign', "
+                        "or delete the stale ones")
+            self.manifests[tp] = manifest
         return self.manifests[tp]
 
     def _list(self, positions: dict[TopicPartition, int]) -> dict[TopicPartition, int]:

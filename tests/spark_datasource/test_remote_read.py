@@ -388,6 +388,46 @@ def test_remote_only_offsets_are_the_manifests_and_json_offsets_are_checked(sour
         only_reader(startingOffsets=json.dumps({TOPIC: {"0": 0}})).partitions()
 
 
+def copy_of_the_store(tmp_path, ids: dict[int, str]) -> str:
+    """A copy of the module's store whose partitions' manifests name `ids` as their topic ids."""
+    import shutil
+
+    root = tmp_path / "copy"
+    shutil.copytree(remote_url().removeprefix("file://"), root)
+    store = RemoteSegmentStore.from_url(f"file://{root}")
+    for partition, topic_id in ids.items():
+        manifest = store.load_manifest(TOPIC, partition)
+        store.commit_manifest(manifest.version, manifest.with_topic_id(topic_id))
+    return f"file://{root}"
+
+
+def test_a_manifest_of_another_incarnation_of_the_topic_is_not_read(source_broker, tiered, tmp_path):
+    """Partition 0's remote data belongs to an older topic of the same name (another topic id than
+    the brokers'): its whole range is planned for the brokers; partition 1's tier is read."""
+    url = copy_of_the_store(tmp_path, {0: "0" * 32})
+    planned = PymqBatchReader(SourceOptions.parse(options(source_broker.bootstrap, **{"remoteStorage.url": url}),
+                                                  False)).partitions()
+    assert [(p.range.start, p.range.end) for p in planned if p.range.partition == 0] == [(0, PER_PARTITION)]
+    assert all(isinstance(p, RangePartition) for p in planned if p.range.partition == 0)
+    assert segments_opened([p for p in planned if isinstance(p, RemoteRangePartition)]) == [
+        (1, s.base_offset) for s in tiered[1].segments]
+
+
+def test_remote_only_refuses_a_store_holding_two_incarnations_of_the_topic(tiered, broker_stopped, tmp_path):
+    """With no broker to say which topic id is current, partitions of two ids are an error naming
+    both; reading the partitions of one with `assign` works."""
+    from tiered_storage import RemoteTopicIdMismatchError
+
+    url = copy_of_the_store(tmp_path, {0: "a" * 32, 1: "b" * 32})
+    with pytest.raises(RemoteTopicIdMismatchError, match=f"two incarnations of '{TOPIC}'") as raised:
+        PymqBatchReader(SourceOptions.parse(only_options(**{"remoteStorage.url": url}), False)).partitions()
+    assert "a" * 32 in str(raised.value) and "b" * 32 in str(raised.value)
+    assigned = {**{k: v for k, v in only_options(**{"remoteStorage.url": url}).items() if k != "subscribe"},
+                "assign": json.dumps({TOPIC: [1]})}
+    parts = remote_parts(PymqBatchReader(SourceOptions.parse(assigned, False)))
+    assert segments_opened(parts) == [(1, s.base_offset) for s in tiered[1].segments]
+
+
 def test_remote_only_start_below_the_remote_log_start_is_data_loss(tiered, broker_stopped, tmp_path):
     """A copy of the store whose partition 0 lost its first segment to retention: earliest is the
     new start; an explicit start below it fails (failOnDataLoss=true) or starts there (false)."""
