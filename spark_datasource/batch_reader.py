@@ -78,9 +78,8 @@ class PymqBatchReader(DataSourceReader):
             # An explicit ending offset past the end is a mistake in the option: the task would
             # find the offsets missing and report them as data loss ("truncated?").
             latest = offsets.latest(tps) if self.options.ending.kind == "offsets" else ends
-            # From the store alone there is no time lookup: remote segments are pruned by time instead.
             by_time = (offsets.offsets_for_time(tps, self.filters.time_low_ms)
-                       if self.filters.time_low_ms is not None and not remote_only else {})
+                       if self.filters.time_low_ms is not None else {})
             earliest = offsets.earliest(tps) if remote_only else {}
         finally:
             offsets.close()

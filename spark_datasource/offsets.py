@@ -73,7 +73,7 @@ class OffsetReader:
 
     def offsets_for_time(self, tps: Iterable[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int | None]:
         """The first offset whose record time is at or after `timestamp_ms`, or None."""
-        found = self.admin.list_offsets(dict.fromkeys(tps, timestamp_ms)) if tps else {}
+        found = self._list_offsets(dict.fromkeys(tps, timestamp_ms)) if tps else {}
         return {tp: offset if offset >= 0 else None for tp, (offset, _) in found.items()}
 
     def resolve(self, spec: OffsetSpec, tps: list[TopicPartition], starting: bool,
@@ -114,7 +114,7 @@ class OffsetReader:
         """Offsets for record times. A partition with no record at or after its time: an ending
         read goes to the latest offset; a starting one fails or starts at the latest offset
         (startingOffsetsByTimestampStrategy), as in Kafka."""
-        found = self.admin.list_offsets(times)
+        found = self._list_offsets(times)
         without = [tp for tp, (offset, _) in found.items() if offset < 0]
         if without and starting and self.options.by_timestamp_strategy == STRATEGY_ERROR:
             tp = without[0]
@@ -124,7 +124,12 @@ class OffsetReader:
         return {tp: offset if offset >= 0 else latest[tp] for tp, (offset, _) in found.items()}
 
     def _list(self, positions: dict[TopicPartition, int]) -> PartitionOffsets:
-        return {tp: offset for tp, (offset, _) in self.admin.list_offsets(positions).items()} if positions else {}
+        return {tp: offset for tp, (offset, _) in self._list_offsets(positions).items()} if positions else {}
+
+    def _list_offsets(self, positions: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
+        """ListOffsets: (offset, timestamp) for EARLIEST, LATEST or a time in ms (offset -1: no
+        record at or after it). Every question this reader asks ends here."""
+        return self.admin.list_offsets(positions)
 
 
 def _admin_settings(options: SourceOptions) -> dict[str, int]:

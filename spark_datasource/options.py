@@ -47,8 +47,9 @@ folders under `{root}/{topic}/` holding a manifest; `subscribePattern` matches t
 `log_end_offset`; JSON offsets are checked against those as against a broker's (an ending
 offset past the remote log end is an error; a starting offset below the remote log start is data
 loss: failOnDataLoss=true fails, false starts at the remote log start). The `*Timestamp` and
-`*OffsetsByTimestamp` options need a broker's time lookups and are refused with it; a filter on
-`timestamp` still prunes remote segments. Records not yet tiered are not read.
+`*OffsetsByTimestamp` options, and a pushed-down filter on `timestamp`, are answered from the
+remote segments' time indexes as a broker's ListOffsets would be
+(`RemoteSegmentStore.offset_for_timestamp`). Records not yet tiered are not read.
 """
 from __future__ import annotations
 
@@ -238,8 +239,6 @@ class SourceOptions:
                                      f"'maxOffsetsPerTrigger' ({max_per_trigger})")
         delay = _duration_ms(opts, "maxtriggerdelay", 15 * 60_000)
         lag_group = _lag_group(opts, streaming)
-        if remote_only:
-            _check_no_time_lookups(opts)
         return cls(
             bootstrap_servers=bootstrap,
             subscribe=subscribe,
@@ -411,16 +410,6 @@ def _remote_storage(opts: dict[str, str], streaming: bool) -> tuple[str | None, 
         given = next(spelled(n) for n in REMOTE_S3_OPTIONS if n in opts)
         raise InvalidOptionError(f"option {given!r} is for an s3:// store; 'remoteStorage.url' is {url!r}")
     return url, s3, only
-
-
-def _check_no_time_lookups(opts: dict[str, str]) -> None:
-    """remoteStorage.only: the options that need a broker's ListOffsets by time are refused."""
-    for name in ("startingtimestamp", "startingoffsetsbytimestamp", "endingtimestamp", "endingoffsetsbytimestamp"):
-        if name in opts:
-            raise InvalidOptionError(
-                f"option {spelled(name)!r} cannot be used with 'remoteStorage.only=true': finding offsets by time "
-                "needs the brokers (ListOffsets); give offsets (startingOffsets / endingOffsets), or filter on the "
-                "`timestamp` column (remote segments outside the time bounds are skipped)")
 
 
 def _timestamp(option: str, text: str) -> int:

@@ -168,10 +168,11 @@ TopicPartition = tuple[str, int]
 class RemoteOffsetReader(OffsetReader):
     """`offsets.OffsetReader` answered from the remote store's manifests, with no broker
     (`remoteStorage.only`): the subscription's partitions are the store's, EARLIEST and LATEST
-    each manifest's `log_start_offset` and `log_end_offset`; JSON offsets are resolved and checked
-    by OffsetReader's own code. Asking anything of a broker (the time lookups, which the options
-    refuse with remoteStorage.only) is a bug. The manifests read are kept (`manifests`) for
-    planning, so that offsets and segments come from the same versions."""
+    each manifest's `log_start_offset` and `log_end_offset`, a time the first remote record at or
+    after it (`RemoteSegmentStore.offset_for_timestamp`, as a broker answers below its local log
+    start); JSON offsets and times are resolved and checked by OffsetReader's own code. Asking
+    anything of a broker is a bug. The manifests read are kept (`manifests`) for planning, so
+    that offsets and segments come from the same versions."""
 
     def __init__(self, options: "SourceOptions") -> None:
         super().__init__(options)
@@ -227,13 +228,14 @@ class RemoteOffsetReader(OffsetReader):
             self.manifests[tp] = manifest
         return self.manifests[tp]
 
-    def _list(self, positions: dict[TopicPartition, int]) -> dict[TopicPartition, int]:
+    def _list_offsets(self, positions: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
         out = {}
         for tp, position in positions.items():
-            if position not in (EARLIEST, LATEST):
-                raise AssertionError(f"remoteStorage.only: a time lookup ({position}) needs a broker")
             m = self.manifest(tp)
-            out[tp] = m.log_start_offset if position == EARLIEST else m.log_end_offset
+            if position in (EARLIEST, LATEST):
+                out[tp] = (m.log_start_offset if position == EARLIEST else m.log_end_offset, -1)
+            else:
+                out[tp] = self.store.offset_for_timestamp(*tp, m, position) or (-1, -1)
         return out
 
 

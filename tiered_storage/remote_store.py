@@ -445,6 +445,19 @@ class RemoteSegmentStore:
                              name=f"{topic}/{partition}/{segment.log.name}", offset_index=offset_index,
                              time_index=time_index, **reader_kwargs)
 
+    def offset_for_timestamp(self, topic: str, partition: int, manifest: PartitionManifest,
+                             timestamp_ms: int) -> tuple[int, int] | None:
+        """(offset, timestamp) of the first record of `manifest`'s segments at or after
+        `timestamp_ms` and at or after its log start, or None: ListOffsets by time, answered
+        from the store. Segments whose max timestamp is older are not read; in the first one
+        that may hold the answer, the time index bounds the scan (a bad index only costs a scan)."""
+        for segment in manifest.prune(manifest.log_start_offset, None, timestamp_ms, None):
+            found = self._with_index_fallback(topic, partition, segment, lambda reader: reader.offset_for_timestamp(
+                timestamp_ms, manifest.log_start_offset))
+            if found is not None:
+                return found
+        return None
+
     def find_position(self, topic: str, partition: int, segment: RemoteSegment, offset: int) -> tuple[int, record.BatchHeader] | None:
         """(byte position, header) of the first batch whose last offset >= `offset`, located
         through the remote offset index; None if the segment ends before `offset`."""

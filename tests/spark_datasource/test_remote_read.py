@@ -475,16 +475,43 @@ def test_remote_only_still_prunes_by_time_and_offset(spark, tiered, broker_stopp
     assert sorted((r.partition, r.offset) for r in got) == [(p, n) for p in range(PARTITIONS) for n in range(cut, 200)]
 
 
+def test_remote_only_answers_time_options_from_the_remote_time_indexes(tiered, broker_stopped):
+    """startingTimestamp / endingOffsetsByTimestamp resolve to the first remote record at or after
+    the time, as a broker's ListOffsets would; a time past every remote record starts at the remote
+    log end (strategy latest) or fails (strategy error), and ends at the remote log end."""
+    def ranges(**extra: str) -> dict[int, tuple[int, int]]:
+        parts = remote_parts(only_reader(**extra))
+        return {p: (min(q.range.start for q in parts if q.range.partition == p),
+                    max(q.range.end for q in parts if q.range.partition == p))
+                for p in {q.range.partition for q in parts}}
+
+    ends = {p: m.log_end_offset for p, m in tiered.items()}
+    assert min(ends.values()) > 200
+    # Record n's time is BASE_MS + STEP_MS * n; between two records' times the later one answers.
+    got = ranges(startingTimestamp=str(BASE_MS + STEP_MS * 123 - 5),
+                 endingOffsetsByTimestamp=json.dumps({TOPIC: {"0": BASE_MS + STEP_MS * 150, "1": BASE_MS + STEP_MS * 200}}))
+    assert got == {0: (123, 150), 1: (123, 200)}
+    past = str(BASE_MS + STEP_MS * PER_PARTITION * 10)
+    with pytest.raises(InvalidOptionError, match="has no record at or after time"):
+        only_reader(startingTimestamp=past).partitions()
+    assert remote_parts(only_reader(startingTimestamp=past, startingOffsetsByTimestampStrategy="latest")) == []
+    assert ranges(endingTimestamp=past) == {p: (0, e) for p, e in ends.items()}
+
+
+def test_a_remote_only_timestamp_filter_starts_at_the_first_matching_record(tiered, broker_stopped):
+    """A pushed timestamp >= t filter narrows each range to start at t's offset, looked up in the
+    remote time index (not only to the segment holding it)."""
+    cut = 150
+    parts = remote_parts(only_reader([GreaterThanOrEqual(("timestamp",), utc(BASE_MS + STEP_MS * cut))]))
+    assert {p: min(q.range.start for q in parts if q.range.partition == p) for p in tiered} == dict.fromkeys(tiered, cut)
+
+
 @pytest.mark.parametrize("given, streaming, message", [
     ({"remoteStorage.only": "true"}, False, "'remoteStorage.only' needs 'remoteStorage.url'"),
     ({"remoteStorage.url": "file:///x", "remoteStorage.only": "true"}, True,
      "'remoteStorage.only' is for batch queries only"),
     ({"remoteStorage.url": "file:///x", "remoteStorage.only": "yes"}, False, "'remoteStorage.only' must be 'true'"),
-    ({"remoteStorage.url": "file:///x", "remoteStorage.only": "true", "startingTimestamp": "1"}, False,
-     "'startingTimestamp' cannot be used with 'remoteStorage.only=true'"),
-    ({"remoteStorage.url": "file:///x", "remoteStorage.only": "true",
-      "endingOffsetsByTimestamp": '{"t":{"0":1}}'}, False, "'endingOffsetsByTimestamp' cannot be used"),
-], ids=["without-url", "streaming", "not-boolean", "starting-timestamp", "ending-by-timestamp"])
+], ids=["without-url", "streaming", "not-boolean"])
 def test_remote_only_option_is_checked(given, streaming, message):
     """Misuses of remoteStorage.only fail at parse time, naming the option."""
     with pytest.raises(InvalidOptionError, match=re.escape(message)):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 import crc32c
+import pyarrow as pa
 import pytest
 
 from broker import record
@@ -83,6 +84,27 @@ def test_batches_found_through_the_remote_index_equal_local_reads(store, sealed_
             assert store.read_batches(TOPIC, 0, segment, offset) == local.read_range(offset)
             assert store.read_batches(TOPIC, 0, segment, offset, offset + 2, max_bytes=1) == local.read_range(offset, offset + 2, max_bytes=1)
     assert store.find_position(TOPIC, 0, segment, segment.next_offset) is None
+
+
+def test_offset_for_timestamp_is_the_first_remote_record_at_or_after_the_time(store, sealed_segments):
+    """ListOffsets by time from the store: the least offset at or after the log start whose
+    record time is at or after the time (CreateTime need not grow within a batch), or None."""
+    manifest = upload_and_commit(store, sealed_segments[:3])
+    records: list[tuple[int, int]] = []  # (offset, ms) of every uploaded record
+    for files in sealed_segments[:3]:
+        with open(files.log, "rb") as file:
+            for header, body in SegmentReader(file, files.base_offset).read_arrow(0):
+                times = body.column("timestamp").cast(pa.int64()).to_pylist()
+                records += zip(record.record_offsets(header, body).to_pylist(), times)
+
+    def expected(m: PartitionManifest, ms: int) -> tuple[int, int] | None:
+        return next(((o, t) for o, t in records if o >= m.log_start_offset and t >= ms), None)
+
+    trimmed = manifest.with_log_start_offset(manifest.segments[1].base_offset + 1)
+    times = sorted({t for _, t in records})
+    for m in (manifest, trimmed):
+        for ms in [times[0] - 1, times[0], times[len(times) // 2] + 1, times[-1], times[-1] + 1]:
+            assert store.offset_for_timestamp(TOPIC, 0, m, ms) == expected(m, ms), (m.log_start_offset, ms)
 
 
 def test_segment_objects_hold_their_crc(store, sealed_segments):
