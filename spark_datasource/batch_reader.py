@@ -10,8 +10,9 @@ cut by `maxRecordsPerPartition` and `minPartitions` as broker ranges are, read b
 the object store (`remote_ranges.py`); only the rest is fetched from the brokers.
 
 With `remoteStorage.only=true` no broker is contacted at all: the partitions, earliest and latest
-come from the store's manifests (`remote_ranges.RemoteOffsetReader`), and only tiered offsets
-are read (up to each manifest's `log_end_offset`).
+come from the store's manifests and time lookups from its segments' time indexes
+(`remote_ranges.RemoteOffsetReader`), and only tiered offsets are read (up to each manifest's
+`log_end_offset`).
 """
 from __future__ import annotations
 

@@ -17,8 +17,11 @@ protocol, and lost the read-ahead from one segment into the next.)
 `remoteStorage.only` (`RemoteOffsetReader`): the driver plans from the store alone, with no
 broker. The subscription's partitions are the store's (`RemoteSegmentStore.topics` and
 `.partitions`: numeric folders under `{root}/{topic}/` holding a manifest); earliest and latest
-are each manifest's `log_start_offset` and `log_end_offset`; the manifests loaded for the
-offsets are the ones planned from, so both agree.
+are each manifest's `log_start_offset` and `log_end_offset`, a time the first remote record at
+or after it (`RemoteSegmentStore.offset_for_timestamp`); the manifests loaded for the offsets
+are the ones planned from, so both agree. Partitions of one topic with two topic ids (a topic
+deleted and created again, remote data left behind) are refused: without a broker nothing says
+which is current. With brokers, a manifest whose topic id is not theirs is not read at all.
 
 Reading (executors): `read_remote_range` builds its own `RemoteSegmentStore` from the options
 (once per Python worker) and reads each segment through a SegmentReader whose source is a
