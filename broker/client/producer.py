@@ -453,10 +453,12 @@ class RecordAccumulator:
             return (ready if mutes is None else mutes.hand_out(ready)), None
         if mutes is not None:
             busy = mutes.muted  # a partition with a request in flight or a retry pending is muted
-        now = time.monotonic()
         next_due = None
         expired = []
         with self.lock:
+            # The clock is read under the lock: a batch opened just before it was taken is judged
+            # against a time after its creation (linger 0: due), however long the wait for the lock.
+            now = time.monotonic()
             count = len(sealed)
             for tp, batch in list(self.open.items()):
                 due = batch.created + self.linger_s - now
