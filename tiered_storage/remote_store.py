@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import logging
 import os
 import secrets
@@ -449,14 +450,8 @@ class RemoteSegmentStore:
                              timestamp_ms: int) -> tuple[int, int] | None:
         """(offset, timestamp) of the first record of `manifest`'s segments at or after
         `timestamp_ms` and at or after its log start, or None: ListOffsets by time, answered
-        from the store. Segments whose max timestamp is older are not read; in the first one
-        that may hold the answer, the time index bounds the scan (a bad index only costs a scan)."""
-        for segment in manifest.prune(manifest.log_start_offset, None, timestamp_ms, None):
-            found = self._with_index_fallback(topic, partition, segment, lambda reader: reader.offset_for_timestamp(
-                timestamp_ms, manifest.log_start_offset))
-            if found is not None:
-                return found
-        return None
+        from the store (a bad index only costs a scan)."""
+        return offset_for_timestamp(manifest, timestamp_ms, functools.partial(self._with_index_fallback, topic, partition))
 
     def find_position(self, topic: str, partition: int, segment: RemoteSegment, offset: int) -> tuple[int, record.BatchHeader] | None:
         """(byte position, header) of the first batch whose last offset >= `offset`, located
@@ -604,6 +599,20 @@ class RemoteSegmentStore:
             name = info["name"].rstrip("/").rsplit("/", 1)[-1]
             out.append((name, info))
         return out
+
+
+def offset_for_timestamp(manifest: PartitionManifest, timestamp_ms: int,
+                         with_reader: Callable[[RemoteSegment, Callable[[SegmentReader], Any]], Any]) -> tuple[int, int] | None:
+    """(offset, timestamp) of the first record of `manifest`'s segments at or after `timestamp_ms`
+    and at or after its log start, or None, with `with_reader(segment, read)` calling `read` on a
+    reader of the segment (the store's own, or the broker's through its chunk cache). Segments
+    whose max timestamp is older are not read; in the first one that may hold the answer, its
+    time index bounds the scan."""
+    for segment in manifest.prune(manifest.log_start_offset, None, timestamp_ms, None):
+        found = with_reader(segment, lambda reader: reader.offset_for_timestamp(timestamp_ms, manifest.log_start_offset))
+        if found is not None:
+            return found
+    return None
 
 
 def validated_range(reader: SegmentReader, start_offset: int, end_offset: int | None,

@@ -26,6 +26,7 @@ gone (retention raced the read: the retry finds the offset out of range), Corrup
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import OrderedDict
@@ -40,7 +41,7 @@ from broker.log.offset_index import OffsetIndex
 from broker.log.segment_reader import SegmentReader
 from broker.log.time_index import TimeIndex
 from tiered_storage import PartitionManifest, RemoteSegment, RemoteSegmentStore
-from tiered_storage.remote_store import validated_range
+from tiered_storage.remote_store import offset_for_timestamp, validated_range
 
 log = logging.getLogger(__name__)
 
@@ -234,16 +235,8 @@ class RemoteLogReader:
         """(offset, timestamp) of the first remote record at or after `timestamp_ms`, or None,
         computed by a worker. Segments whose max timestamp (in the manifest) is older are skipped
         unread; records below the remote log start are not answered."""
-        return self._executor.submit(self._offset_for_timestamp, topic, partition, manifest, timestamp_ms)
-
-    def _offset_for_timestamp(self, topic: str, partition: int, manifest: PartitionManifest,
-                              timestamp_ms: int) -> tuple[int, int] | None:
-        for segment in manifest.prune(manifest.log_start_offset, None, timestamp_ms, None):
-            found = self._without_bad_index(topic, partition, segment, lambda reader: reader.offset_for_timestamp(
-                timestamp_ms, manifest.log_start_offset))
-            if found is not None:
-                return found
-        return None
+        return self._executor.submit(offset_for_timestamp, manifest, timestamp_ms,
+                                     functools.partial(self._without_bad_index, topic, partition))
 
     # --- cache -----------------------------------------------------------------------------------
 
