@@ -181,6 +181,7 @@ class RemoteOffsetReader(OffsetReader):
         super().__init__(options)
         self.store = remote_store(options)
         self.manifests: dict[TopicPartition, PartitionManifest] = {}
+        self._topic_ids: dict[str, tuple[int, str]] = {}  # topic -> (first partition read with an id, that id)
 
     @property
     def admin(self):  # noqa: ANN201 - never returns
@@ -221,11 +222,13 @@ class RemoteOffsetReader(OffsetReader):
 
         if tp not in self.manifests:
             manifest = self.store.load_manifest(*tp)
-            for (topic, partition), other in self.manifests.items():
-                if topic == tp[0] and manifest.topic_id and other.topic_id and other.topic_id != manifest.topic_id:
+            topic = tp[0]
+            if manifest.topic_id:
+                partition, topic_id = self._topic_ids.setdefault(topic, (tp[1], manifest.topic_id))
+                if topic_id != manifest.topic_id:
                     raise RemoteTopicIdMismatchError(
                         f"{self.store.topic_path(topic)}: partition {tp[1]} is of topic id {manifest.topic_id} but "
-                        f"partition {partition} of {other.topic_id}: the store holds two incarnations of {topic!r} "
+                        f"partition {partition} of {topic_id}: the store holds two incarnations of {topic!r} "
                         "(a topic deleted and created again); read the current one's partitions with 'assign', "
                         "or delete the stale ones")
             self.manifests[tp] = manifest
@@ -272,9 +275,9 @@ def read_remote_range(options: "SourceOptions", part: RemoteRangePartition) -> I
     bounds = [(max(part.range.start, s.base_offset), min(part.range.end, s.next_offset)) for s in part.segments]
     executor = ThreadPoolExecutor(1, thread_name_prefix=f"pymq-read-ahead-{topic}-{partition}")
 
-    def open_segment(i: int, indexes: bool = True) -> "SegmentReader":
+    def open_segment(i: int, indexes: bool = True) -> "tuple[SegmentReader, ReadAhead]":
         """Segment i's reader (its indexes read here, on the read-ahead thread when opened
-        ahead), its first window already on the way."""
+        ahead), its first window already on the way, and its read-ahead."""
         segment = part.segments[i]
         ahead = ReadAhead(functools.partial(store.read_range, topic, partition, segment), segment.size_bytes,
                           READ_AHEAD_BYTES, executor)
@@ -282,16 +285,17 @@ def read_remote_range(options: "SourceOptions", part: RemoteRangePartition) -> I
                                    min_read_bytes=READ_AHEAD_BYTES, max_read_bytes=READ_AHEAD_BYTES)
         index = reader.offset_index
         ahead.prime(index.lookup(bounds[i][0])[1] if index is not None else 0)
-        return reader
+        return reader, ahead
 
     try:
         opening = executor.submit(open_segment, 0)
         for i, (low, high) in enumerate(bounds):
-            reader = opening.result()
+            reader, ahead = opening.result()
             if i + 1 < len(bounds):  # the next segment's indexes and first window while this one is read
                 opening = executor.submit(open_segment, i + 1)
             yield from _read_segment(reader, topic, partition, low, high, schema,
-                                     reopen=functools.partial(open_segment, i, False))
+                                     reopen=lambda i=i: open_segment(i, False)[0])
+            ahead.close()  # a window past the range's end (it ended mid-segment) is not fetched if still queued
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
 
