@@ -1,6 +1,6 @@
 """Bytes on disk per record: pymq's record batch (61-byte header + Arrow IPC body) next to Kafka's v2.
 
-The broker appends a produced batch to the segment byte for byte (DESIGN.md section 2), so a
+The broker appends a produced batch to the segment byte for byte (docs/architecture.md, Record batch), so a
 batch's encoded size is what it costs on disk; the sparse offset and time indexes add about
 12 bytes per `index.interval.bytes` (4 KiB) on top, under 0.3 %, and are left out.
 

@@ -116,7 +116,7 @@ TOPIC_CONFIGS: dict[str, tuple[ConfigDef, str]] = {
         (ConfigDef("max.compaction.lag.ms", int, INT64_MAX,
                    "compacted topics: clean a log whatever its dirty ratio once its oldest uncleaned record is this old",
                    1, INT64_MAX), "log.cleaner.max.compaction.lag.ms"),
-        # Tiered storage (DESIGN.md section 7; Kafka's KIP-405 names). The broker must also have
+        # Tiered storage (docs/architecture.md, Tiered storage; Kafka's KIP-405 names). The broker must also have
         # remote.log.storage.system.enable for a topic's remote.storage.enable to take effect.
         (ConfigDef("remote.storage.enable", bool, False,
                    "upload sealed segments to the remote store and let local retention delete the local "

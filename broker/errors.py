@@ -1,6 +1,6 @@
 """pymq's one error taxonomy: a base `PymqError`, one subclass per wire error code.
 
-Every error that crosses the wire is a named code (DESIGN.md section 4). The broker raises these
+Every error that crosses the wire is a named code (docs/architecture.md, Wire protocol). The broker raises these
 classes inside handlers; the server turns them into `error_code` fields; the client turns the codes
 back into the same classes with `error_for_code`. `retriable` tells the client whether retrying the
 same request (after a metadata refresh or a backoff) can succeed.

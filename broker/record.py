@@ -1,4 +1,4 @@
-"""Record batch codec: the one format on the wire, on disk and in object storage (DESIGN.md section 2).
+"""Record batch codec: the one format on the wire, on disk and in object storage (docs/architecture.md, Record batch).
 
 A record batch is a fixed 61-byte little-endian header followed by an Arrow IPC stream holding
 exactly one record batch:

@@ -1,6 +1,6 @@
 """The broker process: asyncio TCP server, connections, background duties, lifecycle.
 
-This is the only asyncio edge of the broker (STYLE.md): it turns bytes into `Request`s with the
+This is the only asyncio edge of the broker (docs/architecture.md, Layers): it turns bytes into `Request`s with the
 protocol's `FrameDecoder` (received in place, see `_FrameReader`), hands them to `RequestHandlers`, and writes responses. Per connection:
 
 - Requests are dispatched in arrival order. Synchronous handlers (produce, metadata, list

@@ -33,8 +33,8 @@ query commit its position, the end of each finished micro-batch, to that consume
 a commit that fails (the group has active members, the broker is unreachable) is logged and the
 query goes on. Use a group of its own that no consumer joins. A batch read refuses the option.
 
-`remoteStorage.url` (not in the Kafka source) names the brokers' remote store (DESIGN.md section
-7): a batch read then plans the tiered part of each range from the partitions' manifests and its
+`remoteStorage.url` (not in the Kafka source) names the brokers' remote store (docs/architecture.md,
+Tiered storage): a batch read then plans the tiered part of each range from the partitions' manifests and its
 executors read those segments from the store themselves; only the part not yet tiered is fetched
 from brokers. Streaming reads refuse it for now. Remote segments are split like broker ranges
 (`maxRecordsPerPartition`, `minPartitions`).

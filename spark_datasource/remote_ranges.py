@@ -1,4 +1,4 @@
-"""Batch reads straight from the remote tier (option `remoteStorage.url`; DESIGN.md sections 7 and 8).
+"""Batch reads straight from the remote tier (option `remoteStorage.url`; docs/architecture.md, Spark read from the remote tier).
 
 Planning (driver): each partition's [start, end) is cut at its manifest's remote log end. Below
 it, the remote segments that `PartitionManifest.prune` keeps for the range and the pushed time

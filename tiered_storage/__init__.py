@@ -1,4 +1,4 @@
-"""Tiered storage: sealed segments in object storage, listed by a per-partition manifest (DESIGN.md section 7).
+"""Tiered storage: sealed segments in object storage, listed by a per-partition manifest (docs/architecture.md, Tiered storage).
 
 Brokers upload each sealed segment here and delete their local copy only once a committed
 manifest names the upload. Brokers serving old offsets, Spark executors and users read the same
@@ -9,11 +9,11 @@ Layout under the store's root URL (e.g. `s3://bucket/pymq`, or `file:///data/pym
 
     {root}/{topic}/{partition}/
         manifests/manifest-{version:020d}.json          one object per manifest version, never overwritten
-        {base_offset:020d}-{upload_id}.log              the segment's record batches (DESIGN.md section 2)
+        {base_offset:020d}-{upload_id}.log              the segment's record batches (docs/architecture.md, Record batch)
         {base_offset:020d}-{upload_id}.index            its offset index (broker/log/offset_index.py)
         {base_offset:020d}-{upload_id}.timeindex        its time index (broker/log/time_index.py)
 
-DESIGN.md's `{base_offset:020d}.log` carries the id of the upload attempt: `upload_id` is 16 random
+Object names carry the id of the upload attempt: `upload_id` is 16 random
 hex digits per attempt, so a crashed or failed attempt never overwrites or shadows a good one.
 Only the objects a manifest names are part of the log. A listing of the folder may show others
 (attempts in flight, crashed ones, segments retention dropped whose deletion is pending): never

@@ -1,4 +1,4 @@
-"""PartitionManifest: the list of a partition's remote segments, as a frozen value (DESIGN.md section 7).
+"""PartitionManifest: the list of a partition's remote segments, as a frozen value (docs/architecture.md, Tiered storage).
 
 One JSON object per version, `{root}/{topic}/{partition}/manifests/manifest-{version:020d}.json`
 (the layout and the commit protocol are in the package docstring):

@@ -1,4 +1,4 @@
-"""MetadataStore: the contract of the store holding cluster metadata (DESIGN.md section 5).
+"""MetadataStore: the contract of the store holding cluster metadata (docs/architecture.md, Cluster metadata).
 
 The contract is etcd's v3 key/value model, so that the etcd store maps onto it one to one:
 

@@ -1,4 +1,4 @@
-"""The records of `__consumer_offsets`: what the group coordinator writes and replays (DESIGN.md §6).
+"""The records of `__consumer_offsets`: what the group coordinator writes and replays (docs/architecture.md, Coordinator).
 
 The topic is compacted, so every record is keyed and the latest value per key is the state:
 

@@ -1,6 +1,6 @@
 """What the coordinators return: replies to send now, and records to append first.
 
-The group coordinator is a pure state machine (STYLE.md): a request or a timer tick goes in, a
+The group coordinator is a pure state machine (docs/architecture.md, Layers): a request or a timer tick goes in, a
 `Result` comes out. `replies` are (token, response) pairs the runtime answers at once; a token is
 whatever the runtime handed in with the request (a future), so a JoinGroup parked until the
 rebalance completes is answered by a later call's Result. An `Append` asks the runtime to append

@@ -1,4 +1,4 @@
-"""Group handler: the runtime around the pure `GroupCoordinator` (DESIGN.md section 6).
+"""Group handler: the runtime around the pure `GroupCoordinator` (docs/architecture.md, Coordinator).
 
 It does what the state machine cannot: it creates `__consumer_offsets` on first use (compacted,
 `offsets.topic.num.partitions` partitions, as Kafka does on the first FindCoordinator), replays

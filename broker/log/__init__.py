@@ -1,4 +1,4 @@
-"""Partition logs on local disk (DESIGN.md section 3), layered as Kafka's storage layer is:
+"""Partition logs on local disk (docs/architecture.md, Log layers), layered as Kafka's storage layer is:
 
     Segment        one `.log` with its offset and time indexes (segment.py)
     LogSegments    the ordered segments of a log (log_segments.py)

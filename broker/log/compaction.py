@@ -14,7 +14,7 @@ What compaction guarantees, for the batches of the segments it is given (in offs
 - offsets never change: survivors keep theirs, so compacted batches and the log have gaps;
 - compacting the output again with the same map and clock changes nothing (idempotent).
 
-Batch format of a compacted batch (DESIGN.md section 2): the same 61-byte header and Arrow body,
+Batch format of a compacted batch (docs/architecture.md, Record batch): the same 61-byte header and Arrow body,
 with the body in `record.COMPACTED_BODY_SCHEMA`, the standard columns plus a last column
 `offset_delta: int32 not null`. Record i has offset base_offset + offset_delta[i]; the deltas
 grow strictly; the header keeps the original batch's base_offset (so its deltas are relative to

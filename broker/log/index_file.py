@@ -10,7 +10,7 @@ An index file is a 16-byte header followed by a flat array of fixed-size entries
     16     ...  entries                   the subclass's ENTRY layout, see its module
 
 Sealed segments and their indexes are uploaded to object storage, where readers other than the
-broker parse them (DESIGN.md section 7), so the layout is public and versioned. Every header byte
+broker parse them (docs/architecture.md, Tiered storage), so the layout is public and versioned. Every header byte
 has exactly one valid value for a given kind and segment, so `parse` detects any damage to it. A
 file without a valid header (an index written before headers existed, a torn creation) raises
 CorruptIndexError, and the log's recovery rebuilds it from the `.log`.

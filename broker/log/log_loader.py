@@ -1,6 +1,6 @@
 """LogLoader: turn a partition directory into segments and offsets on open (Kafka's LogLoader).
 
-What recovery promises (DESIGN.md section 3):
+What recovery promises (docs/architecture.md, Recovery):
 - Segments wholly below the recovery point were flushed: they are opened from their indexes and
   never truncated. A missing or bad index is rebuilt by framing the batches; damage met while
   doing so is recorded on the segment (readers reaching it get CORRUPT_MESSAGE), logged and

@@ -1,5 +1,5 @@
 """RemoteLogManager: tiers the sealed segments of led partitions to the remote store (Kafka's
-RemoteLogManager; DESIGN.md section 7, the store and manifest in tiered_storage/).
+RemoteLogManager; docs/architecture.md, Tiered storage; the store and manifest in tiered_storage/).
 
 For each log that is `tiered` (the broker has remote.log.storage.system.enable and the topic
 remote.storage.enable) and led here, one task at a time per partition, in a pool of

@@ -1,5 +1,5 @@
 """RemoteLogReader: serves reads below the local log start from the remote tier (Kafka's
-RemoteLogReader and remote index cache; DESIGN.md section 7).
+RemoteLogReader and remote index cache; docs/architecture.md, Tiered storage).
 
 A consumer fetching an offset whose local segment local retention deleted is answered from the
 remote segment's objects as if they were local: the same whole, CRC-checked batches, the first

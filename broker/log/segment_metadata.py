@@ -1,4 +1,4 @@
-"""SegmentMetadata: what a remote manifest lists per segment (DESIGN.md section 7), as a frozen record.
+"""SegmentMetadata: what a remote manifest lists per segment (docs/architecture.md, Tiered storage), as a frozen record.
 
     field            JSON            meaning
     format_version   int = 1         the segment layout: record batch magic 1, index files version 1

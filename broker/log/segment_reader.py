@@ -1,4 +1,4 @@
-"""SegmentReader: a pure reader of one segment's `.log` over any file-like object (DESIGN.md section 7).
+"""SegmentReader: a pure reader of one segment's `.log` over any file-like object (docs/architecture.md, Tiered storage).
 
 Sealed segments are uploaded to object storage and read there by brokers and by Spark executors
 straight through fsspec, without a broker in between. Such a reader has a file object (read, seek,

@@ -34,7 +34,7 @@ segment, and swaps it in with `replace_segments`, which checks under the lock th
 are still there as they were read. Retention by time and size applies only to logs whose
 cleanup.policy has delete.
 
-Tiered storage (DESIGN.md section 7): when the log is `tiered` (the broker runs the remote log
+Tiered storage (docs/architecture.md, Tiered storage): when the log is `tiered` (the broker runs the remote log
 manager and the topic has remote.storage.enable), the RemoteLogManager uploads sealed segments and
 records the highest offset the remote store holds here (`update_remote_log_state`). Local
 retention (local.retention.ms/bytes) then deletes only segments wholly at or below it, moving

@@ -1,4 +1,4 @@
-"""The wire protocol (DESIGN.md section 4): framing (`framing`), typed access to control fields
+"""The wire protocol (docs/architecture.md, Wire protocol): framing (`framing`), typed access to control fields
 (`fields`) and one typed message per API request and response (`messages`). Pure: no sockets,
 no asyncio. Everything callers need is importable from here."""
 from broker.protocol.fields import entries, entry_field, field

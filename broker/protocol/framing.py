@@ -1,4 +1,4 @@
-"""Wire framing and API keys (DESIGN.md section 4).
+"""Wire framing and API keys (docs/architecture.md, Wire protocol).
 
 Every frame is length-prefixed, big enough to be pipelined and matched by correlation id:
 

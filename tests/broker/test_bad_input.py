@@ -1,4 +1,4 @@
-"""Bad input over real TCP against a real broker process (DESIGN.md section 4: "bad input gets a
+"""Bad input over real TCP against a real broker process (docs/architecture.md, Wire protocol: "bad input gets a
 clear error and never crashes the broker or touches stored data").
 
 Every case proves three things: (a) the response carries the named error code, (b) the broker

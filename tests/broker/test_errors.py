@@ -78,7 +78,7 @@ def test_code_zero_is_named_none():
     ids=lambda v: str(v),
 )
 def test_design_error_codes_keep_their_kafka_numbers(code, name):
-    """The codes DESIGN.md section 4 names keep Kafka's numbers, so Kafka readers recognise them."""
+    """The codes docs/architecture.md (Wire protocol) names keep Kafka's numbers, so Kafka readers recognise them."""
     assert error_name(code) == name
 
 

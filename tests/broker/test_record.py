@@ -83,7 +83,7 @@ def test_crc_is_crc32c_castagnoli():
 
 
 def test_header_fields_sit_at_documented_offsets():
-    """A three-record batch has every DESIGN.md section 2 field at its little-endian offset."""
+    """A three-record batch has every field of docs/architecture.md's Record batch table at its little-endian offset."""
     buf = bytes(_tiny_batch())
     assert HEADER_SIZE == 61
     assert struct.unpack_from("<q", buf, 0)[0] == 42
