@@ -39,7 +39,7 @@ def pymq_bytes(records: int, key_bytes: int, compression: str) -> int:
     import numpy as np
     import pyarrow as pa
 
-    from broker import record
+    from segment_format import record
 
     values = harness.value_table(harness.payload_buffer(VALUE_BYTES, records), VALUE_BYTES, records).column("value")
     keys = None

@@ -501,7 +501,7 @@ def warm_up_arrow() -> None:
     """First UTC timestamp cast loads Arrow's tz database (~200 ms): pay it before the clock."""
     import pyarrow as pa
 
-    from broker import record
+    from segment_format import record
 
     pa.array([0], pa.int64()).cast(record.TIMESTAMP_TYPE)
 

@@ -55,7 +55,7 @@ def append_updates(partition_log: Any, records: int, keys: int, batch_records: i
     import numpy as np
     import pyarrow as pa
 
-    from broker import record
+    from segment_format import record
 
     rng = np.random.default_rng(seed)
     key_bytes = np.frombuffer(b"".join(b"key-%012d" % i for i in range(keys)), dtype=np.uint8)

@@ -192,7 +192,7 @@ def scrape(port: int, prefix: str = "pymq_remote_read") -> dict[str, float]:
 
 
 def upload_run(backend: str, total_bytes: int, segment_bytes: int, partitions: int) -> dict[str, Any]:
-    from broker.log import SegmentFiles
+    from segment_format.layout import SegmentFiles
     from tiered_storage import RemoteSegmentStore
     from tiered_storage.remote_store import _local_metadata
 

@@ -17,10 +17,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from broker.errors import InvalidConfigError, InvalidTopicError
+from broker.errors import InvalidConfigError
+from segment_format.limits import INT32_MAX, INT64_MAX
 
-INT32_MAX = 2**31 - 1
-INT64_MAX = 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -276,7 +275,7 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("group.initial.rebalance.delay.ms", int, 3000,
                   "how long a new group waits for more members before its first rebalance", 0, INT32_MAX),
         ConfigDef("group.max.size", int, INT32_MAX, "members a consumer group may have", 1, INT32_MAX),
-        # Tiered storage (broker/log/remote_log_manager.py, tiered_storage/).
+        # Tiered storage (broker/remote_log/remote_log_manager.py, tiered_storage/).
         ConfigDef("remote.log.storage.system.enable", bool, False,
                   "run the remote log manager: topics with remote.storage.enable tier their sealed segments"),
         ConfigDef("remote.storage.url", str, "",
@@ -390,17 +389,3 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[name] = value
     return out
-
-
-TOPIC_NAME_MAX = 249
-_LEGAL = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
-
-
-def validate_topic_name(name: Any) -> str:
-    """Kafka's rules: 1..249 chars of [a-zA-Z0-9._-], not '.' or '..'. Raises InvalidTopicError."""
-    if not isinstance(name, str) or not name or len(name) > TOPIC_NAME_MAX:
-        raise InvalidTopicError(f"topic name must be 1..{TOPIC_NAME_MAX} characters")
-    if name in (".", "..") or not set(name) <= _LEGAL:
-        raise InvalidTopicError(f"illegal topic name {name!r}: use letters, digits, '.', '_' and '-'")
-    return name
-

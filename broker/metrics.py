@@ -22,7 +22,7 @@ log manager holds (none until it has read it; `pymq tier status` shows the same)
 
 and per broker the manager's counters pymq_tiering_uploaded_segments_total,
 pymq_tiering_expired_segments_total (remote retention) and pymq_tiering_failures_total, and the
-remote reader's (broker/log/remote_log_reader.py): pymq_remote_read_cache_bytes (chunks and
+remote reader's (broker/remote_log/remote_log_reader.py): pymq_remote_read_cache_bytes (chunks and
 indexes held), pymq_remote_read_cache_hits_total / _misses_total / _evictions_total, and
 pymq_remote_reads_total / pymq_remote_read_errors_total (reads a worker ran because the cache
 lacked bytes, and those that failed).

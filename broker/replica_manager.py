@@ -38,10 +38,10 @@ from broker.errors import (
 from broker.log import AppendInfo, LogManager, TopicLogSpec, UnifiedLog
 from broker.log_writer import LogWriter
 from broker.purgatory import DelayedOperation, DelayedOperationPurgatory, ProducePurgatory
-from broker.record import now_ms
+from segment_format.record import now_ms
 
 if TYPE_CHECKING:
-    from broker.log.remote_log_manager import RemoteLogManager
+    from broker.remote_log.remote_log_manager import RemoteLogManager
 
 log = logging.getLogger("pymq.replica_manager")
 

@@ -282,7 +282,7 @@ class Broker:
         self.writer = LogWriter(config["log.writer.offload.bytes"], config["queued.max.request.bytes"])
         self.replicas = ReplicaManager(config["broker.id"], self.logs, self.writer, self.purgatory)
         if config["remote.log.storage.system.enable"]:
-            from broker.log.remote_log_manager import RemoteLogManager  # fsspec: only when tiering
+            from broker.remote_log.remote_log_manager import RemoteLogManager  # fsspec: only when tiering
             self.replicas.remote_logs = RemoteLogManager.from_config(config, self.replicas.leader_logs)
         self.handlers = RequestHandlers(config, self.registry, self.replicas, self.advertised)
         self.connections: set[Connection] = set()

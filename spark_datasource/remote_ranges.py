@@ -44,16 +44,17 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from broker.client.consumer import decode_fetched
-from broker.log.segment_reader import FRAME_ONLY
+from segment_format.segment_reader import FRAME_ONLY
 from spark_datasource.offsets import OffsetReader
 from spark_datasource.options import EARLIEST, LATEST, InvalidOptionError
 from spark_datasource.ranges import OffsetRange, RangePartition, split_each
 from spark_datasource.schema import arrow_schema, to_rows
 
 if TYPE_CHECKING:
-    from broker.log.segment_reader import SegmentReader
+    from segment_format.segment_reader import SegmentReader
     from spark_datasource.options import SourceOptions
-    from tiered_storage import PartitionManifest, RemoteSegment, RemoteSegmentStore
+    from tiered_storage import RemoteSegmentStore
+    from segment_format.manifest import PartitionManifest, RemoteSegment
 
 log = logging.getLogger(__name__)
 
@@ -306,7 +307,7 @@ def _read_segment(reader: "SegmentReader", topic: str, partition: int, low: int,
     (no index lookup after the first), decoded and validated (CRC included) `DECODE_BYTES` at a
     time by the consumer's decoder (`decode_fetched`: compacted batches keep their offsets, so
     gaps need nothing more) and turned into rows by `schema.to_rows`, as a broker fetch is."""
-    from broker.log.index_file import CorruptIndexError
+    from segment_format.index_file import CorruptIndexError
 
     try:
         found = reader.find_position(low)

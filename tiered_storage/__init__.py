@@ -10,8 +10,8 @@ Layout under the store's root URL (e.g. `s3://bucket/pymq`, or `file:///data/pym
     {root}/{topic}/{partition}/
         manifests/manifest-{version:020d}.json          one object per manifest version, never overwritten
         {base_offset:020d}-{upload_id}.log              the segment's record batches (docs/architecture.md, Record batch)
-        {base_offset:020d}-{upload_id}.index            its offset index (broker/log/offset_index.py)
-        {base_offset:020d}-{upload_id}.timeindex        its time index (broker/log/time_index.py)
+        {base_offset:020d}-{upload_id}.index            its offset index (segment_format/offset_index.py)
+        {base_offset:020d}-{upload_id}.timeindex        its time index (segment_format/time_index.py)
 
 Object names carry the id of the upload attempt: `upload_id` is 16 random
 hex digits per attempt, so a crashed or failed attempt never overwrites or shadows a good one.
@@ -65,24 +65,18 @@ store, its subclasses for the named cases (tiered_storage.errors), and the broke
 CorruptMessageError (CORRUPT_MESSAGE) for bytes that fail their checks.
 """
 from tiered_storage.errors import (
-    CorruptManifestError,
     ManifestConflictError,
     RemoteObjectNotFoundError,
     RemoteStorageError,
     RemoteTopicIdMismatchError,
     UploadVerificationError,
 )
-from tiered_storage.manifest import PartitionManifest, RemoteObject, RemoteSegment
 from tiered_storage.remote_store import DEFAULT_ORPHAN_GRACE_MS, RemoteSegmentStore
 
 __all__ = [
     "DEFAULT_ORPHAN_GRACE_MS",
-    "CorruptManifestError",
     "ManifestConflictError",
-    "PartitionManifest",
-    "RemoteObject",
     "RemoteObjectNotFoundError",
-    "RemoteSegment",
     "RemoteSegmentStore",
     "RemoteStorageError",
     "RemoteTopicIdMismatchError",

@@ -30,13 +30,6 @@ class UploadVerificationError(RemoteStorageError):
     objects were deleted (or are left unreferenced for `clean_orphans`); uploading again is safe."""
 
 
-class CorruptManifestError(RemoteStorageError):
-    """A manifest's bytes are not a valid manifest (not JSON, wrong schema, inconsistent values),
-    or no valid version of a partition's manifest exists although versions are present."""
-
-    retriable = False
-
-
 class ManifestConflictError(RemoteStorageError):
     """A manifest commit lost its compare-and-set: a version newer than the one the writer read
     exists (another broker leads the partition now, or this one's view is stale). Reload the

@@ -39,24 +39,24 @@ import fsspec
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
-from broker import record
-from broker.config import validate_topic_name
+from segment_format import record
+from segment_format.layout import validate_topic_name
 from broker.errors import CorruptMessageError, KafkaStorageError, PymqError
-from broker.log.index_file import CorruptIndexError
-from broker.log.offset_index import OffsetIndex
-from broker.log.segment import SegmentFiles
-from broker.log.segment_metadata import SegmentMetadata
-from broker.log.segment_reader import FRAME_ONLY, PRead, SegmentReader
-from broker.log.time_index import TimeIndex
+from segment_format.index_file import CorruptIndexError
+from segment_format.offset_index import OffsetIndex
+from segment_format.layout import SegmentFiles
+from segment_format.segment_metadata import SegmentMetadata
+from segment_format.segment_reader import FRAME_ONLY, PRead, SegmentReader
+from segment_format.time_index import TimeIndex
 from tiered_storage.errors import (
-    CorruptManifestError,
     ManifestConflictError,
     RemoteObjectNotFoundError,
     RemoteStorageError,
     RemoteTopicIdMismatchError,
     UploadVerificationError,
 )
-from tiered_storage.manifest import (
+from segment_format.manifest import (
+    CorruptManifestError,
     MANIFEST_OBJECT_NAME,
     MANIFESTS_FOLDER,
     SEGMENT_OBJECT_NAME,

@@ -7,7 +7,8 @@ import click
 from rich.table import Table
 
 from broker.cli.common import KEY_VALUE, console
-from broker.config import BROKER_CONFIGS, INT32_MAX, INT64_MAX, BrokerConfig, ConfigDef
+from broker.config import BROKER_CONFIGS, BrokerConfig, ConfigDef
+from segment_format.limits import INT32_MAX, INT64_MAX
 
 DEFAULT_CONFIG = Path("conf/broker.toml")
 

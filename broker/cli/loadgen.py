@@ -14,7 +14,7 @@ from typing import Any, Awaitable
 import numpy as np
 import pyarrow as pa
 
-from broker import record
+from segment_format import record
 from broker.client.loop_thread import LoopThread
 from broker.errors import PymqError
 

@@ -40,7 +40,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from broker import body_template, record
+from segment_format import body_template, record
 from broker.client.cluster import Cluster
 from broker.client.config import BootstrapServers, client_settings
 from broker.client.loop_thread import LoopThread

@@ -16,7 +16,8 @@ from typing import Any, Iterable
 
 from broker.cluster.metadata_store import Compare, Delete, Get, MetadataStore, Put, TxnResult
 from broker.coordinator.group_records import OFFSETS_TOPIC
-from broker.config import TOPIC_CONFIGS, LogConfig, parse_topic_configs, validate_topic_name
+from broker.config import TOPIC_CONFIGS, LogConfig, parse_topic_configs
+from segment_format.layout import validate_topic_name
 from broker.errors import (
     InvalidConfigError,
     InvalidPartitionsError,

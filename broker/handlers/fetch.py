@@ -9,7 +9,7 @@ data yet) closes them. The broker bounds the request: waits to MAX_WAIT_MS_LIMIT
 `fetch.max.bytes`; the first partition with data may exceed the budget by one batch (KIP-74).
 
 Offsets below a tiered log's local start are read from the remote tier
-(broker/log/remote_log_reader.py): from its cache at once when it holds the bytes; otherwise a
+(broker/remote_log/remote_log_reader.py): from its cache at once when it holds the bytes; otherwise a
 worker loads them and the fetch waits as a DelayedFetch (even with min_bytes 0: an empty answer
 would only bring the same fetch back), woken on the partition when the answer is ready. Their
 bytes go out as a buffer, not a file range.
@@ -22,7 +22,7 @@ from broker.config import BrokerConfig
 from broker.errors import PymqError
 from broker.log import FetchSlice, UnifiedLog
 from broker.log.unified_log import OffsetMovedToTieredStorageError
-from broker.log.remote_log_reader import RemoteReadPending
+from broker.remote_log.remote_log_reader import RemoteReadPending
 from broker.protocol import (
     FetchPartition,
     FetchPartitionResponse,

@@ -19,7 +19,7 @@ import logging
 from collections.abc import Awaitable, Iterator
 from typing import Any
 
-from broker import record
+from segment_format import record
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
 from broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
@@ -58,7 +58,7 @@ from broker.protocol.messages.group import (
     OffsetFetchResponse,
     SyncGroupRequest,
 )
-from broker.record import now_ms
+from segment_format.record import now_ms
 from broker.replica_manager import ReplicaManager
 
 log = logging.getLogger("pymq.group_handler")

@@ -22,7 +22,7 @@ from broker.protocol.messages.tiering import (
 from broker.replica_manager import ReplicaManager
 
 if TYPE_CHECKING:
-    from broker.log.remote_log_manager import RemoteLogManager
+    from broker.remote_log.remote_log_manager import RemoteLogManager
 
 
 def describe_partition(partition_log: UnifiedLog, remote_logs: RemoteLogManager | None) -> TieringPartition:

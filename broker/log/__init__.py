@@ -7,10 +7,11 @@
     UnifiedLog     high watermark, log start offset, leader epochs, flush, retention (unified_log.py)
     LogManager     every log of a log directory, its checkpoints and failures (log_manager.py)
     LogCleaner     compaction of cleanup.policy=compact logs on a background thread (log_cleaner.py,
-                   over the pure core in compaction.py)
-    RemoteLogManager  tiering: uploads sealed segments to the remote store, commits the manifest,
-                   expires remote segments (remote_log_manager.py; imported where used: it pulls in
-                   fsspec, and only brokers with remote.log.storage.system.enable need it)
+                   over the pure core in segment_format.compaction)
+
+The format of what it writes (batches, segment files, indexes) is the `segment_format` package,
+shared with tiered storage and Spark; tiering itself is `broker.remote_log`, above this package
+(this package never imports the remote store).
 
 Does file I/O and nothing else: no networking, no asyncio. Methods that fsync, rename or recover
 are meant for worker threads; appends and reads are cheap enough for the event loop.
@@ -18,10 +19,8 @@ are meant for worker threads; appends and reads are cheap enough for the event l
 from broker.log.file_cache import FileCache
 from broker.log.log_cleaner import LogCleaner
 from broker.log.log_manager import LogManager, TopicLogSpec
-from broker.log.offset_index import OffsetIndex
-from broker.log.segment import FetchSlice, Segment, SegmentFiles
-from broker.log.time_index import TimeIndex
+from broker.log.segment import FetchSlice, Segment
 from broker.log.unified_log import AppendInfo, LogDirFailure, UnifiedLog
 
-__all__ = ["AppendInfo", "FetchSlice", "FileCache", "LogCleaner", "LogDirFailure", "LogManager", "OffsetIndex", "Segment", "SegmentFiles",
-           "TimeIndex", "TopicLogSpec", "UnifiedLog"]
+__all__ = ["AppendInfo", "FetchSlice", "FileCache", "LogCleaner", "LogDirFailure", "LogManager", "Segment", "TopicLogSpec",
+           "UnifiedLog"]

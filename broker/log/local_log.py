@@ -17,12 +17,14 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-from broker.config import INT32_MAX, LogConfig
+from broker.config import LogConfig
+from segment_format.limits import INT32_MAX
 from broker.errors import KafkaStorageError, OffsetOutOfRangeError
 from broker.log.checkpoint import fsync_and_close, fsync_directory
 from broker.log.file_cache import FileCache
 from broker.log.log_segments import LogSegments
-from broker.log.segment import SWAP_SUFFIX, BatchInfo, FetchSlice, Segment
+from broker.log.segment import BatchInfo, FetchSlice, Segment
+from segment_format.layout import SWAP_SUFFIX
 
 log = logging.getLogger(__name__)
 

@@ -39,13 +39,15 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 
-from broker import record
-from broker.config import INT32_MAX, INT64_MAX, BrokerConfig, LogConfig
+from segment_format import record
+from broker.config import BrokerConfig, LogConfig
+from segment_format.limits import INT32_MAX, INT64_MAX
 from broker.errors import CorruptMessageError, KafkaStorageError
-from broker.log.compaction import BatchBytes, CompactionStats, OffsetMap, build_offset_map, compact_batches
+from segment_format.compaction import BatchBytes, CompactionStats, OffsetMap, build_offset_map, compact_batches
 from broker.log.log_manager import LogManager
-from broker.log.segment import CLEANED_SUFFIX, BatchInfo, Segment
-from broker.log.segment_reader import FRAME_ONLY, StoredBatch
+from broker.log.segment import BatchInfo, Segment
+from segment_format.layout import CLEANED_SUFFIX
+from segment_format.segment_reader import FRAME_ONLY, StoredBatch
 from broker.log.unified_log import UnifiedLog
 
 log = logging.getLogger(__name__)

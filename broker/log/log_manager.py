@@ -34,8 +34,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker import record
-from broker.config import LogConfig, validate_topic_name
+from segment_format import record
+from broker.config import LogConfig
+from segment_format.layout import validate_topic_name
 from broker.errors import InconsistentTopicIdError, InvalidTopicError, KafkaStorageError
 from broker.log.checkpoint import read_offsets, sync_filesystem, write_offsets
 from broker.log.file_cache import FileCache

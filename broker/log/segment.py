@@ -25,82 +25,28 @@ import io
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
 
-from broker import record
-from broker.config import INT32_MAX
+from segment_format import record
+from segment_format.limits import INT32_MAX
 from broker.errors import CorruptMessageError, KafkaStorageError, MessageTooLargeError
 from broker.log.checkpoint import fsync_and_close
 from broker.log.file_cache import FileCache
-from broker.log.index_file import CorruptIndexError
-from broker.log.offset_index import OffsetIndex
-from broker.log.segment_reader import FRAME_ONLY, SegmentReader
-from broker.log.time_index import NO_TIMESTAMP, TimeIndex
+from segment_format.layout import DELETED_SUFFIX, SegmentFiles
+from segment_format.index_file import CorruptIndexError
+from segment_format.offset_index import OffsetIndex
+from segment_format.segment_reader import FRAME_ONLY, SegmentReader
+from segment_format.time_index import NO_TIMESTAMP, TimeIndex
 
 log = logging.getLogger(__name__)
 
-LOG_SUFFIX = ".log"
-INDEX_SUFFIX = ".index"
-TIME_INDEX_SUFFIX = ".timeindex"
-DELETED_SUFFIX = ".deleted"
-CLEANED_SUFFIX = ".cleaned"
-SWAP_SUFFIX = ".swap"
 _READ_CHUNK = 4 << 20  # recovery reads this much at a time, so small batches cost no syscall each
 _RECENT_BATCHES = 16  # batch boundaries the active segment remembers for tailing fetches (Segment._recent):
 # ~2.5 KB per partition, 25 MB for 10,000 partitions taking appends
 _LOOKUP_READ = 8 << 10  # a lookup from an index entry scans about index.interval.bytes (4 KiB) of headers
-
-
-def segment_file(directory: Path, base_offset: int, suffix: str) -> Path:
-    """Path of one of a segment's files; 20-digit names make `ls` sort by offset."""
-    return directory / f"{base_offset:020d}{suffix}"
-
-
-@dataclass(frozen=True, slots=True)
-class SegmentFiles:
-    """The files that make up one segment, as data: what retention renames, what deletion unlinks,
-    what tiering uploads. A kind added later (a producer `.snapshot`, a `.txnindex`) is one more
-    entry in `KINDS`, and every operation over the set picks it up.
-
-    `state` is "" for a live segment, `.deleted` once removed from its log, `.cleaned` while the
-    log cleaner writes it and `.swap` while it replaces the segments it was cleaned from."""
-
-    directory: Path
-    base_offset: int
-    state: str = ""
-
-    # Built once per kind: every append and fetch names the `.log` (a file cache key), and a
-    # fresh Path costs its parsing and hashing each time.
-    _paths: dict[str, Path] = field(default_factory=dict, init=False, repr=False, compare=False)
-
-    KINDS: tuple[str, ...] = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
-
-    def path(self, kind: str) -> Path:
-        found = self._paths.get(kind)
-        if found is None:
-            found = self._paths[kind] = self.directory / f"{self.base_offset:020d}{kind}{self.state}"
-        return found
-
-    @property
-    def log(self) -> Path:
-        return self.path(LOG_SUFFIX)
-
-    @property
-    def index(self) -> Path:
-        return self.path(INDEX_SUFFIX)
-
-    @property
-    def time_index(self) -> Path:
-        return self.path(TIME_INDEX_SUFFIX)
-
-    def paths(self) -> list[Path]:
-        return [self.path(kind) for kind in self.KINDS]
-
-    def in_state(self, state: str) -> SegmentFiles:
-        return SegmentFiles(self.directory, self.base_offset, state)
 
 
 class BatchInfo(NamedTuple):

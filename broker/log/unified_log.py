@@ -57,7 +57,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from broker import record
+from segment_format import record
 from broker.config import LogConfig
 from broker.errors import (
     CorruptMessageError,
@@ -457,7 +457,7 @@ class UnifiedLog:
         high watermark; a follower reads to the LEO). KIP-74: the whole first batch even past
         `max_bytes`; the end may cut a batch. Empty at or past `max_offset`.
         OffsetOutOfRangeError outside [log_start_offset, LEO]; OffsetMovedToTieredStorageError
-        below the local log start (the remote tier holds it: broker/log/remote_log_reader.py)."""
+        below the local log start (the remote tier holds it: broker/remote_log/remote_log_reader.py)."""
         with self._lock:
             self._check_usable()
             if self.log_start_offset <= offset < self.local_log_start_offset:

@@ -6,5 +6,5 @@ import logging
 
 from broker.cli import main
 
-logging.getLogger("broker.log.remote_log_manager").setLevel(logging.DEBUG)
+logging.getLogger("broker.remote_log.remote_log_manager").setLevel(logging.DEBUG)
 main()

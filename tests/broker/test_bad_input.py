@@ -29,7 +29,7 @@ import msgpack
 import pyarrow as pa
 import pytest
 
-from broker import record
+from segment_format import record
 from broker.errors import (
     NONE,
     CorruptMessageError,

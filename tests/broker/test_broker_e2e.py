@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from broker import record
+from segment_format import record
 from broker.client import EARLIEST, LATEST, Admin, Consumer, Producer
 from broker.errors import OffsetOutOfRangeError
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from broker import record
+from segment_format import record
 from broker.errors import NONE, KafkaStorageError, RequestTimedOutError
 from broker.process import BrokerProcess
 from broker.protocol import ApiKey

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from broker import record
+from segment_format import record
 from broker.client import Admin
 from broker.coordinator.group_records import OFFSETS_TOPIC, partition_for
 from broker.errors import NONE, InvalidTopicError, MemberIdRequiredError, error_for_code

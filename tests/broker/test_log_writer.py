@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker import record
+from segment_format import record
 from broker.errors import NONE, CorruptMessageError
 from broker.protocol import ApiKey
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import record
+from segment_format import record
 from broker.cluster.metadata_store import LocalMetadataStore
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig

@@ -1,4 +1,4 @@
-"""Tiered storage in a real broker process (broker/log/remote_log_manager.py) with a file:// store
+"""Tiered storage in a real broker process (broker/remote_log/remote_log_manager.py) with a file:// store
 under tmp: sealed segments end up in the manifest and leave the local disk, none before it was
 uploaded; SIGKILL during uploads leaves a consistent manifest and no record lost or doubled.
 
@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from broker import record
+from segment_format import record
 from broker.client import Admin, Consumer, Producer
 from broker.errors import OffsetOutOfRangeError
-from tiered_storage import PartitionManifest, RemoteSegmentStore
+from tiered_storage import RemoteSegmentStore
+from segment_format.manifest import PartitionManifest
 
 TOPIC = "tiered"
 VALUE_BYTES = 100

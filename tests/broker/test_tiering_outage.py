@@ -41,7 +41,8 @@ from tests.broker.test_tiering_e2e import (
     wait_until,
 )
 from tests.tiered_storage.backends import REGION, MotoServer, free_port, make_bucket, s3_options
-from tiered_storage import PartitionManifest, RemoteSegmentStore
+from tiered_storage import RemoteSegmentStore
+from segment_format.manifest import PartitionManifest
 
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = "pymq-tier"

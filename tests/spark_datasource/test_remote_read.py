@@ -21,14 +21,15 @@ from pyspark.sql import functions as F
 from pyspark.sql.datasource import GreaterThanOrEqual, LessThan
 
 from broker.client import Admin, Producer
-from broker.log import SegmentFiles
+from segment_format.layout import SegmentFiles
 from broker.process import BrokerProcess
 from spark_datasource.batch_reader import PymqBatchReader
 from spark_datasource.options import InvalidOptionError, SourceOptions
 from spark_datasource.ranges import RangePartition
 from spark_datasource.remote_ranges import RemoteRangePartition
 from spark_datasource.schema import arrow_schema
-from tiered_storage import PartitionManifest, RemoteSegmentStore
+from tiered_storage import RemoteSegmentStore
+from segment_format.manifest import PartitionManifest
 
 TOPIC = "tiered"
 PARTITIONS = 2

@@ -11,7 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
-from broker import record
+from segment_format import record
 from broker.config import LogConfig
 from broker.log import LogManager, TopicLogSpec
 from broker.process import die_with_parent

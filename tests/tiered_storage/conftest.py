@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.log import SegmentFiles
+from segment_format.layout import SegmentFiles
 from tests.tiered_storage.backends import MotoServer, make_bucket, s3_options, write_partition
 from tiered_storage import RemoteSegmentStore
 

@@ -9,24 +9,23 @@ import crc32c
 import pyarrow as pa
 import pytest
 
-from broker import record
+from segment_format import record
 from broker.errors import CorruptMessageError
-from broker.log import SegmentFiles
-from broker.log.index_file import CorruptIndexError
-from broker.log.segment_metadata import SegmentMetadata
-from broker.log.segment_reader import SegmentReader
+from segment_format.layout import SegmentFiles
+from segment_format.index_file import CorruptIndexError
+from segment_format.segment_metadata import SegmentMetadata
+from segment_format.segment_reader import SegmentReader
 from tests.tiered_storage.backends import TOPIC, TOPIC_ID, MotoServer, free_port, make_bucket, s3_options
 from tiered_storage import (
-    CorruptManifestError,
     ManifestConflictError,
-    PartitionManifest,
     RemoteObjectNotFoundError,
     RemoteSegmentStore,
     RemoteStorageError,
     RemoteTopicIdMismatchError,
     UploadVerificationError,
 )
-from tiered_storage.manifest import manifest_object_name
+from segment_format.manifest import CorruptManifestError, PartitionManifest
+from segment_format.manifest import manifest_object_name
 
 
 class Crash(BaseException):

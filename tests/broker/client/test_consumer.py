@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from broker import record
+from segment_format import record
 from broker.client import RECORD_SCHEMA, Admin, Consumer, ConsumerRecord, Producer
 from broker.client.consumer import corrupt_batch_offset
 from broker.errors import (

@@ -6,7 +6,7 @@ from collections import deque
 
 import pytest
 
-from broker import record
+from segment_format import record
 from broker.client.range_reader import RangeStats, read_range
 from broker.errors import CorruptRecordError, DataLossError
 from broker.protocol import FetchPartitionResponse, FetchResponse, FetchTopicResponse

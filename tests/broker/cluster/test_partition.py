@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import record
+from segment_format import record
 from broker.cluster.partition import NO_EPOCH, LeaderAndIsr, Partition
 from broker.config import LogConfig
 from broker.errors import FencedLeaderEpochError, NotLeaderError, UnknownLeaderEpochError

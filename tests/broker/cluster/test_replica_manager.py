@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import record
+from segment_format import record
 from broker.cluster.partition import LeaderAndIsr
 from broker.config import LogConfig
 from broker.errors import UnknownTopicOrPartitionError

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from broker import record
+from segment_format import record
 from broker.errors import KafkaStorageError
 from broker.log import FileCache, UnifiedLog
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from broker import record
+from segment_format import record
 from broker.errors import CorruptMessageError
 
 R = 3  # records per test batch; three batches fill a 4 KiB segment

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from broker import record
-from broker.config import INT32_MAX, LogConfig
+from segment_format import record
+from broker.config import LogConfig
+from segment_format.limits import INT32_MAX
 from broker.log import LogCleaner, LogManager, TopicLogSpec, UnifiedLog
 from broker.log import log_cleaner
 from broker.log.checkpoint import read_offsets

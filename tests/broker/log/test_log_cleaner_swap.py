@@ -9,11 +9,12 @@ import os
 
 import pytest
 
-from broker import record
+from segment_format import record
 from broker.errors import KafkaStorageError
 from broker.log import LogCleaner, Segment, UnifiedLog
-from broker.log.compaction import build_offset_map, compact_batches
-from broker.log.segment import CLEANED_SUFFIX, BatchInfo
+from segment_format.compaction import build_offset_map, compact_batches
+from broker.log.segment import BatchInfo
+from segment_format.layout import CLEANED_SUFFIX
 from tests.broker.log.test_log_cleaner import DAY_MS, NOW_MS, Entry, latest, produce, read_all
 
 VALUE = b"x" * 200  # three records a batch, two batches a 4 KiB segment

@@ -12,7 +12,7 @@ import struct
 
 import pytest
 
-from broker import record
+from segment_format import record
 from broker.errors import CorruptMessageError
 from broker.log import Segment
 

@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from broker import record
+from segment_format import record
 from broker.config import LogConfig
 from broker.errors import KafkaStorageError, OffsetOutOfRangeError
 from broker.log import LogManager, Segment, TopicLogSpec, UnifiedLog

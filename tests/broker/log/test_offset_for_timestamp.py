@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker import record
+from segment_format import record
 from tests.broker.log.appends import append
 
 

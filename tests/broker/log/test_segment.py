@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker import record
+from segment_format import record
 from broker.errors import CorruptMessageError, KafkaStorageError
-from broker.log.index_file import CorruptIndexError
+from segment_format.index_file import CorruptIndexError
 from broker.log.file_cache import FileCache
 from broker.log.segment import BatchInfo, Segment
-from broker.log.time_index import NO_TIMESTAMP
+from segment_format.time_index import NO_TIMESTAMP
 
 
 def build_batch(records: int, timestamp_ms: int | list[int] = 1_000) -> bytearray:

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from broker import record
+from segment_format import record
 from broker.config import LogConfig
 from broker.errors import CorruptMessageError, MessageTooLargeError, OffsetOutOfRangeError
 from broker.log import Segment, UnifiedLog

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from broker.log.segment_metadata import SegmentMetadata
-from tiered_storage import CorruptManifestError, PartitionManifest, RemoteSegment
+from segment_format.segment_metadata import SegmentMetadata
+from segment_format.manifest import CorruptManifestError, PartitionManifest, RemoteSegment
 
 UPLOAD_ID = "0123456789abcdef"
 

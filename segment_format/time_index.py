@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from broker.config import INT32_MAX
-from broker.log.index_file import CorruptIndexError, IndexFile
+from segment_format.limits import INT32_MAX
+from segment_format.index_file import CorruptIndexError, IndexFile
 
 _ENTRY_DTYPE = np.dtype([("timestamp", "<i8"), ("relative_offset", "<i4")])
 NO_TIMESTAMP = -1

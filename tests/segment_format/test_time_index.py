@@ -5,8 +5,8 @@ import struct
 
 import pytest
 
-from broker.log.index_file import HEADER_SIZE, CorruptIndexError
-from broker.log.time_index import NO_TIMESTAMP, TimeIndex
+from segment_format.index_file import HEADER_SIZE, CorruptIndexError
+from segment_format.time_index import NO_TIMESTAMP, TimeIndex
 
 BASE = 50
 # The header pinned byte by byte: magic "PMQT", version 1 (uint16), entry size 12 (uint16), base offset 50 (int64).

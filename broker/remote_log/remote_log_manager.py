@@ -26,7 +26,7 @@ here. Deleting a topic deletes its remote folder (`delete_topic`).
 Compacted topics tier too (Kafka refuses them): the cleaner leaves alone the segments uploaded or
 being uploaded (UnifiedLog.pin_for_upload), so the remote tier holds them as they were sealed;
 remote retention then applies only if cleanup.policy has delete. Reads below the local log start
-go through `reader` (broker/log/remote_log_reader.py).
+go through `reader` (broker/remote_log/remote_log_reader.py).
 """
 from __future__ import annotations
 
@@ -37,13 +37,15 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from broker import record
-from broker.config import INT64_MAX, BrokerConfig
+from segment_format import record
+from broker.config import BrokerConfig
+from segment_format.limits import INT64_MAX
 from broker.errors import KafkaStorageError, PymqError
-from broker.log.remote_log_reader import RemoteLogReader
+from broker.remote_log.remote_log_reader import RemoteLogReader
 from broker.log.segment import Segment
 from broker.log.unified_log import UnifiedLog
-from tiered_storage import DEFAULT_ORPHAN_GRACE_MS, ManifestConflictError, PartitionManifest, RemoteSegmentStore
+from tiered_storage import DEFAULT_ORPHAN_GRACE_MS, ManifestConflictError, RemoteSegmentStore
+from segment_format.manifest import PartitionManifest
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.log.index_file import HEADER_SIZE, CorruptIndexError, IndexFile
-from broker.log.offset_index import OffsetIndex
-from broker.log.time_index import TimeIndex
+from segment_format.index_file import HEADER_SIZE, CorruptIndexError, IndexFile
+from segment_format.offset_index import OffsetIndex
+from segment_format.time_index import TimeIndex
 
 BASE = 100
 

@@ -7,10 +7,10 @@ import pytest
 
 from broker.config import LogConfig
 from broker.log import LogManager, TopicLogSpec
-from broker.log.index_file import HEADER_SIZE, CorruptIndexError
-from broker.log.offset_index import OffsetIndex
-from broker.log.time_index import TimeIndex
-from broker.record import encode_batch, make_body
+from segment_format.index_file import HEADER_SIZE, CorruptIndexError
+from segment_format.offset_index import OffsetIndex
+from segment_format.time_index import TimeIndex
+from segment_format.record import encode_batch, make_body
 
 BASE = 100
 ENTRIES = [(110, 1000), (120, 2000), (130, 3000)]

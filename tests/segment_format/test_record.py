@@ -1,4 +1,4 @@
-"""Record batch codec (broker/record.py): known bytes pin the 61-byte header, hypothesis proves
+"""Record batch codec (segment_format/record.py): known bytes pin the 61-byte header, hypothesis proves
 round trips and that every single-bit corruption covered by the CRC is detected."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from broker.errors import CorruptMessageError, InvalidTimestampError, MessageTooLargeError
-from broker.record import (
+from segment_format.record import (
     BODY_SCHEMA,
     COMPACTED_BODY_SCHEMA,
     COMPRESSIONS,
@@ -559,7 +559,7 @@ def test_a_body_with_the_end_of_stream_marker_is_accepted(compression):
 def test_an_equal_schema_encoded_differently_is_accepted_and_remembered(schema):
     """Another writer's encoding of the same names, types and nullability passes; the second time
     it is a cache hit (a bytes compare), not a decode."""
-    from broker.record import _layout_of_schema_message
+    from segment_format.record import _layout_of_schema_message
 
     ipc = _ipc(pa.RecordBatch.from_arrays(_three().columns, schema=schema))
     assert ipc[: _schema_end(ipc)] != BODY_SCHEMA.serialize().to_pybytes()
@@ -703,7 +703,7 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 def _metadata_fields(ipc: bytes) -> dict[str, tuple[int, str, object]]:
     """Where the checked fields of a valid body sit: name -> (byte position in the body, struct
-    format, strategy of values that break the rule). Found independently of broker.arrow_ipc,
+    format, strategy of values that break the rule). Found independently of segment_format.arrow_ipc,
     with the flatbuffers Table accessors over pyarrow's output and Arrow's Message.fbs slots."""
     from flatbuffers import number_types as fb
     from flatbuffers.table import Table

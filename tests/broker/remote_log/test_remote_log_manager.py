@@ -1,4 +1,4 @@
-"""RemoteLogManager (broker/log/remote_log_manager.py) with UnifiedLog's tiered retention: sealed
+"""RemoteLogManager (broker/remote_log/remote_log_manager.py) with UnifiedLog's tiered retention: sealed
 segments upload in order to a file:// store, the manifest names them, local retention deletes
 only what is uploaded, whole-log retention expires remote segments first, outages lose nothing."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 
 from broker.errors import OffsetOutOfRangeError
 from broker.log import FileCache, UnifiedLog
-from broker.log.remote_log_manager import CopyThrottle, RemoteLogManager
+from broker.remote_log.remote_log_manager import CopyThrottle, RemoteLogManager
 from tests.broker.log.appends import append
 from tests.broker.log.conftest import SMALL, TOPIC_ID, build_batch
 from tiered_storage import RemoteSegmentStore, RemoteStorageError

@@ -9,13 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker import record
+from segment_format import record
 from broker.client.consumer import FetchedBatch
 from broker.config import LogConfig
 from broker.errors import CorruptMessageError
 from broker.log import LogManager, TopicLogSpec
-from broker.log.compaction import CompactionStats, OffsetMap, _codec, build_offset_map, compact_batches
-from broker.log.segment_reader import SegmentReader
+from segment_format.compaction import CompactionStats, OffsetMap, _codec, build_offset_map, compact_batches
+from segment_format.segment_reader import SegmentReader
 
 TOPIC_ID = "0123456789abcdef0123456789abcdef"
 NOW_MS = 1_700_000_000_000

@@ -34,13 +34,14 @@ from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from broker import record
+from segment_format import record
 from broker.errors import PymqError, UnknownServerError
-from broker.log.index_file import CorruptIndexError
-from broker.log.offset_index import OffsetIndex
-from broker.log.segment_reader import SegmentReader
-from broker.log.time_index import TimeIndex
-from tiered_storage import PartitionManifest, RemoteSegment, RemoteSegmentStore
+from segment_format.index_file import CorruptIndexError
+from segment_format.offset_index import OffsetIndex
+from segment_format.segment_reader import SegmentReader
+from segment_format.time_index import TimeIndex
+from tiered_storage import RemoteSegmentStore
+from segment_format.manifest import PartitionManifest, RemoteSegment
 from tiered_storage.remote_store import offset_for_timestamp, validated_range
 
 log = logging.getLogger(__name__)

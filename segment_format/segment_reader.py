@@ -30,12 +30,12 @@ from typing import BinaryIO, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from broker import record
-from broker.config import INT32_MAX, INT64_MAX
+from segment_format import record
+from segment_format.limits import INT32_MAX, INT64_MAX
 from broker.errors import CorruptMessageError, KafkaStorageError
-from broker.log.index_file import CorruptIndexError
-from broker.log.offset_index import OffsetIndex
-from broker.log.time_index import TimeIndex
+from segment_format.index_file import CorruptIndexError
+from segment_format.offset_index import OffsetIndex
+from segment_format.time_index import TimeIndex
 
 PRead = Callable[[int, int], bytes]
 """pread(size, position): up to `size` bytes of the segment from byte `position` (fewer only at EOF)."""

@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker import arrow_ipc, body_template, record
+from segment_format import arrow_ipc, body_template, record
 from broker.client.producer import ProducerBatch
 
 values_st = st.lists(st.binary(max_size=300), min_size=1, max_size=body_template.MAX_RECORDS)

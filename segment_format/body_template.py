@@ -23,7 +23,7 @@ import logging
 import struct
 from array import array
 
-from broker import arrow_ipc, record
+from segment_format import arrow_ipc, record
 
 log = logging.getLogger(__name__)
 

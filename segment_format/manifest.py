@@ -15,7 +15,7 @@ One JSON object per version, `{root}/{topic}/{partition}/manifests/manifest-{ver
                                        where the first segment still holds them
     segments          [segment]        the remote segments, by base offset, not overlapping
 
-    segment: the fields of broker.log.segment_metadata.SegmentMetadata (format_version,
+    segment: the fields of segment_format.segment_metadata.SegmentMetadata (format_version,
     base_offset, next_offset, min_timestamp, max_timestamp, size_bytes, record_count,
     leader_epochs, crc32c), plus
     upload_id         str              16 hex digits, random per upload attempt
@@ -42,10 +42,21 @@ from bisect import bisect_right
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from broker.config import validate_topic_name
-from broker.errors import InvalidTopicError
-from broker.log.segment_metadata import CorruptSegmentMetadataError, SegmentMetadata
-from tiered_storage.errors import CorruptManifestError
+from segment_format.layout import validate_topic_name
+from broker.errors import InvalidTopicError, KafkaStorageError, PymqError
+from segment_format.segment_metadata import CorruptSegmentMetadataError, SegmentMetadata
+
+
+class CorruptManifestError(PymqError):
+    """A manifest's bytes are not a valid manifest (not JSON, wrong schema, inconsistent values),
+    or no valid version of a partition's manifest exists although versions are present.
+
+    KAFKA_STORAGE_ERROR on the wire, not retriable. Like the remote store's errors it does not
+    subclass KafkaStorageError: a bad remote manifest must never take a local log directory offline."""
+
+    code = KafkaStorageError.code
+    retriable = False
+
 
 FORMAT_VERSION = 1
 UINT32_MAX = 2**32 - 1

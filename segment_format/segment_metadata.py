@@ -26,8 +26,8 @@ from typing import Any
 import crc32c
 
 from broker.errors import CorruptMessageError, KafkaStorageError
-from broker.log.segment_reader import SegmentReader
-from broker.log.time_index import NO_TIMESTAMP
+from segment_format.segment_reader import SegmentReader
+from segment_format.time_index import NO_TIMESTAMP
 
 FORMAT_VERSION = 1
 UINT32_MAX = 2**32 - 1

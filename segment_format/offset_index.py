@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from broker.config import INT32_MAX
-from broker.log.index_file import CorruptIndexError, IndexFile
+from segment_format.limits import INT32_MAX
+from segment_format.index_file import CorruptIndexError, IndexFile
 
 _ENTRY_DTYPE = np.dtype([("relative_offset", "<i4"), ("position", "<i4")])
 assert array("i").itemsize == 4

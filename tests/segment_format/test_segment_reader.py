@@ -16,13 +16,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker import record
+from segment_format import record
 from broker.config import LogConfig
 from broker.errors import CorruptMessageError, KafkaStorageError
 from broker.log import LogManager, TopicLogSpec
-from broker.log.index_file import CorruptIndexError
-from broker.log.offset_index import OffsetIndex
-from broker.log.segment_reader import FRAME_ONLY, SegmentReader
+from segment_format.index_file import CorruptIndexError
+from segment_format.offset_index import OffsetIndex
+from segment_format.segment_reader import FRAME_ONLY, SegmentReader
 
 TOPIC_ID = "0123456789abcdef0123456789abcdef"
 BASE_TS = 1_700_000_000_000

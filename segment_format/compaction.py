@@ -55,8 +55,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from broker import arrow_ipc, record
-from broker.log.segment_reader import StoredBatch
+from segment_format import arrow_ipc, record
+from segment_format.segment_reader import StoredBatch
 
 BatchBytes = bytes | bytearray | memoryview
 BatchInput = BatchBytes | StoredBatch

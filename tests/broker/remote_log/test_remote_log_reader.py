@@ -1,4 +1,4 @@
-"""RemoteLogReader (broker/log/remote_log_reader.py) against a real file:// store holding real
+"""RemoteLogReader (broker/remote_log/remote_log_reader.py) against a real file:// store holding real
 segments uploaded by a RemoteLogManager: remote reads answer the bytes the local log answered
 before local retention deleted it, the loop-side `read` never blocks and wakes its retry through
 `on_ready`, errors reach the retry, a bad index only costs a scan, prefetch loads what a
@@ -18,21 +18,16 @@ from pathlib import Path
 
 import pytest
 
-from broker import record
+from segment_format import record
 from broker.errors import CorruptMessageError, OffsetOutOfRangeError
 from broker.log import FileCache, UnifiedLog
-from broker.log.offset_index import OffsetIndex
-from broker.log.remote_log_manager import RemoteLogManager
-from broker.log.remote_log_reader import ChunkCache, RemoteLogReader, RemoteReadPending
+from segment_format.offset_index import OffsetIndex
+from broker.remote_log.remote_log_manager import RemoteLogManager
+from broker.remote_log.remote_log_reader import ChunkCache, RemoteLogReader, RemoteReadPending
 from tests.broker.log.appends import append
 from tests.broker.log.conftest import SMALL, TOPIC_ID, FakeClock
-from tiered_storage import (
-    PartitionManifest,
-    RemoteObjectNotFoundError,
-    RemoteSegment,
-    RemoteSegmentStore,
-    RemoteStorageError,
-)
+from tiered_storage import RemoteObjectNotFoundError, RemoteSegmentStore, RemoteStorageError
+from segment_format.manifest import PartitionManifest, RemoteSegment
 
 TOPIC, PARTITION = "topic", 0
 KIB = 1 << 10

@@ -31,7 +31,7 @@ offset_delta[i] when that column is present (strictly increasing, the last = las
 
 This module is pure: bytes in, values out, no I/O. The broker only calls `validate_batch` and
 `patch_offsets` (it never decodes a body); clients call `encode_batch` and `decode_batch`.
-`validate_batch` reads the body's IPC structure at constant cost through `broker.arrow_ipc`.
+`validate_batch` reads the body's IPC structure at constant cost through `segment_format.arrow_ipc`.
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from broker import arrow_ipc
+from segment_format import arrow_ipc
 from broker.errors import CorruptMessageError, InvalidTimestampError, MessageTooLargeError
 
 HEADER = struct.Struct("<qiibIhiqqqhii")
@@ -509,7 +509,7 @@ def _known_shapes() -> tuple[arrow_ipc.RecordBatchShape, ...]:
     """The metadata shapes of the small bodies pymq's producers write (body_template), whose
     numbers the validator reads from known places. Imported here: body_template builds on this
     module."""
-    from broker import body_template
+    from segment_format import body_template
 
     return body_template.known_shapes()
 

@@ -1,0 +1,10 @@
+"""Tiering of a broker's logs (Kafka's RemoteLogManager and remote reads): the layer between the
+local log (broker.log) and the remote segment store (tiered_storage), so that neither of those
+imports the other.
+
+    RemoteLogManager  uploads sealed segments, commits the manifest, expires remote segments
+                      (remote_log_manager.py; imported where used: it pulls in fsspec, and only
+                      brokers with remote.log.storage.system.enable need it)
+    RemoteLogReader   serves fetches and time lookups below the local log start from the store
+                      through a bounded chunk cache (remote_log_reader.py)
+"""

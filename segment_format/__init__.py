@@ -1,0 +1,20 @@
+"""The pymq segment format: what brokers write, tiered storage keeps and Spark reads or writes.
+
+One package for every byte layout that leaves a process (docs/architecture.md), so the broker,
+tiered storage and Spark executors share it and none of them imports another's internals:
+
+    record          the record batch codec: 61-byte header + Arrow IPC body; validation at O(1)
+                    Python per batch (arrow_ipc reads the IPC metadata, body_template writes
+                    small bodies fast)
+    layout          topic names, segment file names and states (`{base_offset:020d}.log` ...)
+    limits          integer limits of the fixed-width fields
+    index_file      the mechanics of sparse index files; offset_index and time_index their kinds
+    segment_reader  reading a segment's batches from any pread (a local file or an object store)
+    segment_metadata  what a sealed segment's manifest entry says about it, computed from its bytes
+    manifest        a partition's remote manifest: the list of its tiered segments
+    compaction      the pure compaction core: latest value per key, offsets kept with gaps
+
+Pure: bytes in, values out. File and network I/O belong to the callers (broker.log,
+tiered_storage); the only imports from outside are pyarrow, numpy, crc32c, flatbuffers and the
+error taxonomy (broker.errors), so a Spark job can read segments and manifests without the broker.
+"""
