@@ -14,16 +14,33 @@ class PymqError(Exception):
     code: int = -1
     retriable: bool = False
 
+    def __init_subclass__(cls, wire_name: str | None = None, **kwargs: object) -> None:
+        """`class XError(PymqError, wire_name="X")` registers the class as the one for its `code`:
+        what `error_for_code` builds from a response. A subclass without a wire name (a finer
+        kind of a registered error, e.g. one the client raises) shares its base's code."""
+        super().__init_subclass__(**kwargs)
+        if wire_name is None:
+            return
+        taken = _BY_CODE.get(cls.code)
+        if taken is not None:
+            raise TypeError(f"{cls.__name__} and {taken.__name__} both claim wire code {cls.code}")
+        cls._wire_name = wire_name
+        _BY_CODE[cls.code] = cls
+
     @classmethod
     def name(cls) -> str:
-        return _NAMES.get(cls, cls.__name__)
+        """The wire name (e.g. 'UNKNOWN_TOPIC_OR_PARTITION') of a registered class, else the class name."""
+        return cls.__dict__.get("_wire_name", cls.__name__)
 
 
-class UnknownServerError(PymqError):
+_BY_CODE: dict[int, type[PymqError]] = {}  # filled by PymqError.__init_subclass__
+
+
+class UnknownServerError(PymqError, wire_name="UNKNOWN_SERVER_ERROR"):
     code = -1
 
 
-class CorruptMessageError(PymqError):
+class CorruptMessageError(PymqError, wire_name="CORRUPT_MESSAGE"):
     """A record batch failed validation: bad magic, length, CRC or header fields."""
 
     code = 2
@@ -32,7 +49,7 @@ class CorruptMessageError(PymqError):
     retriable = False
 
 
-class CorruptRecordError(CorruptMessageError):
+class CorruptRecordError(CorruptMessageError, wire_name="CORRUPT_RECORD"):
     """A fetched batch failed the consumer's checks (CRC, structure). Raised by `poll` only after
     every intact record before it was delivered, with the consumer's position at the bad batch:
     `seek((topic, partition), offset + 1)` skips it (one record at a time if it held several).
@@ -48,71 +65,71 @@ class CorruptRecordError(CorruptMessageError):
         return type(self), (str(self), self.topic, self.partition, self.offset)
 
 
-class UnknownTopicOrPartitionError(PymqError):
+class UnknownTopicOrPartitionError(PymqError, wire_name="UNKNOWN_TOPIC_OR_PARTITION"):
     code = 3
     retriable = True  # the topic may still be being created
 
 
-class OffsetOutOfRangeError(PymqError):
+class OffsetOutOfRangeError(PymqError, wire_name="OFFSET_OUT_OF_RANGE"):
     code = 1
 
 
-class InvalidFetchSizeError(PymqError):
+class InvalidFetchSizeError(PymqError, wire_name="INVALID_FETCH_SIZE"):
     code = 4
 
 
-class NotLeaderError(PymqError):
+class NotLeaderError(PymqError, wire_name="NOT_LEADER"):
     code = 6
     retriable = True
 
 
-class RequestTimedOutError(PymqError):
+class RequestTimedOutError(PymqError, wire_name="REQUEST_TIMED_OUT"):
     code = 7
     retriable = True
 
 
-class MessageTooLargeError(PymqError):
+class MessageTooLargeError(PymqError, wire_name="MESSAGE_TOO_LARGE"):
     code = 10
 
 
-class NetworkError(PymqError):
+class NetworkError(PymqError, wire_name="NETWORK_EXCEPTION"):
     """The connection failed or closed before a response arrived."""
 
     code = 13
     retriable = True
 
 
-class InvalidTopicError(PymqError):
+class InvalidTopicError(PymqError, wire_name="INVALID_TOPIC_EXCEPTION"):
     code = 17
 
 
-class RecordListTooLargeError(PymqError):
+class RecordListTooLargeError(PymqError, wire_name="RECORD_LIST_TOO_LARGE"):
     code = 18
 
 
-class NotEnoughReplicasError(PymqError):
+class NotEnoughReplicasError(PymqError, wire_name="NOT_ENOUGH_REPLICAS"):
     code = 19
     retriable = True
 
 
-class InvalidRequiredAcksError(PymqError):
+class InvalidRequiredAcksError(PymqError, wire_name="INVALID_REQUIRED_ACKS"):
     code = 21
 
 
-class OffsetMetadataTooLargeError(PymqError):
+class OffsetMetadataTooLargeError(PymqError, wire_name="OFFSET_METADATA_TOO_LARGE"):
     """An offset commit's metadata string is longer than the coordinator keeps."""
 
     code = 12
 
 
-class CoordinatorLoadInProgressError(PymqError):
+class CoordinatorLoadInProgressError(PymqError, wire_name="COORDINATOR_LOAD_IN_PROGRESS"):
     """The coordinator is still loading the group's state from its log; retry after a backoff."""
 
     code = 14
     retriable = True
 
 
-class CoordinatorNotAvailableError(PymqError):
+class CoordinatorNotAvailableError(PymqError, wire_name="COORDINATOR_NOT_AVAILABLE"):
     """No coordinator for the key right now (its partition has no leader, or the group is being
     unloaded); find the coordinator again."""
 
@@ -120,182 +137,182 @@ class CoordinatorNotAvailableError(PymqError):
     retriable = True
 
 
-class NotCoordinatorError(PymqError):
+class NotCoordinatorError(PymqError, wire_name="NOT_COORDINATOR"):
     """This broker is not the coordinator of the group; find the coordinator again."""
 
     code = 16
     retriable = True
 
 
-class IllegalGenerationError(PymqError):
+class IllegalGenerationError(PymqError, wire_name="ILLEGAL_GENERATION"):
     code = 22
 
 
-class InconsistentGroupProtocolError(PymqError):
+class InconsistentGroupProtocolError(PymqError, wire_name="INCONSISTENT_GROUP_PROTOCOL"):
     """The member's protocol type or protocols share nothing with the group's."""
 
     code = 23
 
 
-class InvalidGroupIdError(PymqError):
+class InvalidGroupIdError(PymqError, wire_name="INVALID_GROUP_ID"):
     code = 24
 
 
-class UnknownMemberIdError(PymqError):
+class UnknownMemberIdError(PymqError, wire_name="UNKNOWN_MEMBER_ID"):
     code = 25
 
 
-class InvalidSessionTimeoutError(PymqError):
+class InvalidSessionTimeoutError(PymqError, wire_name="INVALID_SESSION_TIMEOUT"):
     """The session timeout is outside the broker's group.min/max.session.timeout.ms."""
 
     code = 26
 
 
-class InvalidTimestampError(PymqError):
+class InvalidTimestampError(PymqError, wire_name="INVALID_TIMESTAMP"):
     code = 32
 
 
-class UnsupportedVersionError(PymqError):
+class UnsupportedVersionError(PymqError, wire_name="UNSUPPORTED_VERSION"):
     code = 35
 
 
-class TopicAlreadyExistsError(PymqError):
+class TopicAlreadyExistsError(PymqError, wire_name="TOPIC_ALREADY_EXISTS"):
     code = 36
 
 
-class InvalidPartitionsError(PymqError):
+class InvalidPartitionsError(PymqError, wire_name="INVALID_PARTITIONS"):
     code = 37
 
 
-class InvalidReplicationFactorError(PymqError):
+class InvalidReplicationFactorError(PymqError, wire_name="INVALID_REPLICATION_FACTOR"):
     code = 38
 
 
-class InvalidRequestError(PymqError):
+class InvalidRequestError(PymqError, wire_name="INVALID_REQUEST"):
     """The request is malformed: bad framing, bad control fields, unknown API key."""
 
     code = 42
 
 
-class RebalanceInProgressError(PymqError):
+class RebalanceInProgressError(PymqError, wire_name="REBALANCE_IN_PROGRESS"):
     code = 27
     retriable = True
 
 
-class OutOfOrderSequenceError(PymqError):
+class OutOfOrderSequenceError(PymqError, wire_name="OUT_OF_ORDER_SEQUENCE"):
     code = 45
 
 
-class InvalidConfigError(PymqError):
+class InvalidConfigError(PymqError, wire_name="INVALID_CONFIG"):
     code = 40
 
 
-class KafkaStorageError(PymqError):
+class KafkaStorageError(PymqError, wire_name="KAFKA_STORAGE_ERROR"):
     """The log directory failed an I/O operation (disk full, permission, read error)."""
 
     code = 56
     retriable = True
 
 
-class FencedLeaderEpochError(PymqError):
+class FencedLeaderEpochError(PymqError, wire_name="FENCED_LEADER_EPOCH"):
     """The request names a leader epoch older than the partition's: the sender's metadata is stale."""
 
     code = 74
     retriable = True
 
 
-class UnknownLeaderEpochError(PymqError):
+class UnknownLeaderEpochError(PymqError, wire_name="UNKNOWN_LEADER_EPOCH"):
     """The request names a leader epoch newer than the partition's: this broker has not caught up."""
 
     code = 75
     retriable = True
 
 
-class InconsistentTopicIdError(KafkaStorageError):
+class InconsistentTopicIdError(KafkaStorageError, wire_name="INCONSISTENT_TOPIC_ID"):
     """A partition directory belongs to another incarnation of its topic (deleted and re-created)."""
 
     code = 103
     retriable = False
 
 
-class PolicyViolationError(PymqError):
+class PolicyViolationError(PymqError, wire_name="POLICY_VIOLATION"):
     code = 44
 
 
-class NonEmptyGroupError(PymqError):
+class NonEmptyGroupError(PymqError, wire_name="NON_EMPTY_GROUP"):
     """The group still has members, so it cannot be deleted."""
 
     code = 68
 
 
-class GroupIdNotFoundError(PymqError):
+class GroupIdNotFoundError(PymqError, wire_name="GROUP_ID_NOT_FOUND"):
     code = 69
 
 
-class MemberIdRequiredError(PymqError):
+class MemberIdRequiredError(PymqError, wire_name="MEMBER_ID_REQUIRED"):
     """A new member joined without a member id: the coordinator assigned one (the JoinGroup
     response's `member_id`), and the member must join again with it."""
 
     code = 79
 
 
-class GroupMaxSizeReachedError(PymqError):
+class GroupMaxSizeReachedError(PymqError, wire_name="GROUP_MAX_SIZE_REACHED"):
     """The group has group.max.size members already."""
 
     code = 81
 
 
-class FencedInstanceIdError(PymqError):
+class FencedInstanceIdError(PymqError, wire_name="FENCED_INSTANCE_ID"):
     """Another member joined with the same group_instance_id (static membership): this one is fenced."""
 
     code = 82
 
 
-class GroupSubscribedToTopicError(PymqError):
+class GroupSubscribedToTopicError(PymqError, wire_name="GROUP_SUBSCRIBED_TO_TOPIC"):
     """The group's active members consume the topic, so its committed offsets cannot be deleted."""
 
     code = 86
 
 
-class BrokerNotAvailableError(PymqError):
+class BrokerNotAvailableError(PymqError, wire_name="BROKER_NOT_AVAILABLE"):
     code = 8
     retriable = True
 
 
 # 900..999: wire codes for pymq conditions Kafka has no code for.
-class VersionConflictError(PymqError):
+class VersionConflictError(PymqError, wire_name="CONCURRENT_METADATA_UPDATE"):
     """A metadata compare-and-set lost to a concurrent writer (another broker); retry the request."""
 
     code = 900
     retriable = True
 
 
-class PartitionNotAssignedError(PymqError):
+class PartitionNotAssignedError(PymqError, wire_name="PARTITION_NOT_ASSIGNED"):
     """A group member committed an offset for a partition its current assignment does not hold."""
 
     code = 901
 
 
 # Client-side conditions that never come from a broker use codes >= 1000.
-class ProducerClosedError(PymqError):
+class ProducerClosedError(PymqError, wire_name="PRODUCER_CLOSED"):
     code = 1000
 
 
-class DeliveryTimeoutError(PymqError):
+class DeliveryTimeoutError(PymqError, wire_name="DELIVERY_TIMEOUT"):
     """A record was not acknowledged within the producer's `delivery_timeout_ms`."""
 
     code = 1001
 
 
-class ConsumerStoppedError(PymqError):
+class ConsumerStoppedError(PymqError, wire_name="CONSUMER_STOPPED"):
     code = 1002
 
 
-class NoOffsetForPartitionError(PymqError):
+class NoOffsetForPartitionError(PymqError, wire_name="NO_OFFSET_FOR_PARTITION"):
     code = 1003
 
 
-class DataLossError(PymqError):
+class DataLossError(PymqError, wire_name="DATA_LOSS"):
     """Offsets a bounded read needed were deleted (retention) or are gone (truncation) before it
     read them; names topic, partition and the offsets [start, end) that are lost."""
 
@@ -308,64 +325,7 @@ class DataLossError(PymqError):
     def __reduce__(self) -> tuple:  # keeps the fields when pickled (Spark tasks, processes)
         return type(self), (str(self), self.topic, self.partition, self.start, self.end)
 
-
-_NAMES: dict[type[PymqError], str] = {
-    UnknownServerError: "UNKNOWN_SERVER_ERROR",
-    CorruptMessageError: "CORRUPT_MESSAGE",
-    UnknownTopicOrPartitionError: "UNKNOWN_TOPIC_OR_PARTITION",
-    OffsetOutOfRangeError: "OFFSET_OUT_OF_RANGE",
-    InvalidFetchSizeError: "INVALID_FETCH_SIZE",
-    NotLeaderError: "NOT_LEADER",
-    RequestTimedOutError: "REQUEST_TIMED_OUT",
-    MessageTooLargeError: "MESSAGE_TOO_LARGE",
-    NetworkError: "NETWORK_EXCEPTION",
-    InvalidTopicError: "INVALID_TOPIC_EXCEPTION",
-    RecordListTooLargeError: "RECORD_LIST_TOO_LARGE",
-    NotEnoughReplicasError: "NOT_ENOUGH_REPLICAS",
-    InvalidRequiredAcksError: "INVALID_REQUIRED_ACKS",
-    IllegalGenerationError: "ILLEGAL_GENERATION",
-    InvalidTimestampError: "INVALID_TIMESTAMP",
-    UnsupportedVersionError: "UNSUPPORTED_VERSION",
-    TopicAlreadyExistsError: "TOPIC_ALREADY_EXISTS",
-    InvalidPartitionsError: "INVALID_PARTITIONS",
-    InvalidReplicationFactorError: "INVALID_REPLICATION_FACTOR",
-    InvalidRequestError: "INVALID_REQUEST",
-    RebalanceInProgressError: "REBALANCE_IN_PROGRESS",
-    OutOfOrderSequenceError: "OUT_OF_ORDER_SEQUENCE",
-    InvalidConfigError: "INVALID_CONFIG",
-    KafkaStorageError: "KAFKA_STORAGE_ERROR",
-    FencedLeaderEpochError: "FENCED_LEADER_EPOCH",
-    UnknownLeaderEpochError: "UNKNOWN_LEADER_EPOCH",
-    InconsistentTopicIdError: "INCONSISTENT_TOPIC_ID",
-    PolicyViolationError: "POLICY_VIOLATION",
-    BrokerNotAvailableError: "BROKER_NOT_AVAILABLE",
-    OffsetMetadataTooLargeError: "OFFSET_METADATA_TOO_LARGE",
-    CoordinatorLoadInProgressError: "COORDINATOR_LOAD_IN_PROGRESS",
-    CoordinatorNotAvailableError: "COORDINATOR_NOT_AVAILABLE",
-    NotCoordinatorError: "NOT_COORDINATOR",
-    InconsistentGroupProtocolError: "INCONSISTENT_GROUP_PROTOCOL",
-    InvalidGroupIdError: "INVALID_GROUP_ID",
-    UnknownMemberIdError: "UNKNOWN_MEMBER_ID",
-    InvalidSessionTimeoutError: "INVALID_SESSION_TIMEOUT",
-    NonEmptyGroupError: "NON_EMPTY_GROUP",
-    GroupIdNotFoundError: "GROUP_ID_NOT_FOUND",
-    MemberIdRequiredError: "MEMBER_ID_REQUIRED",
-    GroupMaxSizeReachedError: "GROUP_MAX_SIZE_REACHED",
-    FencedInstanceIdError: "FENCED_INSTANCE_ID",
-    GroupSubscribedToTopicError: "GROUP_SUBSCRIBED_TO_TOPIC",
-    VersionConflictError: "CONCURRENT_METADATA_UPDATE",
-    PartitionNotAssignedError: "PARTITION_NOT_ASSIGNED",
-    ProducerClosedError: "PRODUCER_CLOSED",
-    DeliveryTimeoutError: "DELIVERY_TIMEOUT",
-    ConsumerStoppedError: "CONSUMER_STOPPED",
-    NoOffsetForPartitionError: "NO_OFFSET_FOR_PARTITION",
-    CorruptRecordError: "CORRUPT_RECORD",
-    DataLossError: "DATA_LOSS",
-}
-
 NONE = 0
-_BY_CODE: dict[int, type[PymqError]] = {cls.code: cls for cls in _NAMES}
-assert len(_BY_CODE) == len(_NAMES), "two error classes share a wire code"
 
 
 def error_for_code(code: int, message: str | None = None) -> PymqError:

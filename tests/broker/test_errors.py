@@ -108,3 +108,21 @@ def test_group_coordinator_codes_keep_their_kafka_numbers_and_retriability(code,
     err = error_for_code(code)
     assert error_name(code) == name and type(err).name() == name
     assert err.retriable is retriable
+
+
+def test_a_class_registers_its_wire_name_and_a_second_class_cannot_claim_the_same_code() -> None:
+    """The wire name lives on the class; two registered classes for one code fail at definition."""
+    assert errors.error_for_code(errors.CorruptMessageError.code).name() == "CORRUPT_MESSAGE"
+    with pytest.raises(TypeError, match="both claim wire code 2"):
+        class _Twin(errors.PymqError, wire_name="TWIN"):
+            code = errors.CorruptMessageError.code
+    assert errors.error_for_code(2).__class__ is errors.CorruptMessageError
+
+
+def test_an_unregistered_subclass_keeps_its_class_name_and_its_base_code() -> None:
+    """A finer kind of a registered error (no wire name) is named by its class, answered by its base's code."""
+    class FinerStorageError(errors.KafkaStorageError):
+        pass
+
+    assert FinerStorageError.name() == "FinerStorageError"
+    assert errors.error_for_code(FinerStorageError.code).__class__ is errors.KafkaStorageError
