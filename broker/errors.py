@@ -257,6 +257,14 @@ class GroupSubscribedToTopicError(PymqError):
     code = 86
 
 
+class InvalidRecordError(PymqError):
+    """A batch is well-formed but not one its sender may write: a producer batch whose offsets
+    do not run contiguously over its records (or that carries compaction's offset deltas), or a
+    control or transactional batch from a client. Kafka's INVALID_RECORD."""
+
+    code = 87
+
+
 class BrokerNotAvailableError(PymqError):
     code = 8
     retriable = True
@@ -353,6 +361,7 @@ _NAMES: dict[type[PymqError], str] = {
     GroupMaxSizeReachedError: "GROUP_MAX_SIZE_REACHED",
     FencedInstanceIdError: "FENCED_INSTANCE_ID",
     GroupSubscribedToTopicError: "GROUP_SUBSCRIBED_TO_TOPIC",
+    InvalidRecordError: "INVALID_RECORD",
     VersionConflictError: "CONCURRENT_METADATA_UPDATE",
     PartitionNotAssignedError: "PARTITION_NOT_ASSIGNED",
     ProducerClosedError: "PRODUCER_CLOSED",
