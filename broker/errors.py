@@ -197,6 +197,13 @@ class KafkaStorageError(PymqError):
     retriable = True
 
 
+class LogInvariantError(KafkaStorageError):
+    """A partition log's own invariant broke: an append or a segment that does not follow the
+    offsets before it, a segment list changed out of order. The log's state cannot be trusted to
+    go on as is, like a failing disk (KAFKA_STORAGE_ERROR on the wire); the message names the
+    file and the offsets."""
+
+
 class FencedLeaderEpochError(PymqError):
     """The request names a leader epoch older than the partition's: the sender's metadata is stale."""
 
