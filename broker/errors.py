@@ -214,6 +214,13 @@ class KafkaStorageError(PymqError, wire_name="KAFKA_STORAGE_ERROR"):
     retriable = True
 
 
+class LogInvariantError(KafkaStorageError):
+    """A partition log's own invariant broke: an append or a segment that does not follow the
+    offsets before it, a segment list changed out of order. The log's state cannot be trusted to
+    go on as is, like a failing disk (KAFKA_STORAGE_ERROR on the wire); the message names the
+    file and the offsets."""
+
+
 class FencedLeaderEpochError(PymqError, wire_name="FENCED_LEADER_EPOCH"):
     """The request names a leader epoch older than the partition's: the sender's metadata is stale."""
 
@@ -272,6 +279,14 @@ class GroupSubscribedToTopicError(PymqError, wire_name="GROUP_SUBSCRIBED_TO_TOPI
     """The group's active members consume the topic, so its committed offsets cannot be deleted."""
 
     code = 86
+
+
+class InvalidRecordError(PymqError, wire_name="INVALID_RECORD"):
+    """A batch is well-formed but not one its sender may write: a producer batch whose offsets
+    do not run contiguously over its records (or that carries compaction's offset deltas), or a
+    control or transactional batch from a client. Kafka's INVALID_RECORD."""
+
+    code = 87
 
 
 class BrokerNotAvailableError(PymqError, wire_name="BROKER_NOT_AVAILABLE"):

@@ -56,6 +56,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from segment_format import arrow_ipc, record
+from broker.errors import CorruptMessageError
 from segment_format.segment_reader import StoredBatch
 
 BatchBytes = bytes | bytearray | memoryview
@@ -230,7 +231,9 @@ def _rewrite(data: BatchBytes, header: record.BatchHeader, body: pa.RecordBatch,
         attributes=header.attributes, producer_id=header.producer_id, producer_epoch=header.producer_epoch,
         base_sequence=header.base_sequence, last_offset_delta=int(deltas[-1].as_py()),
     )
-    assert record.validate_batch(out).last_offset_delta <= header.last_offset_delta
+    if record.validate_batch(out).last_offset_delta > header.last_offset_delta:
+        raise CorruptMessageError(f"batch at offset {header.base_offset}: compacted to offset delta "
+                                  f"{int(deltas[-1].as_py())}, past the original's {header.last_offset_delta}")
     return out
 
 

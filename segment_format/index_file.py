@@ -183,7 +183,8 @@ class IndexFile(ABC):
 
     def truncate_entries(self, count: int) -> None:
         """Keep only the first `count` entries, in memory and on file."""
-        assert 0 <= count <= len(self), (count, len(self))
+        if not 0 <= count <= len(self):
+            raise CorruptIndexError(f"{self.path.name}: cannot keep {count} of its {len(self)} entries")
         self._keep_entries(count)
         if count < self._written:
             self._ftruncate(HEADER_SIZE + count * self.ENTRY.size)

@@ -105,7 +105,8 @@ class RemoteSegment:
 
     def __post_init__(self) -> None:
         problem = _segment_inconsistency(self.metadata, self.upload_id, self.objects())
-        assert problem is None, problem
+        if problem is not None:
+            raise CorruptManifestError(f"segment {self.metadata.base_offset}: {problem}")
 
     @classmethod
     def create(cls, metadata: SegmentMetadata, upload_id: str, index: tuple[int, int], time_index: tuple[int, int]) -> RemoteSegment:
@@ -230,7 +231,8 @@ class PartitionManifest:
 
     def __post_init__(self) -> None:
         problem = _manifest_inconsistency(self)
-        assert problem is None, problem
+        if problem is not None:
+            raise CorruptManifestError(f"manifest of {self.topic}-{self.partition} version {self.version}: {problem}")
         object.__setattr__(self, "_next_offsets", tuple(s.next_offset for s in self.segments))
 
     @classmethod

@@ -66,10 +66,12 @@ class OffsetIndex(IndexFile):
     def append(self, offset: int, position: int) -> None:
         """Add an entry; both offset and position must exceed the last entry's."""
         relative = offset - self.base_offset
-        assert 0 <= relative <= INT32_MAX and 0 <= position <= INT32_MAX, (offset, position)
-        assert not self._relative or (relative > self._relative[-1] and position > self._positions[-1]), (
-            f"{self.path.name}: entry ({offset}, {position}) does not follow ({self.last_offset}, {self.last_position})"
-        )
+        if not (0 <= relative <= INT32_MAX and 0 <= position <= INT32_MAX):
+            raise CorruptIndexError(f"{self.path.name}: entry (offset {offset}, position {position}) is outside "
+                                    f"what an entry holds from base offset {self.base_offset}")
+        if self._relative and (relative <= self._relative[-1] or position <= self._positions[-1]):
+            raise CorruptIndexError(f"{self.path.name}: entry (offset {offset}, position {position}) does not follow "
+                                    f"(offset {self.last_offset}, position {self.last_position})")
         self._relative.append(relative)
         self._positions.append(position)
         self._queue(relative, position)

@@ -47,7 +47,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from segment_format import arrow_ipc
-from broker.errors import CorruptMessageError, InvalidTimestampError, MessageTooLargeError
+from broker.errors import CorruptMessageError, InvalidRecordError, InvalidTimestampError, MessageTooLargeError
 
 HEADER = struct.Struct("<qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size
@@ -340,6 +340,15 @@ class TimestampBounds(NamedTuple):
     after_max_ms: int
 
 
+class ProducerInput(NamedTuple):
+    """Marks a batch as a producer's, as the leader appends it, with what its timestamps are
+    judged against: the broker's clock and, on a CreateTime topic, its TimestampBounds (None on
+    a LogAppendTime topic, whose timestamps the broker sets)."""
+
+    now_ms: int
+    timestamp_bounds: TimestampBounds | None
+
+
 class BodyLayout(NamedTuple):
     """What the validator knows of an accepted body schema without decoding a body: how many
     field nodes and buffers its record batch message has (Arrow's columnar layout, one node per
@@ -415,8 +424,7 @@ def validate_batch(
     pos: int = 0,
     *,
     max_batch_bytes: int | None = None,
-    now_ms: int | None = None,
-    timestamp_bounds: TimestampBounds | None = None,
+    producer: ProducerInput | None = None,
     check_body: bool = True,
 ) -> BatchHeader:
     """Check the batch at `pos` without decoding its body's buffers, and return its header.
@@ -429,9 +437,11 @@ def validate_batch(
     end. A standard-schema batch has last_offset_delta == record_count - 1; a compacted one may
     have gaps (>=). Raises CorruptMessageError (MessageTooLargeError past `max_batch_bytes`).
 
-    With `now_ms` (producer input), timestamps are checked too: base_timestamp >= 0 and, with
-    `timestamp_bounds` (CreateTime topics), inside the bounds around `now_ms`; else
-    InvalidTimestampError. Followers and recovery pass neither: they keep the leader's timestamps.
+    With `producer` (a leader's append of a producer's batches), the batch must also be one a
+    producer may write (`_check_producer_batch`: else InvalidRecordError) and its timestamps are
+    checked: base_timestamp >= 0 and, with `timestamp_bounds` (CreateTime topics), inside the
+    bounds around `now_ms`; else InvalidTimestampError. Followers and recovery pass no
+    `producer`: they keep what the leader wrote, compacted batches and timestamps included.
     Every error names the failing field and the batch's byte position.
     """
     header = read_header(buf, pos)
@@ -445,14 +455,36 @@ def validate_batch(
     if not check_body:
         return header
     layout = _check_body(view[pos + HEADER_SIZE : pos + header.size], pos, header)
+    if producer is not None:
+        _check_producer_batch(pos, header, layout)
+        _check_timestamps(pos, header, producer.now_ms, producer.timestamp_bounds)
     if not layout.compacted and header.last_offset_delta != header.record_count - 1:
         raise CorruptMessageError(
             f"batch at byte {pos}: last_offset_delta {header.last_offset_delta} != record_count "
             f"{header.record_count} - 1 (only a compacted body, with an offset_delta column, has offset gaps)"
         )
-    if now_ms is not None:
-        _check_timestamps(pos, header, now_ms, timestamp_bounds)
     return header
+
+
+def _check_producer_batch(pos: int, header: BatchHeader, layout: BodyLayout) -> None:
+    """What a producer may not write though the format allows it (Kafka's LogValidator): offsets
+    that do not run contiguously over the records, whether through the header or through the
+    offset_delta column only compaction writes (a forged range would consume offsets and later
+    make the log cleaner give up on the partition), and the control and transactional bits,
+    which only the broker's transaction machinery may set. Raises InvalidRecordError."""
+    where = f"batch at byte {pos}"
+    if layout.compacted:
+        raise InvalidRecordError(f"{where}: inconsistent batch offset range: a producer batch has the standard body "
+                                 f"schema, not the compacted one with an {OFFSET_DELTA_FIELD.name} column")
+    if header.last_offset_delta != header.record_count - 1:
+        raise InvalidRecordError(f"{where}: inconsistent batch offset range: last_offset_delta "
+                                 f"{header.last_offset_delta} != record_count {header.record_count} - 1")
+    if header.attributes & CONTROL_BIT:
+        raise InvalidRecordError(f"{where}: clients are not allowed to write control batches "
+                                 f"(attributes {header.attributes:#x})")
+    if header.attributes & TRANSACTIONAL_BIT:
+        raise InvalidRecordError(f"{where}: transactional batch refused (attributes {header.attributes:#x}): "
+                                 f"transactions are not supported yet")
 
 
 def _check_header(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, max_batch_bytes: int | None) -> None:

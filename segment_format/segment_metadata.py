@@ -53,7 +53,8 @@ class SegmentMetadata:
 
     def __post_init__(self) -> None:
         problem = _inconsistency(self)
-        assert problem is None, problem
+        if problem is not None:
+            raise CorruptSegmentMetadataError(f"segment metadata of {self.base_offset}: {problem}")
 
     @property
     def last_offset(self) -> int:

@@ -163,7 +163,8 @@ class SegmentReader:
         """A buffer holding bytes [position, position + size) of the segment, and where they start
         in it. Served from the window when it holds them; otherwise the window moves to `position`
         and reads ahead: at least `size` bytes, more while reads stay sequential."""
-        assert 0 <= position and position + size <= self.size, (position, size, self.size)
+        if not (0 <= position and position + size <= self.size):
+            raise self._corrupt(position, f"{size} bytes from here are outside the segment's {self.size} bytes")
         at = position - self._buf_start
         if 0 <= at and at + size <= len(self._buf):
             return self._buf, at
@@ -207,7 +208,8 @@ class SegmentReader:
 
     def _scan(self, position: int, end: int | None, verify_from_offset: int, with_data: bool) -> Iterator[StoredBatch]:
         end = self.size if end is None else end
-        assert 0 <= position <= end <= self.size, (position, end, self.size)
+        if not 0 <= position <= end <= self.size:
+            raise self._corrupt(position, f"a scan to byte {end} is outside the segment's {self.size} bytes")
         lower = self.base_offset  # the least base offset the next batch may have
         while position < end:
             if end - position < record.HEADER_SIZE:

@@ -66,8 +66,12 @@ class TimeIndex(IndexFile):
         """Add (timestamp, offset) if `timestamp` exceeds the last entry's (or NO_TIMESTAMP when
         empty); offsets must not decrease."""
         relative = offset - self.base_offset
-        assert 0 <= relative <= INT32_MAX, (offset, self.base_offset)
-        assert not self._relative or relative >= self._relative[-1], f"{self.path.name}: offset {offset} goes backwards"
+        if not 0 <= relative <= INT32_MAX:
+            raise CorruptIndexError(f"{self.path.name}: offset {offset} is outside what an entry holds from base "
+                                    f"offset {self.base_offset}")
+        if self._relative and relative < self._relative[-1]:
+            raise CorruptIndexError(f"{self.path.name}: offset {offset} goes back before the last entry's "
+                                    f"{self.base_offset + self._relative[-1]}")
         if timestamp <= self.last_entry[0]:
             return
         self._timestamps.append(timestamp)

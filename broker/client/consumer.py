@@ -80,7 +80,8 @@ from typing import Any, Iterable, Iterator, NamedTuple, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from broker import protocol, record
+from broker import protocol
+from segment_format import record
 from broker.client.assignors import ASSIGNORS, DEFAULT_ASSIGNORS, revocations
 from broker.client.cluster import Cluster
 from broker.client.config import BootstrapServers, as_bool, assignor_names, client_settings

@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Awaitable
 from concurrent.futures import Future
 
-from broker.errors import PymqError
+from broker.errors import InvalidRequestError, PymqError
 from broker.handlers.fetch import LeaderLog
 from broker.log import UnifiedLog
 from broker.protocol import (
@@ -100,6 +100,7 @@ def _offset_for(partition_log: UnifiedLog, timestamp: int) -> tuple[int, int]:
         return partition_log.high_watermark, -1
     if timestamp == EARLIEST_TIMESTAMP:
         return partition_log.log_start_offset, -1
-    assert timestamp >= 0, "ListOffsetsRequest.from_control refuses other timestamps"
+    if timestamp < 0:  # ListOffsetsRequest.from_control refuses these: a caller that skipped it
+        raise InvalidRequestError(f"ListOffsets timestamp {timestamp}: -1 (latest), -2 (earliest) or a time in ms >= 0")
     found = partition_log.offset_for_timestamp(timestamp)
     return found if found is not None else (-1, -1)

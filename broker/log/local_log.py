@@ -19,7 +19,7 @@ from pathlib import Path
 
 from broker.config import LogConfig
 from segment_format.limits import INT32_MAX
-from broker.errors import KafkaStorageError, OffsetOutOfRangeError
+from broker.errors import KafkaStorageError, LogInvariantError, OffsetOutOfRangeError
 from broker.log.checkpoint import fsync_and_close, fsync_directory
 from broker.log.file_cache import FileCache
 from broker.log.log_segments import LogSegments
@@ -116,7 +116,9 @@ class LocalLog:
         """Seal the active segment and start a new one at `base_offset` (default LEO). An empty
         active segment is replaced instead. Returns the segment that stopped being active."""
         base = self.log_end_offset if base_offset is None else base_offset
-        assert base >= self.log_end_offset, (base, self.log_end_offset)
+        if base < self.log_end_offset:
+            raise LogInvariantError(f"{self.directory.name}: cannot roll a segment at offset {base}, below the log "
+                                    f"end offset {self.log_end_offset}")
         old = self.segments.active
         segment = Segment.create(self.directory, base, self.cache)
         if old.size:
@@ -205,7 +207,9 @@ class LocalLog:
         Returns them still open (in-flight reads finish); the caller deletes them later. If a
         rename fails, the segments renamed so far are removed and SegmentsRemovedError carries
         them to the caller, which must delete them all the same."""
-        assert 0 < count < len(self.segments), (count, len(self.segments))
+        if not 0 < count < len(self.segments):
+            raise LogInvariantError(f"{self.directory.name}: retention cannot remove {count} of {len(self.segments)} "
+                                    f"segments (at least one, never the active one)")
         renamed = 0
         try:
             for segment in list(self.segments)[:count]:

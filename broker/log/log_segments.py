@@ -8,6 +8,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 
+from broker.errors import LogInvariantError
 from broker.log.segment import Segment
 
 
@@ -35,7 +36,9 @@ class LogSegments:
 
     def add(self, segment: Segment) -> None:
         """Append a segment after every other one."""
-        assert not self._bases or segment.base_offset >= self._segments[-1].next_offset, (segment, self._segments[-1])
+        if self._bases and segment.base_offset < self._segments[-1].next_offset:
+            raise LogInvariantError(f"{segment.log_path.name}: segment at offset {segment.base_offset} does not "
+                                    f"follow {self._segments[-1].log_path.name}, which ends at {self._segments[-1].next_offset}")
         self._segments.append(segment)
         self._bases.append(segment.base_offset)
 
@@ -51,7 +54,9 @@ class LogSegments:
 
     def remove_first(self, count: int) -> list[Segment]:
         """Drop the `count` oldest segments (never the active one) and return them."""
-        assert 0 <= count < len(self._segments), (count, len(self._segments))
+        if not 0 <= count < len(self._segments):
+            raise LogInvariantError(f"cannot remove the {count} oldest of {len(self._segments)} segments "
+                                    f"(the active one, from offset {self.active.base_offset}, stays)")
         removed = self._segments[:count]
         del self._segments[:count]
         del self._bases[:count]
@@ -78,9 +83,12 @@ class LogSegments:
         """Put `new` where the consecutive sealed segments `old` are (the log cleaner's swap):
         `new` starts where `old` did and ends before the segment after them."""
         i = self.index_of_run(old)
-        assert i is not None and i + len(old) < len(self._segments), (old, self._segments)
-        assert new.base_offset == old[0].base_offset, (new, old[0])
-        assert new.next_offset <= self._segments[i + len(old)].base_offset, (new, self._segments[i + len(old)])
+        where = f"{new.log_path.name} (offsets {new.base_offset}..{new.next_offset})"
+        if i is None or i + len(old) >= len(self._segments):
+            raise LogInvariantError(f"{where}: the segments it replaces, {old}, are not a sealed run of the log")
+        if new.base_offset != old[0].base_offset or new.next_offset > self._segments[i + len(old)].base_offset:
+            raise LogInvariantError(f"{where}: does not fit where {old} were, before "
+                                    f"{self._segments[i + len(old)].base_offset}")
         self._segments[i:i + len(old)] = [new]
         self._bases[i:i + len(old)] = [new.base_offset]
 

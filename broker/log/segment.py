@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from segment_format import record
 from segment_format.limits import INT32_MAX
-from broker.errors import CorruptMessageError, KafkaStorageError, MessageTooLargeError
+from broker.errors import CorruptMessageError, KafkaStorageError, LogInvariantError, MessageTooLargeError
 from broker.log.checkpoint import fsync_and_close
 from broker.log.file_cache import FileCache
 from segment_format.layout import DELETED_SUFFIX, SegmentFiles
@@ -194,10 +194,7 @@ class Segment:
 
         Raises KafkaStorageError if the write fails; the segment's state is then unchanged.
         """
-        assert not self._sealed, f"{self.log_path.name} is sealed"
-        assert batches and batches[0].base_offset >= self._next_offset, (batches[:1], self._next_offset)
-        assert sum(b.size for b in batches) == len(data)
-        assert batches[-1].next_offset - 1 - self.base_offset <= INT32_MAX, "relative offset overflows the index"
+        self._check_append(data, batches)
         self._write(data, self._size)
         position = self._size
         recent = self._recent
@@ -210,6 +207,22 @@ class Segment:
         self._size = position
         if self._first_append_ms is None:
             self._first_append_ms = now_ms
+
+    def _check_append(self, data: memoryview, batches: Sequence[BatchInfo]) -> None:
+        """What the caller promised about an append, checked because a broken promise would
+        write a `.log` that recovery cannot read back: LogInvariantError naming the offsets."""
+        where = f"{self.log_path.name} (offsets {self.base_offset}..{self._next_offset})"
+        if self._sealed:
+            raise LogInvariantError(f"{where}: append to a sealed segment")
+        if not batches or batches[0].base_offset < self._next_offset:
+            raise LogInvariantError(f"{where}: append at offset {batches[0].base_offset if batches else None} "
+                                    f"does not follow the next offset {self._next_offset}")
+        size = sum(b.size for b in batches)
+        if size != len(data):
+            raise LogInvariantError(f"{where}: batches of {size} bytes appended as {len(data)} bytes")
+        if batches[-1].next_offset - 1 - self.base_offset > INT32_MAX:
+            raise LogInvariantError(f"{where}: last offset {batches[-1].next_offset - 1} overflows the index's "
+                                    f"relative offsets")
 
     def _write(self, data: memoryview, position: int) -> None:
         with self._cache.pinned(self.log_path) as fd:

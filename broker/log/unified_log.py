@@ -340,8 +340,9 @@ class UnifiedLog:
 
         `payload` must be writable: base offsets, leader epochs and (for LogAppendTime) timestamps
         and CRCs are rewritten in it. If any batch is invalid nothing is written:
-        CorruptMessageError, InvalidTimestampError, MessageTooLargeError. KafkaStorageError if the
-        disk fails (nothing of the append stays). O(batches) Python work; bodies are never decoded.
+        CorruptMessageError, InvalidRecordError (a batch no producer may write),
+        InvalidTimestampError, MessageTooLargeError. KafkaStorageError if the disk fails (nothing
+        of the append stays). O(batches) Python work; bodies are never decoded.
         """
         with memoryview(payload).cast("B") as view:  # released on return: the caller may reuse the buffer
             if view.readonly:
@@ -369,7 +370,7 @@ class UnifiedLog:
         """Append batches exactly as a leader assigned them (offsets and epochs kept), after
         checking they are valid and follow the LEO. Epochs the batches bring are recorded."""
         view = memoryview(payload).cast("B")
-        headers = self._validate(view, check_timestamps=False)
+        headers = self._validate(view, from_producer=False)
         with self._lock:
             self._check_usable()
             expected = self.log_end_offset
@@ -418,18 +419,18 @@ class UnifiedLog:
     def _log_append_time(self) -> bool:
         return self.config.message_timestamp_type == "LogAppendTime"
 
-    def _validate(self, view: memoryview, check_timestamps: bool = True) -> list[tuple[int, record.BatchHeader]]:
+    def _validate(self, view: memoryview, from_producer: bool = True) -> list[tuple[int, record.BatchHeader]]:
         """(position, header) of every batch; raises on the first bad one or a partial tail.
-        `check_timestamps`: producer input (>= 0, and the CreateTime window of KIP-937)."""
+        `from_producer`: also what a producer may not write (InvalidRecordError) and its
+        timestamps (>= 0, and the CreateTime window of KIP-937)."""
         if not len(view):
             raise CorruptMessageError("empty record set")
         batches, position, config = [], 0, self.config
-        now_ms = self._clock() if check_timestamps else None
         bounds = None if self._log_append_time else record.TimestampBounds(
             config.message_timestamp_before_max_ms, config.message_timestamp_after_max_ms)
+        producer = record.ProducerInput(self._clock(), bounds) if from_producer else None
         while position < len(view):
-            header = record.validate_batch(view, position, max_batch_bytes=config.max_message_bytes,
-                                           now_ms=now_ms, timestamp_bounds=bounds)
+            header = record.validate_batch(view, position, max_batch_bytes=config.max_message_bytes, producer=producer)
             batches.append((position, header))
             position += header.size
         return batches

@@ -35,6 +35,7 @@ from broker.errors import (
     CorruptMessageError,
     InvalidConfigError,
     InvalidPartitionsError,
+    InvalidRecordError,
     InvalidReplicationFactorError,
     InvalidRequestError,
     InvalidRequiredAcksError,
@@ -49,6 +50,7 @@ from broker.errors import (
     error_for_code,
 )
 from broker.protocol import ApiKey
+from tests.broker.forged_batches import FORGED_BATCHES, compacted
 
 INT64_MAX = 2**63 - 1
 SOCKET_REQUEST_MAX_BYTES = 65536
@@ -162,16 +164,22 @@ def fetch_request(topic: Any, partition: Any, offset: Any) -> dict[str, Any]:
 
 
 def fetch_records(client, topic: str, partition: int = 0) -> list[tuple[int, bytes]]:
-    """Every (offset, value) of one partition, decoded from a raw fetch."""
-    reply, payload = client.request(ApiKey.FETCH, fetch_request(topic, partition, 0))
-    entry = reply["topics"][0]["partitions"][0]
-    assert entry["error_code"] == NONE, reply
-    data = payload[: entry["size"]]
-    out = []
-    for pos, header in record.iter_batches(data):
-        values = record.decode_body(data, header, pos).column("value").to_pylist()
-        out += [(header.base_offset + i, value) for i, value in enumerate(values)]
-    return out
+    """Every (offset, value) of one partition, decoded from raw fetches (one segment's bytes
+    each) until one returns nothing."""
+    out: list[tuple[int, bytes]] = []
+    offset = 0
+    while True:
+        reply, payload = client.request(ApiKey.FETCH, fetch_request(topic, partition, offset))
+        entry = reply["topics"][0]["partitions"][0]
+        assert entry["error_code"] == NONE, reply
+        data = payload[: entry["size"]]
+        batches = list(record.iter_batches(data))
+        if not batches:
+            return out
+        for pos, header in batches:
+            body = record.decode_body(data, header, pos)
+            out += zip(record.record_offsets(header, body).to_pylist(), body.column("value").to_pylist())
+        offset = batches[-1][1].next_offset
 
 
 def assert_metadata(client) -> None:
@@ -257,7 +265,6 @@ CORRUPT_BATCHES = [
     ("reserved-attribute-bit-0", _set_recrc("<h", 21, 1), "reserved attribute"),
     ("reserved-attribute-bit-15", _set_recrc("<h", 21, -0x8000), "reserved attribute"),
     ("record-count-above-delta", _counts(4, 2), "record_count"),
-    ("last-offset-delta-above-count", _counts(3, 5), "record_count"),
     ("record-count-zero", _counts(0, -1), "record_count"),
     ("record-count-negative", _counts(-3, -4), "record_count"),
     ("max-timestamp-before-base", _set_recrc("<q", 35, TS - 1), "max_timestamp"),
@@ -951,6 +958,10 @@ POISON_BATCHES = [
      CorruptMessageError, "bodyLength"),
     ("negative-timestamp", lambda: _framed(_ipc_of([b"a", b"b", b"c"], ts=-1000), ts=-1000),
      InvalidTimestampError, "base_timestamp -1000 is negative"),
+    ("last-offset-delta-above-count", lambda: _counts(3, 5)(make_batch([b"a", b"b", b"c"])),
+     InvalidRecordError, "inconsistent batch offset range: last_offset_delta 5 != record_count 3 - 1"),
+    # batches the format allows but no producer may write: only the leader compacts and marks transactions
+    *[(name, make, InvalidRecordError, words) for name, make, words in FORGED_BATCHES],
 ]
 
 
@@ -1033,6 +1044,64 @@ def test_only_acknowledged_batches_survive_a_restart_after_poison(broker_factory
     with raw_client(broker.port) as client:
         assert fetch_records(client, "poison") == acknowledged == [(i, b"ack-%d" % i) for i in range(len(POISON_BATCHES))]
         assert produce(client, "poison", 0, make_batch([b"next"]))["base_offset"] == len(POISON_BATCHES)
+
+
+KEYS = 8
+
+
+def keyed_value(offset: int) -> bytes:
+    """The value keyed_batch gives the record it puts at `offset` (round offset // KEYS)."""
+    return b"%d-%d-" % divmod(offset, KEYS) + b"v" * 150
+
+
+def keyed_batch(round_: int) -> bytearray:
+    """One update of each of KEYS keys, ~1.5 KiB (a few fill a 4 KiB segment), for offsets
+    round_ * KEYS onwards."""
+    values = [keyed_value(round_ * KEYS + k) for k in range(KEYS)]
+    return record.encode_batch(record.make_body(values, keys=[b"key-%d" % k for k in range(KEYS)], timestamps_ms=TS))
+
+
+def assert_compacted_updates(records: list[tuple[int, bytes]], rounds: int) -> None:
+    """Records of `rounds` keyed batches, as compaction may leave them whatever passes ran: each
+    at its original offset, in order, with the last round whole (the latest value of every key)."""
+    offsets = [offset for offset, _ in records]
+    assert offsets == sorted(set(offsets)) and all(value == keyed_value(offset) for offset, value in records)
+    assert offsets[-KEYS:] == list(range((rounds - 1) * KEYS, rounds * KEYS))
+
+
+def wait_for_log(broker, words: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while words not in broker.log_tail(200_000):
+        assert time.monotonic() < deadline, f"the broker did not log {words!r}"
+        time.sleep(0.05)
+
+
+def test_forged_offset_range_on_a_compacted_topic_is_refused_and_the_cleaner_keeps_working(broker_factory, raw_client):
+    """A producer's compacted-layout batch claiming offsets [2^20, 2^20] is INVALID_RECORD and
+    takes no offset: the updates after it start at 0, the log cleaner compacts the topic (it never
+    marks it uncleanable), and after a restart the partition reads and appends as before."""
+    broker = broker_factory("forged-compacted", **{"log.cleaner.backoff.ms": 20, "file.delete.delay.ms": 0}).start()
+    name, rounds = "forged-compacted", 12
+    with raw_client(broker.port) as client:
+        create_topic(client, name, configs={"cleanup.policy": "compact", "segment.bytes": "4096",
+                                            "min.cleanable.dirty.ratio": "0.01"})
+        refused = produce(client, name, 0, compacted([1 << 20, 1 << 20]))
+        assert (refused["error_code"], refused["base_offset"]) == (InvalidRecordError.code, -1), refused
+        assert "inconsistent batch offset range" in refused["error_message"]
+        offsets = [produce(client, name, 0, keyed_batch(r))["base_offset"] for r in range(rounds)]
+        assert offsets == [KEYS * r for r in range(rounds)]
+        wait_for_log(broker, f"cleaned {name}-0")
+        cleaned = fetch_records(client, name)
+        assert_compacted_updates(cleaned, rounds)
+        assert len(cleaned) < KEYS * rounds
+    assert broker.stop() == 0
+    broker.start()
+    with raw_client(broker.port) as client:
+        assert_compacted_updates(fetch_records(client, name), rounds)
+        assert produce(client, name, 0, keyed_batch(rounds))["base_offset"] == KEYS * rounds
+        assert produce(client, name, 0, compacted([0, 3, 7]))["error_code"] == InvalidRecordError.code
+        assert_compacted_updates(fetch_records(client, name), rounds + 1)
+    assert "cannot clean" not in broker.log_tail(200_000)
 
 
 def test_broker_log_has_no_tracebacks_after_all_this_bad_input(server):

@@ -6,18 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.config import (
-    BROKER_CONFIGS,
-    INT32_MAX,
-    INT64_MAX,
-    TOPIC_CONFIGS,
-    TOPIC_NAME_MAX,
-    BrokerConfig,
-    ConfigDef,
-    LogConfig,
-    parse_topic_configs,
-    validate_topic_name,
-)
+from broker.config import BROKER_CONFIGS, TOPIC_CONFIGS, BrokerConfig, ConfigDef, LogConfig, parse_topic_configs
+from segment_format.layout import TOPIC_NAME_MAX, validate_topic_name
+from segment_format.limits import INT32_MAX, INT64_MAX
 from broker.errors import InvalidConfigError, InvalidTopicError
 
 INT_DEF = ConfigDef("test.bytes", int, 10, "an int", minimum=1, maximum=100)

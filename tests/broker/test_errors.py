@@ -24,7 +24,14 @@ def _all_error_classes() -> list[type[PymqError]]:
     return found
 
 
-ERROR_CLASSES = _all_error_classes()
+ALL_CLASSES = _all_error_classes()
+ERROR_CLASSES = [cls for cls in ALL_CLASSES if "_wire_name" in cls.__dict__]  # registered: one per wire code
+
+
+def test_every_unregistered_error_class_is_a_finer_kind_of_a_registered_one():
+    """A class without a wire name of its own answers with a registered base's code."""
+    for cls in set(ALL_CLASSES) - set(ERROR_CLASSES):
+        assert error_for_code(cls.code).__class__ in cls.__mro__, cls
 
 
 def test_every_error_class_has_a_unique_code():

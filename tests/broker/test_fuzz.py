@@ -5,15 +5,17 @@ byte-identical on disk and consumes to exactly the same records.
 The storm mixes (1) random bytes, with and without a plausible size prefix, (2) well-framed
 requests of random API keys whose control maps are random (shaped like real requests or not),
 and (3) valid Produce / Fetch / ListOffsets / Metadata / CreateTopics requests mutated by bit
-flips, byte insertions and deletions, truncation, field-type swaps and random header fields.
+flips, byte insertions and deletions, truncation, field-type swaps and random header fields, and
+(4) produces to the snapshot topic of well-formed batches that no producer may write (forged
+compacted offset ranges, offset gaps, control and transactional bits): INVALID_RECORD.
 
 Keeping the snapshot check exact: valid produces go to the separate topic `fuzz-sink`; produces
-aimed at the snapshot topic carry a batch whose CRC is forced wrong. Because frames are sent
+aimed at the snapshot topic carry a batch whose CRC is forced wrong, or a forged one. Because frames are sent
 back to back on a stream, a mutated size can make the broker see frames we never built (a tail
 of one frame glued to the head of the next). So every chunk is first fed to a mirror of the
 broker's own `FrameDecoder` (same limit, same bytes): if the broker would decode from it any
 request that could change the snapshot topic (an admin write naming it, or a produce naming it
-whose payload holds a valid batch anywhere), the chunk is not sent and that connection is
+whose payload holds anywhere a batch the broker would take from a producer), the chunk is not sent and that connection is
 replaced. Everything else is sent, responses are drained and thrown away.
 
 The seed is fixed and printed on failure; PYMQ_FUZZ_SEED=<n> replays another one.
@@ -37,11 +39,22 @@ import msgpack
 import pyarrow as pa
 import pytest
 
-from broker import protocol, record
+from broker import protocol
+from segment_format import record
 from broker.client import Admin, Producer
 from broker.config import TOPIC_CONFIGS
-from broker.errors import NONE, CorruptMessageError, InvalidRequestError, UnknownServerError, error_for_code, error_name
+from broker.errors import (
+    NONE,
+    CorruptMessageError,
+    InvalidRecordError,
+    InvalidRequestError,
+    InvalidTimestampError,
+    UnknownServerError,
+    error_for_code,
+    error_name,
+)
 from broker.protocol import ApiKey
+from tests.broker.forged_batches import FORGED_BATCHES
 
 SEED = int(os.environ.get("PYMQ_FUZZ_SEED", "20260611"))
 FRAMES = int(os.environ.get("PYMQ_FUZZ_FRAMES", "30000"))
@@ -101,6 +114,7 @@ class Fuzzer:
                 timestamps_ms=TS - rng.randint(0, 10_000)), compression=compression))
             for n, compression in [(1, "none"), (3, "none"), (20, "lz4"), (50, "zstd"), (7, "none")]
         ]
+        self.forged = [bytes(make()) for _, make, _ in FORGED_BATCHES]
         self.created = 0
 
     # leaves
@@ -202,6 +216,8 @@ class Fuzzer:
             return "random-control", self.random_control_frame()
         if r < 0.58:
             return "broken-crc-to-snapshot", self.broken_snapshot_produce()
+        if r < 0.62:
+            return "forged-to-snapshot", self.forged_snapshot_produce()
         return "mutated", self.mutated_frame()
 
     def random_bytes(self) -> bytes:
@@ -316,6 +332,16 @@ class Fuzzer:
         return pack_frame(ApiKey.PRODUCE, 0, rng.randint(0, 2**31 - 1), control, bytes(batch))
 
 
+    def forged_snapshot_produce(self) -> bytes:
+        """A produce aimed at the snapshot topic of a well-formed batch (CRC and all) that no
+        producer may write, sometimes two of them: the broker must refuse it (INVALID_RECORD)."""
+        rng = self.rng
+        batches = b"".join(rng.choices(self.forged, k=rng.randint(1, 2)))
+        control = {"acks": rng.choice([1, -1]), "topics": [
+            {"name": SNAP, "partitions": [{"partition": rng.randint(0, 1), "size": len(batches)}]}]}
+        return pack_frame(ApiKey.PRODUCE, 0, rng.randint(0, 2**31 - 1), control, batches)
+
+
 def pack_frame(api_key: int, version: int, correlation_id: int, control: Any, payload: bytes) -> bytes:
     packed = msgpack.packb(control, use_bin_type=True)
     header = struct.pack(">ihhii", 12 + len(packed) + len(payload), api_key, version, correlation_id, len(packed))
@@ -336,14 +362,16 @@ def names_snapshot(value: Any) -> bool:
 
 
 def holds_a_valid_batch(payload: memoryview) -> bool:
-    """True if a batch starting at any byte of `payload` passes the broker's validation."""
+    """True if a batch starting at any byte of `payload` passes the broker's validation of a
+    producer's batch (without the timestamp bounds, which could only refuse more)."""
     magic = record.MAGIC
+    producer = record.ProducerInput(record.now_ms(), None)
     for pos in range(0, len(payload) - record.HEADER_SIZE + 1):
         if payload[pos + 16] != magic:
             continue
         try:
-            record.validate_batch(payload, pos)
-        except CorruptMessageError:
+            record.validate_batch(payload, pos, producer=producer)
+        except (CorruptMessageError, InvalidRecordError, InvalidTimestampError):
             continue
         return True
     return False
@@ -583,3 +611,11 @@ def test_fuzz_storm_answers_only_named_error_codes(storm):
     unexpected = {name: n for name, n in storm.stats.codes.items()
                   if name == UnknownServerError.name() or name.startswith("code ")}
     assert not unexpected, (f"seed {SEED}", unexpected)
+
+
+def test_fuzz_storm_refuses_forged_batches_as_invalid_record(storm):
+    """Produces of batches no producer may write reached the broker and were answered
+    INVALID_RECORD (the snapshot test above proves they changed nothing)."""
+    stats = storm.stats
+    assert stats.sent.get("forged-to-snapshot", 0) > 0, (f"seed {SEED}", stats)
+    assert stats.codes.get(InvalidRecordError.name(), 0) > 0, (f"seed {SEED}", stats)

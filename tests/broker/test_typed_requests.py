@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from broker import protocol, record
+from broker import protocol
+from segment_format import record
 from broker.client import Admin
 from broker.errors import NONE, UnknownLeaderEpochError
 from broker.protocol import (

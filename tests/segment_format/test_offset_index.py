@@ -62,15 +62,16 @@ def test_lookup_returns_largest_entry_at_or_below(index, offset, expected):
     [(130, 4000), (125, 4000), (140, 3000), (140, 2500)],
     ids=["same-offset", "lower-offset", "same-position", "lower-position"],
 )
-def test_append_asserts_both_fields_grow(index, offset, position):
-    """Entries that do not strictly grow in offset and position are a bug, not data."""
-    with pytest.raises(AssertionError):
+def test_append_refuses_entries_that_do_not_grow(index, offset, position):
+    """Entries that do not strictly grow in offset and position are CorruptIndexError naming the
+    file and both entries (checked under python -O too)."""
+    with pytest.raises(CorruptIndexError, match=rf"\.index: entry \(offset {offset}, position {position}\) does not follow"):
         index.append(offset, position)
 
 
-def test_append_asserts_relative_offset_fits_int32(index):
+def test_append_refuses_a_relative_offset_beyond_int32(index):
     """An offset too far from the base cannot be stored in the 4-byte relative field."""
-    with pytest.raises(AssertionError):
+    with pytest.raises(CorruptIndexError, match="outside what an entry holds"):
         index.append(BASE + 2**31, 5000)
 
 

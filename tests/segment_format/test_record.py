@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.errors import CorruptMessageError, InvalidTimestampError, MessageTooLargeError
+from broker.errors import CorruptMessageError, InvalidRecordError, InvalidTimestampError, MessageTooLargeError
 from segment_format.record import (
     BODY_SCHEMA,
     COMPACTED_BODY_SCHEMA,
@@ -32,9 +32,11 @@ from segment_format.record import (
     patch_offsets,
     read_header,
     record_offsets,
+    ProducerInput,
     TimestampBounds,
     validate_batch,
 )
+from tests.broker.forged_batches import FORGED_BATCHES, with_gap
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -603,17 +605,64 @@ TIMESTAMP_CASES = [
 
 @pytest.mark.parametrize("base, top, bounds, error", [c[1:] for c in TIMESTAMP_CASES], ids=[c[0] for c in TIMESTAMP_CASES])
 def test_producer_timestamps_are_checked_against_the_clock(base, top, bounds, error):
-    """With now_ms (producer input) a negative base_timestamp is INVALID_TIMESTAMP, and with
+    """With producer input a negative base_timestamp is INVALID_TIMESTAMP, and with
     bounds (CreateTime) so is one outside [now - before.max, now + after.max]; the bounds are
     inclusive. LogAppendTime topics pass no bounds."""
     buf = _stamped(base, top)
     if error is None:
-        validate_batch(buf, now_ms=NOW, timestamp_bounds=bounds)
+        validate_batch(buf, producer=ProducerInput(NOW, bounds))
     else:
         with pytest.raises(InvalidTimestampError, match="batch at byte 0") as raised:
-            validate_batch(buf, now_ms=NOW, timestamp_bounds=bounds)
+            validate_batch(buf, producer=ProducerInput(NOW, bounds))
         assert error in str(raised.value) and raised.value.code == 32
     validate_batch(buf)  # followers and recovery keep whatever the leader accepted
+
+
+# -- what only a producer may not write (INVALID_RECORD) -----------------------------------------
+
+
+@pytest.mark.parametrize("make, words", [c[1:] for c in FORGED_BATCHES], ids=[c[0] for c in FORGED_BATCHES])
+def test_a_batch_no_producer_may_write_is_invalid_record_from_a_producer(make, words):
+    """A compacted body, an offset gap, or the control / transactional bit from a producer is
+    INVALID_RECORD (Kafka's code 87) naming why and where, before any timestamp check."""
+    with pytest.raises(InvalidRecordError, match="batch at byte 0") as raised:
+        validate_batch(make(), producer=ProducerInput(NOW, None))
+    assert words in str(raised.value) and raised.value.code == 87 and raised.value.name() == "INVALID_RECORD"
+
+
+@pytest.mark.parametrize("make", [c[1] for c in FORGED_BATCHES if "gap" not in c[0]],
+                         ids=[c[0] for c in FORGED_BATCHES if "gap" not in c[0]])
+def test_a_batch_only_a_leader_writes_passes_follower_and_recovery_validation(make):
+    """Compacted bodies and control / transactional batches are the leader's to write: without
+    producer input (a follower's copy, recovery) the validator keeps them."""
+    buf = make()
+    assert validate_batch(buf).record_count == read_header(buf).record_count
+
+
+def test_an_offset_gap_in_a_standard_body_is_corrupt_for_followers_too():
+    """Only a compacted body has gaps: a standard one claiming more offsets than records is
+    CORRUPT_MESSAGE on every path, INVALID_RECORD (the more precise code) only from a producer."""
+    with pytest.raises(CorruptMessageError, match="last_offset_delta 3 != record_count 2 - 1"):
+        validate_batch(with_gap(2))
+
+
+@PROPERTY
+@given(deltas=st.lists(st.integers(0, 2**31 - 1), min_size=1, max_size=5),
+       attributes=st.sampled_from([0, CONTROL_BIT, TRANSACTIONAL_BIT, CONTROL_BIT | TRANSACTIONAL_BIT]))
+def test_no_compacted_body_passes_as_producer_input(deltas, attributes):
+    """Whatever offset deltas a compacted body claims (ordered or not) and whatever attribute bits
+    it sets, a producer's batch in that layout is INVALID_RECORD (CORRUPT_MESSAGE when the last
+    delta is below record_count - 1, which no batch may claim); a standard one only for the bits."""
+    body = make_body([b"v"] * len(deltas), timestamps_ms=TS, offset_deltas=deltas)
+    error = InvalidRecordError if deltas[-1] >= len(deltas) - 1 else CorruptMessageError
+    with pytest.raises(error, match="inconsistent batch offset range" if error is InvalidRecordError else "record_count"):
+        validate_batch(encode_batch(body, attributes=attributes), producer=ProducerInput(NOW, None))
+    standard = encode_batch(make_body([b"v"] * len(deltas), timestamps_ms=TS), attributes=attributes)
+    if attributes:
+        with pytest.raises(InvalidRecordError):
+            validate_batch(standard, producer=ProducerInput(NOW, None))
+    else:
+        assert validate_batch(standard, producer=ProducerInput(NOW, None)).last_offset_delta == len(deltas) - 1
 
 
 # -- compacted bodies and offsets ----------------------------------------------------------------

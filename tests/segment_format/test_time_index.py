@@ -40,8 +40,9 @@ def test_maybe_append_keeps_only_larger_timestamps(index):
     assert index.last_entry == (301, 90)
 
 
-def test_maybe_append_asserts_offsets_never_decrease(index):
-    with pytest.raises(AssertionError):
+def test_maybe_append_refuses_an_offset_that_goes_back(index):
+    """Offsets never decrease in a time index: CorruptIndexError naming the file and both offsets."""
+    with pytest.raises(CorruptIndexError, match=r"\.timeindex: offset 69 goes back before the last entry's"):
         index.maybe_append(400, 69)
 
 

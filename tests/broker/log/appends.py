@@ -10,3 +10,11 @@ def append(partition_log: UnifiedLog, payload: bytearray | bytes, leader_epoch: 
     info = partition_log.append_as_leader(payload, leader_epoch)
     partition_log.maybe_increment_high_watermark(partition_log.durable_end_offset)
     return info
+
+
+def append_compacted(partition_log: UnifiedLog, payload: bytearray | bytes) -> AppendInfo:
+    """Batches as the log cleaner leaves them (compacted bodies, offsets kept): no producer may
+    append those, so they come in as a follower's copy of a leader's log, and become readable."""
+    info = partition_log.append_as_follower(payload)
+    partition_log.maybe_increment_high_watermark(partition_log.log_end_offset)
+    return info

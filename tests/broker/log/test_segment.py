@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from segment_format import record
-from broker.errors import CorruptMessageError, KafkaStorageError
+from broker.errors import CorruptMessageError, KafkaStorageError, LogInvariantError
 from segment_format.index_file import CorruptIndexError
 from broker.log.file_cache import FileCache
 from broker.log.segment import BatchInfo, Segment
@@ -329,7 +329,7 @@ def test_seal_records_the_max_timestamp_and_forbids_appends(segment):
     filled(segment, interval=NO_INDEX, timestamps=[5, 9, 7, 1, 2])
     segment.seal()
     assert segment.time_index.last_entry == (9, 3)
-    with pytest.raises(AssertionError):
+    with pytest.raises(LogInvariantError, match="append to a sealed segment"):
         append(segment, build_batch(RECORDS))
 
 
