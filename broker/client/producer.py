@@ -409,20 +409,31 @@ class RecordAccumulator:
             # Sealing a lingered-out batch here, rather than only when the sender's timer fires,
             # keeps linger_ms precise under load: event-loop timers have millisecond resolution.
             if batch.size >= self.batch_size or _monotonic() >= batch.created + self.seal_after_s:
-                batch.record_count = index + 1
-                del self.open[tp]
-                self.sealed.append(batch)
+                self._seal_open(tp)
                 self.on_batch(topic, partition, True)
             return _new_future(RecordFuture, (batch.result, index, timestamp))
 
     def append_body(self, topic: str, partition: int, body: pa.RecordBatch) -> BatchResult:
-        """Queue an already-built Arrow body as one sealed batch (the columnar path)."""
+        """Queue an already-built Arrow body as one sealed batch (the columnar path), behind the
+        partition's open batch, which is sealed first: a partition's records are written in the
+        order the application handed them over, whether by `append` or here (as Kafka's
+        accumulator keeps one queue per partition in call order). Queued ahead of the open batch,
+        the body took the lower offsets."""
         batch = ProducerBatch(topic, partition, body)
+        tp = (topic, partition)
         with self.lock:
             self.incomplete.add(batch.result)
             self.appended_bytes += batch.size
+            if tp in self.open:
+                self._seal_open(tp)
             self.sealed.append(batch)
         return batch.result
+
+    def _seal_open(self, tp: tuple[str, int]) -> None:
+        """Move the partition's open batch to the sealed queue, its record count now final. Under `lock`."""
+        batch = self.open.pop(tp)
+        batch.record_count = len(batch.values)
+        self.sealed.append(batch)
 
     def drain(self, force: bool = False, busy: Mapping[tuple[str, int], int] | None = None
               ) -> tuple[list[ProducerBatch], float | None]:
