@@ -14,7 +14,8 @@ from broker.client.admin import (
 )
 from broker.client.consumer import RECORD_SCHEMA, AsyncConsumer, Consumer, ConsumerRecord
 from broker.client.consumer_coordinator import GroupMetadata
-from broker.client.producer import AsyncProducer, Producer, RecordFuture, RecordMetadata
+from broker.client.producer import AsyncProducer, Producer
+from broker.client.producer_batch import RecordFuture, RecordMetadata
 
 __all__ = [
     "Admin", "AdminError", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "Consumer", "ConsumerRecord",

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from broker.client import Admin, AsyncProducer, Consumer, ConsumerRecord, Producer
 from broker.client.partitioner import partition_for_key
-from broker.client.producer import BatchResult, PartitionMutes, ProducerBatch, RecordAccumulator
+from broker.client.accumulator import PartitionMutes, RecordAccumulator
+from broker.client.producer_batch import BatchResult, ProducerBatch
 from broker.errors import (
     DeliveryTimeoutError,
     MessageTooLargeError,
@@ -170,13 +171,13 @@ def test_max_in_flight_one_sends_a_retried_batch_before_newer_batches_of_its_par
                                  retry_backoff_ms=10) as producer:
             cluster, retry_may_go = producer.cluster, asyncio.Event()
             leader = (await cluster.partitions(topic))[0].leader
-            refresh = producer._refresh_metadata
+            refresh = producer.sender.refresh_metadata
 
             async def refresh_when_let_go():  # the back-off's end: a's retry waits for the test
                 await retry_may_go.wait()
                 await refresh()
 
-            producer._refresh_metadata = refresh_when_let_go
+            producer.sender.refresh_metadata = refresh_when_let_go
             first_reply = asyncio.get_running_loop().create_future()
             if failure == "connect-fails":
                 assert cluster.open_connection(leader) is None  # start() used the bootstrap connection
