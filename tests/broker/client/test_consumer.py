@@ -10,7 +10,7 @@ import pytest
 
 from broker import record
 from broker.client import RECORD_SCHEMA, Admin, Consumer, ConsumerRecord, Producer
-from broker.client.consumer import corrupt_batch_offset
+from broker.client.decoder import corrupt_batch_offset
 from broker.errors import (
     CorruptMessageError,
     CorruptRecordError,
