@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from broker.client.consumer import decode_fetched
+from broker.client.decoder import decode_fetched
 from segment_format.segment_reader import FRAME_ONLY
 from spark_datasource.offsets import OffsetReader
 from spark_datasource.options import EARLIEST, LATEST, InvalidOptionError

@@ -12,9 +12,11 @@ from broker.client.admin import (
     PartitionLag,
     TopicDescription,
 )
-from broker.client.consumer import RECORD_SCHEMA, AsyncConsumer, Consumer, ConsumerRecord
+from broker.client.consumer import AsyncConsumer, Consumer
+from broker.client.decoder import RECORD_SCHEMA, ConsumerRecord
 from broker.client.consumer_coordinator import GroupMetadata
-from broker.client.producer import AsyncProducer, Producer, RecordFuture, RecordMetadata
+from broker.client.producer import AsyncProducer, Producer
+from broker.client.producer_batch import RecordFuture, RecordMetadata
 
 __all__ = [
     "Admin", "AdminError", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "Consumer", "ConsumerRecord",

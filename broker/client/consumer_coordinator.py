@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal, NamedTuple
 
 from broker.client.assignors import ASSIGNORS, PartitionAssignor
-from broker.client.cluster import Cluster
+from broker.client.cluster import Cluster, TopicPartition
 from broker.client.connection import BrokerConnection
 from broker.errors import (
     CoordinatorLoadInProgressError,
@@ -88,7 +88,6 @@ from broker.protocol.messages.group import (
 
 log = logging.getLogger("pymq.consumer.group")
 
-TopicPartition = tuple[str, int]
 RebalanceProtocol = Literal["eager", "cooperative"]
 CommitCallback = Callable[[dict[TopicPartition, int], PymqError | None], Any]
 

@@ -27,7 +27,8 @@ import numpy as np
 
 from broker import protocol
 from broker.client.cluster import Cluster
-from broker.client.consumer import FetchedBatch, decode_fetched, list_offsets
+from broker.client.decoder import FetchedBatch, decode_fetched
+from broker.client.offset_fetcher import list_offsets
 from broker.errors import (
     DataLossError,
     NetworkError,

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from segment_format import record
-from broker.client.consumer import FetchedBatch
+from broker.client.decoder import FetchedBatch
 from broker.config import LogConfig
 from broker.errors import CorruptMessageError
 from broker.log import LogManager, TopicLogSpec

@@ -10,7 +10,7 @@ import pytest
 
 from segment_format import record
 from broker.client import RECORD_SCHEMA, Admin, Consumer, ConsumerRecord, Producer
-from broker.client.consumer import corrupt_batch_offset
+from broker.client.decoder import corrupt_batch_offset
 from broker.errors import (
     CorruptMessageError,
     CorruptRecordError,
@@ -299,15 +299,15 @@ def test_a_tailing_consumer_sends_its_next_fetch_before_decoding_a_reply(shared_
     in order, also across a seek made while such a fetch is out."""
     topic = new_topic(1)
     consumer = consumers(shared_broker.bootstrap, auto_offset_reset="earliest")
-    core = consumer._core
+    fetcher = consumer._core._fetcher
     out_while_decoding: list[int] = []
-    absorb = core._absorb
+    absorb = fetcher._absorb
 
     def watched(tp, data):
-        out_while_decoding.append(len(core.cluster.open_connection(core._leader(tp))._pending))
+        out_while_decoding.append(len(fetcher.cluster.open_connection(fetcher._leader(tp))._pending))
         absorb(tp, data)
 
-    core._absorb = watched
+    fetcher._absorb = watched
     consumer.assign([(topic, 0)])
     received: list[ConsumerRecord] = []
     for i in range(5):

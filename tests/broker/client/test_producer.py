@@ -3,16 +3,22 @@ linger, the columnar send_batch path, errors, retries across an outage, delivery
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
+from collections.abc import Iterable
+from typing import Any, NamedTuple
 
 import pandas as pd
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from broker.client import Admin, AsyncProducer, Consumer, ConsumerRecord, Producer
 from broker.client.partitioner import partition_for_key
-from broker.client.producer import BatchResult, PartitionMutes, ProducerBatch, RecordAccumulator
+from broker.client.accumulator import PartitionMutes, RecordAccumulator
+from broker.client.producer_batch import BatchResult, ProducerBatch
 from broker.errors import (
     DeliveryTimeoutError,
     MessageTooLargeError,
@@ -165,13 +171,13 @@ def test_max_in_flight_one_sends_a_retried_batch_before_newer_batches_of_its_par
                                  retry_backoff_ms=10) as producer:
             cluster, retry_may_go = producer.cluster, asyncio.Event()
             leader = (await cluster.partitions(topic))[0].leader
-            refresh = producer._refresh_metadata
+            refresh = producer.sender.refresh_metadata
 
             async def refresh_when_let_go():  # the back-off's end: a's retry waits for the test
                 await retry_may_go.wait()
                 await refresh()
 
-            producer._refresh_metadata = refresh_when_let_go
+            producer.sender.refresh_metadata = refresh_when_let_go
             first_reply = asyncio.get_running_loop().create_future()
             if failure == "connect-fails":
                 assert cluster.open_connection(leader) is None  # start() used the bootstrap connection
@@ -433,6 +439,118 @@ def test_send_batch_truncates_sub_millisecond_timestamps(shared_broker, new_topi
         producer.flush()
     [got] = consume(shared_broker.bootstrap, topic, 1, 1)
     assert got.timestamp == stamp.value // 1_000_000
+
+
+# -- send order across send() and send_batch() --------------------------------------------------
+
+
+class Call(NamedTuple):
+    """One call a send-order test hands the producer: send() of one record or send_batch() of
+    `rows` rows, to an explicit partition; `step` numbers the calls of a test, in call order."""
+
+    step: int
+    kind: str  # "send" or "send_batch"
+    partition: int
+    rows: int
+
+    @property
+    def values(self) -> list[bytes]:
+        return [b"%d-%d" % (self.step, row) for row in range(self.rows)]
+
+    def args(self, topic: str) -> tuple[str, Any]:
+        values = self.values
+        return topic, values[0] if self.kind == "send" else pa.table({"value": pa.array(values, pa.binary())})
+
+
+def numbered(sequences: Iterable[Iterable[tuple[str, int, int]]]) -> list[list[Call]]:
+    """Sequences of (kind, partition, rows) as Calls numbered across all of them."""
+    steps = itertools.count()
+    return [[Call(next(steps), *op) for op in ops] for ops in sequences]
+
+
+def produce_in_sequences(api: str, bootstrap: str, settings: dict[str, Any], topic: str,
+                         sequences: list[list[Call]]) -> list[list[Any]]:
+    """Make each sequence's calls on one producer, flushing after each sequence; what every call
+    returned (a RecordFuture or send_batch's BatchResults), by sequence."""
+    if api == "sync":
+        with Producer(bootstrap, **settings) as producer:
+            returned = []
+            for calls in sequences:
+                returned.append([getattr(producer, c.kind)(*c.args(topic), partition=c.partition) for c in calls])
+                producer.flush()
+            return returned
+
+    async def produce() -> list[list[Any]]:
+        async with AsyncProducer(bootstrap, **settings) as producer:
+            returned = []
+            for calls in sequences:
+                returned.append([await getattr(producer, c.kind)(*c.args(topic), partition=c.partition) for c in calls])
+                await producer.flush()
+            return returned
+
+    return asyncio.run(asyncio.wait_for(produce(), 120))
+
+
+def landed_at(returned: Any, rows: int) -> list[int]:
+    """The offsets of a call's records: its future's, or those of send_batch's one batch."""
+    if isinstance(returned, list):  # these few rows make one batch
+        (result,) = returned
+        if result.error is not None:
+            raise result.error
+        return list(range(result.base_offset, result.base_offset + rows))
+    return [returned.result(10).offset]
+
+
+def assert_call_order(bootstrap: str, topic: str, partitions: int, sequences: list[list[Call]],
+                      returned: list[list[Any]]) -> None:
+    """Each partition's records hold offsets 0, 1, ... in the order of the calls that handed them
+    over, as the producer reported them and as the log holds them."""
+    next_offset = [0] * partitions
+    expected: dict[tuple[int, int], bytes] = {}
+    for calls, results in zip(sequences, returned):
+        for call, result in zip(calls, results):
+            start = next_offset[call.partition]
+            offsets = list(range(start, start + call.rows))
+            assert landed_at(result, call.rows) == offsets, f"{call} in {calls}"
+            next_offset[call.partition] += call.rows
+            expected.update(((call.partition, offset), value) for offset, value in zip(offsets, call.values))
+    records = consume(bootstrap, topic, partitions, len(expected))
+    assert {(r.partition, r.offset): r.value for r in records} == expected
+
+
+ORDER_OPS = [("send", p, 1) for p in range(2)] + [("send_batch", p, 2) for p in range(2)]
+
+
+@pytest.mark.parametrize("linger_ms", [0, None], ids=["linger-0", "default-linger"])
+@pytest.mark.parametrize("api", ["sync", "async"])
+def test_send_and_send_batch_keep_call_order_within_a_partition(shared_broker, new_topic, api, linger_ms):
+    """Every sequence of one to three send()/send_batch() calls over two partitions, flushed after
+    each sequence: a partition's records take offsets in call order, whichever API handed them over."""
+    topic = new_topic(2)
+    sequences = numbered(ops for length in (1, 2, 3) for ops in itertools.product(ORDER_OPS, repeat=length))
+    settings = {} if linger_ms is None else {"linger_ms": linger_ms}
+    returned = produce_in_sequences(api, shared_broker.bootstrap, settings, topic, sequences)
+    assert_call_order(shared_broker.bootstrap, topic, 2, sequences, returned)
+
+
+ORDER_OP = st.one_of(st.tuples(st.just("send"), st.integers(0, 2), st.just(1)),
+                     st.tuples(st.just("send_batch"), st.integers(0, 2), st.integers(1, 3)))
+
+
+def test_random_interleavings_of_send_and_send_batch_keep_call_order(shared_broker, new_topic):
+    """Random runs of send()/send_batch() calls over three partitions, flushed at random points,
+    either API, linger 0 or 5 ms: a partition's records take offsets in call order."""
+
+    @settings(max_examples=20, deadline=None)
+    @given(ops=st.lists(st.lists(ORDER_OP, min_size=1, max_size=6), min_size=1, max_size=3),
+           api=st.sampled_from(["sync", "async"]), linger_ms=st.sampled_from([0, 5]))
+    def calls_keep_order(ops: list[list[tuple[str, int, int]]], api: str, linger_ms: int) -> None:
+        topic = new_topic(3)
+        sequences = numbered(ops)
+        returned = produce_in_sequences(api, shared_broker.bootstrap, {"linger_ms": linger_ms}, topic, sequences)
+        assert_call_order(shared_broker.bootstrap, topic, 3, sequences, returned)
+
+    calls_keep_order()
 
 
 # -- errors ------------------------------------------------------------------------------------

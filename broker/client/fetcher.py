@@ -1,0 +1,437 @@
+"""Fetcher: fetch requests, the fetched-records buffer, and decoding fetched batches (Kafka's Fetcher
+and FetchBuffer).
+
+A fetch loop per leader keeps one long-polling Fetch in flight for every assigned, unpaused
+partition with a fetch position while the buffer holds less than `max_buffer_bytes`, so the next
+poll usually finds data already decoded. The next fetch goes out before a reply's records are
+decoded (its positions come from the batch headers), so a tailing consumer always has a long poll
+parked at the broker. Replies are decoded by `decoder.decode_fetched` (CRC when `check_crcs`,
+zero-copy Arrow bodies, rows before the position dropped) into the buffer, in fetch order.
+
+A batch that fails its checks, or a broker's non-retriable error for a partition, becomes a
+marker in the buffer after the partition's records fetched before it: the poll that reaches it
+raises it, and the partition fetches nothing more until then (or until a seek). An out-of-range
+fetch position is reset per the subscription's `auto_offset_reset`.
+
+Thread rules: the fetch loops run on the consumer's loop. `take_ready` and `wait_for_data` may
+be called from the sync Consumer's application thread: the buffer is guarded by the
+subscription state's `lock` (one lock for records and positions), `_arrived` wakes such a
+poller, and async pollers wait on `data_ready`. Everything else is loop-local.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from typing import NamedTuple
+
+from segment_format import record
+from broker.client.cluster import Cluster, TopicPartition
+from broker.client.connection import BrokerConnection, Reply, decode_reply
+from broker.client.decoder import FetchedBatch, decode_fetched
+from broker.client.offset_fetcher import list_offsets
+from broker.client.subscription_state import SubscriptionState, reset_timestamp
+from broker.errors import (
+    CorruptMessageError,
+    CorruptRecordError,
+    NetworkError,
+    NoOffsetForPartitionError,
+    OffsetOutOfRangeError,
+    PymqError,
+    RequestTimedOutError,
+)
+from broker.protocol import FetchPartition, FetchRequest, FetchResponse, FetchTopic
+
+log = logging.getLogger("pymq.consumer")
+
+
+class Fetcher:
+    """Fetches the subscription's partitions into a buffer that polls take from (see the module
+    docstring). `start` binds it to the consumer's loop; `close` stops its fetch loops."""
+
+    def __init__(self, cluster: Cluster, subscriptions: SubscriptionState, *, fetch_max_wait_ms: int,
+                 fetch_min_bytes: int, fetch_max_bytes: int, max_partition_fetch_bytes: int, max_buffer_bytes: int,
+                 check_crcs: bool, request_timeout_s: float, retry_backoff_s: float) -> None:
+        self.cluster = cluster
+        self._subs = subscriptions
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.fetch_min_bytes = fetch_min_bytes
+        self.fetch_max_bytes = fetch_max_bytes
+        self.max_partition_fetch_bytes = max_partition_fetch_bytes
+        self.max_buffer_bytes = max_buffer_bytes
+        self.check_crcs = check_crcs
+        self.request_timeout_s = request_timeout_s
+        self.retry_backoff_s = retry_backoff_s
+        self.high_watermarks: dict[TopicPartition, int] = {}
+        # (tp, rows, bytes counted), or (tp, the error, 0) where a partition's fetched data turned
+        # out corrupt or its broker answered a non-retriable error: records before it are
+        # delivered first, and the partition fetches nothing more until that error was raised.
+        self._buffer: deque[tuple[TopicPartition, FetchedBatch | PymqError, int]] = deque()
+        self._buffered_bytes = 0
+        self._arrived = threading.Condition(subscriptions.lock)
+        self.data_ready = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._waiting_for_room = False  # a fetch loop waits for poll to make room in the buffer
+        self._error: PymqError | None = None
+        self._fetchers: dict[int, asyncio.Task[None]] = {}
+        self._epoch = 0  # bumped on every assign/seek: fetched data from an older epoch is dropped
+        # Bumped whenever the partitions to fetch change without an epoch (group assignment, pause,
+        # resume, new start positions): a fetch sent ahead keeps its partitions, so one planned
+        # before the change is not sent and the loop plans again.
+        self._plan = 0
+        # Set (under the lock) when the group needs the poller's attention: it stops waiting for records.
+        self.attention = False
+        self.closed = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    async def close(self) -> None:
+        """Stop the fetch loops and wake a waiting poller (it sees the consumer closed)."""
+        self.closed = True
+        self._changed.set()
+        with self._subs.lock:
+            self._arrived.notify_all()
+        for task in self._fetchers.values():
+            task.cancel()
+        await asyncio.gather(*self._fetchers.values(), return_exceptions=True)
+
+    async def wait_for_data_async(self, timeout_s: float) -> None:
+        """Wait on the loop until records or an error are buffered (or the group needs the
+        poller), up to `timeout_s`."""
+        try:
+            await asyncio.wait_for(self.data_ready.wait(), timeout_s)
+        except TimeoutError:
+            pass
+
+    def replan(self) -> None:
+        """The partitions to fetch changed (loop): fetch loops plan their next fetch afresh."""
+        self._plan += 1
+        self._changed.set()
+
+    def drop_buffered(self, tps: set[TopicPartition]) -> None:
+        """Forget the buffered records (and error markers) of `tps` (`_lock` held)."""
+        if not tps or not self._buffer:
+            return
+        kept = [entry for entry in self._buffer if entry[0] not in tps]
+        self._buffered_bytes -= sum(entry[2] for entry in self._buffer if entry[0] in tps)
+        self._buffer.clear()
+        self._buffer.extend(kept)
+        if not kept:
+            self.data_ready.clear()
+
+    def invalidate(self) -> None:
+        """Positions changed: drop prefetched data, and restart fetching from the consumed
+        positions at once (a parked long poll for the old positions is abandoned)."""
+        self._epoch += 1
+        with self._subs.lock:
+            self._buffer.clear()
+            self._buffered_bytes = 0
+            self.data_ready.clear()
+            self._subs.fetch_positions = dict(self._subs.consumed)
+        for task in self._fetchers.values():
+            task.cancel()
+        self._fetchers = {}
+        self.ensure_fetchers()
+
+    def take_ready(self, max_records: int | None) -> list[tuple[TopicPartition, FetchedBatch]]:
+        """What a poll returns now (any thread): a pending error is raised, else the buffered
+        records up to `max_records`. Fetchers waiting for room in the buffer are woken."""
+        wake = False
+        try:
+            with self._subs.lock:
+                try:
+                    if self._error is not None:
+                        err, self._error = self._error, None
+                        raise err
+                    missing = self._subs.missing_positions()
+                    if missing:
+                        raise NoOffsetForPartitionError(f"no position for {missing}: seek first (auto_offset_reset=none)")
+                    batches = self._take(max_records if max_records is not None else float("inf"))
+                    if not batches and self._buffer and isinstance(self._buffer[0][1], PymqError):
+                        raise self._partition_error_reached()
+                finally:
+                    if not self._buffer:
+                        self.data_ready.clear()
+                    wake, self._waiting_for_room = self._waiting_for_room, False
+        finally:
+            if wake:
+                self._wake_fetchers()
+        return batches
+
+    def _wake_fetchers(self) -> None:
+        """Set `_changed` on the loop, from whichever thread polled."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            self._changed.set()
+        else:
+            loop.call_soon_threadsafe(self._changed.set)
+
+    def wait_for_data(self, timeout_s: float) -> None:
+        """Block the calling (non-loop) thread until records or an error are buffered, the
+        consumer closes, the group needs the poller, or `timeout_s` passes: the sync Consumer's
+        poll, without a loop hop."""
+        deadline = time.monotonic() + timeout_s
+        with self._arrived:
+            while not self._buffer and self._error is None and not self.closed and not self.attention:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._arrived.wait(remaining)
+
+    def _signal(self) -> None:
+        """Records or an error arrived (loop thread, `_lock` held): wake pollers of both kinds."""
+        self.data_ready.set()
+        self._arrived.notify_all()
+
+    def _take(self, limit: float) -> list[tuple[TopicPartition, FetchedBatch]]:
+        """Up to `limit` buffered rows, in order. An error marker stays in the buffer (at the
+        front once the rows before it are taken); a corrupt batch's sets its partition's position."""
+        batches: list[tuple[TopicPartition, FetchedBatch]] = []
+        kept: list[tuple[TopicPartition, FetchedBatch | PymqError, int]] = []
+        taken = 0
+        while self._buffer and taken < limit:
+            tp, batch, accounted = self._buffer.popleft()
+            if isinstance(batch, PymqError):
+                # Nothing of tp follows it in the buffer: its fetching stopped there.
+                if isinstance(batch, CorruptRecordError):
+                    self._subs.consumed[tp] = batch.offset
+                kept.append((tp, batch, accounted))
+                continue
+            if taken + batch.num_rows > limit:
+                keep = int(limit - taken)
+                share = accounted * keep // batch.num_rows
+                batch, rest = batch.split(keep)
+                self._buffer.appendleft((tp, rest, accounted - share))
+                accounted = share
+            self._buffered_bytes -= accounted
+            batches.append((tp, batch))
+            taken += batch.num_rows
+            self._subs.consumed[tp] = batch.next_offset
+        self._buffer.extendleft(reversed(kept))
+        return batches
+
+    def _partition_error_reached(self) -> PymqError:
+        """Take the error marker at the front (`_lock` held); the partition is fetched again from
+        its position, so the error comes back until the caller seeks past it (or it clears)."""
+        tp, err, _ = self._buffer.popleft()
+        assert isinstance(err, PymqError)
+        self._subs.fetch_positions[tp] = self._subs.consumed[tp]
+        self._waiting_for_room = True  # the partition's fetcher has it back: wake it
+        return err
+
+    def ensure_fetchers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for node in {p.leader for t, ps in self.cluster.topics.items() for p in ps if (t, p.partition) in self._subs.assigned}:
+            task = self._fetchers.get(node)
+            if task is None or task.done():
+                self._fetchers[node] = loop.create_task(self._fetch_loop(node))
+
+    async def _fetch_loop(self, node: int) -> None:
+        me = asyncio.current_task()
+        ahead: _Fetch | None = None  # the next fetch, sent before the last reply was decoded
+        try:
+            # A loop replaced by _invalidate ends even if its cancellation was lost (asyncio.wait_for
+            # can swallow one whose inner future completed at the same moment): two loops fetching
+            # one partition would deliver its records twice.
+            while not self.closed and self._fetchers.get(node) is me:
+                fetch, ahead = ahead, None
+                mine: list[TopicPartition] = []
+                if fetch is None:
+                    self._changed.clear()
+                    mine = [tp for tp in self._subs.assigned if tp in self._subs.fetch_positions and tp not in self._subs.paused
+                            and self._leader(tp) == node]
+                    with self._subs.lock:  # checked and flagged at once: a poll in between would not wake us
+                        idle = not mine or self._buffered_bytes >= self.max_buffer_bytes
+                        if idle:
+                            self._waiting_for_room = True
+                    if idle:
+                        await self._changed.wait()
+                        continue
+                try:
+                    if fetch is None:
+                        conn = await self.cluster.connection(node)
+                        fetch = self._send_fetch(conn, {tp: self._subs.fetch_positions[tp] for tp in mine})
+                    ahead = await self._complete_fetch(node, fetch)
+                except (NetworkError, RequestTimedOutError) as err:
+                    log.info("fetch from broker %d failed: %s; retrying", node, err)
+                    await asyncio.sleep(self.retry_backoff_s)
+                    await self._refresh_quietly()
+                except PymqError as err:
+                    with self._subs.lock:
+                        self._error = err
+                        self._waiting_for_room = True
+                        self._signal()
+                    await self._changed.wait()
+        finally:
+            if ahead is not None:
+                ahead.reply.cancel()
+
+    def _leader(self, tp: TopicPartition) -> int | None:
+        parts = self.cluster.topics.get(tp[0])
+        return parts[tp[1]].leader if parts and tp[1] < len(parts) else None
+
+    async def _refresh_quietly(self) -> None:
+        try:
+            await self.cluster.refresh()
+        except PymqError as err:
+            log.info("metadata refresh failed: %s", err)
+
+    def _send_fetch(self, conn: BrokerConnection, positions: dict[TopicPartition, int]) -> "_Fetch":
+        """Write a Fetch for `positions` now (no await between deciding and writing)."""
+        by_topic: dict[str, list[FetchPartition]] = {}
+        for (topic, partition), offset in positions.items():
+            by_topic.setdefault(topic, []).append(FetchPartition(partition, offset, self.max_partition_fetch_bytes))
+        request = FetchRequest(tuple(FetchTopic(t, tuple(ps)) for t, ps in by_topic.items()),
+                               self.fetch_max_wait_ms, self.fetch_min_bytes, self.fetch_max_bytes)
+        reply = conn.request(request, self.request_timeout_s + self.fetch_max_wait_ms / 1000)
+        return _Fetch(request, reply, positions, self._epoch, self._plan)
+
+    async def _complete_fetch(self, node: int, fetch: "_Fetch") -> "_Fetch | None":
+        """Buffer one fetch's records; the next fetch if it could be sent ahead of decoding them.
+
+        A partition's data is taken only if the fetch asked for the partition's current fetch
+        position: data of an older epoch (a seek or assign since), or following a batch found
+        corrupt, starts at a stale offset and is dropped."""
+        control, payload = await fetch.reply
+        reply = decode_reply(fetch.request, control, payload)
+        if fetch.epoch != self._epoch:
+            return None
+        ahead = self._fetch_ahead(node, fetch, reply)
+        try:
+            reset: list[TopicPartition] = []
+            for t in reply.topics:
+                for p in t.partitions:
+                    tp = (t.name, p.partition)
+                    err = p.error()
+                    if err is not None:
+                        if isinstance(err, OffsetOutOfRangeError) and self._subs.auto_offset_reset != "none":
+                            reset.append(tp)
+                            continue
+                        if err.retriable:
+                            await self._refresh_quietly()
+                            continue
+                        if self._subs.fetch_positions.get(tp) == fetch.requested.get(tp):
+                            self._hold_error(tp, err)
+                        continue
+                    self.high_watermarks[tp] = p.high_watermark
+                    if self._subs.fetch_positions.get(tp) == fetch.requested.get(tp) and tp not in self._subs.paused:
+                        self._absorb(tp, p.records)  # type: ignore[arg-type]
+            if reset:
+                await self._reset_fetch_positions({tp: fetch.requested[tp] for tp in reset}, fetch.epoch)
+        except BaseException:
+            if ahead is not None:
+                ahead.reply.cancel()
+            raise
+        if ahead is not None and any(self._subs.fetch_positions.get(tp) != at for tp, at in ahead.requested.items()):
+            ahead.reply.cancel()  # decoding stopped short of where the headers said (a corrupt batch)
+            return None
+        return ahead
+
+    def _fetch_ahead(self, node: int, fetch: "_Fetch", reply: FetchResponse) -> "_Fetch | None":
+        """Send the next fetch before this reply's records are decoded, from the positions its
+        complete batches move each partition to (read from the batch headers alone).
+
+        The broker then holds the next long poll while this reply is decoded, and the I/O thread
+        has nothing left to do once it hands the records to the sync Consumer's poll(): that
+        thread waits for the GIL, which it gets only when this one goes idle. Only the plain
+        case goes ahead: every partition answered without error and the buffer has room for
+        what this reply brings; anything else waits for the reply to be handled first."""
+        conn = self.cluster.open_connection(node)
+        if conn is None or fetch.plan != self._plan or any(self._subs.fetch_positions.get(tp) != at
+                                                           for tp, at in fetch.requested.items()):
+            return None
+        positions = dict(fetch.requested)
+        incoming = 0
+        try:
+            for t in reply.topics:
+                for p in t.partitions:
+                    tp = (t.name, p.partition)
+                    if p.error_code or tp not in positions:
+                        return None
+                    for _, header in record.iter_batches(p.records, verify=False):
+                        positions[tp] = max(positions[tp], header.next_offset)
+                    incoming += len(p.records)
+        except CorruptMessageError:
+            return None  # _absorb finds and reports it
+        if self._buffered_bytes + incoming >= self.max_buffer_bytes:
+            return None
+        return self._send_fetch(conn, positions)
+
+    async def _reset_fetch_positions(self, out_of_range: dict[TopicPartition, int], epoch: int) -> None:
+        """Out of range (e.g. retention passed us): jump per auto_offset_reset. The consumed
+        position follows unless records before the jump are still buffered for poll. Nothing
+        moves if the position changed meanwhile (a seek, or another answer already applied)."""
+        log.warning("offsets out of range for %s; resetting to %s", list(out_of_range), self._subs.auto_offset_reset)
+        target = reset_timestamp(self._subs.auto_offset_reset)
+        found = await list_offsets(self.cluster, {tp: target for tp in out_of_range})
+        if epoch != self._epoch:
+            return
+        with self._subs.lock:
+            buffered = {tp for tp, _, _ in self._buffer}
+            for tp, (offset, _) in found.items():
+                if self._subs.fetch_positions.get(tp) != out_of_range[tp]:
+                    continue
+                self._subs.fetch_positions[tp] = offset
+                if tp not in buffered:
+                    self._subs.consumed[tp] = offset
+
+    def _hold_error(self, tp: TopicPartition, err: PymqError) -> None:
+        """A broker's non-retriable error for `tp`: a marker after its buffered records, raised
+        by the poll that reaches it; the partition fetches nothing more until then."""
+        log.warning("fetch of %s-%d failed: %s", tp[0], tp[1], err)
+        with self._subs.lock:
+            self._buffer.append((tp, err, 0))
+            del self._subs.fetch_positions[tp]
+            self._signal()
+
+    def _absorb(self, tp: TopicPartition, data: memoryview) -> None:
+        """Decode the complete batches of one partition's fetched bytes into the buffer. At a
+        corrupt batch, what came before it stays buffered, a marker for it follows, and the
+        partition fetches nothing more until the marker was raised (or the caller seeks).
+        Decoding happens outside `_lock`; the buffer is extended under it in one step."""
+        decoded = decode_fetched(tp, data, self._subs.fetch_positions[tp], self.high_watermarks.get(tp, -1), self.check_crcs)
+        fresh: list[tuple[TopicPartition, FetchedBatch | PymqError, int]] = [
+            (tp, batch, size) for batch, size in decoded.batches]
+        fresh_bytes = sum(size for _, size in decoded.batches)
+        corrupt, position = decoded.corrupt, decoded.position
+        if corrupt is not None:
+            log.warning("corrupt batch: %s", corrupt)
+            fresh.append((tp, corrupt, 0))
+        if not fresh:
+            return
+        with self._subs.lock:
+            self._buffer.extend(fresh)
+            self._buffered_bytes += fresh_bytes
+            if corrupt is not None:
+                del self._subs.fetch_positions[tp]
+            else:
+                self._subs.fetch_positions[tp] = position
+            self._signal()
+
+    def wake_poller(self) -> None:
+        """The group needs the poller (loop): stop waiting for records."""
+        with self._subs.lock:
+            self.attention = True
+            self.data_ready.set()
+            self._arrived.notify_all()
+
+
+class _Fetch(NamedTuple):
+    """A Fetch in flight: the request, its raw reply, the positions it asked for, and the
+    epoch (of assign/seek) it was sent in."""
+
+    request: FetchRequest
+    reply: asyncio.Future[Reply]
+    requested: dict[TopicPartition, int]
+    epoch: int
+    plan: int  # the fetcher's `_plan` when it was sent
