@@ -276,6 +276,14 @@ class PartitionNotAssignedError(PymqError):
     code = 901
 
 
+class WorkQueueFullError(PymqError):
+    """A bounded queue of the broker's background work is full (e.g. remote reads past
+    `remote.log.reader.max.pending.tasks`); retry after a backoff."""
+
+    code = 902
+    retriable = True
+
+
 # Client-side conditions that never come from a broker use codes >= 1000.
 class ProducerClosedError(PymqError):
     code = 1000
@@ -355,6 +363,7 @@ _NAMES: dict[type[PymqError], str] = {
     GroupSubscribedToTopicError: "GROUP_SUBSCRIBED_TO_TOPIC",
     VersionConflictError: "CONCURRENT_METADATA_UPDATE",
     PartitionNotAssignedError: "PARTITION_NOT_ASSIGNED",
+    WorkQueueFullError: "WORK_QUEUE_FULL",
     ProducerClosedError: "PRODUCER_CLOSED",
     DeliveryTimeoutError: "DELIVERY_TIMEOUT",
     ConsumerStoppedError: "CONSUMER_STOPPED",
