@@ -157,9 +157,15 @@ class Connection(asyncio.BufferedProtocol):
 
     def _hold(self, frame: protocol.Request) -> None:
         """A request that is not answered at once keeps its bytes: count them against
-        queued.max.request.bytes until its response is out (`_unhold`)."""
-        self.broker.request_memory.acquire(frame.payload.nbytes)
+        queued.max.request.bytes until its response is out (`_unhold`). The request that spends
+        the budget stops every connection's reads, not only those that hold requests."""
+        memory = self.broker.request_memory
+        spent_before = memory.exhausted
+        memory.acquire(frame.payload.nbytes)
         self._produces += frame.api_key == ApiKey.PRODUCE
+        if memory.exhausted and not spent_before:
+            for conn in list(self.broker.connections):
+                conn._update_reading()
 
     def _unhold(self, frame: protocol.Request) -> None:
         self._produces -= frame.api_key == ApiKey.PRODUCE
