@@ -19,6 +19,8 @@ Workloads (null keys, so the sticky partitioner spreads batches over the partiti
 Each configuration runs REPEAT times on the same broker; the summary takes the configuration with
 the best median run. The producer warms up with 200,000 records first (connections, code paths and
 the broker's allocator: the very first run on a fresh broker is up to 2x slower).
+During each timed run a client times a Metadata request every 10 ms (benchmarks/loop_lag.py's
+Pinger): its p99 and worst latency are the event loop's lag as a client sees it.
 For `send_batch` the harness bounds unacknowledged bytes to `buffer_memory` itself: send_batch
 does not block on buffer_memory (it queues everything it is given).
 
@@ -34,6 +36,7 @@ from typing import Any, Callable
 
 from benchmarks import harness
 from benchmarks.harness import KB, MB, SummaryRow
+from benchmarks.loop_lag import Pinger
 
 # name -> (mode, record_size, default records, list of producer configs)
 SWEEPS: dict[str, tuple[str, int, int, list[dict[str, Any]]]] = {
@@ -222,7 +225,13 @@ def run_one(broker: harness.BrokerProcess, name: str, mode: str, record_size: in
         if profiler is not None:
             profiler.attach("producer", worker.pid)
             profiler.attach("broker", broker.pid)
-        result = worker.result(timeout_s=1800)
+        pinger = Pinger(broker.bootstrap, create_topics=False).start()  # the loop's lag, seen by a client
+        try:
+            result = worker.result(timeout_s=1800)
+        finally:
+            pinger.stop()
+        lag = harness.percentiles(pinger.metadata_ms)
+        result.update(metadata_p99_ms=lag.get("p99_ms"), metadata_max_ms=lag.get("max_ms"))
         profile = profiler.stop() if profiler is not None else None
     finally:
         harness.delete_topic(broker.bootstrap, topic)
@@ -281,7 +290,8 @@ def _show_progress(row: dict[str, Any]) -> None:
     print(f"  {row['workload']:18s} batch_size={row['batch_size']:>5s} linger={row['linger_ms']:>3d} "
           f"compression={row['compression']:4s}: {row['records_per_s']:>12,.0f} msg/s {row['mb_per_s']:>8,.1f} MB/s "
           f"(cpu: producer {row['producer_cpu_pct']}%, broker {row.get('broker_cpu_pct', '?')}%, "
-          f"other processes {row.get('other_cpu_pct', '?')}%)", flush=True)
+          f"other processes {row.get('other_cpu_pct', '?')}%; Metadata every 10 ms: p99 {row['metadata_p99_ms']} ms, "
+          f"worst {row['metadata_max_ms']} ms)", flush=True)
 
 
 def best_row(rows: list[dict[str, Any]], workload: str, compression: str = "none") -> dict[str, Any] | None:
@@ -363,7 +373,8 @@ def _checked_summary(rows: list[dict[str, Any]]) -> list[SummaryRow]:
 
 
 COLUMNS = ["workload", "partitions", "batch_size", "linger_ms", "max_in_flight", "compression", "run", "records", "elapsed_s",
-           "records_per_s", "mb_per_s", "producer_cpu_pct", "broker_cpu_pct", "other_cpu_pct"]
+           "records_per_s", "mb_per_s", "producer_cpu_pct", "broker_cpu_pct", "other_cpu_pct", "metadata_p99_ms",
+           "metadata_max_ms"]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -3,7 +3,7 @@
     python -m benchmarks.run_all                    # full volumes (~15-20 min on 2 cores, plus the 10 GiB memory run)
     python -m benchmarks.run_all --quick            # every volume ~20x smaller (~2 min)
     python -m benchmarks.run_all --memory-gb 4      # a smaller memory run
-    python -m benchmarks.run_all --skip memory      # leave some out (produce, consume, latency, partitions, spark, tiered, groups, cleaner, memory)
+    python -m benchmarks.run_all --skip memory      # leave some out (produce, consume, latency, partitions, spark, tiered, groups, cleaner, looplag, memory)
     python -m benchmarks.run_all --profile          # also run the py-spy profiles (benchmarks.profile)
 
 `make bench` runs `python -m benchmarks.run_all`. Each benchmark writes
@@ -14,11 +14,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from benchmarks import (consume_throughput, groups, harness, latency, log_cleaner, memory, partitions,
+from benchmarks import (consume_throughput, groups, harness, latency, log_cleaner, loop_lag, memory, partitions,
                         produce_throughput, spark_source, tiered_storage)
 from benchmarks.harness import SummaryRow
 
-ORDER = ["produce", "consume", "latency", "partitions", "spark", "tiered", "groups", "cleaner", "memory"]
+ORDER = ["produce", "consume", "latency", "partitions", "spark", "tiered", "groups", "cleaner", "looplag", "memory"]
 
 
 def main(argv: list[str] | None = None) -> list[SummaryRow]:
@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> list[SummaryRow]:
     if "cleaner" not in args.skip:
         print("\n### log cleaner", flush=True)
         done["cleaner"] = log_cleaner.main(quick)
+    if "looplag" not in args.skip:
+        print("\n### event-loop lag under produce floods", flush=True)
+        done["looplag"] = loop_lag.main(quick)
     if "memory" not in args.skip:  # last: the longest
         print("\n### memory", flush=True)
         try:
@@ -90,7 +93,8 @@ def summarize_existing() -> list[SummaryRow]:
     modules = {"produce": (produce_throughput, "produce_throughput"), "consume": (consume_throughput, "consume_throughput"),
                "latency": (latency, "latency"), "partitions": (partitions, "partitions"), "spark": (spark_source, "spark_source"),
                "tiered": (tiered_storage, "tiered_storage"),
-               "groups": (groups, "groups"), "cleaner": (log_cleaner, "log_cleaner"), "memory": (memory, "memory")}
+               "groups": (groups, "groups"), "cleaner": (log_cleaner, "log_cleaner"), "looplag": (loop_lag, "loop_lag"),
+               "memory": (memory, "memory")}
     rows: list[SummaryRow] = []
     commits = set()
     for name in ORDER:

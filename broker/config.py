@@ -242,8 +242,18 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("file.delete.delay.ms", int, 60_000, "keep deleted segments' files this long for in-flight reads", 0, INT64_MAX),
         ConfigDef("log.writer.offload.bytes", int, 128 << 10,
                   "produce payloads of a partition this large are appended on the log writer thread", 0, INT32_MAX),
-        ConfigDef("queued.max.request.bytes", int, 64 << 20,
-                  "payload bytes queued on the log writer before the broker stops reading requests", 1, INT64_MAX),
+        ConfigDef("log.writer.queued.max.bytes", int, 64 << 20,
+                  "payload bytes queued on the log writer before the connections that produce stop being read "
+                  "(the others are still served)", 1, INT64_MAX),
+        ConfigDef("queued.max.request.bytes", int, 256 << 20,
+                  "bytes of requests read and not yet answered, across all connections, before the broker stops "
+                  "reading from every connection (one request larger than this is admitted when nothing else "
+                  "is queued)", 1, INT64_MAX),
+        ConfigDef("background.threads", int, 2,
+                  "threads of each kind of background disk work (flushes, checkpoints, retention, log "
+                  "creation and deletion, metadata writes, group loads): one bounded pool per kind", 1, 1024),
+        ConfigDef("background.queue.max.tasks", int, 10_000,
+                  "tasks queued on one background pool before its callers wait for room", 1, 1_000_000),
         ConfigDef("log.max.open.files", int, 1024,
                   "segment files kept open at once (least recently used are closed; the broker also raises its RLIMIT_NOFILE)", 16, 1_000_000),
         ConfigDef("log.flush.offset.checkpoint.interval.ms", int, 60_000,
@@ -302,6 +312,9 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("remote.log.reader.threads", int, 4,
                   "threads reading remote segments for fetches and offset lookups below the local log start",
                   1, 1024),
+        ConfigDef("remote.log.reader.max.pending.tasks", int, 100,
+                  "remote reads queued for the reader threads; past it a fetch below the local log start gets a "
+                  "retriable error and read-ahead is skipped", 1, 1_000_000),
         ConfigDef("remote.log.reader.cache.size.bytes", int, 256 << 20,
                   "bytes of remote segment chunks and indexes the broker keeps in memory (LRU)", 1 << 20, INT64_MAX),
         ConfigDef("remote.log.reader.chunk.bytes", int, 4 << 20,

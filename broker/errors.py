@@ -308,6 +308,14 @@ class PartitionNotAssignedError(PymqError, wire_name="PARTITION_NOT_ASSIGNED"):
     code = 901
 
 
+class WorkQueueFullError(PymqError, wire_name="WORK_QUEUE_FULL"):
+    """A bounded queue of the broker's background work is full (e.g. remote reads past
+    `remote.log.reader.max.pending.tasks`); retry after a backoff."""
+
+    code = 902
+    retriable = True
+
+
 # Client-side conditions that never come from a broker use codes >= 1000.
 class ProducerClosedError(PymqError, wire_name="PRODUCER_CLOSED"):
     code = 1000

@@ -10,28 +10,27 @@ Order: one thread, first in first out, and a partition that has appends queued g
 append queued behind them, however small. So a partition's appends happen in arrival order, as
 they would inline.
 
-Memory: queued payloads are request buffers held until written. Past `max_queued_bytes` the
-next append waits, on the event loop, for the oldest ones to finish: the loop then reads no more
-requests, which is the backpressure an inline append gave. Loop-local: call from the event-loop
-thread only.
+Memory: queued payloads are request buffers held until written, counted in `queue` (a
+ByteBudget of `max_queued_bytes`). The writer never waits for room: the loop must not block on
+the disk. While the queue is spent, the server stops reading from the connections that produce
+(broker/backpressure.py) and goes on serving every other one; they resume when it drains.
+Loop-local: call from the event-loop thread only.
 """
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections import deque
 
+from broker.backpressure import ByteBudget
 from broker.log import AppendInfo, UnifiedLog
 
 
 class LogWriter:
     def __init__(self, offload_bytes: int, max_queued_bytes: int) -> None:
         self.offload_bytes = offload_bytes
-        self.max_queued_bytes = max_queued_bytes
+        self.queue = ByteBudget("log writer queue", max_queued_bytes)
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pymq-log-writer")
         self._queued: dict[UnifiedLog, int] = {}  # appends submitted and not yet finished, per log
-        self._submitted: deque[tuple[concurrent.futures.Future[AppendInfo], int]] = deque()  # oldest first
-        self._submitted_bytes = 0
 
     def append(self, partition_log: UnifiedLog, data: memoryview,
                leader_epoch: int) -> AppendInfo | asyncio.Future[AppendInfo]:
@@ -39,27 +38,18 @@ class LogWriter:
         Either way UnifiedLog.append_as_leader's errors are its errors: raised, or set on the future."""
         if len(data) < self.offload_bytes and partition_log not in self._queued:
             return partition_log.append_as_leader(data, leader_epoch)
-        self._make_room(len(data))
+        size = len(data)
+        self.queue.acquire(size)
         self._queued[partition_log] = self._queued.get(partition_log, 0) + 1
-        submitted = self._executor.submit(partition_log.append_as_leader, data, leader_epoch)
-        self._submitted.append((submitted, len(data)))
-        self._submitted_bytes += len(data)
-        future = asyncio.wrap_future(submitted)
-        future.add_done_callback(lambda _: self._finished(partition_log))
+        future = asyncio.wrap_future(self._executor.submit(partition_log.append_as_leader, data, leader_epoch))
+        future.add_done_callback(lambda _: self._finished(partition_log, size))
         return future
 
-    def _make_room(self, nbytes: int) -> None:
-        """Forget finished appends; block until the queue has room for `nbytes` more (or is empty)."""
-        while self._submitted and (self._submitted[0][0].done()
-                                   or self._submitted_bytes + nbytes > self.max_queued_bytes):
-            oldest, size = self._submitted.popleft()
-            concurrent.futures.wait([oldest])
-            self._submitted_bytes -= size
-
-    def _finished(self, partition_log: UnifiedLog) -> None:
+    def _finished(self, partition_log: UnifiedLog, size: int) -> None:
         left = self._queued.pop(partition_log) - 1
         if left:
             self._queued[partition_log] = left
+        self.queue.release(size)
 
     async def close(self) -> None:
         """Wait for queued appends to finish (they are acknowledged writes) and stop the thread."""

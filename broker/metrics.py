@@ -27,6 +27,13 @@ indexes held), pymq_remote_read_cache_hits_total / _misses_total / _evictions_to
 pymq_remote_reads_total / pymq_remote_read_errors_total (reads a worker ran because the cache
 lacked bytes, and those that failed).
 
+Event loop and work queues: pymq_event_loop_lag_seconds (histogram of how late a 10 ms timer
+fires, broker/loop_lag.py) and pymq_event_loop_lag_max_seconds (the worst since start);
+per background pool (broker/executors.py, label `executor`) pymq_executor_queue_depth (tasks
+queued or running), pymq_executor_queue_capacity, pymq_executor_rejected_tasks_total; per byte
+budget (broker/backpressure.py, label `budget`: queued.max.request.bytes, the log writer queue)
+pymq_backpressure_used_bytes, pymq_backpressure_peak_bytes, pymq_backpressure_limit_bytes.
+
 The scrape runs on prometheus_client's HTTP thread: it reads attributes and list snapshots only,
 never takes a log's lock for long, and never touches the event loop.
 """
@@ -34,15 +41,20 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from broker.loop_lag import LAG_BUCKETS_S
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
+    from broker.backpressure import ByteBudget
+    from broker.executors import BoundedExecutor
+    from broker.loop_lag import LoopLagProbe
     from broker.replica_manager import ReplicaManager
 
 log = logging.getLogger("pymq.metrics")
@@ -75,9 +87,13 @@ _TIERING_GAUGES: list[tuple[str, str, Callable[..., int]]] = [
 class BrokerCollector(Collector):
     """Reads the replica manager's partitions and the log manager's counters at scrape time."""
 
-    def __init__(self, replicas: ReplicaManager, connections: Callable[[], int]) -> None:
+    def __init__(self, replicas: ReplicaManager, connections: Callable[[], int], loop_lag: LoopLagProbe | None = None,
+                 executors: list[BoundedExecutor] | None = None, budgets: list[ByteBudget] | None = None) -> None:
         self.replicas = replicas
         self.connections = connections
+        self.loop_lag = loop_lag
+        self.executors = executors or []
+        self.budgets = budgets or []
 
     def collect(self) -> Iterator[Metric]:
         families = [GaugeMetricFamily(name, doc, labels=["topic", "partition"]) for name, doc, _ in _PARTITION_GAUGES]
@@ -94,8 +110,32 @@ class BrokerCollector(Collector):
         yield GaugeMetricFamily("pymq_log_flushes_in_flight", "log flushes running now",
                                 value=self.replicas.flushes_in_flight)
         yield GaugeMetricFamily("pymq_connections", "client connections open", value=self.connections())
+        yield from self._loop_and_queues()
         if self.replicas.remote_logs is not None:
             yield from self._tiering()
+
+    def _loop_and_queues(self) -> Iterator[Metric]:
+        if self.loop_lag is not None:
+            yield _lag_histogram(self.loop_lag)
+            yield GaugeMetricFamily("pymq_event_loop_lag_max_seconds", "worst event loop lag since start",
+                                    value=self.loop_lag.max_s)
+        depth = GaugeMetricFamily("pymq_executor_queue_depth", "background tasks queued or running", labels=["executor"])
+        capacity = GaugeMetricFamily("pymq_executor_queue_capacity", "background tasks the pool holds before callers "
+                                     "wait (or are refused)", labels=["executor"])
+        rejected = CounterMetricFamily("pymq_executor_rejected_tasks", "tasks refused because the pool was full",
+                                       labels=["executor"])
+        for executor in self.executors:
+            depth.add_metric([executor.name], executor.depth)
+            capacity.add_metric([executor.name], executor.capacity)
+            rejected.add_metric([executor.name], executor.rejected)
+        yield from (depth, capacity, rejected)
+        families = [GaugeMetricFamily(f"pymq_backpressure_{name}_bytes", doc, labels=["budget"]) for name, doc in
+                    [("used", "bytes held now"), ("peak", "most bytes held at once since start"),
+                     ("limit", "bytes past which the connections feeding the budget stop being read")]]
+        for budget in self.budgets:
+            for family, value in zip(families, (budget.used_bytes, budget.peak_bytes, budget.limit_bytes)):
+                family.add_metric([budget.name], value)
+        yield from families
 
     def _tiering(self) -> Iterator[Metric]:
         from broker.errors import PymqError
@@ -134,10 +174,21 @@ class BrokerCollector(Collector):
         yield CounterMetricFamily("pymq_remote_read_errors", "remote reads that failed", value=reader.read_errors)
 
 
-def serve_metrics(host: str, port: int, replicas: ReplicaManager, connections: Callable[[], int]) -> WSGIServer:
-    """Start the /metrics endpoint on a daemon thread; returns the server (its port, to stop it)."""
+def _lag_histogram(probe: LoopLagProbe) -> HistogramMetricFamily:
+    cumulative, buckets = 0, []
+    for bound, count in zip([*map(str, LAG_BUCKETS_S), "+Inf"], probe.counts):
+        cumulative += count
+        buckets.append((bound, cumulative))
+    return HistogramMetricFamily("pymq_event_loop_lag_seconds", "how late a 10 ms timer on the event loop fired",
+                                 buckets=buckets, sum_value=probe.sum_s)
+
+
+def serve_metrics(host: str, port: int, replicas: ReplicaManager, connections: Callable[[], int],
+                  **runtime: Any) -> WSGIServer:
+    """Start the /metrics endpoint on a daemon thread; returns the server (its port, to stop it).
+    `runtime`: BrokerCollector's optional event-loop and queue sources."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(replicas, connections))
+    registry.register(BrokerCollector(replicas, connections, **runtime))
     server, _ = start_http_server(port, addr=host, registry=registry)
     log.info("metrics on http://%s:%d/metrics", host, server.server_port)
     return server

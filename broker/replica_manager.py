@@ -15,8 +15,9 @@ watermark, and parks requests that must wait in the purgatories:
   and so does every later request for its partitions.
 
 Everything that touches the disk beyond an append or a read (creating and deleting logs,
-flushes, retention, checkpoints, leader-epoch files) runs in worker threads, so a 10,000-partition
-topic creation does not stall other connections. Loop-local: call from the event-loop thread.
+flushes, retention, checkpoints, leader-epoch files) runs in worker threads, one bounded pool per
+kind (broker/executors.py), so a 10,000-partition topic creation does not stall other connections
+and a burst of one kind does not queue without bound or delay the others. Loop-local: call from the event-loop thread.
 """
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from broker.errors import (
     RequestTimedOutError,
     UnknownTopicOrPartitionError,
 )
+from broker.executors import BackgroundExecutors
 from broker.log import AppendInfo, LogManager, TopicLogSpec, UnifiedLog
 from broker.log_writer import LogWriter
 from broker.purgatory import DelayedOperation, DelayedOperationPurgatory, ProducePurgatory
@@ -49,8 +51,10 @@ TopicPartition = tuple[str, int]
 
 
 class ReplicaManager:
-    def __init__(self, broker_id: int, logs: LogManager, writer: LogWriter, fetch_purgatory: DelayedOperationPurgatory) -> None:
+    def __init__(self, broker_id: int, logs: LogManager, writer: LogWriter, fetch_purgatory: DelayedOperationPurgatory,
+                 executors: BackgroundExecutors | None = None) -> None:
         self.broker_id = broker_id
+        self.executors = executors or BackgroundExecutors.create()
         self.logs = logs
         self.writer = writer
         self.fetch_purgatory = fetch_purgatory
@@ -77,7 +81,7 @@ class ReplicaManager:
 
     async def load(self, specs: dict[str, TopicLogSpec], states: dict[TopicPartition, LeaderAndIsr]) -> None:
         """Open every log of the directory (recovering after a crash) and lead its partitions."""
-        logs = await asyncio.to_thread(self.logs.load, specs)
+        logs = await self.executors.logs.run(self.logs.load, specs)
         await self._host(logs.values(), states)
 
     async def create_partitions(self, topic: str, spec: TopicLogSpec, partitions: list[int],
@@ -88,14 +92,14 @@ class ReplicaManager:
         epochs = {states[(topic, p)].leader_epoch for p in partitions if states[(topic, p)].leader == self.broker_id}
         if spec.leader_epoch is None and len(epochs) == 1:
             spec = replace(spec, leader_epoch=epochs.pop())
-        logs = await asyncio.to_thread(self.logs.create_logs, topic, spec, partitions)
+        logs = await self.executors.logs.run(self.logs.create_logs, topic, spec, partitions)
         await self._host(logs, states)
 
     async def _host(self, logs: Any, states: dict[TopicPartition, LeaderAndIsr]) -> None:
         for partition_log in logs:
             key = (partition_log.topic, partition_log.partition)
             state = states[key]
-            partition = Partition(partition_log, self.broker_id, state)
+            partition = Partition(partition_log, self.broker_id, state, self.executors.logs)
             self._partitions[key] = partition
             if state.leader == self.broker_id and partition_log.latest_epoch == state.leader_epoch:
                 partition.maybe_increment_high_watermark()  # the epoch is on file already: no thread hop
@@ -109,10 +113,10 @@ class ReplicaManager:
             topic_id = self._partitions.pop(key).log.topic_id
             self.produce_purgatory.fail(key, UnknownTopicOrPartitionError(f"topic {topic!r} was deleted"))
             self.fetch_purgatory.notify(key)
-        await asyncio.to_thread(self.logs.delete_topic, topic)
+        await self.executors.logs.run(self.logs.delete_topic, topic)
         if self.remote_logs is not None:
             try:
-                await asyncio.to_thread(self.remote_logs.delete_topic, topic, topic_id)
+                await self.executors.logs.run(self.remote_logs.delete_topic, topic, topic_id)
             except PymqError as err:
                 log.error("remote data of deleted topic %s not deleted: %s", topic, err)
 
@@ -213,7 +217,7 @@ class ReplicaManager:
             self._flushing[partition_log] = True
             return
         self._flushing[partition_log] = False
-        task = asyncio.get_running_loop().create_task(asyncio.to_thread(partition_log.flush))
+        task = asyncio.get_running_loop().create_task(self.executors.flush.run(partition_log.flush))
         task.add_done_callback(lambda t: self._flushed(partition_log, t))
 
     def _flushed(self, partition_log: UnifiedLog, task: asyncio.Task[bool]) -> None:
@@ -259,7 +263,7 @@ class ReplicaManager:
         try:
             while self._checkpoint_wanted:
                 self._checkpoint_wanted = False
-                await asyncio.to_thread(self.logs.checkpoint)
+                await self.executors.checkpoint.run(self.logs.checkpoint)
         except KafkaStorageError as err:
             log.error("checkpoint failed: %s", err)
         finally:
@@ -267,8 +271,8 @@ class ReplicaManager:
 
     async def run_retention(self, delete_delay_ms: int) -> int:
         now = now_ms()
-        deleted = await asyncio.to_thread(self.logs.run_retention, now)
-        await asyncio.to_thread(self.logs.purge_deleted, now, delete_delay_ms)
+        deleted = await self.executors.retention.run(self.logs.run_retention, now)
+        await self.executors.retention.run(self.logs.purge_deleted, now, delete_delay_ms)
         if deleted:
             log.info("retention deleted %d segments", deleted)
             self.request_checkpoint()  # the log start offsets moved

@@ -10,6 +10,10 @@ protocol's `FrameDecoder` (received in place, see `_FrameReader`), hands them to
   `loop.sendfile`, later responses queue behind it.
 - At most `queued.max.requests` requests are in flight; past that, and whenever the socket's
   write buffer is full, the connection stops reading (backpressure instead of memory growth).
+- Memory is bounded in bytes (broker/backpressure.py): while the requests read and not yet
+  answered hold `queued.max.request.bytes`, no connection reads; while the log writer's queue is
+  full, the connections with produces in flight stop reading and every other one is served. The
+  event loop itself never waits for the disk.
 - Connections idle for `connections.max.idle.ms` are closed; at most `max.connections` are open.
 
 Zero copy: the stock asyncio loop implements `loop.sendfile` with os.sendfile; uvloop does not,
@@ -32,14 +36,18 @@ from wsgiref.simple_server import WSGIServer
 from typing import Any
 
 from broker import protocol
+from broker.backpressure import ByteBudget
 from broker.cluster.metadata_store import LocalMetadataStore, MetadataStore
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
 from broker.errors import InvalidRequestError, MessageTooLargeError, PymqError
+from broker.executors import BackgroundExecutors
 from broker.handlers import Part, RequestHandlers, Result, error_fields, error_result, to_result
 from broker.cluster.partition import LeaderAndIsr
 from broker.log import FetchSlice, LogCleaner, LogManager, TopicLogSpec
+from broker.protocol import ApiKey
 from broker.log_writer import LogWriter
+from broker.loop_lag import LoopLagProbe
 from broker.metrics import serve_metrics
 from broker.purgatory import DelayedOperation, DelayedOperationPurgatory
 from broker.replica_manager import ReplicaManager
@@ -61,13 +69,14 @@ class Connection(asyncio.BufferedProtocol):
         self.peer = "?"
         self.last_active = self.loop.time()
         self.in_flight: set[asyncio.Task[None]] = set()
-        self._parked: set[DelayedOperation] = set()  # this connection's fetches in the purgatory
+        self._parked: dict[DelayedOperation, protocol.Request] = {}  # this connection's fetches in the purgatory
         self._queue: deque[tuple[bytes, list[Part]]] = deque()
         self._writer: asyncio.Task[None] | None = None
         self._write_paused = False
         self._writable = asyncio.Event()
         self._writable.set()
         self._read_paused = False
+        self._produces = 0  # produce requests in flight (waiting for the log writer or their acks)
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -79,13 +88,15 @@ class Connection(asyncio.BufferedProtocol):
             transport.close()
             return
         self.broker.connections.add(self)
+        self._update_reading()  # a connection opened while the request budget is spent waits
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.broker.connections.discard(self)
         # Parked fetches have nobody to answer; admin changes run to completion so that
         # metadata and logs never disagree because a client hung up mid-request.
-        for op in self._parked:
+        for op, frame in self._parked.items():
             op.cancel()
+            self._unhold(frame)
         self._parked.clear()
         while self._queue:
             _release(self._queue.popleft()[1])
@@ -131,28 +142,50 @@ class Connection(asyncio.BufferedProtocol):
         except Exception as err:  # a named error, or a bug, which must not take the connection down
             result = error_result(err)
         if isinstance(result, DelayedOperation):
-            result.on_complete = partial(self._delayed_done, frame.correlation_id, result)
-            self._parked.add(result)
+            self._hold(frame)
+            result.on_complete = partial(self._delayed_done, frame, result)
+            self._parked[result] = frame
             self._update_reading()
         elif isinstance(result, Awaitable):
-            task = self.loop.create_task(self._finish(frame.correlation_id, result))
+            self._hold(frame)
+            task = self.loop.create_task(self._finish(frame, result))
             self.in_flight.add(task)
             task.add_done_callback(self._task_done)
             self._update_reading()
         else:
             self._respond(frame.correlation_id, result)
 
-    def _delayed_done(self, correlation_id: int, op: DelayedOperation, answer: Any, error: BaseException | None) -> None:
-        self._parked.discard(op)
-        self._respond(correlation_id, to_result(answer) if error is None else error_result(error))
+    def _hold(self, frame: protocol.Request) -> None:
+        """A request that is not answered at once keeps its bytes: count them against
+        queued.max.request.bytes until its response is out (`_unhold`). The request that spends
+        the budget stops every connection's reads, not only those that hold requests."""
+        memory = self.broker.request_memory
+        spent_before = memory.exhausted
+        memory.acquire(frame.payload.nbytes)
+        self._produces += frame.api_key == ApiKey.PRODUCE
+        if memory.exhausted and not spent_before:
+            for conn in list(self.broker.connections):
+                conn._update_reading()
+
+    def _unhold(self, frame: protocol.Request) -> None:
+        self._produces -= frame.api_key == ApiKey.PRODUCE
+        self.broker.request_memory.release(frame.payload.nbytes)
+
+    def _delayed_done(self, frame: protocol.Request, op: DelayedOperation, answer: Any,
+                      error: BaseException | None) -> None:
+        del self._parked[op]
+        self._respond(frame.correlation_id, to_result(answer) if error is None else error_result(error))
+        self._unhold(frame)
         self._update_reading()
 
-    async def _finish(self, correlation_id: int, pending: Awaitable[Result]) -> None:
+    async def _finish(self, frame: protocol.Request, pending: Awaitable[Result]) -> None:
         try:
             result = await pending
         except Exception as err:  # CancelledError is a BaseException: it propagates
             result = error_result(err)
-        self._respond(correlation_id, result)
+        finally:
+            self._unhold(frame)
+        self._respond(frame.correlation_id, result)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self.in_flight.discard(task)
@@ -166,12 +199,27 @@ class Connection(asyncio.BufferedProtocol):
     def _update_reading(self) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        should_pause = self._write_paused or self.waiting >= self.broker.config["queued.max.requests"]
+        should_pause = (self._write_paused or self.waiting >= self.broker.config["queued.max.requests"]
+                        or self._over_budget())
         if should_pause and not self._read_paused:
             self.transport.pause_reading()
         elif not should_pause and self._read_paused:
             self.transport.resume_reading()
         self._read_paused = should_pause
+
+    def _over_budget(self) -> bool:
+        """Whether a broker-wide byte budget this connection feeds is spent: the requests held by
+        every connection, and, for a connection with produces in flight, the log writer's queue
+        (Kafka mutes such channels). The spent budget calls `_update_reading` again when it has
+        room."""
+        budgets = [self.broker.request_memory]
+        if self._produces:
+            budgets.append(self.broker.writer.queue)
+        for budget in budgets:
+            if budget.exhausted:
+                budget.wake_when_available(self._update_reading)
+                return True
+        return False
 
     # -- responses -------------------------------------------------------------------------------
 
@@ -273,14 +321,17 @@ class Broker:
         self.config = config
         self.log_dir = Path(config["log.dir"])
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.store = store or LocalMetadataStore(self.log_dir / METADATA_FILE)
+        self.executors = BackgroundExecutors.from_config(config)
+        self.store = store or LocalMetadataStore(self.log_dir / METADATA_FILE, executor=self.executors.metadata)
         self.registry = TopicRegistry(self.store, config["broker.id"], config.log_defaults)
         self.logs = LogManager(self.log_dir, max_open_files=config["log.max.open.files"],
                                remote_storage=config["remote.log.storage.system.enable"])
         self.cleaner = LogCleaner.from_config(config, self.logs)
         self.purgatory = DelayedOperationPurgatory()
-        self.writer = LogWriter(config["log.writer.offload.bytes"], config["queued.max.request.bytes"])
-        self.replicas = ReplicaManager(config["broker.id"], self.logs, self.writer, self.purgatory)
+        self.writer = LogWriter(config["log.writer.offload.bytes"], config["log.writer.queued.max.bytes"])
+        self.request_memory = ByteBudget("queued.max.request.bytes", config["queued.max.request.bytes"])
+        self.loop_lag = LoopLagProbe()
+        self.replicas = ReplicaManager(config["broker.id"], self.logs, self.writer, self.purgatory, self.executors)
         if config["remote.log.storage.system.enable"]:
             from broker.remote_log.remote_log_manager import RemoteLogManager  # fsspec: only when tiering
             self.replicas.remote_logs = RemoteLogManager.from_config(config, self.replicas.leader_logs)
@@ -319,7 +370,10 @@ class Broker:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         if self.config["metrics.port"] >= 0:
             self._metrics = serve_metrics(self.config["host"], self.config["metrics.port"], self.replicas,
-                                          lambda: len(self.connections))
+                                          lambda: len(self.connections), loop_lag=self.loop_lag,
+                                          executors=self.executors.all(),
+                                          budgets=[self.request_memory, self.writer.queue])
+        self.loop_lag.start()
         self._tasks = [
             loop.create_task(self._every(self.config["log.retention.check.interval.ms"], self._retention)),
             loop.create_task(self._every(self.config["log.flush.scheduler.interval.ms"], self._scheduled_flush)),
@@ -351,6 +405,8 @@ class Broker:
             await asyncio.to_thread(self.replicas.remote_logs.close)
         await asyncio.to_thread(self.logs.close)
         await self.store.close()
+        await asyncio.to_thread(self.executors.shutdown)  # nothing queues work any more
+        await self.loop_lag.stop()
         if self._metrics is not None:
             await asyncio.to_thread(self._metrics.shutdown)  # waits for its serve loop's next poll
             self._metrics.server_close()

@@ -42,6 +42,7 @@ from broker.cluster.metadata_store import (
 )
 from broker.cluster.watch_history import LocalWatch, WatchHistory
 from broker.errors import InvalidRequestError
+from broker.executors import BoundedExecutor
 
 log = logging.getLogger("pymq.metadata")
 
@@ -59,8 +60,11 @@ class _Lease:
 class LocalMetadataStore(MetadataStore):
     """The embedded store. Use from one event loop; transactions that write are serialized."""
 
-    def __init__(self, path: str | Path, clock: Clock | None = None, history_max_events: int = HISTORY_MAX_EVENTS) -> None:
+    def __init__(self, path: str | Path, clock: Clock | None = None, history_max_events: int = HISTORY_MAX_EVENTS,
+                 executor: BoundedExecutor | None = None) -> None:
         self.path = Path(path)
+        # Writes run one at a time (the lock below): one thread, and callers wait for room past that.
+        self._executor = executor or BoundedExecutor("metadata", 1, 10_000)
         self._clock = clock or SystemClock()
         self._lock = asyncio.Lock()  # serializes writers; readers see the last committed state
         loaded = MetadataState.from_json(json.loads(self.path.read_text())) if self.path.exists() else MetadataState({}, 0)
@@ -87,7 +91,7 @@ class LocalMetadataStore(MetadataStore):
         async with self._lock:
             # Applying, writing and copying the responses all happen on a worker thread: a txn of
             # 10,000 puts costs tens of milliseconds of Python, which the event loop must not wait for.
-            succeeded, applied, responses = await asyncio.to_thread(self._apply_and_persist, compares, on_success, on_failure)
+            succeeded, applied, responses = await self._executor.run(self._apply_and_persist, compares, on_success, on_failure)
             self._publish(applied)
             return TxnResult(succeeded, responses, applied.state.revision)
 
@@ -183,7 +187,7 @@ class LocalMetadataStore(MetadataStore):
     async def _commit(self, applied: Applied) -> None:
         """Make `applied` durable, then current and visible to watches (caller holds the lock)."""
         if applied.state is not self._state:
-            await asyncio.to_thread(self._persist, applied.state)
+            await self._executor.run(self._persist, applied.state)
             self._publish(applied)
 
     def _publish(self, applied: Applied) -> None:

@@ -16,7 +16,6 @@ Loop-local: call from the event-loop thread (the log itself is thread-safe).
 """
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 
 from typing import TYPE_CHECKING
@@ -26,6 +25,7 @@ from broker.log import UnifiedLog
 
 if TYPE_CHECKING:
     from broker.cluster.topics import PartitionState
+    from broker.executors import BoundedExecutor
 
 NO_EPOCH = -1  # a request that does not name the leader epoch it expects
 
@@ -44,8 +44,9 @@ class LeaderAndIsr:
 
 
 class Partition:
-    def __init__(self, log: UnifiedLog, broker_id: int, state: LeaderAndIsr) -> None:
+    def __init__(self, log: UnifiedLog, broker_id: int, state: LeaderAndIsr, executor: BoundedExecutor) -> None:
         self.log = log
+        self._executor = executor  # where leader-epoch files are written
         self.topic = log.topic
         self.partition = log.partition
         self.broker_id = broker_id
@@ -70,7 +71,7 @@ class Partition:
         assert state.leader == self.broker_id, (state, self.broker_id)
         self.state = state
         self._follower_end_offsets = {}
-        await asyncio.to_thread(self.log.assign_epoch_start_offset, state.leader_epoch)
+        await self._executor.run(self.log.assign_epoch_start_offset, state.leader_epoch)
         return self.maybe_increment_high_watermark()
 
     def check_leader(self, current_leader_epoch: int = NO_EPOCH) -> None:

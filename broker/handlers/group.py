@@ -112,7 +112,7 @@ class GroupHandler:
         partition_log = self.replicas.leader_log(OFFSETS_TOPIC, partition)
         started = now_ms()
         try:
-            count = await asyncio.to_thread(self._replay, partition, partition_log)
+            count = await self.replicas.executors.group_load.run(self._replay, partition, partition_log)
         except PymqError as err:
             log.error("cannot replay %s-%d; its groups stay unavailable: %s", OFFSETS_TOPIC, partition, err)
             return

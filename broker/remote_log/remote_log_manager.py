@@ -134,7 +134,8 @@ class RemoteLogManager:
         reader = RemoteLogReader(store, cache_bytes=config["remote.log.reader.cache.size.bytes"],
                                  chunk_bytes=config["remote.log.reader.chunk.bytes"],
                                  prefetch_chunks=config["remote.log.reader.prefetch.chunks"],
-                                 threads=config["remote.log.reader.threads"])
+                                 threads=config["remote.log.reader.threads"],
+                                 max_pending_tasks=config["remote.log.reader.max.pending.tasks"])
         return cls(store, leader_logs, thread_pool_size=config["remote.log.manager.thread.pool.size"],
                    copy_max_bytes_per_second=config["remote.log.manager.copy.max.bytes.per.second"], reader=reader)
 

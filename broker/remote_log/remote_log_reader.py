@@ -31,11 +31,12 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import Any
 
 from segment_format import record
-from broker.errors import PymqError, UnknownServerError
+from broker.errors import PymqError, UnknownServerError, WorkQueueFullError
+from broker.executors import BoundedExecutor
 from segment_format.index_file import CorruptIndexError
 from segment_format.offset_index import OffsetIndex
 from segment_format.segment_reader import SegmentReader
@@ -109,17 +110,19 @@ class ChunkCache:
 
 class RemoteLogReader:
     """Reads below the local log start for one broker. `read` and `offset_for_timestamp` are
-    called on the event loop and never block; the work that does runs in `threads` workers."""
+    called on the event loop and never block; the work that does runs in `threads` workers, with
+    at most `max_pending_tasks` reads queued for them (past that a read raises
+    WorkQueueFullError, retriable, and read-ahead is skipped)."""
 
     def __init__(self, store: RemoteSegmentStore, *, cache_bytes: int = 256 << 20, chunk_bytes: int = 4 << 20,
-                 prefetch_chunks: int = 1, threads: int = 4) -> None:
+                 prefetch_chunks: int = 1, threads: int = 4, max_pending_tasks: int = 100) -> None:
         assert chunk_bytes > 0 and prefetch_chunks >= 0 and threads >= 1, (chunk_bytes, prefetch_chunks, threads)
         self.store = store
         self.chunk_bytes = chunk_bytes
         self.prefetch_chunks = prefetch_chunks
         self.cache = ChunkCache(cache_bytes)
         self.on_ready: Callable[[TopicPartition], None] = lambda key: None
-        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="remote-read")
+        self._executor = BoundedExecutor("remote-read", threads, max_pending_tasks)
         self._lock = threading.Lock()
         self._pending: set[tuple[str, int, int]] = set()  # reads a worker runs
         self._answers: OrderedDict[tuple[str, int, int], tuple[bytes, PymqError | None]] = OrderedDict()
@@ -133,7 +136,7 @@ class RemoteLogReader:
         """Stop the workers (reads in progress finish; their answers are dropped)."""
         with self._lock:
             self._closed = True
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._executor.shutdown(cancel_queued=True)
 
     # --- fetch -------------------------------------------------------------------------------
 
@@ -141,8 +144,9 @@ class RemoteLogReader:
         """The batches from the one holding `offset` (the first whole, then what fits in
         `max_bytes`), from the remote segments of `manifest` (None: not read yet: a worker reads
         it). b"" when the remote log ends before `offset` (the caller reads locally).
-        RemoteReadPending while a worker loads what the cache lacks; the error of a worker's
-        read as raised by it (PymqError) on the retry that claims it."""
+        RemoteReadPending while a worker loads what the cache lacks; WorkQueueFullError when the
+        workers' queue is full; the error of a worker's read as raised by it (PymqError) on the
+        retry that claims it."""
         key = (topic, partition, offset)
         with self._lock:
             answer = self._answers.pop(key, None)
@@ -175,6 +179,10 @@ class RemoteLogReader:
         except RuntimeError:  # shut down meanwhile
             with self._lock:
                 self._pending.discard(key)
+        except WorkQueueFullError:  # the fetch answers this retriable error for the partition
+            with self._lock:
+                self._pending.discard(key)
+            raise
 
     def _worker_read(self, key: tuple[str, int, int], manifest: PartitionManifest | None, max_bytes: int) -> None:
         topic, partition, offset = key
@@ -332,7 +340,7 @@ class RemoteLogReader:
                     continue
             try:
                 self._executor.submit(self._prefetch_one, topic, partition, segment, k)
-            except RuntimeError:
+            except (RuntimeError, WorkQueueFullError):  # shut down, or busy: read-ahead is optional
                 return
 
     def _chunks_after(self, manifest: PartitionManifest, segment: RemoteSegment,

@@ -17,7 +17,7 @@ TS = 1_700_000_000_000
 def broker(broker_factory, request):
     """A broker that queues appends of OFFLOAD_BYTES or more; with a 1-byte queue budget every
     queued append first waits for the one before it (the backpressure path)."""
-    return broker_factory(**{"log.writer.offload.bytes": OFFLOAD_BYTES, "queued.max.request.bytes": request.param}).start()
+    return broker_factory(**{"log.writer.offload.bytes": OFFLOAD_BYTES, "log.writer.queued.max.bytes": request.param}).start()
 
 
 def batch(tag: str, count: int, value_bytes: int) -> bytes:

@@ -11,9 +11,11 @@ from segment_format import record
 from broker.cluster.partition import NO_EPOCH, LeaderAndIsr, Partition
 from broker.config import LogConfig
 from broker.errors import FencedLeaderEpochError, NotLeaderError, UnknownLeaderEpochError
+from broker.executors import BoundedExecutor
 from broker.log import UnifiedLog
 
 ME, OTHER = 0, 1
+EPOCH_WRITER = BoundedExecutor("logs", 1, 100)  # where make_leader writes the epoch file
 
 
 @pytest.fixture
@@ -24,7 +26,7 @@ def partition_log(tmp_path: Path):
 
 
 def led(partition_log: UnifiedLog, epoch: int = 5) -> Partition:
-    partition = Partition(partition_log, ME, LeaderAndIsr(ME, epoch, (ME,), (ME,)))
+    partition = Partition(partition_log, ME, LeaderAndIsr(ME, epoch, (ME,), (ME,)), EPOCH_WRITER)
     asyncio.run(partition.make_leader(partition.state))
     return partition
 
@@ -51,7 +53,7 @@ def test_epoch_check_answers_as_kip_320(partition_log, requested, error):
 
 
 def test_a_follower_answers_not_leader(partition_log):
-    partition = Partition(partition_log, ME, LeaderAndIsr(OTHER, 3, (OTHER, ME), (OTHER, ME)))
+    partition = Partition(partition_log, ME, LeaderAndIsr(OTHER, 3, (OTHER, ME), (OTHER, ME)), EPOCH_WRITER)
     assert not partition.is_leader
     with pytest.raises(NotLeaderError, match="leader is 1"):
         partition.check_leader()
@@ -85,7 +87,7 @@ def test_high_watermark_follows_the_durable_end_of_a_single_replica(tmp_path):
 
 def test_high_watermark_waits_for_every_in_sync_replica(partition_log):
     """The minimum log end offset of the ISR: a follower that has not fetched holds it at 0."""
-    partition = Partition(partition_log, ME, LeaderAndIsr(ME, 1, (ME, OTHER), (ME, OTHER)))
+    partition = Partition(partition_log, ME, LeaderAndIsr(ME, 1, (ME, OTHER), (ME, OTHER)), EPOCH_WRITER)
     asyncio.run(partition.make_leader(partition.state))
     append(partition, 4)
     assert not partition.maybe_increment_high_watermark()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from segment_format import record
-from broker.errors import CorruptMessageError, OffsetOutOfRangeError
+from broker.errors import CorruptMessageError, OffsetOutOfRangeError, WorkQueueFullError
 from broker.log import FileCache, UnifiedLog
 from segment_format.offset_index import OffsetIndex
 from broker.remote_log.remote_log_manager import RemoteLogManager
@@ -829,3 +829,31 @@ def test_close_drops_the_answers_of_reads_in_progress(tiered, store, make_reader
     assert reader.worker_reads == 1 and not reader._pending
     time.sleep(0.1)
     assert ready.calls == []
+
+
+def test_reads_past_max_pending_tasks_answer_work_queue_full(tiered, store, make_reader):
+    """One thread, no queue: while a worker read hangs on the store, a second cold read is refused
+    with the retriable WorkQueueFullError (not queued without bound) and not left pending: once
+    the worker is free the same read is answered."""
+    counter = RangeCounter(store)
+    counter.gate.clear()
+    reader = make_reader(store, chunk_bytes=64 << 10, prefetch_chunks=1, threads=1, max_pending_tasks=0)
+    ready = Ready()
+    reader.on_ready = ready
+    first, second = tiered.batches[5][0], tiered.batches[25][0]
+    with pytest.raises(RemoteReadPending):
+        reader.read(TOPIC, PARTITION, tiered.manifest, first, 30_000)
+    assert counter.entered.wait(WAIT_S)
+    with pytest.raises(WorkQueueFullError) as refused:
+        reader.read(TOPIC, PARTITION, tiered.manifest, second, 5_000)
+    assert refused.value.retriable and reader._executor.rejected >= 1
+    counter.gate.set()
+    ready.wait()
+    assert reader.read(TOPIC, PARTITION, tiered.manifest, first, 30_000) == expected(tiered, first, 30_000)
+    assert wait_until(lambda: reader._executor.depth == 0)  # the read-ahead it could submit finished
+    try:
+        answer = reader.read(TOPIC, PARTITION, tiered.manifest, second, 5_000)
+    except RemoteReadPending:
+        ready.wait()
+        answer = reader.read(TOPIC, PARTITION, tiered.manifest, second, 5_000)
+    assert answer == expected(tiered, second, 5_000)
