@@ -21,8 +21,8 @@ import abc
 import asyncio
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
+from broker.topic_partition import TopicPartition
 
-TopicPartition = tuple[str, int]
 # Called once with (answer, None) or (None, error).
 Completion = Callable[[Any, "BaseException | None"], None]
 

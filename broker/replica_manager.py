@@ -41,13 +41,12 @@ from broker.log import AppendInfo, LogManager, TopicLogSpec, UnifiedLog
 from broker.log_writer import LogWriter
 from broker.purgatory import DelayedOperation, DelayedOperationPurgatory, ProducePurgatory
 from segment_format.record import now_ms
+from broker.topic_partition import TopicPartition
 
 if TYPE_CHECKING:
     from broker.remote_log.remote_log_manager import RemoteLogManager
 
 log = logging.getLogger("pymq.replica_manager")
-
-TopicPartition = tuple[str, int]
 
 
 class ReplicaManager:

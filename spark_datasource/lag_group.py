@@ -33,8 +33,8 @@ from collections.abc import Callable
 from broker.client import AsyncAdmin
 from broker.client.loop_thread import LoopThread
 from broker.errors import NonEmptyGroupError
+from broker.topic_partition import TopicPartition
 
-TopicPartition = tuple[str, int]
 PartitionOffsets = dict[TopicPartition, int]
 
 COMMIT_TIMEOUT_S = 3.0  # longest a micro-batch waits for its lag commit

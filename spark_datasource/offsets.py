@@ -11,8 +11,8 @@ from collections.abc import Iterable
 
 from broker.client import EARLIEST, LATEST, Admin
 from spark_datasource.options import STRATEGY_ERROR, InvalidOptionError, OffsetSpec, SourceOptions
+from broker.topic_partition import TopicPartition
 
-TopicPartition = tuple[str, int]
 PartitionOffsets = dict[TopicPartition, int]
 
 

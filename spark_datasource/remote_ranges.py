@@ -49,6 +49,7 @@ from spark_datasource.offsets import OffsetReader
 from spark_datasource.options import EARLIEST, LATEST, InvalidOptionError
 from spark_datasource.ranges import OffsetRange, RangePartition, split_each
 from spark_datasource.schema import arrow_schema, to_rows
+from broker.topic_partition import TopicPartition
 
 if TYPE_CHECKING:
     from segment_format.segment_reader import SegmentReader
@@ -164,9 +165,6 @@ def split_partitions(remote: list[RemoteRangePartition], rest: list[OffsetRange]
         for p, cut in zip(remote, cuts) for piece in cut]
     parts.extend(RangePartition(piece) for cut in cuts[len(remote):] for piece in cut)
     return sorted(parts, key=lambda p: (p.range.topic, p.range.partition, p.range.start))
-
-
-TopicPartition = tuple[str, int]
 
 
 class RemoteOffsetReader(OffsetReader):

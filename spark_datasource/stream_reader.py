@@ -36,7 +36,8 @@ from pyspark.sql.streaming.datasource import (
 
 from broker.errors import DataLossError, UnknownTopicOrPartitionError
 from spark_datasource.lag_group import LagGroup
-from spark_datasource.offsets import OffsetReader, PartitionOffsets, TopicPartition
+from spark_datasource.offsets import OffsetReader, PartitionOffsets
+from broker.topic_partition import TopicPartition
 from spark_datasource.options import SourceOptions
 from spark_datasource.ranges import OffsetRange, RangePartition, split_ranges
 from spark_datasource.task import read_offset_range

@@ -19,12 +19,11 @@ from rich.table import Table
 from broker.cli.common import admin_client, bootstrap_option, console
 from broker.cli.consume import Timestamp
 from broker.errors import GroupIdNotFoundError, NonEmptyGroupError, PymqError
+from broker.topic_partition import TopicPartition
 
 if TYPE_CHECKING:
     from broker.client import Admin
     from broker.client.admin import GroupDescription, PartitionLag
-
-TopicPartition = tuple[str, int]
 
 
 def _cell(value: object) -> str:

@@ -19,7 +19,7 @@ from typing import Callable
 
 import pyarrow as pa
 
-from broker.client.cluster import TopicPartition
+from broker.topic_partition import TopicPartition
 from broker.client.producer_batch import (
     BatchResult,
     DeliveryCallback,

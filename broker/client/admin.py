@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, TypeVar
 
 from broker import protocol
-from broker.client.cluster import Cluster, PartitionInfo, TopicPartition, partition_infos
+from broker.client.cluster import Cluster, PartitionInfo, partition_infos
+from broker.topic_partition import TopicPartition
 from broker.client.config import BootstrapServers, client_settings
 from broker.client.loop_thread import LoopThread
 from broker.client.offset_fetcher import list_offsets

@@ -25,7 +25,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Set
 from typing import ClassVar, Literal
 
-from broker.protocol.consumer_protocol import NO_GENERATION, Assignment, Subscription, TopicPartition
+from broker.protocol.consumer_protocol import NO_GENERATION, Assignment, Subscription
+from broker.topic_partition import TopicPartition
 
 RebalanceProtocol = Literal["eager", "cooperative"]
 

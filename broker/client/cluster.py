@@ -17,7 +17,6 @@ from broker.protocol import Message, MetadataRequest, RequestMessage, TopicMetad
 
 log = logging.getLogger("pymq.client")
 R = TypeVar("R", bound=Message)
-TopicPartition = tuple[str, int]  # (topic, partition): the one definition the client's modules share
 
 
 def parse_bootstrap(servers: str | list[str]) -> list[tuple[str, int]]:

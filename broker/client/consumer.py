@@ -76,7 +76,8 @@ import pyarrow as pa
 from broker import protocol
 from segment_format import record
 from broker.client.assignors import ASSIGNORS, DEFAULT_ASSIGNORS, revocations
-from broker.client.cluster import Cluster, TopicPartition
+from broker.client.cluster import Cluster
+from broker.topic_partition import TopicPartition
 from broker.client.config import BootstrapServers, as_bool, assignor_names, client_settings
 from broker.client.consumer_coordinator import (
     CommitCallback,

@@ -50,7 +50,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, Literal, NamedTuple
 
 from broker.client.assignors import ASSIGNORS, PartitionAssignor
-from broker.client.cluster import Cluster, TopicPartition
+from broker.client.cluster import Cluster
+from broker.topic_partition import TopicPartition
 from broker.client.connection import BrokerConnection
 from broker.errors import (
     CoordinatorLoadInProgressError,

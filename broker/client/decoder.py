@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from segment_format import record
-from broker.client.cluster import TopicPartition
+from broker.topic_partition import TopicPartition
 from broker.errors import CorruptMessageError, CorruptRecordError
 
 RECORD_SCHEMA = pa.schema([

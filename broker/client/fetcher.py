@@ -28,7 +28,8 @@ from collections import deque
 from typing import NamedTuple
 
 from segment_format import record
-from broker.client.cluster import Cluster, TopicPartition
+from broker.client.cluster import Cluster
+from broker.topic_partition import TopicPartition
 from broker.client.connection import BrokerConnection, Reply, decode_reply
 from broker.client.decoder import FetchedBatch, decode_fetched
 from broker.client.offset_fetcher import list_offsets

@@ -5,7 +5,8 @@ reader. Loop-local: call it on the loop that owns the `Cluster`.
 """
 from __future__ import annotations
 
-from broker.client.cluster import Cluster, TopicPartition
+from broker.client.cluster import Cluster
+from broker.topic_partition import TopicPartition
 from broker.protocol import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
 
 

@@ -21,7 +21,8 @@ from functools import partial
 from typing import Any
 
 from broker.client.accumulator import RecordAccumulator
-from broker.client.cluster import Cluster, TopicPartition
+from broker.client.cluster import Cluster
+from broker.topic_partition import TopicPartition
 from broker.client.connection import BrokerConnection, raise_for_error
 from broker.client.producer_batch import ProducerBatch
 from broker.errors import DeliveryTimeoutError, NetworkError, PymqError, RequestTimedOutError

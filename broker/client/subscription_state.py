@@ -16,7 +16,7 @@ from __future__ import annotations
 import threading
 
 from broker import protocol
-from broker.client.cluster import TopicPartition
+from broker.topic_partition import TopicPartition
 from broker.errors import NoOffsetForPartitionError
 
 RESET_STRATEGIES = ("earliest", "latest", "none")

@@ -38,7 +38,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from broker.config import BrokerConfig
-from broker.coordinator.group_metadata import Group, GroupState, Member, TopicPartition, owned_partitions
+from broker.coordinator.group_metadata import Group, GroupState, Member, owned_partitions
+from broker.topic_partition import TopicPartition
 from broker.coordinator.group_records import (
     CommittedOffset,
     GroupKey,

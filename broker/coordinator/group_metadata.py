@@ -24,8 +24,7 @@ from typing import Any
 from broker.coordinator.group_records import CommittedOffset, StoredGroup, StoredMember
 from broker.errors import InvalidRequestError
 from broker.protocol.consumer_protocol import PROTOCOL_TYPE, Assignment, Subscription
-
-TopicPartition = tuple[str, int]
+from broker.topic_partition import TopicPartition
 
 
 class GroupState(enum.Enum):

@@ -43,10 +43,10 @@ from broker.log.file_cache import FileCache
 from broker.log.local_log import SegmentsRemovedError
 from broker.log.segment import Segment
 from broker.log.unified_log import LogDirFailure, UnifiedLog
+from broker.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 
-TopicPartition = tuple[str, int]
 
 RECOVERY_POINT_CHECKPOINT = "recovery-point-offset-checkpoint"
 LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"

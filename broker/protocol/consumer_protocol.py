@@ -35,12 +35,11 @@ import msgpack
 
 from broker.errors import InvalidRequestError
 from broker.protocol.fields import field, non_negative, string_keys
+from broker.topic_partition import TopicPartition
 
 PROTOCOL_TYPE = "consumer"
 VERSION = 0  # the version this module writes; see the module docstring for reading later ones
 NO_GENERATION = -1  # the member has not been part of a generation yet (or lost its partitions)
-
-TopicPartition = tuple[str, int]
 
 
 def _canonical(partitions: Iterable[TopicPartition]) -> tuple[TopicPartition, ...]:

@@ -44,10 +44,10 @@ from segment_format.time_index import TimeIndex
 from tiered_storage import RemoteSegmentStore
 from segment_format.manifest import PartitionManifest, RemoteSegment
 from tiered_storage.remote_store import offset_for_timestamp, validated_range
+from broker.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 
-TopicPartition = tuple[str, int]
 # Unclaimed answers of worker reads kept for their retries (a fetch that went away never claims
 # one), at most this many and a quarter of the cache's bytes, the oldest dropped first: a retry
 # that finds none reads the cache again.

@@ -47,8 +47,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
-
-TopicPartition = tuple[str, int]
+from broker.topic_partition import TopicPartition
 
 
 # -- the member ------------------------------------------------------------------------------------

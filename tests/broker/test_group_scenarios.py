@@ -25,7 +25,8 @@ from broker.client import Admin, Producer
 from broker.client.admin import LATEST, GroupDescription
 from broker.errors import PymqError
 from broker.process import die_with_parent
-from tests.broker.group_member import MemberLog, TopicPartition
+from tests.broker.group_member import MemberLog
+from broker.topic_partition import TopicPartition
 
 REPO = Path(__file__).resolve().parents[2]
 # Fast groups: no initial delay, short sessions allowed, a small offsets topic.

@@ -20,7 +20,8 @@ from broker.client.assignors import (
     RoundRobinAssignor,
     revocations,
 )
-from broker.protocol.consumer_protocol import Assignment, Subscription, TopicPartition
+from broker.protocol.consumer_protocol import Assignment, Subscription
+from broker.topic_partition import TopicPartition
 
 ALL_ASSIGNORS = [RangeAssignor(), RoundRobinAssignor(), CooperativeStickyAssignor()]
 STICKY = CooperativeStickyAssignor()

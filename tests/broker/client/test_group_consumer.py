@@ -17,13 +17,12 @@ import pytest
 
 from broker.client import Consumer, ConsumerRecord, Producer
 from broker.errors import NoOffsetForPartitionError, PartitionNotAssignedError
+from broker.topic_partition import TopicPartition
 
 BROKER_OVERRIDES = {"group.initial.rebalance.delay.ms": 0, "group.min.session.timeout.ms": 500,
                     "offsets.topic.num.partitions": 3}
 FAST = {"session_timeout_ms": 2000, "heartbeat_interval_ms": 200, "fetch_max_wait_ms": 100,
         "auto_offset_reset": "earliest"}
-
-TopicPartition = tuple[str, int]
 
 
 class Member:
