@@ -37,7 +37,8 @@ from typing import Any
 
 from broker import protocol
 from broker.backpressure import ByteBudget
-from broker.cluster.metadata_store import LocalMetadataStore, MetadataStore
+from broker.cluster.local_metadata_store import LocalMetadataStore
+from broker.cluster.metadata_store import MetadataStore
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
 from broker.errors import InvalidRequestError, MessageTooLargeError, PymqError

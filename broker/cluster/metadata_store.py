@@ -34,7 +34,7 @@ from typing import Any, Callable, Literal, Union
 from broker.errors import InvalidRequestError, PymqError, VersionConflictError
 
 __all__ = [
-    "CompactedRevisionError", "Compare", "Delete", "Get", "LeaseNotFoundError", "LocalMetadataStore",
+    "CompactedRevisionError", "Compare", "Delete", "Get", "LeaseNotFoundError",
     "MAX_TXN_OPS", "MetadataStore", "Op", "Put", "TxnResult", "VersionConflictError", "Versioned", "Watch",
     "WatchEvent", "validate_txn",
 ]
@@ -286,12 +286,3 @@ def _conflict(key: str, expected_version: int | None, found: dict[str, Versioned
     actual = f"found {current.version}" if current else "key is absent"
     return VersionConflictError(f"{key}: expected version {expected_version}, {actual}")
 
-
-def __getattr__(name: str) -> Any:
-    """`LocalMetadataStore` is importable from here, beside its contract; imported on first use
-    because its module builds on this one."""
-    if name == "LocalMetadataStore":
-        from broker.cluster.local_metadata_store import LocalMetadataStore
-
-        return LocalMetadataStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

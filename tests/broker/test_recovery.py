@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from segment_format import record
-from broker.cluster.metadata_store import LocalMetadataStore
+from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
 from broker.errors import NONE, CorruptMessageError

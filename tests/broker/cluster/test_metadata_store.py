@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
+from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.metadata_store import (
     CompactedRevisionError,
     Compare,
     Delete,
     Get,
     LeaseNotFoundError,
-    LocalMetadataStore,
     MetadataStore,
     Put,
     VersionConflictError,

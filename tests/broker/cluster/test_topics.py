@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.cluster.metadata_store import LocalMetadataStore
+from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
 from broker.errors import TopicAlreadyExistsError, VersionConflictError
