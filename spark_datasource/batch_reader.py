@@ -13,16 +13,23 @@ With `remoteStorage.only=true` no broker is contacted at all: the partitions, ea
 come from the store's manifests and time lookups from its segments' time indexes
 (`remote_ranges.RemoteOffsetReader`), and only tiered offsets are read (up to each manifest's
 `log_end_offset`).
+
+A partition that gets no answer while the read is planned (its topic deleted or re-created, or
+its leader moving, between the lookups: `offsets.METADATA_RACES`) is data the read cannot have:
+DataLossError (failOnDataLoss=true), or left out with a warning (false).
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator, Sequence
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 
+from broker.errors import DataLossError
+
 from spark_datasource.filters import PushedFilters
-from spark_datasource.offsets import OffsetReader
+from spark_datasource.offsets import OffsetReader, TopicPartition
 from spark_datasource.options import InvalidOptionError, SourceOptions
 from spark_datasource.ranges import OffsetRange, RangePartition, split_ranges
 from spark_datasource.remote_ranges import (
@@ -34,6 +41,8 @@ from spark_datasource.remote_ranges import (
     split_partitions,
 )
 from spark_datasource.task import read_offset_range
+
+log = logging.getLogger("pymq.spark.batch")
 
 
 class PymqBatchReader(DataSourceReader):
@@ -84,8 +93,13 @@ class PymqBatchReader(DataSourceReader):
             earliest = offsets.earliest(tps) if remote_only else {}
         finally:
             offsets.close()
+        answers = [starts, ends, latest, *([by_time] if self.filters.time_low_ms is not None else []),
+                   *([earliest] if remote_only else [])]
         ranges = []
         for tp in tps:
+            if any(tp not in answer for answer in answers):
+                self._unanswered(tp)
+                continue
             start, end = starts[tp], ends[tp]
             if end > latest[tp]:
                 raise InvalidOptionError(
@@ -101,6 +115,14 @@ class PymqBatchReader(DataSourceReader):
             r = OffsetRange(tp[0], tp[1], start, end)
             ranges.append(check_remote_start(self.options, r, earliest[tp]) if remote_only else r)
         return ranges
+
+    def _unanswered(self, tp: TopicPartition) -> None:
+        what = (f"{tp[0]}-{tp[1]}: no offsets while the read was planned (the topic was deleted or re-created, "
+                "or its leader moved, meanwhile)")
+        if self.options.fail_on_data_loss:
+            raise DataLossError(f"{what}: its records may be gone (failOnDataLoss=true; set it to false to "
+                                "read the other partitions)", tp[0], tp[1])
+        log.warning("%s: not read (failOnDataLoss=false)", what)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, RemoteRangePartition):

@@ -16,6 +16,11 @@ between triggers (when the last batch was cut, the Trigger.AvailableNow target).
 - Data loss (offsets deleted by retention before they were read, a partition whose log went
   backwards, a deleted topic) fails the query naming topic, partition and offsets
   (`failOnDataLoss=true`) or is logged with the count of offsets skipped.
+- Metadata races (a topic deleted or re-created, or its leader moving, between the lookups of one
+  call; `offsets.METADATA_RACES`) leave a partition without an answer: `latestOffset` keeps it
+  where it is (no new data this trigger; the next trigger asks again), and planning reads a new
+  partition whose start got no answer from offset 0, so the read finds what is gone. Whether a
+  topic is gone is decided by the topic listing alone, and data loss follows failOnDataLoss.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import logging
 import math
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -34,7 +40,7 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from broker.errors import DataLossError, UnknownTopicOrPartitionError
+from broker.errors import DataLossError
 from spark_datasource.lag_group import LagGroup
 from spark_datasource.offsets import OffsetReader, PartitionOffsets
 from broker.topic_partition import TopicPartition
@@ -45,7 +51,6 @@ from spark_datasource.task import read_offset_range
 log = logging.getLogger("pymq.spark.stream")
 
 Offsets = dict[str, dict[str, int]]  # what Spark checkpoints
-LATEST_ATTEMPTS = 3  # listings of the partitions and their offsets, while topics are being deleted
 
 
 def to_json(offsets: PartitionOffsets) -> Offsets:
@@ -74,12 +79,35 @@ def rate_limit(start: PartitionOffsets, latest: PartitionOffsets, max_rows: int)
     return out
 
 
+@dataclass(frozen=True)
+class Latest:
+    """The partitions the subscription has (`listed`) and the latest offsets of those that got an
+    answer (`offsets`; a metadata race leaves a partition out)."""
+
+    listed: list[TopicPartition]
+    offsets: PartitionOffsets
+
+    def ends(self, begin: PartitionOffsets) -> PartitionOffsets:
+        """Where a batch that starts at `begin` may end. A partition that is not listed any more
+        (topic deleted) is left out: the end then differs from the start, so a batch is planned
+        and `partitions` reports the loss (kept at its old position, an idle query never planned
+        a batch and the deletion went unreported; Kafka's source drops it the same way). A listed
+        partition without an answer stays at `begin` (no new data this trigger), or, new, waits
+        for the next trigger."""
+        unanswered = [tp for tp in self.listed if tp not in self.offsets]
+        if unanswered:
+            log.info("no latest offset for %s this trigger (metadata race); asking again next trigger", unanswered)
+        held = {tp: begin[tp] for tp in unanswered if tp in begin}
+        return {tp: self.offsets[tp] if tp in self.offsets else held[tp] for tp in self.listed
+                if tp in self.offsets or tp in held}
+
+
 class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._offsets = OffsetReader(options)
         self._latest: PartitionOffsets | None = None  # for reportLatestOffset
-        self._target: PartitionOffsets | None = None  # Trigger.AvailableNow: never read past these
+        self._target: Latest | None = None  # Trigger.AvailableNow: never read past these
         self._last_batch_s = -math.inf  # the first trigger never waits for minOffsetsPerTrigger (Kafka's rule)
         self._lag = (LagGroup(options.group_id_for_lag, options.bootstrap_servers)
                      if options.group_id_for_lag is not None else None)
@@ -105,7 +133,7 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Spark plans one batch at a time: `start` is where the last finished batch ended (or
         # where the query starts), and this call also comes when no batch follows it.
         self._report_position(begin)
-        latest = self._target if self._target is not None else self._latest_now()
+        latest = (self._target if self._target is not None else self._latest_now()).ends(begin)
         self._latest = latest
         if isinstance(limit, ReadAllAvailable):
             return self._advance(begin, latest)
@@ -125,19 +153,10 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def reportLatestOffset(self) -> Offsets | None:
         return None if self._latest is None else to_json(self._latest)
 
-    def _latest_now(self) -> PartitionOffsets:
-        """Every partition the subscription has now, at its latest offset. A partition that is
-        gone (topic deleted) is left out: the end then differs from the start, so a batch is
-        planned and `partitions` reports the loss (kept at its old position, an idle query never
-        planned a batch and the deletion went unreported; Kafka's source drops it the same way).
-        A topic deleted between listing the partitions and asking their offsets is listed again
-        (it is then gone from the list), instead of failing the query with UNKNOWN_TOPIC."""
-        for _ in range(LATEST_ATTEMPTS - 1):
-            try:
-                return self._offsets.latest(self._offsets.topic_partitions(missing_ok=True))
-            except UnknownTopicOrPartitionError:
-                continue
-        return self._offsets.latest(self._offsets.topic_partitions(missing_ok=True))
+    def _latest_now(self) -> Latest:
+        """Every partition the subscription has now, at its latest offset (`Latest.ends`)."""
+        listed = self._offsets.topic_partitions(missing_ok=True)
+        return Latest(listed, self._offsets.latest(listed))
 
     def _advance(self, begin: PartitionOffsets, end: PartitionOffsets) -> Offsets:
         if end != begin:
@@ -154,7 +173,8 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             for tp, offset in sorted(earliest.items()):
                 if offset > 0:  # retention deleted records before the query saw the partition
                     self._lost(tp, f"new partition {tp[0]}-{tp[1]} starts at offset {offset}, not 0", 0, offset)
-            begin.update(earliest)
+            # No answer (a metadata race): from offset 0, where the read finds any loss itself.
+            begin.update({tp: earliest.get(tp, 0) for tp in new})
         existing = set(self._offsets.topic_partitions(missing_ok=True))
         for tp in sorted(begin.keys() - stop.keys()):  # gone: latestOffset leaves deleted partitions out
             self._lost(tp, f"{tp[0]}-{tp[1]} no longer exists (topic deleted?) after offset {begin[tp]}",

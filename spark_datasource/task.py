@@ -5,21 +5,29 @@ steps the client's async range reader from the task's own thread (no background 
 A fetch (up to `kafka.max.partition.fetch.bytes` and `kafka.fetch.max.bytes`, default 8 MiB)
 becomes Arrow record batches of the source's schema (`schema.to_rows`); no per-record Python
 anywhere on the way.
+
+Offsets the range wants that are gone (deleted by retention, the log truncated, the topic deleted
+while the range was read) fail the task with DataLossError (failOnDataLoss=true) or end the
+range where they start, logged (false): whichever way the range planned on the driver went away.
 """
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 
 import pyarrow as pa
 
 from broker.client.cluster import Cluster
 from broker.client.range_reader import RangeStats, read_range
+from broker.errors import DataLossError, UnknownTopicOrPartitionError
 from spark_datasource.options import SourceOptions
 from spark_datasource.ranges import OffsetRange
 from spark_datasource.schema import arrow_schema, to_rows
 
 DEFAULT_FETCH_BYTES = 8 << 20
+
+log = logging.getLogger("pymq.spark.task")
 
 
 def read_offset_range(options: SourceOptions, offset_range: OffsetRange,
@@ -42,6 +50,9 @@ def read_offset_range(options: SourceOptions, offset_range: OffsetRange,
                 fetched = loop.run_until_complete(anext(batches))
             except StopAsyncIteration:
                 return
+            except (DataLossError, UnknownTopicOrPartitionError) as err:
+                _gone(options, offset_range, err)
+                return
             yield from to_rows(offset_range.topic, offset_range.partition, fetched, schema)
     finally:
         try:
@@ -49,3 +60,15 @@ def read_offset_range(options: SourceOptions, offset_range: OffsetRange,
             loop.run_until_complete(cluster.close())
         finally:
             loop.close()
+
+
+def _gone(options: SourceOptions, offset_range: OffsetRange, err: DataLossError | UnknownTopicOrPartitionError) -> None:
+    """The rest of the range is gone: raise (failOnDataLoss=true), or log that it is skipped.
+    UNKNOWN_TOPIC_OR_PARTITION here (the reader retried it) is a topic deleted since planning."""
+    if isinstance(err, UnknownTopicOrPartitionError):
+        r = offset_range
+        err = DataLossError(f"{r.topic}-{r.partition} no longer exists (topic deleted?) while offsets "
+                            f"{r.start}..{r.end - 1} were read ({err})", r.topic, r.partition, r.start, r.end)
+    if options.fail_on_data_loss:
+        raise err
+    log.warning("%s: skipping the rest of the range (failOnDataLoss=false)", err)

@@ -613,16 +613,15 @@ def retained(retention_broker: BrokerProcess) -> tuple[str, str, int, int]:
     retention deleted its first segments: (bootstrap, topic, log start, end)."""
     bootstrap, topic = retention_broker.bootstrap, "retained"
     with Admin(bootstrap) as admin:
-        admin.create_topic(topic, partitions=1, configs={**KEEP, "segment.bytes": 4096, "retention.bytes": 8192})
+        admin.create_topic(topic, partitions=1, configs={**KEEP, "segment.bytes": 4096})
         produce_batches(bootstrap, topic, batches=60, per_batch=10, value_bytes=100)
-        deadline = time.monotonic() + 20
-        start = 0
-        while time.monotonic() < deadline:
-            now = admin.list_offsets({(topic, 0): EARLIEST})[(topic, 0)][0]
-            if now > 0 and now == start:  # retention ran and has nothing more to delete
-                break
-            start = now
-            time.sleep(0.3)
+        # Retention set once every record is in: its first pass deletes every segment it ever
+        # will, so the start it leaves is final (no pass mid-production, none to wait out).
+        admin.alter_configs(topic, {"retention.bytes": 8192})
+        deadline = time.monotonic() + 120
+        while (start := admin.list_offsets({(topic, 0): EARLIEST})[(topic, 0)][0]) == 0:
+            assert time.monotonic() < deadline, "retention did not run"
+            time.sleep(0.05)
         end = admin.list_offsets({(topic, 0): LATEST})[(topic, 0)][0]
     assert 0 < start < end == 600
     return bootstrap, topic, start, end

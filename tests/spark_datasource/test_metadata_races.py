@@ -1,0 +1,197 @@
+"""Metadata races in the source: a topic deleted, re-created or changing leader between the
+lookups of one call (latestOffset, planning, reading), against a real broker.
+
+The readers' methods are driven directly (no Spark session), and the race is made to happen at
+one exact point by hooking the Admin the source's OffsetReader uses: the hook deletes the topic
+(and creates it again) around the lookup, or answers NOT_LEADER, so no test depends on timing.
+What each race must give: failOnDataLoss=true a DataLossError naming the partition when its data
+is gone, false the other partitions read and the lost ones skipped; never the race's own error.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+from broker.client import Admin, Producer
+from broker.errors import DataLossError, NotLeaderError, TopicAlreadyExistsError
+from spark_datasource.batch_reader import PymqBatchReader
+from spark_datasource.offsets import OffsetReader
+from spark_datasource.options import SourceOptions
+from spark_datasource.ranges import OffsetRange
+from spark_datasource.stream_reader import PymqStreamReader
+from spark_datasource.task import read_offset_range
+
+
+@pytest.fixture
+def bootstrap(source_broker) -> str:
+    return source_broker.bootstrap
+
+
+@pytest.fixture
+def topics(bootstrap: str, topic_name: str) -> tuple[str, str]:
+    """Two topics of one partition: `a` with 3 records, `b` (the one the races hit) with 2."""
+    a, b = f"{topic_name}-a", f"{topic_name}-b"
+    with Admin(bootstrap) as admin:
+        admin.create_topic(a, partitions=1)
+        admin.create_topic(b, partitions=1)
+    produce(bootstrap, a, 3)
+    produce(bootstrap, b, 2)
+    return a, b
+
+
+def produce(bootstrap: str, topic: str, n: int) -> None:
+    with Producer(bootstrap, linger_ms=0, acks="all") as producer:
+        for i in range(n):
+            producer.send(topic, f"{topic}-{i}".encode(), partition=0)
+        producer.flush()
+
+
+@contextmanager
+def hooked(offsets: OffsetReader, method: str, around: Callable[..., Any]) -> Iterator[None]:
+    """While inside, each call `Admin.<method>(*args)` of the reader runs as `around(call, *args)`."""
+    admin = offsets.admin
+    real = getattr(admin, method)
+    setattr(admin, method, lambda *args: around(lambda: real(*args), *args))
+    try:
+        yield
+    finally:
+        delattr(admin, method)  # the class's method again
+
+
+def offsets_race(bootstrap: str, topic: str, kind: str) -> Callable[..., Any]:
+    """A list_offsets hook that hits `topic` whenever a call asks about it: deleted before the
+    request and created again after it ("deleted"), or its leader moved ("leader moved")."""
+    def around(call: Callable[[], Any], positions: dict) -> Any:
+        if not any(t == topic for t, _ in positions):
+            return call()
+        if kind == "leader moved":
+            raise NotLeaderError(f"broker 0 is not the leader of {topic}-0")
+        with Admin(bootstrap) as admin:
+            admin.delete_topics([topic])
+            try:
+                return call()
+            finally:
+                admin.create_topic(topic, partitions=1)
+    return around
+
+
+def stream_reader(bootstrap: str, fail_on_data_loss: bool, **options: str) -> PymqStreamReader:
+    return PymqStreamReader(SourceOptions.parse(
+        {"kafka.bootstrap.servers": bootstrap, "startingOffsets": "earliest",
+         "failOnDataLoss": str(fail_on_data_loss).lower(), **options}, streaming=True))
+
+
+def rows(reader: PymqStreamReader | PymqBatchReader, partitions) -> dict[tuple[str, int], int]:
+    out: dict[tuple[str, int], int] = {}
+    for partition in partitions:
+        r = partition.range
+        out[(r.topic, r.partition)] = out.get((r.topic, r.partition), 0) + sum(b.num_rows for b in reader.read(partition))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["deleted", "leader moved"])
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_latest_offset_holds_a_partition_whose_offsets_lookup_races(bootstrap, topics, kind, fail_on_data_loss):
+    """latestOffset keeps a listed partition whose latest offset got UNKNOWN_TOPIC_OR_PARTITION or NOT_LEADER at its start (no new data this trigger) and moves the others; a re-created topic's lower offsets are then data loss per failOnDataLoss."""
+    a, b = topics
+    reader = stream_reader(bootstrap, fail_on_data_loss, subscribe=f"{a},{b}")
+    try:
+        start = reader.initialOffset()
+        first = reader.latestOffset(start, ReadAllAvailable())
+        assert first == {a: {"0": 3}, b: {"0": 2}}
+        assert rows(reader, reader.partitions(start, first)) == {(a, 0): 3, (b, 0): 2}
+        produce(bootstrap, a, 1)
+        produce(bootstrap, b, 1)
+        with hooked(reader._offsets, "list_offsets", offsets_race(bootstrap, b, kind)):
+            end = reader.latestOffset(first, ReadAllAvailable())
+        assert end == {a: {"0": 4}, b: {"0": 2}}
+        assert rows(reader, reader.partitions(first, end)) == {(a, 0): 1}
+
+        later = reader.latestOffset(end, ReadAllAvailable())  # no race: b as the brokers have it now
+        if kind == "leader moved":
+            assert later == {a: {"0": 4}, b: {"0": 3}}
+            assert rows(reader, reader.partitions(end, later)) == {(b, 0): 1}
+            return
+        assert later == {a: {"0": 4}, b: {"0": 0}}  # re-created, empty
+        if fail_on_data_loss:
+            with pytest.raises(DataLossError, match=f"{b}-0's log went back from offset 2 to 0"):
+                reader.partitions(end, later)
+            return
+        assert rows(reader, reader.partitions(end, later)) == {}
+        produce(bootstrap, b, 1)
+        moved = reader.latestOffset(later, ReadAllAvailable())
+        assert moved == {a: {"0": 4}, b: {"0": 1}}
+        assert rows(reader, reader.partitions(later, moved)) == {(b, 0): 1}
+    finally:
+        reader.stop()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_topic_deleted_between_listing_and_describing_is_gone(bootstrap, topics, fail_on_data_loss):
+    """A subscribePattern topic deleted between the topic listing and its description is left out of latestOffset (the others keep moving), and planning reports its offsets lost per failOnDataLoss."""
+    a, b = topics
+    reader = stream_reader(bootstrap, fail_on_data_loss, subscribePattern=f"{a[:-2]}-.*")
+    try:
+        start = reader.initialOffset()
+        first = reader.latestOffset(start, ReadAllAvailable())
+        assert first == {a: {"0": 3}, b: {"0": 2}}
+        reader.partitions(start, first)
+        produce(bootstrap, a, 1)
+
+        def listed_then_deleted(call: Callable[[], Any]) -> Any:
+            """Every listing names b, deleted before it is described (created again, if need be,
+            before the listing: a lookup asked twice meets the race twice)."""
+            with Admin(bootstrap) as admin:
+                with contextlib.suppress(TopicAlreadyExistsError):
+                    admin.create_topic(b, partitions=1)
+                listed = call()
+                admin.delete_topics([b])
+            return listed
+
+        with hooked(reader._offsets, "list_topics", listed_then_deleted):
+            end = reader.latestOffset(first, ReadAllAvailable())
+        assert end == {a: {"0": 4}}
+        if fail_on_data_loss:
+            with pytest.raises(DataLossError, match=f"{b}-0 no longer exists"):
+                reader.partitions(first, end)
+        else:
+            assert rows(reader, reader.partitions(first, end)) == {(a, 0): 1}
+    finally:
+        reader.stop()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_batch_planning_with_a_topic_deleted_between_lookups(bootstrap, topics, fail_on_data_loss):
+    """A batch read whose offset lookups hit a topic being deleted and re-created fails with DataLossError naming it (failOnDataLoss=true) or reads the other topics (false)."""
+    a, b = topics
+    reader = PymqBatchReader(SourceOptions.parse(
+        {"kafka.bootstrap.servers": bootstrap, "subscribe": f"{a},{b}",
+         "failOnDataLoss": str(fail_on_data_loss).lower()}, streaming=False))
+    offsets = OffsetReader(reader.options)
+    with hooked(offsets, "list_offsets", offsets_race(bootstrap, b, "deleted")):
+        if fail_on_data_loss:
+            with pytest.raises(DataLossError, match=f"{b}-0: no offsets while the read was planned"):
+                reader.offset_ranges(offsets)
+        else:
+            assert reader.offset_ranges(offsets) == [OffsetRange(a, 0, 0, 3)]
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_reading_a_range_of_a_topic_deleted_since_planning(bootstrap, topics, fail_on_data_loss):
+    """A task whose topic was deleted after its range was planned fails with DataLossError naming the range (failOnDataLoss=true) or reads nothing (false), instead of UNKNOWN_TOPIC_OR_PARTITION."""
+    a, _ = topics
+    options = SourceOptions.parse({"kafka.bootstrap.servers": bootstrap, "subscribe": a,
+                                   "failOnDataLoss": str(fail_on_data_loss).lower()}, streaming=False)
+    with Admin(bootstrap) as admin:
+        admin.delete_topics([a])
+    batches = read_offset_range(options, OffsetRange(a, 0, 0, 3))
+    if fail_on_data_loss:
+        with pytest.raises(DataLossError, match=f"{a}-0 no longer exists .* offsets 0..2 were read"):
+            list(batches)
+    else:
+        assert list(batches) == []
