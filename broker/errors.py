@@ -348,6 +348,12 @@ class DataLossError(PymqError, wire_name="DATA_LOSS"):
     def __reduce__(self) -> tuple:  # keeps the fields when pickled (Spark tasks, processes)
         return type(self), (str(self), self.topic, self.partition, self.start, self.end)
 
+
+class LogDirInUseError(KafkaStorageError):
+    """A broker's log.dir is locked by another running broker (broker/log/log_dir_lock.py). Raised
+    at start-up, never on the wire: the second broker refuses to start instead of corrupting the first's logs."""
+
+
 NONE = 0
 
 

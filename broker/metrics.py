@@ -9,7 +9,8 @@ and fetch paths pay nothing for them. Per partition, as Kafka's kafka.log/kafka.
     pymq_log_recovered_bytes      bytes the last start re-validated after the recovery point
 
 Per broker: pymq_log_dir_offline (1 once a failed fsync took the directory offline),
-pymq_log_retention_failures_total, pymq_log_flushes_in_flight, pymq_connections.
+pymq_log_retention_failures_total, pymq_log_flushes_in_flight, pymq_connections, and
+pymq_background_errors_total{task} (exceptions a background loop caught and went on after, broker/background.py).
 
 With tiered storage (remote_logs set), per tiered partition led here, from the manifest the remote
 log manager holds (none until it has read it; `pymq tier status` shows the same):
@@ -47,6 +48,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from broker import background
 from broker.loop_lag import LAG_BUCKETS_S
 
 if TYPE_CHECKING:
@@ -110,6 +112,11 @@ class BrokerCollector(Collector):
         yield GaugeMetricFamily("pymq_log_flushes_in_flight", "log flushes running now",
                                 value=self.replicas.flushes_in_flight)
         yield GaugeMetricFamily("pymq_connections", "client connections open", value=self.connections())
+        errors = CounterMetricFamily("pymq_background_errors", "exceptions a background task caught and went on after",
+                                     labels=["task"])
+        for task, count in sorted(background.error_counts().items()):
+            errors.add_metric([task], count)
+        yield errors
         yield from self._loop_and_queues()
         if self.replicas.remote_logs is not None:
             yield from self._tiering()

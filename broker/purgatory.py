@@ -115,6 +115,13 @@ class DelayedOperationPurgatory:
             if not op.done:
                 op._attempt(op.try_complete)
 
+    def expire_all(self) -> None:
+        """Every parked operation completes now with what it has, as at its deadline (a stopping
+        broker answers its parked fetches instead of dropping them)."""
+        for op in {op for ops in self._watchers.values() for op in ops}:
+            if not op.done:
+                op._attempt(op.on_expiration)
+
     def _forget(self, op: DelayedOperation) -> None:
         for key in op.keys:
             ops = self._watchers.get(key)

@@ -51,7 +51,7 @@ log = logging.getLogger("pymq.replica_manager")
 
 class ReplicaManager:
     def __init__(self, broker_id: int, logs: LogManager, writer: LogWriter, fetch_purgatory: DelayedOperationPurgatory,
-                 executors: BackgroundExecutors | None = None) -> None:
+                 executors: BackgroundExecutors | None = None, remote_logs: RemoteLogManager | None = None) -> None:
         self.broker_id = broker_id
         self.executors = executors or BackgroundExecutors.create()
         self.logs = logs
@@ -62,7 +62,7 @@ class ReplicaManager:
         self._flushing: dict[UnifiedLog, bool] = {}  # log -> another flush was asked for meanwhile
         self._checkpoint_wanted = False
         self._checkpointing: asyncio.Task[None] | None = None
-        self.remote_logs: RemoteLogManager | None = None  # tiered storage, when the broker runs it
+        self.remote_logs = remote_logs  # tiered storage, when the broker runs it
 
     # --- partitions ------------------------------------------------------------------------
 
@@ -104,11 +104,18 @@ class ReplicaManager:
                 partition.maybe_increment_high_watermark()  # the epoch is on file already: no thread hop
             elif state.leader == self.broker_id:
                 await partition.make_leader(state)
+        if self.remote_logs is not None:
+            led = [self._partitions[(log_.topic, log_.partition)] for log_ in logs]
+            self.remote_logs.on_leadership_change([p.log for p in led if p.is_leader],
+                                                  [(p.topic, p.partition) for p in led if not p.is_leader])
 
     async def delete_topic(self, topic: str) -> None:
         """Stop hosting `topic` and remove its logs (moved aside at once, in a worker thread)."""
         topic_id = None
-        for key in [key for key in self._partitions if key[0] == topic]:
+        keys = [key for key in self._partitions if key[0] == topic]
+        if self.remote_logs is not None:
+            self.remote_logs.on_leadership_change([], keys)
+        for key in keys:
             topic_id = self._partitions.pop(key).log.topic_id
             self.produce_purgatory.fail(key, UnknownTopicOrPartitionError(f"topic {topic!r} was deleted"))
             self.fetch_purgatory.notify(key)

@@ -35,7 +35,7 @@ from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 from typing import Any
 
-from broker import protocol
+from broker import background, protocol
 from broker.backpressure import ByteBudget
 from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.metadata_store import MetadataStore
@@ -49,6 +49,7 @@ from broker.log import FetchSlice, LogCleaner, LogManager, TopicLogSpec
 from broker.protocol import ApiKey
 from broker.log_writer import LogWriter
 from broker.loop_lag import LoopLagProbe
+from broker.log.log_dir_lock import LogDirLock
 from broker.metrics import serve_metrics
 from broker.purgatory import DelayedOperation, DelayedOperationPurgatory
 from broker.replica_manager import ReplicaManager
@@ -77,6 +78,7 @@ class Connection(asyncio.BufferedProtocol):
         self._writable = asyncio.Event()
         self._writable.set()
         self._read_paused = False
+        self._stopped_reading = False
         self._produces = 0  # produce requests in flight (waiting for the log writer or their acks)
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
@@ -200,13 +202,18 @@ class Connection(asyncio.BufferedProtocol):
     def _update_reading(self) -> None:
         if self.transport is None or self.transport.is_closing():
             return
-        should_pause = (self._write_paused or self.waiting >= self.broker.config["queued.max.requests"]
-                        or self._over_budget())
+        should_pause = (self._stopped_reading or self._write_paused
+                        or self.waiting >= self.broker.config["queued.max.requests"] or self._over_budget())
         if should_pause and not self._read_paused:
             self.transport.pause_reading()
         elif not should_pause and self._read_paused:
             self.transport.resume_reading()
         self._read_paused = should_pause
+
+    def stop_reading(self) -> None:
+        """For good (a stopping broker): requests already read are still answered."""
+        self._stopped_reading = True
+        self._update_reading()
 
     def _over_budget(self) -> bool:
         """Whether a broker-wide byte budget this connection feeds is spent: the requests held by
@@ -322,27 +329,36 @@ class Broker:
         self.config = config
         self.log_dir = Path(config["log.dir"])
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.executors = BackgroundExecutors.from_config(config)
-        self.store = store or LocalMetadataStore(self.log_dir / METADATA_FILE, executor=self.executors.metadata)
-        self.registry = TopicRegistry(self.store, config["broker.id"], config.log_defaults)
-        self.logs = LogManager(self.log_dir, max_open_files=config["log.max.open.files"],
-                               remote_storage=config["remote.log.storage.system.enable"])
-        self.cleaner = LogCleaner.from_config(config, self.logs)
-        self.purgatory = DelayedOperationPurgatory()
-        self.writer = LogWriter(config["log.writer.offload.bytes"], config["log.writer.queued.max.bytes"])
-        self.request_memory = ByteBudget("queued.max.request.bytes", config["queued.max.request.bytes"])
-        self.loop_lag = LoopLagProbe()
-        self.replicas = ReplicaManager(config["broker.id"], self.logs, self.writer, self.purgatory, self.executors)
-        if config["remote.log.storage.system.enable"]:
-            from broker.remote_log.remote_log_manager import RemoteLogManager  # fsspec: only when tiering
-            self.replicas.remote_logs = RemoteLogManager.from_config(config, self.replicas.leader_logs)
-        self.handlers = RequestHandlers(config, self.registry, self.replicas, self.advertised)
-        self.connections: set[Connection] = set()
-        self.zero_copy = config["zero.copy"] and config["event.loop"] == "asyncio"
-        self._server: asyncio.Server | None = None
-        self._tasks: list[asyncio.Task[None]] = []
-        self._stopped = asyncio.Event()
-        self._metrics: WSGIServer | None = None
+        self.dir_lock = LogDirLock(self.log_dir)  # before anything reads or writes the directory
+        try:
+            self.executors = BackgroundExecutors.from_config(config)
+            self.store = store or LocalMetadataStore(self.log_dir / METADATA_FILE, executor=self.executors.metadata)
+            self.registry = TopicRegistry(self.store, config["broker.id"], config.log_defaults)
+            self.logs = LogManager(self.log_dir, max_open_files=config["log.max.open.files"],
+                                   remote_storage=config["remote.log.storage.system.enable"])
+            self.cleaner = LogCleaner.from_config(config, self.logs)
+            self.purgatory = DelayedOperationPurgatory()
+            self.writer = LogWriter(config["log.writer.offload.bytes"], config["log.writer.queued.max.bytes"])
+            self.request_memory = ByteBudget("queued.max.request.bytes", config["queued.max.request.bytes"])
+            self.loop_lag = LoopLagProbe()
+            remote_logs = None
+            if config["remote.log.storage.system.enable"]:
+                from broker.remote_log.remote_log_manager import RemoteLogManager  # fsspec: only when tiering
+                remote_logs = RemoteLogManager.from_config(config, self._remote_read_ready)
+            self.replicas = ReplicaManager(config["broker.id"], self.logs, self.writer, self.purgatory, self.executors,
+                                           remote_logs)
+            self.handlers = RequestHandlers(config, self.registry, self.replicas, self.advertised)
+            self.connections: set[Connection] = set()
+            self.zero_copy = config["zero.copy"] and config["event.loop"] == "asyncio"
+            self._server: asyncio.Server | None = None
+            self._tasks: list[asyncio.Task[None]] = []
+            self._stopped = asyncio.Event()
+            self._stopping = False
+            self._loop: asyncio.AbstractEventLoop | None = None
+            self._metrics: WSGIServer | None = None
+        except BaseException:
+            self.dir_lock.release()  # a broker that failed to build leaves the directory free
+            raise
 
     @property
     def port(self) -> int:
@@ -363,7 +379,7 @@ class Broker:
         if self.config["log.cleaner.enable"]:
             self.cleaner.start()
         await self.handlers.groups.start(self.advertised)
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
             lambda: Connection(self), self.config["host"], self.config["port"], reuse_address=True, backlog=1024
         )
@@ -376,82 +392,132 @@ class Broker:
                                           budgets=[self.request_memory, self.writer.queue])
         self.loop_lag.start()
         self._tasks = [
-            loop.create_task(self._every(self.config["log.retention.check.interval.ms"], self._retention)),
-            loop.create_task(self._every(self.config["log.flush.scheduler.interval.ms"], self._scheduled_flush)),
-            loop.create_task(self._every(self.config["log.flush.offset.checkpoint.interval.ms"], self._checkpoint)),
-            loop.create_task(self._every(1000, self._close_idle)),
+            loop.create_task(self._every("retention", "log.retention.check.interval.ms", self._retention)),
+            loop.create_task(self._every("flush", "log.flush.scheduler.interval.ms", self.replicas.schedule_flushes)),
+            loop.create_task(self._every("checkpoint", "log.flush.offset.checkpoint.interval.ms",
+                                         self.replicas.request_checkpoint)),
+            loop.create_task(background.every("idle-connections", 1.0, self._close_idle)),
         ]
         if self.replicas.remote_logs is not None:
-            self.replicas.remote_logs.reader.on_ready = self._remote_read_ready(loop)
             self.replicas.remote_logs.schedule()  # reads the manifests now: reads below the local start need them
-            self._tasks.append(loop.create_task(self._every(self.config["remote.log.manager.task.interval.ms"], self._tier)))
+            self._tasks.append(loop.create_task(self._every("tiering", "remote.log.manager.task.interval.ms", self._tier)))
         log.info("pymq broker %d listening on %s:%d (log.dir %s, %d topics)", self.config["broker.id"],
                  self.config["host"], self.port, self.log_dir, len(self.registry.topics))
 
     async def stop(self) -> None:
-        """Clean shutdown: stop accepting, close connections, flush every log, write recovery points."""
+        """Clean shutdown, in this order. Every step runs even if one before it failed (the
+        failure is logged), so the logs are always closed, the lock released and `serve()` returns:
+
+        1. stop accepting connections and reading requests; parked fetches answer with what they have;
+        2. wait up to shutdown.drain.timeout.ms for the requests already read to be answered, then
+           close every connection;
+        3. cancel the periodic duties and the group coordinator's timers, and wait for the group
+           appends in flight;
+        4. drain the log writer (its queued appends are acknowledged writes) and the flushes;
+        5. close the metadata store, then stop the background pools once the work they run
+           (retention, flushes, checkpoints a cancelled duty handed them) is done;
+        6. stop the cleaner (a swap in progress finishes) and tiering (an upload in progress
+           finishes; a throttle wait is cut short);
+        7. close every log: fsync, recovery point = log end, offset checkpoints;
+        8. stop the loop-lag probe and the metrics server, release log.dir's lock.
+        """
+        if self._stopping:
+            return await self.wait_stopped()
+        self._stopping = True
+        ok = True
+        for step, action in self._stop_steps():
+            try:
+                await action()
+            except Exception:
+                ok = False
+                log.exception("stopping: %s failed; going on with the next step", step)
+        self._stopped.set()
+        if ok:
+            log.info("pymq broker %d stopped cleanly", self.config["broker.id"])
+        else:
+            log.error("pymq broker %d stopped, but a step of the shutdown failed (see above)", self.config["broker.id"])
+
+    def _stop_steps(self) -> list[tuple[str, Callable[[], Awaitable[object]]]]:
+        remote_logs = self.replicas.remote_logs
+        steps: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+            ("stop accepting", self._stop_accepting),
+            ("drain requests", self._drain_requests),
+            ("cancel periodic duties", self._cancel_duties),
+            ("stop the group coordinator", self.handlers.groups.stop),
+            ("drain the log writer", self.writer.close),
+            ("wait for flushes", self.replicas.wait_idle),
+            ("close the metadata store", self.store.close),
+            ("stop the background pools", lambda: asyncio.to_thread(self.executors.shutdown)),
+            ("stop the log cleaner", lambda: asyncio.to_thread(self.cleaner.stop)),
+        ]
+        if remote_logs is not None:
+            steps.append(("stop tiering", lambda: asyncio.to_thread(remote_logs.close)))
+        steps += [
+            ("close the logs", lambda: asyncio.to_thread(self.logs.close)),
+            ("stop the loop-lag probe", self.loop_lag.stop),
+            ("stop the metrics server", self._stop_metrics),
+            ("release log.dir", self._release_dir),
+        ]
+        return steps
+
+    async def _stop_accepting(self) -> None:
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):
+            conn.stop_reading()
+        self.purgatory.expire_all()
+
+    async def _drain_requests(self) -> None:
+        deadline = asyncio.get_running_loop().time() + self.config["shutdown.drain.timeout.ms"] / 1000
+        while any(conn.waiting for conn in self.connections) and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)
+        left = sum(conn.waiting for conn in self.connections)
+        if left:
+            log.warning("stopping: closing connections with %d requests unanswered after shutdown.drain.timeout.ms", left)
+        for conn in list(self.connections):
             if conn.transport is not None:
                 conn.transport.close()
+
+    async def _cancel_duties(self) -> None:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.handlers.groups.stop()
-        await self.writer.close()
-        await self.replicas.wait_idle()
-        await asyncio.to_thread(self.cleaner.stop)  # before the logs close: a swap in progress finishes
-        if self.replicas.remote_logs is not None:  # an upload in progress finishes, no other starts
-            await asyncio.to_thread(self.replicas.remote_logs.close)
-        await asyncio.to_thread(self.logs.close)
-        await self.store.close()
-        await asyncio.to_thread(self.executors.shutdown)  # nothing queues work any more
-        await self.loop_lag.stop()
+
+    async def _stop_metrics(self) -> None:
         if self._metrics is not None:
             await asyncio.to_thread(self._metrics.shutdown)  # waits for its serve loop's next poll
             self._metrics.server_close()
-        self._stopped.set()
-        log.info("pymq broker %d stopped cleanly", self.config["broker.id"])
+
+    async def _release_dir(self) -> None:
+        self.dir_lock.release()
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
 
     # -- background duties -----------------------------------------------------------------------
 
-    async def _every(self, interval_ms: int, duty: Any) -> None:
-        while True:
-            await asyncio.sleep(interval_ms / 1000)
-            try:
-                await duty()
-            except Exception:
-                log.exception("background duty %s failed", duty.__name__)
+    def _every(self, task: str, interval_key: str, duty: Callable[[], object]) -> Awaitable[None]:
+        return background.every(task, self.config[interval_key] / 1000, duty)
 
     async def _retention(self) -> None:
         await self.replicas.run_retention(self.config["file.delete.delay.ms"])
 
-    def _remote_read_ready(self, loop: asyncio.AbstractEventLoop) -> Callable[[tuple[str, int]], None]:
-        """A remote read's answer waits (reader thread): wake the fetches parked on its partition."""
-        def ready(key: tuple[str, int]) -> None:
-            try:
-                loop.call_soon_threadsafe(self.purgatory.notify, key)
-            except RuntimeError:
-                pass  # the loop closed: the broker is stopping
+    def _remote_read_ready(self, key: tuple[str, int]) -> None:
+        """A remote read's answer waits (called on a reader thread): wake the fetches parked on its
+        partition, on the loop the broker runs on."""
+        if self._loop is None:
+            return  # not started: no fetch can be parked
+        try:
+            self._loop.call_soon_threadsafe(self.purgatory.notify, key)
+        except RuntimeError:
+            pass  # the loop closed: the broker is stopping
 
-        return ready
-
-    async def _tier(self) -> None:
+    def _tier(self) -> None:
         """Submit the tiering tasks (they run in the remote log manager's threads)."""
         assert self.replicas.remote_logs is not None
         self.replicas.remote_logs.schedule()
 
-    async def _scheduled_flush(self) -> None:
-        self.replicas.schedule_flushes()
-
-    async def _checkpoint(self) -> None:
-        self.replicas.request_checkpoint()
-
-    async def _close_idle(self) -> None:
+    def _close_idle(self) -> None:
         limit_s = self.config["connections.max.idle.ms"] / 1000
         now = asyncio.get_running_loop().time()
         for conn in list(self.connections):
@@ -475,9 +541,14 @@ def raise_open_files_limit() -> int:
 
 
 async def serve(config: BrokerConfig) -> None:
-    """Run a broker until SIGTERM / SIGINT, then shut down cleanly."""
+    """Run a broker until SIGTERM / SIGINT, then shut down cleanly. A start that fails part way
+    stops what it started (logs closed, log.dir unlocked) and raises."""
     broker = Broker(config)
-    await broker.start()
+    try:
+        await broker.start()
+    except BaseException:
+        await broker.stop()
+        raise
     print(f"pymq broker {config['broker.id']} listening on {config['host']}:{broker.port}", flush=True)
     loop = asyncio.get_running_loop()
     stopping: list[asyncio.Task[None]] = []

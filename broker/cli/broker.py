@@ -7,6 +7,7 @@ import click
 from rich.table import Table
 
 from broker.cli.common import KEY_VALUE, console
+from broker.errors import LogDirInUseError
 from broker.config import BROKER_CONFIGS, BrokerConfig, ConfigDef
 from segment_format.limits import INT32_MAX, INT64_MAX
 
@@ -34,7 +35,10 @@ def start(config_path: Path | None, overrides: tuple[tuple[str, str], ...]) -> N
     config = BrokerConfig.load(config_path, dict(overrides))
     from broker import server  # the whole broker stack, only when a broker is really started
 
-    server.run(config)
+    try:
+        server.run(config)
+    except LogDirInUseError as err:
+        raise click.ClickException(str(err)) from err
 
 
 @broker_group.command("configs")

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Iterator
 from typing import Any
 
 from segment_format import record
+from broker import background
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
 from broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
@@ -34,6 +35,7 @@ from broker.errors import (
     NotLeaderError,
     PymqError,
     TopicAlreadyExistsError,
+    UnknownServerError,
     UnknownTopicOrPartitionError,
 )
 from broker.log import UnifiedLog
@@ -91,8 +93,9 @@ class GroupHandler:
         if OFFSETS_TOPIC in self.registry.topics:
             await self._load_led_partitions()
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self._run_timers()),
-                       loop.create_task(self._run_expiry(self.config["offsets.retention.check.interval.ms"]))]
+        self._tasks = [loop.create_task(background.every("group-timers", TICK_S, self._tick)),
+                       loop.create_task(background.every("offset-expiry", self.config["offsets.retention.check.interval.ms"] / 1000,
+                                                         self._expire_offsets))]
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -129,17 +132,14 @@ class GroupHandler:
             count += 1
         return count
 
-    async def _run_timers(self) -> None:
-        while True:
-            await asyncio.sleep(TICK_S)
-            deadline = self.coordinator.next_deadline()
-            if deadline is not None and deadline <= now_ms():
-                self._apply(self.coordinator.tick(now_ms()))
+    def _tick(self) -> None:
+        """Session timeouts, rebalance deadlines, delayed joins: whatever is due now."""
+        deadline = self.coordinator.next_deadline()
+        if deadline is not None and deadline <= now_ms():
+            self._apply(self.coordinator.tick(now_ms()))
 
-    async def _run_expiry(self, interval_ms: int) -> None:
-        while True:
-            await asyncio.sleep(interval_ms / 1000)
-            self._apply(self.coordinator.expire_offsets(now_ms()))
+    def _expire_offsets(self) -> None:
+        self._apply(self.coordinator.expire_offsets(now_ms()))
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -237,8 +237,8 @@ class GroupHandler:
         try:
             pending = self.replicas.append(OFFSETS_TOPIC, append.partition, memoryview(encode_records(append.records)),
                                            acks=-1, timeout_ms=APPEND_TIMEOUT_MS)
-        except PymqError as err:
-            self._apply(append.complete(coordinator_error(err), now_ms()))
+        except Exception as err:
+            self._apply(append.complete(append_error(err), now_ms()))
             return
         if not isinstance(pending, Awaitable):
             self._apply(append.complete(None, now_ms()))
@@ -248,12 +248,28 @@ class GroupHandler:
         task.add_done_callback(self._pending.discard)
 
     async def _finish_append(self, append: Append, pending: Awaitable[Any]) -> None:
+        """Complete the coordinator's step with the append's outcome, whatever it is: the clients
+        waiting on it (Join, Sync, Commit) are answered in every case."""
         try:
             await pending
-        except PymqError as err:
-            self._apply(append.complete(coordinator_error(err), now_ms()))
+        except Exception as err:
+            outcome: PymqError | None = append_error(err)
         else:
-            self._apply(append.complete(None, now_ms()))
+            outcome = None
+        try:
+            self._apply(append.complete(outcome, now_ms()))
+        except Exception:
+            background.report("group-append")
+
+
+def append_error(err: Exception) -> PymqError:
+    """What the clients waiting on a failed append of group records are told: a named error maps
+    as Kafka maps it; anything else is a bug below the append, reported and answered
+    UNKNOWN_SERVER_ERROR (Join, Sync and Commit are answered in every case)."""
+    if isinstance(err, PymqError):
+        return coordinator_error(err)
+    background.report("group-append")
+    return UnknownServerError(f"storing group state failed: {type(err).__name__}: {err}")
 
 
 def coordinator_error(err: PymqError) -> PymqError:

@@ -292,6 +292,10 @@ class LogManager:
                 log.error("retention failed for %s: %s", partition_log, err)
                 # Segments that left the log before the failure are ours to delete all the same.
                 segments = err.removed if isinstance(err, SegmentsRemovedError) else []
+            except Exception:  # a bug in one log's retention must not stop the pass for the others
+                self.retention_failures += 1
+                log.exception("retention failed for %s", partition_log)
+                segments = []
             removed += len(segments)
             self.schedule_delete(segments, now_ms)
         return removed
@@ -311,6 +315,8 @@ class LogManager:
                 segment.delete()
             except KafkaStorageError as err:
                 log.error("cannot delete %s: %s", segment, err)
+            except Exception:  # one segment's bug must not keep the others from being unlinked
+                log.exception("cannot delete %s", segment)
         return len(due)
 
     # --- the log cleaner's checkpoint ------------------------------------------------------

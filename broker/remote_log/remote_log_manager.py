@@ -80,16 +80,21 @@ class TieringStatus:
 
 class CopyThrottle:
     """Bounds the bytes uploaded per second over all uploads: each upload reserves its size and
-    waits until the reservations before it have had their time (a token bucket without burst)."""
+    waits until the reservations before it have had their time (a token bucket without burst).
+    `close` ends every wait at once (a stopping broker does not sit out a throttle delay)."""
 
     def __init__(self, bytes_per_second: int, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], object] | None = None) -> None:
         assert bytes_per_second > 0, bytes_per_second
         self.bytes_per_second = bytes_per_second
         self._clock = clock
-        self._sleep = sleep
+        self._closed = threading.Event()
+        self._sleep = sleep or self._closed.wait
         self._lock = threading.Lock()
         self._next_free = 0.0
+
+    def close(self) -> None:
+        self._closed.set()
 
     def acquire(self, size: int) -> float:
         """Wait for `size` bytes of bandwidth; returns the seconds waited."""
@@ -105,17 +110,18 @@ class CopyThrottle:
 
 
 class RemoteLogManager:
-    """Build with `from_config`, or with a store (tests inject one). `leader_logs` returns the
-    logs this broker leads (called on the caller's thread of `schedule`)."""
+    """Build with `from_config`, or with a store (tests inject one). The replica manager tells it
+    which logs this broker leads (`on_leadership_change`, Kafka's RemoteLogManager.onLeadershipChange):
+    only a partition's leader tiers it, and leadership moving away stops scheduling it."""
 
-    def __init__(self, store: RemoteSegmentStore, leader_logs: Callable[[], list[UnifiedLog]], *,
+    def __init__(self, store: RemoteSegmentStore, *,
                  thread_pool_size: int = 2, copy_max_bytes_per_second: int = INT64_MAX,
                  clock: Callable[[], int] = record.now_ms, orphan_grace_ms: int = DEFAULT_ORPHAN_GRACE_MS,
                  max_backoff_ms: int = 30_000, reader: RemoteLogReader | None = None) -> None:
         assert thread_pool_size >= 1, thread_pool_size
         self.store = store
         self.reader = reader or RemoteLogReader(store)
-        self._leader_logs = leader_logs
+        self._led: dict[tuple[str, int], UnifiedLog] = {}  # the logs this broker leads, under _lock
         self._clock = clock
         self._orphan_grace_ms = orphan_grace_ms
         self._max_backoff_ms = max_backoff_ms
@@ -129,15 +135,28 @@ class RemoteLogManager:
         self.failures = 0
 
     @classmethod
-    def from_config(cls, config: BrokerConfig, leader_logs: Callable[[], list[UnifiedLog]]) -> RemoteLogManager:
+    def from_config(cls, config: BrokerConfig, on_read_ready: Callable[[tuple[str, int]], None]) -> RemoteLogManager:
+        """`on_read_ready((topic, partition))` is called from a reader thread when a remote read the
+        cache lacked is ready for its retry (the broker wakes the fetches parked on the partition)."""
         store = RemoteSegmentStore.from_url(config.remote_storage_url, config.remote_storage_options)
         reader = RemoteLogReader(store, cache_bytes=config["remote.log.reader.cache.size.bytes"],
                                  chunk_bytes=config["remote.log.reader.chunk.bytes"],
                                  prefetch_chunks=config["remote.log.reader.prefetch.chunks"],
                                  threads=config["remote.log.reader.threads"],
-                                 max_pending_tasks=config["remote.log.reader.max.pending.tasks"])
-        return cls(store, leader_logs, thread_pool_size=config["remote.log.manager.thread.pool.size"],
+                                 max_pending_tasks=config["remote.log.reader.max.pending.tasks"],
+                                 on_ready=on_read_ready)
+        return cls(store, thread_pool_size=config["remote.log.manager.thread.pool.size"],
                    copy_max_bytes_per_second=config["remote.log.manager.copy.max.bytes.per.second"], reader=reader)
+
+    # --- leadership ------------------------------------------------------------------------
+
+    def on_leadership_change(self, leading: list[UnifiedLog], not_leading: list[tuple[str, int]]) -> None:
+        """This broker now leads `leading` and no longer leads (or hosts) `not_leading`."""
+        with self._lock:
+            for partition_log in leading:
+                self._led[(partition_log.topic, partition_log.partition)] = partition_log
+            for key in not_leading:
+                self._led.pop(key, None)
 
     # --- scheduling ------------------------------------------------------------------------
 
@@ -149,7 +168,7 @@ class RemoteLogManager:
         with self._lock:
             if self._closed:
                 return []
-            for partition_log in self._leader_logs():
+            for partition_log in list(self._led.values()):
                 if not partition_log.tiered or partition_log.offline:
                     continue
                 state = self._partitions.setdefault((partition_log.topic, partition_log.partition), _PartitionTiering())
@@ -168,6 +187,7 @@ class RemoteLogManager:
         """Stop: tasks finish the upload in progress and start no other (call before the logs close)."""
         with self._lock:
             self._closed = True
+        self._throttle.close()
         self._executor.shutdown(wait=True, cancel_futures=True)
         self.reader.close()
 
@@ -245,6 +265,8 @@ class RemoteLogManager:
                 break  # the cleaner replaced it meanwhile: the next run sees the new segments
             try:
                 self._throttle.acquire(segment.size)
+                if self._closed:
+                    return  # the throttle's wait was cut short by close()
                 remote = self.store.upload_segment(topic, partition, segment.files)
                 manifest = state.manifest
                 if partition_log.topic_id and not manifest.topic_id:

@@ -115,13 +115,14 @@ class RemoteLogReader:
     WorkQueueFullError, retriable, and read-ahead is skipped)."""
 
     def __init__(self, store: RemoteSegmentStore, *, cache_bytes: int = 256 << 20, chunk_bytes: int = 4 << 20,
-                 prefetch_chunks: int = 1, threads: int = 4, max_pending_tasks: int = 100) -> None:
+                 prefetch_chunks: int = 1, threads: int = 4, max_pending_tasks: int = 100,
+                 on_ready: Callable[[TopicPartition], None] = lambda key: None) -> None:
         assert chunk_bytes > 0 and prefetch_chunks >= 0 and threads >= 1, (chunk_bytes, prefetch_chunks, threads)
         self.store = store
         self.chunk_bytes = chunk_bytes
         self.prefetch_chunks = prefetch_chunks
         self.cache = ChunkCache(cache_bytes)
-        self.on_ready: Callable[[TopicPartition], None] = lambda key: None
+        self._on_ready = on_ready  # called from a worker thread
         self._executor = BoundedExecutor("remote-read", threads, max_pending_tasks)
         self._lock = threading.Lock()
         self._pending: set[tuple[str, int, int]] = set()  # reads a worker runs
@@ -209,7 +210,7 @@ class RemoteLogReader:
             while len(self._answers) > 1 and (len(self._answers) > MAX_UNCLAIMED_ANSWERS
                                               or self._answers_bytes > self._max_answers_bytes):
                 self._answers_bytes -= len(self._answers.popitem(last=False)[1][0])
-        self.on_ready((topic, partition))
+        self._on_ready((topic, partition))
 
     def _read(self, topic: str, partition: int, manifest: PartitionManifest, offset: int, max_bytes: int,
               blocking: bool) -> bytes:

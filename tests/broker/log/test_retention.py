@@ -107,6 +107,28 @@ def test_manager_retention_runs_every_log_even_when_one_fails(tmp_path, clock, b
         manager.close()
 
 
+def test_a_bug_in_one_logs_retention_does_not_stop_the_pass(tmp_path, clock, batch, monkeypatch):
+    """Not a storage error but a plain bug (RuntimeError) in log b: a and c are still cleaned up,
+    and the failure is counted."""
+    manager = LogManager(tmp_path / "data", clock)
+    try:
+        config = LogConfig(segment_bytes=4096, max_message_bytes=4096, retention_ms=1_000)
+        logs = manager.load({"a": TopicLogSpec(None, config, 1), "b": TopicLogSpec(None, config, 1),
+                             "c": TopicLogSpec(None, config, 1)})
+        for partition_log in logs.values():
+            fill(partition_log, batch)
+
+        def bug(now_ms: int) -> list:
+            raise RuntimeError("a bug in retention")
+
+        monkeypatch.setattr(logs[("b", 0)], "delete_old_segments", bug)
+        assert manager.run_retention(6_500) == 4
+        assert manager.retention_failures == 1
+        assert [logs[(t, 0)].log_start_offset for t in "abc"] == [18, 0, 18]
+    finally:
+        manager.close()
+
+
 def test_segments_wholly_below_a_checkpointed_log_start_are_deleted_whatever_the_retention(tmp_path, clock, batch):
     """A crash between moving the log start and deleting segments (or records deleted below it)
     leaves segments no reader can reach: retention removes them even with retention disabled

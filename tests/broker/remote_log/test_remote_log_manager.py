@@ -34,8 +34,11 @@ def store(tmp_path: Path) -> RemoteSegmentStore:
     return RemoteSegmentStore.from_url(f"file://{tmp_path}/remote")
 
 
-def manager(store: RemoteSegmentStore, partition_log: UnifiedLog, clock) -> RemoteLogManager:
-    return RemoteLogManager(store, lambda: [partition_log], clock=clock, thread_pool_size=2)
+def manager(store: RemoteSegmentStore, partition_log: UnifiedLog, clock, **options) -> RemoteLogManager:
+    """A manager that leads `partition_log`, as the replica manager would tell it."""
+    rlm = RemoteLogManager(store, clock=clock, **{"thread_pool_size": 2, **options})
+    rlm.on_leadership_change([partition_log], [])
+    return rlm
 
 
 def test_sealed_segments_upload_in_order_then_local_retention_deletes_them(tmp_path, clock, store):
@@ -186,7 +189,7 @@ def test_an_upload_killed_before_its_commit_is_redone_and_its_orphans_cleaned(tm
     partition_log = open_log(tmp_path, clock)
     fill(partition_log, 20)
     first_segment = partition_log.segments()[0]
-    RemoteLogManager(store, lambda: [], clock=clock).close()
+    RemoteLogManager(store, clock=clock).close()
     rlm = manager(store, partition_log, clock)
     try:
         rlm.run_once()  # a manifest exists from here on
@@ -197,7 +200,7 @@ def test_an_upload_killed_before_its_commit_is_redone_and_its_orphans_cleaned(tm
         assert orphan.exists()
     finally:
         rlm.close()
-    restarted = RemoteLogManager(store, lambda: [partition_log], clock=clock, orphan_grace_ms=0)
+    restarted = manager(store, partition_log, clock, orphan_grace_ms=0)
     try:
         restarted.run_once()
         after = store.load_manifest("topic", 0)
@@ -268,12 +271,11 @@ def test_deleting_a_topic_waits_for_its_upload_in_flight(tmp_path, clock, store,
         return upload(*args, **kwargs)
 
     monkeypatch.setattr(store, "upload_segment", slow_upload)
-    logs = [partition_log]
-    rlm = RemoteLogManager(store, lambda: logs, clock=clock, thread_pool_size=2)
+    rlm = manager(store, partition_log, clock)
     try:
         rlm.schedule()
         assert started.wait(10)
-        logs.clear()  # the topic's partitions are no longer led here
+        rlm.on_leadership_change([], [("topic", 0)])  # the topic's partitions are no longer led here
         deleter = threading.Thread(target=rlm.delete_topic, args=("topic", TOPIC_ID))
         deleter.start()
         deleter.join(0.3)

@@ -80,7 +80,8 @@ def tiered(tmp_path_factory: pytest.TempPathFactory) -> Tiered:
     partition_log = UnifiedLog.open(tmp / "data" / "topic-0", TOPIC, PARTITION, CONFIG, topic_id=TOPIC_ID,
                                     cache=FileCache(), clock=clock, remote_storage=True)
     store = RemoteSegmentStore.from_url(f"file://{tmp}/remote")
-    rlm = RemoteLogManager(store, lambda: [partition_log], clock=clock)
+    rlm = RemoteLogManager(store, clock=clock)
+    rlm.on_leadership_change([partition_log], [])
     try:
         rng = random.Random(20240501)
         timestamps: list[int] = []
@@ -270,9 +271,8 @@ def test_read_hands_a_miss_to_a_worker_and_the_retry_claims_its_answer(tiered, s
     in one cached chunk, a read of another offset of that segment then returns on the loop: no
     ranged GET and no worker read."""
     counter = RangeCounter(store)
-    reader = make_reader(store, chunk_bytes=1 << 20, prefetch_chunks=0)
     ready = Ready()
-    reader.on_ready = ready
+    reader = make_reader(store, chunk_bytes=1 << 20, prefetch_chunks=0, on_ready=ready)
     offset = tiered.batches[5][0]
     with pytest.raises(RemoteReadPending):
         reader.read(TOPIC, PARTITION, tiered.manifest, offset, 30_000)
@@ -292,9 +292,8 @@ def test_read_hands_a_miss_to_a_worker_and_the_retry_claims_its_answer(tiered, s
 
 def test_read_with_no_manifest_yet_has_the_worker_load_it(tiered, store, make_reader):
     """manifest=None (the manager has not read it yet): the worker loads the manifest and answers."""
-    reader = make_reader(store)
     ready = Ready()
-    reader.on_ready = ready
+    reader = make_reader(store, on_ready=ready)
     offset = tiered.batches[-1][0]
     with pytest.raises(RemoteReadPending):
         reader.read(TOPIC, PARTITION, None, offset, 5_000)
@@ -308,9 +307,8 @@ def test_two_identical_pending_reads_share_one_worker_read(tiered, store, make_r
     (the first claims the answer, the second finds the chunks cached)."""
     counter = RangeCounter(store)
     counter.gate.clear()
-    reader = make_reader(store, prefetch_chunks=0)
     ready = Ready()
-    reader.on_ready = ready
+    reader = make_reader(store, prefetch_chunks=0, on_ready=ready)
     offset = tiered.batches[7][0]
     with pytest.raises(RemoteReadPending):
         reader.read(TOPIC, PARTITION, tiered.manifest, offset, 5_000)
@@ -332,9 +330,8 @@ def test_a_retry_with_a_smaller_max_bytes_gets_no_more_than_it_asked(tiered, sto
     budget shrank between its first pass and its retry): the answer the retry claims respects the
     retry's max_bytes (`read`'s docstring: the first batch whole, then what fits), as
     read_blocking with that max_bytes does."""
-    reader = make_reader(store, prefetch_chunks=0)
     ready = Ready()
-    reader.on_ready = ready
+    reader = make_reader(store, prefetch_chunks=0, on_ready=ready)
     offset = tiered.batches[2][0]
     with pytest.raises(RemoteReadPending):
         reader.read(TOPIC, PARTITION, tiered.manifest, offset, 1 << 20)
@@ -382,9 +379,8 @@ def test_a_flipped_byte_in_a_remote_batch_answers_corrupt_message_never_its_byte
     data = bytearray(path.read_bytes())
     data[position + record.HEADER_SIZE + 20] ^= 0xFF
     path.write_bytes(bytes(data))
-    reader = make_reader(own_store)
     ready = Ready()
-    reader.on_ready = ready
+    reader = make_reader(own_store, on_ready=ready)
     with pytest.raises(RemoteReadPending):
         reader.read(TOPIC, PARTITION, tiered.manifest, bad.base_offset, 1 << 20)
     ready.wait()
@@ -407,9 +403,8 @@ def test_a_deleted_remote_object_answers_remote_storage_error_and_is_not_remembe
     path = Path(own_store.object_path(TOPIC, PARTITION, segment.log))
     saved = path.read_bytes()
     path.unlink()
-    reader = make_reader(own_store)
     ready = Ready()
-    reader.on_ready = ready
+    reader = make_reader(own_store, on_ready=ready)
     offset = [b for b, _, _ in tiered.batches if b > segment.base_offset][3]
     with pytest.raises(RemoteReadPending):
         reader.read(TOPIC, PARTITION, tiered.manifest, offset, 5_000)
@@ -480,10 +475,9 @@ def test_an_index_entry_pointing_at_the_wrong_place_only_costs_a_scan(tiered, st
     consumer must not be stuck on CORRUPT_MESSAGE at that offset."""
     segment = tiered.manifest.segments[2]
     index, target = _bad_index(tiered, store, segment, into_batch)
-    reader = make_reader(store)
-    _install(reader, store, segment, index)
     ready = Ready()
-    reader.on_ready = ready
+    reader = make_reader(store, on_ready=ready)
+    _install(reader, store, segment, index)
     try:
         data = reader.read(TOPIC, PARTITION, tiered.manifest, target, 5_000)
     except RemoteReadPending:
@@ -603,9 +597,8 @@ def test_with_prefetch_the_cache_bound_holds_under_concurrent_puts(tiered, store
 def test_a_cache_smaller_than_a_chunk_still_answers(tiered, store, make_reader):
     """cache_bytes below chunk_bytes: no chunk is ever kept, yet read_blocking answers, and so
     does the non-blocking read's retry (the worker's answer carries the bytes)."""
-    reader = make_reader(store, chunk_bytes=CHUNK, cache_bytes=16 * KIB, prefetch_chunks=0)
     ready = Ready()
-    reader.on_ready = ready
+    reader = make_reader(store, chunk_bytes=CHUNK, cache_bytes=16 * KIB, prefetch_chunks=0, on_ready=ready)
     offset = tiered.batches[40][0]
     assert reader.read_blocking(TOPIC, PARTITION, tiered.manifest, offset, 5_000) == expected(tiered, offset, 5_000)
     assert not any(isinstance(key[-1], int) for key in reader.cache._entries)
@@ -622,9 +615,8 @@ def test_a_fetch_loop_on_a_small_cache_ends_with_its_answer(tiered, store, make_
     chunks) cannot hold every chunk the read needed, so the retry cannot be served from it
     either. 128 KiB is below the broker's 1 MiB minimum; the arithmetic is the same at that
     minimum for a 1 MiB fetch of a segment of a MiB or more."""
-    reader = make_reader(store, chunk_bytes=CHUNK, cache_bytes=128 * KIB, prefetch_chunks=0)
     ready = Ready()
-    reader.on_ready = ready
+    reader = make_reader(store, chunk_bytes=CHUNK, cache_bytes=128 * KIB, prefetch_chunks=0, on_ready=ready)
     offset = 0
     rounds = 0
     while True:
@@ -752,7 +744,6 @@ def test_concurrent_loop_reads_all_get_their_answers(tiered, store, make_reader)
     read again) on random offsets of a small cache, answers claimed by whichever fetch retries
     first: each gets exactly the local bytes. Every offset is always read with the same max_bytes
     (mixed sizes are test_a_retry_with_a_smaller_max_bytes_gets_no_more_than_it_asked's)."""
-    reader = make_reader(store, chunk_bytes=CHUNK, cache_bytes=512 * KIB, prefetch_chunks=1, threads=4)
     condition = threading.Condition()
     wakeups = [0]
 
@@ -761,7 +752,7 @@ def test_concurrent_loop_reads_all_get_their_answers(tiered, store, make_reader)
             wakeups[0] += 1
             condition.notify_all()
 
-    reader.on_ready = on_ready
+    reader = make_reader(store, chunk_bytes=CHUNK, cache_bytes=512 * KIB, prefetch_chunks=1, threads=4, on_ready=on_ready)
     keys = sorted((offset, max_bytes) for offset, max_bytes in tiered.local_reads
                   if max_bytes == (1 if offset % 2 else 30_000))
     failures: list[str] = []
@@ -802,9 +793,8 @@ def test_close_drops_the_answers_of_reads_in_progress(tiered, store, make_reader
     never blocks and starts no worker)."""
     counter = RangeCounter(store)
     counter.gate.clear()
-    reader = make_reader(store, prefetch_chunks=0)
     ready = Ready()
-    reader.on_ready = ready
+    reader = make_reader(store, prefetch_chunks=0, on_ready=ready)
     offset = tiered.batches[12][0]
     with pytest.raises(RemoteReadPending):
         reader.read(TOPIC, PARTITION, tiered.manifest, offset, 5_000)
@@ -837,9 +827,8 @@ def test_reads_past_max_pending_tasks_answer_work_queue_full(tiered, store, make
     the worker is free the same read is answered."""
     counter = RangeCounter(store)
     counter.gate.clear()
-    reader = make_reader(store, chunk_bytes=64 << 10, prefetch_chunks=1, threads=1, max_pending_tasks=0)
     ready = Ready()
-    reader.on_ready = ready
+    reader = make_reader(store, chunk_bytes=64 << 10, prefetch_chunks=1, threads=1, max_pending_tasks=0, on_ready=ready)
     first, second = tiered.batches[5][0], tiered.batches[25][0]
     with pytest.raises(RemoteReadPending):
         reader.read(TOPIC, PARTITION, tiered.manifest, first, 30_000)

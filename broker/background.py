@@ -1,0 +1,50 @@
+"""Background work that outlives its own failures.
+
+Every periodic duty of the broker (retention, flush and checkpoint scheduling, idle connections,
+tiering, group session timers, offset expiry) runs through `every`, and every other background
+loop or task (the log cleaner's thread, a group append's completion) reports what it catches with
+`report`: the exception is logged with its traceback, counted in `pymq_background_errors_total`
+(label `task`), and the loop goes on with its next round. One bad log, one bug in a rare path must
+never end session expiry, retention or cleaning for good, silently.
+
+Counts are per process, which is per broker outside tests. Thread-safe.
+"""
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import threading
+from collections import Counter
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger("pymq.background")
+
+_errors: Counter[str] = Counter()
+_lock = threading.Lock()
+
+
+def report(task: str) -> None:
+    """Log the exception being handled (call it from an `except` block) and count it for `task`."""
+    log.exception("background task %s failed; it keeps running", task)
+    with _lock:
+        _errors[task] += 1
+
+
+def error_counts() -> dict[str, int]:
+    """Errors reported so far, per task (what the metric serves)."""
+    with _lock:
+        return dict(_errors)
+
+
+async def every(task: str, interval_s: float, duty: Callable[[], Awaitable[object] | object]) -> None:
+    """Run `duty` every `interval_s` until cancelled; an exception is reported and the next round
+    runs as usual. Cancellation (a stop) ends it at once, mid-round included."""
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            outcome = duty()
+            if inspect.isawaitable(outcome):
+                await outcome
+        except Exception:
+            report(task)

@@ -1,0 +1,136 @@
+"""A broker's life from the outside: one broker per data directory (the `.lock`), and a SIGTERM
+under every kind of load ends in a bounded, clean stop whose data directory the next start takes
+as it is (nothing to recover, nothing half written), with every acknowledged record in it."""
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from broker.client import Admin, Consumer, Producer
+from broker.process import BrokerProcess
+
+TABLE_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
+STOP_BOUND_S = 60.0  # generous for a loaded 2-core machine; the drain itself is bounded by config
+
+
+def test_a_second_broker_on_the_same_log_dir_refuses_to_start(broker_factory, tmp_path: Path) -> None:
+    """B on A's log.dir exits with LogDirInUseError's message; A keeps every record; after A is
+    SIGKILLed (the kernel drops its flock) a new broker starts on the directory at once."""
+    first = broker_factory("data").start()
+    second = BrokerProcess(first.log_dir, output=tmp_path / "second.out")
+    with pytest.raises(RuntimeError, match="did not start"):
+        second.start(timeout_s=60)
+    assert "is in use by another broker" in (tmp_path / "second.out").read_text()
+    with Admin(first.bootstrap) as admin:
+        admin.create_topic("t", partitions=1)
+    with Producer(first.bootstrap) as producer:
+        for i in range(200):
+            producer.send("t", f"{i}".encode(), partition=0)
+        producer.flush()
+    first.kill()
+    again = broker_factory("data").start()
+    with Consumer(again.bootstrap) as consumer:
+        consumer.assign([("t", 0)])
+        consumer.seek_to_beginning()
+        seen = []
+        deadline = time.monotonic() + 60
+        while len(seen) < 200 and time.monotonic() < deadline:
+            seen += [r.value for r in consumer.poll(1000)]
+    assert seen == [f"{i}".encode() for i in range(200)]
+    assert again.stop() == 0
+
+
+def _produce_forever(bootstrap: str, topic: str, keyed: bool, stop: threading.Event, acked: list[int]) -> None:
+    """Send batches until `stop` or the broker goes away; `acked` collects the ids acknowledged."""
+    i = 0
+    try:
+        with Producer(bootstrap, linger_ms=2, delivery_timeout_ms=5_000) as producer:
+            while not stop.is_set():
+                ids = list(range(i, i + 200))
+                keys = [b"k%d" % (n % 50) for n in ids] if keyed else [None] * len(ids)
+                table = pa.table({"key": keys, "value": [b"%09d" % n + b"x" * 90 for n in ids]}, schema=TABLE_SCHEMA)
+                results = producer.send_batch(topic, table, partition=0)
+                producer.flush(30)
+                if all(r.error is None and r.base_offset >= 0 for r in results):
+                    acked.extend(ids)
+                i += len(ids)
+    except Exception:  # the broker stopped under us: what was acknowledged is in `acked`
+        pass
+
+
+def _fetch_forever(bootstrap: str, topic: str, stop: threading.Event) -> None:
+    try:
+        with Consumer(bootstrap) as consumer:
+            consumer.assign([(topic, 0)])
+            consumer.seek_to_beginning()
+            while not stop.is_set():
+                consumer.poll(200)
+    except Exception:
+        pass
+
+
+def test_sigterm_under_produce_fetch_cleaning_tiering_and_retention_stops_cleanly(broker_factory, tmp_path: Path) -> None:
+    """SIGTERM while producers write a tiered topic and a compacted one, consumers fetch, the cleaner,
+    tiering and retention run: exit 0 within the bound, no temporary files left, the restart
+    recovers and truncates nothing, and every acknowledged record of the plain topic is there."""
+    overrides = {"remote.log.storage.system.enable": True, "remote.storage.url": f"file://{tmp_path}/remote",
+                 "remote.log.manager.task.interval.ms": 50, "log.retention.check.interval.ms": 50,
+                 "file.delete.delay.ms": 0, "log.cleaner.backoff.ms": 50, "shutdown.drain.timeout.ms": 3_000}
+    broker = broker_factory("data", **overrides).start()
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("events", partitions=1, configs={
+            "segment.bytes": 64 << 10, "remote.storage.enable": "true", "local.retention.bytes": 256 << 10,
+            "retention.ms": -1})
+        admin.create_topic("kv", partitions=1, configs={
+            "segment.bytes": 32 << 10, "cleanup.policy": "compact", "min.cleanable.dirty.ratio": 0.01,
+            "segment.ms": 200})
+    stop = threading.Event()
+    acked: list[int] = []
+    threads = [threading.Thread(target=_produce_forever, args=(broker.bootstrap, "events", False, stop, acked)),
+               threading.Thread(target=_produce_forever, args=(broker.bootstrap, "kv", True, stop, [])),
+               threading.Thread(target=_fetch_forever, args=(broker.bootstrap, "events", stop)),
+               threading.Thread(target=_fetch_forever, args=(broker.bootstrap, "kv", stop))]
+    for thread in threads:
+        thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while len(acked) < 20_000 and time.monotonic() < deadline:  # segments roll, tier, expire and clean
+            time.sleep(0.05)
+        assert acked, "nothing was acknowledged before the stop"
+        started = time.monotonic()
+        code = broker.stop(timeout_s=STOP_BOUND_S)
+        took = time.monotonic() - started
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(60)
+    out = broker.log_tail(200_000)
+    assert code == 0, out[-4000:]
+    assert took < STOP_BOUND_S
+    assert "stopped cleanly" in out
+    leftovers = [p.name for p in broker.log_dir.rglob("*") if p.suffix in (".cleaned", ".swap", ".tmp")]
+    assert leftovers == []
+
+    restarted = broker_factory("data", **overrides)
+    restarted.output = tmp_path / "restart.out"
+    restarted.start()
+    loaded = re.search(r"recovered (\d+) bytes of (\d+) logs after their recovery points, truncated (\d+) bytes",
+                       restarted.log_tail(200_000))
+    assert loaded is not None and loaded.groups() == ("0", "0", "0"), restarted.log_tail()
+    wanted = set(acked)
+    seen: set[int] = set()
+    with Consumer(restarted.bootstrap) as consumer:
+        consumer.assign([("events", 0)])
+        consumer.seek_to_beginning()
+        deadline = time.monotonic() + 120
+        while not wanted <= seen and time.monotonic() < deadline:
+            seen.update(int(r.value[:9]) for r in consumer.poll(1000))
+    assert wanted <= seen, f"{len(wanted - seen)} acknowledged records missing"
+    restarted.proc.send_signal(signal.SIGTERM)
+    assert restarted.proc.wait(STOP_BOUND_S) == 0
