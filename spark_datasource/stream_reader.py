@@ -130,7 +130,7 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._offsets = OffsetReader(options)
-        self._latest: PartitionOffsets | None = None  # for reportLatestOffset
+        self._latest: Offsets | None = None  # for reportLatestOffset
         self._target: Latest | None = None  # Trigger.AvailableNow: never read past these
         self._last_batch_s = -math.inf  # the first trigger never waits for minOffsetsPerTrigger (Kafka's rule)
         self._lag = (LagGroup(options.group_id_for_lag, options.bootstrap_servers)
@@ -163,7 +163,7 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         gone = recreated(topic_ids_of(start), target.topic_ids)
         begin = {tp: offset for tp, offset in begin.items() if tp[0] not in gone}
         latest = target.ends(begin)
-        self._latest = latest
+        self._latest = to_json(latest, target.topic_ids)
         if isinstance(limit, ReadAllAvailable):
             return self._advance(begin, latest, target.topic_ids)
         new = [tp for tp in latest if tp not in begin]
@@ -180,7 +180,7 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._advance(begin, latest, target.topic_ids)
 
     def reportLatestOffset(self) -> Offsets | None:
-        return None if self._latest is None else to_json(self._latest)
+        return self._latest
 
     def _latest_now(self) -> Latest:
         """Every partition the subscription has now, at its latest offset (`Latest.ends`)."""
