@@ -16,7 +16,9 @@ come from the store's manifests and time lookups from its segments' time indexes
 
 A partition that gets no answer while the read is planned (its topic deleted or re-created, or
 its leader moving, between the lookups: `offsets.METADATA_RACES`) is data the read cannot have:
-DataLossError (failOnDataLoss=true), or left out with a warning (false).
+DataLossError (failOnDataLoss=true), or left out with a warning (false). Each planned range
+carries its topic's id, so a topic re-created after planning is never read in its place
+(`task.py`).
 """
 from __future__ import annotations
 
@@ -112,7 +114,7 @@ class PymqBatchReader(DataSourceReader):
             if tp in by_time:  # a time filter: no record before this offset can match it
                 start = end if by_time[tp] is None else max(start, by_time[tp])
             start, end = self.filters.narrow(start, end)
-            r = OffsetRange(tp[0], tp[1], start, end)
+            r = OffsetRange(tp[0], tp[1], start, end, offsets.topic_ids.get(tp[0]))
             ranges.append(check_remote_start(self.options, r, earliest[tp]) if remote_only else r)
         return ranges
 

@@ -17,6 +17,7 @@ to pymq by changing the format name and the bootstrap option:
 | `minPartitions`, `maxRecordsPerPartition` | positive int | | how ranges split into Spark partitions |
 | `failOnDataLoss` | `true`, `false` | `true` | offsets deleted by retention before they were read |
 | `includeHeaders` | `true`, `false` | `false` | adds the `headers` column |
+| `kafkaConsumer.pollTimeoutMs` | positive long (ms) | `120000` | how long a task retries a fetch that makes no progress (leader not known yet, a broker down) before it fails |
 | `groupIdForLag` | consumer group id | | streaming: commit each finished batch's end to it (`lag_group.py`) |
 | `kafka.<setting>` | client setting | | e.g. `kafka.request.timeout.ms`, `kafka.fetch.max.bytes` |
 | `remoteStorage.url` | fsspec URL (`file:///path`, `s3://bucket/prefix`, ...) | | batch: read tiered segments from this store directly (`remote_ranges.py`) |
@@ -66,6 +67,9 @@ LATEST = -1
 STRATEGY_ERROR = "error"
 STRATEGY_LATEST = "latest"
 
+# The Kafka source's default for kafkaConsumer.pollTimeoutMs (Spark's spark.network.timeout).
+DEFAULT_POLL_TIMEOUT_MS = 120_000
+
 # Settings a Spark task passes to the pymq client, as Kafka's consumer names (`kafka.` prefix).
 CLIENT_SETTINGS = {
     "request.timeout.ms": "request_timeout_ms",
@@ -81,7 +85,7 @@ _SOURCE_OPTIONS = {
     "startingoffsetsbytimestamp", "endingoffsetsbytimestamp", "startingoffsetsbytimestampstrategy",
     "maxoffsetspertrigger", "minoffsetspertrigger", "maxtriggerdelay", "minpartitions",
     "maxrecordsperpartition", "failondataloss", "includeheaders", "groupidforlag", "remotestorage.url",
-    "remotestorage.only",
+    "remotestorage.only", "kafkaconsumer.polltimeoutms",
 }
 # remoteStorage.s3.* options, as RemoteSegmentStore.from_url's filesystem options.
 REMOTE_S3_OPTIONS = {
@@ -97,7 +101,7 @@ _SPELLING = {name.lower(): name for name in (
     "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "minPartitions",
     "maxRecordsPerPartition", "failOnDataLoss", "includeHeaders", "groupIdForLag", "remoteStorage.url",
     "remoteStorage.s3.endpointUrl", "remoteStorage.s3.accessKey", "remoteStorage.s3.secretKey",
-    "remoteStorage.s3.region", "remoteStorage.only")}
+    "remoteStorage.s3.region", "remoteStorage.only", "kafkaConsumer.pollTimeoutMs")}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
 _DURATION_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -167,6 +171,7 @@ class SourceOptions:
     max_records_per_partition: int | None = None
     fail_on_data_loss: bool = True
     include_headers: bool = False
+    poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS  # a task's bound on retrying a fetch without progress
     group_id_for_lag: str | None = None  # streaming: the group each finished batch's end is committed to
     client: dict[str, Any] = field(default_factory=dict)  # keyword settings for the pymq client
     remote_storage_url: str | None = None  # batch: the remote store tiered segments are read from
@@ -254,6 +259,7 @@ class SourceOptions:
             max_records_per_partition=_positive(opts, "maxrecordsperpartition"),
             fail_on_data_loss=_boolean(opts, "failondataloss", True),
             include_headers=_boolean(opts, "includeheaders", False),
+            poll_timeout_ms=_positive(opts, "kafkaconsumer.polltimeoutms") or DEFAULT_POLL_TIMEOUT_MS,
             group_id_for_lag=lag_group,
             client=client,
             remote_storage_url=remote_url,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from pyspark.sql.datasource import InputPartition
 
@@ -18,14 +18,24 @@ DEFAULT_MAX_RECORDS = 2_000_000
 
 @dataclass(frozen=True)
 class OffsetRange:
+    """[start, end) of one topic-partition. `topic_id`: the incarnation of the topic the range was
+    planned on (KIP-516); a task reads that one only, never a topic of the same name created
+    since (None: unknown, e.g. planned from a remote store alone, and not checked). Ranges compare
+    by their offsets alone: the id is what the read checks, not where the range is."""
+
     topic: str
     partition: int
     start: int
     end: int  # exclusive
+    topic_id: str | None = field(default=None, compare=False)
 
     @property
     def size(self) -> int:
         return max(self.end - self.start, 0)
+
+    def within(self, start: int, end: int) -> "OffsetRange":
+        """The same partition and incarnation, [start, end): the pieces a range is cut into."""
+        return replace(self, start=start, end=end)
 
 
 class RangePartition(InputPartition):
@@ -54,7 +64,7 @@ def split_each(ranges: list[OffsetRange], min_partitions: int | None,
     out = []
     for r, n in zip(ranges, counts):
         bounds = [r.start + r.size * i // n for i in range(n + 1)] if n else []
-        out.append([OffsetRange(r.topic, r.partition, lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo])
+        out.append([r.within(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo])
     return out
 
 

@@ -116,8 +116,8 @@ def split_at_remote_end(offset_range: OffsetRange, manifest: "PartitionManifest"
     for run in runs:
         lo, hi = max(remote_low, run[0].base_offset), min(remote_high, run[-1].next_offset)
         if lo < hi:
-            parts.append(RemoteRangePartition(OffsetRange(offset_range.topic, offset_range.partition, lo, hi), tuple(run)))
-    return parts, OffsetRange(offset_range.topic, offset_range.partition, remote_high, end)
+            parts.append(RemoteRangePartition(offset_range.within(lo, hi), tuple(run)))
+    return parts, offset_range.within(remote_high, end)
 
 
 def plan_remote(options: "SourceOptions", ranges: list[OffsetRange], time_low_ms: int | None,
@@ -259,7 +259,7 @@ def check_remote_start(options: "SourceOptions", offset_range: OffsetRange, log_
         raise DataLossError(message + " (failOnDataLoss=true; set it to false to skip them)",
                             r.topic, r.partition, r.start, gone_to)
     log.warning("%s; skipping %d offsets (failOnDataLoss=false)", message, gone_to - r.start)
-    return OffsetRange(r.topic, r.partition, gone_to, r.end)
+    return r.within(gone_to, r.end)
 
 
 def read_remote_range(options: "SourceOptions", part: RemoteRangePartition) -> Iterator[pa.RecordBatch]:

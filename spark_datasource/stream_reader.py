@@ -1,6 +1,8 @@
 """`spark.readStream.format("pymq")`: micro-batches of offset ranges, checkpointed by Spark.
 
-Offsets are `{"topic": {"partition": next_offset}}` (partition numbers as JSON keys). The reader
+Offsets are `{"topic": {"partition": next_offset, "topicId": id}}` (partition numbers as JSON
+keys; `topicId`, the incarnation of the topic the offsets belong to, is optional: checkpoints
+written before it are read as offsets of unknown incarnation, never compared). The reader
 lives in one long-running Python process on the driver, so it keeps what admission control needs
 between triggers (when the last batch was cut, the Trigger.AvailableNow target).
 
@@ -21,6 +23,10 @@ between triggers (when the last batch was cut, the Trigger.AvailableNow target).
   where it is (no new data this trigger; the next trigger asks again), and planning reads a new
   partition whose start got no answer from offset 0, so the read finds what is gone. Whether a
   topic is gone is decided by the topic listing alone, and data loss follows failOnDataLoss.
+- A topic deleted and re-created since the query's position (its id in the offsets changed),
+  whatever its offsets now, is data loss too (failOnDataLoss=true fails naming both ids; false
+  reads the new topic from its earliest offset, as a new partition); each planned range carries
+  its topic id, so a task never reads another incarnation (`task.py`).
 """
 from __future__ import annotations
 
@@ -50,18 +56,35 @@ from spark_datasource.task import read_offset_range
 
 log = logging.getLogger("pymq.spark.stream")
 
-Offsets = dict[str, dict[str, int]]  # what Spark checkpoints
+Offsets = dict[str, dict[str, int | str]]  # what Spark checkpoints
+TopicIds = dict[str, str]
+TOPIC_ID = "topicId"  # a topic's key for its id in Offsets (never a partition number)
 
 
-def to_json(offsets: PartitionOffsets) -> Offsets:
+def to_json(offsets: PartitionOffsets, topic_ids: TopicIds | None = None) -> Offsets:
+    """Spark's form of `offsets`, with the id of each topic `topic_ids` knows."""
     out: Offsets = {}
     for (topic, partition), offset in sorted(offsets.items()):
         out.setdefault(topic, {})[str(partition)] = offset
+    for topic, parts in out.items():
+        if topic_ids and topic in topic_ids:
+            parts[TOPIC_ID] = topic_ids[topic]
     return out
 
 
 def from_json(offsets: Offsets) -> PartitionOffsets:
-    return {(topic, int(p)): int(o) for topic, parts in offsets.items() for p, o in parts.items()}
+    return {(topic, int(p)): int(o) for topic, parts in offsets.items() for p, o in parts.items() if p != TOPIC_ID}
+
+
+def topic_ids_of(offsets: Offsets) -> TopicIds:
+    """The topic ids `offsets` names (none in a checkpoint written before they were kept)."""
+    return {topic: str(parts[TOPIC_ID]) for topic, parts in offsets.items() if TOPIC_ID in parts}
+
+
+def recreated(before: TopicIds, now: TopicIds) -> set[str]:
+    """The topics whose id changed: deleted and created again in between. A topic without an
+    id on either side is not compared."""
+    return {topic for topic, topic_id in before.items() if now.get(topic, topic_id) != topic_id}
 
 
 def rate_limit(start: PartitionOffsets, latest: PartitionOffsets, max_rows: int) -> PartitionOffsets:
@@ -81,11 +104,12 @@ def rate_limit(start: PartitionOffsets, latest: PartitionOffsets, max_rows: int)
 
 @dataclass(frozen=True)
 class Latest:
-    """The partitions the subscription has (`listed`) and the latest offsets of those that got an
-    answer (`offsets`; a metadata race leaves a partition out)."""
+    """The partitions the subscription has (`listed`), the latest offsets of those that got an
+    answer (`offsets`; a metadata race leaves a partition out) and their topics' ids."""
 
     listed: list[TopicPartition]
     offsets: PartitionOffsets
+    topic_ids: TopicIds
 
     def ends(self, begin: PartitionOffsets) -> PartitionOffsets:
         """Where a batch that starts at `begin` may end. A partition that is not listed any more
@@ -106,7 +130,7 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
         self._offsets = OffsetReader(options)
-        self._latest: PartitionOffsets | None = None  # for reportLatestOffset
+        self._latest: Offsets | None = None  # for reportLatestOffset
         self._target: Latest | None = None  # Trigger.AvailableNow: never read past these
         self._last_batch_s = -math.inf  # the first trigger never waits for minOffsetsPerTrigger (Kafka's rule)
         self._lag = (LagGroup(options.group_id_for_lag, options.bootstrap_servers)
@@ -116,7 +140,7 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> Offsets:
         tps = self._offsets.topic_partitions(missing_ok=True)
-        return to_json(self._offsets.resolve(self.options.starting, tps, starting=True))
+        return to_json(self._offsets.resolve(self.options.starting, tps, starting=True), self._ids(tps))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger is not None:
@@ -133,10 +157,15 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # Spark plans one batch at a time: `start` is where the last finished batch ended (or
         # where the query starts), and this call also comes when no batch follows it.
         self._report_position(begin)
-        latest = (self._target if self._target is not None else self._latest_now()).ends(begin)
-        self._latest = latest
+        target = self._target if self._target is not None else self._latest_now()
+        # A re-created topic's partitions are new ones: read from their start, never held at a
+        # position of the old topic (`partitions` reports the loss).
+        gone = recreated(topic_ids_of(start), target.topic_ids)
+        begin = {tp: offset for tp, offset in begin.items() if tp[0] not in gone}
+        latest = target.ends(begin)
+        self._latest = to_json(latest, target.topic_ids)
         if isinstance(limit, ReadAllAvailable):
-            return self._advance(begin, latest)
+            return self._advance(begin, latest, target.topic_ids)
         new = [tp for tp in latest if tp not in begin]
         since = {**self._offsets.earliest(new), **begin} if new else begin  # new partitions: from their start
         # Spark passes one limit; the options may set both bounds (Kafka's composite limit).
@@ -148,25 +177,32 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_rows = self.options.max_offsets_per_trigger or (limit.max_rows if isinstance(limit, ReadMaxRows) else None)
         if max_rows is not None:
             latest = rate_limit(since, latest, max_rows)
-        return self._advance(begin, latest)
+        return self._advance(begin, latest, target.topic_ids)
 
     def reportLatestOffset(self) -> Offsets | None:
-        return None if self._latest is None else to_json(self._latest)
+        return self._latest
 
     def _latest_now(self) -> Latest:
         """Every partition the subscription has now, at its latest offset (`Latest.ends`)."""
         listed = self._offsets.topic_partitions(missing_ok=True)
-        return Latest(listed, self._offsets.latest(listed))
+        return Latest(listed, self._offsets.latest(listed), self._ids(listed))
 
-    def _advance(self, begin: PartitionOffsets, end: PartitionOffsets) -> Offsets:
+    def _ids(self, tps: list[TopicPartition]) -> TopicIds:
+        """The ids of the topics of `tps`, as the listing that found them described them."""
+        ids = self._offsets.topic_ids
+        return {topic: ids[topic] for topic, _ in tps if topic in ids}
+
+    def _advance(self, begin: PartitionOffsets, end: PartitionOffsets, topic_ids: TopicIds) -> Offsets:
         if end != begin:
             self._last_batch_s = time.monotonic()
-        return to_json(end)
+        return to_json(end, topic_ids)
 
     # -- planning and reading ----------------------------------------------------------------
 
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         begin, stop = from_json(start), from_json(end)
+        ids = topic_ids_of(end)
+        self._forget_recreated(begin, topic_ids_of(start), ids)
         new = [tp for tp in stop if tp not in begin]
         if new:  # discovered since the last batch (a new topic or partition): read from its start
             earliest = self._offsets.earliest(new)
@@ -188,9 +224,18 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if until < since:
                 self._lost(tp, f"{tp[0]}-{tp[1]}'s log went back from offset {since} to {until}", until, since)
                 continue
-            ranges.append(OffsetRange(tp[0], tp[1], since, until))
+            ranges.append(OffsetRange(tp[0], tp[1], since, until, ids.get(tp[0])))
         return [RangePartition(r) for r in split_ranges(ranges, self.options.min_partitions,
                                                         self.options.max_records_per_partition)]
+
+    def _forget_recreated(self, begin: PartitionOffsets, before: TopicIds, now: TopicIds) -> None:
+        """Report the partitions of topics re-created since `begin` as lost, and drop them from
+        `begin`: their offsets belonged to the old topic, the new one is read from its start."""
+        gone = recreated(before, now)
+        for tp in sorted(tp for tp in begin if tp[0] in gone):
+            self._lost(tp, f"{tp[0]}-{tp[1]}: the topic was deleted and re-created after offset {begin[tp]} "
+                       f"(topic id {before[tp[0]]}, now {now[tp[0]]})", begin[tp], begin[tp])
+            del begin[tp]
 
     def _lost(self, tp: TopicPartition, what: str, start: int, end: int) -> None:
         if self.options.fail_on_data_loss:

@@ -9,6 +9,10 @@ anywhere on the way.
 Offsets the range wants that are gone (deleted by retention, the log truncated, the topic deleted
 while the range was read) fail the task with DataLossError (failOnDataLoss=true) or end the
 range where they start, logged (false): whichever way the range planned on the driver went away.
+Every fetch names the topic id the range was planned on, so a topic deleted and re-created since
+(however quickly) is that kind of loss, told by the broker (INCONSISTENT_TOPIC_ID), and the new
+topic's records at the old offsets are never read. A fetch that makes no progress (a leader not
+known yet, a topic missing for a moment) is retried for `kafkaConsumer.pollTimeoutMs`.
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ import pyarrow as pa
 
 from broker.client.cluster import Cluster
 from broker.client.range_reader import RangeStats, read_range
-from broker.errors import DataLossError, UnknownTopicOrPartitionError
+from broker.errors import DataLossError, InconsistentTopicIdError, PymqError, UnknownTopicOrPartitionError
 from spark_datasource.options import SourceOptions
 from spark_datasource.ranges import OffsetRange
 from spark_datasource.schema import arrow_schema, to_rows
@@ -42,7 +46,8 @@ def read_offset_range(options: SourceOptions, offset_range: OffsetRange,
         max_bytes=min(client.get("max_partition_fetch_bytes", DEFAULT_FETCH_BYTES),
                       client.get("fetch_max_bytes", DEFAULT_FETCH_BYTES)),
         fail_on_data_loss=options.fail_on_data_loss, check_crcs=client.get("check_crcs", True),
-        retry_backoff_s=client.get("retry_backoff_ms", 100) / 1000, stats=stats,
+        retry_backoff_s=client.get("retry_backoff_ms", 100) / 1000, retry_timeout_s=options.poll_timeout_ms / 1000,
+        topic_id=offset_range.topic_id, stats=stats,
     )
     try:
         while True:
@@ -50,8 +55,8 @@ def read_offset_range(options: SourceOptions, offset_range: OffsetRange,
                 fetched = loop.run_until_complete(anext(batches))
             except StopAsyncIteration:
                 return
-            except (DataLossError, UnknownTopicOrPartitionError) as err:
-                _gone(options, offset_range, err)
+            except (DataLossError, UnknownTopicOrPartitionError, InconsistentTopicIdError) as err:
+                _gone(options, _as_data_loss(offset_range, err))
                 return
             yield from to_rows(offset_range.topic, offset_range.partition, fetched, schema)
     finally:
@@ -62,13 +67,21 @@ def read_offset_range(options: SourceOptions, offset_range: OffsetRange,
             loop.close()
 
 
-def _gone(options: SourceOptions, offset_range: OffsetRange, err: DataLossError | UnknownTopicOrPartitionError) -> None:
-    """The rest of the range is gone: raise (failOnDataLoss=true), or log that it is skipped.
-    UNKNOWN_TOPIC_OR_PARTITION here (the reader retried it) is a topic deleted since planning."""
-    if isinstance(err, UnknownTopicOrPartitionError):
-        r = offset_range
-        err = DataLossError(f"{r.topic}-{r.partition} no longer exists (topic deleted?) while offsets "
-                            f"{r.start}..{r.end - 1} were read ({err})", r.topic, r.partition, r.start, r.end)
+def _as_data_loss(offset_range: OffsetRange, err: PymqError) -> DataLossError:
+    """`err` as the loss of the rest of `offset_range`: UNKNOWN_TOPIC_OR_PARTITION here (retried
+    until the poll timeout) is a topic deleted since planning, INCONSISTENT_TOPIC_ID one deleted and
+    re-created (the broker's message names the new id)."""
+    if isinstance(err, DataLossError):
+        return err
+    r = offset_range
+    what = (f"was re-created: offsets {r.start}..{r.end - 1} were planned on topic id {r.topic_id}"
+            if isinstance(err, InconsistentTopicIdError) else
+            f"no longer exists (topic deleted?) while offsets {r.start}..{r.end - 1} were read")
+    return DataLossError(f"{r.topic}-{r.partition} {what} ({err})", r.topic, r.partition, r.start, r.end)
+
+
+def _gone(options: SourceOptions, err: DataLossError) -> None:
+    """The rest of the range is gone: raise (failOnDataLoss=true), or log that it is skipped."""
     if options.fail_on_data_loss:
         raise err
     log.warning("%s: skipping the rest of the range (failOnDataLoss=false)", err)

@@ -14,12 +14,20 @@ schema is the caller's (Arrow kernels, no per-record Python).
 Offsets the range wants that retention has deleted are data loss: `DataLossError` names topic,
 partition and the lost offsets, or, with `fail_on_data_loss=False`, the read skips to the log
 start and reports how many offsets it skipped in `lost`.
+
+With `topic_id` (the incarnation the range was planned on, KIP-516), every Fetch names it, and
+the broker answers INCONSISTENT_TOPIC_ID (`InconsistentTopicIdError`, raised at once) when the
+topic was deleted and re-created since: the new topic's records at the old offsets are never
+read, however quickly the re-creation happened. Retriable errors (a leader not known yet or
+moving, a timeout, a topic missing for a moment) are retried, refreshing metadata, for up to
+`retry_timeout_s` without progress: a time bound, the same however fast the failures come.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 import math
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -40,7 +48,7 @@ from broker.protocol import FetchPartition, FetchRequest, FetchTopic
 
 log = logging.getLogger("pymq.range_reader")
 
-RETRIES = 5  # leader changes, timeouts: each retry refreshes metadata after a backoff
+RETRY_BACKOFF_MAX_S = 1.0  # Kafka's retry.backoff.max.ms: the backoff doubles up to this
 SIZE_MARGIN = 1.1  # fetch a little more than the estimate: records vary in size
 
 
@@ -56,24 +64,26 @@ class RangeStats:
 
 async def read_range(cluster: Cluster, topic: str, partition: int, start: int, end: int, *,
                      max_bytes: int = 8 << 20, fail_on_data_loss: bool = True, check_crcs: bool = True,
-                     retry_backoff_s: float = 0.1, stats: RangeStats | None = None
-                     ) -> AsyncIterator[list[FetchedBatch]]:
+                     retry_backoff_s: float = 0.1, retry_timeout_s: float = 120.0, topic_id: str | None = None,
+                     stats: RangeStats | None = None) -> AsyncIterator[list[FetchedBatch]]:
     """The records of `topic`-`partition` with offsets in [start, end), in order: the batches
     of one fetch at a time (a caller may join them into one Arrow batch).
 
     Raises DataLossError for offsets that are gone (see the module docstring),
-    CorruptRecordError for a batch that fails its checks, and the broker's error for anything
-    not retriable."""
+    InconsistentTopicIdError when the topic is not the incarnation `topic_id` any more,
+    CorruptRecordError for a batch that fails its checks, the last retriable error when
+    `retry_timeout_s` passed without progress, and the broker's error for anything not
+    retriable."""
     stats = stats if stats is not None else RangeStats()
     position = start
-    failures = 0
+    retry = _Retry(cluster, topic, partition, retry_backoff_s, retry_timeout_s)
     seen_bytes = seen_offsets = 0  # what fetches so far returned and how far they moved
     while position < end:
         size = 1 if not seen_offsets else min(max_bytes, math.ceil((end - position) * seen_bytes / seen_offsets
                                                                    * SIZE_MARGIN))
         try:
             leader = await cluster.leader(topic, partition)
-            request = FetchRequest((FetchTopic(topic, (FetchPartition(partition, position, size),)),),
+            request = FetchRequest((FetchTopic(topic, (FetchPartition(partition, position, size),), topic_id),),
                                    max_wait_ms=0, min_bytes=0, max_bytes=size)
             reply = await cluster.send(leader, request)
             answer = reply.topics[0].partitions[0]
@@ -86,7 +96,7 @@ async def read_range(cluster: Cluster, topic: str, partition: int, start: int, e
         except PymqError as err:
             if not (err.retriable or isinstance(err, (NetworkError, RequestTimedOutError))):
                 raise
-            failures = await _retry(cluster, topic, partition, err, failures, retry_backoff_s)
+            await retry.after(err)
             continue
         data = answer.records
         stats.fetches += 1
@@ -116,7 +126,7 @@ async def read_range(cluster: Cluster, topic: str, partition: int, start: int, e
         if decoded.corrupt is not None and position < end:
             raise decoded.corrupt  # a batch the range needs failed its checks
         if moved:
-            failures = 0
+            retry.reset()
         elif position < end:
             if answer.log_start_offset > position:  # deleted between the fetch's start and now
                 position = await _lost(cluster, topic, partition, position, end, fail_on_data_loss, stats)
@@ -124,7 +134,7 @@ async def read_range(cluster: Cluster, topic: str, partition: int, start: int, e
                 # Retried first: a new leader's high watermark can lag the old one's for a moment.
                 gone = DataLossError(f"{topic}-{partition}: offsets {position}..{end - 1} are not in the log any more "
                                      f"(its end is {answer.high_watermark}: truncated?)", topic, partition, position, end)
-                failures = await _retry(cluster, topic, partition, gone, failures, retry_backoff_s)
+                await retry.after(gone)
             else:  # a batch larger than max_bytes: the broker sends it whole, so this is a broker bug
                 raise PymqError(f"{topic}-{partition}: fetch at {position} returned no batch below the high "
                                 f"watermark {answer.high_watermark}")
@@ -155,14 +165,35 @@ async def _lost(cluster: Cluster, topic: str, partition: int, position: int, end
     return gone_to
 
 
-async def _retry(cluster: Cluster, topic: str, partition: int, err: PymqError, failures: int,
-                 backoff_s: float) -> int:
-    if failures >= RETRIES:
-        raise err
-    log.info("%s-%d: fetch failed (%s); retrying", topic, partition, err)
-    await asyncio.sleep(backoff_s * (failures + 1))
-    try:
-        await cluster.refresh([topic])
-    except PymqError as refresh_err:
-        log.info("metadata refresh failed: %s", refresh_err)
-    return failures + 1
+class _Retry:
+    """When a read that makes no progress stops retrying: `timeout_s` after the first failure
+    since its last progress (a time bound, not a count, so that a burst of fast failures does
+    not end a read a slower one would not). Backoffs double from `backoff_s` up to
+    RETRY_BACKOFF_MAX_S; each retry refreshes the topic's metadata first."""
+
+    def __init__(self, cluster: Cluster, topic: str, partition: int, backoff_s: float, timeout_s: float) -> None:
+        self.cluster, self.topic, self.partition = cluster, topic, partition
+        self.backoff_s = backoff_s
+        self.timeout_s = timeout_s
+        self.reset()
+
+    def reset(self) -> None:
+        """The read moved: the next failure starts a new time bound."""
+        self.failures = 0
+        self.since_s: float | None = None
+
+    async def after(self, err: PymqError) -> None:
+        """Wait and refresh metadata before the next attempt, or raise `err` when time is up."""
+        now = time.monotonic()
+        if self.since_s is None:
+            self.since_s = now
+        left_s = self.since_s + self.timeout_s - now
+        if left_s <= 0:
+            raise err
+        log.info("%s-%d: fetch failed (%s); retrying", self.topic, self.partition, err)
+        await asyncio.sleep(min(self.backoff_s * 2 ** self.failures, RETRY_BACKOFF_MAX_S, left_s))
+        self.failures += 1
+        try:
+            await self.cluster.refresh([self.topic])
+        except PymqError as refresh_err:
+            log.info("metadata refresh failed: %s", refresh_err)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from broker.config import BrokerConfig
-from broker.errors import PymqError
+from broker.errors import InconsistentTopicIdError, PymqError
 from broker.log import FetchSlice, UnifiedLog
 from broker.log.unified_log import OffsetMovedToTieredStorageError
 from broker.remote_log.remote_log_reader import RemoteReadPending
@@ -96,6 +96,7 @@ class FetchHandler:
         high_watermark = log_start_offset = -1
         try:
             partition_log = self.leader_log(topic.name, p.partition, p.current_leader_epoch)
+            _check_topic_id(topic, partition_log)
             high_watermark, log_start_offset = partition_log.high_watermark, partition_log.log_start_offset
             limit = min(max(max_bytes if p.max_bytes is None else p.max_bytes, 1), budget)
             if limit <= 0 and read.size:
@@ -129,6 +130,16 @@ class FetchHandler:
         data = remote.reader.read(partition_log.topic, partition_log.partition,
                                   remote.manifest(partition_log.topic, partition_log.partition), offset, max_bytes)
         return data if data else partition_log.read(partition_log.local_log_start_offset, max_bytes)
+
+
+def _check_topic_id(topic: FetchTopic, partition_log: UnifiedLog) -> None:
+    """A fetch naming a topic id reads only that incarnation of the topic: the same name's log
+    of a re-created topic holds other records at the same offsets (Kafka's Fetch v13). A log
+    without an id (written before topics had ids) is not checked."""
+    if topic.topic_id is None or partition_log.topic_id is None or topic.topic_id == partition_log.topic_id:
+        return
+    raise InconsistentTopicIdError(f"{topic.name}-{partition_log.partition} is topic id {partition_log.topic_id}, "
+                                   f"not {topic.topic_id}: the topic was deleted and re-created")
 
 
 class _Read:

@@ -11,7 +11,7 @@ import pytest
 from broker import protocol
 from segment_format import record
 from broker.client import Admin
-from broker.errors import NONE, UnknownLeaderEpochError
+from broker.errors import NONE, InconsistentTopicIdError, UnknownLeaderEpochError
 from broker.protocol import (
     FetchPartition,
     FetchRequest,
@@ -100,3 +100,24 @@ def test_fetch_and_list_offsets_check_the_leader_epoch(server, raw_client, epoch
     assert b"readable" in values
     assert isinstance(end_offset(client, epoch + 1).error(), UnknownLeaderEpochError)
     assert end_offset(client, epoch).error() is None
+
+
+def test_fetch_with_a_topic_id_reads_only_that_incarnation(server, raw_client, epoch):
+    """A fetch naming the topic's id is served, one naming another id (a deleted incarnation's)
+    gets INCONSISTENT_TOPIC_ID and no records, and one without an id (an old client) is served."""
+    client = raw_client(server.port)
+    produce(client, b"this-incarnation", epoch)
+    with Admin(server.bootstrap) as admin:
+        [description] = admin.describe_topics([TOPIC])
+
+    def fetch(topic_id: str | None) -> Any:
+        reply = send(client, FetchRequest((FetchTopic(TOPIC, (FetchPartition(0, 0),), topic_id),), 0, 0))
+        assert isinstance(reply, FetchResponse)
+        return reply.topics[0].partitions[0]
+
+    other = fetch("0" * 32)
+    assert isinstance(other.error(), InconsistentTopicIdError) and bytes(other.records) == b""
+    assert description.topic_id in str(other.error()) and "0" * 32 in str(other.error())
+    for topic_id in (description.topic_id, None):
+        served = fetch(topic_id)
+        assert served.error() is None and bytes(served.records)

@@ -10,6 +10,7 @@ is gone, false the other partitions read and the lost ones skipped; never the ra
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -23,7 +24,7 @@ from spark_datasource.batch_reader import PymqBatchReader
 from spark_datasource.offsets import OffsetReader
 from spark_datasource.options import SourceOptions
 from spark_datasource.ranges import OffsetRange
-from spark_datasource.stream_reader import PymqStreamReader
+from spark_datasource.stream_reader import TOPIC_ID, Offsets, PymqStreamReader
 from spark_datasource.task import read_offset_range
 
 
@@ -44,11 +45,21 @@ def topics(bootstrap: str, topic_name: str) -> tuple[str, str]:
     return a, b
 
 
-def produce(bootstrap: str, topic: str, n: int) -> None:
+def produce(bootstrap: str, topic: str, n: int, prefix: str = "") -> None:
+    """`n` records, each a batch of its own (so a fetch of one batch is one record)."""
     with Producer(bootstrap, linger_ms=0, acks="all") as producer:
         for i in range(n):
-            producer.send(topic, f"{topic}-{i}".encode(), partition=0)
-        producer.flush()
+            producer.send(topic, f"{prefix}{topic}-{i}".encode(), partition=0)
+            producer.flush()
+
+
+def recreate(bootstrap: str, topic: str, records: int) -> str:
+    """Delete `topic`, create it again with `records` records of its own; the new topic id."""
+    with Admin(bootstrap) as admin:
+        admin.delete_topics([topic])
+        admin.create_topic(topic, partitions=1)
+        produce(bootstrap, topic, records, prefix="new-")
+        return admin.describe_topics([topic])[0].topic_id
 
 
 @contextmanager
@@ -80,6 +91,11 @@ def offsets_race(bootstrap: str, topic: str, kind: str) -> Callable[..., Any]:
     return around
 
 
+def positions(offsets: Offsets) -> Offsets:
+    """`offsets` without the topic ids: the positions a test compares."""
+    return {topic: {p: o for p, o in parts.items() if p != TOPIC_ID} for topic, parts in offsets.items()}
+
+
 def stream_reader(bootstrap: str, fail_on_data_loss: bool, **options: str) -> PymqStreamReader:
     return PymqStreamReader(SourceOptions.parse(
         {"kafka.bootstrap.servers": bootstrap, "startingOffsets": "earliest",
@@ -103,29 +119,29 @@ def test_latest_offset_holds_a_partition_whose_offsets_lookup_races(bootstrap, t
     try:
         start = reader.initialOffset()
         first = reader.latestOffset(start, ReadAllAvailable())
-        assert first == {a: {"0": 3}, b: {"0": 2}}
+        assert positions(first) == {a: {"0": 3}, b: {"0": 2}}
         assert rows(reader, reader.partitions(start, first)) == {(a, 0): 3, (b, 0): 2}
         produce(bootstrap, a, 1)
         produce(bootstrap, b, 1)
         with hooked(reader._offsets, "list_offsets", offsets_race(bootstrap, b, kind)):
             end = reader.latestOffset(first, ReadAllAvailable())
-        assert end == {a: {"0": 4}, b: {"0": 2}}
+        assert positions(end) == {a: {"0": 4}, b: {"0": 2}}
         assert rows(reader, reader.partitions(first, end)) == {(a, 0): 1}
 
         later = reader.latestOffset(end, ReadAllAvailable())  # no race: b as the brokers have it now
         if kind == "leader moved":
-            assert later == {a: {"0": 4}, b: {"0": 3}}
+            assert positions(later) == {a: {"0": 4}, b: {"0": 3}}
             assert rows(reader, reader.partitions(end, later)) == {(b, 0): 1}
             return
-        assert later == {a: {"0": 4}, b: {"0": 0}}  # re-created, empty
+        assert positions(later) == {a: {"0": 4}, b: {"0": 0}}  # re-created, empty
         if fail_on_data_loss:
-            with pytest.raises(DataLossError, match=f"{b}-0's log went back from offset 2 to 0"):
+            with pytest.raises(DataLossError, match=f"{b}-0: the topic was deleted and re-created after offset 2"):
                 reader.partitions(end, later)
             return
         assert rows(reader, reader.partitions(end, later)) == {}
         produce(bootstrap, b, 1)
         moved = reader.latestOffset(later, ReadAllAvailable())
-        assert moved == {a: {"0": 4}, b: {"0": 1}}
+        assert positions(moved) == {a: {"0": 4}, b: {"0": 1}}
         assert rows(reader, reader.partitions(later, moved)) == {(b, 0): 1}
     finally:
         reader.stop()
@@ -139,7 +155,7 @@ def test_topic_deleted_between_listing_and_describing_is_gone(bootstrap, topics,
     try:
         start = reader.initialOffset()
         first = reader.latestOffset(start, ReadAllAvailable())
-        assert first == {a: {"0": 3}, b: {"0": 2}}
+        assert positions(first) == {a: {"0": 3}, b: {"0": 2}}
         reader.partitions(start, first)
         produce(bootstrap, a, 1)
 
@@ -155,7 +171,7 @@ def test_topic_deleted_between_listing_and_describing_is_gone(bootstrap, topics,
 
         with hooked(reader._offsets, "list_topics", listed_then_deleted):
             end = reader.latestOffset(first, ReadAllAvailable())
-        assert end == {a: {"0": 4}}
+        assert positions(end) == {a: {"0": 4}}
         if fail_on_data_loss:
             with pytest.raises(DataLossError, match=f"{b}-0 no longer exists"):
                 reader.partitions(first, end)
@@ -185,7 +201,7 @@ def test_batch_planning_with_a_topic_deleted_between_lookups(bootstrap, topics, 
 def test_reading_a_range_of_a_topic_deleted_since_planning(bootstrap, topics, fail_on_data_loss):
     """A task whose topic was deleted after its range was planned fails with DataLossError naming the range (failOnDataLoss=true) or reads nothing (false), instead of UNKNOWN_TOPIC_OR_PARTITION."""
     a, _ = topics
-    options = SourceOptions.parse({"kafka.bootstrap.servers": bootstrap, "subscribe": a,
+    options = SourceOptions.parse({"kafka.bootstrap.servers": bootstrap, "subscribe": a, "kafkaConsumer.pollTimeoutMs": "1000",
                                    "failOnDataLoss": str(fail_on_data_loss).lower()}, streaming=False)
     with Admin(bootstrap) as admin:
         admin.delete_topics([a])
@@ -195,3 +211,100 @@ def test_reading_a_range_of_a_topic_deleted_since_planning(bootstrap, topics, fa
             list(batches)
     else:
         assert list(batches) == []
+
+
+def batch_options(bootstrap: str, topic: str, fail_on_data_loss: bool, **options: str) -> SourceOptions:
+    return SourceOptions.parse({"kafka.bootstrap.servers": bootstrap, "subscribe": topic,
+                                "failOnDataLoss": str(fail_on_data_loss).lower(), **options}, streaming=False)
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_task_never_reads_a_topic_recreated_while_it_reads(bootstrap, topics, fail_on_data_loss):
+    """A topic deleted and re-created (with records at the same offsets) between two fetches of a
+    task: the rest of the range is data loss naming the range and both topic ids (failOnDataLoss=true)
+    or skipped (false), never the new topic's records, however fast the re-creation was."""
+    a, _ = topics
+    reader = PymqBatchReader(batch_options(bootstrap, a, fail_on_data_loss))
+    [planned] = reader.plan()
+    assert (planned.start, planned.end) == (0, 3) and planned.topic_id
+    batches = read_offset_range(reader.options, planned)
+    assert next(batches).column("value").to_pylist() == [f"{a}-0".encode()]  # one fetch: one batch
+    new_id = recreate(bootstrap, a, 3)
+    if fail_on_data_loss:
+        with pytest.raises(DataLossError, match=f"{a}-0 was re-created: offsets 0..2 were planned on topic id "
+                                                f"{planned.topic_id} .*is topic id {new_id}"):
+            next(batches)
+    else:
+        assert list(batches) == []
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_a_stream_range_planned_before_its_topic_was_recreated_is_not_read(bootstrap, topics, fail_on_data_loss):
+    """A micro-batch planned, then its topic deleted and re-created with more records, then read:
+    the task does not read the new topic at the planned offsets (loss per failOnDataLoss)."""
+    a, _ = topics
+    reader = stream_reader(bootstrap, fail_on_data_loss, subscribe=a)
+    try:
+        start = reader.initialOffset()
+        [planned] = reader.partitions(start, reader.latestOffset(start, ReadAllAvailable()))
+        recreate(bootstrap, a, 4)
+        if fail_on_data_loss:
+            with pytest.raises(DataLossError, match=f"{a}-0 was re-created"):
+                list(reader.read(planned))
+        else:
+            assert list(reader.read(planned)) == []
+    finally:
+        reader.stop()
+
+
+@pytest.mark.parametrize("fail_on_data_loss", [True, False])
+def test_stream_notices_a_topic_recreated_at_or_above_its_position(bootstrap, topics, fail_on_data_loss):
+    """A topic re-created between two triggers with more records than the query had read (offsets
+    above its position, which offsets alone cannot tell from new data) is data loss naming both ids
+    (failOnDataLoss=true), or read from the new topic's start (false)."""
+    a, b = topics
+    reader = stream_reader(bootstrap, fail_on_data_loss, subscribe=f"{a},{b}")
+    try:
+        start = reader.initialOffset()
+        first = reader.latestOffset(start, ReadAllAvailable())
+        assert rows(reader, reader.partitions(start, first)) == {(a, 0): 3, (b, 0): 2}
+        old_id = first[b][TOPIC_ID]
+        new_id = recreate(bootstrap, b, 4)
+        produce(bootstrap, a, 1)
+        end = reader.latestOffset(first, ReadAllAvailable())
+        assert positions(end) == {a: {"0": 4}, b: {"0": 4}} and end[b][TOPIC_ID] == new_id
+        if fail_on_data_loss:
+            with pytest.raises(DataLossError, match=f"{b}-0: the topic was deleted and re-created after offset 2 "
+                                                    f"\\(topic id {old_id}, now {new_id}\\)"):
+                reader.partitions(first, end)
+            return
+        assert rows(reader, reader.partitions(first, end)) == {(a, 0): 1, (b, 0): 4}
+    finally:
+        reader.stop()
+
+
+def test_stream_reads_offsets_checkpointed_without_topic_ids(bootstrap, topics):
+    """Offsets from a checkpoint written before topic ids were kept plan and read as before, and
+    the next offsets carry the ids."""
+    a, b = topics
+    reader = stream_reader(bootstrap, True, subscribe=f"{a},{b}")
+    try:
+        old = {a: {"0": 1}, b: {"0": 0}}
+        end = reader.latestOffset(old, ReadAllAvailable())
+        assert positions(end) == {a: {"0": 3}, b: {"0": 2}} and TOPIC_ID in end[a] and TOPIC_ID in end[b]
+        assert rows(reader, reader.partitions(old, end)) == {(a, 0): 2, (b, 0): 2}
+    finally:
+        reader.stop()
+
+
+def test_a_task_retries_a_missing_topic_for_the_poll_timeout_not_a_count(bootstrap, topics):
+    """A task whose topic is gone retries (metadata refresh, backoff) until kafkaConsumer.pollTimeoutMs
+    has passed, however short the backoff, then reports the loss."""
+    a, _ = topics
+    options = batch_options(bootstrap, a, True, **{"kafkaConsumer.pollTimeoutMs": "1500", "kafka.retry.backoff.ms": "10"})
+    with Admin(bootstrap) as admin:
+        admin.delete_topics([a])
+    began = time.monotonic()
+    with pytest.raises(DataLossError, match=f"{a}-0 no longer exists"):
+        list(read_offset_range(options, OffsetRange(a, 0, 0, 3)))
+    assert time.monotonic() - began >= 1.5

@@ -1,7 +1,7 @@
 """Fetch (API key 1): read record batches from partitions, waiting up to `max_wait_ms` for
 `min_bytes` of them.
 
-    request  control = {max_wait_ms, min_bytes, max_bytes, topics: [{name, partitions:
+    request  control = {max_wait_ms, min_bytes, max_bytes, topics: [{name, topic_id?, partitions:
                         [{partition, fetch_offset, max_bytes, current_leader_epoch}]}]}
     response control = {error_code, topics: [{name, partitions: [{partition, error_code,
                         error_message?, high_watermark, log_start_offset, size}]}]}
@@ -98,10 +98,15 @@ class FetchPartition:
 
 @dataclass(frozen=True, slots=True)
 class FetchTopic:
-    """`error` is set when the name is not a string: every partition is answered with it."""
+    """`topic_id` (optional; Kafka's Fetch v13, KIP-516): the incarnation of the topic the reader
+    means. A broker whose log of the name is another incarnation (the topic was deleted and
+    re-created) answers INCONSISTENT_TOPIC_ID instead of the new topic's records at the old
+    offsets. `error` is set when the name or the id is not a string: every partition is
+    answered with it."""
 
     name: str
     partitions: tuple[FetchPartition, ...]
+    topic_id: str | None = None
     error: PymqError | None = entry_error()
 
 
@@ -119,7 +124,7 @@ class FetchRequest(RequestMessage[FetchResponse]):
 
     def to_control(self) -> dict[str, Any]:
         return {"max_wait_ms": self.max_wait_ms, "min_bytes": self.min_bytes, "max_bytes": self.max_bytes, "topics": [
-            {"name": t.name, "partitions": [
+            {"name": t.name, **({} if t.topic_id is None else {"topic_id": t.topic_id}), "partitions": [
                 {"partition": p.partition, "fetch_offset": p.fetch_offset, "max_bytes": p.max_bytes,
                  "current_leader_epoch": p.current_leader_epoch}
                 for p in t.partitions]}
@@ -133,10 +138,11 @@ class FetchRequest(RequestMessage[FetchResponse]):
         topics = []
         for item in entries(control, "topics"):
             name, name_error = entry_field(item, "name", str, "")
+            topic_id, id_error = entry_field(item, "topic_id", str, None, None)
             partitions = []
             for p in entries(item, "partitions"):
                 partition, partition_error = entry_field(p, "partition", int, -1)
                 partitions.append(FetchPartition(partition, field(p, "fetch_offset", int), field(p, "max_bytes", int, None),
                                                  field(p, "current_leader_epoch", int, NO_LEADER_EPOCH), partition_error))
-            topics.append(FetchTopic(name, tuple(partitions), name_error))
+            topics.append(FetchTopic(name, tuple(partitions), topic_id, name_error or id_error))
         return cls(tuple(topics), max_wait_ms, min_bytes, max_bytes)

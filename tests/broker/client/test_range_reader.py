@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import deque
 
 import pytest
@@ -18,7 +19,8 @@ def batch(base_offset: int, n: int) -> bytes:
 
 
 class ScriptedCluster:
-    """Answers each Fetch with the next scripted (records, high watermark); counts refreshes."""
+    """Answers each Fetch with the next scripted (records, high watermark), the last one for ever;
+    counts refreshes."""
 
     def __init__(self, answers: list[tuple[bytes, int]]) -> None:
         self.answers = deque(answers)
@@ -31,14 +33,15 @@ class ScriptedCluster:
         self.refreshes += 1
 
     async def send(self, node: int, request: object) -> FetchResponse:
-        records, high_watermark = self.answers.popleft()
+        records, high_watermark = self.answers.popleft() if len(self.answers) > 1 else self.answers[0]
         answer = FetchPartitionResponse(0, high_watermark=high_watermark, log_start_offset=0, records=records)
         return FetchResponse((FetchTopicResponse("t", (answer,)),))
 
 
-async def collect(cluster: ScriptedCluster, start: int, end: int) -> list[int]:
+async def collect(cluster: ScriptedCluster, start: int, end: int, retry_timeout_s: float = 0.1) -> list[int]:
     offsets = []
-    async for chunk in read_range(cluster, "t", 0, start, end, retry_backoff_s=0.001, stats=RangeStats()):  # type: ignore[arg-type]
+    async for chunk in read_range(cluster, "t", 0, start, end, retry_backoff_s=0.001,  # type: ignore[arg-type]
+                                  retry_timeout_s=retry_timeout_s, stats=RangeStats()):
         for fetched in chunk:
             offsets.extend(range(fetched.first_offset, fetched.next_offset))
     return offsets
@@ -53,10 +56,20 @@ def test_a_lagging_high_watermark_is_retried_before_offsets_are_called_lost():
 
 def test_offsets_still_missing_after_the_retries_are_data_loss():
     """A log that stays shorter than the range fails naming topic, partition and the missing offsets."""
-    cluster = ScriptedCluster([(batch(0, 3), 3)] + [(b"", 3)] * 10)
+    cluster = ScriptedCluster([(batch(0, 3), 3), (b"", 3)])
     with pytest.raises(DataLossError, match=r"t-0: offsets 3\.\.4 are not in the log") as caught:
         asyncio.run(collect(cluster, 0, 5))
     assert (caught.value.topic, caught.value.partition, caught.value.start, caught.value.end) == ("t", 0, 3, 5)
+
+
+def test_retries_are_bounded_by_time_not_by_a_count():
+    """However fast the failures come (1 ms backoff), the read retries for its whole retry timeout
+    before it gives up."""
+    cluster = ScriptedCluster([(batch(0, 3), 3), (b"", 3)])
+    began = time.monotonic()
+    with pytest.raises(DataLossError):
+        asyncio.run(collect(cluster, 0, 5, retry_timeout_s=0.5))
+    assert time.monotonic() - began >= 0.5  # a count of 5 retries at these backoffs ends in ~15 ms
 
 
 def corrupted(data: bytes) -> bytes:

@@ -105,7 +105,8 @@ produce_responses = st.builds(ProduceResponse, tuples(st.builds(ProduceTopicResp
     ProducePartitionResponse, int32, error_codes, messages_text, offsets, int64, offsets)))))
 fetch_requests = st.builds(
     FetchRequest,
-    tuples(st.builds(FetchTopic, names, tuples(st.builds(FetchPartition, int32, int64, st.none() | int32, epochs)))),
+    tuples(st.builds(FetchTopic, names, tuples(st.builds(FetchPartition, int32, int64, st.none() | int32, epochs)),
+                     st.none() | st.text(max_size=32))),
     int32, int32, st.none() | int32)
 fetch_responses = st.builds(FetchResponse, tuples(st.builds(FetchTopicResponse, names, tuples(st.builds(
     FetchPartitionResponse, int32, error_codes, messages_text, offsets, offsets, records)))))
@@ -285,6 +286,8 @@ ENTRY_ERRORS = [
      _first, (InvalidRequestError, "'name' has type list")),
     ("fetch-partition-bool", FetchRequest, _fetch({"partition": True}), b"", _first_partition,
      (InvalidRequestError, "'partition' must not be a bool")),
+    ("fetch-topic-id-int", FetchRequest, {"topics": [{"name": "t", "topic_id": 7, "partitions": [
+        {"partition": 0, "fetch_offset": 0}]}]}, b"", _first, (InvalidRequestError, "'topic_id' has type int")),
     ("list-offsets-timestamp-minus-3", ListOffsetsRequest,
      {"topics": [{"name": "t", "partitions": [{"partition": 0, "timestamp": -3}]}]}, b"", _first_partition,
      (InvalidRequestError, "timestamp -3 is neither")),
@@ -323,6 +326,16 @@ def test_invalid_entry_keeps_its_error_and_the_message_decodes(message_type, con
     message = message_type.from_control(control, memoryview(bytearray(payload)))
     found: PymqError | None = entry(message).error
     assert type(found) is error and words in str(found), found
+
+
+def test_fetch_topic_id_is_optional_on_the_wire():
+    """A fetch without a topic id (an old client's) sends no `topic_id` field and decodes to None;
+    one with an id carries it (Kafka's Fetch v13)."""
+    partitions = (FetchPartition(0, 5),)
+    old, new = FetchRequest((FetchTopic("t", partitions),)), FetchRequest((FetchTopic("t", partitions, "ab12"),))
+    assert "topic_id" not in old.to_control()["topics"][0]
+    assert round_trip(old).topics[0].topic_id is None
+    assert round_trip(new).topics[0].topic_id == "ab12"
 
 
 def test_a_valid_entry_beside_an_invalid_one_has_no_error():
