@@ -31,7 +31,8 @@ from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
 from broker.errors import DataLossError
 
 from spark_datasource.filters import PushedFilters
-from spark_datasource.offsets import OffsetReader, TopicPartition
+from spark_datasource.offsets import OffsetReader
+from broker.topic_partition import TopicPartition
 from spark_datasource.options import InvalidOptionError, SourceOptions
 from spark_datasource.ranges import OffsetRange, RangePartition, split_ranges
 from spark_datasource.remote_ranges import (

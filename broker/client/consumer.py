@@ -3,9 +3,10 @@
 The work is split as Kafka's consumer splits it: `subscription_state` (SubscriptionState: the
 assignment, consumed and fetch positions, paused partitions, the reset strategy), `fetcher`
 (Fetcher: prefetching long polls per leader into a bounded buffer, decoded by `decoder`),
-`consumer_coordinator` (ConsumerCoordinator: group membership, heartbeats, commits) and
-`offset_fetcher` (ListOffsets). This module wires them and drives a poll: the group's work on
-the application's thread (rebalance callbacks), then the records the fetcher buffered.
+`consumer_coordinator` (ConsumerCoordinator: group membership, heartbeats, commits, and the
+rebalance choreography with its callbacks) and `offset_fetcher` (ListOffsets). This module wires
+them through their constructors and drives a poll: the coordinator's steps on the application's
+thread (rebalance callbacks), then the records the fetcher buffered.
 
 `poll_arrow()` returns one pyarrow Table (schema `RECORD_SCHEMA`); `poll()` returns
 `ConsumerRecord`s built from the same table. An out-of-range position is reset per
@@ -63,19 +64,17 @@ called from that thread, including from inside the callbacks.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import re
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
-from functools import partial
-from typing import Any, Iterable, Iterator, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 
 from broker import protocol
 from segment_format import record
-from broker.client.assignors import ASSIGNORS, DEFAULT_ASSIGNORS, revocations
+from broker.client.assignors import ASSIGNORS, DEFAULT_ASSIGNORS
 from broker.client.cluster import Cluster
 from broker.topic_partition import TopicPartition
 from broker.client.config import BootstrapServers, as_bool, assignor_names, client_settings
@@ -83,59 +82,20 @@ from broker.client.consumer_coordinator import (
     CommitCallback,
     ConsumerCoordinator,
     GroupMetadata,
-    LostEvent,
+    RebalanceCallback,
+    RebalanceListener,
+    Steps,
+    run_steps,
+    run_steps_async,
 )
 from broker.client.decoder import RECORD_SCHEMA, ConsumerRecord, FetchedBatch, fetched_to_records, to_record_batch
 from broker.client.fetcher import Fetcher
 from broker.client.loop_thread import LoopThread
 from broker.client.offset_fetcher import list_offsets
 from broker.client.subscription_state import RESET_STRATEGIES, SubscriptionState, reset_timestamp
-from broker.errors import ConsumerStoppedError, OffsetOutOfRangeError, PymqError
+from broker.errors import ConsumerStoppedError, OffsetOutOfRangeError
 
 log = logging.getLogger("pymq.consumer")
-
-T = TypeVar("T")
-# Work the application's thread drives: it runs the generator (and so the rebalance callbacks)
-# itself and hands every coroutine the generator yields to the consumer's loop.
-Steps = Generator[Coroutine[Any, Any, Any], Any, T]
-RebalanceCallback = Callable[[list[TopicPartition]], Any]
-
-
-async def _awaited(awaitable: Awaitable[T]) -> T:
-    return await awaitable
-
-
-async def run_steps_async(steps: Steps[T]) -> T:
-    """Drive `steps` on the current loop (the AsyncConsumer: the application's coroutine)."""
-    value: Any = None
-    error: Exception | None = None
-    while True:
-        try:
-            step = steps.send(value) if error is None else steps.throw(error)
-        except StopIteration as done:
-            return done.value
-        value, error = None, None
-        try:
-            value = await step
-        except Exception as err:  # handed back to the generator, which decides
-            error = err
-
-
-def run_steps(thread: LoopThread, steps: Steps[T]) -> T:
-    """Drive `steps` from the application's thread, each yielded coroutine on the loop thread."""
-    value: Any = None
-    error: Exception | None = None
-    while True:
-        try:
-            step = steps.send(value) if error is None else steps.throw(error)
-        except StopIteration as done:
-            return done.value
-        value, error = None, None
-        try:
-            value = thread.run(step)
-        except Exception as err:  # handed back to the generator, which decides
-            error = err
-
 
 class AsyncConsumer:
     """The consumer core; use on one event loop (`Consumer` wraps it for threads).
@@ -176,7 +136,6 @@ class AsyncConsumer:
                 raise ValueError(f"{name} must be positive, got {value}")
         strategies = assignor_names(partition_assignment_strategy, ASSIGNORS)
         self.enable_auto_commit = auto_commit
-        self.request_timeout_s = request_timeout_ms / 1000
         self.cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms)
         self._subs = SubscriptionState(auto_offset_reset)
         self._fetcher = Fetcher(self.cluster, self._subs, fetch_max_wait_ms=fetch_max_wait_ms,
@@ -185,17 +144,15 @@ class AsyncConsumer:
                                 check_crcs=check_crcs, request_timeout_s=request_timeout_ms / 1000,
                                 retry_backoff_s=retry_backoff_ms / 1000)
         self._closed = False
-        self._on_assign: RebalanceCallback | None = None
-        self._on_revoke: RebalanceCallback | None = None
-        self._on_lost: RebalanceCallback | None = None
         self._coordinator: ConsumerCoordinator | None = None
         if group_id is not None:
             self._coordinator = ConsumerCoordinator(
-                self.cluster, group_id, group_instance_id=group_instance_id, client_id=client_id,
-                session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms,
+                self.cluster, self._subs, self._fetcher, group_id, group_instance_id=group_instance_id,
+                client_id=client_id, session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms,
                 max_poll_interval_ms=max_poll_interval_ms, assignors=strategies, request_timeout_ms=request_timeout_ms,
                 retry_backoff_ms=retry_backoff_ms, metadata_max_age_ms=metadata_max_age_ms,
-                auto_commit_interval_ms=auto_commit_interval_ms, on_lost=self._partitions_lost, wake=self._fetcher.wake_poller)
+                enable_auto_commit=auto_commit, auto_commit_interval_ms=auto_commit_interval_ms,
+                init_positions=self._init_positions)
 
     async def start(self) -> "AsyncConsumer":
         self._fetcher.start(asyncio.get_running_loop())
@@ -216,7 +173,7 @@ class AsyncConsumer:
         for topic, partition in wanted:
             await self.cluster.leader(topic, partition)  # raises for unknown topics/partitions
         self._subs.manual = bool(wanted)
-        self._set_assigned(wanted, needs_position=False)
+        self._fetcher.assign(wanted, needs_position=False)
         await self._init_positions([tp for tp in wanted if tp not in self._subs.consumed])
         self._fetcher.invalidate()
 
@@ -297,17 +254,6 @@ class AsyncConsumer:
                 self._subs.consumed[tp] = offset
                 self._subs.needs_position.discard(tp)
 
-    def _set_assigned(self, partitions: list[TopicPartition], *, needs_position: bool) -> None:
-        """Make `partitions` the assignment (loop): partitions that go lose their positions and
-        buffered records at once (no poll returns a record of a partition it no longer has); those
-        that stay keep theirs. With `needs_position`, new partitions wait for their committed
-        offset (`_init_positions`), and no poll complains about them meanwhile."""
-        with self._subs.lock:
-            self._fetcher.drop_buffered(self._subs.set_assigned(partitions, needs_position=needs_position))
-        if self._coordinator is not None and self._coordinator.subscribed:
-            self._coordinator.owned = frozenset(partitions)
-        self._fetcher.replan()
-
     async def _init_positions(self, tps: list[TopicPartition]) -> None:
         """Start positions for assigned partitions without one: the group's committed offset,
         else per auto_offset_reset; with "none", none (poll raises NoOffsetForPartitionError
@@ -354,7 +300,7 @@ class AsyncConsumer:
 
     async def _poll_batches(self, timeout_ms: int, max_records: int | None) -> list[tuple[TopicPartition, FetchedBatch]]:
         """What a poll returns, after waiting up to `timeout_ms` for records when none are buffered.
-        In a group, the poll first does the group's work (see `_group_steps`)."""
+        In a group, the poll first does the group's work (`ConsumerCoordinator.poll_steps`)."""
         if self._closed:
             raise ConsumerStoppedError("consumer is closed")
         group = self._coordinator
@@ -366,7 +312,7 @@ class AsyncConsumer:
         group.note_poll_start()
         try:
             while True:
-                await run_steps_async(self._group_steps(deadline))
+                await run_steps_async(group.poll_steps(deadline))
                 batches = self._fetcher.take_ready(max_records)
                 remaining = deadline - time.monotonic()
                 if batches or remaining <= 0 or max_records == 0:
@@ -381,7 +327,7 @@ class AsyncConsumer:
         return pa.Table.from_batches([to_record_batch(tp[0], tp[1], f) for tp, f in taken], schema=RECORD_SCHEMA)
 
 
-    # -- fetching --------------------------------------------------------------------------------
+    # -- closing ---------------------------------------------------------------------------------
 
     async def close(self) -> None:
         """Leave the group as `unsubscribe` does (commit if auto-commit, on_revoke, LeaveGroup
@@ -400,12 +346,7 @@ class AsyncConsumer:
             await self._coordinator.close()
         await self.cluster.close()
 
-    # -- group membership ------------------------------------------------------------------------
-    #
-    # The poll runs `_group_steps` on the application's thread (Kafka's ConsumerCoordinator.poll):
-    # events the background task queued, auto-commit, and a rebalance (onJoinPrepare, the join
-    # round on the loop, onJoinComplete). Callbacks run in the generator, the loop work in the
-    # coroutines it yields; `run_steps` / `run_steps_async` drive it.
+    # -- group membership (the work itself is the ConsumerCoordinator's) --------------------------
 
     def _group(self) -> ConsumerCoordinator:
         if self._coordinator is None:
@@ -432,8 +373,8 @@ class AsyncConsumer:
             compiled = re.compile(pattern) if pattern is not None else None
         except re.error as err:
             raise ValueError(f"bad subscription pattern {pattern!r}: {err}") from err
-        self._on_assign, self._on_revoke, self._on_lost = on_assign, on_revoke, on_lost
-        group.subscribe(None if topics is None else list(topics), compiled)
+        group.subscribe(None if topics is None else list(topics), compiled,
+                        RebalanceListener(on_assign, on_revoke, on_lost))
 
     async def unsubscribe(self) -> None:
         """Give up the subscription (commit if auto-commit, on_revoke, LeaveGroup unless static)
@@ -464,166 +405,19 @@ class AsyncConsumer:
         """(group_id, generation_id, member_id, group_instance_id) now."""
         return self._group().metadata()
 
-    def _uncommitted_positions(self) -> dict[TopicPartition, int]:
-        """Positions that differ from what this member last committed: what auto-commit sends."""
-        committed = self._group().committed_offsets
-        return {tp: offset for tp, offset in self._subs.positions().items() if committed.get(tp) != offset}
-
-    def _partitions_lost(self, partitions: list[TopicPartition], reason: str) -> None:
-        """The coordinator's hook (loop): stop fetching lost partitions at once; on_lost runs at
-        the next poll."""
-        lost = set(partitions)
-        self._set_assigned([tp for tp in self._subs.assigned if tp not in lost], needs_position=False)
-
-    def _group_steps(self, deadline: float) -> Steps[None]:
-        """A poll's group work: queued events (on_lost, commit callbacks), the fatal error of a
-        fenced static member, auto-commit when due, and the rebalance if one is needed. Waits
-        for a join only while the consumer has no partitions to read (up to `deadline`)."""
-        group = self._group()
-        with self._subs.lock:
-            self._fetcher.attention = False
-        errors: list[Exception] = []
-        yield from self._run_events(errors)
-        if group.fatal is not None:
-            raise group.fatal
-        if self.enable_auto_commit and group.auto_commit_due():
-            offsets = self._uncommitted_positions()
-            if offsets:
-                yield self._commit_in_background(offsets)
-        if group.subscribed:
-            if group.needs_rejoin and not group.joining:
-                yield from self._prepare_rejoin(errors)
-                yield self._start_join()
-            if group.joining:
-                wait_s = 0.0 if self._subs.assigned else max(deadline - time.monotonic(), 0.0)
-                if (yield group.wait_join(wait_s)):
-                    yield from self._complete_rejoin(errors)
-        if self._subs.needs_position:
-            yield self._init_pending_positions()
-        if errors:
-            raise errors[0]
-
-    def _run_events(self, errors: list[Exception]) -> Steps[None]:
-        group = self._group()
-        while group.events:
-            event = group.events.popleft()
-            if isinstance(event, LostEvent):
-                log.warning("partitions lost (%s): %s", event.reason, event.partitions)
-                yield from self._invoke(self._on_lost or self._on_revoke, event.partitions, errors)
-            else:
-                yield from self._invoke(partial(event.callback, event.offsets), event.error, errors)
-
-    @staticmethod
-    def _invoke(callback: Callable[[Any], Any] | None, argument: Any, errors: list[Exception]) -> Steps[None]:
-        """Call an application callback here, on the application's thread (an awaitable it
-        returns is awaited). Its exception is kept for the poll to raise once the group's
-        bookkeeping is done, as Kafka does."""
-        if callback is None:
-            return
-        try:
-            result = callback(argument)
-            if inspect.isawaitable(result):
-                yield _awaited(result)
-        except Exception as err:  # the application's: raised from poll afterwards
-            log.error("consumer callback %r failed: %s", callback, err)
-            errors.append(err)
-
-    def _prepare_rejoin(self, errors: list[Exception]) -> Steps[None]:
-        """Kafka's onJoinPrepare: commit what was consumed (auto-commit), then revoke everything
-        (eager) or the partitions of topics no longer subscribed (cooperative)."""
-        group = self._group()
-        if self.enable_auto_commit:
-            offsets = self._uncommitted_positions()
-            if offsets:
-                yield self._commit_quietly(offsets)
-        if group.protocol == "eager":
-            revoked = sorted(self._subs.assigned)
-        else:
-            revoked = sorted(tp for tp in self._subs.assigned if not group.wants_topic(tp[0]))
-        if revoked:
-            yield from self._invoke(self._on_revoke, revoked, errors)
-            yield self._revoke(revoked)
-
-    def _complete_rejoin(self, errors: list[Exception]) -> Steps[None]:
-        """Kafka's onJoinComplete: revoke what moved away (cooperative; then rejoin at once so the
-        follow-up rebalance places it), take the new assignment, on_assign (cooperative: the added
-        partitions; eager: all), and look up the new partitions' committed offsets."""
-        group = self._group()
-        assignment = yield group.take_join_result()
-        if assignment is None:
-            return
-        assigned = list(assignment.partitions)
-        revoked, added = revocations(set(self._subs.assigned), set(assigned))
-        if revoked:
-            yield from self._invoke(self._on_revoke, sorted(revoked), errors)
-        yield self._apply_assignment(assigned, rejoin=bool(revoked) and group.protocol == "cooperative")
-        yield from self._invoke(self._on_assign, sorted(added) if group.protocol == "cooperative" else assigned, errors)
-
-    async def _start_join(self) -> None:
-        self._group().start_join()
-
-    async def _revoke(self, partitions: list[TopicPartition]) -> None:
-        gone = set(partitions)
-        self._set_assigned([tp for tp in self._subs.assigned if tp not in gone], needs_position=False)
-
-    async def _apply_assignment(self, partitions: list[TopicPartition], rejoin: bool) -> None:
-        group = self._group()
-        self._set_assigned(partitions, needs_position=True)
-        group.assignment_applied(partitions)
-        if rejoin:
-            group.request_rejoin("partitions were revoked: the follow-up rebalance places them")
-
-    async def _init_pending_positions(self) -> None:
-        """Committed offsets of newly assigned partitions; a retriable failure (the coordinator
-        moved, a leader is unknown) is retried at the next poll."""
-        try:
-            await self._init_positions(sorted(self._subs.needs_position))
-        except PymqError as err:
-            if not err.retriable:
-                raise
-            log.info("start positions of %d partitions not known yet (%s); the next poll retries",
-                     len(self._subs.needs_position), err)
-
-    async def _commit_in_background(self, offsets: dict[TopicPartition, int]) -> None:
-        self._group().commit_in_background(offsets, None, None)
-
-    async def _commit_quietly(self, offsets: dict[TopicPartition, int]) -> None:
-        """Auto-commit before giving partitions up: a failure is logged (the records will be
-        delivered again: at least once), not raised."""
-        try:
-            await self._group().commit(offsets)
-        except PymqError as err:
-            log.warning("auto-commit of %d partitions before a rebalance failed: %s", len(offsets), err)
-
     def _leave_steps(self, reason: str) -> Steps[None]:
-        """Kafka's close/unsubscribe: wait for async commits, auto-commit, on_revoke (on_lost if
-        the generation is gone) for the partitions held, leave the group (a dynamic member; a
-        static one only stops), and forget the subscription or the manual assignment."""
-        group = self._coordinator
+        """Unsubscribe or close: the group's part (`ConsumerCoordinator.leave_steps`), then
+        forget the remaining assignment, manual or not. A callback's exception is raised last."""
         errors: list[Exception] = []
-        if group is not None:
-            yield group.flush_commits(self.request_timeout_s)
-            if self.enable_auto_commit:
-                offsets = self._uncommitted_positions()
-                if offsets:
-                    yield self._commit_quietly(offsets)
-            yield from self._run_events(errors)
-            if group.subscribed:
-                owned = sorted(self._subs.assigned)
-                if owned:
-                    callback = self._on_revoke if group.generation >= 0 else (self._on_lost or self._on_revoke)
-                    yield from self._invoke(callback, owned, errors)
-                yield self._leave_group(reason)
-        yield self._revoke(list(self._subs.assigned))
+        if self._coordinator is not None:
+            errors = yield from self._coordinator.leave_steps(reason)
+        yield self._unassign_all()
         self._subs.manual = False
         if errors:
             raise errors[0]
 
-    async def _leave_group(self, reason: str) -> None:
-        group = self._group()
-        self._set_assigned([], needs_position=False)
-        await group.leave(reason)
-        await group.unsubscribe()
+    async def _unassign_all(self) -> None:
+        self._fetcher.assign([], needs_position=False)
 
 
 def _checked_offsets(offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
@@ -765,7 +559,7 @@ class Consumer:
         group.note_poll_start()
         try:
             while True:
-                run_steps(self._thread, core._group_steps(deadline))
+                run_steps(self._thread, group.poll_steps(deadline))
                 batches = core._fetcher.take_ready(max_records)
                 remaining = deadline - time.monotonic()
                 if batches or remaining <= 0 or max_records == 0:

@@ -14,10 +14,18 @@ Division of labour. This class speaks the group protocol: it finds the coordinat
 (FindCoordinator, again after NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE,
 COORDINATOR_LOAD_IN_PROGRESS or a lost connection, after `retry_backoff_ms`), joins and syncs,
 computes every member's assignment when it is the leader, heartbeats, commits and fetches
-offsets, and leaves. It never runs application code: the consumer drives each rebalance from its
-`poll` (revocation callbacks before the join, assignment callbacks after it, all on the
-application's thread as in Kafka) and learns what the background task found (a lost generation,
-a completed commit, a fatal error) from `events` and `fatal`.
+offsets, and leaves. It also owns the choreography around them (Kafka's ConsumerCoordinator.poll,
+onJoinPrepare, onJoinComplete, close): `poll_steps` and `leave_steps` are generators that the
+consumer drives from its `poll`, `unsubscribe` and `close` with `run_steps` (sync Consumer) or
+`run_steps_async` (AsyncConsumer). Application code (the rebalance listener, commit callbacks)
+runs in the generator, on the application's thread as in Kafka; each coroutine the generator
+yields runs on the consumer's loop. What the background task found (a lost generation, a
+completed commit, a fatal error) waits in `events` and `fatal` for the next poll's steps.
+
+The consumer's parts come in through the constructor: the SubscriptionState whose assignment the
+group changes, the Fetcher that keeps its buffer in step with that assignment and is woken when
+the group needs the poller, and `init_positions` (the consumer's lookup of start positions for
+newly assigned partitions: committed offsets, else `auto_offset_reset`).
 
 Background task, from `subscribe` to `unsubscribe`/`close`, independent of the application's
 poll loop (a slow processing step does not lose the session):
@@ -36,23 +44,29 @@ UNKNOWN_MEMBER_ID) does so only if the member is still in the generation the req
 The JoinGroup's request timeout exceeds the rebalance timeout (`max_poll_interval_ms` + 5 s, as
 Kafka's): the coordinator answers it only when the rebalance completes.
 
-Loop-local, except `note_poll_start` / `note_poll_end` and reads of the plain attributes, which
-the application's thread may do.
+Loop-local, except `note_poll_start` / `note_poll_end`, the bodies of `poll_steps` /
+`leave_steps` (the application's thread; the coroutines they yield run on the loop) and reads of
+the plain attributes, which the application's thread may do.
 """
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import re
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
-from typing import Any, Literal, NamedTuple
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
+from functools import partial
+from typing import Any, Literal, NamedTuple, TypeVar
 
-from broker.client.assignors import ASSIGNORS, PartitionAssignor
+from broker.client.assignors import ASSIGNORS, PartitionAssignor, revocations
 from broker.client.cluster import Cluster
 from broker.topic_partition import TopicPartition
 from broker.client.connection import BrokerConnection
+from broker.client.fetcher import Fetcher
+from broker.client.loop_thread import LoopThread
+from broker.client.subscription_state import SubscriptionState
 from broker.errors import (
     CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
@@ -91,6 +105,12 @@ log = logging.getLogger("pymq.consumer.group")
 
 RebalanceProtocol = Literal["eager", "cooperative"]
 CommitCallback = Callable[[dict[TopicPartition, int], PymqError | None], Any]
+RebalanceCallback = Callable[[list[TopicPartition]], Any]
+
+T = TypeVar("T")
+# Work the application's thread drives: it runs the generator (and so the application's
+# callbacks) itself and hands every coroutine the generator yields to the consumer's loop.
+Steps = Generator[Coroutine[Any, Any, Any], Any, T]
 
 # Answers that mean "find the coordinator again, after a backoff".
 COORDINATOR_ERRORS = (NotCoordinatorError, CoordinatorNotAvailableError, CoordinatorLoadInProgressError,
@@ -123,6 +143,52 @@ class CommitEvent(NamedTuple):
     error: PymqError | None
 
 
+class RebalanceListener(NamedTuple):
+    """The application's rebalance callbacks (Kafka's ConsumerRebalanceListener), each called
+    with a sorted list of partitions; `on_lost` None means `on_revoke`. A callback may return an
+    awaitable (an AsyncConsumer's coroutine functions): it is awaited."""
+
+    on_assign: RebalanceCallback | None = None
+    on_revoke: RebalanceCallback | None = None
+    on_lost: RebalanceCallback | None = None
+
+
+async def _awaited(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+async def run_steps_async(steps: Steps[T]) -> T:
+    """Drive `steps` on the current loop (the AsyncConsumer: the application's coroutine)."""
+    value: Any = None
+    error: Exception | None = None
+    while True:
+        try:
+            step = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value
+        value, error = None, None
+        try:
+            value = await step
+        except Exception as err:  # handed back to the generator, which decides
+            error = err
+
+
+def run_steps(thread: LoopThread, steps: Steps[T]) -> T:
+    """Drive `steps` from the application's thread, each yielded coroutine on the loop thread."""
+    value: Any = None
+    error: Exception | None = None
+    while True:
+        try:
+            step = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value
+        value, error = None, None
+        try:
+            value = thread.run(step)
+        except Exception as err:  # handed back to the generator, which decides
+            error = err
+
+
 def rebalance_protocol(assignors: Iterable[str]) -> RebalanceProtocol:
     """Cooperative only when every assignor offered is (see broker.client.assignors)."""
     names = list(assignors)
@@ -135,17 +201,21 @@ def is_internal_topic(topic: str) -> bool:
 
 
 class ConsumerCoordinator:
-    """One consumer's group membership; see the module docstring. `on_lost(partitions, reason)`
-    is the consumer's hook, called on the loop the moment the partitions are lost, so that it
-    stops fetching them at once; `wake()` interrupts a poll waiting for records, so that it
-    handles what the background task found."""
+    """One consumer's group membership; see the module docstring. Lost partitions leave the
+    `subscriptions`' assignment (and the `fetcher`'s buffer) on the loop the moment they are
+    lost; `fetcher.wake_poller()` interrupts a poll waiting for records, so that it handles what
+    the background task found. `init_positions(partitions)` (a coroutine on the loop) gives newly
+    assigned partitions their start positions; a retriable failure is retried at the next poll."""
 
-    def __init__(self, cluster: Cluster, group_id: str, *, group_instance_id: str | None, client_id: str,
-                 session_timeout_ms: int, heartbeat_interval_ms: int, max_poll_interval_ms: int,
-                 assignors: list[str], request_timeout_ms: int, retry_backoff_ms: int, metadata_max_age_ms: int,
-                 auto_commit_interval_ms: int, on_lost: Callable[[list[TopicPartition], str], None],
-                 wake: Callable[[], None]) -> None:
+    def __init__(self, cluster: Cluster, subscriptions: SubscriptionState, fetcher: Fetcher, group_id: str, *,
+                 group_instance_id: str | None, client_id: str, session_timeout_ms: int, heartbeat_interval_ms: int,
+                 max_poll_interval_ms: int, assignors: list[str], request_timeout_ms: int, retry_backoff_ms: int,
+                 metadata_max_age_ms: int, enable_auto_commit: bool, auto_commit_interval_ms: int,
+                 init_positions: Callable[[list[TopicPartition]], Awaitable[None]]) -> None:
         self.cluster = cluster
+        self._subs = subscriptions
+        self._fetcher = fetcher
+        self._init_positions = init_positions
         self.group_id = group_id
         self.group_instance_id = group_instance_id
         self.client_id = client_id
@@ -158,14 +228,13 @@ class ConsumerCoordinator:
         self.join_timeout_s = max(self.request_timeout_s, self.max_poll_interval_s + JOIN_TIMEOUT_MARGIN_S)
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.metadata_max_age_s = metadata_max_age_ms / 1000
+        self.enable_auto_commit = enable_auto_commit
         self.auto_commit_interval_s = auto_commit_interval_ms / 1000
-        self._on_lost = on_lost
-        self._wake = wake
         # Membership.
         self.member_id = ""
         self.generation = NO_GENERATION_ID
         self.leader = ""
-        self.owned: frozenset[TopicPartition] = frozenset()  # kept by the consumer as its assignment changes
+        self.owned: frozenset[TopicPartition] = frozenset()  # the assignment while subscribed
         self._owned_generation = NO_GENERATION  # the generation `owned` was assigned in
         self.needs_rejoin = False
         self.fatal: PymqError | None = None  # FENCED_INSTANCE_ID: every poll raises it
@@ -173,6 +242,7 @@ class ConsumerCoordinator:
         # Subscription.
         self.topics: frozenset[str] | None = None  # explicit topics, or None
         self.pattern: re.Pattern[str] | None = None
+        self.listener = RebalanceListener()
         self._joined_topics: frozenset[str] = frozenset()  # the topics of the last JoinGroup
         self._leader_counts: dict[str, int] = {}  # as the leader: the partition counts it assigned from
         # Offsets.
@@ -234,8 +304,11 @@ class ConsumerCoordinator:
 
     # -- subscription --------------------------------------------------------------------------------
 
-    def subscribe(self, topics: Iterable[str] | None, pattern: re.Pattern[str] | None) -> None:
-        """Set the subscription (loop); the next poll joins, or rejoins if it changed."""
+    def subscribe(self, topics: Iterable[str] | None, pattern: re.Pattern[str] | None,
+                  listener: RebalanceListener) -> None:
+        """Set the subscription and its listener (loop); the next poll joins, or rejoins if the
+        subscription changed."""
+        self.listener = listener
         new_topics = frozenset(topics) if topics is not None else None
         changed = (new_topics, pattern and pattern.pattern) != (self.topics, self.pattern and self.pattern.pattern)
         self.topics, self.pattern = new_topics, pattern
@@ -257,7 +330,7 @@ class ConsumerCoordinator:
         if not self.needs_rejoin:
             log.info("group %s: rejoin requested: %s", self.group_id, reason)
         self.needs_rejoin = True
-        self._wake()
+        self._fetcher.wake_poller()
 
     # -- joining -------------------------------------------------------------------------------------
 
@@ -266,7 +339,7 @@ class ConsumerCoordinator:
         if self._join_task is None:
             self.needs_rejoin = False
             self._join_task = asyncio.get_running_loop().create_task(self._join_group())
-            self._join_task.add_done_callback(lambda _: self._wake())
+            self._join_task.add_done_callback(lambda _: self._fetcher.wake_poller())
 
     async def wait_join(self, timeout_s: float) -> bool:
         """Whether the round finished within `timeout_s` (it goes on either way)."""
@@ -454,8 +527,9 @@ class ConsumerCoordinator:
             self.needs_rejoin = True  # (a join in flight goes on: it is the rejoin)
         if lost:
             self.events.append(LostEvent(lost, reason))
-            self._on_lost(lost, reason)
-        self._wake()
+            gone = set(lost)
+            self._keep_assigned([tp for tp in self._subs.assigned if tp not in gone])
+        self._fetcher.wake_poller()
 
     # -- background: heartbeats, the poll timer, metadata ---------------------------------------------------
 
@@ -665,7 +739,7 @@ class ConsumerCoordinator:
                     log.warning("group %s: async commit of %d partitions failed: %s", self.group_id, len(offsets), err)
             if callback is not None:
                 self.events.append(CommitEvent(callback, offsets, error))
-                self._wake()
+                self._fetcher.wake_poller()
 
         task = asyncio.get_running_loop().create_task(run())
         self._commits.add(task)
@@ -741,3 +815,161 @@ class ConsumerCoordinator:
         if self._coordinator is not None:
             self._coordinator.close()
             self._coordinator = None
+
+    # -- the poll's group work, driven from the application's thread ---------------------------------------
+    #
+    # Kafka's ConsumerCoordinator.poll, onJoinPrepare, onJoinComplete and close. Each generator
+    # runs on the application's thread (so the listener and commit callbacks do); the coroutines
+    # it yields do the loop's part. `run_steps` / `run_steps_async` drive them.
+
+    def poll_steps(self, deadline: float) -> Steps[None]:
+        """A poll's group work: queued events (on_lost, commit callbacks), the fatal error of a
+        fenced static member, auto-commit when due, and the rebalance if one is needed. Waits
+        for a join only while the consumer has no partitions to read (up to `deadline`). A
+        callback's exception is raised once this bookkeeping is done."""
+        self._fetcher.clear_attention()
+        errors: list[Exception] = []
+        yield from self._run_events(errors)
+        if self.fatal is not None:
+            raise self.fatal
+        if self.enable_auto_commit and self.auto_commit_due():
+            offsets = self._uncommitted_positions()
+            if offsets:
+                yield self._commit_in_background(offsets)
+        if self.subscribed:
+            if self.needs_rejoin and not self.joining:
+                yield from self._prepare_rejoin(errors)
+                yield self._start_join()
+            if self.joining:
+                wait_s = 0.0 if self._subs.assigned else max(deadline - time.monotonic(), 0.0)
+                if (yield self.wait_join(wait_s)):
+                    yield from self._complete_rejoin(errors)
+        if self._subs.needs_position:
+            yield self._init_pending_positions()
+        if errors:
+            raise errors[0]
+
+    def leave_steps(self, reason: str) -> Steps[list[Exception]]:
+        """Kafka's close/unsubscribe, the group's part: wait for async commits, auto-commit,
+        on_revoke (on_lost if the generation is gone) for the partitions held, and leave the
+        group (a dynamic member; a static one only stops). Returns the callbacks' exceptions for
+        the caller to raise once it has released the rest of the assignment."""
+        errors: list[Exception] = []
+        yield self.flush_commits(self.request_timeout_s)
+        if self.enable_auto_commit:
+            offsets = self._uncommitted_positions()
+            if offsets:
+                yield self._commit_quietly(offsets)
+        yield from self._run_events(errors)
+        if self.subscribed:
+            owned = sorted(self._subs.assigned)
+            if owned:
+                listener = self.listener
+                callback = listener.on_revoke if self.generation >= 0 else (listener.on_lost or listener.on_revoke)
+                yield from self._invoke(callback, owned, errors)
+            yield self._leave_group(reason)
+        return errors
+
+    def _run_events(self, errors: list[Exception]) -> Steps[None]:
+        while self.events:
+            event = self.events.popleft()
+            if isinstance(event, LostEvent):
+                log.warning("partitions lost (%s): %s", event.reason, event.partitions)
+                yield from self._invoke(self.listener.on_lost or self.listener.on_revoke, event.partitions, errors)
+            else:
+                yield from self._invoke(partial(event.callback, event.offsets), event.error, errors)
+
+    @staticmethod
+    def _invoke(callback: Callable[[Any], Any] | None, argument: Any, errors: list[Exception]) -> Steps[None]:
+        """Call an application callback here, on the application's thread (an awaitable it
+        returns is awaited). Its exception is kept for the poll to raise once the group's
+        bookkeeping is done, as Kafka does."""
+        if callback is None:
+            return
+        try:
+            result = callback(argument)
+            if inspect.isawaitable(result):
+                yield _awaited(result)
+        except Exception as err:  # the application's: raised from poll afterwards
+            log.error("consumer callback %r failed: %s", callback, err)
+            errors.append(err)
+
+    def _prepare_rejoin(self, errors: list[Exception]) -> Steps[None]:
+        """Kafka's onJoinPrepare: commit what was consumed (auto-commit), then revoke everything
+        (eager) or the partitions of topics no longer subscribed (cooperative)."""
+        if self.enable_auto_commit:
+            offsets = self._uncommitted_positions()
+            if offsets:
+                yield self._commit_quietly(offsets)
+        if self.protocol == "eager":
+            revoked = sorted(self._subs.assigned)
+        else:
+            revoked = sorted(tp for tp in self._subs.assigned if not self.wants_topic(tp[0]))
+        if revoked:
+            yield from self._invoke(self.listener.on_revoke, revoked, errors)
+            yield self._revoke(revoked)
+
+    def _complete_rejoin(self, errors: list[Exception]) -> Steps[None]:
+        """Kafka's onJoinComplete: revoke what moved away (cooperative; then rejoin at once so the
+        follow-up rebalance places it), take the new assignment, on_assign (cooperative: the added
+        partitions; eager: all); the new partitions' committed offsets are looked up after it."""
+        assignment = yield self.take_join_result()
+        if assignment is None:
+            return
+        assigned = list(assignment.partitions)
+        revoked, added = revocations(set(self._subs.assigned), set(assigned))
+        if revoked:
+            yield from self._invoke(self.listener.on_revoke, sorted(revoked), errors)
+        yield self._apply_assignment(assigned, rejoin=bool(revoked) and self.protocol == "cooperative")
+        yield from self._invoke(self.listener.on_assign, sorted(added) if self.protocol == "cooperative" else assigned,
+                                errors)
+
+    async def _start_join(self) -> None:
+        self.start_join()
+
+    def _keep_assigned(self, partitions: list[TopicPartition]) -> None:
+        """Shrink the assignment to `partitions` (loop); while subscribed, they are what it owns."""
+        self._fetcher.assign(partitions, needs_position=False)
+        if self.subscribed:
+            self.owned = frozenset(partitions)
+
+    async def _revoke(self, partitions: list[TopicPartition]) -> None:
+        gone = set(partitions)
+        self._keep_assigned([tp for tp in self._subs.assigned if tp not in gone])
+
+    async def _apply_assignment(self, partitions: list[TopicPartition], rejoin: bool) -> None:
+        self._fetcher.assign(partitions, needs_position=True)
+        self.assignment_applied(partitions)
+        if rejoin:
+            self.request_rejoin("partitions were revoked: the follow-up rebalance places them")
+
+    async def _init_pending_positions(self) -> None:
+        """Start positions of newly assigned partitions; a retriable failure (the coordinator
+        moved, a leader is unknown) is retried at the next poll."""
+        try:
+            await self._init_positions(sorted(self._subs.needs_position))
+        except PymqError as err:
+            if not err.retriable:
+                raise
+            log.info("start positions of %d partitions not known yet (%s); the next poll retries",
+                     len(self._subs.needs_position), err)
+
+    def _uncommitted_positions(self) -> dict[TopicPartition, int]:
+        """Positions that differ from what this member last committed: what auto-commit sends."""
+        return {tp: offset for tp, offset in self._subs.positions().items() if self.committed_offsets.get(tp) != offset}
+
+    async def _commit_in_background(self, offsets: dict[TopicPartition, int]) -> None:
+        self.commit_in_background(offsets, None, None)
+
+    async def _commit_quietly(self, offsets: dict[TopicPartition, int]) -> None:
+        """Auto-commit before giving partitions up: a failure is logged (the records will be
+        delivered again: at least once), not raised."""
+        try:
+            await self.commit(offsets)
+        except PymqError as err:
+            log.warning("auto-commit of %d partitions before a rebalance failed: %s", len(offsets), err)
+
+    async def _leave_group(self, reason: str) -> None:
+        self._keep_assigned([])
+        await self.leave(reason)
+        await self.unsubscribe()

@@ -113,6 +113,15 @@ class Fetcher:
         self._plan += 1
         self._changed.set()
 
+    def assign(self, partitions: list[TopicPartition], *, needs_position: bool) -> None:
+        """Make `partitions` the subscription's assignment (loop): partitions that go lose their
+        positions and buffered records at once (no poll returns a record of a partition it no
+        longer has); those that stay keep theirs. With `needs_position`, new partitions wait for
+        their start position, and no poll complains about them meanwhile."""
+        with self._subs.lock:
+            self.drop_buffered(self._subs.set_assigned(partitions, needs_position=needs_position))
+        self.replan()
+
     def drop_buffered(self, tps: set[TopicPartition]) -> None:
         """Forget the buffered records (and error markers) of `tps` (`_lock` held)."""
         if not tps or not self._buffer:
@@ -418,6 +427,11 @@ class Fetcher:
             else:
                 self._subs.fetch_positions[tp] = position
             self._signal()
+
+    def clear_attention(self) -> None:
+        """The poller is attending to the group (any thread): it waits for records again."""
+        with self._subs.lock:
+            self.attention = False
 
     def wake_poller(self) -> None:
         """The group needs the poller (loop): stop waiting for records."""

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from broker.client import Admin
+from broker.client import Admin, Consumer
 from broker.process import BrokerProcess
 
 _topic_ids = itertools.count()
@@ -45,3 +45,18 @@ def new_topic(shared_broker, topic_name: str) -> Callable[..., str]:
         return name
 
     return make
+
+
+@pytest.fixture
+def consumers() -> Iterator[Callable[..., Consumer]]:
+    """Make consumers (fast long polls); every one is closed at teardown."""
+    made: list[Consumer] = []
+
+    def make(bootstrap: str, **config: object) -> Consumer:
+        consumer = Consumer(bootstrap, **{"fetch_max_wait_ms": 100, **config})
+        made.append(consumer)
+        return consumer
+
+    yield make
+    for consumer in made:
+        consumer.close()

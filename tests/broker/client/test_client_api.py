@@ -1,9 +1,16 @@
 """The client's public surface as a Kafka user meets it (issue 7, ergonomics)."""
 from __future__ import annotations
 
+import ast
 import inspect
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+
+import broker.client
 
 from broker.client import Admin, AsyncAdmin
 
@@ -101,3 +108,62 @@ def test_a_peer_that_is_not_a_pymq_broker_is_named_as_such():
                 admin.list_topics()
     finally:
         server.close()
+
+
+# What the package facade would drag in if it imported its public names eagerly.
+CLIENT_CORES = ("broker.client.accumulator", "broker.client.admin", "broker.client.consumer",
+                "broker.client.consumer_coordinator", "broker.client.fetcher", "broker.client.producer",
+                "broker.client.sender")
+
+
+def _run_python(code: str) -> str:
+    """Run `code` in a fresh interpreter (so this process's imports do not count); its stdout."""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("module", ["broker.client.decoder", "broker.client.range_reader"])
+def test_importing_a_reader_module_loads_neither_consumer_nor_producer(module):
+    """The Spark source's executors import the decoder and the range reader: the package's
+    __init__ runs first, and must not load the clients."""
+    loaded = json.loads(_run_python(f"import json, sys, {module}; print(json.dumps(sorted(sys.modules)))"))
+    assert module in loaded
+    assert [name for name in CLIENT_CORES if name in loaded] == []
+
+
+def test_the_public_names_load_on_first_access_from_their_modules():
+    """`from broker.client import ...` and `from pymq import ...` give the defining modules' objects;
+    dir() and __all__ list every public name; a wrong name is an AttributeError."""
+    code = """
+import json, sys
+from broker.client import Admin, Consumer, Producer
+import broker.client, pymq
+from broker.client.admin import Admin as A
+from broker.client.consumer import Consumer as C
+from broker.client.producer import Producer as P
+assert (Admin, Consumer, Producer) == (A, C, P) == (pymq.Admin, pymq.Consumer, pymq.Producer)
+assert all(getattr(pymq, name) is getattr(broker.client, name) for name in broker.client.__all__ if hasattr(pymq, name))
+try:
+    broker.client.Consumr
+except AttributeError as err:
+    missing = str(err)
+print(json.dumps({"all": broker.client.__all__, "dir": dir(broker.client), "missing": missing}))
+"""
+    found = json.loads(_run_python(code))
+    assert {"Admin", "AsyncConsumer", "Consumer", "GroupMetadata", "Producer", "RECORD_SCHEMA"} <= set(found["all"])
+    assert set(found["all"]) <= set(found["dir"])
+    assert "Consumr" in found["missing"]
+
+
+def test_no_client_module_imports_through_the_package_facade():
+    """Modules of broker.client import a name from the module that defines it, so the lazy facade
+    never sits on an import path between them."""
+    offenders = []
+    for path in sorted(Path(broker.client.__file__).parent.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module == "broker.client":
+                offenders.append(f"{path.name}:{node.lineno}")
+            elif isinstance(node, ast.Import) and any(alias.name == "broker.client" for alias in node.names):
+                offenders.append(f"{path.name}:{node.lineno}")
+    assert offenders == []

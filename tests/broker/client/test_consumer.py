@@ -1,5 +1,5 @@
 """Consumer against a real broker process: assignment, polling, seeking, offset resets and lookups,
-prefetching, a broker restart under a live consumer, and CRC checks on corrupted stored batches."""
+a broker restart under a live consumer, and CRC checks on corrupted stored batches."""
 from __future__ import annotations
 
 import time
@@ -10,7 +10,6 @@ import pytest
 
 from segment_format import record
 from broker.client import RECORD_SCHEMA, Admin, Consumer, ConsumerRecord, Producer
-from broker.client.decoder import corrupt_batch_offset
 from broker.errors import (
     CorruptMessageError,
     CorruptRecordError,
@@ -18,20 +17,6 @@ from broker.errors import (
     OffsetOutOfRangeError,
     UnknownTopicOrPartitionError,
 )
-
-@pytest.fixture
-def consumers():
-    """Make consumers (fast long polls); every one is closed at teardown."""
-    made: list[Consumer] = []
-
-    def make(bootstrap: str, **config: object) -> Consumer:
-        consumer = Consumer(bootstrap, **{"fetch_max_wait_ms": 100, **config})
-        made.append(consumer)
-        return consumer
-
-    yield make
-    for consumer in made:
-        consumer.close()
 
 
 def produce(bootstrap: str, topic: str, values: list[bytes], *, partition: int | None = None,
@@ -274,52 +259,6 @@ def test_assign_to_unknown_topic_or_partition_raises(shared_broker, new_topic, c
     assert consumer.assignment() == []
 
 
-# -- background fetching -----------------------------------------------------------------------
-
-
-def test_buffer_fills_in_the_background_between_polls(shared_broker, new_topic, consumers):
-    """After a poll, records produced later are prefetched: poll(timeout_ms=0), which never waits, returns them."""
-    topic = new_topic(1)
-    produce(shared_broker.bootstrap, topic, values(3))
-    consumer = consumers(shared_broker.bootstrap, auto_offset_reset="earliest")
-    consumer.assign([(topic, 0)])
-    poll_until(consumer, 3)
-    produce(shared_broker.bootstrap, topic, values(4, b"later"))
-    records: list[ConsumerRecord] = []
-    deadline = time.monotonic() + 10
-    while len(records) < 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
-        records += consumer.poll(timeout_ms=0)
-    assert [r.value for r in records] == values(4, b"later")
-
-
-def test_a_tailing_consumer_sends_its_next_fetch_before_decoding_a_reply(shared_broker, new_topic, consumers):
-    """Each reply's records are decoded while the next fetch is already out (the broker holds it):
-    the I/O thread is idle right after handing records to poll(). Records still arrive once each,
-    in order, also across a seek made while such a fetch is out."""
-    topic = new_topic(1)
-    consumer = consumers(shared_broker.bootstrap, auto_offset_reset="earliest")
-    fetcher = consumer._core._fetcher
-    out_while_decoding: list[int] = []
-    absorb = fetcher._absorb
-
-    def watched(tp, data):
-        out_while_decoding.append(len(fetcher.cluster.open_connection(fetcher._leader(tp))._pending))
-        absorb(tp, data)
-
-    fetcher._absorb = watched
-    consumer.assign([(topic, 0)])
-    received: list[ConsumerRecord] = []
-    for i in range(5):
-        produce(shared_broker.bootstrap, topic, [b"v%d" % i])
-        received += poll_until(consumer, 1)
-    assert [r.value for r in received] == [b"v%d" % i for i in range(5)]
-    assert out_while_decoding and all(n >= 1 for n in out_while_decoding), out_while_decoding
-    consumer.seek((topic, 0), 2)
-    assert [r.offset for r in poll_until(consumer, 3)] == [2, 3, 4]
-    assert consumer.poll(timeout_ms=300) == []
-
-
 # -- failures ----------------------------------------------------------------------------------
 
 
@@ -482,21 +421,6 @@ def poll_until_rows(consumer: Consumer, expected: int, timeout_s: float = 20.0) 
     table = pa.concat_tables(tables)
     assert table.num_rows == expected
     return table
-
-
-def _batch_at(base_offset: int) -> bytes:
-    return bytes(record.encode_batch(record.make_body([b"v"], timestamps_ms=1), base_offset=base_offset))
-
-
-@pytest.mark.parametrize("data, at, position, high_watermark, expected", [
-    (_batch_at(7), 0, 5, 10, 7),
-    (_batch_at(7), 0, 5, 7, 5),
-    (_batch_at(3), 0, 5, 10, 5),
-    (_batch_at(7)[:40], 0, 5, 10, 5),
-], ids=["compaction-gap-base-believed", "base-at-high-watermark-not-believed", "base-below-position", "header-truncated"])
-def test_corrupt_batch_offset_believes_only_a_plausible_base_offset(data, at, position, high_watermark, expected):
-    """The base offset is outside the CRC: it counts only between the position and the high watermark."""
-    assert corrupt_batch_offset(memoryview(data), at, position, high_watermark) == expected
 
 
 def test_a_compacted_batch_keeps_its_offsets_through_poll_and_poll_arrow(broker_factory, consumers):

@@ -17,17 +17,13 @@ from hypothesis import strategies as st
 
 from broker.client import Admin, AsyncProducer, Consumer, ConsumerRecord, Producer
 from broker.client.partitioner import partition_for_key
-from broker.client.accumulator import PartitionMutes, RecordAccumulator
-from broker.client.producer_batch import BatchResult, ProducerBatch
 from broker.errors import (
     DeliveryTimeoutError,
     MessageTooLargeError,
-    NetworkError,
-    NotLeaderError,
     ProducerClosedError,
     UnknownTopicOrPartitionError,
 )
-from broker.protocol import ProducePartitionResponse, ProduceResponse, ProduceTopicResponse
+
 
 def consume(bootstrap: str, topic: str, partitions: int, expected: int, timeout_s: float = 20.0) -> list[ConsumerRecord]:
     """Every record of the topic from the beginning; fails unless exactly `expected` arrive."""
@@ -74,167 +70,6 @@ def test_offsets_stay_distinct_when_one_request_carries_several_batches_of_a_par
 
     offsets = asyncio.run(asyncio.wait_for(produce(), 30))
     assert offsets == list(range(20))
-
-
-@pytest.mark.parametrize("slow_path", ["_open", "refresh"], ids=["connection-opening", "leader-lookup"])
-def test_batches_drained_while_a_slow_path_waits_keep_their_order(shared_broker, new_topic, slow_path):
-    """Three one-record batches drained one by one while the leader's connection opens (or its
-    partition is looked up), and a fourth drained the moment that is done, land at offsets 0..3
-    in send order: no later batch overtakes the ones waiting."""
-    topic = new_topic(1)
-
-    async def produce() -> list[bytes]:
-        async with AsyncProducer(shared_broker.bootstrap, linger_ms=0) as producer:
-            cluster, let_go, late = producer.cluster, asyncio.Event(), []
-            leader = (await cluster.partitions(topic))[0].leader
-            if slow_path == "_open":
-                assert cluster.open_connection(leader) is None  # start() used the bootstrap connection
-            else:
-                await cluster.connection(leader)
-                del cluster.topics[topic]  # the sender must look the partition up
-            done_now = getattr(cluster, slow_path)
-
-            async def done_when_let_go(*args):
-                await let_go.wait()
-                result = await done_now(*args)
-                if not late:  # done, but the sender's task has not resumed: a batch drained now
-                    late.append(await producer.send(topic, b"d", partition=0))
-                    await asyncio.sleep(0)  # the sender runs
-                return result
-
-            setattr(cluster, slow_path, done_when_let_go)
-            futures = []
-            for value in (b"a", b"b", b"c"):
-                futures.append(await producer.send(topic, value, partition=0))
-                await asyncio.sleep(0)  # the sender drains this one batch, which must wait
-            let_go.set()
-            await producer.flush()
-            assert [(await f).offset for f in futures + late] == [0, 1, 2, 3]
-        return [r.value for r in sorted(consume(shared_broker.bootstrap, topic, 1, 4), key=lambda r: r.offset)]
-
-    assert asyncio.run(asyncio.wait_for(produce(), 30)) == [b"a", b"b", b"c", b"d"]
-
-
-class HookedLock:
-    """The accumulator's lock, running `hook` once just before it is next taken."""
-
-    def __init__(self, lock, hook):
-        self.lock, self.hook = lock, hook
-
-    def __enter__(self):
-        hook, self.hook = self.hook, None
-        if hook is not None:
-            hook()
-        return self.lock.__enter__()
-
-    def __exit__(self, *exc):
-        return self.lock.__exit__(*exc)
-
-
-def test_a_batch_sealed_while_the_sender_drains_goes_before_the_batch_opened_after_it():
-    """Just before the sender takes the lock to collect lingered-out open batches, an application
-    thread fills batch [a, b] (sealed) and opens [c] on the same partition, due at once
-    (linger_ms=0): the sender hands out [a, b] and then [c], not [c] alone first."""
-    accumulator = RecordAccumulator(batch_size=40, linger_ms=0, buffer_memory=1 << 30,
-                                    on_batch=lambda topic, partition, sealed: None)
-    accumulator.append("t", 0, None, b"a" * 10, 1, None)  # 26 bytes of 40: open
-
-    def application_thread_appends():
-        def append():
-            accumulator.append("t", 0, None, b"b" * 10, 2, None)  # 52 bytes: sealed
-            accumulator.append("t", 0, None, b"c" * 10, 3, None)  # a new open batch
-        thread = threading.Thread(target=append)
-        thread.start()
-        thread.join(5)
-
-    accumulator.lock = HookedLock(accumulator.lock, application_thread_appends)
-    first, _ = accumulator.drain()
-    second, _ = accumulator.drain()
-    assert ([b.timestamps for b in first], second) == ([[1, 2], [3]], [])
-
-
-def not_leader_reply(topic: str) -> tuple[dict, memoryview]:
-    response = ProduceResponse((ProduceTopicResponse(topic, (ProducePartitionResponse(0, NotLeaderError.code),)),))
-    return response.to_control(), memoryview(b"")
-
-
-@pytest.mark.parametrize("failure", ["lost-connection", "not-leader", "connect-fails"])
-def test_max_in_flight_one_sends_a_retried_batch_before_newer_batches_of_its_partition(shared_broker, new_topic, failure):
-    """max_in_flight=1, one record per batch: batch a fails with a retriable error (its request's
-    connection is lost, the partition answers NOT_LEADER, or the leader's connection cannot be
-    opened) while b, c, d of its partition are sealed. They wait while a backs off, and a goes
-    first: offsets 0..3 in send order (b, c, d used to be sent during a's back-off)."""
-    topic = new_topic(1)
-
-    async def produce() -> list[bytes]:
-        async with AsyncProducer(shared_broker.bootstrap, linger_ms=0, batch_size=1, max_in_flight=1,
-                                 retry_backoff_ms=10) as producer:
-            cluster, retry_may_go = producer.cluster, asyncio.Event()
-            leader = (await cluster.partitions(topic))[0].leader
-            refresh = producer.sender.refresh_metadata
-
-            async def refresh_when_let_go():  # the back-off's end: a's retry waits for the test
-                await retry_may_go.wait()
-                await refresh()
-
-            producer.sender.refresh_metadata = refresh_when_let_go
-            first_reply = asyncio.get_running_loop().create_future()
-            if failure == "connect-fails":
-                assert cluster.open_connection(leader) is None  # start() used the bootstrap connection
-                connect = cluster.connection
-                attempts = []
-
-                async def first_attempt_fails(node):
-                    attempts.append(node)
-                    if len(attempts) == 1:
-                        raise NetworkError("injected: connection refused")
-                    return await connect(node)
-
-                cluster.connection = first_attempt_fails
-            else:
-                conn = await cluster.connection(leader)
-                request = conn.request
-
-                def first_request_answered_by_the_test(message, timeout_s):
-                    conn.request = request
-                    return first_reply  # nothing written: a is not stored
-
-                conn.request = first_request_answered_by_the_test
-            futures = [await producer.send(topic, b"a", partition=0)]
-            await asyncio.sleep(0)  # the sender hands a out
-            for value in (b"b", b"c", b"d"):
-                futures.append(await producer.send(topic, value, partition=0))
-                await asyncio.sleep(0)  # the sender drains it: no free in-flight slot
-            if failure == "lost-connection":
-                first_reply.set_exception(NetworkError("injected: connection lost"))
-            elif failure == "not-leader":
-                first_reply.set_result(not_leader_reply(topic))
-            await asyncio.sleep(0.3)  # a backs off: were b, c, d let go, they would be written now
-            retry_may_go.set()
-            await producer.flush()
-            assert [(await f).offset for f in futures] == [0, 1, 2, 3]
-        return [r.value for r in sorted(consume(shared_broker.bootstrap, topic, 1, 4), key=lambda r: r.offset)]
-
-    assert asyncio.run(asyncio.wait_for(produce(), 30)) == [b"a", b"b", b"c", b"d"]
-
-
-def test_muted_partition_releases_its_batches_in_drain_order_whatever_order_they_come_back_in():
-    """Batches a, b of partition 0 are out, c and d are drained meanwhile and held back (partition
-    1's batch is not). b comes back before a; later c and d come back while b is still out: each
-    time partition 0 is released once nothing of it is out, its batches in drain order."""
-    mutes = PartitionMutes()
-    a, b, c, d = (ProducerBatch("t", 0) for _ in range(4))
-    other = ProducerBatch("t", 1)
-    assert mutes.hand_out([a, b]) == [a, b]
-    assert mutes.hand_out([c, other, d]) == [other]  # c and d wait; partition 1 was not muted
-    assert mutes.returned([b]) == []  # a is still out
-    assert mutes.returned([a]) == [a, b, c, d]
-    assert mutes.hand_out([a, b, c, d]) == [a, b, c, d]
-    assert mutes.completed(a) == []
-    assert mutes.returned([c, d]) == []  # b is still out
-    assert mutes.completed(b) == [c, d]
-    assert mutes.completed(other) == []
-    assert mutes.muted == {}
 
 
 def test_send_to_explicit_partition_lands_there(shared_broker, new_topic):
@@ -338,21 +173,6 @@ def test_full_batch_is_sent_without_waiting_for_linger(shared_broker, new_topic)
         producer.send(topic, b"v").result(10)
         elapsed = time.monotonic() - start
     assert elapsed < 0.150, elapsed
-
-
-@pytest.mark.parametrize("linger_ms, sealed_by_age", [(20, True), (0, False)])
-def test_a_record_appended_after_linger_seals_its_batch(linger_ms, sealed_by_age):
-    """Under load the batch that has lingered long enough is sealed by the append that finds it
-    so (linger stays precise whatever the event loop's timer resolution); with linger_ms=0 a batch
-    is never sealed on age: the sender takes whatever accumulated when it looks."""
-    calls: list[bool] = []
-    accumulator = RecordAccumulator(batch_size=1 << 20, linger_ms=linger_ms, buffer_memory=1 << 30,
-                                    on_batch=lambda topic, partition, sealed: calls.append(sealed))
-    accumulator.append("t", 0, None, b"a", 1, None)
-    time.sleep(0.03)
-    accumulator.append("t", 0, None, b"b", 1, None)
-    assert calls == ([False, True] if sealed_by_age else [False])
-    assert [b.record_count for b in accumulator.sealed] == ([2] if sealed_by_age else [])
 
 
 # -- columnar send_batch -----------------------------------------------------------------------
@@ -879,16 +699,3 @@ def test_async_producer_futures_can_be_awaited(shared_broker, new_topic):
     assert (second.partition, second.offset) == (1, 1)
 
 
-def test_threads_waiting_on_a_batch_around_its_completion_all_return():
-    """A batch's event is made by its first waiter (most batches are never waited on); waiters
-    racing each other and the completion must all see it complete, none wait forever."""
-    for _ in range(300):
-        result = BatchResult("t", 0)
-        returned: list[int] = []
-        waiters = [threading.Thread(target=lambda: (result.wait(5), returned.append(1))) for _ in range(3)]
-        for waiter in waiters:
-            waiter.start()
-        result.complete(7)
-        for waiter in waiters:
-            waiter.join(6)
-        assert len(returned) == 3
