@@ -52,6 +52,7 @@ from broker.purgatory import DelayedOperation, DelayedOperationPurgatory
 from broker.replica_manager import ReplicaManager
 
 log = logging.getLogger("pymq.server")
+MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux: a header and the range after it share packets
 
 METADATA_FILE = "__cluster_metadata.json"
 
@@ -252,12 +253,12 @@ class Connection(asyncio.BufferedProtocol):
         """Send one response past the transport, after whatever the transport still holds."""
         while transport.get_write_buffer_size():
             await self._socket_writable(sock)
-        await self._send_bytes(sock, header, socket.MSG_MORE if parts else 0)
+        await self._send_bytes(sock, header, MSG_MORE if parts else 0)
         for i, part in enumerate(parts):
             if isinstance(part, FetchSlice):
                 await self._send_file(sock, part)
             else:
-                await self._send_bytes(sock, part, socket.MSG_MORE if i + 1 < len(parts) else 0)
+                await self._send_bytes(sock, part, MSG_MORE if i + 1 < len(parts) else 0)
 
     async def _send_bytes(self, sock: socket.socket, data: bytes | bytearray | memoryview, flags: int) -> None:
         view = memoryview(data).cast("B")

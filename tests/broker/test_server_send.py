@@ -8,6 +8,7 @@ import asyncio
 import io
 import os
 import socket
+import struct
 import threading
 import time
 from pathlib import Path
@@ -142,6 +143,36 @@ def test_retention_deleting_a_segment_under_a_pending_send_still_sends_it_whole(
         check_fetch(slow, correlation_id, file_bytes, min(len(file_bytes), 1 << 20) - 256 * 1024)
     reply, _ = slow.request(ApiKey.METADATA, {"topics": [TOPIC]})
     assert reply["topics"][0]["name"] == TOPIC
+
+
+def open_descriptors(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="counts the broker's descriptors in /proc")
+@LOOPS
+def test_a_connection_lost_mid_send_releases_its_ranges_and_socket(broker_factory, raw_client, event_loop):
+    """A client pipelines 8 fetches of the whole log, reads 100 KB of the first and hangs up: the
+    broker closes every descriptor the sends held (queued ranges, the socket's dup) and serves on."""
+    broker = broker_factory(**{"event.loop": event_loop}).start()
+    load(broker.bootstrap, 20_000)
+    file_bytes = (broker.log_dir / f"{TOPIC}-0" / FIRST_SEGMENT).read_bytes()
+    other = raw_client(broker.port)
+    check_fetch(other, other.send_frame(ApiKey.FETCH, fetch(8 << 20)), file_bytes, len(file_bytes))
+    baseline = open_descriptors(broker.pid)
+    slow = small_receive_buffer(raw_client, broker.port)
+    for _ in range(8):
+        slow.send_frame(ApiKey.FETCH, fetch(8 << 20))
+    time.sleep(0.5)
+    assert open_descriptors(broker.pid) > baseline  # the connection, its pending ranges
+    slow._read_exactly(100_000)
+    slow.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset, not a FIN
+    slow.close()
+    deadline = time.monotonic() + 10
+    while open_descriptors(broker.pid) > baseline and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert open_descriptors(broker.pid) == baseline
+    check_fetch(other, other.send_frame(ApiKey.FETCH, fetch(8 << 20)), file_bytes, len(file_bytes))
 
 
 async def send_and_receive(tmp_path: Path, event_loop: str, parts: list[FetchSlice]) -> bytes:
