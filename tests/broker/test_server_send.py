@@ -175,25 +175,28 @@ def test_a_connection_lost_mid_send_releases_its_ranges_and_socket(broker_factor
     check_fetch(other, other.send_frame(ApiKey.FETCH, fetch(8 << 20)), file_bytes, len(file_bytes))
 
 
-async def send_and_receive(tmp_path: Path, event_loop: str, parts: list[FetchSlice]) -> bytes:
-    """The bytes a peer receives for one response with `parts`, sent by a Connection of a
-    default-configured (not started) broker."""
+async def send_and_receive(tmp_path: Path, event_loop: str, parts: list[FetchSlice], before: bytes = b"") -> bytes:
+    """The bytes a peer receives (header left out) for `before`, written through the transport, then one
+    response with `parts`, sent by a Connection of a default-configured (not started) broker."""
     broker = Broker(BrokerConfig.load(overrides={"log.dir": str(tmp_path / "data"), "event.loop": event_loop}))
     ours, theirs = socket.socketpair()
+    ours.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # the socket takes little at once
     theirs.setblocking(False)
     loop = asyncio.get_running_loop()
     connection = Connection(broker)
     await loop.connect_accepted_socket(lambda: connection, ours)
     header = protocol.encode_response(7, {"error_code": 0}, sum(p.size for p in parts))
+    connection.transport.write(before)
     connection._respond(7, ({"error_code": 0}, list(parts)))
     received = bytearray()
-    while len(received) < len(header) + sum(p.size for p in parts):
+    while len(received) < len(before) + len(header) + sum(p.size for p in parts):
         chunk = await asyncio.wait_for(loop.sock_recv(theirs, 1 << 16), 10.0)
         assert chunk, "the connection closed before the response was whole"
         received += chunk
     connection.transport.close()
     theirs.close()
-    return bytes(received[len(header):])
+    assert received[len(before):len(before) + len(header)] == header
+    return bytes(received[:len(before)] + received[len(before) + len(header):])
 
 
 @LOOPS
@@ -213,3 +216,17 @@ def test_the_default_path_sends_segment_ranges_without_reading_them_into_memory(
     run = uvloop.run if event_loop == "uvloop" else asyncio.run
     assert run(send_and_receive(tmp_path, event_loop, parts)) == data
     assert all(p.file.closed for p in parts)  # each range's descriptor is released once sent
+
+
+@LOOPS
+def test_a_range_is_sent_after_the_bytes_the_transport_still_holds(tmp_path, event_loop):
+    """32 KB written through the transport (more than the socket takes at once, less than makes the
+    transport pause writing: it keeps the rest) and then a response with a 1 MB range: the peer
+    gets the 32 KB, then the response."""
+    data = os.urandom(1 << 20)
+    path = tmp_path / "segment.log"
+    path.write_bytes(data)
+    before = os.urandom(32 << 10)
+    parts = [FetchSlice(io.FileIO(path, "r"), 0, 1 << 20, 0)]
+    run = uvloop.run if event_loop == "uvloop" else asyncio.run
+    assert run(send_and_receive(tmp_path, event_loop, parts, before)) == before + data
