@@ -1,7 +1,8 @@
 """How a broker connection sends fetch responses with segment ranges (broker/server.py, the send
 side): over both event loops, with sendfile on a dup of the socket. Real broker processes over
-TCP, payloads compared byte for byte with the segment file on disk; one in-process test over a
-real socket pair proves that the default path never reads a range into memory."""
+TCP, payloads compared byte for byte with the segment file on disk; in-process tests over a real
+socket pair prove that the default path never reads a range into memory and that a range waits
+for the bytes the transport still holds."""
 from __future__ import annotations
 
 import asyncio
@@ -43,9 +44,10 @@ def load(bootstrap: str, records: int, start: int = 0, **configs: object) -> Non
         producer.flush()
 
 
-def fetch(max_bytes: int, offset: int = 0) -> dict:
+def fetch(max_bytes: int) -> dict:
+    """A Fetch of up to `max_bytes` from offset 0, answered at once."""
     return {"max_wait_ms": 0, "min_bytes": 0, "max_bytes": max_bytes,
-            "topics": [{"name": TOPIC, "partitions": [{"partition": 0, "fetch_offset": offset, "max_bytes": max_bytes}]}]}
+            "topics": [{"name": TOPIC, "partitions": [{"partition": 0, "fetch_offset": 0, "max_bytes": max_bytes}]}]}
 
 
 def small_receive_buffer(raw_client, port: int):
