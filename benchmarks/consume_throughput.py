@@ -2,14 +2,19 @@
 
 One broker process, one consumer process. The topic is loaded once (100-byte values through
 `send_batch`), then the broker is restarted on the same data directory with
-`-o event.loop=uvloop` (fetch ranges read with os.pread and written) and with
-`-o event.loop=asyncio` (fetch ranges sent with loop.sendfile, zero copy), and every consume
-mode runs against each. The page cache is warm for all runs (the data was just written and is
+`-o event.loop=uvloop` (the default) and with `-o event.loop=asyncio`, and every consume mode runs
+against each: the comparison of the two loops is rerun with `--loops uvloop asyncio`. Both send
+fetch ranges with sendfile (`zero.copy`). The page cache is warm for all runs (the data was just written and is
 re-read by every run), so this measures the broker and client, not the disk.
 
 The clock starts just before `assign()` (so prefetching cannot start early) and stops at the
 poll that returned the last record. Consumer: auto_offset_reset=earliest (assign positions at the
 log start), other settings at their defaults unless given with --consumer-config.
+
+Loop lag: while the consumer runs, a second connection sends a Metadata request every 10 ms
+(`LagProbe`, in the harness process) and records each round trip. A broker that does slow work on
+its event loop (a read of a large range, say) answers it late; the p99 and max of those round trips
+are the `lag_*_ms` columns.
 
 Modes:
 - arrow:      poll_arrow(timeout_ms=100) -> pyarrow.Table; value bytes summed from the offsets buffer
@@ -21,11 +26,14 @@ Modes:
 from __future__ import annotations
 
 import argparse
+import socket
+import threading
 import time
 from typing import Any
 
 from benchmarks import harness
 from benchmarks.harness import KB, MB, SummaryRow
+from broker import protocol
 
 DEFAULT_RECORDS = 5_000_000
 RECORD_SIZE = 100
@@ -105,6 +113,47 @@ def load_worker(bootstrap: str, topic: str, records: int, record_size: int, batc
                           {"acks": 1, "batch_size": batch_size, "linger_ms": 5, "max_in_flight": 5}, warmup_records=0)
 
 
+class LagProbe:
+    """Round trips of a Metadata request sent every `interval_s` on its own connection (a thread of
+    the harness process): how late the broker's event loop answers while it serves the consumer."""
+
+    def __init__(self, bootstrap: str, interval_s: float = 0.010) -> None:
+        host, port = bootstrap.rsplit(":", 1)
+        self.address = (host, int(port))
+        self.interval_s = interval_s
+        self.round_trips_ms: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="lag-probe", daemon=True)
+
+    def start(self) -> "LagProbe":
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict[str, float]:
+        """Stop and return the round trips' percentiles (`lag_p50_ms`, `lag_p99_ms`, `lag_max_ms`)."""
+        self._stop.set()
+        self._thread.join(10)
+        stats = harness.percentiles(self.round_trips_ms)
+        return {f"lag_{k}": v for k, v in stats.items() if k in ("p50_ms", "p99_ms", "max_ms")}
+
+    def _run(self) -> None:
+        decoder = protocol.ResponseDecoder(1 << 24)
+        with socket.create_connection(self.address, timeout=30) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            correlation_id = 0
+            while not self._stop.wait(self.interval_s):
+                correlation_id += 1
+                t0 = time.perf_counter()
+                sock.sendall(protocol.encode_request(protocol.ApiKey.METADATA, 0, correlation_id, {"topics": []}))
+                answered: list[int] = []
+                while correlation_id not in answered:
+                    chunk = sock.recv(1 << 16)
+                    if not chunk:
+                        return  # the broker stopped
+                    answered += [r.correlation_id for r in decoder.feed(chunk)]
+                self.round_trips_ms.append((time.perf_counter() - t0) * 1000)
+
+
 def run_consumer(broker: harness.BrokerProcess, topic: str, partitions: int, expected: int, mode: str,
                  consumer_config: dict[str, Any] | None = None, idle_timeout_s: float = 10.0,
                  profiler: harness.Profiler | None = None) -> dict[str, Any]:
@@ -117,11 +166,16 @@ def run_consumer(broker: harness.BrokerProcess, topic: str, partitions: int, exp
         worker.kill()
         raise RuntimeError("consumer did not get ready")
     harness.wait_for_quiet()
+    probe = LagProbe(broker.bootstrap).start()
     go.set()
     if profiler is not None:
         profiler.attach("consumer", worker.pid)
         profiler.attach("broker", broker.pid)
-    result = worker.result(timeout_s=1800)
+    try:
+        result = worker.result(timeout_s=1800)
+    finally:
+        lag = probe.stop()
+    result.update(lag)
     if profiler is not None:
         result["profile"] = profiler.stop()
     return result
@@ -161,11 +215,10 @@ def run(records: int | None = None, quick: bool = False, partitions: int = 3, lo
                     for rep in range(repeat):
                         result = run_consumer(broker, topic, partitions, records, mode, consumer_config,
                                               idle_timeout_s=5.0 if mode == "records500" else 10.0)
-                        row = {"event_loop": loop, "fetch_path": "sendfile" if loop == "asyncio" else "pread+write",
-                               "mode": mode, "run": rep + 1, **result}
+                        row = {"event_loop": loop, "mode": mode, "run": rep + 1, **result}
                         rows.append(row)
                         print(f"  {loop:7s} {mode:10s} run {rep + 1}: {row['records_per_s']:>12,.0f} msg/s "
-                              f"{row['mb_per_s']:>7,.1f} MB/s  (consumer cpu {row['consumer_cpu_pct']}%, broker cpu "
+                              f"{row['mb_per_s']:>7,.1f} MB/s  loop lag p99 {row.get('lag_p99_ms')} ms max {row.get('lag_max_ms')} ms  (consumer cpu {row['consumer_cpu_pct']}%, broker cpu "
                               f"{row.get('broker_cpu_pct', '?')}%, other {row.get('other_cpu_pct', '?')}%){'  STALLED at %d' % row['records'] if row['stalled'] else ''}",
                               flush=True)
             finally:
@@ -230,15 +283,16 @@ def summary(result: dict[str, Any]) -> list[SummaryRow]:
         verdict = (f"{faster['event_loop']} faster by {ratio:.2f}x" if ratio >= 1.05 else
                    f"a tie: {faster['event_loop']} ahead by {100 * (ratio - 1):.0f}%")
         out.append(SummaryRow("broker event loop for fetch", "(comparison)", verdict,
-                              None, f"poll_arrow medians: uvloop (pread + write) {harness.rate(ua['records_per_s'])}, "
-                                    f"asyncio (sendfile) {harness.rate(aa['records_per_s'])}; broker cpu "
-                                    f"{ua.get('broker_cpu_pct', '?')}% vs {aa.get('broker_cpu_pct', '?')}% of a core"
+                              None, f"poll_arrow medians: uvloop {harness.rate(ua['records_per_s'])}, "
+                                    f"asyncio {harness.rate(aa['records_per_s'])}; broker cpu "
+                                    f"{ua.get('broker_cpu_pct', '?')}% vs {aa.get('broker_cpu_pct', '?')}% of a core; "
+                                    f"loop lag p99 {ua.get('lag_p99_ms', '?')} ms vs {aa.get('lag_p99_ms', '?')} ms"
                                     f"{per_record}; the consumer process (~80-100% of a core) is the bottleneck either way"))
     return out
 
 
-COLUMNS = ["event_loop", "fetch_path", "mode", "run", "records", "elapsed_s", "records_per_s", "mb_per_s",
-           "first_record_ms", "consumer_cpu_pct", "broker_cpu_pct", "other_cpu_pct", "stalled"]
+COLUMNS = ["event_loop", "mode", "run", "records", "elapsed_s", "records_per_s", "mb_per_s",
+           "first_record_ms", "lag_p50_ms", "lag_p99_ms", "lag_max_ms", "consumer_cpu_pct", "broker_cpu_pct", "other_cpu_pct", "stalled"]
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -7,7 +7,7 @@ protocol's `FrameDecoder` (received in place, see `_FrameReader`), hands them to
   offsets) run inline, so pipelined produces append in order; coroutine handlers (fetch long
   poll, admin) run as tasks. Responses carry correlation ids and may complete out of order.
 - Responses never interleave: while a response with segment ranges is being sent with
-  `loop.sendfile`, later responses queue behind it.
+  sendfile, later responses queue behind it.
 - At most `queued.max.requests` requests are in flight; past that, and whenever the socket's
   write buffer is full, the connection stops reading (backpressure instead of memory growth).
 - Memory is bounded in bytes (broker/backpressure.py): while the requests read and not yet
@@ -16,13 +16,20 @@ protocol's `FrameDecoder` (received in place, see `_FrameReader`), hands them to
   event loop itself never waits for the disk.
 - Connections idle for `connections.max.idle.ms` are closed; at most `max.connections` are open.
 
-Zero copy: the stock asyncio loop implements `loop.sendfile` with os.sendfile; uvloop does not,
-so under uvloop fetch ranges are read with one `os.pread` each and written (still no decoding).
+Zero copy (`zero.copy`, on both event loops): uvloop has no `loop.sendfile`, so the connection
+sends a response with segment ranges itself, with os.sendfile on a dup of the transport's socket,
+once the transport's write buffer is empty (nothing it queued can be overtaken) and while no other
+response may be written (the queue). When the socket is full it waits for it with `add_writer` on
+the dup and counts as write-paused, so reading stops as it does when the transport's buffer fills.
+A segment file deleted meanwhile stays readable (the range owns a descriptor); one truncated under
+the send ends it short, which aborts the connection: the frame header already promised the size.
+With `zero.copy` off, ranges are read with os.pread and written through the transport.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import resource
 import signal
 import socket
@@ -41,7 +48,7 @@ from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.metadata_store import MetadataStore
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
-from broker.errors import InvalidRequestError, MessageTooLargeError, PymqError
+from broker.errors import InvalidRequestError, KafkaStorageError, MessageTooLargeError, PymqError
 from broker.executors import BackgroundExecutors
 from broker.handlers import Part, RequestHandlers, Result, error_fields, error_result, to_result
 from broker.cluster.partition import LeaderAndIsr
@@ -55,6 +62,7 @@ from broker.purgatory import DelayedOperation, DelayedOperationPurgatory
 from broker.replica_manager import ReplicaManager
 
 log = logging.getLogger("pymq.server")
+MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux: a header and the range after it share packets
 
 METADATA_FILE = "__cluster_metadata.json"
 
@@ -257,16 +265,11 @@ class Connection(asyncio.BufferedProtocol):
                 self._writer = self.loop.create_task(self._drain_queue())
             return
         try:
-            data = [header, *(p.read_bytes() if isinstance(p, FetchSlice) else p for p in parts)]
-        except Exception as err:  # a read error of the log directory
+            _write_copied(self.transport, header, parts)
+        except Exception as err:  # a read error of the log directory, or a range that came back short
             self._abort(correlation_id, err)
-            return
         finally:
             _release(parts)
-        if sum(map(len, data)) != len(header) + size:
-            self._abort(correlation_id, RuntimeError("a segment range came back short (truncated under the read)"))
-            return
-        self.transport.writelines(data)
 
     def _abort(self, correlation_id: int, err: BaseException) -> None:
         """A response could not be sent whole: drop the connection rather than leave the client
@@ -275,36 +278,21 @@ class Connection(asyncio.BufferedProtocol):
         if self.transport is not None:
             self.transport.abort()
 
-    async def _send_part(self, transport: asyncio.Transport, part: Part) -> None:
-        """Write one part; a segment range must go out whole or the frame would lie about its size."""
-        if not isinstance(part, FetchSlice):
-            transport.write(part)
-            return
-        if not part.size:
-            return
-        if self.broker.zero_copy:
-            assert part.file is not None
-            sent = await self.loop.sendfile(transport, part.file, part.position, part.size, fallback=False)
-        else:
-            data = part.read_bytes()
-            transport.write(data)
-            sent = len(data)
-        if sent != part.size:
-            raise RuntimeError(f"sent {sent} of {part.size} bytes of a segment range (truncated under the read)")
-
     async def _drain_queue(self) -> None:
-        """Write queued responses in order once the socket takes data, sending segment ranges
-        with sendfile (stock asyncio loop) or one pread each (uvloop)."""
+        """Write queued responses in order once the socket takes data: with sendfile on a dup of the
+        socket (`zero.copy`), else through the transport with segment ranges read by pread."""
         transport = self.transport
         assert transport is not None
+        sock = _dup_socket(transport) if self.broker.zero_copy else None
         try:
             while self._queue:
                 await self._writable.wait()
                 header, parts = self._queue.popleft()
                 try:
-                    transport.write(header)
-                    for part in parts:
-                        await self._send_part(transport, part)
+                    if sock is None:
+                        _write_copied(transport, header, parts)
+                    else:
+                        await self._send_direct(transport, sock, header, parts)
                 finally:
                     _release(parts)
         except asyncio.CancelledError:
@@ -313,6 +301,86 @@ class Connection(asyncio.BufferedProtocol):
             self._abort(-1, err)
         finally:
             self._writer = None
+            if sock is not None:
+                sock.close()
+
+    async def _send_direct(self, transport: asyncio.Transport, sock: socket.socket, header: bytes,
+                           parts: list[Part]) -> None:
+        """Send one response past the transport, after whatever the transport still holds."""
+        while transport.get_write_buffer_size():
+            await self._socket_writable(sock)
+        await self._send_bytes(sock, header, MSG_MORE if parts else 0)
+        for i, part in enumerate(parts):
+            if isinstance(part, FetchSlice):
+                await self._send_file(sock, part)
+            else:
+                await self._send_bytes(sock, part, MSG_MORE if i + 1 < len(parts) else 0)
+
+    async def _send_bytes(self, sock: socket.socket, data: bytes | bytearray | memoryview, flags: int) -> None:
+        view = memoryview(data).cast("B")
+        while view:
+            try:
+                view = view[sock.send(view, flags):]
+            except BlockingIOError:
+                await self._socket_writable(sock)
+
+    async def _send_file(self, sock: socket.socket, part: FetchSlice) -> None:
+        """A segment range must go out whole or the frame would lie about its size."""
+        if not part.size:
+            return
+        assert part.file is not None
+        position, end = part.position, part.position + part.size
+        while position < end:
+            try:
+                sent = os.sendfile(sock.fileno(), part.file.fileno(), position, end - position)
+            except BlockingIOError:
+                await self._socket_writable(sock)
+                continue
+            if not sent:
+                raise KafkaStorageError(f"segment range ended {end - position} of {part.size} bytes short "
+                                        "(truncated under the send)")
+            position += sent
+
+    async def _socket_writable(self, sock: socket.socket) -> None:
+        """Wait until the socket takes bytes again. Meanwhile the connection is write-paused, as if
+        the transport's buffer were full: reading stops and new responses queue."""
+        waiter = self.loop.create_future()
+        self.loop.add_writer(sock.fileno(), _set_done, waiter)
+        self.pause_writing()
+        try:
+            await waiter
+        finally:
+            self.loop.remove_writer(sock.fileno())
+            self.resume_writing()
+
+
+def _dup_socket(transport: asyncio.Transport) -> socket.socket | None:
+    """A descriptor of the transport's socket owned by the sender: the transport may close its own
+    (connection lost) while a send waits, and the number must not be reused under it. None if the
+    transport has no socket to send on."""
+    raw = transport.get_extra_info("socket")
+    if raw is None:
+        return None
+    sock = socket.socket(fileno=os.dup(raw.fileno()))
+    sock.setblocking(False)
+    return sock
+
+
+def _set_done(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+def _write_copied(transport: asyncio.Transport, header: bytes, parts: list[Part]) -> None:
+    """Write a response through the transport, segment ranges read with pread (on the loop: the
+    path of `zero.copy` off). A range that comes back short raises and nothing is written: the
+    frame header already promised its size."""
+    data = [header, *(p.read_bytes() if isinstance(p, FetchSlice) else p for p in parts)]
+    for part, chunk in zip(parts, data[1:]):
+        if isinstance(part, FetchSlice) and len(chunk) != part.size:
+            raise KafkaStorageError(f"read {len(chunk)} of {part.size} bytes of a segment range "
+                                    "(truncated under the read)")
+    transport.writelines(data)
 
 
 def _release(parts: list[Part]) -> None:
@@ -349,7 +417,7 @@ class Broker:
                                            remote_logs)
             self.handlers = RequestHandlers(config, self.registry, self.replicas, self.advertised)
             self.connections: set[Connection] = set()
-            self.zero_copy = config["zero.copy"] and config["event.loop"] == "asyncio"
+            self.zero_copy = config["zero.copy"] and hasattr(os, "sendfile")
             self._server: asyncio.Server | None = None
             self._tasks: list[asyncio.Task[None]] = []
             self._stopped = asyncio.Event()

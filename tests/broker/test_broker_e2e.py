@@ -31,7 +31,7 @@ def assert_in_order_without_gaps(table: pa.Table, partitions: int) -> None:
         assert (offsets == np.arange(len(offsets))).all(), f"partition {p} offsets are not 0..n-1 in order"
 
 
-@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"], ids=["uvloop-pread", "asyncio-sendfile"])
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"], ids=["uvloop", "asyncio"])
 def test_round_trip_of_100k_records_on_3_partitions_keeps_order_and_loses_nothing(broker_factory, event_loop, consume_all):
     """100,000 keyed records produced columnar and per record come back complete and in partition order."""
     broker = broker_factory(**{"event.loop": event_loop}).start()
