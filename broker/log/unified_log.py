@@ -565,8 +565,8 @@ class UnifiedLog:
         shut down): `flush` does nothing then, and a caller that flushes while this is True
         would never stop.
 
-        Lock-free: the event loop asks after every append while the log writer thread may hold
-        the lock for a whole pwrite; a stale answer only moves a flush by one check."""
+        Lock-free: the event loop asks after every append, and a stale answer only moves a flush
+        by one check (an append demands its flush before it publishes its offsets)."""
         if self._closed:
             return False
         recovery_point = self._local.recovery_point
