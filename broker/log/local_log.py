@@ -3,7 +3,14 @@
 Appends validated, offset-assigned batches (rolling at `segment.bytes`, `segment.ms` and before the
 offset index's relative offsets would overflow), reads byte ranges, truncates at either end and
 prepares flushes. It knows nothing of high watermarks, leader epochs or retention policy: that is
-UnifiedLog's. Not thread-safe: UnifiedLog calls it under its lock.
+UnifiedLog's.
+
+Locking (the rule is UnifiedLog's, see unified_log.py): every call comes from a thread holding
+UnifiedLog's append lock, so one writer at a time. `lock`, the view lock, guards what readers
+see (the segment list and each segment's published size, offsets and index entries); this class
+takes it only around in-memory changes (`Segment.publish`, `Segment.mark_sealed`, list edits), never
+across I/O, so a reader waits for no pwrite, file creation, rename or fsync. `read` and
+`offset_for_timestamp` must be called under `lock`.
 
     log_end_offset    next offset to assign (LEO)
     recovery_point    every offset below it is fsynced; recovery validates from here on a crash
@@ -14,7 +21,8 @@ import contextlib
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from broker.config import LogConfig
@@ -53,6 +61,7 @@ class LocalLog:
         self.recovery_point = recovery_point
         self.cache = cache
         self.dir_dirty = False  # segment files were created or removed since the last directory fsync
+        self.lock = threading.Lock()  # the view lock: held for in-memory changes only, never across I/O
 
     @property
     def log_end_offset(self) -> int:
@@ -77,7 +86,10 @@ class LocalLog:
             rolled = self._maybe_roll(size, run[0].base_offset, run[-1].next_offset, now_ms)
             if rolled is not None:
                 sealed.append(rolled)
-            self.segments.active.append(data[start:start + size], run, self.config.index_interval_bytes, now_ms)
+            active = self.segments.active
+            active.write(data[start:start + size], run)  # readers do not see these bytes yet
+            with self.lock:
+                active.publish(run, self.config.index_interval_bytes, now_ms)
             start += size
         return sealed
 
@@ -120,10 +132,11 @@ class LocalLog:
             raise LogInvariantError(f"{self.directory.name}: cannot roll a segment at offset {base}, below the log "
                                     f"end offset {self.log_end_offset}")
         old = self.segments.active
+        # The I/O first (file creation, index writes), outside the view lock; then the view changes.
         segment = Segment.create(self.directory, base, self.cache)
         if old.size:
             try:
-                old.seal()
+                old.write_indexes()
             except BaseException:
                 # The old segment stays active; a new segment left on disk would make every
                 # later roll at this offset fail ("File exists").
@@ -131,9 +144,12 @@ class LocalLog:
                     segment.delete()
                 raise
         self.dir_dirty = True
-        if not old.size:
-            self.segments.remove_from(len(self.segments) - 1)
-        self.segments.add(segment)
+        with self.lock:
+            if old.size:
+                old.mark_sealed()  # queues its last time-index entry, written by the roll's flush
+            else:
+                self.segments.remove_from(len(self.segments) - 1)
+            self.segments.add(segment)
         if not old.size:
             try:
                 old.delete()
@@ -176,22 +192,27 @@ class LocalLog:
     def truncate_to(self, offset: int) -> int:
         """Remove every batch whose last offset >= `offset` (a batch holding `offset` goes whole:
         callers truncate at batch boundaries). Segments wholly past it are deleted. Returns the
-        bytes removed."""
+        bytes removed. The segments wholly past `offset` leave the view first and are deleted
+        outside the view lock; the cut of the last one (file and indexes together) happens under it."""
         if offset >= self.log_end_offset:
             return 0
         first_gone = next((i for i, s in enumerate(self.segments) if s.base_offset >= offset), len(self.segments))
+        with self.lock:
+            gone = self.segments.remove_from(max(first_gone, 1))
         removed = 0
-        for segment in self.segments.remove_from(max(first_gone, 1)):
+        for segment in gone:
             removed += segment.size
             segment.delete()
             self.dir_dirty = True
-        removed += self.segments.active.truncate_to(offset)
-        self.recovery_point = min(self.recovery_point, self.log_end_offset)
+        with self.lock:
+            removed += self.segments.active.truncate_to(offset)
+            self.recovery_point = min(self.recovery_point, self.log_end_offset)
         return removed
 
     def truncate_fully_and_start_at(self, offset: int) -> int:
         """Delete every segment and start empty at `offset` (a follower far behind, or a log whose
-        local data was wholly replaced). Returns the bytes removed."""
+        local data was wholly replaced). Returns the bytes removed. The caller holds the view lock
+        (the log is never without a segment)."""
         removed = 0
         for old in self.segments.clear():
             removed += old.size
@@ -201,30 +222,41 @@ class LocalLog:
         self.dir_dirty = True
         return removed
 
-    def remove_oldest(self, count: int) -> list[Segment]:
-        """Retention: rename the `count` oldest segments `.deleted` and drop them from the log,
-        in that order, so a segment never leaves the log without its files being renamed.
-        Returns them still open (in-flight reads finish); the caller deletes them later. If a
-        rename fails, the segments renamed so far are removed and SegmentsRemovedError carries
-        them to the caller, which must delete them all the same."""
+    def remove_oldest(self, count: int, on_removed: Callable[[], None]) -> list[Segment]:
+        """Retention: drop the `count` oldest segments from the view (calling `on_removed` in the
+        same critical section, and again if some go back: the caller's log start follows the
+        first segment), then rename their files
+        `.deleted` outside the view lock (no reader opens them by name any more). Returns them
+        still open (in-flight reads finish); the caller deletes them later. If a rename fails,
+        the segments not renamed yet go back to the front of the log, so a segment never leaves
+        the log without its files being renamed, and SegmentsRemovedError carries the renamed
+        ones to the caller, which must delete them all the same."""
         if not 0 < count < len(self.segments):
             raise LogInvariantError(f"{self.directory.name}: retention cannot remove {count} of {len(self.segments)} "
                                     f"segments (at least one, never the active one)")
-        renamed = 0
-        try:
-            for segment in list(self.segments)[:count]:
+        with self.lock:
+            removed = self.segments.remove_first(count)
+            on_removed()
+        self.dir_dirty = True
+        for renamed, segment in enumerate(removed):
+            try:
                 segment.mark_deleted()
-                renamed += 1
-        except KafkaStorageError as err:
-            raise SegmentsRemovedError(str(err), self._remove_renamed(renamed)) from err
-        return self._remove_renamed(renamed)
+            except KafkaStorageError as err:
+                with self.lock:
+                    self.segments.restore_first(removed[renamed:])
+                    on_removed()
+                raise SegmentsRemovedError(str(err), removed[:renamed]) from err
+        return removed
 
     def replace_segments(self, cleaned: Segment, old: list[Segment]) -> None:
         """The log cleaner's swap: put `cleaned` (sealed, fsynced, its files in `.cleaned` state,
         based at old[0]'s base offset) in place of `old`, consecutive sealed segments of this log.
         The old segments leave with their files renamed `.deleted` and stay open (in-flight reads
-        finish); the caller deletes them later. Renames and one directory fsync: the caller holds
-        the log's lock, so readers see either the old segments or the cleaned one.
+        finish); the caller deletes them later. Renames and one directory fsync, all outside the
+        view lock but the cleaned segment's final renames (readers open its files by name): the
+        view changes in one critical section, so readers see either the old segments or the
+        cleaned one. The caller keeps everything else that changes sealed segments out meanwhile
+        (UnifiedLog's maintenance lock).
 
         Each step is a crash point that LogLoader resolves (Kafka's replaceSegments):
         1. `.cleaned` -> `.swap`, the `.log` last: the commit. Before it, a restart deletes the
@@ -237,17 +269,15 @@ class LocalLog:
         cleaned.rename_to(SWAP_SUFFIX)
         try:
             fsync_directory(self.directory)
+            with self.lock:
+                self.segments.replace(old, cleaned)  # readers reach it under its `.swap` names for now
             for segment in old:
-                segment.mark_deleted()
-            cleaned.rename_to("")
+                segment.mark_deleted()  # out of the view: no reader opens them by name any more
+            with self.lock:
+                cleaned.rename_to("")
         except (OSError, KafkaStorageError) as err:
             raise SwapFailedError(f"{self.directory}: swapping in {cleaned} failed after its commit: {err}") from err
-        self.segments.replace(old, cleaned)
         self.dir_dirty = True
-
-    def _remove_renamed(self, renamed: int) -> list[Segment]:
-        self.dir_dirty = self.dir_dirty or bool(renamed)
-        return self.segments.remove_first(renamed) if renamed else []
 
     # --- durability ------------------------------------------------------------------------
 

@@ -62,6 +62,11 @@ class LogSegments:
         del self._bases[:count]
         return removed
 
+    def restore_first(self, segments: list[Segment]) -> None:
+        """Put back `segments`, the oldest ones `remove_first` returned (a retention that failed)."""
+        self._segments[:0] = segments
+        self._bases[:0] = [segment.base_offset for segment in segments]
+
     def remove_from(self, index: int) -> list[Segment]:
         """Drop the segments from `index` on (truncation) and return them."""
         removed = self._segments[index:]

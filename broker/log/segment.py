@@ -106,7 +106,10 @@ class Segment:
     Build with `create` (a new empty segment) or `open` followed by `load` (trust the indexes,
     check the tail) or `recover` (rebuild the indexes, validating what may be torn). Not
     thread-safe: the owning log serializes calls; only `prepare_sync`'s returned fds may be used
-    from another thread.
+    from another thread. An append is split in an I/O half (`write`, `write_indexes`), which the
+    log runs holding only its append lock, and an in-memory half (`publish`, `mark_sealed`),
+    which it runs under its view lock: reads (under the view lock) never wait for the disk and
+    never see bytes past the published size (locking: broker/log/unified_log.py).
     """
 
     def __init__(self, files: SegmentFiles, cache: FileCache) -> None:
@@ -194,8 +197,20 @@ class Segment:
 
         Raises KafkaStorageError if the write fails; the segment's state is then unchanged.
         """
+        self.write(data, batches)
+        self.publish(batches, index_interval_bytes, now_ms)
+
+    def write(self, data: memoryview, batches: Sequence[BatchInfo]) -> None:
+        """The I/O half of `append`: pwrite `data` past the segment's end without changing its
+        state, so a reader of the segment sees none of it until `publish`. The log calls this
+        without its view lock (the bytes may be MiBs). KafkaStorageError if the write fails,
+        LogInvariantError if the batches do not follow the segment."""
         self._check_append(data, batches)
         self._write(data, self._size)
+
+    def publish(self, batches: Sequence[BatchInfo], index_interval_bytes: int, now_ms: int) -> None:
+        """The in-memory half of `append`: account `batches`, just written by `write`, so reads
+        reach them. No I/O (index entries are only queued): the log calls this under its view lock."""
         position = self._size
         recent = self._recent
         for batch in batches:
@@ -466,14 +481,24 @@ class Segment:
     # --- durability and lifecycle -----------------------------------------------------------
 
     def seal(self) -> None:
-        """Make the segment immutable: record its max timestamp as the last time-index entry,
-        write queued index entries, release the index fds. Not durable until flushed."""
+        """Make the segment immutable (`mark_sealed`), then write its queued index entries and
+        release the index fds (`write_indexes`). Not durable until flushed."""
+        self.mark_sealed()
+        self.write_indexes()
+
+    def mark_sealed(self) -> None:
+        """The in-memory half of `seal`: record the max timestamp as the last time-index entry and
+        take no more appends. No I/O: a log rolls under its view lock with this."""
         self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+        self._sealed = True
+        self._recent.clear()  # tailing fetches go to the new active segment; this one is read via its index
+
+    def write_indexes(self) -> None:
+        """Write queued index entries and release the index fds (the I/O half of `seal` and
+        `close`). Readers use the in-memory entries only, so this needs no view lock."""
         self.offset_index.write_pending()
         self.time_index.write_pending()
         self._close_indexes()
-        self._sealed = True
-        self._recent.clear()  # tailing fetches go to the new active segment; this one is read via its index
 
     def prepare_sync(self) -> list[int]:
         """Write queued index entries and return new fds (owned by the caller, who must close
@@ -528,9 +553,7 @@ class Segment:
 
     def close(self) -> None:
         """Write queued index entries and close every fd (no fsync). Idempotent."""
-        self.offset_index.write_pending()
-        self.time_index.write_pending()
-        self._close_indexes()
+        self.write_indexes()
         self._cache.forget(self.log_path)
 
     def delete(self) -> None:

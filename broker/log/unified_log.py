@@ -44,12 +44,34 @@ the local log start raise OffsetMovedToTieredStorageError: the fetch handler rea
 remote tier. Compacted logs tier too: the cleaner never replaces a segment that is uploaded or
 being uploaded (`pin_for_upload`), so each uploaded segment is exactly one local segment.
 
-Threading: every public method may be called from any thread; state changes happen under one
-lock; `flush` runs its fsyncs outside it on duplicated fds, and retention writes the leader-epoch
-checkpoint outside it, so an append on the event loop never waits for those fsyncs.
+Locking: every public method may be called from any thread. Three locks, always taken in this
+order, each guarding a narrower thing than the one before:
+
+- the maintenance lock (`_maintenance_lock`) serializes what rewrites or syncs the log as a whole:
+  `flush`, retention, truncation, the cleaner's swap, `close`, `delete`, `rename_directory`. It
+  may be held across fsyncs and renames. The event loop never takes it.
+- the append lock (`_append_lock`) serializes changes to the log's bytes: appends (their pwrite,
+  rolls with file creation and index writes, the leader-epoch checkpoint), truncation, and the
+  start of a flush (index entries written, descriptors duplicated). It may be held across
+  writes, never across an fsync of the segments. The event loop takes it only to append a small
+  batch inline; `broker/log_writer.py` never lets such an append queue behind a large one of the
+  same log, so it never waits for another append's I/O.
+- the view lock (`_lock`, owned by LocalLog) guards what readers see: the segment list, each
+  segment's published size and index entries, the offsets (LEO, high watermark, log start,
+  recovery point), the upload pin. It is held for in-memory changes only: a writer does its I/O
+  first and then publishes under it, so `read`, `update_high_watermark` and the other calls of
+  the event loop never wait for the disk, and a reader never sees bytes past the published end.
+  Two exceptions, both off the produce/fetch path: the renames that make the cleaner's swapped
+  segment live, and a follower's truncation (`truncate_to`, `truncate_fully_and_start_at`), which
+  cut files and the view together.
+
+`needs_flush` and `durable_end_offset` read without a lock: an append demands its flush
+(`_must_flush_to`) before its offsets are published, so neither ever sees an LEO the flush policy
+has not yet accounted for.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -154,8 +176,9 @@ class UnifiedLog:
         self._epochs = epochs
         self._clock = clock
         self._dir_failure = dir_failure
-        self._lock = threading.Lock()  # guards segments, offsets and counters
-        self._flush_lock = threading.Lock()  # serializes flushes so the recovery point never goes back
+        self._maintenance_lock = threading.Lock()  # flush, retention, truncation, swap, close: may fsync
+        self._append_lock = threading.Lock()  # one writer of the log's bytes at a time: may pwrite
+        self._lock = local.lock  # the view lock: in-memory state readers see, never held across I/O
         self._first_unflushed_ms: int | None = None
         self._must_flush_to = 0  # the flush policy demands offsets below this be fsynced before they count
         self._roll_flush_to = 0  # segments sealed by a roll end here: flush them (Kafka flushes on roll)
@@ -168,6 +191,7 @@ class UnifiedLog:
         self.highest_offset_in_remote_storage = -1  # -1 until the remote log manager read the manifest
         self._remote_state_known = False  # update_remote_log_state ran (the cleaner waits for it)
         self._upload_pin: Segment | None = None  # being uploaded: the cleaner must not replace it
+        self._swapping: list[Segment] = []  # being replaced by the cleaner: tiering must not pin them
         self.last_recovery_truncated_bytes = 0
         self.recovered_bytes = 0  # what the last open re-validated after the recovery point
         self.damaged_segments = 0
@@ -320,8 +344,9 @@ class UnifiedLog:
     def assign_epoch_start_offset(self, epoch: int, start_offset: int | None = None) -> None:
         """Record that `epoch` starts at `start_offset` (default LEO): a new leader calls this as it
         takes over (Kafka's makeLeader), so a leader's appends never write the checkpoint. Writes
-        and fsyncs the checkpoint: call from a worker thread."""
-        with self._lock:
+        and fsyncs the checkpoint (under the append lock: readers do not wait): call from a worker
+        thread."""
+        with self._append_lock:
             self._check_usable()
             latest = self._epochs.latest_epoch
             if latest is None or epoch > latest:
@@ -347,8 +372,8 @@ class UnifiedLog:
         with memoryview(payload).cast("B") as view:  # released on return: the caller may reuse the buffer
             if view.readonly:
                 raise TypeError("append needs a writable buffer: offsets are patched in place")
-            headers = self._validate(view)
-            with self._lock:
+            headers = self._validate(view)  # the CRCs: before any lock
+            with self._append_lock:  # the LEO moves only under it: offsets assigned here stay unique
                 self._check_usable()
                 now = self._clock()
                 batches = self._assign_offsets(view, headers, leader_epoch, now)
@@ -371,7 +396,7 @@ class UnifiedLog:
         checking they are valid and follow the LEO. Epochs the batches bring are recorded."""
         view = memoryview(payload).cast("B")
         headers = self._validate(view, from_producer=False)
-        with self._lock:
+        with self._append_lock:
             self._check_usable()
             expected = self.log_end_offset
             batches = []
@@ -391,9 +416,15 @@ class UnifiedLog:
                               sum(h.record_count for _, h in headers))
 
     def _write(self, view: memoryview, batches: list[BatchInfo], now: int, epochs_before: int) -> None:
-        """Write batches whose offsets are assigned; on failure cut the log back to where it was,
-        and forget the epoch entries the append added (those past the first `epochs_before`)."""
+        """Write batches whose offsets are assigned (under the append lock; LocalLog publishes
+        them under the view lock once written); on failure cut the log back to where it was, and
+        forget the epoch entries the append added (those past the first `epochs_before`)."""
         first_offset = self.log_end_offset
+        end_offset = batches[-1].next_offset
+        if end_offset - self.recovery_point >= self.config.flush_messages or self.config.flush_ms == 0:
+            # Before the LEO moves: durable_end_offset, read without a lock, must not count these
+            # offsets as committed before their flush.
+            self._must_flush_to = end_offset
         try:
             sealed = self._local.append(view, batches, now)
         except KafkaStorageError:
@@ -403,12 +434,11 @@ class UnifiedLog:
             self._roll_flush_to = max(self._roll_flush_to, sealed[-1].next_offset)
         if self._first_unflushed_ms is None:
             self._first_unflushed_ms = now
-        if self.log_end_offset - self.recovery_point >= self.config.flush_messages or self.config.flush_ms == 0:
-            self._must_flush_to = self.log_end_offset
 
     def _restore(self, offset: int, epochs_before: int) -> None:
         """Undo a partly written append; if even that fails the directory goes offline. Only the
         append's own epoch entries go: one a new leader recorded at the LEO before it stays."""
+        self._must_flush_to = min(self._must_flush_to, offset)
         try:
             self._local.truncate_to(offset)
             self._epochs.keep_first(epochs_before)
@@ -489,38 +519,42 @@ class UnifiedLog:
 
     def truncate_to(self, offset: int) -> int:
         """Cut the log so that it ends before `offset` (a follower diverged from its leader).
-        Below the local log start the log is emptied and restarts at `offset`. Returns bytes removed."""
-        with self._lock:
+        Below the local log start the log is emptied and restarts at `offset`. Returns bytes removed.
+        From a worker thread: it waits for a flush in flight (the maintenance lock)."""
+        with self._maintenance_lock, self._append_lock:
             self._check_usable()
             if offset >= self.log_end_offset:
                 return 0
             if offset < self.local_log_start_offset:
                 return self._truncate_fully(offset)
             removed = self._local.truncate_to(offset)
-            self._truncations += 1
-            self._epochs.truncate_from_end(self.log_end_offset)
-            self.high_watermark = min(self.high_watermark, self.log_end_offset)
-            # Offsets cut away need no fsync: a flush can never reach them, so needs_flush must not wait for them.
-            self._must_flush_to = min(self._must_flush_to, self.log_end_offset)
-            self._roll_flush_to = min(self._roll_flush_to, self.log_end_offset)
-            if self.recovery_point >= self.log_end_offset:
-                self._first_unflushed_ms = None
+            with self._lock:
+                self._truncations += 1
+                self.high_watermark = min(self.high_watermark, self.log_end_offset)
+                # Offsets cut away need no fsync: a flush can never reach them, so needs_flush must not wait for them.
+                self._must_flush_to = min(self._must_flush_to, self.log_end_offset)
+                self._roll_flush_to = min(self._roll_flush_to, self.log_end_offset)
+                if self.recovery_point >= self.log_end_offset:
+                    self._first_unflushed_ms = None
+            self._epochs.truncate_from_end(self.log_end_offset)  # a checkpoint write: outside the view lock
             return removed
 
     def truncate_fully_and_start_at(self, offset: int) -> int:
         """Delete every record and continue at `offset` (a follower that fell behind the leader's
-        log start). Returns the bytes removed."""
-        with self._lock:
+        log start). Returns the bytes removed. From a worker thread, as `truncate_to`."""
+        with self._maintenance_lock, self._append_lock:
             self._check_usable()
             return self._truncate_fully(offset)
 
     def _truncate_fully(self, offset: int) -> int:
-        removed = self._local.truncate_fully_and_start_at(offset)
-        self._truncations += 1
+        """Under the maintenance and append locks."""
+        with self._lock:
+            removed = self._local.truncate_fully_and_start_at(offset)
+            self._truncations += 1
+            self.log_start_offset = self.high_watermark = offset
+            self._must_flush_to = self._roll_flush_to = 0
+            self._first_unflushed_ms = None
         self._epochs.clear()
-        self.log_start_offset = self.high_watermark = offset
-        self._must_flush_to = self._roll_flush_to = 0
-        self._first_unflushed_ms = None
         return removed
 
     # --- durability ------------------------------------------------------------------------
@@ -532,8 +566,8 @@ class UnifiedLog:
         shut down): `flush` does nothing then, and a caller that flushes while this is True
         would never stop.
 
-        Lock-free: the event loop asks after every append while the log writer thread may hold
-        the lock for a whole pwrite; a stale answer only moves a flush by one check."""
+        Lock-free: the event loop asks after every append, and a stale answer only moves a flush
+        by one check (an append demands its flush before it publishes its offsets)."""
         if self._closed:
             return False
         recovery_point = self._local.recovery_point
@@ -549,11 +583,12 @@ class UnifiedLog:
         """fsync every segment holding offsets in [recovery_point, up_to) (default LEO) and
         advance the recovery point. Returns True if that made a sealed segment durable (the
         caller then checkpoints the recovery point, so a crash re-validates only the tail). From
-        a worker thread: the fsyncs run outside the lock on duplicated fds. A failed fsync takes
-        the log directory offline and raises KafkaStorageError; flush state is reset only after
-        success."""
-        with self._flush_lock:
-            with self._lock:
+        a worker thread: the fsyncs run on duplicated fds under the maintenance lock only (no
+        truncation can rewrite what they sync), so appends and reads go on meanwhile. A failed
+        fsync takes the log directory offline and raises KafkaStorageError; flush state is reset
+        only after success."""
+        with self._maintenance_lock:
+            with self._append_lock:  # index entries are written here, and appends queue them
                 if self._closed:  # close() flushed everything
                     return False
                 self._check_usable()
@@ -564,18 +599,13 @@ class UnifiedLog:
                 sealed = sum(1 for segment in self._local.segments.holding(start, target)[:-1])
                 fds = self._local.prepare_flush(target)
                 sync_directory, self._local.dir_dirty = self._local.dir_dirty, False
-                truncations = self._truncations
             try:
                 self._local.sync(fds, sync_directory)
             except KafkaStorageError as err:
                 self._dir_failure.fail(err)
                 raise
             with self._lock:
-                if self._truncations != truncations:
-                    # The log was cut and may have been rewritten while the fsyncs ran: what they
-                    # synced is not what is there now. The next flush covers it.
-                    return False
-                self._local.recovery_point = max(self._local.recovery_point, min(target, self.log_end_offset))
+                self._local.recovery_point = max(self._local.recovery_point, target)
                 if self._local.recovery_point >= self.log_end_offset:
                     self._first_unflushed_ms = None
                 return sealed > 0 or target >= self._roll_flush_to > start
@@ -589,30 +619,34 @@ class UnifiedLog:
         they are returned still open so in-flight reads finish: the caller calls
         `Segment.delete()` later. If anything fails after segments left the log, the error is a
         SegmentsRemovedError carrying them, for the caller to delete all the same. From a worker
-        thread (renames, a roll, the epoch checkpoint)."""
-        with self._lock:
-            self._check_usable()
-            deletable = self._deletable_segments(now_ms)
-            if not deletable:
-                return []
-            if deletable[-1] is self._local.segments.active:
-                self._local.roll()
-            error: KafkaStorageError | None = None
-            try:
-                removed = self._local.remove_oldest(len(deletable))
-            except SegmentsRemovedError as err:
-                # A rename failed part way: the segments renamed before it left the log.
-                removed, error = err.removed, err
-            if not self.tiered:  # a tiered log's start is the remote log's (update_remote_log_state)
-                self.log_start_offset = max(self.log_start_offset, self._local.start_offset)
-            # Nothing below the (local) log start needs recovery: the recovery point may skip ahead.
-            self._local.recovery_point = max(self._local.recovery_point, self.log_start_offset, self._local.start_offset)
-            epochs_changed = self._epochs.truncate_from_start(self.log_start_offset, write=False)
-        if epochs_changed:
-            # Outside the lock: appends on the event loop must not wait for these fsyncs. Under
-            # the flush lock, which a close or a rename of the directory takes: a log closed
-            # meanwhile writes nothing (its path may be another incarnation's by now).
-            with self._flush_lock:
+        thread (renames, a roll, the epoch checkpoint): the segments leave the view under the view
+        lock, and their renames, like the roll's file creation, happen outside it."""
+        with self._maintenance_lock:
+            with self._append_lock:
+                self._check_usable()
+                with self._lock:
+                    deletable = self._deletable_segments(now_ms)
+                if not deletable:
+                    return []
+                if deletable[-1] is self._local.segments.active:
+                    self._local.roll()
+                error: KafkaStorageError | None = None
+                try:
+                    removed = self._local.remove_oldest(
+                        len(deletable), functools.partial(self._follow_local_start, self.log_start_offset))
+                except SegmentsRemovedError as err:
+                    # A rename failed part way: the segments renamed before it left the log.
+                    removed, error = err.removed, err
+                with self._lock:
+                    # Nothing below the (local) log start needs recovery: the recovery point may skip ahead.
+                    self._local.recovery_point = max(self._local.recovery_point, self.log_start_offset,
+                                                     self._local.start_offset)
+                    epochs_changed = self._epochs.truncate_from_start(self.log_start_offset, write=False)
+            if epochs_changed:
+                # Outside the append lock: appends on the event loop must not wait for these
+                # fsyncs. Under the maintenance lock, which a close or a rename of the directory
+                # takes: a log closed meanwhile writes nothing (its path may be another
+                # incarnation's by now).
                 try:
                     if not self._closed:
                         self._epochs.write()
@@ -624,6 +658,14 @@ class UnifiedLog:
         log.info("%s: retention deleted %d segments, log start offset now %d (local %d)", self, len(removed),
                  self.log_start_offset, self.local_log_start_offset)
         return removed
+
+    def _follow_local_start(self, floor: int) -> None:
+        """Retention changed the segments in the view (under the view lock, in the same critical
+        section): the log start becomes the first local offset, but never below `floor` (its value
+        before), so no reader looks for offsets below the first segment left. A tiered log's
+        start is the remote log's (update_remote_log_state)."""
+        if not self.tiered:
+            self.log_start_offset = max(floor, self._local.start_offset)
 
     def _deletable_segments(self, now_ms: int) -> list[Segment]:
         """The longest prefix of segments below the high watermark each of which is older than
@@ -685,7 +727,8 @@ class UnifiedLog:
         exactly one local segment, or the local copy of its records and the next ones could
         straddle the remote log end and never tier). False if the log no longer holds it."""
         with self._lock:
-            if self._closed or all(s is not segment for s in self._local.segments):
+            if (self._closed or all(s is not segment for s in self._local.segments)
+                    or any(s is segment for s in self._swapping)):
                 return False
             self._upload_pin = segment
             return True
@@ -744,36 +787,52 @@ class UnifiedLog:
         changed, if `old` is no longer in the log as it was when `generation` was read (retention
         removed some, a truncation rewrote them, the log was closed): the caller deletes
         `cleaned`. KafkaStorageError if the swap fails; once it was committed the directory goes
-        offline (a restart completes it). From the cleaner thread."""
-        with self._flush_lock:  # a close or a directory rename waits for the swap to finish
+        offline (a restart completes it). From the cleaner thread.
+
+        Under the maintenance lock, so retention, truncation, a flush, a close or a directory
+        rename waits for the swap to finish (and none of them can take `old` away meanwhile);
+        appends, which never touch sealed segments, and reads go on: the view lock is held for
+        the check and the in-memory swap only, never across the directory fsyncs."""
+        with self._maintenance_lock:
             with self._lock:
                 if (self._closed or self._truncations != generation or self._local.segments.index_of_run(old) is None
                         or any(self._tiering_holds(segment) for segment in old)):
                     return False
                 self._dir_failure.check()
-                try:
-                    self._local.replace_segments(cleaned, old)
-                except SwapFailedError as err:
-                    self._dir_failure.fail(err)
-                    raise
+                self._swapping = old  # tiering must not pin them from here on
             try:
-                # The renames after the commit, durable before the cleaner checkpoints past them.
-                self._local.sync([], sync_directory=True)
-            except KafkaStorageError as err:
-                self._dir_failure.fail(err)
-                raise
+                self._swap(cleaned, old)
+            finally:
+                with self._lock:
+                    self._swapping = []
         return True
+
+    def _swap(self, cleaned: Segment, old: list[Segment]) -> None:
+        """LocalLog's swap, then a directory fsync that makes its renames durable before the
+        cleaner checkpoints past them. Any failure after the commit takes the directory offline."""
+        try:
+            self._local.replace_segments(cleaned, old)
+        except SwapFailedError as err:
+            self._dir_failure.fail(err)
+            raise
+        try:
+            self._local.sync([], sync_directory=True)
+        except KafkaStorageError as err:
+            self._dir_failure.fail(err)
+            raise
 
     # --- lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
         """Clean shutdown: seal and fsync everything (recovery point = LEO), release files; the
         next open then re-validates nothing. Idempotent. On an offline directory, closes without
-        syncing."""
-        with self._flush_lock, self._lock:
-            if self._closed:
-                return
-            self._closed = True
+        syncing. Readers fail from the start (the log is closed); the fsyncs run outside the view
+        lock."""
+        with self._maintenance_lock, self._append_lock:
+            with self._lock:
+                if self._closed:
+                    return
+                self._closed = True
             try:
                 if not self._dir_failure.failed:
                     self._local.segments.active.seal()  # its max timestamp becomes the last time-index entry
@@ -784,15 +843,17 @@ class UnifiedLog:
 
     def delete(self) -> None:
         """Close without syncing and remove the whole directory."""
-        with self._flush_lock, self._lock:
-            self._closed = True
+        with self._maintenance_lock, self._append_lock:
+            with self._lock:
+                self._closed = True
             self._local.delete_directory()
 
     def rename_directory(self, target: Path) -> None:
         """Close and move the directory aside (a deleted topic's logs: renamed at once, removed
         later in the background). KafkaStorageError if the rename fails."""
-        with self._flush_lock, self._lock:
-            self._closed = True
+        with self._maintenance_lock, self._append_lock:
+            with self._lock:
+                self._closed = True
             self._local.close()
             try:
                 os.rename(self.directory, target)

@@ -3,6 +3,7 @@ truncation to a divergence point, starting over at a leader's log start, and the
 offsets a leader answers OffsetsForLeaderEpoch with."""
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 
 import pytest
@@ -211,22 +212,31 @@ def test_truncation_leaves_no_flush_pending_that_a_flush_cannot_satisfy(unified_
     assert partition_log.needs_flush(clock()) is False
 
 
-def test_a_truncation_during_a_flush_does_not_let_it_vouch_for_the_new_records(unified_log, monkeypatch):
-    """The flush's fsyncs run outside the lock. If the log is cut below their target and
-    rewritten meanwhile, the new records were not what was synced: the recovery point must not
-    cover them (it would launder unsynced data past a crash)."""
+def test_a_truncation_during_a_flush_waits_for_it_and_the_flush_vouches_for_nothing_new(unified_log, monkeypatch):
+    """The flush's fsyncs run outside the append and view locks. A truncation (a new leader)
+    arriving meanwhile waits for them, so the log is never cut and rewritten under a flush: the
+    recovery point never covers records the fsyncs did not see (that would launder unsynced data
+    past a crash)."""
     partition_log = unified_log(segment_bytes=1 << 20)
     replicate(partition_log, [0, 0, 0, 0])  # LEO 12, nothing flushed
     local = partition_log._local
     real_sync = local.sync
 
-    def sync_while_the_log_diverges(fds, sync_directory):
-        real_sync(fds, sync_directory)
+    def diverge() -> None:
         partition_log.truncate_to(R)  # a new leader: everything from 3 is replaced
         replicate(partition_log, [1, 1, 1], start=R)
 
+    diverging = threading.Thread(target=diverge)
+
+    def sync_while_the_log_diverges(fds, sync_directory):
+        diverging.start()
+        diverging.join(0.2)
+        assert diverging.is_alive(), "the truncation did not wait for the flush"
+        real_sync(fds, sync_directory)
+
     monkeypatch.setattr(local, "sync", sync_while_the_log_diverges)
     partition_log.flush()
+    diverging.join(10)
     monkeypatch.undo()
     assert partition_log.log_end_offset == 4 * R
     assert partition_log.recovery_point <= R

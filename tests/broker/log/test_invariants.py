@@ -92,7 +92,7 @@ def test_local_log_refuses_a_roll_below_its_end_and_retention_of_the_active_segm
     with pytest.raises(LogInvariantError, match="cannot roll a segment at offset 1, below the log end offset 3"):
         local.roll(1)
     with pytest.raises(LogInvariantError, match="retention cannot remove 1 of 1 segments"):
-        local.remove_oldest(1)
+        local.remove_oldest(1, lambda: None)
     assert partition_log.log_end_offset == 3
 
 
