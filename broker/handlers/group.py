@@ -84,6 +84,7 @@ class GroupHandler:
         self._creating: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: set[asyncio.Task[None]] = set()
+        self._waiting: set[asyncio.Future[Message]] = set()  # requests parked until a rebalance or an append
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -98,9 +99,15 @@ class GroupHandler:
                                                          self._expire_offsets))]
 
     async def stop(self) -> None:
+        """Stop the timers, let the appends in flight finish (their requests are answered), then
+        answer every request still parked (a JoinGroup waiting for its rebalance) NOT_COORDINATOR:
+        its client finds the coordinator again instead of waiting on a broker that is stopping."""
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, *self._pending, return_exceptions=True)
+        for token in list(self._waiting):
+            if not token.done():
+                token.set_exception(NotCoordinatorError("the group coordinator is shutting down"))
 
     async def _load_led_partitions(self) -> None:
         info = self.registry.get(OFFSETS_TOPIC)
@@ -222,7 +229,11 @@ class GroupHandler:
         that answers it resolves (at once, or after an append, or when a rebalance completes)."""
         token: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self._apply(call(token))
-        return token.result() if token.done() else token
+        if token.done():
+            return token.result()
+        self._waiting.add(token)
+        token.add_done_callback(self._waiting.discard)
+        return token
 
     def _apply(self, result: Result) -> None:
         for token, response in result.replies:

@@ -14,6 +14,7 @@ import pytest
 
 from broker.client import Admin, Consumer, Producer
 from broker.process import BrokerProcess
+from broker.protocol import ApiKey
 
 TABLE_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
 STOP_BOUND_S = 60.0  # generous for a loaded 2-core machine; the drain itself is bounded by config
@@ -44,6 +45,25 @@ def test_a_second_broker_on_the_same_log_dir_refuses_to_start(broker_factory, tm
             seen += [r.value for r in consumer.poll(1000)]
     assert seen == [f"{i}".encode() for i in range(200)]
     assert again.stop() == 0
+
+
+def test_a_parked_fetch_is_answered_when_the_broker_stops(broker_factory, raw_client) -> None:
+    """A fetch long-polling an idle partition (max_wait 60 s) when SIGTERM arrives is answered at
+    once with what there is (no records), not dropped with its connection."""
+    broker = broker_factory("parked").start()
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("idle", partitions=1)
+    client = raw_client(broker.port, timeout_s=30)
+    sent = client.send_frame(ApiKey.FETCH, {"max_wait_ms": 60_000, "min_bytes": 1, "topics": [
+        {"name": "idle", "partitions": [{"partition": 0, "fetch_offset": 0}]}]})
+    time.sleep(0.5)  # parked in the purgatory by now
+    assert broker.proc is not None
+    started = time.monotonic()
+    broker.proc.send_signal(signal.SIGTERM)
+    correlation_id, control, _ = client.recv_response()
+    assert correlation_id == sent and time.monotonic() - started < 10
+    assert control["topics"][0]["partitions"][0]["error_code"] == 0, control
+    assert broker.stop() == 0
 
 
 def _produce_forever(bootstrap: str, topic: str, keyed: bool, stop: threading.Event, acked: list[int]) -> None:
