@@ -103,7 +103,7 @@ from broker.errors import (
     PymqError,
     RequestTimedOutError,
 )
-from broker.protocol import FetchPartition, FetchRequest, FetchResponse, FetchTopic, ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
+from broker.protocol import FetchPartition, FetchRequest, FetchResponse, ListOffsetsPartition, ListOffsetsRequest, TopicRequest
 
 log = logging.getLogger("pymq.consumer")
 
@@ -744,7 +744,7 @@ class AsyncConsumer:
         by_topic: dict[str, list[FetchPartition]] = {}
         for (topic, partition), offset in positions.items():
             by_topic.setdefault(topic, []).append(FetchPartition(partition, offset, self.max_partition_fetch_bytes))
-        request = FetchRequest(tuple(FetchTopic(t, tuple(ps)) for t, ps in by_topic.items()),
+        request = FetchRequest(tuple(TopicRequest(t, tuple(ps)) for t, ps in by_topic.items()),
                                self.fetch_max_wait_ms, self.fetch_min_bytes, self.fetch_max_bytes)
         reply = conn.request(request, self.request_timeout_s + self.fetch_max_wait_ms / 1000)
         return _Fetch(request, reply, positions, self._epoch, self._plan)
@@ -1200,7 +1200,7 @@ async def list_offsets(cluster: Cluster, timestamps: dict[TopicPartition, int]) 
         by_node.setdefault(node, {}).setdefault(topic, []).append(ListOffsetsPartition(partition, ts))
     out: dict[TopicPartition, tuple[int, int]] = {}
     for node, topics in by_node.items():
-        reply = await cluster.send(node, ListOffsetsRequest(tuple(ListOffsetsTopic(t, tuple(ps)) for t, ps in topics.items())))
+        reply = await cluster.send(node, ListOffsetsRequest(tuple(TopicRequest(t, tuple(ps)) for t, ps in topics.items())))
         for t in reply.topics:
             for p in t.partitions:
                 err = p.error()

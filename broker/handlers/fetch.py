@@ -28,8 +28,8 @@ from broker.protocol import (
     FetchPartitionResponse,
     FetchRequest,
     FetchResponse,
-    FetchTopic,
-    FetchTopicResponse,
+    TopicRequest,
+    TopicResponse,
     code_and_message,
 )
 from broker.purgatory import DelayedOperation
@@ -84,10 +84,10 @@ class FetchHandler:
                 entry = self._read_partition(topic, p, max_bytes, max_bytes - read.size, read)
                 entries.append(entry)
                 read.failed = read.failed or entry.error_code != 0
-            topics.append(FetchTopicResponse(topic.name, tuple(entries)))
+            topics.append(TopicResponse(topic.name, tuple(entries)))
         return FetchResponse(tuple(topics)), read
 
-    def _read_partition(self, topic: FetchTopic, p: FetchPartition, max_bytes: int, budget: int,
+    def _read_partition(self, topic: TopicRequest[FetchPartition], p: FetchPartition, max_bytes: int, budget: int,
                         read: _Read) -> FetchPartitionResponse:
         """One partition's entry; its bytes are added to `read`."""
         malformed = topic.error or p.error

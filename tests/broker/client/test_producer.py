@@ -21,7 +21,7 @@ from broker.errors import (
     ProducerClosedError,
     UnknownTopicOrPartitionError,
 )
-from broker.protocol import ProducePartitionResponse, ProduceResponse, ProduceTopicResponse
+from broker.protocol import ProducePartitionResponse, ProduceResponse, TopicResponse
 
 def consume(bootstrap: str, topic: str, partitions: int, expected: int, timeout_s: float = 20.0) -> list[ConsumerRecord]:
     """Every record of the topic from the beginning; fails unless exactly `expected` arrive."""
@@ -148,7 +148,7 @@ def test_a_batch_sealed_while_the_sender_drains_goes_before_the_batch_opened_aft
 
 
 def not_leader_reply(topic: str) -> tuple[dict, memoryview]:
-    response = ProduceResponse((ProduceTopicResponse(topic, (ProducePartitionResponse(0, NotLeaderError.code),)),))
+    response = ProduceResponse((TopicResponse(topic, (ProducePartitionResponse(0, NotLeaderError.code),)),))
     return response.to_control(), memoryview(b"")
 
 

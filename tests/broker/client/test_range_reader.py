@@ -9,7 +9,7 @@ import pytest
 from segment_format import record
 from broker.client.range_reader import RangeStats, read_range
 from broker.errors import CorruptRecordError, DataLossError
-from broker.protocol import FetchPartitionResponse, FetchResponse, FetchTopicResponse
+from broker.protocol import FetchPartitionResponse, FetchResponse, TopicResponse
 
 
 def batch(base_offset: int, n: int) -> bytes:
@@ -33,7 +33,7 @@ class ScriptedCluster:
     async def send(self, node: int, request: object) -> FetchResponse:
         records, high_watermark = self.answers.popleft()
         answer = FetchPartitionResponse(0, high_watermark=high_watermark, log_start_offset=0, records=records)
-        return FetchResponse((FetchTopicResponse("t", (answer,)),))
+        return FetchResponse((TopicResponse("t", (answer,)),))
 
 
 async def collect(cluster: ScriptedCluster, start: int, end: int) -> list[int]:

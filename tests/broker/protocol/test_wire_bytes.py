@@ -27,19 +27,19 @@ KNOWN_FRAMES = {
 }
 
 MESSAGES: dict[str, Message] = {
-    "fetch_response": p.FetchResponse((p.FetchTopicResponse("t", (p.FetchPartitionResponse(0, 0, None, 7, 2, b"abc"), p.FetchPartitionResponse(1, 6, "not leader", 5, 1))),)),
-    "produce_response": p.ProduceResponse((p.ProduceTopicResponse("t", (p.ProducePartitionResponse(0, 0, None, 10, 1234, 0), p.ProducePartitionResponse(1, 6, "not leader"))),)),
-    "list_offsets_response": p.ListOffsetsResponse((p.ListOffsetsTopicResponse("t", (p.ListOffsetsPartitionResponse(0, 0, None, 42, 1000), p.ListOffsetsPartitionResponse(1, 3, "unknown"))),)),
-    "offset_commit_response": p.OffsetCommitResponse(0, None, (p.OffsetCommitTopicResponse("t", (p.OffsetCommitPartitionResponse(0), p.OffsetCommitPartitionResponse(1, 42, "bad"))),)),
-    "offset_fetch_response": p.OffsetFetchResponse(0, None, (p.OffsetFetchTopicResponse("t", (p.OffsetFetchPartitionResponse(0, 5, 1, "m"), p.OffsetFetchPartitionResponse(1, -1, -1, None, 3, "unknown"))),)),
-    "offset_delete_response": p.OffsetDeleteResponse(0, None, (p.OffsetDeleteTopicResponse("t", (p.OffsetDeletePartitionResponse(0), p.OffsetDeletePartitionResponse(1, 86, "subscribed"))),)),
+    "fetch_response": p.FetchResponse((p.TopicResponse("t", (p.FetchPartitionResponse(0, 0, None, 7, 2, b"abc"), p.FetchPartitionResponse(1, 6, "not leader", 5, 1))),)),
+    "produce_response": p.ProduceResponse((p.TopicResponse("t", (p.ProducePartitionResponse(0, 0, None, 10, 1234, 0), p.ProducePartitionResponse(1, 6, "not leader"))),)),
+    "list_offsets_response": p.ListOffsetsResponse((p.TopicResponse("t", (p.ListOffsetsPartitionResponse(0, 0, None, 42, 1000), p.ListOffsetsPartitionResponse(1, 3, "unknown"))),)),
+    "offset_commit_response": p.OffsetCommitResponse(0, None, (p.TopicResponse("t", (p.PartitionResponse(0), p.PartitionResponse(1, 42, "bad"))),)),
+    "offset_fetch_response": p.OffsetFetchResponse(0, None, (p.TopicResponse("t", (p.OffsetFetchPartitionResponse(0, committed_offset=5, committed_leader_epoch=1, metadata="m"), p.OffsetFetchPartitionResponse(1, 3, "unknown"))),)),
+    "offset_delete_response": p.OffsetDeleteResponse(0, None, (p.TopicResponse("t", (p.PartitionResponse(0), p.PartitionResponse(1, 86, "subscribed"))),)),
     "describe_tiering_response": p.DescribeTieringResponse((p.TieringTopic("t", 0, None, (p.TieringPartition(0, 0, None, True, 1, 2, 3, 3, 100, 0, 1, 50, 1, 4, 2, 50, 0, None), p.TieringPartition(1, 6, "not leader", last_error="boom"))),)),
-    "fetch_request": p.FetchRequest((p.FetchTopic("t", (p.FetchPartition(0, 5, 100, 2), p.FetchPartition(1, 0))),), 500, 1, 1000),
-    "produce_request": p.ProduceRequest((p.ProduceTopic("t", (p.ProducePartition(0, (b"ab", b"c"), 3), p.ProducePartition(1, (b"de",)))),), -1, 100),
-    "list_offsets_request": p.ListOffsetsRequest((p.ListOffsetsTopic("t", (p.ListOffsetsPartition(0, -1, 2), p.ListOffsetsPartition(1, 1000))),)),
-    "offset_commit_request": p.OffsetCommitRequest("g", 3, "m-1", None, (p.OffsetCommitTopic("t", (p.OffsetCommitPartition(0, 5, 1, "x"), p.OffsetCommitPartition(1, 7))),)),
-    "offset_fetch_request": p.OffsetFetchRequest("g", (p.OffsetFetchTopic("t", (0, 1)),), True),
-    "offset_delete_request": p.OffsetDeleteRequest("g", (p.OffsetDeleteTopic("t", (0, 1)),)),
+    "fetch_request": p.FetchRequest((p.TopicRequest("t", (p.FetchPartition(0, 5, 100, 2), p.FetchPartition(1, 0))),), 500, 1, 1000),
+    "produce_request": p.ProduceRequest((p.TopicRequest("t", (p.ProducePartition(0, (b"ab", b"c"), 3), p.ProducePartition(1, (b"de",)))),), -1, 100),
+    "list_offsets_request": p.ListOffsetsRequest((p.TopicRequest("t", (p.ListOffsetsPartition(0, -1, 2), p.ListOffsetsPartition(1, 1000))),)),
+    "offset_commit_request": p.OffsetCommitRequest("g", 3, "m-1", None, (p.TopicRequest("t", (p.OffsetCommitPartition(0, 5, 1, "x"), p.OffsetCommitPartition(1, 7))),)),
+    "offset_fetch_request": p.OffsetFetchRequest("g", (p.TopicRequest("t", (0, 1)),), True),
+    "offset_delete_request": p.OffsetDeleteRequest("g", (p.TopicRequest("t", (0, 1)),)),
 }
 
 
