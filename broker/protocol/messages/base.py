@@ -166,23 +166,27 @@ class PartitionResponse(Outcome):
     error_code: int = NONE
     error_message: str | None = None
 
-    def own_control(self) -> dict[str, Any]:
-        """The API's own fields of the control map, in order."""
-        return {name: getattr(self, name) for name, _, _ in _own_fields(type(self))}
+    def put_own(self, out: dict[str, Any]) -> None:
+        """Add the API's own fields to the control map, in order."""
+        for name, _, _ in _own_fields(type(self)):
+            out[name] = getattr(self, name)
 
     def to_control(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"partition": self.partition}
         if self.error_first:
-            out = put_error({"partition": self.partition}, self.error_code, self.error_message)
-            out.update(self.own_control())
+            put_error(out, self.error_code, self.error_message)
+            self.put_own(out)
             return out
-        return put_error({"partition": self.partition, **self.own_control()}, self.error_code, self.error_message)
+        self.put_own(out)
+        return put_error(out, self.error_code, self.error_message)
 
     @classmethod
     def from_control(cls, control: dict[str, Any], **given: Any) -> Self:
         """Decode one partition entry; `given` are fields that do not travel in the control map
         (a fetched partition's records, split from the payload by the response)."""
-        own = {name: field(control, name, kind, default) for name, kind, default in _own_fields(cls)}
-        return cls(field(control, "partition", int), *decode_error(control), **own, **given)
+        for name, kind, default in _own_fields(cls):
+            given[name] = field(control, name, kind, default)
+        return cls(field(control, "partition", int), *decode_error(control), **given)
 
 
 P = TypeVar("P", bound=PartitionResponse)

@@ -44,10 +44,9 @@ class FetchPartitionResponse(PartitionResponse):
     log_start_offset: int = own_field(-1)
     records: Part = b""
 
-    def own_control(self) -> dict[str, Any]:
-        out = PartitionResponse.own_control(self)
+    def put_own(self, out: dict[str, Any]) -> None:
+        PartitionResponse.put_own(self, out)
         out["size"] = part_size(self.records)
-        return out
 
 
 @dataclass(frozen=True, slots=True)
