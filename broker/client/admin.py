@@ -58,11 +58,8 @@ from broker.protocol import (
     NewTopic,
     OffsetCommitPartition,
     OffsetCommitRequest,
-    OffsetCommitTopic,
     OffsetDeleteRequest,
-    OffsetDeleteTopic,
     OffsetFetchRequest,
-    OffsetFetchTopic,
     Outcome,
     PartitionCount,
     RequestMessage,
@@ -70,6 +67,7 @@ from broker.protocol import (
     TopicConfigs,
     TopicMetadata,
     TopicRef,
+    TopicRequest,
     TopicResult,
 )
 from broker.protocol.consumer_protocol import PROTOCOL_TYPE as CONSUMER_PROTOCOL_TYPE
@@ -391,7 +389,7 @@ class AsyncAdmin:
         """The group's committed offsets (of `partitions`, default all); partitions without a
         committed offset are left out, so an unknown group gives {}."""
         topics = None if partitions is None else tuple(
-            OffsetFetchTopic(t, tuple(ps)) for t, ps in _by_topic(partitions).items())
+            TopicRequest(t, tuple(ps)) for t, ps in _by_topic(partitions).items())
         reply = await self._send_to_coordinator(group_id, OffsetFetchRequest(group_id, topics))
         err = reply.error()
         if err is not None:
@@ -412,7 +410,7 @@ class AsyncAdmin:
         for (topic, partition), offset in sorted(offsets.items()):
             by_topic.setdefault(topic, []).append(OffsetCommitPartition(partition, offset, NO_LEADER_EPOCH, metadata))
         request = OffsetCommitRequest(group_id, NO_GENERATION_ID, "", None,
-                                      tuple(OffsetCommitTopic(t, tuple(ps)) for t, ps in by_topic.items()))
+                                      tuple(TopicRequest(t, tuple(ps)) for t, ps in by_topic.items()))
         reply = await self._send_to_coordinator(group_id, request)
         err = reply.error()
         if isinstance(err, (UnknownMemberIdError, RebalanceInProgressError)):
@@ -427,7 +425,7 @@ class AsyncAdmin:
         """Delete the group's committed offsets of `partitions`; GroupIdNotFoundError for an
         unknown group, GroupSubscribedToTopicError (first per-partition error) for a topic its
         members consume."""
-        topics = tuple(OffsetDeleteTopic(t, tuple(ps)) for t, ps in _by_topic(partitions).items())
+        topics = tuple(TopicRequest(t, tuple(ps)) for t, ps in _by_topic(partitions).items())
         reply = await self._send_to_coordinator(group_id, OffsetDeleteRequest(group_id, topics))
         err = reply.error()
         if err is not None:

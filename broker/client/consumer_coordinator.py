@@ -82,6 +82,7 @@ from broker.errors import (
     UnknownMemberIdError,
 )
 from broker.protocol.consumer_protocol import NO_GENERATION, PROTOCOL_TYPE, Assignment, Subscription
+from broker.protocol.messages.base import TopicRequest
 from broker.protocol.messages.group import (
     NO_GENERATION_ID,
     FindCoordinatorRequest,
@@ -94,9 +95,7 @@ from broker.protocol.messages.group import (
     MemberIdentity,
     OffsetCommitPartition,
     OffsetCommitRequest,
-    OffsetCommitTopic,
     OffsetFetchRequest,
-    OffsetFetchTopic,
     SyncGroupAssignment,
     SyncGroupRequest,
 )
@@ -702,7 +701,7 @@ class ConsumerCoordinator:
         for (topic, partition), offset in sorted(offsets.items()):
             by_topic.setdefault(topic, []).append(OffsetCommitPartition(partition, offset, metadata=metadata))
         request = OffsetCommitRequest(self.group_id, generation, member_id, self.group_instance_id,
-                                      tuple(OffsetCommitTopic(t, tuple(ps)) for t, ps in by_topic.items()))
+                                      tuple(TopicRequest(t, tuple(ps)) for t, ps in by_topic.items()))
         deadline = time.monotonic() + (self.request_timeout_s if retry else 0)
         response = await self._request(lambda: request, deadline)
         err = response.error()
@@ -758,7 +757,7 @@ class ConsumerCoordinator:
         by_topic: dict[str, list[int]] = {}
         for topic, partition in wanted:
             by_topic.setdefault(topic, []).append(partition)
-        request = OffsetFetchRequest(self.group_id, tuple(OffsetFetchTopic(t, tuple(ps)) for t, ps in by_topic.items()))
+        request = OffsetFetchRequest(self.group_id, tuple(TopicRequest(t, tuple(ps)) for t, ps in by_topic.items()))
         response = await self._request(lambda: request, time.monotonic() + self.request_timeout_s)
         err = response.error()
         if err is not None:

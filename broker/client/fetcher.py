@@ -43,7 +43,7 @@ from broker.errors import (
     PymqError,
     RequestTimedOutError,
 )
-from broker.protocol import FetchPartition, FetchRequest, FetchResponse, FetchTopic
+from broker.protocol import FetchPartition, FetchRequest, FetchResponse, TopicRequest
 
 log = logging.getLogger("pymq.consumer")
 
@@ -301,7 +301,7 @@ class Fetcher:
         by_topic: dict[str, list[FetchPartition]] = {}
         for (topic, partition), offset in positions.items():
             by_topic.setdefault(topic, []).append(FetchPartition(partition, offset, self.max_partition_fetch_bytes))
-        request = FetchRequest(tuple(FetchTopic(t, tuple(ps)) for t, ps in by_topic.items()),
+        request = FetchRequest(tuple(TopicRequest(t, tuple(ps)) for t, ps in by_topic.items()),
                                self.fetch_max_wait_ms, self.fetch_min_bytes, self.fetch_max_bytes)
         reply = conn.request(request, self.request_timeout_s + self.fetch_max_wait_ms / 1000)
         return _Fetch(request, reply, positions, self._epoch, self._plan)

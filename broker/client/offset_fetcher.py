@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from broker.client.cluster import Cluster
 from broker.topic_partition import TopicPartition
-from broker.protocol import ListOffsetsPartition, ListOffsetsRequest, ListOffsetsTopic
+from broker.protocol import ListOffsetsPartition, ListOffsetsRequest, TopicRequest
 
 
 async def list_offsets(cluster: Cluster, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
@@ -18,7 +18,7 @@ async def list_offsets(cluster: Cluster, timestamps: dict[TopicPartition, int]) 
         by_node.setdefault(node, {}).setdefault(topic, []).append(ListOffsetsPartition(partition, ts))
     out: dict[TopicPartition, tuple[int, int]] = {}
     for node, topics in by_node.items():
-        reply = await cluster.send(node, ListOffsetsRequest(tuple(ListOffsetsTopic(t, tuple(ps)) for t, ps in topics.items())))
+        reply = await cluster.send(node, ListOffsetsRequest(tuple(TopicRequest(t, tuple(ps)) for t, ps in topics.items())))
         for t in reply.topics:
             for p in t.partitions:
                 err = p.error()

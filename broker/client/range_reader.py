@@ -44,7 +44,7 @@ from broker.errors import (
     PymqError,
     RequestTimedOutError,
 )
-from broker.protocol import FetchPartition, FetchRequest, FetchTopic
+from broker.protocol import FetchPartition, FetchRequest, TopicRequest
 
 log = logging.getLogger("pymq.range_reader")
 
@@ -83,7 +83,7 @@ async def read_range(cluster: Cluster, topic: str, partition: int, start: int, e
                                                                    * SIZE_MARGIN))
         try:
             leader = await cluster.leader(topic, partition)
-            request = FetchRequest((FetchTopic(topic, (FetchPartition(partition, position, size),), topic_id),),
+            request = FetchRequest((TopicRequest(topic, (FetchPartition(partition, position, size),), topic_id),),
                                    max_wait_ms=0, min_bytes=0, max_bytes=size)
             reply = await cluster.send(leader, request)
             answer = reply.topics[0].partitions[0]

@@ -26,7 +26,7 @@ from broker.topic_partition import TopicPartition
 from broker.client.connection import BrokerConnection, raise_for_error
 from broker.client.producer_batch import ProducerBatch
 from broker.errors import DeliveryTimeoutError, NetworkError, PymqError, RequestTimedOutError
-from broker.protocol import ProducePartition, ProduceRequest, ProduceResponse, ProduceTopic
+from broker.protocol import ProducePartition, ProduceRequest, ProduceResponse, TopicRequest
 
 log = logging.getLogger("pymq.producer")
 
@@ -214,7 +214,7 @@ class Sender:
             groups.setdefault(batch.topic, {}).setdefault(batch.partition, []).append(batch)
             batch.attempts += 1
         request = ProduceRequest(tuple(
-            ProduceTopic(topic, tuple(ProducePartition(p, tuple(part for b in group for part in b.encode(self.compression)))
+            TopicRequest(topic, tuple(ProducePartition(p, tuple(part for b in group for part in b.encode(self.compression)))
                                       for p, group in parts.items()))
             for topic, parts in groups.items()), self.acks, self.request_timeout_ms)
         ordered = [b for parts in groups.values() for group in parts.values() for b in group]

@@ -72,7 +72,7 @@ from broker.errors import (
     UnknownMemberIdError,
     UnknownTopicOrPartitionError,
 )
-from broker.protocol.messages.base import code_and_message
+from broker.protocol.messages.base import PartitionResponse, TopicResponse, code_and_message
 from broker.protocol.messages.group import (
     DeletedGroupResult,
     DeleteGroupsRequest,
@@ -92,18 +92,13 @@ from broker.protocol.messages.group import (
     ListedGroup,
     ListGroupsRequest,
     ListGroupsResponse,
-    OffsetCommitPartitionResponse,
     OffsetCommitRequest,
     OffsetCommitResponse,
-    OffsetCommitTopicResponse,
-    OffsetDeletePartitionResponse,
     OffsetDeleteRequest,
     OffsetDeleteResponse,
-    OffsetDeleteTopicResponse,
     OffsetFetchPartitionResponse,
     OffsetFetchRequest,
     OffsetFetchResponse,
-    OffsetFetchTopicResponse,
     SyncGroupRequest,
     SyncGroupResponse,
 )
@@ -616,7 +611,7 @@ class GroupCoordinator:
         for topic in request.topics:
             for p in topic.partitions:
                 tp = (topic.name, p.partition)
-                err = p.error or self._commit_error(tp, p.metadata, member, owned, partition_exists)
+                err = topic.error or p.error or self._commit_error(tp, p.metadata, member, owned, partition_exists)
                 if err is not None:
                     errors[tp] = err
                 else:
@@ -624,7 +619,7 @@ class GroupCoordinator:
 
         def respond(stored_error: PymqError | None) -> OffsetCommitResponse:
             return OffsetCommitResponse(topics=tuple(
-                OffsetCommitTopicResponse(t.name, tuple(OffsetCommitPartitionResponse(
+                TopicResponse(t.name, tuple(PartitionResponse(
                     p.partition, *code_and_message(errors.get((t.name, p.partition), stored_error))) for p in t.partitions))
                 for t in request.topics))
 
@@ -696,14 +691,15 @@ class GroupCoordinator:
         else:
             wanted = {t.name: list(t.partitions) for t in request.topics}
         return OffsetFetchResponse(topics=tuple(
-            OffsetFetchTopicResponse(topic, tuple(self._fetched(offsets.get((topic, p)), p) for p in partitions))
+            TopicResponse(topic, tuple(self._fetched(offsets.get((topic, p)), p) for p in partitions))
             for topic, partitions in wanted.items()))
 
     @staticmethod
     def _fetched(committed: CommittedOffset | None, partition: int) -> OffsetFetchPartitionResponse:
         if committed is None:
             return OffsetFetchPartitionResponse(partition)
-        return OffsetFetchPartitionResponse(partition, committed.offset, committed.leader_epoch, committed.metadata)
+        return OffsetFetchPartitionResponse(partition, committed_offset=committed.offset,
+                                            committed_leader_epoch=committed.leader_epoch, metadata=committed.metadata)
 
     def delete_offsets(self, request: OffsetDeleteRequest, token: Any, now_ms: int) -> Result:
         try:
@@ -722,8 +718,8 @@ class GroupCoordinator:
                   if (t.name, p) not in errors and (t.name, p) in group.offsets]
 
         def respond(stored_error: PymqError | None) -> OffsetDeleteResponse:
-            return OffsetDeleteResponse(topics=tuple(OffsetDeleteTopicResponse(t.name, tuple(
-                OffsetDeletePartitionResponse(p, *code_and_message(errors.get((t.name, p), stored_error)))
+            return OffsetDeleteResponse(topics=tuple(TopicResponse(t.name, tuple(
+                PartitionResponse(p, *code_and_message(errors.get((t.name, p), stored_error)))
                 for p in t.partitions)) for t in request.topics))
 
         if not doomed:

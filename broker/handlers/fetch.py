@@ -28,8 +28,8 @@ from broker.protocol import (
     FetchPartitionResponse,
     FetchRequest,
     FetchResponse,
-    FetchTopic,
-    FetchTopicResponse,
+    TopicRequest,
+    TopicResponse,
     code_and_message,
 )
 from broker.purgatory import DelayedOperation
@@ -84,10 +84,10 @@ class FetchHandler:
                 entry = self._read_partition(topic, p, max_bytes, max_bytes - read.size, read)
                 entries.append(entry)
                 read.failed = read.failed or entry.error_code != 0
-            topics.append(FetchTopicResponse(topic.name, tuple(entries)))
+            topics.append(TopicResponse(topic.name, tuple(entries)))
         return FetchResponse(tuple(topics)), read
 
-    def _read_partition(self, topic: FetchTopic, p: FetchPartition, max_bytes: int, budget: int,
+    def _read_partition(self, topic: TopicRequest[FetchPartition], p: FetchPartition, max_bytes: int, budget: int,
                         read: _Read) -> FetchPartitionResponse:
         """One partition's entry; its bytes are added to `read`."""
         malformed = topic.error or p.error
@@ -132,7 +132,7 @@ class FetchHandler:
         return data if data else partition_log.read(partition_log.local_log_start_offset, max_bytes)
 
 
-def _check_topic_id(topic: FetchTopic, partition_log: UnifiedLog) -> None:
+def _check_topic_id(topic: TopicRequest[FetchPartition], partition_log: UnifiedLog) -> None:
     """A fetch naming a topic id reads only that incarnation of the topic: the same name's log
     of a re-created topic holds other records at the same offsets (Kafka's Fetch v13). A log
     without an id (written before topics had ids) is not checked."""

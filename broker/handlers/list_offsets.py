@@ -20,8 +20,8 @@ from broker.protocol import (
     ListOffsetsPartitionResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
-    ListOffsetsTopic,
-    ListOffsetsTopicResponse,
+    TopicRequest,
+    TopicResponse,
     code_and_message,
 )
 from broker.replica_manager import ReplicaManager
@@ -49,10 +49,10 @@ class ListOffsetsHandler:
 
     @staticmethod
     def _response(request: ListOffsetsRequest, answers: list[list[ListOffsetsPartitionResponse]]) -> ListOffsetsResponse:
-        return ListOffsetsResponse(tuple(ListOffsetsTopicResponse(topic.name, tuple(entries))
+        return ListOffsetsResponse(tuple(TopicResponse(topic.name, tuple(entries))
                                          for topic, entries in zip(request.topics, answers)))
 
-    def _partition(self, topic: ListOffsetsTopic,
+    def _partition(self, topic: TopicRequest[ListOffsetsPartition],
                    p: ListOffsetsPartition) -> ListOffsetsPartitionResponse | Future[ListOffsetsPartitionResponse]:
         malformed = topic.error or p.error
         if malformed is not None:

@@ -19,8 +19,8 @@ from broker.protocol import (
     ProducePartitionResponse,
     ProduceRequest,
     ProduceResponse,
-    ProduceTopic,
-    ProduceTopicResponse,
+    TopicRequest,
+    TopicResponse,
     code_and_message,
 )
 from broker.replica_manager import ReplicaManager
@@ -49,7 +49,7 @@ class ProduceHandler:
             return self._produced_later(request.acks, outcomes)
         return _response(request.acks, outcomes)  # type: ignore[arg-type]
 
-    def _append(self, topic: ProduceTopic, p: ProducePartition, request: ProduceRequest) -> Outcome:
+    def _append(self, topic: TopicRequest[ProducePartition], p: ProducePartition, request: ProduceRequest) -> Outcome:
         """A partition's produce outcome, or an awaitable of it if it must wait."""
         malformed = topic.error or p.error
         if malformed is not None:
@@ -73,14 +73,14 @@ class ProduceHandler:
             return _failed(partition, err)
 
     @staticmethod
-    async def _produced_later(acks: int, outcomes: list[tuple[ProduceTopic, list[Outcome]]]) -> ProduceResponse | None:
+    async def _produced_later(acks: int, outcomes: list[tuple[TopicRequest[ProducePartition], list[Outcome]]]) -> ProduceResponse | None:
         """The response to a produce some of whose appends were queued or wait for their ack."""
         done = [(topic, [o if isinstance(o, ProducePartitionResponse) else await o for o in parts])
                 for topic, parts in outcomes]
         return _response(acks, done)
 
 
-def _response(acks: int, outcomes: list[tuple[ProduceTopic, list[ProducePartitionResponse]]]) -> ProduceResponse | None:
+def _response(acks: int, outcomes: list[tuple[TopicRequest[ProducePartition], list[ProducePartitionResponse]]]) -> ProduceResponse | None:
     if acks == 0:
         return None
-    return ProduceResponse(tuple(ProduceTopicResponse(topic.name, tuple(parts)) for topic, parts in outcomes))
+    return ProduceResponse(tuple(TopicResponse(topic.name, tuple(parts)) for topic, parts in outcomes))

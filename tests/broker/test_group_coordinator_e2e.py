@@ -19,8 +19,8 @@ from broker.protocol.messages import (
     DeleteTopicsRequest,
     ProducePartition,
     ProduceRequest,
-    ProduceTopic,
     TopicRef,
+    TopicRequest,
 )
 from broker.protocol.messages.group import (
     DescribeGroupsRequest,
@@ -31,7 +31,6 @@ from broker.protocol.messages.group import (
     ListGroupsRequest,
     OffsetCommitPartition,
     OffsetCommitRequest,
-    OffsetCommitTopic,
     OffsetFetchRequest,
     SyncGroupAssignment,
     SyncGroupRequest,
@@ -77,7 +76,7 @@ def _rejoin(join: JoinGroupRequest, member_id: str) -> JoinGroupRequest:
 
 
 def commit(client: Any, member: str, generation: int, offsets: dict[int, int]) -> Any:
-    return send(client, OffsetCommitRequest("g1", generation, member, None, (OffsetCommitTopic(TOPIC, tuple(
+    return send(client, OffsetCommitRequest("g1", generation, member, None, (TopicRequest(TOPIC, tuple(
         OffsetCommitPartition(p, o, metadata=f"at {o}") for p, o in offsets.items())),)))
 
 
@@ -115,7 +114,7 @@ def test_the_offsets_topic_is_internal(server, raw_client) -> None:
     with raw_client(server.port) as client:
         send(client, FindCoordinatorRequest("any"))
         batch = bytes(record.encode_batch(record.make_body([b"forged"], [b"key"])))
-        produced = send(client, ProduceRequest((ProduceTopic(OFFSETS_TOPIC, (ProducePartition(0, (batch,)),)),)))
+        produced = send(client, ProduceRequest((TopicRequest(OFFSETS_TOPIC, (ProducePartition(0, (batch,)),)),)))
         assert type(produced.topics[0].partitions[0].error()) is InvalidTopicError
         deleted = send(client, DeleteTopicsRequest((TopicRef(OFFSETS_TOPIC),)))
         assert type(error_for_code(deleted.topics[0].error_code)) is InvalidTopicError

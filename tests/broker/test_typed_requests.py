@@ -16,17 +16,15 @@ from broker.protocol import (
     FetchPartition,
     FetchRequest,
     FetchResponse,
-    FetchTopic,
     ListOffsetsPartition,
     ListOffsetsRequest,
     ListOffsetsResponse,
-    ListOffsetsTopic,
     Message,
     ProducePartition,
     ProduceRequest,
     ProduceResponse,
-    ProduceTopic,
     RequestMessage,
+    TopicRequest,
 )
 
 TOPIC = "epochs"
@@ -56,13 +54,13 @@ def epoch(server) -> int:
 
 def produce(client: Any, value: bytes, leader_epoch: int) -> Any:
     batch = bytes(record.encode_batch(record.make_body([value])))
-    reply = send(client, ProduceRequest((ProduceTopic(TOPIC, (ProducePartition(0, (batch,), leader_epoch),)),)))
+    reply = send(client, ProduceRequest((TopicRequest(TOPIC, (ProducePartition(0, (batch,), leader_epoch),)),)))
     assert isinstance(reply, ProduceResponse)
     return reply.topics[0].partitions[0]
 
 
 def end_offset(client: Any, leader_epoch: int = protocol.NO_LEADER_EPOCH) -> Any:
-    reply = send(client, ListOffsetsRequest((ListOffsetsTopic(TOPIC, (
+    reply = send(client, ListOffsetsRequest((TopicRequest(TOPIC, (
         ListOffsetsPartition(0, protocol.LATEST_TIMESTAMP, leader_epoch),)),)))
     assert isinstance(reply, ListOffsetsResponse)
     return reply.topics[0].partitions[0]
@@ -87,7 +85,7 @@ def test_fetch_and_list_offsets_check_the_leader_epoch(server, raw_client, epoch
     produce(client, b"readable", epoch)
 
     def fetch(leader_epoch: int) -> Any:
-        reply = send(client, FetchRequest((FetchTopic(TOPIC, (FetchPartition(0, 0, None, leader_epoch),)),), 0, 0))
+        reply = send(client, FetchRequest((TopicRequest(TOPIC, (FetchPartition(0, 0, None, leader_epoch),)),), 0, 0))
         assert isinstance(reply, FetchResponse)
         return reply.topics[0].partitions[0]
 
@@ -111,7 +109,7 @@ def test_fetch_with_a_topic_id_reads_only_that_incarnation(server, raw_client, e
         [description] = admin.describe_topics([TOPIC])
 
     def fetch(topic_id: str | None) -> Any:
-        reply = send(client, FetchRequest((FetchTopic(TOPIC, (FetchPartition(0, 0),), topic_id),), 0, 0))
+        reply = send(client, FetchRequest((TopicRequest(TOPIC, (FetchPartition(0, 0),), topic_id),), 0, 0))
         assert isinstance(reply, FetchResponse)
         return reply.topics[0].partitions[0]
 

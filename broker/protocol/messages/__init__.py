@@ -26,8 +26,11 @@ from broker.protocol.messages.base import (
     Message,
     Outcome,
     Part,
+    PartitionResponse,
     PayloadRange,
     RequestMessage,
+    TopicRequest,
+    TopicResponse,
     code_and_message,
     part_size,
 )
@@ -36,8 +39,6 @@ from broker.protocol.messages.fetch import (
     FetchPartitionResponse,
     FetchRequest,
     FetchResponse,
-    FetchTopic,
-    FetchTopicResponse,
 )
 from broker.protocol.messages.group import (
     GROUP_KEY_TYPE,
@@ -66,21 +67,13 @@ from broker.protocol.messages.group import (
     ListedGroup,
     MemberIdentity,
     OffsetCommitPartition,
-    OffsetCommitPartitionResponse,
     OffsetCommitRequest,
     OffsetCommitResponse,
-    OffsetCommitTopic,
-    OffsetCommitTopicResponse,
-    OffsetDeletePartitionResponse,
     OffsetDeleteRequest,
     OffsetDeleteResponse,
-    OffsetDeleteTopic,
-    OffsetDeleteTopicResponse,
     OffsetFetchPartitionResponse,
     OffsetFetchRequest,
     OffsetFetchResponse,
-    OffsetFetchTopic,
-    OffsetFetchTopicResponse,
     SyncGroupAssignment,
     SyncGroupRequest,
     SyncGroupResponse,
@@ -102,8 +95,6 @@ from broker.protocol.messages.offsets import (
     ListOffsetsPartitionResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
-    ListOffsetsTopic,
-    ListOffsetsTopicResponse,
 )
 from broker.protocol.messages.produce import (
     DEFAULT_PRODUCE_TIMEOUT_MS,
@@ -111,8 +102,6 @@ from broker.protocol.messages.produce import (
     ProducePartitionResponse,
     ProduceRequest,
     ProduceResponse,
-    ProduceTopic,
-    ProduceTopicResponse,
 )
 from broker.protocol.messages.tiering import (
     DescribeTieringRequest,

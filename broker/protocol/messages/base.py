@@ -13,13 +13,15 @@ raises that error before decoding anything else.
 """
 from __future__ import annotations
 
-from dataclasses import field as dataclass_field
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass, fields
+from dataclasses import field as dataclass_field
+from functools import cache
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar, Union
 
-from broker.errors import NONE, PymqError, error_for_code
-from broker.protocol.fields import entries, field
+from broker.errors import NONE, InvalidRequestError, PymqError, error_for_code
+from broker.protocol.fields import entries, entry_field, field
 from broker.protocol.framing import ApiKey
 
 Buffer = Union[bytes, bytearray, memoryview]
@@ -113,16 +115,153 @@ def decode_error(control: dict[str, Any]) -> tuple[int, str | None]:
     return field(control, "error_code", int, NONE), field(control, "error_message", str, None)
 
 
-def topics_control(topics: Iterable[Any]) -> dict[str, Any]:
-    """The control map of a response answered per topic and partition (produce, fetch, list
-    offsets): each partition outcome encodes itself."""
-    return {"error_code": NONE, "topics": [{"name": t.name, "partitions": [p.to_control() for p in t.partitions]}
-                                           for t in topics]}
+class PayloadCursor:
+    """Splits a received payload among the partition entries that claim it, in their order: each
+    takes its `size` bytes as a view (no copy), and together they must claim all of it."""
+
+    __slots__ = ("payload", "pos")
+
+    def __init__(self, payload: memoryview) -> None:
+        self.payload, self.pos = payload, 0
+
+    def take(self, size: int) -> memoryview:
+        """The next `size` bytes (size >= 0, checked by the caller); InvalidRequestError when the
+        payload has fewer left."""
+        pos, end = self.pos, len(self.payload)
+        if pos + size > end:
+            raise InvalidRequestError(f"partition sizes claim more than the payload's {end} bytes")
+        self.pos = pos + size
+        return self.payload[pos:pos + size]
+
+    def check_all_claimed(self) -> None:
+        """InvalidRequestError when bytes are left that no partition claimed."""
+        if self.pos != len(self.payload):
+            raise InvalidRequestError(f"payload has {len(self.payload) - self.pos} bytes not claimed by any partition")
 
 
-def decode_topics(control: dict[str, Any], topic_type: Callable[[str, tuple[Any, ...]], T],
-                  decode_partition: Callable[[dict[str, Any]], Any]) -> tuple[T, ...]:
-    """The topics of a response answered per topic and partition, each partition decoded by
-    `decode_partition` (its outcome type's `from_control`)."""
-    return tuple(topic_type(field(t, "name", str), tuple(decode_partition(p) for p in entries(t, "partitions")))
-                 for t in entries(control, "topics"))
+def own_field(default: Any, kind: type | None = None) -> Any:
+    """A field of a `PartitionResponse` subclass that travels under its own name: decoded as
+    `kind` (the default's type unless given), absent -> `default`."""
+    return dataclass_field(default=default, metadata={"kind": kind or type(default)})
+
+
+@cache
+def _own_fields(response_type: type["PartitionResponse"]) -> tuple[tuple[str, type, Any], ...]:
+    """(name, kind, default) of a partition response type's own fields, in declaration order."""
+    return tuple((f.name, f.metadata["kind"], f.default) for f in fields(response_type) if "kind" in f.metadata)
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionResponse(Outcome):
+    """One partition's answer in a response answered per topic and partition: its number, its
+    error fields, and the fields its API adds (`own_field`s of a subclass; none for a bare
+    outcome such as OffsetCommit's and OffsetDelete's).
+
+    On the wire: {partition, <own fields>, error_code, error_message?}, or with `error_first`
+    {partition, error_code, error_message?, <own fields>}; the order is part of the known bytes.
+    """
+
+    error_first: ClassVar[bool] = False
+    partition: int
+    error_code: int = NONE
+    error_message: str | None = None
+
+    def put_own(self, out: dict[str, Any]) -> None:
+        """Add the API's own fields to the control map, in order."""
+        for name, _, _ in _own_fields(type(self)):
+            out[name] = getattr(self, name)
+
+    def to_control(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"partition": self.partition}
+        if self.error_first:
+            put_error(out, self.error_code, self.error_message)
+            self.put_own(out)
+            return out
+        self.put_own(out)
+        return put_error(out, self.error_code, self.error_message)
+
+    @classmethod
+    def from_control(cls, control: dict[str, Any], **given: Any) -> Self:
+        """Decode one partition entry; `given` are fields that do not travel in the control map
+        (a fetched partition's records, split from the payload by the response)."""
+        for name, kind, default in _own_fields(cls):
+            given[name] = field(control, name, kind, default)
+        return cls(field(control, "partition", int), *decode_error(control), **given)
+
+
+P = TypeVar("P", bound=PartitionResponse)
+E = TypeVar("E")
+
+
+@dataclass(frozen=True, slots=True)
+class TopicResponse(Generic[P]):
+    """A topic's partition answers, in the order of the request's entries."""
+
+    name: str
+    partitions: tuple[P, ...]
+
+    def to_control(self) -> dict[str, Any]:
+        return {"name": self.name, "partitions": [p.to_control() for p in self.partitions]}
+
+    @classmethod
+    def from_control(cls, control: dict[str, Any], parse: Callable[[dict[str, Any]], P]) -> "TopicResponse[P]":
+        """Decode one topic entry, each partition with `parse` (its type's `from_control`)."""
+        return cls(field(control, "name", str), tuple(parse(p) for p in entries(control, "partitions")))
+
+
+@dataclass(frozen=True, slots=True)
+class TopicRequest(Generic[E]):
+    """A topic's partition entries in a request addressed per topic and partition. `error` is
+    set when the topic entry is malformed (its name or id is not a string): the handler answers
+    every partition of it with that error and the other topics go on.
+
+    `topic_id` (optional, KIP-516; Fetch reads it): the incarnation of the topic the sender means.
+    A broker whose log of that name is another incarnation (deleted and re-created) answers
+    INCONSISTENT_TOPIC_ID. On the wire only when set, so senders that never set it send the bytes
+    they always did."""
+
+    name: str
+    partitions: tuple[E, ...]
+    topic_id: str | None = None
+    error: PymqError | None = entry_error()
+
+    def to_control(self) -> dict[str, Any]:
+        if self.topic_id is None:
+            return {"name": self.name, "partitions": [p.to_control() for p in self.partitions]}  # type: ignore[attr-defined]
+        return {"name": self.name, "topic_id": self.topic_id,
+                "partitions": [p.to_control() for p in self.partitions]}  # type: ignore[attr-defined]
+
+    @classmethod
+    def from_control(cls, control: dict[str, Any], parse: Callable[[dict[str, Any]], E]) -> "TopicRequest[E]":
+        """Decode one topic entry, each partition with `parse`; a bad name or id stays on the entry."""
+        name, name_error = entry_field(control, "name", str, "")
+        topic_id, id_error = entry_field(control, "topic_id", str, None, None)
+        return cls(name, tuple(parse(p) for p in entries(control, "partitions")), topic_id, name_error or id_error)
+
+
+def encode_topics(topics: Iterable[TopicResponse[Any] | TopicRequest[Any]]) -> list[dict[str, Any]]:
+    """The `topics` list of a control map: each topic entry encodes itself."""
+    return [t.to_control() for t in topics]
+
+
+class TopicResponses(Message):
+    """Responses answered per topic and partition with nothing else (Produce, Fetch, ListOffsets):
+    `topics` of `partition_type` answers, and the whole-request error_code 0."""
+
+    __slots__ = ()
+    partition_type: ClassVar[type[PartitionResponse]]
+    topics: tuple[TopicResponse[Any], ...]
+
+    def to_control(self) -> dict[str, Any]:
+        return {"error_code": NONE, "topics": encode_topics(self.topics)}
+
+    @classmethod
+    def from_control(cls, control: dict[str, Any], payload: memoryview) -> Self:
+        return cls(decode_topics(control, TopicResponse, cls.partition_type.from_control))  # type: ignore[call-arg]
+
+
+def decode_topics(control: dict[str, Any], topic_type: type[TopicResponse[Any]] | type[TopicRequest[Any]],
+                  parse: Callable[[dict[str, Any]], T]) -> tuple[Any, ...]:
+    """The `topics` list of a control map, as `topic_type` (TopicResponse or TopicRequest)
+    entries whose partitions `parse` decodes."""
+    return tuple(topic_type.from_control(t, parse) for t in entries(control, "topics"))

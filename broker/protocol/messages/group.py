@@ -56,7 +56,7 @@ Decoding. A `group_id` (or any other top-level field) of the wrong type is INVAL
 the whole request; an empty group id is well-formed here and the coordinator's INVALID_GROUP_ID.
 JoinGroup must name at least one protocol, each once. An OffsetCommit partition entry whose
 partition or offset is missing, mistyped or negative, or whose metadata is not a string, keeps
-that error on the entry (as does every partition of a topic whose name is not a string): the
+that error on the entry (a topic whose name is not a string keeps it on the topic entry): the
 coordinator answers those entries alone and commits the others. `rebalance_timeout_ms` -1 is
 sent as is; the coordinator reads it as the session timeout.
 """
@@ -72,12 +72,16 @@ from broker.protocol.messages.base import (
     NO_LEADER_EPOCH,
     Message,
     Outcome,
+    PartitionResponse,
     RequestMessage,
+    TopicRequest,
+    TopicResponse,
     decode_error,
     decode_topics,
+    encode_topics,
     entry_error,
+    own_field,
     put_error,
-    topics_control,
 )
 
 GROUP_KEY_TYPE = 0  # FindCoordinator: the key is a group id
@@ -85,6 +89,7 @@ TRANSACTION_KEY_TYPE = 1  # FindCoordinator: the key is a transactional id
 NO_GENERATION_ID = -1  # OffsetCommit from outside the group (an admin, a consumer with manual assignment)
 
 T = TypeVar("T")
+P = TypeVar("P", bound=PartitionResponse)
 
 
 # -- field helpers -----------------------------------------------------------------------------
@@ -129,13 +134,19 @@ def _decode_result(control: dict[str, Any]) -> tuple[int, str | None]:
     return field(control, "result_error_code", int, NONE), field(control, "result_error_message", str, None)
 
 
-def _offset_topics(topics: tuple[Any, ...]) -> list[dict[str, Any]]:
+def _topic_responses(control: dict[str, Any], parse: Callable[[dict[str, Any]], P]) -> tuple[TopicResponse[P], ...]:
+    """The topics of an offsets response; absent with a group-level error."""
+    return () if control.get("topics") is None else decode_topics(control, TopicResponse, parse)
+
+
+def _offset_topics(topics: tuple[TopicRequest[int], ...]) -> list[dict[str, Any]]:
     """The request topics of OffsetFetch / OffsetDelete: names with bare partition numbers."""
     return [{"name": t.name, "partitions": list(t.partitions)} for t in topics]
 
 
-def _decode_offset_topics(control: dict[str, Any], topic_type: Callable[[str, tuple[int, ...]], T]) -> tuple[T, ...]:
-    return tuple(topic_type(field(t, "name", str), _ints(t, "partitions")) for t in entries(control, "topics"))
+def _decode_offset_topics(control: dict[str, Any]) -> tuple[TopicRequest[int], ...]:
+    """A name that is not a string refuses the whole request here: no entry is answered alone."""
+    return tuple(TopicRequest(field(t, "name", str), _ints(t, "partitions")) for t in entries(control, "topics"))
 
 
 # -- FindCoordinator ---------------------------------------------------------------------------
@@ -444,33 +455,6 @@ class LeaveGroupRequest(RequestMessage[LeaveGroupResponse]):
 # -- OffsetCommit ------------------------------------------------------------------------------
 
 
-class _PartitionResult(Outcome):
-    """A partition's bare outcome (OffsetCommit, OffsetDelete)."""
-
-    __slots__ = ()
-    partition: int
-
-    def to_control(self) -> dict[str, Any]:
-        return put_error({"partition": self.partition}, self.error_code, self.error_message)
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any]) -> Any:
-        return cls(field(control, "partition", int), *decode_error(control))  # type: ignore[call-arg]
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetCommitPartitionResponse(_PartitionResult):
-    partition: int
-    error_code: int = 0
-    error_message: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetCommitTopicResponse:
-    name: str
-    partitions: tuple[OffsetCommitPartitionResponse, ...]
-
-
 @dataclass(frozen=True, slots=True)
 class OffsetCommitResponse(Outcome, Message):
     """A group-level error (NOT_COORDINATOR, ILLEGAL_GENERATION, ...) is the response's own
@@ -479,22 +463,20 @@ class OffsetCommitResponse(Outcome, Message):
     api_key: ClassVar[ApiKey] = ApiKey.OFFSET_COMMIT
     error_code: int = 0
     error_message: str | None = None
-    topics: tuple[OffsetCommitTopicResponse, ...] = ()
+    topics: tuple[TopicResponse[PartitionResponse], ...] = ()
 
     def to_control(self) -> dict[str, Any]:
-        return _result(self, topics=topics_control(self.topics)["topics"])
+        return _result(self, topics=encode_topics(self.topics))
 
     @classmethod
     def from_control(cls, control: dict[str, Any], payload: memoryview) -> "OffsetCommitResponse":
-        topics = () if control.get("topics") is None else decode_topics(
-            control, OffsetCommitTopicResponse, OffsetCommitPartitionResponse.from_control)
-        return cls(*_decode_result(control), topics)
+        return cls(*_decode_result(control), _topic_responses(control, PartitionResponse.from_control))
 
 
 @dataclass(frozen=True, slots=True)
 class OffsetCommitPartition:
     """`error` is set when the entry is malformed: its partition or offset is missing, not an
-    int or negative, its metadata is not a string, or its topic's name is not a string."""
+    int or negative, or its metadata is not a string."""
 
     partition: int
     committed_offset: int
@@ -502,8 +484,12 @@ class OffsetCommitPartition:
     metadata: str | None = None
     error: PymqError | None = entry_error()
 
+    def to_control(self) -> dict[str, Any]:
+        return {"partition": self.partition, "committed_offset": self.committed_offset,
+                "committed_leader_epoch": self.committed_leader_epoch, "metadata": self.metadata}
+
     @classmethod
-    def from_control(cls, item: dict[str, Any], topic_error: PymqError | None) -> "OffsetCommitPartition":
+    def from_control(cls, item: dict[str, Any]) -> "OffsetCommitPartition":
         partition, partition_error = entry_field(item, "partition", int, -1)
         if partition_error is None and partition < 0:
             partition_error = InvalidRequestError(f"partition {partition} must be >= 0")
@@ -513,15 +499,7 @@ class OffsetCommitPartition:
         epoch, epoch_error = entry_field(item, "committed_leader_epoch", int, NO_LEADER_EPOCH, NO_LEADER_EPOCH)
         metadata, metadata_error = entry_field(item, "metadata", str, None, None)
         return cls(partition, offset, epoch, metadata,
-                   topic_error or partition_error or offset_error or epoch_error or metadata_error)
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetCommitTopic:
-    """A topic name that is not a string is the error of each of its partitions."""
-
-    name: str
-    partitions: tuple[OffsetCommitPartition, ...]
+                   partition_error or offset_error or epoch_error or metadata_error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -535,59 +513,30 @@ class OffsetCommitRequest(RequestMessage[OffsetCommitResponse]):
     generation_id: int
     member_id: str
     group_instance_id: str | None
-    topics: tuple[OffsetCommitTopic, ...]
+    topics: tuple[TopicRequest[OffsetCommitPartition], ...]
 
     def to_control(self) -> dict[str, Any]:
         return {"group_id": self.group_id, "generation_id": self.generation_id, "member_id": self.member_id,
-                "group_instance_id": self.group_instance_id, "topics": [
-                    {"name": t.name, "partitions": [
-                        {"partition": p.partition, "committed_offset": p.committed_offset,
-                         "committed_leader_epoch": p.committed_leader_epoch, "metadata": p.metadata}
-                        for p in t.partitions]}
-                    for t in self.topics]}
+                "group_instance_id": self.group_instance_id, "topics": encode_topics(self.topics)}
 
     @classmethod
     def from_control(cls, control: dict[str, Any], payload: memoryview) -> "OffsetCommitRequest":
         group_id, generation_id = field(control, "group_id", str), field(control, "generation_id", int)
         member_id, instance_id = field(control, "member_id", str), _optional_str(control, "group_instance_id")
-        topics = []
-        for item in entries(control, "topics"):
-            name, name_error = entry_field(item, "name", str, "")
-            topics.append(OffsetCommitTopic(name, tuple(
-                OffsetCommitPartition.from_control(p, name_error) for p in entries(item, "partitions"))))
-        return cls(group_id, generation_id, member_id, instance_id, tuple(topics))
+        return cls(group_id, generation_id, member_id, instance_id,
+                   decode_topics(control, TopicRequest, OffsetCommitPartition.from_control))
 
 
 # -- OffsetFetch -------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
-class OffsetFetchPartitionResponse(Outcome):
+class OffsetFetchPartitionResponse(PartitionResponse):
     """No committed offset: committed_offset -1 and no error."""
 
-    partition: int
-    committed_offset: int = -1
-    committed_leader_epoch: int = NO_LEADER_EPOCH
-    metadata: str | None = None
-    error_code: int = 0
-    error_message: str | None = None
-
-    def to_control(self) -> dict[str, Any]:
-        return put_error({"partition": self.partition, "committed_offset": self.committed_offset,
-                          "committed_leader_epoch": self.committed_leader_epoch, "metadata": self.metadata},
-                         self.error_code, self.error_message)
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any]) -> "OffsetFetchPartitionResponse":
-        return cls(field(control, "partition", int), field(control, "committed_offset", int, -1),
-                   field(control, "committed_leader_epoch", int, NO_LEADER_EPOCH), _optional_str(control, "metadata"),
-                   *decode_error(control))
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetFetchTopicResponse:
-    name: str
-    partitions: tuple[OffsetFetchPartitionResponse, ...]
+    committed_offset: int = own_field(-1)
+    committed_leader_epoch: int = own_field(NO_LEADER_EPOCH)
+    metadata: str | None = own_field(None, str)
 
 
 @dataclass(frozen=True, slots=True)
@@ -595,22 +544,14 @@ class OffsetFetchResponse(Outcome, Message):
     api_key: ClassVar[ApiKey] = ApiKey.OFFSET_FETCH
     error_code: int = 0
     error_message: str | None = None
-    topics: tuple[OffsetFetchTopicResponse, ...] = ()
+    topics: tuple[TopicResponse[OffsetFetchPartitionResponse], ...] = ()
 
     def to_control(self) -> dict[str, Any]:
-        return _result(self, topics=topics_control(self.topics)["topics"])
+        return _result(self, topics=encode_topics(self.topics))
 
     @classmethod
     def from_control(cls, control: dict[str, Any], payload: memoryview) -> "OffsetFetchResponse":
-        topics = () if control.get("topics") is None else decode_topics(
-            control, OffsetFetchTopicResponse, OffsetFetchPartitionResponse.from_control)
-        return cls(*_decode_result(control), topics)
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetFetchTopic:
-    name: str
-    partitions: tuple[int, ...]
+        return cls(*_decode_result(control), _topic_responses(control, OffsetFetchPartitionResponse.from_control))
 
 
 @dataclass(frozen=True, slots=True)
@@ -621,7 +562,7 @@ class OffsetFetchRequest(RequestMessage[OffsetFetchResponse]):
     api_key: ClassVar[ApiKey] = ApiKey.OFFSET_FETCH
     response_type: ClassVar[type[OffsetFetchResponse]] = OffsetFetchResponse
     group_id: str
-    topics: tuple[OffsetFetchTopic, ...] | None
+    topics: tuple[TopicRequest[int], ...] | None
     require_stable: bool = False
 
     def to_control(self) -> dict[str, Any]:
@@ -631,7 +572,7 @@ class OffsetFetchRequest(RequestMessage[OffsetFetchResponse]):
     @classmethod
     def from_control(cls, control: dict[str, Any], payload: memoryview) -> "OffsetFetchRequest":
         group_id = field(control, "group_id", str)
-        topics = None if control.get("topics") is None else _decode_offset_topics(control, OffsetFetchTopic)
+        topics = None if control.get("topics") is None else _decode_offset_topics(control)
         return cls(group_id, topics, field(control, "require_stable", bool, False))
 
 
@@ -805,19 +746,6 @@ class DeleteGroupsRequest(RequestMessage[DeleteGroupsResponse]):
 
 
 @dataclass(frozen=True, slots=True)
-class OffsetDeletePartitionResponse(_PartitionResult):
-    partition: int
-    error_code: int = 0
-    error_message: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetDeleteTopicResponse:
-    name: str
-    partitions: tuple[OffsetDeletePartitionResponse, ...]
-
-
-@dataclass(frozen=True, slots=True)
 class OffsetDeleteResponse(Outcome, Message):
     """A group-level error (GROUP_ID_NOT_FOUND, NON_EMPTY_GROUP, ...) is the response's own
     `error_code`; GROUP_SUBSCRIBED_TO_TOPIC is answered per partition."""
@@ -825,22 +753,14 @@ class OffsetDeleteResponse(Outcome, Message):
     api_key: ClassVar[ApiKey] = ApiKey.OFFSET_DELETE
     error_code: int = 0
     error_message: str | None = None
-    topics: tuple[OffsetDeleteTopicResponse, ...] = ()
+    topics: tuple[TopicResponse[PartitionResponse], ...] = ()
 
     def to_control(self) -> dict[str, Any]:
-        return _result(self, topics=topics_control(self.topics)["topics"])
+        return _result(self, topics=encode_topics(self.topics))
 
     @classmethod
     def from_control(cls, control: dict[str, Any], payload: memoryview) -> "OffsetDeleteResponse":
-        topics = () if control.get("topics") is None else decode_topics(
-            control, OffsetDeleteTopicResponse, OffsetDeletePartitionResponse.from_control)
-        return cls(*_decode_result(control), topics)
-
-
-@dataclass(frozen=True, slots=True)
-class OffsetDeleteTopic:
-    name: str
-    partitions: tuple[int, ...]
+        return cls(*_decode_result(control), _topic_responses(control, PartitionResponse.from_control))
 
 
 @dataclass(frozen=True, slots=True)
@@ -850,7 +770,7 @@ class OffsetDeleteRequest(RequestMessage[OffsetDeleteResponse]):
     api_key: ClassVar[ApiKey] = ApiKey.OFFSET_DELETE
     response_type: ClassVar[type[OffsetDeleteResponse]] = OffsetDeleteResponse
     group_id: str
-    topics: tuple[OffsetDeleteTopic, ...]
+    topics: tuple[TopicRequest[int], ...]
 
     def to_control(self) -> dict[str, Any]:
         return {"group_id": self.group_id, "topics": _offset_topics(self.topics)}
@@ -858,5 +778,5 @@ class OffsetDeleteRequest(RequestMessage[OffsetDeleteResponse]):
     @classmethod
     def from_control(cls, control: dict[str, Any], payload: memoryview) -> "OffsetDeleteRequest":
         group_id = field(control, "group_id", str)
-        return cls(group_id, _decode_offset_topics(control, OffsetDeleteTopic))
+        return cls(group_id, _decode_offset_topics(control))
 

@@ -15,18 +15,19 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from broker.errors import InvalidRequestError, PymqError
-from broker.protocol.fields import entries, entry_field, field
+from broker.protocol.fields import entry_field, field
 from broker.protocol.framing import ApiKey
 from broker.protocol.messages.base import (
-    decode_topics,
-    topics_control,
     NO_LEADER_EPOCH,
-    Message,
-    Outcome,
+    PartitionResponse,
     RequestMessage,
-    decode_error,
+    TopicRequest,
+    TopicResponse,
+    TopicResponses,
+    decode_topics,
+    encode_topics,
     entry_error,
-    put_error,
+    own_field,
 )
 
 LATEST_TIMESTAMP = -1
@@ -34,41 +35,24 @@ EARLIEST_TIMESTAMP = -2
 
 
 @dataclass(frozen=True, slots=True)
-class ListOffsetsPartitionResponse(Outcome):
-    partition: int
-    error_code: int = 0
-    error_message: str | None = None
-    offset: int = -1
-    timestamp: int = -1
-
-    def to_control(self) -> dict[str, Any]:
-        out = put_error({"partition": self.partition}, self.error_code, self.error_message)
-        out["offset"], out["timestamp"] = self.offset, self.timestamp
-        return out
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any]) -> "ListOffsetsPartitionResponse":
-        return cls(field(control, "partition", int), *decode_error(control), field(control, "offset", int, -1),
-                   field(control, "timestamp", int, -1))
+class ListOffsetsPartitionResponse(PartitionResponse):
+    error_first: ClassVar[bool] = True
+    offset: int = own_field(-1)
+    timestamp: int = own_field(-1)
 
 
 @dataclass(frozen=True, slots=True)
-class ListOffsetsTopicResponse:
-    name: str
-    partitions: tuple[ListOffsetsPartitionResponse, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ListOffsetsResponse(Message):
+class ListOffsetsResponse(TopicResponses):
     api_key: ClassVar[ApiKey] = ApiKey.LIST_OFFSETS
-    topics: tuple[ListOffsetsTopicResponse, ...]
+    partition_type: ClassVar[type[ListOffsetsPartitionResponse]] = ListOffsetsPartitionResponse
+    topics: tuple[TopicResponse[ListOffsetsPartitionResponse], ...]
 
-    def to_control(self) -> dict[str, Any]:
-        return topics_control(self.topics)
 
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "ListOffsetsResponse":
-        return cls(decode_topics(control, ListOffsetsTopicResponse, ListOffsetsPartitionResponse.from_control))
+def _timestamp(control: dict[str, Any]) -> tuple[int, InvalidRequestError | None]:
+    timestamp, error = entry_field(control, "timestamp", int, LATEST_TIMESTAMP)
+    if error is None and timestamp < EARLIEST_TIMESTAMP:
+        return LATEST_TIMESTAMP, InvalidRequestError(f"timestamp {timestamp} is neither -1 (latest), -2 (earliest) nor a time")
+    return timestamp, error
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,44 +64,26 @@ class ListOffsetsPartition:
     current_leader_epoch: int = NO_LEADER_EPOCH
     error: PymqError | None = entry_error()
 
+    def to_control(self) -> dict[str, Any]:
+        return {"partition": self.partition, "timestamp": self.timestamp, "current_leader_epoch": self.current_leader_epoch}
 
-@dataclass(frozen=True, slots=True)
-class ListOffsetsTopic:
-    name: str
-    partitions: tuple[ListOffsetsPartition, ...]
-    error: PymqError | None = entry_error()
-
-
-def _timestamp(control: dict[str, Any]) -> tuple[int, InvalidRequestError | None]:
-    timestamp, error = entry_field(control, "timestamp", int, LATEST_TIMESTAMP)
-    if error is None and timestamp < EARLIEST_TIMESTAMP:
-        return LATEST_TIMESTAMP, InvalidRequestError(f"timestamp {timestamp} is neither -1 (latest), -2 (earliest) nor a time")
-    return timestamp, error
+    @classmethod
+    def from_control(cls, control: dict[str, Any]) -> "ListOffsetsPartition":
+        partition, partition_error = entry_field(control, "partition", int, -1)
+        timestamp, timestamp_error = _timestamp(control)
+        epoch = field(control, "current_leader_epoch", int, NO_LEADER_EPOCH)
+        return cls(partition, timestamp, epoch, partition_error or timestamp_error)
 
 
 @dataclass(frozen=True, slots=True)
 class ListOffsetsRequest(RequestMessage[ListOffsetsResponse]):
     api_key: ClassVar[ApiKey] = ApiKey.LIST_OFFSETS
     response_type: ClassVar[type[ListOffsetsResponse]] = ListOffsetsResponse
-    topics: tuple[ListOffsetsTopic, ...]
+    topics: tuple[TopicRequest[ListOffsetsPartition], ...]
 
     def to_control(self) -> dict[str, Any]:
-        return {"topics": [
-            {"name": t.name, "partitions": [
-                {"partition": p.partition, "timestamp": p.timestamp, "current_leader_epoch": p.current_leader_epoch}
-                for p in t.partitions]}
-            for t in self.topics]}
+        return {"topics": encode_topics(self.topics)}
 
     @classmethod
     def from_control(cls, control: dict[str, Any], payload: memoryview) -> "ListOffsetsRequest":
-        topics = []
-        for item in entries(control, "topics"):
-            name, name_error = entry_field(item, "name", str, "")
-            partitions = []
-            for p in entries(item, "partitions"):
-                partition, partition_error = entry_field(p, "partition", int, -1)
-                timestamp, timestamp_error = _timestamp(p)
-                epoch = field(p, "current_leader_epoch", int, NO_LEADER_EPOCH)
-                partitions.append(ListOffsetsPartition(partition, timestamp, epoch, partition_error or timestamp_error))
-            topics.append(ListOffsetsTopic(name, tuple(partitions), name_error))
-        return cls(tuple(topics))
+        return cls(decode_topics(control, TopicRequest, ListOffsetsPartition.from_control))

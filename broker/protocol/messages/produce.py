@@ -12,23 +12,25 @@ patches base offsets into before appending. A partition's `size`s must claim the
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
-from broker.errors import InvalidRequestError, InvalidRequiredAcksError, PymqError
-from broker.protocol.fields import entries, entry_field, field, non_negative
+from broker.errors import InvalidRequiredAcksError, PymqError
+from broker.protocol.fields import entry_field, field, non_negative
 from broker.protocol.framing import ApiKey
 from broker.protocol.messages.base import (
-    decode_topics,
-    topics_control,
     NO_LEADER_EPOCH,
     Buffer,
-    Message,
-    Outcome,
     Part,
+    PartitionResponse,
+    PayloadCursor,
     RequestMessage,
-    decode_error,
+    TopicRequest,
+    TopicResponse,
+    TopicResponses,
+    decode_topics,
+    encode_topics,
     entry_error,
-    put_error,
+    own_field,
 )
 
 DEFAULT_PRODUCE_TIMEOUT_MS = 30_000
@@ -36,42 +38,17 @@ ACKS = (-1, 0, 1)  # all in-sync replicas, none (no response at all), the leader
 
 
 @dataclass(frozen=True, slots=True)
-class ProducePartitionResponse(Outcome):
-    partition: int
-    error_code: int = 0
-    error_message: str | None = None
-    base_offset: int = -1
-    log_append_time: int = -1
-    log_start_offset: int = -1
-
-    def to_control(self) -> dict[str, Any]:
-        return put_error({"partition": self.partition, "base_offset": self.base_offset,
-                          "log_append_time": self.log_append_time, "log_start_offset": self.log_start_offset},
-                         self.error_code, self.error_message)
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any]) -> "ProducePartitionResponse":
-        return cls(field(control, "partition", int), *decode_error(control), field(control, "base_offset", int, -1),
-                   field(control, "log_append_time", int, -1), field(control, "log_start_offset", int, -1))
+class ProducePartitionResponse(PartitionResponse):
+    base_offset: int = own_field(-1)
+    log_append_time: int = own_field(-1)
+    log_start_offset: int = own_field(-1)
 
 
 @dataclass(frozen=True, slots=True)
-class ProduceTopicResponse:
-    name: str
-    partitions: tuple[ProducePartitionResponse, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ProduceResponse(Message):
+class ProduceResponse(TopicResponses):
     api_key: ClassVar[ApiKey] = ApiKey.PRODUCE
-    topics: tuple[ProduceTopicResponse, ...]
-
-    def to_control(self) -> dict[str, Any]:
-        return topics_control(self.topics)
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "ProduceResponse":
-        return cls(decode_topics(control, ProduceTopicResponse, ProducePartitionResponse.from_control))
+    partition_type: ClassVar[type[ProducePartitionResponse]] = ProducePartitionResponse
+    topics: tuple[TopicResponse[ProducePartitionResponse], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,31 +73,39 @@ class ProducePartition:
             return records[0]  # type: ignore[return-value]
         return memoryview(bytearray().join(records))
 
+    def to_control(self) -> dict[str, Any]:
+        return {"partition": self.partition, "size": self.size, "current_leader_epoch": self.current_leader_epoch}
 
-@dataclass(frozen=True, slots=True)
-class ProduceTopic:
-    """`error` is set when the topic entry is malformed (its name is not a string): every
-    partition of it is answered with that error."""
 
-    name: str
-    partitions: tuple[ProducePartition, ...]
-    error: PymqError | None = entry_error()
+def _partition_parser(cursor: PayloadCursor) -> Callable[[dict[str, Any]], ProducePartition]:
+    """Decodes partition entries, each with its slice of the payload. The hot path: well-typed
+    fields cost one class comparison; the field helpers only run to name what is wrong."""
+
+    def parse(p: dict[str, Any]) -> ProducePartition:
+        size, partition, epoch = p.get("size"), p.get("partition"), p.get("current_leader_epoch", NO_LEADER_EPOCH)
+        if size.__class__ is not int or size < 0:
+            size = non_negative(p, "size")
+        records = cursor.take(size)
+        partition_error = None
+        if partition.__class__ is not int:
+            partition, partition_error = entry_field(p, "partition", int, -1)
+        if epoch.__class__ is not int:
+            epoch = field(p, "current_leader_epoch", int, NO_LEADER_EPOCH)
+        return ProducePartition(partition, (records,), epoch, partition_error)
+
+    return parse
 
 
 @dataclass(frozen=True, slots=True)
 class ProduceRequest(RequestMessage[ProduceResponse]):
     api_key: ClassVar[ApiKey] = ApiKey.PRODUCE
     response_type: ClassVar[type[ProduceResponse]] = ProduceResponse
-    topics: tuple[ProduceTopic, ...]
+    topics: tuple[TopicRequest[ProducePartition], ...]
     acks: int = 1
     timeout_ms: int = DEFAULT_PRODUCE_TIMEOUT_MS
 
     def to_control(self) -> dict[str, Any]:
-        return {"acks": self.acks, "timeout_ms": self.timeout_ms, "topics": [
-            {"name": t.name, "partitions": [
-                {"partition": p.partition, "size": p.size, "current_leader_epoch": p.current_leader_epoch}
-                for p in t.partitions]}
-            for t in self.topics]}
+        return {"acks": self.acks, "timeout_ms": self.timeout_ms, "topics": encode_topics(self.topics)}
 
     def payload(self) -> list[Part]:
         return [r for t in self.topics for p in t.partitions for r in p.records]
@@ -131,27 +116,7 @@ class ProduceRequest(RequestMessage[ProduceResponse]):
         if acks not in ACKS:
             raise InvalidRequiredAcksError(f"acks must be -1, 0 or 1, got {acks}")
         timeout_ms = non_negative(control, "timeout_ms", DEFAULT_PRODUCE_TIMEOUT_MS)
-        topics = []
-        pos, end = 0, len(payload)
-        for item in entries(control, "topics"):
-            name, name_error = entry_field(item, "name", str, "")
-            partitions = []
-            for p in entries(item, "partitions"):
-                # The hot path: well-typed fields cost one class comparison; the helpers only
-                # run to name what is wrong.
-                size, partition, epoch = p.get("size"), p.get("partition"), p.get("current_leader_epoch", NO_LEADER_EPOCH)
-                if size.__class__ is not int or size < 0:
-                    size = non_negative(p, "size")
-                if pos + size > end:
-                    raise InvalidRequestError(f"partition sizes claim more than the payload's {end} bytes")
-                partition_error = None
-                if partition.__class__ is not int:
-                    partition, partition_error = entry_field(p, "partition", int, -1)
-                if epoch.__class__ is not int:
-                    epoch = field(p, "current_leader_epoch", int, NO_LEADER_EPOCH)
-                partitions.append(ProducePartition(partition, (payload[pos:pos + size],), epoch, partition_error))
-                pos += size
-            topics.append(ProduceTopic(name, tuple(partitions), name_error))
-        if pos != end:
-            raise InvalidRequestError(f"payload has {end - pos} bytes not claimed by any partition")
-        return cls(tuple(topics), acks, timeout_ms)
+        cursor = PayloadCursor(payload)
+        topics = decode_topics(control, TopicRequest, _partition_parser(cursor))
+        cursor.check_all_claimed()
+        return cls(topics, acks, timeout_ms)

@@ -30,55 +30,32 @@ from typing import Any, ClassVar
 from broker.errors import NONE, InvalidRequestError
 from broker.protocol.fields import entries, field
 from broker.protocol.framing import ApiKey
-from broker.protocol.messages.base import Message, Outcome, RequestMessage, decode_error, put_error
-
-# The int fields of a partition entry, in the dataclass's order after `tiered` (all default -1 or 0).
-_INT_FIELDS = ("log_start_offset", "local_log_start_offset", "log_end_offset", "high_watermark", "local_bytes",
-               "remote_log_start_offset", "remote_log_end_offset", "remote_bytes", "remote_segments",
-               "manifest_version", "upload_lag_offsets", "upload_lag_bytes", "failures")
-_DEFAULTS = {"log_start_offset": -1, "local_log_start_offset": -1, "log_end_offset": -1, "high_watermark": -1,
-             "remote_log_start_offset": -1, "remote_log_end_offset": -1, "manifest_version": -1}
+from broker.protocol.messages.base import Message, Outcome, PartitionResponse, RequestMessage, decode_error, own_field, put_error
 
 
 @dataclass(frozen=True, slots=True)
-class TieringPartition(Outcome):
-    partition: int
-    error_code: int = 0
-    error_message: str | None = None
-    tiered: bool = False
-    log_start_offset: int = -1
-    local_log_start_offset: int = -1
-    log_end_offset: int = -1
-    high_watermark: int = -1
-    local_bytes: int = 0
-    remote_log_start_offset: int = -1
-    remote_log_end_offset: int = -1  # one past the last offset held remotely
-    remote_bytes: int = 0
-    remote_segments: int = 0
-    manifest_version: int = -1  # -1: no manifest read (not tiered, or not read yet); 0: nothing committed
-    upload_lag_offsets: int = 0  # -1: unknown (manifest not read yet)
-    upload_lag_bytes: int = 0
-    failures: int = 0  # tiering runs failed in a row
-    last_error: str | None = None
+class TieringPartition(PartitionResponse):
+    error_first: ClassVar[bool] = True
+    tiered: bool = own_field(False)
+    log_start_offset: int = own_field(-1)
+    local_log_start_offset: int = own_field(-1)
+    log_end_offset: int = own_field(-1)
+    high_watermark: int = own_field(-1)
+    local_bytes: int = own_field(0)
+    remote_log_start_offset: int = own_field(-1)
+    remote_log_end_offset: int = own_field(-1)  # one past the last offset held remotely
+    remote_bytes: int = own_field(0)
+    remote_segments: int = own_field(0)
+    manifest_version: int = own_field(-1)  # -1: no manifest read (not tiered, or not read yet); 0: nothing committed
+    upload_lag_offsets: int = own_field(0)  # -1: unknown (manifest not read yet)
+    upload_lag_bytes: int = own_field(0)
+    failures: int = own_field(0)  # tiering runs failed in a row
+    last_error: str | None = own_field(None, str)
 
     @property
     def remote_known(self) -> bool:
         """Whether the remote fields describe a manifest (tiered and its manifest read)."""
         return self.tiered and self.manifest_version >= 0
-
-    def to_control(self) -> dict[str, Any]:
-        out = put_error({"partition": self.partition}, self.error_code, self.error_message)
-        out["tiered"] = self.tiered
-        for name in _INT_FIELDS:
-            out[name] = getattr(self, name)
-        out["last_error"] = self.last_error
-        return out
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any]) -> "TieringPartition":
-        ints = {name: field(control, name, int, _DEFAULTS.get(name, 0)) for name in _INT_FIELDS}
-        return cls(field(control, "partition", int), *decode_error(control), tiered=field(control, "tiered", bool, False),
-                   last_error=field(control, "last_error", str, None), **ints)
 
 
 @dataclass(frozen=True, slots=True)

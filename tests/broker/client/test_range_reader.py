@@ -10,7 +10,7 @@ import pytest
 from segment_format import record
 from broker.client.range_reader import RangeStats, read_range
 from broker.errors import CorruptRecordError, DataLossError
-from broker.protocol import FetchPartitionResponse, FetchResponse, FetchTopicResponse
+from broker.protocol import FetchPartitionResponse, FetchResponse, TopicResponse
 
 
 def batch(base_offset: int, n: int) -> bytes:
@@ -35,7 +35,7 @@ class ScriptedCluster:
     async def send(self, node: int, request: object) -> FetchResponse:
         records, high_watermark = self.answers.popleft() if len(self.answers) > 1 else self.answers[0]
         answer = FetchPartitionResponse(0, high_watermark=high_watermark, log_start_offset=0, records=records)
-        return FetchResponse((FetchTopicResponse("t", (answer,)),))
+        return FetchResponse((TopicResponse("t", (answer,)),))
 
 
 async def collect(cluster: ScriptedCluster, start: int, end: int, retry_timeout_s: float = 0.1) -> list[int]:

@@ -8,7 +8,7 @@ import pytest
 
 from broker.client import AsyncProducer
 from broker.errors import NetworkError, NotLeaderError
-from broker.protocol import ProducePartitionResponse, ProduceResponse, ProduceTopicResponse
+from broker.protocol import ProducePartitionResponse, ProduceResponse, TopicResponse
 from tests.broker.client.test_producer import consume
 
 
@@ -52,7 +52,7 @@ def test_batches_drained_while_a_slow_path_waits_keep_their_order(shared_broker,
 
 
 def not_leader_reply(topic: str) -> tuple[dict, memoryview]:
-    response = ProduceResponse((ProduceTopicResponse(topic, (ProducePartitionResponse(0, NotLeaderError.code),)),))
+    response = ProduceResponse((TopicResponse(topic, (ProducePartitionResponse(0, NotLeaderError.code),)),))
     return response.to_control(), memoryview(b"")
 
 

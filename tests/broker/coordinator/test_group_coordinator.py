@@ -29,6 +29,7 @@ from broker.errors import (
     error_for_code,
 )
 from broker.protocol.consumer_protocol import Assignment, Subscription
+from broker.protocol.messages.base import TopicRequest
 from broker.protocol.messages.group import (
     DeleteGroupsRequest,
     DescribeGroupsRequest,
@@ -40,9 +41,7 @@ from broker.protocol.messages.group import (
     MemberIdentity,
     OffsetCommitPartition,
     OffsetCommitRequest,
-    OffsetCommitTopic,
     OffsetDeleteRequest,
-    OffsetDeleteTopic,
     OffsetFetchRequest,
     SyncGroupAssignment,
     SyncGroupRequest,
@@ -124,7 +123,7 @@ class Harness:
 
     def commit(self, member_id: str, generation: int, offsets: dict[int, int], group: str = "g", topic: str = TOPIC,
                instance: str | None = None) -> Any:
-        request = OffsetCommitRequest(group, generation, member_id, instance, (OffsetCommitTopic(topic, tuple(
+        request = OffsetCommitRequest(group, generation, member_id, instance, (TopicRequest(topic, tuple(
             OffsetCommitPartition(p, o, metadata="m") for p, o in offsets.items())),))
         return self.replies[self.call("commit_offsets", request, lambda topic, partition: topic != "missing")]
 
@@ -265,6 +264,21 @@ def test_commits_during_a_rebalance_from_the_current_generation_are_accepted() -
     assert h.committed()[(TOPIC, 0)] == 7
 
 
+def test_a_commit_topic_with_a_malformed_name_answers_its_partitions_and_commits_the_other_topic() -> None:
+    """A topic entry whose name is not a string answers each of its partitions INVALID_REQUEST;
+    the other topic of the request is committed."""
+    h = Harness()
+    control = {"group_id": "solo", "generation_id": -1, "member_id": "", "topics": [
+        {"name": 7, "partitions": [{"partition": 0, "committed_offset": 5}, {"partition": 1, "committed_offset": 6}]},
+        {"name": TOPIC, "partitions": [{"partition": 0, "committed_offset": 9}]}]}
+    request = OffsetCommitRequest.from_control(control, memoryview(b""))
+    response = h.replies[h.call("commit_offsets", request, lambda t, p: True)]
+    bad, good = response.topics
+    assert [code_of(p) for p in bad.partitions] == [InvalidRequestError, InvalidRequestError]
+    assert [code_of(p) for p in good.partitions] == [None]
+    assert h.committed("solo") == {(TOPIC, 0): 9}
+
+
 def test_a_malformed_assignment_is_refused_and_changes_nothing() -> None:
     h = Harness()
     joined = h.replies[h.join_new()]
@@ -323,7 +337,7 @@ def test_replay_restores_groups_members_and_offsets() -> None:
     member, generation = h.stable_group_of_one()
     h.commit(member, generation, {0: 40, 1: 41})
     h.commit(member, generation, {0: 42})
-    standalone = OffsetCommitRequest("solo", -1, "", None, (OffsetCommitTopic(TOPIC, (OffsetCommitPartition(3, 9),)),))
+    standalone = OffsetCommitRequest("solo", -1, "", None, (TopicRequest(TOPIC, (OffsetCommitPartition(3, 9),)),))
     h.call("commit_offsets", standalone, lambda t, p: True)
     fresh = GroupCoordinator(h.config)
     for partition, records in h.log.items():
@@ -375,7 +389,7 @@ def test_offsets_of_an_empty_group_expire_after_the_retention_and_the_group_goes
 def test_delete_groups_refuses_unknown_and_active_groups_and_deletes_empty_ones() -> None:
     h = Harness()
     h.stable_group_of_one("active")
-    h.call("commit_offsets", OffsetCommitRequest("idle", -1, "", None, (OffsetCommitTopic(TOPIC, (
+    h.call("commit_offsets", OffsetCommitRequest("idle", -1, "", None, (TopicRequest(TOPIC, (
         OffsetCommitPartition(0, 1),)),)), lambda t, p: True)
     token = h.call("delete_groups", DeleteGroupsRequest(("active", "idle", "nope")))
     results = {r.group_id: code_of(r) for r in h.replies[token].results}
@@ -389,7 +403,7 @@ def test_offset_delete_refuses_topics_the_group_subscribes_to() -> None:
     h = Harness()
     member, generation = h.stable_group_of_one()
     h.commit(member, generation, {0: 1})
-    token = h.call("delete_offsets", OffsetDeleteRequest("g", (OffsetDeleteTopic(TOPIC, (0,)),)))
+    token = h.call("delete_offsets", OffsetDeleteRequest("g", (TopicRequest(TOPIC, (0,)),)))
     assert code_of(h.replies[token].topics[0].partitions[0]) is GroupSubscribedToTopicError
     assert h.committed() == {(TOPIC, 0): 1}
 

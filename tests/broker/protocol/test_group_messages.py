@@ -61,24 +61,19 @@ from broker.protocol import (
     MemberIdentity,
     Message,
     OffsetCommitPartition,
-    OffsetCommitPartitionResponse,
     OffsetCommitRequest,
     OffsetCommitResponse,
-    OffsetCommitTopic,
-    OffsetCommitTopicResponse,
-    OffsetDeletePartitionResponse,
     OffsetDeleteRequest,
     OffsetDeleteResponse,
-    OffsetDeleteTopic,
-    OffsetDeleteTopicResponse,
     OffsetFetchPartitionResponse,
     OffsetFetchRequest,
     OffsetFetchResponse,
-    OffsetFetchTopic,
-    OffsetFetchTopicResponse,
+    PartitionResponse,
     SyncGroupAssignment,
     SyncGroupRequest,
     SyncGroupResponse,
+    TopicRequest,
+    TopicResponse,
 )
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -113,9 +108,9 @@ def tuples(strategy: st.SearchStrategy[Any], max_size: int = 3, min_size: int = 
 
 protocols = st.lists(st.builds(JoinGroupProtocol, text, blobs), min_size=1, max_size=3,
                      unique_by=lambda p: p.name).map(tuple)
-commit_topics = tuples(st.builds(OffsetCommitTopic, text, tuples(st.builds(
+commit_topics = tuples(st.builds(TopicRequest, text, tuples(st.builds(
     OffsetCommitPartition, partitions, offsets, epochs, optional_text))))
-partition_results = tuples(st.builds(OffsetCommitPartitionResponse, int32, error_codes, error_text))
+partition_results = tuples(st.builds(PartitionResponse, int32, error_codes, error_text))
 described_members = tuples(st.builds(DescribedMember, text, optional_text, text, text, blobs, blobs))
 
 MESSAGES: list[tuple[str, st.SearchStrategy[Message]]] = [
@@ -138,14 +133,14 @@ MESSAGES: list[tuple[str, st.SearchStrategy[Message]]] = [
         LeaveGroupMemberResponse, text, optional_text, error_codes, error_text)))),
     ("offset-commit-request", st.builds(OffsetCommitRequest, text, int32, text, optional_text, commit_topics)),
     ("offset-commit-response", st.builds(OffsetCommitResponse, error_codes, error_text,
-                                         tuples(st.builds(OffsetCommitTopicResponse, text, partition_results)))),
+                                         tuples(st.builds(TopicResponse, text, partition_results)))),
     ("offset-fetch-request", st.builds(OffsetFetchRequest, text,
-                                       st.none() | tuples(st.builds(OffsetFetchTopic, text, tuples(int32))),
+                                       st.none() | tuples(st.builds(TopicRequest, text, tuples(int32))),
                                        st.booleans())),
     ("offset-fetch-response", st.builds(OffsetFetchResponse, error_codes, error_text, tuples(st.builds(
-        OffsetFetchTopicResponse, text, tuples(st.builds(
-            OffsetFetchPartitionResponse, int32, st.integers(-1, 2**62), epochs, optional_text, error_codes,
-            error_text)))))),
+        TopicResponse, text, tuples(st.builds(
+            OffsetFetchPartitionResponse, int32, error_codes, error_text, st.integers(-1, 2**62), epochs,
+            optional_text)))))),
     ("list-groups-request", st.builds(ListGroupsRequest, tuples(text))),
     ("list-groups-response", st.builds(ListGroupsResponse, error_codes, error_text,
                                        tuples(st.builds(ListedGroup, text, text, text)))),
@@ -156,9 +151,9 @@ MESSAGES: list[tuple[str, st.SearchStrategy[Message]]] = [
     ("delete-groups-response", st.builds(DeleteGroupsResponse,
                                          tuples(st.builds(DeletedGroupResult, text, error_codes, error_text)))),
     ("offset-delete-request", st.builds(OffsetDeleteRequest, text,
-                                        tuples(st.builds(OffsetDeleteTopic, text, tuples(int32))))),
+                                        tuples(st.builds(TopicRequest, text, tuples(int32))))),
     ("offset-delete-response", st.builds(OffsetDeleteResponse, error_codes, error_text, tuples(st.builds(
-        OffsetDeleteTopicResponse, text, tuples(st.builds(OffsetDeletePartitionResponse, int32, error_codes,
+        TopicResponse, text, tuples(st.builds(PartitionResponse, int32, error_codes,
                                                           error_text)))))),
 ]
 
@@ -349,13 +344,15 @@ def test_invalid_commit_entry_keeps_its_error_and_the_others_decode(partition, w
     assert good == OffsetCommitPartition(1, 5, 1, None) and good.error is None
 
 
-def test_a_commit_topic_name_that_is_not_a_string_is_each_partitions_error():
-    """Every partition of a topic named by an int carries the error; another topic decodes."""
+def test_a_commit_topic_name_that_is_not_a_string_is_the_topic_entrys_error():
+    """A topic named by an int keeps the error on its entry (the coordinator answers each of its
+    partitions with it), its partitions still decode; another topic decodes without one."""
     control = _commit(topics=[{"name": 7, "partitions": [_partition(), _partition(partition=1)]},
                               {"name": "t", "partitions": [_partition()]}])
     bad, good = OffsetCommitRequest.from_control(control, EMPTY).topics
-    assert all(isinstance(p.error, InvalidRequestError) and "'name' has type int" in str(p.error) for p in bad.partitions)
-    assert good.name == "t" and good.partitions[0].error is None
+    assert isinstance(bad.error, InvalidRequestError) and "'name' has type int" in str(bad.error)
+    assert len(bad.partitions) == 2 and all(p.error is None for p in bad.partitions)
+    assert good.name == "t" and good.error is None and good.partitions[0].error is None
 
 
 def test_commit_defaults_apply_to_absent_optional_entry_fields():
@@ -413,7 +410,7 @@ GROUP_ERRORS = [CoordinatorLoadInProgressError, CoordinatorNotAvailableError, No
 def test_every_group_error_code_comes_back_as_its_class_through_a_response(error):
     """A partition outcome naming a group error code decodes, via error_for_code, to that class."""
     assert type(error_for_code(error.code)) is error
-    response = OffsetCommitResponse(topics=(OffsetCommitTopicResponse("t", (
-        OffsetCommitPartitionResponse(0, error.code, "why"),)),))
+    response = OffsetCommitResponse(topics=(TopicResponse("t", (
+        PartitionResponse(0, error.code, "why"),)),))
     found = round_trip(response).topics[0].partitions[0].error()
     assert type(found) is error and str(found) == "why"

@@ -36,14 +36,10 @@ from broker.protocol import (
     FetchPartitionResponse,
     FetchRequest,
     FetchResponse,
-    FetchTopic,
-    FetchTopicResponse,
     ListOffsetsPartition,
     ListOffsetsPartitionResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
-    ListOffsetsTopic,
-    ListOffsetsTopicResponse,
     Message,
     MetadataRequest,
     MetadataResponse,
@@ -54,13 +50,13 @@ from broker.protocol import (
     ProducePartitionResponse,
     ProduceRequest,
     ProduceResponse,
-    ProduceTopic,
-    ProduceTopicResponse,
     TieringPartition,
     TieringTopic,
     TopicConfigs,
     TopicMetadata,
     TopicRef,
+    TopicRequest,
+    TopicResponse,
     TopicResult,
 )
 
@@ -99,20 +95,20 @@ def tuples(strategy: st.SearchStrategy[Any], max_size: int = 3) -> st.SearchStra
 
 produce_requests = st.builds(
     ProduceRequest,
-    tuples(st.builds(ProduceTopic, names, tuples(st.builds(ProducePartition, int32, records.map(lambda r: (r,)), epochs)))),
+    tuples(st.builds(TopicRequest, names, tuples(st.builds(ProducePartition, int32, records.map(lambda r: (r,)), epochs)))),
     st.sampled_from([-1, 0, 1]), st.integers(0, 2**31 - 1))
-produce_responses = st.builds(ProduceResponse, tuples(st.builds(ProduceTopicResponse, names, tuples(st.builds(
+produce_responses = st.builds(ProduceResponse, tuples(st.builds(TopicResponse, names, tuples(st.builds(
     ProducePartitionResponse, int32, error_codes, messages_text, offsets, int64, offsets)))))
 fetch_requests = st.builds(
     FetchRequest,
-    tuples(st.builds(FetchTopic, names, tuples(st.builds(FetchPartition, int32, int64, st.none() | int32, epochs)),
+    tuples(st.builds(TopicRequest, names, tuples(st.builds(FetchPartition, int32, int64, st.none() | int32, epochs)),
                      st.none() | st.text(max_size=32))),
     int32, int32, st.none() | int32)
-fetch_responses = st.builds(FetchResponse, tuples(st.builds(FetchTopicResponse, names, tuples(st.builds(
+fetch_responses = st.builds(FetchResponse, tuples(st.builds(TopicResponse, names, tuples(st.builds(
     FetchPartitionResponse, int32, error_codes, messages_text, offsets, offsets, records)))))
-list_offsets_requests = st.builds(ListOffsetsRequest, tuples(st.builds(ListOffsetsTopic, names, tuples(st.builds(
+list_offsets_requests = st.builds(ListOffsetsRequest, tuples(st.builds(TopicRequest, names, tuples(st.builds(
     ListOffsetsPartition, int32, st.integers(-2, 2**62), epochs)))))
-list_offsets_responses = st.builds(ListOffsetsResponse, tuples(st.builds(ListOffsetsTopicResponse, names, tuples(st.builds(
+list_offsets_responses = st.builds(ListOffsetsResponse, tuples(st.builds(TopicResponse, names, tuples(st.builds(
     ListOffsetsPartitionResponse, int32, error_codes, messages_text, offsets, int64)))))
 metadata_requests = st.builds(MetadataRequest, st.none() | tuples(names))
 metadata_responses = st.builds(
@@ -177,7 +173,7 @@ def test_message_round_trips_through_msgpack(strategy, data):
 def test_produce_request_joins_a_partitions_buffers_and_splits_the_payload_per_partition():
     """A partition given as several buffers (a batch's header and body) travels as one slice; each
     decoded partition holds a view of its own bytes, writable for the log's offset patching."""
-    request = ProduceRequest((ProduceTopic("t", (ProducePartition(0, (b"head", b"body")), ProducePartition(1, (b"xyz",)))),))
+    request = ProduceRequest((TopicRequest("t", (ProducePartition(0, (b"head", b"body")), ProducePartition(1, (b"xyz",)))),))
     control, payload = wire(request)
     assert control["topics"][0]["partitions"][0]["size"] == 8
     decoded = ProduceRequest.from_control(control, payload)
@@ -189,7 +185,7 @@ def test_produce_request_joins_a_partitions_buffers_and_splits_the_payload_per_p
 
 def test_fetch_response_payload_skips_empty_partitions_and_decodes_views():
     """Only partitions with bytes put them on the wire; the client gets each partition's own slice."""
-    response = FetchResponse((FetchTopicResponse("t", (
+    response = FetchResponse((TopicResponse("t", (
         FetchPartitionResponse(0, records=b"abc"), FetchPartitionResponse(1, 3), FetchPartitionResponse(2, records=b"de"))),))
     assert response.payload() == [b"abc", b"de"]
     decoded = FetchResponse.from_control(*wire(response))
@@ -332,7 +328,7 @@ def test_fetch_topic_id_is_optional_on_the_wire():
     """A fetch without a topic id (an old client's) sends no `topic_id` field and decodes to None;
     one with an id carries it (Kafka's Fetch v13)."""
     partitions = (FetchPartition(0, 5),)
-    old, new = FetchRequest((FetchTopic("t", partitions),)), FetchRequest((FetchTopic("t", partitions, "ab12"),))
+    old, new = FetchRequest((TopicRequest("t", partitions),)), FetchRequest((TopicRequest("t", partitions, "ab12"),))
     assert "topic_id" not in old.to_control()["topics"][0]
     assert round_trip(old).topics[0].topic_id is None
     assert round_trip(new).topics[0].topic_id == "ab12"
