@@ -3,9 +3,10 @@
 One package for every byte layout that leaves a process (docs/architecture.md), so the broker,
 tiered storage and Spark executors share it and none of them imports another's internals:
 
+    batch_body      the Arrow body of a record batch: its two schemas, building and writing it
     record          the record batch codec: 61-byte header + Arrow IPC body; validation at O(1)
                     Python per batch (arrow_ipc reads the IPC metadata, body_template writes
-                    small bodies fast)
+                    small bodies fast); record and body_template build on batch_body
     layout          topic names, segment file names and states (`{base_offset:020d}.log` ...)
     limits          integer limits of the fixed-width fields
     index_file      the mechanics of sparse index files; offset_index and time_index their kinds

@@ -10,7 +10,8 @@ from broker.log import LogManager, TopicLogSpec
 from segment_format.index_file import HEADER_SIZE, CorruptIndexError
 from segment_format.offset_index import OffsetIndex
 from segment_format.time_index import TimeIndex
-from segment_format.record import encode_batch, make_body
+from segment_format.record import encode_batch
+from segment_format.batch_body import make_body
 
 BASE = 100
 ENTRIES = [(110, 1000), (120, 2000), (130, 3000)]

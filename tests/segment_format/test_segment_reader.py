@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.config import LogConfig
 from broker.errors import CorruptMessageError, KafkaStorageError
 from broker.log import LogManager, TopicLogSpec
@@ -73,10 +73,10 @@ def written(tmp_path_factory) -> Written:
             n = i % 4 + 1
             values = [f"value-{i}-{j}-".encode() * 20 for j in range(n)]
             timestamps = batch_timestamps(i, n)
-            body = record.make_body(values, timestamps_ms=timestamps)
+            body = batch_body.make_body(values, timestamps_ms=timestamps)
             out.records.extend((offset + j, v, t) for j, (v, t) in enumerate(zip(values, timestamps)))
             offset += n
-            yield record.encode_batch(body, compression=record.COMPRESSIONS[i % 3]), i // 30
+            yield record.encode_batch(body, compression=batch_body.COMPRESSIONS[i % 3]), i // 30
 
     out.directory = write_partition(tmp_path_factory.mktemp("reader"), appends())
     assert len(out.segments) >= 3
@@ -259,7 +259,7 @@ def test_read_arrow_of_uncompressed_bodies_allocates_nothing(written):
     """Uncompressed bodies are views of the read buffer: Arrow's pool gives out no memory."""
     segment = written.segments[0]
     reader = SegmentReader(io.BytesIO(segment.read_bytes()), 0)
-    uncompressed = [h for i, (_, h) in enumerate(stored(segment)) if record.COMPRESSIONS[i % 3] == "none"]
+    uncompressed = [h for i, (_, h) in enumerate(stored(segment)) if batch_body.COMPRESSIONS[i % 3] == "none"]
     before = pa.total_allocated_bytes()
     bodies = [body for h in uncompressed for _, body in reader.read_arrow(h.base_offset, h.next_offset)]
     assert len(bodies) == len(uncompressed) > 1
@@ -277,7 +277,7 @@ def test_log_append_time_batches_carry_the_append_time_in_their_header(tmp_path)
     """A LogAppendTime topic: the body keeps the create times, the header holds the append time,
     and a timestamp search uses the header's."""
     config = LogConfig(message_timestamp_type="LogAppendTime", retention_ms=-1)
-    body = record.make_body([b"a", b"b"], timestamps_ms=[5, 6])
+    body = batch_body.make_body([b"a", b"b"], timestamps_ms=[5, 6])
     directory = write_partition(tmp_path, iter([(record.encode_batch(body), 0)]), config)
     with open(directory / f"{0:020d}.log", "rb") as file:
         reader = SegmentReader(file, 0)
@@ -290,8 +290,8 @@ def test_log_append_time_batches_carry_the_append_time_in_their_header(tmp_path)
 def test_compacted_batches_are_read_with_their_offset_gaps():
     """A body rewritten by compaction names its offsets: lookups land on the batch spanning a gap,
     and a timestamp search answers the offset of the matching record, not its row."""
-    plain = record.encode_batch(record.make_body([b"a", b"b"], timestamps_ms=[5, 6]), base_offset=0)
-    compacted = record.encode_batch(record.make_body([b"c", b"d", b"e"], timestamps_ms=[10, 50, 60], offset_deltas=[0, 3, 7]),
+    plain = record.encode_batch(batch_body.make_body([b"a", b"b"], timestamps_ms=[5, 6]), base_offset=0)
+    compacted = record.encode_batch(batch_body.make_body([b"c", b"d", b"e"], timestamps_ms=[10, 50, 60], offset_deltas=[0, 3, 7]),
                                     base_offset=2)
     reader = SegmentReader(io.BytesIO(bytes(plain + compacted)), 0)
     assert reader.find_position(4) == (len(plain), record.read_header(compacted))

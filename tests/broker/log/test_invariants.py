@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.errors import CorruptMessageError, InvalidRequestError, LogInvariantError
 from broker.handlers.list_offsets import _offset_for
 from broker.log.file_cache import FileCache
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def batch(records: int = 3) -> bytearray:
-    return record.encode_batch(record.make_body([b"v"] * records, timestamps_ms=1_000))
+    return record.encode_batch(batch_body.make_body([b"v"] * records, timestamps_ms=1_000))
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.errors import CorruptMessageError, KafkaStorageError, LogInvariantError
 from segment_format.index_file import CorruptIndexError
 from broker.log.file_cache import FileCache
@@ -21,7 +21,7 @@ from segment_format.time_index import NO_TIMESTAMP
 
 def build_batch(records: int, timestamp_ms: int | list[int] = 1_000) -> bytearray:
     """One encoded batch of equal values: equal record counts give equal sizes."""
-    return record.encode_batch(record.make_body([b"value-0123"] * records, timestamps_ms=timestamp_ms))
+    return record.encode_batch(batch_body.make_body([b"value-0123"] * records, timestamps_ms=timestamp_ms))
 
 RECORDS = 3  # per batch
 SIZE = len(build_batch(RECORDS))  # every test batch has this size
@@ -351,7 +351,7 @@ def test_offset_for_timestamp_finds_the_earliest_record_at_or_after(segment, int
 
 def test_offset_for_timestamp_in_log_append_time_batch_is_its_base_offset(segment):
     """Every record of a LogAppendTime batch has the header's timestamp: no decoding needed."""
-    body = record.encode_body(record.make_body([b"v"] * RECORDS, timestamps_ms=10))
+    body = batch_body.encode_body(batch_body.make_body([b"v"] * RECORDS, timestamps_ms=10))
     append(segment, record.frame_body(
         body, record_count=RECORDS, base_timestamp=77, max_timestamp=77, attributes=record.TIMESTAMP_TYPE_BIT
     ))

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.errors import CorruptMessageError, OffsetOutOfRangeError, WorkQueueFullError
 from broker.log import FileCache, UnifiedLog
 from segment_format.offset_index import OffsetIndex
@@ -88,8 +88,8 @@ def tiered(tmp_path_factory: pytest.TempPathFactory) -> Tiered:
         for i, (records, value_size) in enumerate(_batch_sizes(rng, 400)):
             ts = [FIRST_TIMESTAMP + 3 * (len(timestamps) + j) for j in range(records)]
             timestamps += ts
-            append(partition_log, record.encode_batch(record.make_body([bytes([i % 251]) * value_size] * records,
-                                                                       timestamps_ms=ts)))
+            append(partition_log, record.encode_batch(batch_body.make_body([bytes([i % 251]) * value_size] * records,
+                                                                           timestamps_ms=ts)))
         partition_log.flush()
         sealed = partition_log.segments()[:-1]
         assert len(sealed) >= 4 and all(s.size > 2 * CHUNK for s in sealed[:3])
