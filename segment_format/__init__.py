@@ -10,7 +10,9 @@ tiered storage and Spark executors share it and none of them imports another's i
     layout          topic names, segment file names and states (`{base_offset:020d}.log` ...)
     limits          integer limits of the fixed-width fields
     index_file      the mechanics of sparse index files; offset_index and time_index their kinds
+    index_builder   which batches the two indexes name (Kafka's rule), for every segment writer
     segment_reader  reading a segment's batches from any pread (a local file or an object store)
+    segment_writer  writing a sealed segment (log and indexes) to any binary files, without a broker
     segment_metadata  what a sealed segment's manifest entry says about it, computed from its bytes
     manifest        a partition's remote manifest: the list of its tiered segments
     compaction      the pure compaction core: latest value per key, offsets kept with gaps

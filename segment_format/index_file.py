@@ -77,6 +77,15 @@ class IndexFile(ABC):
         """The 16 bytes that open an index of this kind for the segment at `base_offset`."""
         return HEADER.pack(cls.MAGIC, VERSION, cls.ENTRY.size, base_offset)
 
+    def image(self) -> bytes:
+        """The whole file as bytes, from memory: the header and every entry (for writers that put
+        an index built in memory somewhere other than `path`: SegmentWriter)."""
+        return self.header(self.base_offset) + self._entry_bytes()
+
+    @abstractmethod
+    def _entry_bytes(self) -> bytes:
+        """Every entry, packed as in the file."""
+
     @classmethod
     def create(cls, path: Path, base_offset: int) -> Self:
         """A new empty index (header only); an existing file at `path` is emptied (it described

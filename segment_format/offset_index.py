@@ -49,6 +49,12 @@ class OffsetIndex(IndexFile):
         self._relative.frombytes(entries["relative_offset"].astype(np.int32).tobytes())
         self._positions.frombytes(entries["position"].astype(np.int32).tobytes())
 
+    def _entry_bytes(self) -> bytes:
+        entries = np.empty(len(self), dtype=_ENTRY_DTYPE)
+        entries["relative_offset"] = self._relative
+        entries["position"] = self._positions
+        return entries.tobytes()
+
     def _keep_entries(self, count: int) -> None:
         del self._relative[count:]
         del self._positions[count:]

@@ -51,6 +51,12 @@ class TimeIndex(IndexFile):
         self._timestamps.frombytes(entries["timestamp"].astype(np.int64).tobytes())
         self._relative.frombytes(entries["relative_offset"].astype(np.int32).tobytes())
 
+    def _entry_bytes(self) -> bytes:
+        entries = np.empty(len(self), dtype=_ENTRY_DTYPE)
+        entries["timestamp"] = self._timestamps
+        entries["relative_offset"] = self._relative
+        return entries.tobytes()
+
     def _keep_entries(self, count: int) -> None:
         del self._timestamps[count:]
         del self._relative[count:]

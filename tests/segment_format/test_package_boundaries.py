@@ -32,6 +32,22 @@ def test_format_and_remote_store_load_no_broker_module_but_the_error_taxonomy(im
     assert broker_modules == {"broker", "broker.errors"}
 
 
+def test_writing_a_segment_loads_no_broker_module_but_the_error_taxonomy() -> None:
+    """A Spark job writes a whole segment (batches, both indexes, metadata) without the broker."""
+    loaded = _modules_loaded_by(
+        "import io\n"
+        "from segment_format import batch_body, record\n"
+        "from segment_format.segment_writer import SegmentWriter\n"
+        "files = [io.BytesIO() for _ in range(3)]\n"
+        "writer = SegmentWriter(*files, 0, index_interval_bytes=0)\n"
+        "for offset in range(0, 30, 3):\n"
+        "    batch = record.encode_batch(batch_body.make_body([b'v'] * 3), base_offset=offset)\n"
+        "    writer.append(batch)\n"
+        "assert writer.close().next_offset == 30 and len(files[1].getvalue()) == 16 + 8 * 9\n"  # each batch but the first (at byte 0)
+    )
+    assert {m for m in loaded if m == "broker" or m.startswith("broker.")} == {"broker", "broker.errors"}
+
+
 def test_log_layer_does_not_load_the_remote_store() -> None:
     """broker.log (segments, local and unified log, cleaner) is independent of tiered storage."""
     loaded = _modules_loaded_by("import broker.log")
