@@ -28,7 +28,7 @@ import crc32c
 from broker.errors import CorruptMessageError, KafkaStorageError
 from segment_format import record
 from segment_format.segment_reader import SegmentReader
-from segment_format.time_index import NO_TIMESTAMP
+from segment_format.index_file import NO_TIMESTAMP
 
 FORMAT_VERSION = 1
 UINT32_MAX = 2**32 - 1

@@ -23,9 +23,8 @@ from segment_format import record
 from segment_format.index_builder import IndexBuilder
 from segment_format.layout import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_file
 from segment_format.limits import INT32_MAX
-from segment_format.offset_index import OffsetIndex
+from segment_format.index_file import OFFSET_INDEX, SparseIndex, TIME_INDEX
 from segment_format.segment_metadata import SegmentMetadata, SegmentMetadataBuilder
-from segment_format.time_index import TimeIndex
 
 DEFAULT_INDEX_INTERVAL_BYTES = 4096  # index.interval.bytes' default
 
@@ -42,8 +41,8 @@ class SegmentWriter:
         self.name = segment_file(Path(), base_offset, LOG_SUFFIX).name
         self._files = (log, index, time_index)
         self._interval = index_interval_bytes
-        self._indexes = IndexBuilder(OffsetIndex(segment_file(Path(), base_offset, INDEX_SUFFIX), base_offset),
-                                     TimeIndex(segment_file(Path(), base_offset, TIME_INDEX_SUFFIX), base_offset))
+        self._indexes = IndexBuilder(SparseIndex(OFFSET_INDEX, segment_file(Path(), base_offset, INDEX_SUFFIX), base_offset),
+                                     SparseIndex(TIME_INDEX, segment_file(Path(), base_offset, TIME_INDEX_SUFFIX), base_offset))
         self._metadata = SegmentMetadataBuilder(base_offset, self.name)
         self._size = 0
         self._next_offset = base_offset

@@ -2,8 +2,8 @@
 
     {base_offset:020d}.log        batch | batch | ...   record.py's format, base offsets strictly
                                                         increasing, the first >= base_offset
-    {base_offset:020d}.index      OffsetIndex (offset_index.py)
-    {base_offset:020d}.timeindex  TimeIndex (time_index.py)
+    {base_offset:020d}.index      OFFSET_INDEX (index_file.py)
+    {base_offset:020d}.timeindex  TIME_INDEX (index_file.py)
     *.deleted                     the same files after retention or the log cleaner removed the
                                   segment from its log, waiting for in-flight reads to finish
                                   before they are unlinked
@@ -37,10 +37,8 @@ from broker.log.checkpoint import fsync_and_close
 from broker.log.file_cache import FileCache
 from segment_format.layout import DELETED_SUFFIX, SegmentFiles
 from segment_format.index_builder import IndexBuilder
-from segment_format.index_file import CorruptIndexError
-from segment_format.offset_index import OffsetIndex
+from segment_format.index_file import CorruptIndexError, OFFSET_INDEX, SparseIndex, TIME_INDEX
 from segment_format.segment_reader import FRAME_ONLY, SegmentReader
-from segment_format.time_index import TimeIndex
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +112,8 @@ class Segment:
         self.files = files
         self.base_offset = files.base_offset
         self._cache = cache
-        self._indexes = IndexBuilder(OffsetIndex(files.index, self.base_offset),
-                                     TimeIndex(files.time_index, self.base_offset))
+        self._indexes = IndexBuilder(SparseIndex(OFFSET_INDEX, files.index, self.base_offset),
+                                     SparseIndex(TIME_INDEX, files.time_index, self.base_offset))
         self._size = 0
         self._next_offset = self.base_offset
         self._first_append_ms: int | None = None
@@ -139,8 +137,8 @@ class Segment:
             raise KafkaStorageError(f"cannot create {files.log}: {err}") from err
         segment = cls(files, cache)
         try:
-            segment._indexes = IndexBuilder(OffsetIndex.create(files.index, base_offset),
-                                            TimeIndex.create(files.time_index, base_offset))
+            segment._indexes = IndexBuilder(OFFSET_INDEX.create(files.index, base_offset),
+                                            TIME_INDEX.create(files.time_index, base_offset))
         except BaseException:
             with contextlib.suppress(KafkaStorageError):
                 segment.delete()
@@ -158,11 +156,11 @@ class Segment:
     # --- state -------------------------------------------------------------------------------
 
     @property
-    def offset_index(self) -> OffsetIndex:
+    def offset_index(self) -> SparseIndex:
         return self._indexes.offset_index
 
     @property
-    def time_index(self) -> TimeIndex:
+    def time_index(self) -> SparseIndex:
         return self._indexes.time_index
 
     @property
@@ -336,19 +334,18 @@ class Segment:
         Raises CorruptIndexError / CorruptMessageError if anything disagrees: call `recover` then.
         """
         file_size = self._file_size()
-        self._indexes = IndexBuilder(OffsetIndex.load(self.files.index, self.base_offset),
-                                     TimeIndex.load(self.files.time_index, self.base_offset))
+        self._indexes = IndexBuilder(OFFSET_INDEX.load(self.files.index, self.base_offset),
+                                     TIME_INDEX.load(self.files.time_index, self.base_offset))
         self.offset_index.sanity_check(file_size)
-        if len(self.offset_index):
-            indexed = self._header_at(self.offset_index.last_position)
-            if indexed.base_offset != self.offset_index.last_offset:
-                raise CorruptIndexError(f"{self.offset_index.path.name}: last entry does not match the log")
+        last_offset, last_position = self.offset_index.last_entry
+        if len(self.offset_index) and self._header_at(last_position).base_offset != last_offset:
+            raise CorruptIndexError(f"{self.offset_index.path.name}: last entry does not match the log")
         self._size = file_size
         # The time index covers every batch up to the last offset-index entry (entries are added
         # together), so only the batches from there on need reading.
         self._indexes.resume()
-        self._next_offset = self.offset_index.last_offset
-        self._scan(self._batches(self.offset_index.last_position, file_size, FRAME_ONLY))
+        self._next_offset = last_offset
+        self._scan(self._batches(last_position, file_size, FRAME_ONLY))
         self.time_index.sanity_check(self._next_offset)
         self._first_append_ms = self._header_at(0).max_timestamp if file_size else None
 
@@ -432,7 +429,7 @@ class Segment:
         self._size = position
         # Kafka's loadLargestTimestamp: the time index's last entry, then every batch after it.
         self._indexes.resume()
-        self._next_offset, start = self.offset_index.lookup(self._indexes.offset_of_max_timestamp)
+        self._next_offset, start = self.offset_index.position_of(self._indexes.offset_of_max_timestamp)
         self._scan(self._batches(start, position, FRAME_ONLY))
         if not self._size:
             self._first_append_ms = None

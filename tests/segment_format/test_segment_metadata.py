@@ -20,7 +20,7 @@ from broker.log import LogManager, TopicLogSpec
 from broker.log.leader_epoch import LeaderEpochCache
 from segment_format.segment_metadata import FORMAT_VERSION, CorruptSegmentMetadataError, SegmentMetadata
 from segment_format.segment_reader import SegmentReader
-from segment_format.time_index import NO_TIMESTAMP
+from segment_format.index_file import NO_TIMESTAMP
 
 TOPIC_ID = "0123456789abcdef0123456789abcdef"
 CONFIG = LogConfig(segment_bytes=8 << 10, index_interval_bytes=1024, retention_ms=-1)

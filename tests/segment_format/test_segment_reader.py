@@ -20,8 +20,7 @@ from segment_format import batch_body, record
 from broker.config import LogConfig
 from broker.errors import CorruptMessageError, KafkaStorageError
 from broker.log import LogManager, TopicLogSpec
-from segment_format.index_file import CorruptIndexError
-from segment_format.offset_index import OffsetIndex
+from segment_format.index_file import CorruptIndexError, OFFSET_INDEX
 from segment_format.segment_reader import FRAME_ONLY, SegmentReader
 
 TOPIC_ID = "0123456789abcdef0123456789abcdef"
@@ -197,7 +196,7 @@ def test_find_position_through_the_index_costs_one_read(written):
     last = stored(segment)[-1]
     counting.reads.clear()
     assert reader.find_position(last[1].last_offset) == last
-    assert len(counting.reads) == 1 and counting.reads[0][1] == reader.offset_index.last_position
+    assert len(counting.reads) == 1 and counting.reads[0][1] == reader.offset_index.last_entry[1]
 
 
 def test_offset_for_timestamp_matches_a_search_of_every_record(written, sources):
@@ -439,7 +438,7 @@ def test_an_index_entry_at_the_wrong_batch_is_rejected(written):
     """An entry whose position holds a batch with another base offset is caught at lookup."""
     segment = written.segments[0]
     (_, first), (position, second) = stored(segment)[:2]
-    index = OffsetIndex.header(0) + OffsetIndex.ENTRY.pack(second.base_offset + 1, position)
+    index = OFFSET_INDEX.header(0) + OFFSET_INDEX.entry.pack(second.base_offset + 1, position)
     reader = SegmentReader(io.BytesIO(segment.read_bytes()), 0, offset_index=index)
     with pytest.raises(CorruptIndexError, match="points at a batch"):
         reader.find_position(second.base_offset + 1)
@@ -447,6 +446,6 @@ def test_an_index_entry_at_the_wrong_batch_is_rejected(written):
 
 def test_an_index_entry_past_the_segment_is_rejected(written):
     segment = written.segments[0]
-    index = OffsetIndex.header(0) + OffsetIndex.ENTRY.pack(5, segment.stat().st_size)
+    index = OFFSET_INDEX.header(0) + OFFSET_INDEX.entry.pack(5, segment.stat().st_size)
     with pytest.raises(CorruptIndexError, match="outside the segment"):
         SegmentReader(io.BytesIO(segment.read_bytes()), 0, offset_index=index)

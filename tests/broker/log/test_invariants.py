@@ -147,5 +147,5 @@ def test_an_out_of_order_append_is_caught_under_python_O(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[-1] == "optimize 1"
-    assert lines[0].startswith("CorruptIndexError 00000000000000000000.index: entry (offset 5, position 200)")
+    assert lines[0].startswith("IndexOrderError 00000000000000000000.index: entry (offset 5, position 200)")
     assert lines[1].startswith("LogInvariantError 00000000000000000000.log (offsets 0..0): append at offset -1")
