@@ -39,7 +39,7 @@ def pymq_bytes(records: int, key_bytes: int, compression: str) -> int:
     import numpy as np
     import pyarrow as pa
 
-    from segment_format import record
+    from segment_format import batch_body, record
 
     values = harness.value_table(harness.payload_buffer(VALUE_BYTES, records), VALUE_BYTES, records).column("value")
     keys = None
@@ -47,7 +47,7 @@ def pymq_bytes(records: int, key_bytes: int, compression: str) -> int:
         raw = np.random.default_rng(11).integers(0, 256, records * key_bytes, dtype=np.uint8)
         offsets = np.arange(records + 1, dtype=np.int32) * key_bytes
         keys = pa.Array.from_buffers(pa.binary(), records, [None, pa.py_buffer(offsets), pa.py_buffer(raw)])
-    body = record.make_body(values.combine_chunks(), keys=keys, timestamps_ms=TIMESTAMP_MS)
+    body = batch_body.make_body(values.combine_chunks(), keys=keys, timestamps_ms=TIMESTAMP_MS)
     return len(record.encode_batch(body, compression=compression))
 
 

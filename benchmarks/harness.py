@@ -501,9 +501,9 @@ def warm_up_arrow() -> None:
     """First UTC timestamp cast loads Arrow's tz database (~200 ms): pay it before the clock."""
     import pyarrow as pa
 
-    from segment_format import record
+    from segment_format import batch_body
 
-    pa.array([0], pa.int64()).cast(record.TIMESTAMP_TYPE)
+    pa.array([0], pa.int64()).cast(batch_body.TIMESTAMP_TYPE)
 
 
 # -- latency statistics ------------------------------------------------------------------------

@@ -55,7 +55,7 @@ def append_updates(partition_log: Any, records: int, keys: int, batch_records: i
     import numpy as np
     import pyarrow as pa
 
-    from segment_format import record
+    from segment_format import batch_body, record
 
     rng = np.random.default_rng(seed)
     key_bytes = np.frombuffer(b"".join(b"key-%012d" % i for i in range(keys)), dtype=np.uint8)
@@ -66,7 +66,7 @@ def append_updates(partition_log: Any, records: int, keys: int, batch_records: i
         raw = key_bytes.reshape(keys, KEY_BYTES)[chosen].reshape(-1)
         offsets = np.arange(n + 1, dtype=np.int32) * KEY_BYTES
         key_array = pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(raw)])
-        body = record.make_body(values.column("value").combine_chunks()[:n], keys=key_array, timestamps_ms=TIMESTAMP_MS)
+        body = batch_body.make_body(values.column("value").combine_chunks()[:n], keys=key_array, timestamps_ms=TIMESTAMP_MS)
         partition_log.append_as_leader(record.encode_batch(body, compression=compression), 0)
     partition_log.maybe_increment_high_watermark(partition_log.log_end_offset)
     partition_log.flush()

@@ -40,7 +40,7 @@ from broker.executors import BackgroundExecutors
 from broker.log import AppendInfo, LogManager, TopicLogSpec, UnifiedLog
 from broker.log_writer import LogWriter
 from broker.purgatory import DelayedOperation, DelayedOperationPurgatory, ProducePurgatory
-from segment_format.record import now_ms
+from segment_format.batch_body import now_ms
 from broker.topic_partition import TopicPartition
 
 if TYPE_CHECKING:

@@ -11,7 +11,7 @@ body length sit at fixed places in the record batch message's flatbuffer.
 So pyarrow writes one example body per key variant, the places of those numbers are learned from
 it once (`arrow_ipc.RecordBatchShape`), and `encode` packs the numbers in and concatenates the buffers (offsets and timestamps
 with `array`, values with `bytes.join`). The output is byte-for-byte what
-`record.encode_body(record.make_body(...))` writes: that is checked against pyarrow for a spread
+`batch_body.encode_body(batch_body.make_body(...))` writes: that is checked against pyarrow for a spread
 of shapes when a template is built, and a template that does not match (another pyarrow version
 laying its flatbuffers out differently) is not used. Every other shape goes through pyarrow.
 """
@@ -23,7 +23,7 @@ import logging
 import struct
 from array import array
 
-from segment_format import arrow_ipc, record
+from segment_format import arrow_ipc, batch_body
 
 log = logging.getLogger(__name__)
 
@@ -39,10 +39,10 @@ class BodyTemplate:
 
     def __init__(self, keyed: bool) -> None:
         self.keyed = keyed
-        sample = record.make_body([b"v"], [b"k"] if keyed else None, [0])
+        sample = batch_body.make_body([b"v"], [b"k"] if keyed else None, [0])
         message = sample.serialize().to_pybytes()
         _, metadata_size = _PREFIX.unpack_from(message)
-        layout = record.STANDARD_LAYOUT
+        layout = batch_body.STANDARD_LAYOUT
         self.shape = arrow_ipc.RecordBatchShape(message[_PREFIX.size:_PREFIX.size + metadata_size],
                                                 layout.nodes, layout.buffers)
         if self.shape.counts != (7, 17):
@@ -92,8 +92,8 @@ class BodyTemplate:
             values = [bytes([65 + i % 26]) * ((i * 37) % 301) for i in range(n)]
             keys = [b"key-%d" % i for i in range(n)] if self.keyed else None
             timestamps = [1_700_000_000_000 + i * 13 for i in range(n)]
-            body = record.make_body(values, keys, timestamps)
-            if self.encode(keys, values, timestamps) != record.encode_body(body).to_pybytes():
+            body = batch_body.make_body(values, keys, timestamps)
+            if self.encode(keys, values, timestamps) != batch_body.encode_body(body).to_pybytes():
                 return False
         return True
 

@@ -15,7 +15,7 @@ What compaction guarantees, for the batches of the segments it is given (in offs
 - compacting the output again with the same map and clock changes nothing (idempotent).
 
 Batch format of a compacted batch (docs/architecture.md, Record batch): the same 61-byte header and Arrow body,
-with the body in `record.COMPACTED_BODY_SCHEMA`, the standard columns plus a last column
+with the body in `batch_body.COMPACTED_BODY_SCHEMA`, the standard columns plus a last column
 `offset_delta: int32 not null`. Record i has offset base_offset + offset_delta[i]; the deltas
 grow strictly; the header keeps the original batch's base_offset (so its deltas are relative to
 the original batch) and has last_offset_delta = the last surviving delta and record_count = the
@@ -55,7 +55,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from segment_format import arrow_ipc, record
+from segment_format import arrow_ipc, batch_body, record
 from broker.errors import CorruptMessageError
 from segment_format.segment_reader import StoredBatch
 
@@ -213,19 +213,19 @@ def _timestamps_ms(header: record.BatchHeader, body: pa.RecordBatch) -> np.ndarr
 def _rewrite(data: BatchBytes, header: record.BatchHeader, body: pa.RecordBatch, keep: np.ndarray) -> bytearray:
     """The batch holding only the `keep` records, in the compacted body schema (offsets kept)."""
     mask = pa.array(keep)
-    if body.num_columns == len(record.COMPACTED_BODY_SCHEMA):
+    if body.num_columns == len(batch_body.COMPACTED_BODY_SCHEMA):
         deltas = body.column("offset_delta").filter(mask)
     else:
         deltas = pa.array(np.flatnonzero(keep).astype(np.int32))
-    columns = [body.column(name).filter(mask) for name in record.BODY_SCHEMA.names]
-    compacted = pa.RecordBatch.from_arrays([*columns, deltas], schema=record.COMPACTED_BODY_SCHEMA)
+    columns = [body.column(name).filter(mask) for name in batch_body.BODY_SCHEMA.names]
+    compacted = pa.RecordBatch.from_arrays([*columns, deltas], schema=batch_body.COMPACTED_BODY_SCHEMA)
     if header.log_append_time:
         base_ms, max_ms = header.base_timestamp, header.max_timestamp
     else:
         millis = compacted.column("timestamp").view(pa.int64()).to_numpy()
         base_ms, max_ms = int(millis.min()), int(millis.max())
     out = record.frame_body(
-        record.encode_body(compacted, _codec(data, body)),
+        batch_body.encode_body(compacted, _codec(data, body)),
         record_count=compacted.num_rows, base_timestamp=base_ms, max_timestamp=max_ms,
         base_offset=header.base_offset, partition_leader_epoch=header.partition_leader_epoch,
         attributes=header.attributes, producer_id=header.producer_id, producer_epoch=header.producer_epoch,
@@ -241,7 +241,7 @@ def _codec(data: BatchBytes, body: pa.RecordBatch) -> str:
     """The compression of a batch's body, read from its record batch message (pyarrow's decoded
     batch does not say), as `encode_body` names it."""
     view = memoryview(data).cast("B")[record.HEADER_SIZE:]
-    layout = record.COMPACTED_LAYOUT if body.num_columns == len(record.COMPACTED_BODY_SCHEMA) else record.STANDARD_LAYOUT
+    layout = batch_body.COMPACTED_LAYOUT if body.num_columns == len(batch_body.COMPACTED_BODY_SCHEMA) else batch_body.STANDARD_LAYOUT
     schema_end = arrow_ipc.message_end(view, 0, "schema message", record.SCHEMA_MESSAGE_MAX_BYTES)
     message = arrow_ipc.read_record_batch(view, schema_end, nodes=layout.nodes, buffers=layout.buffers,
                                           max_metadata_bytes=record.RECORD_BATCH_METADATA_MAX_BYTES)

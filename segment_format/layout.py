@@ -3,8 +3,8 @@
 
     {topic}-{partition}/          a partition's directory (local); {topic}/{partition}/ remotely
     {base_offset:020d}.log        concatenated record batches (record.py)
-    {base_offset:020d}.index      sparse offset index (offset_index.py)
-    {base_offset:020d}.timeindex  sparse time index (time_index.py)
+    {base_offset:020d}.index      sparse offset index (index_file.py, OFFSET_INDEX)
+    {base_offset:020d}.timeindex  sparse time index (index_file.py, TIME_INDEX)
 
 20-digit base offsets make `ls` sort by offset (Kafka's LogFileUtils). Topic names follow
 Kafka's rules, which also keep every name a safe single path component.

@@ -26,8 +26,9 @@ from typing import Any
 import crc32c
 
 from broker.errors import CorruptMessageError, KafkaStorageError
+from segment_format import record
 from segment_format.segment_reader import SegmentReader
-from segment_format.time_index import NO_TIMESTAMP
+from segment_format.index_file import NO_TIMESTAMP
 
 FORMAT_VERSION = 1
 UINT32_MAX = 2**32 - 1
@@ -66,30 +67,10 @@ class SegmentMetadata:
         """Compute the metadata of the whole segment behind `reader` in one pass: every batch is
         fully validated and the CRC32C is taken over the same bytes. CorruptMessageError if any
         batch is bad (nothing should be uploaded then)."""
-        crc = 0
-        next_offset = reader.base_offset
-        min_timestamp = max_timestamp = NO_TIMESTAMP
-        record_count = 0
-        epochs: list[tuple[int, int]] = []
+        builder = SegmentMetadataBuilder(reader.base_offset, reader.name)
         for batch in reader.stored_batches():
-            header = batch.header
-            crc = crc32c.crc32c(batch.data, crc)
-            if min_timestamp == NO_TIMESTAMP or header.base_timestamp < min_timestamp:
-                min_timestamp = header.base_timestamp
-            max_timestamp = max(max_timestamp, header.max_timestamp)
-            record_count += header.record_count
-            epoch = header.partition_leader_epoch
-            if epoch >= 0 and (not epochs or epoch != epochs[-1][0]):
-                if epochs and epoch < epochs[-1][0]:  # the CRC does not cover the epoch
-                    raise CorruptMessageError(
-                        f"{reader.name}: batch at byte {batch.position}: leader epoch {epoch} after {epochs[-1][0]}")
-                epochs.append((epoch, header.base_offset))
-            next_offset = header.next_offset
-        return cls(
-            base_offset=reader.base_offset, next_offset=next_offset, min_timestamp=min_timestamp,
-            max_timestamp=max_timestamp, size_bytes=reader.size, record_count=record_count,
-            leader_epochs=tuple(epochs), crc32c=crc,
-        )
+            builder.add(batch.position, batch.header, batch.data)
+        return builder.build(reader.size)
 
     def to_dict(self) -> dict[str, Any]:
         """The record as JSON-ready values (leader epochs as lists of pairs)."""
@@ -132,6 +113,44 @@ class SegmentMetadata:
         except (ValueError, TypeError) as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
             raise CorruptSegmentMetadataError(f"segment metadata is not JSON: {err}") from err
         return cls.from_dict(data)
+
+
+class SegmentMetadataBuilder:
+    """The metadata of a segment accumulated batch by batch, in offset order, by whoever reads or
+    writes its validated batches (`SegmentMetadata.from_reader`, `SegmentWriter`)."""
+
+    def __init__(self, base_offset: int, name: str) -> None:
+        self.base_offset = base_offset
+        self.name = name
+        self._crc = 0
+        self._next_offset = base_offset
+        self._min_timestamp = self._max_timestamp = NO_TIMESTAMP
+        self._record_count = 0
+        self._epochs: list[tuple[int, int]] = []
+
+    def add(self, position: int, header: record.BatchHeader, data: bytes | bytearray | memoryview) -> None:
+        """Account the batch at byte `position` whose bytes are `data`. CorruptMessageError if its
+        leader epoch goes back (the CRC does not cover the epoch)."""
+        self._crc = crc32c.crc32c(data, self._crc)
+        if self._min_timestamp == NO_TIMESTAMP or header.base_timestamp < self._min_timestamp:
+            self._min_timestamp = header.base_timestamp
+        self._max_timestamp = max(self._max_timestamp, header.max_timestamp)
+        self._record_count += header.record_count
+        epoch, epochs = header.partition_leader_epoch, self._epochs
+        if epoch >= 0 and (not epochs or epoch != epochs[-1][0]):
+            if epochs and epoch < epochs[-1][0]:
+                raise CorruptMessageError(
+                    f"{self.name}: batch at byte {position}: leader epoch {epoch} after {epochs[-1][0]}")
+            epochs.append((epoch, header.base_offset))
+        self._next_offset = header.next_offset
+
+    def build(self, size_bytes: int) -> SegmentMetadata:
+        """The metadata of the batches added so far, which fill `size_bytes` of `.log`."""
+        return SegmentMetadata(
+            base_offset=self.base_offset, next_offset=self._next_offset, min_timestamp=self._min_timestamp,
+            max_timestamp=self._max_timestamp, size_bytes=size_bytes, record_count=self._record_count,
+            leader_epochs=tuple(self._epochs), crc32c=self._crc,
+        )
 
 
 def _is_int(value: object) -> bool:

@@ -10,8 +10,8 @@ through the offset index then costs one ranged read; a scan of the whole segment
 
     source        a seekable binary file object (`open(path, "rb")`, `fs.open(url, "rb")`), or a
                   `pread(size, position) -> bytes` callable with the segment's size given
-    offset_index  the `.index` file's bytes (or a loaded OffsetIndex): find_position's shortcut
-    time_index    the `.timeindex` file's bytes (or a loaded TimeIndex): offset_for_timestamp's
+    offset_index  the `.index` file's bytes (or a loaded SparseIndex): find_position's shortcut
+    time_index    the `.timeindex` file's bytes (or a loaded SparseIndex): offset_for_timestamp's
 
 The index bytes go through the same parser the broker uses (`IndexFile.parse`), so a bad index
 file raises CorruptIndexError here too. Bad `.log` bytes raise CorruptMessageError naming the
@@ -33,9 +33,7 @@ import pyarrow as pa
 from segment_format import record
 from segment_format.limits import INT32_MAX, INT64_MAX
 from broker.errors import CorruptMessageError, KafkaStorageError
-from segment_format.index_file import CorruptIndexError
-from segment_format.offset_index import OffsetIndex
-from segment_format.time_index import TimeIndex
+from segment_format.index_file import CorruptIndexError, OFFSET_INDEX, SparseIndex, TIME_INDEX
 
 PRead = Callable[[int, int], bytes]
 """pread(size, position): up to `size` bytes of the segment from byte `position` (fewer only at EOF)."""
@@ -90,8 +88,8 @@ class SegmentReader:
         *,
         size: int | None = None,
         name: str | None = None,
-        offset_index: OffsetIndex | bytes | bytearray | memoryview | None = None,
-        time_index: TimeIndex | bytes | bytearray | memoryview | None = None,
+        offset_index: SparseIndex | bytes | bytearray | memoryview | None = None,
+        time_index: SparseIndex | bytes | bytearray | memoryview | None = None,
         min_read_bytes: int = MIN_READ_BYTES,
         max_read_bytes: int = MAX_READ_BYTES,
         align: int | None = None,
@@ -128,21 +126,21 @@ class SegmentReader:
     def _index_path(self, suffix: str) -> Path:
         return Path(self.name).with_suffix(suffix)
 
-    def _offset_index(self, index: OffsetIndex | bytes | bytearray | memoryview | None) -> OffsetIndex | None:
-        """Parse the `.index` bytes and check them against the `.log`'s size; a loaded OffsetIndex
+    def _offset_index(self, index: SparseIndex | bytes | bytearray | memoryview | None) -> SparseIndex | None:
+        """Parse the `.index` bytes and check them against the `.log`'s size; a loaded SparseIndex
         is trusted as is (its owner checked it)."""
-        if index is None or isinstance(index, OffsetIndex):
+        if index is None or isinstance(index, SparseIndex):
             return index
-        parsed = OffsetIndex.parse(index, self._index_path(".index"), self.base_offset)
+        parsed = OFFSET_INDEX.parse(index, self._index_path(".index"), self.base_offset)
         parsed.sanity_check(self.size)
         return parsed
 
-    def _time_index(self, index: TimeIndex | bytes | bytearray | memoryview | None) -> TimeIndex | None:
+    def _time_index(self, index: SparseIndex | bytes | bytearray | memoryview | None) -> SparseIndex | None:
         """Parse the `.timeindex` bytes and check their order. Where the segment ends in offsets
         is unknown until it is scanned: an entry past the end is caught by offset_for_timestamp."""
-        if index is None or isinstance(index, TimeIndex):
+        if index is None or isinstance(index, SparseIndex):
             return index
-        parsed = TimeIndex.parse(index, self._index_path(".timeindex"), self.base_offset)
+        parsed = TIME_INDEX.parse(index, self._index_path(".timeindex"), self.base_offset)
         parsed.sanity_check(INT64_MAX)
         return parsed
 
@@ -252,7 +250,7 @@ class SegmentReader:
         segment ends before `offset`. The offset index (when given) gives where to start; a scan
         of framed headers finishes. CorruptIndexError if the index entry does not point at the
         start of the batch it names; CorruptMessageError if the scan meets bad bytes."""
-        entry_offset, start = self.offset_index.lookup(offset) if self.offset_index is not None else (self.base_offset, 0)
+        entry_offset, start = self.offset_index.position_of(offset) if self.offset_index is not None else (self.base_offset, 0)
         batches = self.batches(start, verify_from_offset=FRAME_ONLY)
         try:
             first = next(batches, None)
@@ -283,7 +281,7 @@ class SegmentReader:
         scanning."""
         floor_offset = start_offset
         if self.time_index is not None and len(self.time_index):
-            floor_offset = max(floor_offset, self.time_index.lookup(timestamp_ms))
+            floor_offset = max(floor_offset, self.time_index.offset_for_time(timestamp_ms))
         start = 0
         if floor_offset > self.base_offset:
             found = self.find_position(floor_offset)

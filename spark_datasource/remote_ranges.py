@@ -283,7 +283,7 @@ def read_remote_range(options: "SourceOptions", part: RemoteRangePartition) -> I
         reader = store.open_reader(topic, partition, segment, indexes=indexes, source=ahead,
                                    min_read_bytes=READ_AHEAD_BYTES, max_read_bytes=READ_AHEAD_BYTES)
         index = reader.offset_index
-        ahead.prime(index.lookup(bounds[i][0])[1] if index is not None else 0)
+        ahead.prime(index.position_of(bounds[i][0])[1] if index is not None else 0)
         return reader, ahead
 
     try:

@@ -10,8 +10,8 @@ Layout under the store's root URL (e.g. `s3://bucket/pymq`, or `file:///data/pym
     {root}/{topic}/{partition}/
         manifests/manifest-{version:020d}.json          one object per manifest version, never overwritten
         {base_offset:020d}-{upload_id}.log              the segment's record batches (docs/architecture.md, Record batch)
-        {base_offset:020d}-{upload_id}.index            its offset index (segment_format/offset_index.py)
-        {base_offset:020d}-{upload_id}.timeindex        its time index (segment_format/time_index.py)
+        {base_offset:020d}-{upload_id}.index            its offset index (segment_format/index_file.py)
+        {base_offset:020d}-{upload_id}.timeindex        its time index (segment_format/index_file.py)
 
 Object names carry the id of the upload attempt: `upload_id` is 16 random
 hex digits per attempt, so a crashed or failed attempt never overwrites or shadows a good one.

@@ -42,12 +42,10 @@ from fsspec.implementations.local import LocalFileSystem
 from segment_format import record
 from segment_format.layout import validate_topic_name
 from broker.errors import CorruptMessageError, KafkaStorageError, PymqError
-from segment_format.index_file import CorruptIndexError
-from segment_format.offset_index import OffsetIndex
+from segment_format.index_file import CorruptIndexError, OFFSET_INDEX, SparseIndex, TIME_INDEX
 from segment_format.layout import SegmentFiles
 from segment_format.segment_metadata import SegmentMetadata
 from segment_format.segment_reader import FRAME_ONLY, PRead, SegmentReader
-from segment_format.time_index import TimeIndex
 from tiered_storage.errors import (
     ManifestConflictError,
     RemoteObjectNotFoundError,
@@ -325,8 +323,8 @@ class RemoteSegmentStore:
         if log_size != metadata.size_bytes:
             raise ValueError(f"{files.log}: {log_size} bytes, its metadata says {metadata.size_bytes}: not a sealed segment?")
         index_bytes, time_index_bytes = _read_local(files.index), _read_local(files.time_index)
-        OffsetIndex.parse(index_bytes, files.index, metadata.base_offset).sanity_check(metadata.size_bytes)
-        TimeIndex.parse(time_index_bytes, files.time_index, metadata.base_offset).sanity_check(metadata.next_offset)
+        OFFSET_INDEX.parse(index_bytes, files.index, metadata.base_offset).sanity_check(metadata.size_bytes)
+        TIME_INDEX.parse(time_index_bytes, files.time_index, metadata.base_offset).sanity_check(metadata.next_offset)
         segment = RemoteSegment.create(metadata, secrets.token_hex(UPLOAD_ID_HEX_DIGITS // 2),
                                        (len(index_bytes), crc32c.crc32c(index_bytes)),
                                        (len(time_index_bytes), crc32c.crc32c(time_index_bytes)))
@@ -400,18 +398,18 @@ class RemoteSegmentStore:
             raise CorruptMessageError(f"{path}: ends at byte {position + len(data)}, before its manifest size of {segment.size_bytes}")
         return data
 
-    def read_offset_index(self, topic: str, partition: int, segment: RemoteSegment) -> OffsetIndex:
+    def read_offset_index(self, topic: str, partition: int, segment: RemoteSegment) -> SparseIndex:
         """The segment's offset index. CorruptIndexError if the object's size or CRC32C is not the
         manifest's or its entries are bad."""
         data = self._read_index_object(topic, partition, segment.index)
-        index = OffsetIndex.parse(data, Path(segment.index.name), segment.base_offset)
+        index = OFFSET_INDEX.parse(data, Path(segment.index.name), segment.base_offset)
         index.sanity_check(segment.size_bytes)
         return index
 
-    def read_time_index(self, topic: str, partition: int, segment: RemoteSegment) -> TimeIndex:
+    def read_time_index(self, topic: str, partition: int, segment: RemoteSegment) -> SparseIndex:
         """The segment's time index; CorruptIndexError as `read_offset_index`."""
         data = self._read_index_object(topic, partition, segment.time_index)
-        index = TimeIndex.parse(data, Path(segment.time_index.name), segment.base_offset)
+        index = TIME_INDEX.parse(data, Path(segment.time_index.name), segment.base_offset)
         index.sanity_check(segment.next_offset)
         return index
 

@@ -14,7 +14,7 @@ from typing import Any, Awaitable
 import numpy as np
 import pyarrow as pa
 
-from segment_format import record
+from segment_format import batch_body
 from broker.client.loop_thread import LoopThread
 from broker.errors import PymqError
 
@@ -28,7 +28,7 @@ MIN_LATENCY_SAMPLES = 10_000
 def warm_up() -> None:
     """Pay one-off process costs before the clock starts: Arrow loads its time-zone database on
     the first cast to a UTC timestamp (about 200 ms), which the first batch would otherwise carry."""
-    pa.array([0], pa.int64()).cast(record.TIMESTAMP_TYPE)
+    pa.array([0], pa.int64()).cast(batch_body.TIMESTAMP_TYPE)
 
 
 class PayloadPool:

@@ -73,7 +73,7 @@ from typing import Any, Iterable, Iterator
 import pyarrow as pa
 
 from broker import protocol
-from segment_format import record
+from segment_format import batch_body
 from broker.client.assignors import ASSIGNORS, DEFAULT_ASSIGNORS
 from broker.client.cluster import Cluster
 from broker.topic_partition import TopicPartition
@@ -156,7 +156,7 @@ class AsyncConsumer:
 
     async def start(self) -> "AsyncConsumer":
         self._fetcher.start(asyncio.get_running_loop())
-        record.warm_up()
+        batch_body.warm_up()
         await self.cluster.refresh()
         return self
 

@@ -19,7 +19,7 @@ from typing import Any, Iterable, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.topic_partition import TopicPartition
 from broker.errors import CorruptMessageError, CorruptRecordError
 
@@ -27,11 +27,11 @@ RECORD_SCHEMA = pa.schema([
     pa.field("topic", pa.string(), nullable=False),
     pa.field("partition", pa.int32(), nullable=False),
     pa.field("offset", pa.int64(), nullable=False),
-    pa.field("timestamp", record.TIMESTAMP_TYPE, nullable=False),
+    pa.field("timestamp", batch_body.TIMESTAMP_TYPE, nullable=False),
     pa.field("timestamp_type", pa.int8(), nullable=False),
     pa.field("key", pa.binary()),
     pa.field("value", pa.binary()),
-    pa.field("headers", record.HEADERS_TYPE),
+    pa.field("headers", batch_body.HEADERS_TYPE),
 ])
 
 
@@ -95,7 +95,7 @@ class FetchedBatch(NamedTuple):
         """The records of a decoded batch from offset `position` on (a fetch from mid-batch
         returns the whole batch)."""
         append_time = header.max_timestamp if header.log_append_time else -1
-        if body.num_columns == len(record.COMPACTED_BODY_SCHEMA):
+        if body.num_columns == len(batch_body.COMPACTED_BODY_SCHEMA):
             offsets = record.record_offsets(header, body)
             skip = int(np.searchsorted(offsets.to_numpy(), position))
             offsets = offsets.slice(skip)
@@ -117,7 +117,7 @@ def to_record_batch(topic: str, partition: int, fetched: FetchedBatch) -> pa.Rec
     body, n = fetched.body, fetched.body.num_rows
     # LogAppendTime: the broker's append time in the header is every record's timestamp.
     log_append_time = fetched.append_time >= 0
-    timestamps = (pa.array(np.full(n, fetched.append_time, np.int64)).cast(record.TIMESTAMP_TYPE)
+    timestamps = (pa.array(np.full(n, fetched.append_time, np.int64)).cast(batch_body.TIMESTAMP_TYPE)
                   if log_append_time else body.column(2))
     if n <= _CONSTANT_ROWS:
         topics, partitions, types = (column.slice(0, n) for column in _constant_columns(topic, partition, log_append_time))

@@ -34,7 +34,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from segment_format import record
+from segment_format import batch_body
 from broker.client.accumulator import RecordAccumulator
 from broker.client.cluster import Cluster
 from broker.client.config import BootstrapServers, client_settings
@@ -60,8 +60,8 @@ class AsyncProducer:
         acks_code = {"all": -1, "-1": -1, "1": 1, "0": 0}.get(str(acks), acks)
         if acks_code not in (-1, 0, 1):
             raise ValueError(f"acks must be 0, 1 or 'all', got {acks!r}")
-        if compression not in record.COMPRESSIONS:
-            raise ValueError(f"compression must be one of {record.COMPRESSIONS}, got {compression!r}")
+        if compression not in batch_body.COMPRESSIONS:
+            raise ValueError(f"compression must be one of {batch_body.COMPRESSIONS}, got {compression!r}")
         if batch_size <= 0 or linger_ms < 0 or max_in_flight < 1:
             raise ValueError("batch_size must be > 0, linger_ms >= 0, max_in_flight >= 1")
         self.max_block_s = max_block_ms / 1000
@@ -83,7 +83,7 @@ class AsyncProducer:
 
     async def start(self) -> "AsyncProducer":
         self.sender.start(asyncio.get_running_loop())
-        record.warm_up()
+        batch_body.warm_up()
         await self.sender.refresh_metadata()
         return self
 
@@ -256,7 +256,7 @@ def _standard_body(table: pa.Table, timestamp_ms: int | None) -> pa.Table:
 
     def column(name: str, kind: pa.DataType) -> pa.ChunkedArray:
         if name not in table.column_names:
-            return pa.chunked_array([record.null_headers(n) if kind == record.HEADERS_TYPE else pa.nulls(n, kind)])
+            return pa.chunked_array([batch_body.null_headers(n) if kind == batch_body.HEADERS_TYPE else pa.nulls(n, kind)])
         col = table.column(name)
         if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
             col = pc.cast(col, pa.binary())
@@ -265,14 +265,14 @@ def _standard_body(table: pa.Table, timestamp_ms: int | None) -> pa.Table:
     if "timestamp" in table.column_names:
         ts = table.column("timestamp")
         if pa.types.is_timestamp(ts.type):  # finer units are truncated to milliseconds
-            ts = pc.floor_temporal(ts, unit="millisecond").cast(record.TIMESTAMP_TYPE, safe=False)
+            ts = pc.floor_temporal(ts, unit="millisecond").cast(batch_body.TIMESTAMP_TYPE, safe=False)
         else:
-            ts = ts.cast(pa.int64()).cast(record.TIMESTAMP_TYPE)
+            ts = ts.cast(pa.int64()).cast(batch_body.TIMESTAMP_TYPE)
     else:
-        now = record.now_ms() if timestamp_ms is None else timestamp_ms
-        ts = pa.chunked_array([pa.array(np.full(n, now, dtype=np.int64)).cast(record.TIMESTAMP_TYPE)])
-    return pa.table([column("key", pa.binary()), column("value", pa.binary()), ts, column("headers", record.HEADERS_TYPE)],
-                    schema=record.BODY_SCHEMA)
+        now = batch_body.now_ms() if timestamp_ms is None else timestamp_ms
+        ts = pa.chunked_array([pa.array(np.full(n, now, dtype=np.int64)).cast(batch_body.TIMESTAMP_TYPE)])
+    return pa.table([column("key", pa.binary()), column("value", pa.binary()), ts, column("headers", batch_body.HEADERS_TYPE)],
+                    schema=batch_body.BODY_SCHEMA)
 
 
 class Producer:

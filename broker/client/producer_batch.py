@@ -22,7 +22,7 @@ from typing import Any, Callable, NamedTuple
 
 import pyarrow as pa
 
-from segment_format import body_template, record
+from segment_format import batch_body, body_template, record
 
 log = logging.getLogger("pymq.producer")
 
@@ -222,10 +222,10 @@ class ProducerBatch:
             headers = None
             if self.headers is not None:
                 headers = [None if h is None else [{"key": k, "value": v} for k, v in h] for h in self.headers]
-            self.body = record.make_body(pa.array(values, pa.binary()),
-                                         pa.nulls(n, pa.binary()) if keyless else pa.array(keys, pa.binary()),
-                                         pa.array(timestamps, record.TIMESTAMP_TYPE), headers)
-            encoded = record.encode_body(self.body, compression)
+            self.body = batch_body.make_body(pa.array(values, pa.binary()),
+                                             pa.nulls(n, pa.binary()) if keyless else pa.array(keys, pa.binary()),
+                                             pa.array(timestamps, batch_body.TIMESTAMP_TYPE), headers)
+            encoded = batch_body.encode_body(self.body, compression)
         if self.result.callbacks is not None:
             self.result.timestamps = timestamps
         self.keys = self.values = self.timestamps = []  # type: ignore[assignment]

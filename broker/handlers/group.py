@@ -19,7 +19,7 @@ import logging
 from collections.abc import Awaitable, Iterator
 from typing import Any
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker import background
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
@@ -60,7 +60,7 @@ from broker.protocol.messages.group import (
     OffsetFetchResponse,
     SyncGroupRequest,
 )
-from segment_format.record import now_ms
+from segment_format.batch_body import now_ms
 from broker.replica_manager import ReplicaManager
 
 log = logging.getLogger("pymq.group_handler")
@@ -298,7 +298,7 @@ def encode_records(records: list[tuple[RecordKey, RecordValue]]) -> bytearray:
     """One record batch of coordinator records (tombstones have a null value)."""
     keys = [encode_key(key) for key, _ in records]
     values = [encode_value(value) for _, value in records]
-    return record.encode_batch(record.make_body(values, keys, timestamps_ms=now_ms()))
+    return record.encode_batch(batch_body.make_body(values, keys, timestamps_ms=now_ms()))
 
 
 def read_records(partition_log: UnifiedLog) -> Iterator[tuple[RecordKey, RecordValue]]:

@@ -39,7 +39,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.config import BrokerConfig, LogConfig
 from segment_format.limits import INT32_MAX, INT64_MAX
 from broker.errors import CorruptMessageError, KafkaStorageError
@@ -155,7 +155,7 @@ class LogCleaner:
     thread with `clean_once` (tests, benchmarks). Thread-safe; one clean runs at a time."""
 
     def __init__(self, logs: LogManager, *, max_keys: int = max_keys_for(128 << 20), backoff_ms: int = 15_000,
-                 io_buffer_bytes: int = 512 << 10, clock: Callable[[], int] = record.now_ms) -> None:
+                 io_buffer_bytes: int = 512 << 10, clock: Callable[[], int] = batch_body.now_ms) -> None:
         self.logs = logs
         self.max_keys = max_keys
         self.backoff_ms = backoff_ms

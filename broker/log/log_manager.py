@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from segment_format import record
+from segment_format import batch_body
 from broker.config import LogConfig
 from segment_format.layout import validate_topic_name
 from broker.errors import InconsistentTopicIdError, InvalidTopicError, KafkaStorageError
@@ -79,7 +79,7 @@ class TopicLogSpec:
 class LogManager:
     """The partition logs of one log directory, keyed by (topic, partition). Thread-safe."""
 
-    def __init__(self, log_dir: Path, clock: Callable[[], int] = record.now_ms, max_open_files: int = 1024,
+    def __init__(self, log_dir: Path, clock: Callable[[], int] = batch_body.now_ms, max_open_files: int = 1024,
                  remote_storage: bool = False) -> None:
         self.log_dir = Path(log_dir)
         self.remote_storage = remote_storage  # remote.log.storage.system.enable: logs of remote.storage.enable topics tier

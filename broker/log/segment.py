@@ -2,8 +2,8 @@
 
     {base_offset:020d}.log        batch | batch | ...   record.py's format, base offsets strictly
                                                         increasing, the first >= base_offset
-    {base_offset:020d}.index      OffsetIndex (offset_index.py)
-    {base_offset:020d}.timeindex  TimeIndex (time_index.py)
+    {base_offset:020d}.index      OFFSET_INDEX (index_file.py)
+    {base_offset:020d}.timeindex  TIME_INDEX (index_file.py)
     *.deleted                     the same files after retention or the log cleaner removed the
                                   segment from its log, waiting for in-flight reads to finish
                                   before they are unlinked
@@ -36,10 +36,9 @@ from broker.errors import CorruptMessageError, KafkaStorageError, LogInvariantEr
 from broker.log.checkpoint import fsync_and_close
 from broker.log.file_cache import FileCache
 from segment_format.layout import DELETED_SUFFIX, SegmentFiles
-from segment_format.index_file import CorruptIndexError
-from segment_format.offset_index import OffsetIndex
+from segment_format.index_builder import IndexBuilder
+from segment_format.index_file import CorruptIndexError, OFFSET_INDEX, SparseIndex, TIME_INDEX
 from segment_format.segment_reader import FRAME_ONLY, SegmentReader
-from segment_format.time_index import NO_TIMESTAMP, TimeIndex
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +115,10 @@ class Segment:
         self.files = files
         self.base_offset = files.base_offset
         self._cache = cache
-        self.offset_index = OffsetIndex(files.index, self.base_offset)
-        self.time_index = TimeIndex(files.time_index, self.base_offset)
+        self._indexes = IndexBuilder(SparseIndex(OFFSET_INDEX, files.index, self.base_offset),
+                                     SparseIndex(TIME_INDEX, files.time_index, self.base_offset))
         self._size = 0
         self._next_offset = self.base_offset
-        self._max_timestamp = NO_TIMESTAMP
-        self._offset_of_max_timestamp = self.base_offset
         self._first_append_ms: int | None = None
         self._sealed = False
         self.damage: str | None = None  # what recovery found broken below the recovery point
@@ -143,8 +140,8 @@ class Segment:
             raise KafkaStorageError(f"cannot create {files.log}: {err}") from err
         segment = cls(files, cache)
         try:
-            segment.offset_index = OffsetIndex.create(files.index, base_offset)
-            segment.time_index = TimeIndex.create(files.time_index, base_offset)
+            segment._indexes = IndexBuilder(OFFSET_INDEX.create(files.index, base_offset),
+                                            TIME_INDEX.create(files.time_index, base_offset))
         except BaseException:
             with contextlib.suppress(KafkaStorageError):
                 segment.delete()
@@ -162,6 +159,14 @@ class Segment:
     # --- state -------------------------------------------------------------------------------
 
     @property
+    def offset_index(self) -> SparseIndex:
+        return self._indexes.offset_index
+
+    @property
+    def time_index(self) -> SparseIndex:
+        return self._indexes.time_index
+
+    @property
     def log_path(self) -> Path:
         return self.files.log
 
@@ -177,8 +182,8 @@ class Segment:
 
     @property
     def max_timestamp(self) -> int:
-        """Largest batch max_timestamp stored (ms), NO_TIMESTAMP (-1) when empty."""
-        return self._max_timestamp
+        """Largest batch max_timestamp stored (ms), -1 (NO_TIMESTAMP) when empty."""
+        return self._indexes.max_timestamp
 
     @property
     def first_append_ms(self) -> int | None:
@@ -214,7 +219,8 @@ class Segment:
         position = self._size
         recent = self._recent
         for batch in batches:
-            self._index_batch(batch, position, index_interval_bytes)
+            self._indexes.add(batch.base_offset, batch.max_timestamp, position, index_interval_bytes)
+            self._next_offset = batch.next_offset
             recent[batch.base_offset] = (position, batch.size)
             position += batch.size
         while len(recent) > _RECENT_BATCHES:
@@ -249,17 +255,6 @@ class Segment:
                 with contextlib.suppress(OSError):  # if this fails too, the next pwrite overwrites the torn bytes
                     os.ftruncate(fd, position)
                 raise KafkaStorageError(f"cannot write {self.log_path}: {err}") from err
-
-    def _index_batch(self, batch: BatchInfo, position: int, index_interval_bytes: int) -> None:
-        """Account one batch at `position`: max timestamp, next offset, index entries (Kafka's rule:
-        an entry once more than index.interval.bytes were written since the last one)."""
-        if batch.max_timestamp > self._max_timestamp:
-            self._max_timestamp = batch.max_timestamp
-            self._offset_of_max_timestamp = batch.base_offset
-        if position - self.offset_index.last_position > index_interval_bytes:
-            self.offset_index.append(batch.base_offset, position)
-            self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
-        self._next_offset = batch.next_offset
 
     # --- read --------------------------------------------------------------------------------
 
@@ -306,7 +301,7 @@ class Segment:
         """(offset, timestamp) of the first record at or after `start_offset` with timestamp >=
         `timestamp_ms`, or None. The time index bounds the scan (SegmentReader.offset_for_timestamp).
         """
-        if self._max_timestamp < timestamp_ms:
+        if self._indexes.max_timestamp < timestamp_ms:
             return None
         return self._reader().offset_for_timestamp(timestamp_ms, start_offset)
 
@@ -354,19 +349,18 @@ class Segment:
         Raises CorruptIndexError / CorruptMessageError if anything disagrees: call `recover` then.
         """
         file_size = self._file_size()
-        self.offset_index = OffsetIndex.load(self.files.index, self.base_offset)
-        self.time_index = TimeIndex.load(self.files.time_index, self.base_offset)
+        self._indexes = IndexBuilder(OFFSET_INDEX.load(self.files.index, self.base_offset),
+                                     TIME_INDEX.load(self.files.time_index, self.base_offset))
         self.offset_index.sanity_check(file_size)
-        if len(self.offset_index):
-            indexed = self._header_at(self.offset_index.last_position)
-            if indexed.base_offset != self.offset_index.last_offset:
-                raise CorruptIndexError(f"{self.offset_index.path.name}: last entry does not match the log")
+        last_offset, last_position = self.offset_index.last_entry
+        if len(self.offset_index) and self._header_at(last_position).base_offset != last_offset:
+            raise CorruptIndexError(f"{self.offset_index.path.name}: last entry does not match the log")
         self._size = file_size
         # The time index covers every batch up to the last offset-index entry (entries are added
         # together), so only the batches from there on need reading.
-        self._max_timestamp, self._offset_of_max_timestamp = self.time_index.last_entry
-        self._next_offset = self.offset_index.last_offset
-        self._scan(self._batches(self.offset_index.last_position, file_size, FRAME_ONLY))
+        self._indexes.resume()
+        self._next_offset = last_offset
+        self._scan(self._batches(last_position, file_size, FRAME_ONLY))
         self.time_index.sanity_check(self._next_offset)
         self._first_append_ms = self._header_at(0).max_timestamp if file_size else None
 
@@ -384,8 +378,8 @@ class Segment:
         try:
             for position, header in self._batches(0, file_size, verify_from_offset):
                 self._check_offsets(position, header)
-                batch = BatchInfo(header.base_offset, header.next_offset, header.size, header.max_timestamp)
-                self._index_batch(batch, position, index_interval_bytes)
+                self._indexes.add(header.base_offset, header.max_timestamp, position, index_interval_bytes)
+                self._next_offset = header.next_offset
                 self._size = position + header.size
                 if on_batch is not None:
                     on_batch(header)
@@ -403,7 +397,7 @@ class Segment:
         elif self._size < file_size:
             self._truncate_file(self._size)
             truncated = file_size - self._size
-        self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+        self._indexes.seal()
         self.offset_index.write_pending()
         self.time_index.write_pending()
         self._first_append_ms = self._header_at(0).max_timestamp if self._size else None
@@ -411,13 +405,10 @@ class Segment:
 
     def _reset(self) -> None:
         self._recent.clear()
-        self.offset_index.reset()
-        self.time_index.reset()
+        self._indexes.reset()
         self._sealed = False
         self._size = 0
         self._next_offset = self.base_offset
-        self._max_timestamp = NO_TIMESTAMP
-        self._offset_of_max_timestamp = self.base_offset
         self.damage = None
 
     def _check_offsets(self, position: int, header: record.BatchHeader) -> None:
@@ -434,9 +425,7 @@ class Segment:
         for position, header in batches:
             self._check_offsets(position, header)
             self._next_offset = header.next_offset
-            if header.max_timestamp > self._max_timestamp:
-                self._max_timestamp = header.max_timestamp
-                self._offset_of_max_timestamp = header.base_offset
+            self._indexes.observe(header.base_offset, header.max_timestamp)
 
     def truncate_to(self, offset: int) -> int:
         """Remove every batch whose last offset >= `offset` (so the batch holding `offset` goes
@@ -454,8 +443,8 @@ class Segment:
         self.time_index.truncate_to(header.base_offset)
         self._size = position
         # Kafka's loadLargestTimestamp: the time index's last entry, then every batch after it.
-        self._max_timestamp, self._offset_of_max_timestamp = self.time_index.last_entry
-        self._next_offset, start = self.offset_index.lookup(self._offset_of_max_timestamp)
+        self._indexes.resume()
+        self._next_offset, start = self.offset_index.position_of(self._indexes.offset_of_max_timestamp)
         self._scan(self._batches(start, position, FRAME_ONLY))
         if not self._size:
             self._first_append_ms = None
@@ -489,7 +478,7 @@ class Segment:
     def mark_sealed(self) -> None:
         """The in-memory half of `seal`: record the max timestamp as the last time-index entry and
         take no more appends. No I/O: a log rolls under its view lock with this."""
-        self.time_index.maybe_append(self._max_timestamp, self._offset_of_max_timestamp)
+        self._indexes.seal()
         self._sealed = True
         self._recent.clear()  # tailing fetches go to the new active segment; this one is read via its index
 

@@ -79,7 +79,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.config import LogConfig
 from broker.errors import (
     CorruptMessageError,
@@ -206,7 +206,7 @@ class UnifiedLog:
         *,
         topic_id: str | None = None,
         cache: FileCache | None = None,
-        clock: Callable[[], int] = record.now_ms,
+        clock: Callable[[], int] = batch_body.now_ms,
         recovery_point: int = 0,
         log_start_offset: int = 0,
         high_watermark: int | None = None,

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from segment_format import record
+from segment_format import batch_body
 from broker.config import BrokerConfig
 from segment_format.limits import INT64_MAX
 from broker.errors import KafkaStorageError, PymqError
@@ -116,7 +116,7 @@ class RemoteLogManager:
 
     def __init__(self, store: RemoteSegmentStore, *,
                  thread_pool_size: int = 2, copy_max_bytes_per_second: int = INT64_MAX,
-                 clock: Callable[[], int] = record.now_ms, orphan_grace_ms: int = DEFAULT_ORPHAN_GRACE_MS,
+                 clock: Callable[[], int] = batch_body.now_ms, orphan_grace_ms: int = DEFAULT_ORPHAN_GRACE_MS,
                  max_backoff_ms: int = 30_000, reader: RemoteLogReader | None = None) -> None:
         assert thread_pool_size >= 1, thread_pool_size
         self.store = store

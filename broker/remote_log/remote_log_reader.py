@@ -37,10 +37,8 @@ from typing import Any
 from segment_format import record
 from broker.errors import PymqError, UnknownServerError, WorkQueueFullError
 from broker.executors import BoundedExecutor
-from segment_format.index_file import CorruptIndexError
-from segment_format.offset_index import OffsetIndex
+from segment_format.index_file import CorruptIndexError, SparseIndex
 from segment_format.segment_reader import SegmentReader
-from segment_format.time_index import TimeIndex
 from tiered_storage import RemoteSegmentStore
 from segment_format.manifest import PartitionManifest, RemoteSegment
 from tiered_storage.remote_store import offset_for_timestamp, validated_range
@@ -276,7 +274,7 @@ class RemoteLogReader:
         return data, len(data)
 
     def _indexes(self, topic: str, partition: int, segment: RemoteSegment,
-                 blocking: bool) -> tuple[OffsetIndex | None, TimeIndex | None]:
+                 blocking: bool) -> tuple[SparseIndex | None, SparseIndex | None]:
         return self._cached(self._indexes_key(topic, partition, segment), blocking,
                             lambda: self._load_indexes(topic, partition, segment))
 
@@ -285,7 +283,7 @@ class RemoteLogReader:
         return topic, partition, segment.upload_id, "indexes"
 
     def _load_indexes(self, topic: str, partition: int,
-                      segment: RemoteSegment) -> tuple[tuple[OffsetIndex | None, TimeIndex | None], int]:
+                      segment: RemoteSegment) -> tuple[tuple[SparseIndex | None, SparseIndex | None], int]:
         size = segment.index.size_bytes + segment.time_index.size_bytes
         try:
             return (self.store.read_offset_index(topic, partition, segment),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from segment_format import record
+from segment_format import batch_body, record
 
 TS = 1_700_000_000_000
 OFFSET_RANGE = "inconsistent batch offset range"
@@ -20,18 +20,18 @@ def compacted(deltas: list[int], ts: int = TS) -> bytearray:
     header's last_offset_delta is the last of them, so only the deltas tell it is forged)."""
     values = [b"forged-%d" % i for i in range(len(deltas))]
     keys = [b"key-%d" % i for i in range(len(deltas))]
-    return record.encode_batch(record.make_body(values, keys=keys, timestamps_ms=ts, offset_deltas=deltas))
+    return record.encode_batch(batch_body.make_body(values, keys=keys, timestamps_ms=ts, offset_deltas=deltas))
 
 
 def with_gap(gap: int, ts: int = TS) -> bytearray:
     """A standard-body batch of two records whose header claims `gap` offsets more than it holds."""
-    return record.encode_batch(record.make_body([b"forged-0", b"forged-1"], timestamps_ms=ts), last_offset_delta=1 + gap)
+    return record.encode_batch(batch_body.make_body([b"forged-0", b"forged-1"], timestamps_ms=ts), last_offset_delta=1 + gap)
 
 
 def with_attributes(bits: int, ts: int = TS) -> bytearray:
     """A standard two-record batch with attribute `bits` set (and a producer id, as a
     transactional producer would have)."""
-    body = record.make_body([b"forged-0", b"forged-1"], timestamps_ms=ts)
+    body = batch_body.make_body([b"forged-0", b"forged-1"], timestamps_ms=ts)
     return record.encode_batch(body, attributes=bits, producer_id=7, producer_epoch=0, base_sequence=0)
 
 

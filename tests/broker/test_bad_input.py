@@ -29,7 +29,7 @@ import msgpack
 import pyarrow as pa
 import pytest
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.errors import (
     NONE,
     CorruptMessageError,
@@ -132,7 +132,7 @@ def log_dir_state(log_dir: Path) -> tuple[list[str], str]:
 
 
 def make_batch(values: list[bytes], ts: int = TS) -> bytearray:
-    return record.encode_batch(record.make_body(values, timestamps_ms=ts))
+    return record.encode_batch(batch_body.make_body(values, timestamps_ms=ts))
 
 
 def recrc(buf: bytearray) -> bytearray:
@@ -925,13 +925,13 @@ def _framed(ipc: bytes, record_count: int = 3, ts: int = TS) -> bytes:
 
 
 def _ipc_of(values: list[bytes], ts: int = TS) -> bytes:
-    return record.encode_body(record.make_body(values, timestamps_ms=ts)).to_pybytes()
+    return batch_body.encode_body(batch_body.make_body(values, timestamps_ms=ts)).to_pybytes()
 
 
 def _foreign_schema_body() -> bytes:
-    other = record.make_body([b"a", b"b", b"c"], timestamps_ms=TS)
+    other = batch_body.make_body([b"a", b"b", b"c"], timestamps_ms=TS)
     schema = pa.schema([f.with_type(pa.timestamp("us", tz="UTC")) if f.name == "timestamp" else f
-                        for f in record.BODY_SCHEMA])
+                        for f in batch_body.BODY_SCHEMA])
     batch = pa.RecordBatch.from_arrays([c.cast(f.type) for c, f in zip(other.columns, schema)], schema=schema)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, schema) as writer:
@@ -939,7 +939,7 @@ def _foreign_schema_body() -> bytes:
     return _framed(sink.getvalue().to_pybytes())
 
 
-SCHEMA_MESSAGE_BYTES = len(record.BODY_SCHEMA.serialize())
+SCHEMA_MESSAGE_BYTES = len(batch_body.BODY_SCHEMA.serialize())
 POISON_BATCHES = [
     # id, batch bytes, expected error class, words the error message must contain
     ("record-count-far-above-body-rows", lambda: _framed(_ipc_of([b"a", b"b", b"c"]), record_count=1_000_000),
@@ -1007,7 +1007,7 @@ def test_produce_outside_the_topics_timestamp_bounds_is_invalid_timestamp(server
     name = f"ts-{next(_names)}"
     create_topic(client, name, configs=configs)
     before = stored_files(server.log_dir, name)
-    result = produce(client, name, 0, make_batch([b"stamped"], ts=record.now_ms() + delta_ms))
+    result = produce(client, name, 0, make_batch([b"stamped"], ts=batch_body.now_ms() + delta_ms))
     if error is None:
         assert (result["error_code"], result["base_offset"]) == (NONE, 0), result
         assert fetch_records(client, name) == [(0, b"stamped")]
@@ -1017,7 +1017,7 @@ def test_produce_outside_the_topics_timestamp_bounds_is_invalid_timestamp(server
     assert_serving(server, raw_client, same=client)
     assert stored_files(server.log_dir, name) == before
     assert fetch_records(client, name) == []
-    assert produce(client, name, 0, make_batch([b"now"], ts=record.now_ms()))["base_offset"] == 0
+    assert produce(client, name, 0, make_batch([b"now"], ts=batch_body.now_ms()))["base_offset"] == 0
     assert fetch_records(client, name) == [(0, b"now")]
 
 
@@ -1058,7 +1058,7 @@ def keyed_batch(round_: int) -> bytearray:
     """One update of each of KEYS keys, ~1.5 KiB (a few fill a 4 KiB segment), for offsets
     round_ * KEYS onwards."""
     values = [keyed_value(round_ * KEYS + k) for k in range(KEYS)]
-    return record.encode_batch(record.make_body(values, keys=[b"key-%d" % k for k in range(KEYS)], timestamps_ms=TS))
+    return record.encode_batch(batch_body.make_body(values, keys=[b"key-%d" % k for k in range(KEYS)], timestamps_ms=TS))
 
 
 def assert_compacted_updates(records: list[tuple[int, bytes]], rounds: int) -> None:

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.client import EARLIEST, LATEST, Admin, Consumer, Producer
 from broker.errors import OffsetOutOfRangeError
 
@@ -95,7 +95,7 @@ def test_torn_tail_is_truncated_on_recovery_and_earlier_records_survive(broker_f
     broker.kill()
     segment = sorted((broker.log_dir / "torn-0").glob("*.log"))[-1]
     size_before = segment.stat().st_size
-    torn = record.encode_batch(record.make_body([b"torn"] * 50, timestamps_ms=1))
+    torn = record.encode_batch(batch_body.make_body([b"torn"] * 50, timestamps_ms=1))
     with open(segment, "ab") as f:
         f.write(torn[: len(torn) // 2])
     broker.start()
@@ -206,7 +206,7 @@ def test_producer_starts_using_added_partitions_after_a_metadata_refresh(broker)
 def test_log_append_time_topic_reports_the_broker_time_to_consumers(broker, consume_all):
     """With message.timestamp.type=LogAppendTime, consumers see the append time, not the producer's."""
     create(broker.bootstrap, "append-time", 1, **{"message.timestamp.type": "LogAppendTime"})
-    before = record.now_ms()
+    before = batch_body.now_ms()
     with Producer(broker.bootstrap, linger_ms=0) as producer:
         metadata = producer.send("append-time", b"x", timestamp_ms=1_000).result(10)
     assert metadata.timestamp >= before

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.errors import NONE, KafkaStorageError, RequestTimedOutError
 from broker.process import BrokerProcess
 from broker.protocol import ApiKey
@@ -71,7 +71,7 @@ def faulty(tmp_path: Path):
 
 
 def batch(*values: bytes) -> bytes:
-    return bytes(record.encode_batch(record.make_body(list(values), timestamps_ms=record.now_ms())))
+    return bytes(record.encode_batch(batch_body.make_body(list(values), timestamps_ms=batch_body.now_ms())))
 
 
 def create_topic(client, configs: dict[str, Any] | None = None, partitions: int = 1) -> str:

@@ -40,7 +40,7 @@ import pyarrow as pa
 import pytest
 
 from broker import protocol
-from segment_format import record
+from segment_format import batch_body, record
 from broker.client import Admin, Producer
 from broker.config import TOPIC_CONFIGS
 from broker.errors import (
@@ -108,7 +108,7 @@ class Fuzzer:
     def __init__(self, rng: random.Random) -> None:
         self.rng = rng
         self.batches = [
-            bytes(record.encode_batch(record.make_body(
+            bytes(record.encode_batch(batch_body.make_body(
                 [rng.randbytes(rng.randint(0, 200)) for _ in range(n)],
                 keys=[b"k%d" % i for i in range(n)],
                 timestamps_ms=TS - rng.randint(0, 10_000)), compression=compression))
@@ -365,7 +365,7 @@ def holds_a_valid_batch(payload: memoryview) -> bool:
     """True if a batch starting at any byte of `payload` passes the broker's validation of a
     producer's batch (without the timestamp bounds, which could only refuse more)."""
     magic = record.MAGIC
-    producer = record.ProducerInput(record.now_ms(), None)
+    producer = record.ProducerInput(batch_body.now_ms(), None)
     for pos in range(0, len(payload) - record.HEADER_SIZE + 1):
         if payload[pos + 16] != magic:
             continue

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.client import Admin
 from broker.coordinator.group_records import OFFSETS_TOPIC, partition_for
 from broker.errors import NONE, InvalidTopicError, MemberIdRequiredError, error_for_code
@@ -113,7 +113,7 @@ def test_groups_and_offsets_survive_sigkill(server, raw_client) -> None:
 def test_the_offsets_topic_is_internal(server, raw_client) -> None:
     with raw_client(server.port) as client:
         send(client, FindCoordinatorRequest("any"))
-        batch = bytes(record.encode_batch(record.make_body([b"forged"], [b"key"])))
+        batch = bytes(record.encode_batch(batch_body.make_body([b"forged"], [b"key"])))
         produced = send(client, ProduceRequest((TopicRequest(OFFSETS_TOPIC, (ProducePartition(0, (batch,)),)),)))
         assert type(produced.topics[0].partitions[0].error()) is InvalidTopicError
         deleted = send(client, DeleteTopicsRequest((TopicRef(OFFSETS_TOPIC),)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.errors import NONE, CorruptMessageError
 from broker.protocol import ApiKey
 
@@ -22,7 +22,7 @@ def broker(broker_factory, request):
 
 def batch(tag: str, count: int, value_bytes: int) -> bytes:
     values = [f"{tag}-{i}".encode().ljust(value_bytes, b".") for i in range(count)]
-    return bytes(record.encode_batch(record.make_body(values, timestamps_ms=TS)))
+    return bytes(record.encode_batch(batch_body.make_body(values, timestamps_ms=TS)))
 
 
 def produce_frame(client, parts: list[tuple[str, int, bytes]]) -> tuple[int, bytes]:

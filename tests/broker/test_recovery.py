@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
@@ -44,7 +44,7 @@ def crashed(broker_factory, raw_client):
         {"name": TOPIC, "num_partitions": 1, "replication_factor": 1, "configs": {"segment.bytes": 4096}}]})
     assert reply["topics"][0]["error_code"] == NONE, reply
     for i in range(BATCHES):
-        payload = bytes(record.encode_batch(record.make_body([value(i)], timestamps_ms=record.now_ms())))
+        payload = bytes(record.encode_batch(batch_body.make_body([value(i)], timestamps_ms=batch_body.now_ms())))
         reply, _ = client.request(ApiKey.PRODUCE, {"acks": 1, "topics": [
             {"name": TOPIC, "partitions": [{"partition": 0, "size": len(payload)}]}]}, payload)
         assert reply["topics"][0]["partitions"][0]["error_code"] == NONE, reply
@@ -165,7 +165,7 @@ def test_broken_framing_in_an_old_segment_is_reported_not_truncated(crashed, raw
     assert values == {i: value(i) for i in range(BATCHES) if i != second.base_offset}
     # the broker keeps accepting appends after the restart
     client = raw_client(crashed.port)
-    payload = bytes(record.encode_batch(record.make_body([b"after"], timestamps_ms=record.now_ms())))
+    payload = bytes(record.encode_batch(batch_body.make_body([b"after"], timestamps_ms=batch_body.now_ms())))
     reply, _ = client.request(ApiKey.PRODUCE, {"acks": 1, "topics": [
         {"name": TOPIC, "partitions": [{"partition": 0, "size": len(payload)}]}]}, payload)
     assert reply["topics"][0]["partitions"][0]["base_offset"] == BATCHES
@@ -180,7 +180,7 @@ def test_topic_recreated_after_a_crash_between_metadata_and_log_delete_starts_em
     reply, _ = client.request(ApiKey.CREATE_TOPICS, {"topics": [
         {"name": TOPIC, "num_partitions": 1, "replication_factor": 1, "configs": {}}]})
     assert reply["topics"][0]["error_code"] == NONE, reply
-    payload = bytes(record.encode_batch(record.make_body([b"old"], timestamps_ms=record.now_ms())))
+    payload = bytes(record.encode_batch(batch_body.make_body([b"old"], timestamps_ms=batch_body.now_ms())))
     reply, _ = client.request(ApiKey.PRODUCE, {"acks": 1, "topics": [
         {"name": TOPIC, "partitions": [{"partition": 0, "size": len(payload)}]}]}, payload)
     assert reply["topics"][0]["partitions"][0]["error_code"] == NONE, reply

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from broker import protocol
-from segment_format import record
+from segment_format import batch_body, record
 from broker.client import Admin
 from broker.errors import NONE, InconsistentTopicIdError, UnknownLeaderEpochError
 from broker.protocol import (
@@ -53,7 +53,7 @@ def epoch(server) -> int:
 
 
 def produce(client: Any, value: bytes, leader_epoch: int) -> Any:
-    batch = bytes(record.encode_batch(record.make_body([value])))
+    batch = bytes(record.encode_batch(batch_body.make_body([value])))
     reply = send(client, ProduceRequest((TopicRequest(TOPIC, (ProducePartition(0, (batch,), leader_epoch),)),)))
     assert isinstance(reply, ProduceResponse)
     return reply.topics[0].partitions[0]

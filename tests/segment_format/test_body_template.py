@@ -8,7 +8,7 @@ import pyarrow as pa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from segment_format import arrow_ipc, body_template, record
+from segment_format import arrow_ipc, batch_body, body_template, record
 from broker.client.producer_batch import ProducerBatch
 
 values_st = st.lists(st.binary(max_size=300), min_size=1, max_size=body_template.MAX_RECORDS)
@@ -22,7 +22,7 @@ def test_template_bytes_equal_pyarrows(values, keyed, data):
     timestamps = data.draw(st.lists(st.integers(0, 2**62), min_size=n, max_size=n))
     template = body_template.template_for(keyed)
     assert template is not None, "pyarrow's layout changed: the producer lost its fast path"
-    expected = record.encode_body(record.make_body(values, keys, timestamps)).to_pybytes()
+    expected = batch_body.encode_body(batch_body.make_body(values, keys, timestamps)).to_pybytes()
     assert template.encode(keys, values, timestamps) == expected
 
 
@@ -75,7 +75,7 @@ def test_the_validator_reads_a_known_shape_exactly_as_it_walks_any_other(keyed, 
     value), the validator decides as the flatbuffer walk does: the same acceptance, the same error."""
     keys = [b"k1", b"k2", b"k3"] if keyed else [None] * 3
     data = body_of(keys, [b"a", b"bb", b"ccc"])
-    layout = record.STANDARD_LAYOUT
+    layout = batch_body.STANDARD_LAYOUT
     body_at = record.HEADER_SIZE + len(layout.schema_message)
     shape = body_template.template_for(keyed).shape
     metadata_at = body_at + 8

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.client.decoder import FetchedBatch
 from broker.config import LogConfig
 from broker.errors import CorruptMessageError
@@ -29,7 +29,7 @@ Record = tuple[bytes | None, bytes | None]  # (key, value)
 def encode(base_offset: int, records: list[Record], timestamp_ms: int | list[int] = RECENT_MS,
            compression: str = "none", **header_fields: int) -> bytes:
     """One batch of (key, value) records at `base_offset`."""
-    body = record.make_body([v for _, v in records], keys=[k for k, _ in records], timestamps_ms=timestamp_ms)
+    body = batch_body.make_body([v for _, v in records], keys=[k for k, _ in records], timestamps_ms=timestamp_ms)
     return bytes(record.encode_batch(body, base_offset=base_offset, compression=compression, **header_fields))
 
 
@@ -97,7 +97,7 @@ def test_rewritten_batch_keeps_header_fields_and_codec():
     record.patch_offsets(data, 0, 100, leader_epoch=5)
     [out] = compact([bytes(data)])
     header, body = record.decode_batch(out)
-    assert body.schema.equals(record.COMPACTED_BODY_SCHEMA)
+    assert body.schema.equals(batch_body.COMPACTED_BODY_SCHEMA)
     assert (header.base_offset, header.partition_leader_epoch, header.attributes) == (100, 5, record.TRANSACTIONAL_BIT)
     assert (header.producer_id, header.producer_epoch, header.base_sequence) == (7, 2, 40)
     assert (header.record_count, header.last_offset_delta) == (3, 11)
@@ -290,7 +290,7 @@ records_strategy = st.lists(
 def test_compaction_matches_the_reference_model(records, data):
     """Random keys, values, tombstone ages and batch sizes: survivors equal the model's."""
     timestamps = data.draw(st.lists(st.sampled_from([OLD_MS, RECENT_MS]), min_size=len(records), max_size=len(records)))
-    compression = data.draw(st.sampled_from(record.COMPRESSIONS))
+    compression = data.draw(st.sampled_from(batch_body.COMPRESSIONS))
     batches, offset = [], 0
     while offset < len(records):
         n = data.draw(st.integers(1, len(records) - offset))

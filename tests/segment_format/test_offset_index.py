@@ -1,4 +1,4 @@
-"""OffsetIndex: floor lookups, growth invariants, truncation, persistence and sanity checks."""
+"""The offset index (OFFSET_INDEX): floor lookups, growth invariants, truncation, persistence and sanity checks."""
 from __future__ import annotations
 
 import struct
@@ -7,10 +7,9 @@ import pytest
 
 from broker.config import LogConfig
 from broker.log import LogManager, TopicLogSpec
-from segment_format.index_file import HEADER_SIZE, CorruptIndexError
-from segment_format.offset_index import OffsetIndex
-from segment_format.time_index import TimeIndex
-from segment_format.record import encode_batch, make_body
+from segment_format.index_file import CorruptIndexError, HEADER_SIZE, OFFSET_INDEX, TIME_INDEX, IndexOrderError
+from segment_format.record import encode_batch
+from segment_format.batch_body import make_body
 
 BASE = 100
 ENTRIES = [(110, 1000), (120, 2000), (130, 3000)]
@@ -25,14 +24,14 @@ def index_file(tmp_path, entries, base=BASE, header=None):
     """Write an `.index` file holding `header` (the valid one by default) and `entries`
     (relative offset, position)."""
     path = tmp_path / f"{base:020d}.index"
-    header = OffsetIndex.header(base) if header is None else header
+    header = OFFSET_INDEX.header(base) if header is None else header
     path.write_bytes(header + b"".join(struct.pack("<ii", *entry) for entry in entries))
     return path
 
 
 @pytest.fixture
 def index(tmp_path):
-    index = OffsetIndex.create(tmp_path / f"{BASE:020d}.index", BASE)
+    index = OFFSET_INDEX.create(tmp_path / f"{BASE:020d}.index", BASE)
     for offset, position in ENTRIES:
         index.append(offset, position)
     yield index
@@ -54,7 +53,7 @@ def index(tmp_path):
 )
 def test_lookup_returns_largest_entry_at_or_below(index, offset, expected):
     """A lookup gives the floor entry, or (base, 0) below the first entry."""
-    assert index.lookup(offset) == expected
+    assert index.position_of(offset) == expected
 
 
 @pytest.mark.parametrize(
@@ -63,9 +62,9 @@ def test_lookup_returns_largest_entry_at_or_below(index, offset, expected):
     ids=["same-offset", "lower-offset", "same-position", "lower-position"],
 )
 def test_append_refuses_entries_that_do_not_grow(index, offset, position):
-    """Entries that do not strictly grow in offset and position are CorruptIndexError naming the
+    """Entries that do not strictly grow in offset and position are IndexOrderError naming the
     file and both entries (checked under python -O too)."""
-    with pytest.raises(CorruptIndexError, match=rf"\.index: entry \(offset {offset}, position {position}\) does not follow"):
+    with pytest.raises(IndexOrderError, match=rf"\.index: entry \(offset {offset}, position {position}\) does not follow"):
         index.append(offset, position)
 
 
@@ -77,10 +76,10 @@ def test_append_refuses_a_relative_offset_beyond_int32(index):
 
 def test_create_writes_the_versioned_header(tmp_path):
     """A new index file is exactly the 16 known header bytes."""
-    index = OffsetIndex.create(tmp_path / f"{BASE:020d}.index", BASE)
+    index = OFFSET_INDEX.create(tmp_path / f"{BASE:020d}.index", BASE)
     index.close()
     assert index.path.read_bytes() == HEADER
-    assert OffsetIndex.header(BASE) == HEADER
+    assert OFFSET_INDEX.header(BASE) == HEADER
 
 
 def test_entries_reach_the_file_only_when_written(index):
@@ -93,10 +92,10 @@ def test_entries_reach_the_file_only_when_written(index):
 def test_flushed_entries_load_back(index):
     """A flushed index loads with the same entries and lookups."""
     index.flush()
-    loaded = OffsetIndex.load(index.path, BASE)
+    loaded = OFFSET_INDEX.load(index.path, BASE)
     assert len(loaded) == 3
-    assert (loaded.last_offset, loaded.last_position) == (130, 3000)
-    assert loaded.lookup(125) == (120, 2000)
+    assert (loaded.last_entry) == (130, 3000)
+    assert loaded.position_of(125) == (120, 2000)
 
 
 @pytest.mark.parametrize(
@@ -112,7 +111,7 @@ def test_truncate_to_removes_entries_at_and_above(index, offset, remaining, writ
     index.truncate_to(offset)
     index.write_pending()
     assert len(index) == remaining
-    assert len(OffsetIndex.load(index.path, BASE)) == remaining
+    assert len(OFFSET_INDEX.load(index.path, BASE)) == remaining
 
 
 def test_reset_empties_memory_and_file_but_keeps_the_header(index):
@@ -120,27 +119,27 @@ def test_reset_empties_memory_and_file_but_keeps_the_header(index):
     index.write_pending()
     index.reset()
     assert len(index) == 0 and index.path.read_bytes() == HEADER
-    assert index.lookup(130) == (BASE, 0)
-    assert len(OffsetIndex.load(index.path, BASE)) == 0
+    assert index.position_of(130) == (BASE, 0)
+    assert len(OFFSET_INDEX.load(index.path, BASE)) == 0
 
 
 def test_create_over_an_old_file_leaves_only_the_header(tmp_path):
     """An index re-created at a path that held entries of old data starts empty."""
     path = index_file(tmp_path, RELATIVE_ENTRIES)
-    OffsetIndex.create(path, BASE).close()
+    OFFSET_INDEX.create(path, BASE).close()
     assert path.read_bytes() == HEADER
 
 
 def test_parse_reads_the_bytes_of_a_whole_file(tmp_path):
     """parse() is load() without the file: what a remote segment reader uses."""
     data = index_file(tmp_path, RELATIVE_ENTRIES).read_bytes()
-    parsed = OffsetIndex.parse(data, tmp_path / "remote.index", BASE)
-    assert parsed.lookup(125) == (120, 2000) and len(parsed) == 3
+    parsed = OFFSET_INDEX.parse(data, tmp_path / "remote.index", BASE)
+    assert parsed.position_of(125) == (120, 2000) and len(parsed) == 3
 
 
 def test_load_rejects_missing_file(tmp_path):
     with pytest.raises(CorruptIndexError, match="missing"):
-        OffsetIndex.load(tmp_path / "nope.index", 0)
+        OFFSET_INDEX.load(tmp_path / "nope.index", 0)
 
 
 def test_load_rejects_partial_entry(tmp_path):
@@ -148,7 +147,7 @@ def test_load_rejects_partial_entry(tmp_path):
     path = index_file(tmp_path, [(1, 100)])
     path.write_bytes(path.read_bytes() + b"\x01\x02\x03")
     with pytest.raises(CorruptIndexError, match="whole number"):
-        OffsetIndex.load(path, BASE)
+        OFFSET_INDEX.load(path, BASE)
 
 
 @pytest.mark.parametrize(
@@ -168,7 +167,7 @@ def test_load_rejects_a_bad_header(tmp_path, header, match):
     """A file that is not a version-1 offset index of this segment is rebuilt, never trusted."""
     entries = RELATIVE_ENTRIES if len(header) == HEADER_SIZE else []  # a torn header ends the file
     with pytest.raises(CorruptIndexError, match=match):
-        OffsetIndex.load(index_file(tmp_path, entries, header=header), BASE)
+        OFFSET_INDEX.load(index_file(tmp_path, entries, header=header), BASE)
 
 
 def test_load_rejects_a_file_written_before_headers_existed(tmp_path):
@@ -176,7 +175,7 @@ def test_load_rejects_a_file_written_before_headers_existed(tmp_path):
     path = tmp_path / f"{BASE:020d}.index"
     path.write_bytes(b"".join(struct.pack("<ii", o - BASE, p) for o, p in ENTRIES[:2]))  # 16 bytes
     with pytest.raises(CorruptIndexError, match="magic"):
-        OffsetIndex.load(path, BASE)
+        OFFSET_INDEX.load(path, BASE)
 
 
 @pytest.mark.parametrize(
@@ -194,11 +193,11 @@ def test_sanity_check_rejects_inconsistent_index(tmp_path, entries, log_size):
     """Garbage index files are caught at load so the segment rebuilds them."""
     path = index_file(tmp_path, entries, base=0)
     with pytest.raises(CorruptIndexError):
-        OffsetIndex.load(path, 0).sanity_check(log_size)
+        OFFSET_INDEX.load(path, 0).sanity_check(log_size)
 
 
 def test_sanity_check_accepts_valid_index(index):
-    index.sanity_check(log_size=3001)
+    index.sanity_check(3001)
 
 
 def test_a_log_with_headerless_indexes_opens_and_rebuilds_them(tmp_path):
@@ -224,8 +223,8 @@ def test_a_log_with_headerless_indexes_opens_and_rebuilds_them(tmp_path):
         log.update_high_watermark(20)
         assert [log.offset_for_timestamp(100 + i)[0] for i in range(20)] == list(range(20))
         for path in sorted(directory.glob("*.index")):
-            assert OffsetIndex.load(path, int(path.stem)).path == path
+            assert OFFSET_INDEX.load(path, int(path.stem)).path == path
         for path in sorted(directory.glob("*.timeindex")):
-            assert TimeIndex.load(path, int(path.stem)).last_entry[0] >= 100
+            assert TIME_INDEX.load(path, int(path.stem)).last_entry[0] >= 100
     finally:
         manager.close()

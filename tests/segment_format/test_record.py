@@ -13,9 +13,6 @@ from hypothesis import strategies as st
 
 from broker.errors import CorruptMessageError, InvalidRecordError, InvalidTimestampError, MessageTooLargeError
 from segment_format.record import (
-    BODY_SCHEMA,
-    COMPACTED_BODY_SCHEMA,
-    COMPRESSIONS,
     CONTROL_BIT,
     HEADER_SIZE,
     TIMESTAMP_TYPE_BIT,
@@ -25,16 +22,21 @@ from segment_format.record import (
     decode_body,
     encode_batch,
     encode_batch_parts,
-    encode_body,
     frame_body,
     iter_batches,
-    make_body,
     patch_offsets,
     read_header,
     record_offsets,
     ProducerInput,
     TimestampBounds,
     validate_batch,
+)
+from segment_format.batch_body import (
+    BODY_SCHEMA,
+    COMPACTED_BODY_SCHEMA,
+    COMPRESSIONS,
+    encode_body,
+    make_body,
 )
 from tests.broker.forged_batches import FORGED_BATCHES, with_gap
 

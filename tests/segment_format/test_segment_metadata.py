@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.config import LogConfig
 from broker.errors import CorruptMessageError
 from broker.log import LogManager, TopicLogSpec
 from broker.log.leader_epoch import LeaderEpochCache
 from segment_format.segment_metadata import FORMAT_VERSION, CorruptSegmentMetadataError, SegmentMetadata
 from segment_format.segment_reader import SegmentReader
-from segment_format.time_index import NO_TIMESTAMP
+from segment_format.index_file import NO_TIMESTAMP
 
 TOPIC_ID = "0123456789abcdef0123456789abcdef"
 CONFIG = LogConfig(segment_bytes=8 << 10, index_interval_bytes=1024, retention_ms=-1)
@@ -36,7 +36,7 @@ def write_partition(root: Path, appends: int = 60) -> tuple[Path, list[tuple[int
         log = manager.load({"topic": TopicLogSpec(TOPIC_ID, CONFIG, 1)})[("topic", 0)]
         for i in range(appends):
             n = i % 3 + 1
-            body = record.make_body([b"x" * 300] * n, timestamps_ms=[BASE_TS + 7 * i - j for j in range(n)])
+            body = batch_body.make_body([b"x" * 300] * n, timestamps_ms=[BASE_TS + 7 * i - j for j in range(n)])
             log.append_as_leader(record.encode_batch(body), EPOCHS[i * len(EPOCHS) // appends])
         entries = log.leader_epoch_entries
     finally:
@@ -123,7 +123,7 @@ def test_a_corrupt_segment_has_no_metadata(partition):
 
 def test_a_segment_whose_epochs_go_back_has_no_metadata():
     """Epochs are not covered by the CRC; a batch whose epoch goes backwards is corrupt data."""
-    batches = [record.encode_batch(record.make_body([b"v"], timestamps_ms=1), base_offset=i, partition_leader_epoch=3 - i)
+    batches = [record.encode_batch(batch_body.make_body([b"v"], timestamps_ms=1), base_offset=i, partition_leader_epoch=3 - i)
                for i in range(2)]
     with pytest.raises(CorruptMessageError, match="leader epoch 2 after 3"):
         SegmentMetadata.from_reader(SegmentReader(io.BytesIO(b"".join(batches)), 0))

@@ -16,12 +16,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.config import LogConfig
 from broker.errors import CorruptMessageError, KafkaStorageError
 from broker.log import LogManager, TopicLogSpec
-from segment_format.index_file import CorruptIndexError
-from segment_format.offset_index import OffsetIndex
+from segment_format.index_file import CorruptIndexError, OFFSET_INDEX
 from segment_format.segment_reader import FRAME_ONLY, SegmentReader
 
 TOPIC_ID = "0123456789abcdef0123456789abcdef"
@@ -73,10 +72,10 @@ def written(tmp_path_factory) -> Written:
             n = i % 4 + 1
             values = [f"value-{i}-{j}-".encode() * 20 for j in range(n)]
             timestamps = batch_timestamps(i, n)
-            body = record.make_body(values, timestamps_ms=timestamps)
+            body = batch_body.make_body(values, timestamps_ms=timestamps)
             out.records.extend((offset + j, v, t) for j, (v, t) in enumerate(zip(values, timestamps)))
             offset += n
-            yield record.encode_batch(body, compression=record.COMPRESSIONS[i % 3]), i // 30
+            yield record.encode_batch(body, compression=batch_body.COMPRESSIONS[i % 3]), i // 30
 
     out.directory = write_partition(tmp_path_factory.mktemp("reader"), appends())
     assert len(out.segments) >= 3
@@ -197,7 +196,7 @@ def test_find_position_through_the_index_costs_one_read(written):
     last = stored(segment)[-1]
     counting.reads.clear()
     assert reader.find_position(last[1].last_offset) == last
-    assert len(counting.reads) == 1 and counting.reads[0][1] == reader.offset_index.last_position
+    assert len(counting.reads) == 1 and counting.reads[0][1] == reader.offset_index.last_entry[1]
 
 
 def test_offset_for_timestamp_matches_a_search_of_every_record(written, sources):
@@ -259,7 +258,7 @@ def test_read_arrow_of_uncompressed_bodies_allocates_nothing(written):
     """Uncompressed bodies are views of the read buffer: Arrow's pool gives out no memory."""
     segment = written.segments[0]
     reader = SegmentReader(io.BytesIO(segment.read_bytes()), 0)
-    uncompressed = [h for i, (_, h) in enumerate(stored(segment)) if record.COMPRESSIONS[i % 3] == "none"]
+    uncompressed = [h for i, (_, h) in enumerate(stored(segment)) if batch_body.COMPRESSIONS[i % 3] == "none"]
     before = pa.total_allocated_bytes()
     bodies = [body for h in uncompressed for _, body in reader.read_arrow(h.base_offset, h.next_offset)]
     assert len(bodies) == len(uncompressed) > 1
@@ -277,7 +276,7 @@ def test_log_append_time_batches_carry_the_append_time_in_their_header(tmp_path)
     """A LogAppendTime topic: the body keeps the create times, the header holds the append time,
     and a timestamp search uses the header's."""
     config = LogConfig(message_timestamp_type="LogAppendTime", retention_ms=-1)
-    body = record.make_body([b"a", b"b"], timestamps_ms=[5, 6])
+    body = batch_body.make_body([b"a", b"b"], timestamps_ms=[5, 6])
     directory = write_partition(tmp_path, iter([(record.encode_batch(body), 0)]), config)
     with open(directory / f"{0:020d}.log", "rb") as file:
         reader = SegmentReader(file, 0)
@@ -290,8 +289,8 @@ def test_log_append_time_batches_carry_the_append_time_in_their_header(tmp_path)
 def test_compacted_batches_are_read_with_their_offset_gaps():
     """A body rewritten by compaction names its offsets: lookups land on the batch spanning a gap,
     and a timestamp search answers the offset of the matching record, not its row."""
-    plain = record.encode_batch(record.make_body([b"a", b"b"], timestamps_ms=[5, 6]), base_offset=0)
-    compacted = record.encode_batch(record.make_body([b"c", b"d", b"e"], timestamps_ms=[10, 50, 60], offset_deltas=[0, 3, 7]),
+    plain = record.encode_batch(batch_body.make_body([b"a", b"b"], timestamps_ms=[5, 6]), base_offset=0)
+    compacted = record.encode_batch(batch_body.make_body([b"c", b"d", b"e"], timestamps_ms=[10, 50, 60], offset_deltas=[0, 3, 7]),
                                     base_offset=2)
     reader = SegmentReader(io.BytesIO(bytes(plain + compacted)), 0)
     assert reader.find_position(4) == (len(plain), record.read_header(compacted))
@@ -439,7 +438,7 @@ def test_an_index_entry_at_the_wrong_batch_is_rejected(written):
     """An entry whose position holds a batch with another base offset is caught at lookup."""
     segment = written.segments[0]
     (_, first), (position, second) = stored(segment)[:2]
-    index = OffsetIndex.header(0) + OffsetIndex.ENTRY.pack(second.base_offset + 1, position)
+    index = OFFSET_INDEX.header(0) + OFFSET_INDEX.entry.pack(second.base_offset + 1, position)
     reader = SegmentReader(io.BytesIO(segment.read_bytes()), 0, offset_index=index)
     with pytest.raises(CorruptIndexError, match="points at a batch"):
         reader.find_position(second.base_offset + 1)
@@ -447,6 +446,6 @@ def test_an_index_entry_at_the_wrong_batch_is_rejected(written):
 
 def test_an_index_entry_past_the_segment_is_rejected(written):
     segment = written.segments[0]
-    index = OffsetIndex.header(0) + OffsetIndex.ENTRY.pack(5, segment.stat().st_size)
+    index = OFFSET_INDEX.header(0) + OFFSET_INDEX.entry.pack(5, segment.stat().st_size)
     with pytest.raises(CorruptIndexError, match="outside the segment"):
         SegmentReader(io.BytesIO(segment.read_bytes()), 0, offset_index=index)

@@ -1,12 +1,11 @@
-"""TimeIndex: only-growing timestamps, floor lookups, truncation, persistence and sanity checks."""
+"""The time index (TIME_INDEX): only-growing timestamps, floor lookups, truncation, persistence and sanity checks."""
 from __future__ import annotations
 
 import struct
 
 import pytest
 
-from segment_format.index_file import HEADER_SIZE, CorruptIndexError
-from segment_format.time_index import NO_TIMESTAMP, TimeIndex
+from segment_format.index_file import CorruptIndexError, HEADER_SIZE, NO_TIMESTAMP, TIME_INDEX, IndexOrderError
 
 BASE = 50
 # The header pinned byte by byte: magic "PMQT", version 1 (uint16), entry size 12 (uint16), base offset 50 (int64).
@@ -17,39 +16,40 @@ def index_file(tmp_path, entries, base=BASE, header=None):
     """Write a `.timeindex` file holding `header` (the valid one by default) and `entries`
     (timestamp, relative offset)."""
     path = tmp_path / f"{base:020d}.timeindex"
-    header = TimeIndex.header(base) if header is None else header
+    header = TIME_INDEX.header(base) if header is None else header
     path.write_bytes(header + b"".join(struct.pack("<qi", *entry) for entry in entries))
     return path
 
 
 @pytest.fixture
 def index(tmp_path):
-    index = TimeIndex.create(tmp_path / f"{BASE:020d}.timeindex", BASE)
+    index = TIME_INDEX.create(tmp_path / f"{BASE:020d}.timeindex", BASE)
     for timestamp, offset in [(100, 55), (200, 60), (300, 70)]:
-        index.maybe_append(timestamp, offset)
+        index.append(timestamp, offset)
     yield index
     index.close()
 
 
 def test_maybe_append_keeps_only_larger_timestamps(index):
     """An entry whose timestamp does not exceed the last one adds nothing."""
-    index.maybe_append(300, 80)
-    index.maybe_append(250, 90)
+    index.append(300, 80)
+    index.append(250, 90)
     assert len(index) == 3
-    index.maybe_append(301, 90)
+    index.append(301, 90)
     assert index.last_entry == (301, 90)
 
 
 def test_maybe_append_refuses_an_offset_that_goes_back(index):
-    """Offsets never decrease in a time index: CorruptIndexError naming the file and both offsets."""
-    with pytest.raises(CorruptIndexError, match=r"\.timeindex: offset 69 goes back before the last entry's"):
-        index.maybe_append(400, 69)
+    """Offsets never decrease in a time index: IndexOrderError naming the file and both entries."""
+    with pytest.raises(IndexOrderError, match=r"\.timeindex: entry \(timestamp 400, offset 69\) does not follow "
+                                              r"\(timestamp 300, offset 70\) in time index order"):
+        index.append(400, 69)
 
 
 def test_empty_index_has_no_timestamp(tmp_path):
-    index = TimeIndex.create(tmp_path / "t.timeindex", 7)
+    index = TIME_INDEX.create(tmp_path / "t.timeindex", 7)
     assert index.last_entry == (NO_TIMESTAMP, 7)
-    assert index.lookup(12345) == 7
+    assert index.offset_for_time(12345) == 7
 
 
 @pytest.mark.parametrize(
@@ -62,7 +62,7 @@ def test_empty_index_has_no_timestamp(tmp_path):
 )
 def test_lookup_gives_offset_from_which_to_scan(index, timestamp, offset):
     """Kafka's floor lookup: no batch before the returned offset holds a timestamp >= target."""
-    assert index.lookup(timestamp) == offset
+    assert index.offset_for_time(timestamp) == offset
 
 
 @pytest.mark.parametrize(
@@ -72,24 +72,24 @@ def test_truncate_to_removes_entries_at_and_above(index, offset, remaining):
     index.write_pending()
     index.truncate_to(offset)
     assert len(index) == remaining
-    assert len(TimeIndex.load(index.path, BASE)) == remaining
+    assert len(TIME_INDEX.load(index.path, BASE)) == remaining
 
 
 def test_create_writes_the_versioned_header(tmp_path):
     """A new time index file is exactly the 16 known header bytes."""
-    index = TimeIndex.create(tmp_path / f"{BASE:020d}.timeindex", BASE)
+    index = TIME_INDEX.create(tmp_path / f"{BASE:020d}.timeindex", BASE)
     index.close()
     assert index.path.read_bytes() == HEADER
-    assert TimeIndex.header(BASE) == HEADER
+    assert TIME_INDEX.header(BASE) == HEADER
 
 
 def test_flushed_entries_load_back(index):
     """Entries follow the header: (timestamp int64, relative offset int32), 12 bytes each."""
     index.flush()
     assert index.path.read_bytes()[:HEADER_SIZE + 12] == HEADER + struct.pack("<qi", 100, 5)
-    loaded = TimeIndex.load(index.path, BASE)
+    loaded = TIME_INDEX.load(index.path, BASE)
     assert loaded.last_entry == (300, 70)
-    assert loaded.lookup(250) == 60
+    assert loaded.offset_for_time(250) == 60
 
 
 @pytest.mark.parametrize(
@@ -105,7 +105,7 @@ def test_flushed_entries_load_back(index):
 def test_sanity_check_rejects_inconsistent_index(tmp_path, entries, next_offset):
     path = index_file(tmp_path, entries, base=0)
     with pytest.raises(CorruptIndexError):
-        TimeIndex.load(path, 0).sanity_check(next_offset)
+        TIME_INDEX.load(path, 0).sanity_check(next_offset)
 
 
 def test_load_rejects_partial_entry(tmp_path):
@@ -113,7 +113,7 @@ def test_load_rejects_partial_entry(tmp_path):
     path = index_file(tmp_path, [])
     path.write_bytes(path.read_bytes() + struct.pack("<qi", 100, 1)[:7])
     with pytest.raises(CorruptIndexError, match="whole number"):
-        TimeIndex.load(path, BASE)
+        TIME_INDEX.load(path, BASE)
 
 
 def test_reset_keeps_a_valid_header(index):
@@ -121,7 +121,7 @@ def test_reset_keeps_a_valid_header(index):
     index.write_pending()
     index.reset()
     assert index.path.read_bytes() == HEADER
-    assert TimeIndex.load(index.path, BASE).last_entry == (NO_TIMESTAMP, BASE)
+    assert TIME_INDEX.load(index.path, BASE).last_entry == (NO_TIMESTAMP, BASE)
 
 
 @pytest.mark.parametrize(
@@ -139,7 +139,7 @@ def test_load_rejects_a_bad_header(tmp_path, header, match):
     """A file that is not a version-1 time index of this segment is rebuilt, never trusted."""
     entries = [(100, 5)] if len(header) == HEADER_SIZE else []
     with pytest.raises(CorruptIndexError, match=match):
-        TimeIndex.load(index_file(tmp_path, entries, header=header), BASE)
+        TIME_INDEX.load(index_file(tmp_path, entries, header=header), BASE)
 
 
 def test_load_rejects_a_file_written_before_headers_existed(tmp_path):
@@ -147,4 +147,4 @@ def test_load_rejects_a_file_written_before_headers_existed(tmp_path):
     path = tmp_path / f"{BASE:020d}.timeindex"
     path.write_bytes(struct.pack("<qi", 100, 5) + struct.pack("<qi", 200, 10))
     with pytest.raises(CorruptIndexError, match="magic"):
-        TimeIndex.load(path, BASE)
+        TIME_INDEX.load(path, BASE)

@@ -11,7 +11,7 @@ import time
 import uuid
 from pathlib import Path
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.config import LogConfig
 from broker.log import LogManager, TopicLogSpec
 from broker.process import die_with_parent
@@ -89,7 +89,7 @@ def write_partition(root: Path, appends: int = 60) -> Path:
         partition_log = manager.load({TOPIC: TopicLogSpec(TOPIC_ID, CONFIG, 1)})[(TOPIC, 0)]
         for i in range(appends):
             n = i % 3 + 1
-            body = record.make_body([b"%03d" % i + b"x" * 297] * n, timestamps_ms=[BASE_TS + 7 * i - j for j in range(n)])
+            body = batch_body.make_body([b"%03d" % i + b"x" * 297] * n, timestamps_ms=[BASE_TS + 7 * i - j for j in range(n)])
             partition_log.append_as_leader(record.encode_batch(body), 0 if i < appends // 2 else 2)
     finally:
         manager.close()

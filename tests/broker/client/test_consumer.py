@@ -8,7 +8,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.client import RECORD_SCHEMA, Admin, Consumer, ConsumerRecord, Producer
 from broker.errors import (
     CorruptMessageError,
@@ -433,7 +433,7 @@ def test_a_compacted_batch_keeps_its_offsets_through_poll_and_poll_arrow(broker_
     with Admin(broker.bootstrap) as admin:
         admin.create_topic(topic, partitions=1)
     assert broker.stop() == 0
-    body = record.make_body([b"a", b"b", b"c"], [b"k1", b"k2", b"k3"], record.now_ms(), offset_deltas=[0, 3, 7])
+    body = batch_body.make_body([b"a", b"b", b"c"], [b"k1", b"k2", b"k3"], batch_body.now_ms(), offset_deltas=[0, 3, 7])
     with open(broker.log_dir / f"{topic}-0" / f"{0:020d}.log", "ab") as segment:
         segment.write(record.encode_batch(body))
     broker.start()

@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.client.decoder import corrupt_batch_offset
 
 
 def _batch_at(base_offset: int) -> bytes:
-    return bytes(record.encode_batch(record.make_body([b"v"], timestamps_ms=1), base_offset=base_offset))
+    return bytes(record.encode_batch(batch_body.make_body([b"v"], timestamps_ms=1), base_offset=base_offset))
 
 
 @pytest.mark.parametrize("data, at, position, high_watermark, expected", [

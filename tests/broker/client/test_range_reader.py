@@ -7,14 +7,14 @@ from collections import deque
 
 import pytest
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.client.range_reader import RangeStats, read_range
 from broker.errors import CorruptRecordError, DataLossError
 from broker.protocol import FetchPartitionResponse, FetchResponse, TopicResponse
 
 
 def batch(base_offset: int, n: int) -> bytes:
-    body = record.make_body([f"v{base_offset + i}".encode() for i in range(n)], timestamps_ms=1_700_000_000_000)
+    body = batch_body.make_body([f"v{base_offset + i}".encode() for i in range(n)], timestamps_ms=1_700_000_000_000)
     return bytes(record.encode_batch(body, base_offset=base_offset))
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.cluster.partition import NO_EPOCH, LeaderAndIsr, Partition
 from broker.config import LogConfig
 from broker.errors import FencedLeaderEpochError, NotLeaderError, UnknownLeaderEpochError
@@ -32,7 +32,7 @@ def led(partition_log: UnifiedLog, epoch: int = 5) -> Partition:
 
 
 def append(partition: Partition, records: int = 2) -> None:
-    body = record.make_body([b"v"] * records, timestamps_ms=record.now_ms())
+    body = batch_body.make_body([b"v"] * records, timestamps_ms=batch_body.now_ms())
     partition.log.append_as_leader(record.encode_batch(body), partition.leader_epoch)
 
 

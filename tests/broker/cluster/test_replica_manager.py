@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.cluster.partition import LeaderAndIsr
 from broker.config import LogConfig
 from broker.errors import UnknownTopicOrPartitionError
@@ -34,7 +34,7 @@ def test_an_append_queued_when_its_topic_is_deleted_is_unknown_topic(tmp_path: P
         await replicas.create_partitions("t", TopicLogSpec(None, LogConfig(), 1), [0],
                                          {("t", 0): LeaderAndIsr(0, 0, (0,), (0,))})
         monkeypatch.setattr(UnifiedLog, "append_as_leader", held_append)
-        payload = memoryview(record.encode_batch(record.make_body([b"v"], timestamps_ms=record.now_ms())))
+        payload = memoryview(record.encode_batch(batch_body.make_body([b"v"], timestamps_ms=batch_body.now_ms())))
         pending = replicas.append("t", 0, payload, acks=1, timeout_ms=1000)
         assert not isinstance(pending, tuple) and asyncio.iscoroutine(pending)
         appended = asyncio.ensure_future(pending)

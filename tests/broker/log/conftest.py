@@ -13,7 +13,8 @@ import pytest
 
 from broker.config import LogConfig
 from broker.log import FileCache, LogManager, TopicLogSpec, UnifiedLog
-from segment_format.record import encode_batch, make_body
+from segment_format.record import encode_batch
+from segment_format.batch_body import make_body
 
 # Small limits so that a handful of ~1 KiB batches fill a segment.
 SMALL = LogConfig(segment_bytes=4096, max_message_bytes=4096, index_interval_bytes=0, retention_ms=-1)

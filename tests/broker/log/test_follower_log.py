@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.errors import CorruptMessageError
 
 R = 3  # records per test batch; three batches fill a 4 KiB segment
@@ -16,7 +16,7 @@ R = 3  # records per test batch; three batches fill a 4 KiB segment
 
 def leader_batch(base_offset: int, epoch: int, records: int = R, timestamp_ms: int = 1_000) -> bytearray:
     """A batch as a leader wrote it: offsets and epoch assigned."""
-    return record.encode_batch(record.make_body([b"value-0123"] * records, timestamps_ms=timestamp_ms),
+    return record.encode_batch(batch_body.make_body([b"value-0123"] * records, timestamps_ms=timestamp_ms),
                                base_offset=base_offset, partition_leader_epoch=epoch)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.errors import CorruptMessageError, InvalidRequestError, LogInvariantError
 from broker.handlers.list_offsets import _offset_for
 from broker.log.file_cache import FileCache
@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def batch(records: int = 3) -> bytearray:
-    return record.encode_batch(record.make_body([b"v"] * records, timestamps_ms=1_000))
+    return record.encode_batch(batch_body.make_body([b"v"] * records, timestamps_ms=1_000))
 
 
 @pytest.fixture
@@ -147,5 +147,5 @@ def test_an_out_of_order_append_is_caught_under_python_O(tmp_path):
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[-1] == "optimize 1"
-    assert lines[0].startswith("CorruptIndexError 00000000000000000000.index: entry (offset 5, position 200)")
+    assert lines[0].startswith("IndexOrderError 00000000000000000000.index: entry (offset 5, position 200)")
     assert lines[1].startswith("LogInvariantError 00000000000000000000.log (offsets 0..0): append at offset -1")

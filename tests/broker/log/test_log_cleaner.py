@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.config import LogConfig
 from segment_format.limits import INT32_MAX
 from broker.log import LogCleaner, LogManager, TopicLogSpec, UnifiedLog
@@ -31,7 +31,7 @@ Entry = tuple[int, bytes | None, bytes | None]  # (offset, key, value)
 
 
 def keyed_batch(records: list[tuple[bytes | None, bytes | None]], timestamp_ms: int = NOW_MS) -> bytearray:
-    body = record.make_body([value for _, value in records], keys=[key for key, _ in records], timestamps_ms=timestamp_ms)
+    body = batch_body.make_body([value for _, value in records], keys=[key for key, _ in records], timestamps_ms=timestamp_ms)
     return record.encode_batch(body)
 
 

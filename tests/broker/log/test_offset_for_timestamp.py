@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from segment_format import record
+from segment_format import batch_body, record
 from tests.broker.log.appends import append, append_compacted
 
 
@@ -15,13 +15,13 @@ from tests.broker.log.appends import append, append_compacted
 )
 def test_offset_for_timestamp_with_unordered_timestamps(open_log, target, expected):
     partition_log = open_log()
-    append(partition_log, record.encode_batch(record.make_body([b"a", b"b", b"c"], timestamps_ms=[20, 10, 30])))
+    append(partition_log, record.encode_batch(batch_body.make_body([b"a", b"b", b"c"], timestamps_ms=[20, 10, 30])))
     assert partition_log.offset_for_timestamp(target) == expected
 
 
 def test_offset_for_timestamp_in_a_compacted_batch_maps_rows_to_offsets(open_log):
     """A compacted body's rows carry offset deltas with gaps: the answer is the record's offset."""
     partition_log = open_log()
-    compacted = record.make_body([b"x", b"y"], timestamps_ms=[10, 40], offset_deltas=[0, 5])
+    compacted = batch_body.make_body([b"x", b"y"], timestamps_ms=[10, 40], offset_deltas=[0, 5])
     append_compacted(partition_log, record.encode_batch(compacted, last_offset_delta=5))
     assert partition_log.offset_for_timestamp(20) == (5, 40)

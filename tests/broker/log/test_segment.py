@@ -11,17 +11,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.errors import CorruptMessageError, KafkaStorageError, LogInvariantError
-from segment_format.index_file import CorruptIndexError
+from segment_format.index_file import CorruptIndexError, NO_TIMESTAMP
 from broker.log.file_cache import FileCache
 from broker.log.segment import BatchInfo, Segment
-from segment_format.time_index import NO_TIMESTAMP
 
 
 def build_batch(records: int, timestamp_ms: int | list[int] = 1_000) -> bytearray:
     """One encoded batch of equal values: equal record counts give equal sizes."""
-    return record.encode_batch(record.make_body([b"value-0123"] * records, timestamps_ms=timestamp_ms))
+    return record.encode_batch(batch_body.make_body([b"value-0123"] * records, timestamps_ms=timestamp_ms))
 
 RECORDS = 3  # per batch
 SIZE = len(build_batch(RECORDS))  # every test batch has this size
@@ -81,7 +80,7 @@ def test_find_position_locates_the_batch_holding_every_offset(segment, interval)
 def test_index_entry_once_more_than_interval_bytes_since_last(segment, interval, entries):
     """Kafka's rule: an entry when bytes since the last entry exceed index.interval.bytes."""
     filled(segment, interval=interval)
-    assert [segment.offset_index.lookup(batch * RECORDS) for batch in entries] == [
+    assert [segment.offset_index.position_of(batch * RECORDS) for batch in entries] == [
         (batch * RECORDS, batch * SIZE) for batch in entries
     ]
     assert len(segment.offset_index) == len(entries)
@@ -185,7 +184,7 @@ def test_load_rejects_index_entry_that_does_not_match_the_log(segment):
     """An entry pointing at a batch with another base offset means the index is stale."""
     filled(segment)
     segment.flush()
-    header = segment.offset_index.header(segment.base_offset)
+    header = segment.offset_index.kind.header(segment.base_offset)
     segment.offset_index.path.write_bytes(header + (4).to_bytes(4, "little") + SIZE.to_bytes(4, "little"))
     loaded = reopen(segment)
     with pytest.raises(CorruptIndexError, match="does not match"):
@@ -321,7 +320,7 @@ def test_truncate_to_removes_the_batch_holding_offset_and_after(segment, offset,
     assert (removed, segment.size, segment.next_offset) == (5 * SIZE - size, size, next_offset)
     assert segment.log_path.stat().st_size == size
     assert segment.max_timestamp == (1_000 + next_offset // RECORDS - 1 if size else NO_TIMESTAMP)
-    assert segment.offset_index.last_offset < max(next_offset, 1)
+    assert segment.offset_index.last_entry[0] < max(next_offset, 1)
 
 
 def test_seal_records_the_max_timestamp_and_forbids_appends(segment):
@@ -351,7 +350,7 @@ def test_offset_for_timestamp_finds_the_earliest_record_at_or_after(segment, int
 
 def test_offset_for_timestamp_in_log_append_time_batch_is_its_base_offset(segment):
     """Every record of a LogAppendTime batch has the header's timestamp: no decoding needed."""
-    body = record.encode_body(record.make_body([b"v"] * RECORDS, timestamps_ms=10))
+    body = batch_body.encode_body(batch_body.make_body([b"v"] * RECORDS, timestamps_ms=10))
     append(segment, record.frame_body(
         body, record_count=RECORDS, base_timestamp=77, max_timestamp=77, attributes=record.TIMESTAMP_TYPE_BIT
     ))

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from segment_format import record
+from segment_format import batch_body, record
 from broker.errors import CorruptMessageError, OffsetOutOfRangeError, WorkQueueFullError
 from broker.log import FileCache, UnifiedLog
-from segment_format.offset_index import OffsetIndex
+from segment_format.index_file import OFFSET_INDEX, SparseIndex
 from broker.remote_log.remote_log_manager import RemoteLogManager
 from broker.remote_log.remote_log_reader import ChunkCache, RemoteLogReader, RemoteReadPending
 from tests.broker.log.appends import append
@@ -88,8 +88,8 @@ def tiered(tmp_path_factory: pytest.TempPathFactory) -> Tiered:
         for i, (records, value_size) in enumerate(_batch_sizes(rng, 400)):
             ts = [FIRST_TIMESTAMP + 3 * (len(timestamps) + j) for j in range(records)]
             timestamps += ts
-            append(partition_log, record.encode_batch(record.make_body([bytes([i % 251]) * value_size] * records,
-                                                                       timestamps_ms=ts)))
+            append(partition_log, record.encode_batch(batch_body.make_body([bytes([i % 251]) * value_size] * records,
+                                                                           timestamps_ms=ts)))
         partition_log.flush()
         sealed = partition_log.segments()[:-1]
         assert len(sealed) >= 4 and all(s.size > 2 * CHUNK for s in sealed[:3])
@@ -441,18 +441,18 @@ def test_an_index_object_failing_its_crc_is_done_without(tiered, own_store, make
 
 
 def _bad_index(tiered: Tiered, store: RemoteSegmentStore, segment: RemoteSegment,
-               into_batch: bool) -> tuple[OffsetIndex, int]:
-    """An OffsetIndex as the store would hand one over (CRC fine, entries sane) whose last entry
+               into_batch: bool) -> tuple[SparseIndex, int]:
+    """An offset index as the store would hand one over (CRC fine, entries sane) whose last entry
     names batch i's offset but points at batch i+3 (or, `into_batch`, 7 bytes into batch i);
     returns it and that offset. Batch i is the one a time-index entry near the middle of the
     segment names, so offset_for_timestamp of its first record's time goes through the entry."""
     positions = batch_positions(store, segment)
     time_index = store.read_time_index(TOPIC, PARTITION, segment)
-    target = time_index.lookup(tiered.timestamps[positions[len(positions) // 2][1].base_offset])
+    target = time_index.offset_for_time(tiered.timestamps[positions[len(positions) // 2][1].base_offset])
     i = next(n for n, (_, h) in enumerate(positions) if h.base_offset == target)
     assert i > 5
     wrong = positions[i][0] + 7 if into_batch else positions[i + 3][0]
-    index = OffsetIndex(Path(segment.index.name), segment.base_offset)
+    index = SparseIndex(OFFSET_INDEX, Path(segment.index.name), segment.base_offset)
     for p, h in positions[1 : i - 1 : 5]:
         index.append(h.base_offset, p)
     index.append(target, wrong)
@@ -460,7 +460,7 @@ def _bad_index(tiered: Tiered, store: RemoteSegmentStore, segment: RemoteSegment
     return index, target
 
 
-def _install(reader: RemoteLogReader, store: RemoteSegmentStore, segment: RemoteSegment, index: OffsetIndex) -> None:
+def _install(reader: RemoteLogReader, store: RemoteSegmentStore, segment: RemoteSegment, index: SparseIndex) -> None:
     """Cache `index` (with the segment's real time index) as if it had been loaded."""
     time_index = store.read_time_index(TOPIC, PARTITION, segment)
     reader.cache.put(reader._indexes_key(TOPIC, PARTITION, segment), (index, time_index), 1)
@@ -499,7 +499,7 @@ def test_offset_for_timestamp_survives_an_index_entry_pointing_at_the_wrong_batc
     _install(reader, store, segment, index)
     # The time-index entry naming batch `target` holds its max timestamp, its last record's.
     t = tiered.timestamps[batch_at(tiered, target)[1] - 1]
-    assert store.read_time_index(TOPIC, PARTITION, segment).lookup(t) == target
+    assert store.read_time_index(TOPIC, PARTITION, segment).offset_for_time(t) == target
     assert reader.offset_for_timestamp(TOPIC, PARTITION, tiered.manifest, t).result(WAIT_S) == _brute_force(tiered, t)
 
 
