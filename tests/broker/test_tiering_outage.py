@@ -47,7 +47,7 @@ from segment_format.manifest import PartitionManifest
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = "pymq-tier"
 BATCH = 200  # records of 100 bytes: one batch a little over a 16 KiB segment, so each seals one
-FAILURE = re.compile(r"^(\S+ \S+) \S+ broker\.log\.remote_log_manager: tiering UnifiedLog\(" + TOPIC
+FAILURE = re.compile(r"^(\S+ \S+) \S+ broker\.remote_log\.remote_log_manager: tiering UnifiedLog\(" + TOPIC
                      + r"-0, [^)]*\) failed \((\d+) in a row; retry in (\d+) ms\): (.*)$")
 ATTEMPT = re.compile(rb"\r\namz-sdk-request: *attempt=(\d+)", re.IGNORECASE)
 
