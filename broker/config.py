@@ -261,7 +261,7 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
                   "segment files kept open at once (least recently used are closed; the broker also raises its RLIMIT_NOFILE)", 16, 1_000_000),
         ConfigDef("log.flush.offset.checkpoint.interval.ms", int, 60_000,
                   "how often the recovery points are checkpointed (also after every flushed segment roll)", 10, INT64_MAX),
-        ConfigDef("zero.copy", bool, True, "send fetch data with sendfile when the event loop supports it"),
+        ConfigDef("zero.copy", bool, True, "send fetch data with os.sendfile (either event loop); false reads it into memory first"),
         ConfigDef("event.loop", str, "uvloop", "asyncio event loop", choices=("uvloop", "asyncio")),
         # The log cleaner (broker/log/log_cleaner.py): one background thread for every compacted log.
         ConfigDef("log.cleaner.enable", bool, True, "run the log cleaner, which compacts topics with cleanup.policy=compact"),

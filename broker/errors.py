@@ -236,7 +236,9 @@ class UnknownLeaderEpochError(PymqError, wire_name="UNKNOWN_LEADER_EPOCH"):
 
 
 class InconsistentTopicIdError(KafkaStorageError, wire_name="INCONSISTENT_TOPIC_ID"):
-    """A partition directory belongs to another incarnation of its topic (deleted and re-created)."""
+    """Another incarnation of the topic (deleted and re-created) than the one meant: a partition
+    directory whose topic id is not the metadata's, or a Fetch naming a topic id the broker's log
+    of that name does not have (KIP-516)."""
 
     code = 103
     retriable = False
