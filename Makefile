@@ -8,10 +8,14 @@ STAMP  := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# Python deps into the venv; then the Delta Lake and hadoop-aws jars from Maven Central into
+# $(VENV)/spark-jars (spark_datasource/jars.py), with Maven from Debian's packages if missing.
+$(STAMP): pyproject.toml conf/spark-jars.pom.xml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
+	command -v mvn >/dev/null || (apt-get update -q && apt-get install -y -q maven)
+	$(BIN)/python -c 'from spark_datasource import jars; jars.main()'
 	touch $(STAMP)
 
 run: venv

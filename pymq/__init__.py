@@ -1,8 +1,11 @@
 """pymq: `from pymq import Producer, Consumer, Admin`.
 
 The client lives in `broker.client` (with the broker that speaks the same protocol); this package
-is the name applications import, as they import `kafka` or `confluent_kafka`.
+is the name applications import, as they import `kafka` or `confluent_kafka`. `history(spark, ...)`
+(pymq/history.py) is loaded on first use: importing pymq does not start importing Spark.
 """
+from typing import Any
+
 from broker.client import (
     EARLIEST,
     LATEST,
@@ -31,5 +34,13 @@ __all__ = [
     "Admin", "AdminError", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "Consumer", "ConsumerRecord",
     "EARLIEST", "GroupDescription", "GroupListing", "GroupMetadata", "LATEST", "MemberDescription",
     "OffsetAndMetadata", "PartitionLag", "Producer", "PymqError", "RECORD_SCHEMA", "RecordFuture", "RecordMetadata",
-    "TopicDescription",
+    "TopicDescription", "history",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "history":
+        from pymq.history import history
+
+        return history
+    raise AttributeError(f"module 'pymq' has no attribute {name!r}")

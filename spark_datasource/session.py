@@ -1,5 +1,9 @@
-"""A local Spark session with the `pymq` source registered: what the main job, the tests, the
-benchmarks and notebooks start from.
+"""A local Spark session with the `pymq` source registered and Delta Lake enabled: what the main
+job, the jobs, the tests, the benchmarks and notebooks start from.
+
+Settings come in three layers, later ones winning: `conf/spark-defaults.conf` (Delta's session
+extension and catalog, s3a), the local defaults below, and the caller's. The Delta Lake and
+hadoop-aws jars are added by `spark_datasource.jars` (installed by `make venv`).
 
 Spark's Python workers (query planning and tasks) must run the interpreter that has pymq
 installed; `PYSPARK_PYTHON` tells Spark which, and is set here before the JVM starts.
@@ -9,11 +13,14 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from pathlib import Path
 
 from pyspark.sql import SparkSession
 
+from spark_datasource import jars
 from spark_datasource.source import register
 
+SPARK_DEFAULTS = Path(__file__).resolve().parent.parent / "conf" / "spark-defaults.conf"
 LOCAL_DEFAULTS = {
     "spark.ui.enabled": "false",
     "spark.sql.shuffle.partitions": "4",
@@ -25,14 +32,25 @@ LOCAL_DEFAULTS = {
 }
 
 
+def spark_defaults(path: Path = SPARK_DEFAULTS) -> dict[str, str]:
+    """A spark-defaults.conf file as a dict: `key value` lines, `#` comments."""
+    settings = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition(" ")
+            settings[key] = value.strip()
+    return settings
+
+
 def local_spark(app_name: str, cores: int = 2, **conf: str) -> SparkSession:
-    """`local[cores]` with this interpreter for Python workers and `format("pymq")` registered."""
+    """`local[cores]` with this interpreter for Python workers, Delta Lake, and `format("pymq")`."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")  # local mode: no "hostname resolves to loopback" warning
     # pymq never converts through pandas; PySpark's warning about the pinned pandas 3 is noise here.
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
-    for key, value in {**LOCAL_DEFAULTS, **conf}.items():
+    for key, value in {**spark_defaults(), **jars.spark_conf(), **LOCAL_DEFAULTS, **conf}.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")

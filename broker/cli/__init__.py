@@ -18,6 +18,8 @@ Commands:
     pymq group reset-offsets GROUP (--topic T[:P,P] | --all-topics) (--to-earliest | --to-latest |
         --to-datetime T | --shift-by N | --to-offset N) [--execute]
     pymq tier status [TOPIC] [--json]                        local and remote ranges, bytes, upload lag
+    pymq table sync TOPIC --table PATH_OR_URL [--value-format json --value-schema DDL] [--trigger 30s]
+    pymq table status TOPIC --table PATH_OR_URL              table version, rows, offsets held, lag
 
 Client commands take `-b/--bootstrap-server` (before or after the command; default
 $PYMQ_BOOTSTRAP or 127.0.0.1:9092). Operating errors print `error: NAME: message` on stderr and
@@ -33,6 +35,7 @@ from broker.cli.consume import consume
 from broker.cli.group import group_group
 from broker.cli.perf import perf_group
 from broker.cli.produce import produce
+from broker.cli.table import table_group
 from broker.cli.tier import tier_group
 from broker.cli.topic import topic_group
 
@@ -46,10 +49,11 @@ __all__ = ["cli", "main"]
 @click.version_option(package_name="pymq", prog_name="pymq")
 def cli() -> None:
     """pymq: a Kafka-like broker with Arrow record batches. Run a broker, manage topics and
-    consumer groups, inspect tiered storage, produce and consume records, and measure performance."""
+    consumer groups, inspect tiered storage, produce and consume records, mirror topics into Delta
+    tables, and measure performance."""
 
 
-for _command in (broker_group, topic_group, produce, consume, perf_group, group_group, tier_group):
+for _command in (broker_group, topic_group, produce, consume, perf_group, group_group, tier_group, table_group):
     cli.add_command(_command)
 
 

@@ -7,6 +7,7 @@ Clients are imported inside the functions that build them so that `pymq --help` 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import inspect
 import sys
 from typing import TYPE_CHECKING, Any, Callable, Iterator
@@ -63,6 +64,24 @@ class PymqGroup(click.Group):
             raise OperatingError(err) from err
 
 
+class LazyGroup(click.Group):
+    """A group whose commands live in modules imported only when one of them is asked for: the
+    Spark jobs import pyspark and Delta Lake (seconds), which `pymq topic list` must not pay."""
+
+    def __init__(self, *args: Any, lazy_commands: dict[str, str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lazy_commands = lazy_commands  # name -> "module:attribute"
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *self.lazy_commands})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.lazy_commands:
+            return super().get_command(ctx, cmd_name)
+        module, _, attribute = self.lazy_commands[cmd_name].partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+
 def _silence_stdout() -> None:
     with contextlib.suppress(OSError, ValueError):
         sys.stdout = open("/dev/null", "w")  # noqa: SIM115 - lives until exit
@@ -103,6 +122,14 @@ def bootstrap_option(command: Callable[..., Any]) -> Callable[..., Any]:
     return click.option(
         "-b", "--bootstrap-server", default=None, expose_value=False, callback=remember_bootstrap,
         help=f"broker address host:port[,host:port...] [default: ${BOOTSTRAP_ENV} or {DEFAULT_BOOTSTRAP}]",
+    )(command)
+
+
+def spark_conf_option(command: Callable[..., Any]) -> Callable[..., Any]:
+    """`-c/--conf KEY=VALUE` (repeatable) for the commands that run Spark jobs."""
+    return click.option(
+        "-c", "--conf", "spark_conf", multiple=True, type=KeyValue(), metavar="KEY=VALUE",
+        help="a Spark setting, e.g. spark.hadoop.fs.s3a.endpoint=http://... or spark.driver.memory=4g",
     )(command)
 
 

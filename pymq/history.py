@@ -1,0 +1,70 @@
+"""`history(spark, topic, table=...)`: one DataFrame over a topic's whole history.
+
+A table topic (`pymq table sync`) holds the history people query often as a Delta table that
+Spark reads natively, at Parquet speed; the records the table has not caught up with yet are on
+the brokers (and in the tier). `history` joins the two at the table's position, the offsets its
+newest sync commit reached in each partition (jobs/table_topic.py):
+
+    table snapshot (version V)        offsets [log start, position)   read by Delta
+    UNION ALL format("pymq") tail     offsets [position, latest)       read from brokers (and the tier)
+
+so every record is in exactly one side: no duplicate and no gap at the seam, whatever each
+partition's position is. The snapshot is read at the version the position was taken from, so a
+sync committing meanwhile changes neither side. The tail is decoded like the table (typed values,
+`date`), and both sides have the table's columns.
+
+Filters on the result prune both sides, as Spark pushes them through the union: on `timestamp`
+(the table's `date` partitions, generated from it, and its per-file statistics; the source's
+time index lookups), on `partition` and on `offset` (file statistics; the source's offset ranges).
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from pyspark.sql import DataFrame, SparkSession
+
+from broker.client import Admin
+from jobs.table_topic import TableTopic, TableTopicError, ValueFormat, to_table_rows, with_date
+from spark_datasource.options import EARLIEST
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+
+
+def history(spark: SparkSession, topic: str | None = None, *, table: str | None = None, bootstrap: str | None = None,
+            fail_on_data_loss: bool = True, include_headers: bool = False, **source_options: str) -> DataFrame:
+    """Every record of `topic`: from `table` (a table topic's path or URL) up to its position,
+    from the brokers after it. Without a table, the whole topic from the brokers.
+
+    `source_options` are further `pymq` source options for the tail (`remoteStorage.url` to read
+    its tiered part straight from the store, `kafka.request.timeout.ms`, ...)."""
+    bootstrap = bootstrap or os.environ.get("PYMQ_BOOTSTRAP", DEFAULT_BOOTSTRAP)
+    if table is None:
+        if topic is None:
+            raise TableTopicError("history() needs a topic, a table, or both")
+        return with_date(to_table_rows(_tail(spark, bootstrap, topic, "earliest", fail_on_data_loss, include_headers,
+                                             source_options), ValueFormat(), include_headers))
+    mirrored = TableTopic(spark, table)
+    table_topic = mirrored.check_topic(topic)
+    value_format, headers = mirrored.value_format()
+    position = mirrored.position()
+    with Admin(bootstrap) as admin:
+        partitions = len(admin.describe_topics([table_topic])[0].partitions)
+    starting = {table_topic: {str(p): position.offsets.get(p, EARLIEST) for p in range(partitions)}}
+    tail = with_date(to_table_rows(_tail(spark, bootstrap, table_topic, json.dumps(starting), fail_on_data_loss, headers,
+                                         source_options), value_format, headers))
+    snapshot = mirrored.snapshot(position.version)
+    return snapshot.unionByName(tail.select(*snapshot.columns))
+
+
+def _tail(spark: SparkSession, bootstrap: str, topic: str, starting: str, fail_on_data_loss: bool,
+          include_headers: bool, source_options: dict[str, str]) -> DataFrame:
+    return (spark.read.format("pymq")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", topic)
+            .option("startingOffsets", starting)
+            .option("endingOffsets", "latest")
+            .option("failOnDataLoss", str(fail_on_data_loss).lower())
+            .option("includeHeaders", str(include_headers).lower())
+            .options(**source_options)
+            .load())
