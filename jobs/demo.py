@@ -12,7 +12,10 @@ Run with `make run` (or `python -m jobs.demo`). It
    (`groupIdForLag`), so `pymq group describe demo.views-per-minute` shows the pipeline's lag;
 4. runs a batch query over the same topic and checks it against what was produced (every event
    exactly once, keyed events in one partition per user);
-5. prints a summary (with the pipeline's lag per partition, which must be 0 once it caught up)
+5. mirrors the topic into a Delta table (`pymq table sync`'s job, typed JSON columns), produces a
+   few more events that only the broker holds, and answers one `pymq.history()` query spanning
+   the table and that tail, checked against what was produced;
+6. prints a summary (with the pipeline's lag per partition, which must be 0 once it caught up)
    and stops the broker cleanly.
 """
 from __future__ import annotations
@@ -39,6 +42,7 @@ PARTITIONS = 3
 LAG_GROUP = "demo.views-per-minute"
 PAGES = ["/home", "/search", "/cart", "/checkout"]
 EVENTS_PER_TICK = 2_000
+TAIL_EVENTS_PER_PAGE = 25  # produced after the table sync: history() reads them from the broker
 TICKS = 20  # each tick is 30 simulated seconds of events, sent 0.5 s apart: 10 event-time minutes
 console = Console()
 
@@ -166,7 +170,11 @@ def run(bootstrap: str, out: Path) -> None:
     console.print(f"produced {total:,} events over {TICKS * 30 // 60} event-time minutes; the streaming query read them "
                   f"in {stream_s:.1f}s and closed {closed} minutes ({streamed:,} events; the last minute stays open until "
                   "the watermark passes it)")
+    history_by_page = table_topic_history(spark, bootstrap, out, start_json)
     spark.stop()
+    if history_by_page != {page: n + TAIL_EVENTS_PER_PAGE for page, n in expected_by_page.items()}:
+        raise SystemExit(f"demo failed: history() counted {history_by_page}, produced {expected_by_page} "
+                         f"+ {TAIL_EVENTS_PER_PAGE} per page after the sync")
     if by_page != expected_by_page or users_split:
         raise SystemExit(f"demo failed: batch counts {by_page} != produced {expected_by_page}, "
                          f"or {users_split} users' events split across partitions")
@@ -175,6 +183,33 @@ def run(bootstrap: str, out: Path) -> None:
     if streamed == 0 or streamed > total:
         raise SystemExit(f"demo failed: the streaming query counted {streamed} of {total} events")
     console.print("[green]demo ok[/]")
+
+
+def table_topic_history(spark, bootstrap: str, out: Path, start_json: str) -> dict[str, int]:
+    """Sync the topic into a Delta table, produce a tail the table does not hold, and count page
+    views over both with one history() query."""
+    from pyspark.sql import functions as F
+
+    from jobs.table_topic import TableTopic, ValueFormat
+    from jobs.topic_table import SyncOptions, sync
+    from pymq import history
+
+    options = SyncOptions(TOPIC, str(out / "table"), bootstrap, ValueFormat.parse("json", "page STRING, user STRING"),
+                          starting_offsets=f'{{"{TOPIC}": {start_json}}}')
+    started = time.perf_counter()
+    sync(spark, options)
+    synced_s = time.perf_counter() - started
+    position = TableTopic(spark, options.table).position()
+    with Producer(bootstrap) as producer:  # the tail: on the broker only
+        pages = [page for page in PAGES for _ in range(TAIL_EVENTS_PER_PAGE)]
+        producer.send_batch(TOPIC, pa.table({"key": [f"user-tail-{i}" for i in range(len(pages))],
+                                             "value": [f'{{"page": "{page}", "user": "tail"}}' for page in pages]}))
+        producer.flush()
+    events = history(spark, TOPIC, table=options.table, bootstrap=bootstrap)
+    by_page = {r["page"]: r["n"] for r in events.groupBy(F.col("value.page").alias("page")).agg(F.count("*").alias("n")).collect()}
+    console.print(f"table topic: synced to {options.table} in {synced_s:.1f}s (version {position.version}, "
+                  f"offsets {position.offsets}); history() over table + broker tail: {sum(by_page.values()):,} events")
+    return by_page
 
 
 def pipeline_lag(bootstrap: str, timeout_s: float = 10.0) -> list[PartitionLag]:

@@ -2,7 +2,7 @@
 
 The client lives in `broker.client` (with the broker that speaks the same protocol); this package
 is the name applications import, as they import `kafka` or `confluent_kafka`. `history(spark, ...)`
-(pymq/history.py) is loaded on first use: importing pymq does not start importing Spark.
+(pymq/topic_history.py) is loaded on first use: importing pymq does not start importing Spark.
 """
 from typing import Any
 
@@ -40,7 +40,7 @@ __all__ = [
 
 def __getattr__(name: str) -> Any:
     if name == "history":
-        from pymq.history import history
+        from pymq.topic_history import history
 
         return history
     raise AttributeError(f"module 'pymq' has no attribute {name!r}")

@@ -43,6 +43,16 @@ def consume_all():
     return _consume_all
 
 
+@pytest.fixture(scope="session")
+def spark() -> Iterator:
+    """The one Spark session (local[2], Delta Lake, the pymq source) of the whole test run."""
+    from spark_datasource import local_spark
+
+    session = local_spark("pymq-tests", **{"spark.sql.shuffle.partitions": "2"})
+    yield session
+    session.stop()
+
+
 @pytest.fixture
 def broker_factory(tmp_path: Path) -> Iterator:
     """Make brokers in tmp_path; every one still running at teardown is killed by PID."""

@@ -1,6 +1,5 @@
-"""One Spark session (local[2]) for the whole test run, with the pymq source registered, and one
-broker per test module: Spark's start-up costs seconds, so tests share both and use their own
-topics."""
+"""One broker per test module (the Spark session is tests/conftest.py's, one per run): Spark's
+start-up costs seconds, so tests share both and use their own topics."""
 from __future__ import annotations
 
 import itertools
@@ -12,15 +11,6 @@ import pytest
 from broker.process import BrokerProcess
 
 _names = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator:
-    from spark_datasource import local_spark
-
-    session = local_spark("pymq-tests", **{"spark.sql.shuffle.partitions": "2"})
-    yield session
-    session.stop()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,169 @@
+"""Table topics (jobs/topic_table.py, jobs/table_status.py, pymq/topic_history.py) against a real broker
+that tiers to a file:// store, with the run's Spark session and real Delta tables.
+
+- Delta itself: a write, a read, a DELETE and time travel work in the session `local_spark` makes.
+- `sync` of JSON values: typed columns, a malformed value kept whole in `malformedValue`, the
+  table's position equal to the log end, a second sync adds nothing.
+- `history()` across the seam: the table synced to the middle of a segment in each partition,
+  the rest on the broker and (older segments, trimmed locally) only in the tier: every produced
+  record exactly once; filters on partition, offset and timestamp prune both sides.
+- A compacted topic's tombstones delete the key's earlier rows.
+- `pymq table status` and a table of another topic refused by name.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from broker.client import Admin, Producer
+from broker.process import BrokerProcess
+from jobs.table_status import table_status
+from jobs.table_topic import TableTopic, TableTopicError, ValueFormat
+from jobs.topic_table import SyncOptions, sync
+from pymq import history
+
+PARTITIONS = 2
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerProcess]:
+    """A broker tiering to a file:// store, quickly: segments move to the tier as soon as they
+    are sealed, and local copies go past 64 KiB per partition."""
+    root = tmp_path_factory.mktemp("table-broker")
+    process = BrokerProcess(root / "broker", {
+        "remote.log.storage.system.enable": True, "remote.storage.url": f"file://{root / 'remote'}",
+        "remote.log.manager.task.interval.ms": 50, "log.retention.check.interval.ms": 50,
+        "file.delete.delay.ms": 0}).start()
+    yield process
+    process.kill()
+
+
+def event(p: int, n: int) -> bytes:
+    return json.dumps({"p": p, "n": n, "page": f"/page/{n % 7}", "pad": "x" * 60}).encode()
+
+
+def produce(bootstrap: str, topic: str, start: int, count: int, timestamp_ms: int | None = None) -> None:
+    """`count` JSON events per partition, numbered from `start`."""
+    with Producer(bootstrap, linger_ms=5) as producer:
+        for p in range(PARTITIONS):
+            ns = range(start, start + count)
+            columns = {"key": [b"k%d" % (n % 50) for n in ns], "value": [event(p, n) for n in ns]}
+            if timestamp_ms is not None:
+                columns["timestamp"] = pa.array([timestamp_ms + n for n in ns], pa.timestamp("ms", tz="UTC"))
+            producer.send_batch(topic, pa.table(columns), partition=p)
+        producer.flush()
+
+
+def test_delta_write_read_delete_and_time_travel(spark, tmp_path: Path) -> None:
+    from delta.tables import DeltaTable
+
+    path = str(tmp_path / "plain")
+    spark.range(100).write.format("delta").save(path)
+    DeltaTable.forPath(spark, path).delete("id < 10")
+    assert spark.read.format("delta").load(path).count() == 90
+    assert spark.read.format("delta").option("versionAsOf", 0).load(path).count() == 100
+
+
+def test_sync_decodes_json_values_and_keeps_malformed_ones(spark, broker: BrokerProcess, tmp_path: Path) -> None:
+    topic = "table-json"
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(topic, partitions=1)
+    with Producer(broker.bootstrap) as producer:
+        values = [json.dumps({"page": f"/p{n}", "ms": n}).encode() for n in range(20)] + [b"{not json", None]
+        producer.send_batch(topic, pa.table({"key": [b"k"] * 22, "value": pa.array(values, pa.binary())}))
+        producer.flush()
+    options = SyncOptions(topic, str(tmp_path / "t"), broker.bootstrap, ValueFormat.parse("json", "page STRING, ms BIGINT"))
+    writer = sync(spark, options)
+    assert [b["rows"] for b in writer.batches] == [22]
+    table = spark.read.format("delta").load(options.table)
+    assert table.schema["value"].dataType.simpleString() == "struct<page:string,ms:bigint>"
+    rows = {r["offset"]: r for r in table.collect()}
+    assert rows[3]["value"]["page"] == "/p3" and rows[3]["value"]["ms"] == 3 and rows[3]["malformedValue"] is None
+    assert rows[20]["value"] is None and bytes(rows[20]["malformedValue"]) == b"{not json"
+    assert rows[21]["value"] is None and rows[21]["malformedValue"] is None  # a null value is no malformed one
+    assert TableTopic(spark, options.table).position().offsets == {0: 22}
+    assert sync(spark, options).batches == []  # caught up: nothing appended twice
+    assert table.count() == 22
+
+
+def test_history_spans_table_broker_and_tier_with_no_duplicate_and_no_gap(spark, broker: BrokerProcess,
+                                                                          tmp_path: Path) -> None:
+    topic = "table-seam"
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(topic, partitions=PARTITIONS, configs={
+            "segment.bytes": 32 << 10, "remote.storage.enable": "true", "local.retention.bytes": 64 << 10,
+            "retention.ms": -1})
+    produce(broker.bootstrap, topic, 0, 1_037)  # the table's part ends inside a segment
+    options = SyncOptions(topic, str(tmp_path / "seam"), broker.bootstrap, ValueFormat.parse("json", "p INT, n INT, page STRING"))
+    sync(spark, options)
+    assert TableTopic(spark, options.table).position().offsets == {0: 1_037, 1: 1_037}
+    produce(broker.bootstrap, topic, 1_037, 3_000)  # the rest: on the broker, older segments only in the tier
+    wait_for_local_trim(broker, topic, above=1_037)
+
+    rows = history(spark, topic, table=options.table, bootstrap=broker.bootstrap)
+    got = rows.select("partition", "offset", "value.p", "value.n").collect()
+    assert len(got) == PARTITIONS * 4_037
+    assert {(r["partition"], r["offset"]) for r in got} == {(p, o) for p in range(PARTITIONS) for o in range(4_037)}
+    assert all(r["p"] == r["partition"] and r["n"] == r["offset"] for r in got)  # values decoded on both sides
+
+    # Filters prune both sides and still give exactly the matching rows.
+    window = rows.where("partition = 1 AND offset >= 1000 AND offset < 1100")
+    assert sorted(r["offset"] for r in window.select("offset").collect()) == list(range(1_000, 1_100))
+    plan = window._jdf.queryExecution().executedPlan().toString()
+    assert "PushedFilters" in plan or "DataFilters" in plan
+
+
+def wait_for_local_trim(broker: BrokerProcess, topic: str, above: int, timeout_s: float = 60.0) -> None:
+    """Until every partition's oldest local segment starts past `above` (older ones only in the tier)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        starts = []
+        for p in range(PARTITIONS):
+            bases = sorted(int(f.name[:20]) for f in (broker.log_dir / f"{topic}-{p}").glob("*.log"))
+            starts.append(bases[0] if bases else 0)
+        if all(start > above for start in starts):
+            return
+        assert time.monotonic() < deadline, f"local logs of {topic} still start at {starts}"
+        time.sleep(0.1)
+
+
+def test_tombstones_of_a_compacted_topic_delete_earlier_rows(spark, broker: BrokerProcess, tmp_path: Path) -> None:
+    topic = "table-compacted"
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(topic, partitions=1, configs={"cleanup.policy": "compact"})
+    with Producer(broker.bootstrap) as producer:
+        producer.send_batch(topic, pa.table({"key": [b"a", b"b", b"a", b"c"], "value": [b"a1", b"b1", b"a2", b"c1"]}))
+        producer.flush()
+    options = SyncOptions(topic, str(tmp_path / "compacted"), broker.bootstrap)
+    sync(spark, options)
+    with Producer(broker.bootstrap) as producer:  # tombstone a, then a comes back; tombstone b
+        producer.send_batch(topic, pa.table({"key": [b"a", b"a", b"b"], "value": pa.array([None, b"a3", None], pa.binary())}))
+        producer.flush()
+    writer = sync(spark, options)
+    assert writer.batches[0]["deleted"] == 3  # a1, a2, b1
+    left = sorted((r["offset"], bytes(r["key"]), None if r["value"] is None else bytes(r["value"]))
+                  for r in spark.read.format("delta").load(options.table).collect())
+    assert left == [(3, b"c", b"c1"), (4, b"a", None), (5, b"a", b"a3"), (6, b"b", None)]
+
+
+def test_status_reports_position_and_lag_and_a_wrong_topic_is_refused(spark, broker: BrokerProcess,
+                                                                      tmp_path: Path) -> None:
+    topic = "table-status"
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(topic, partitions=PARTITIONS)
+    produce(broker.bootstrap, topic, 0, 30)
+    options = SyncOptions(topic, str(tmp_path / "status"), broker.bootstrap)
+    sync(spark, options)
+    produce(broker.bootstrap, topic, 30, 5)
+    status = table_status(spark, options.table, broker.bootstrap, topic)
+    assert status.rows == PARTITIONS * 30 and status.value_format == "binary"
+    assert [(p.table_position, p.log_end, p.lag) for p in status.partitions] == [(30, 35, 5)] * PARTITIONS
+    with pytest.raises(TableTopicError, match="mirrors topic 'table-status', not 'other'"):
+        table_status(spark, options.table, broker.bootstrap, "other")
+    with pytest.raises(TableTopicError, match="mirrors another topic or format"):
+        sync(spark, SyncOptions(topic, options.table, broker.bootstrap, ValueFormat.parse("json", "n INT")))
