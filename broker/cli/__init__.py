@@ -20,6 +20,7 @@ Commands:
     pymq tier status [TOPIC] [--json]                        local and remote ranges, bytes, upload lag
     pymq table sync TOPIC --table PATH_OR_URL [--value-format json --value-schema DDL] [--trigger 30s]
     pymq table status TOPIC --table PATH_OR_URL              table version, rows, offsets held, lag
+    pymq job retention TOPIC --table PATH_OR_URL [--execute] the topic's retention applied to its table
 
 Client commands take `-b/--bootstrap-server` (before or after the command; default
 $PYMQ_BOOTSTRAP or 127.0.0.1:9092). Operating errors print `error: NAME: message` on stderr and
@@ -35,7 +36,7 @@ from broker.cli.consume import consume
 from broker.cli.group import group_group
 from broker.cli.perf import perf_group
 from broker.cli.produce import produce
-from broker.cli.table import table_group
+from broker.cli.table import job_group, table_group
 from broker.cli.tier import tier_group
 from broker.cli.topic import topic_group
 
@@ -53,7 +54,7 @@ def cli() -> None:
     tables, and measure performance."""
 
 
-for _command in (broker_group, topic_group, produce, consume, perf_group, group_group, tier_group, table_group):
+for _command in (broker_group, topic_group, produce, consume, perf_group, group_group, tier_group, table_group, job_group):
     cli.add_command(_command)
 
 

@@ -11,3 +11,7 @@ table_group = LazyGroup(
     "table", lazy_commands={"sync": "jobs.topic_table:sync_command", "status": "jobs.table_status:status_command"},
     help="Table topics: mirror a topic into a Delta Lake table, exactly once (sync), and see how far it caught up "
          "(status). Notebooks read both with pymq.history().")
+
+job_group = LazyGroup(
+    "job", lazy_commands={"retention": "jobs.retention:retention_command"},
+    help="Spark batch jobs over a topic's history: retention of its table (compaction of its tier follows).")

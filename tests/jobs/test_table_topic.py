@@ -167,3 +167,35 @@ def test_status_reports_position_and_lag_and_a_wrong_topic_is_refused(spark, bro
         table_status(spark, options.table, broker.bootstrap, "other")
     with pytest.raises(TableTopicError, match="mirrors another topic or format"):
         sync(spark, SyncOptions(topic, options.table, broker.bootstrap, ValueFormat.parse("json", "n INT")))
+
+
+def test_retention_job_reports_then_deletes_what_the_topic_no_longer_holds(spark, broker: BrokerProcess,
+                                                                           tmp_path: Path) -> None:
+    from jobs.retention import retention
+
+    topic = "table-retention"
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(topic, partitions=PARTITIONS, configs={"segment.bytes": 16 << 10})
+    for start in range(0, 1_000, 100):  # batches of 100: segments roll between them
+        produce(broker.bootstrap, topic, start, 100)
+    options = SyncOptions(topic, str(tmp_path / "retention"), broker.bootstrap)
+    sync(spark, options)
+    with Admin(broker.bootstrap) as admin:  # the broker's retention moves each log start forward
+        admin.alter_configs(topic, {"retention.bytes": 48 << 10})
+        deadline = time.monotonic() + 60
+        while min(start for start, _ in admin.list_offsets({(topic, p): -2 for p in range(PARTITIONS)}).values()) == 0:
+            assert time.monotonic() < deadline, "retention did not run"
+            time.sleep(0.1)
+        starts = {p: start for (_, p), (start, _) in admin.list_offsets({(topic, p): -2 for p in range(PARTITIONS)}).items()}
+
+    dry = retention(spark, options.table, broker.bootstrap, topic)
+    assert {p.partition: p.expired_rows for p in dry.partitions} == starts
+    assert spark.read.format("delta").load(options.table).count() == PARTITIONS * 1_000  # a dry run changes nothing
+
+    done = retention(spark, options.table, broker.bootstrap, topic, execute=True, vacuum_horizon_hours=0)
+    assert done.deleted_rows == sum(starts.values()) and done.vacuumed
+    left = spark.read.format("delta").load(options.table)
+    assert left.count() == PARTITIONS * 1_000 - sum(starts.values())
+    assert left.groupBy("partition").agg({"offset": "min"}).collect() and all(
+        r["min(offset)"] == starts[r["partition"]] for r in left.groupBy("partition").agg({"offset": "min"}).collect())
+    assert retention(spark, options.table, broker.bootstrap, topic).partitions[0].expired_rows == 0
