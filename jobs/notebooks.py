@@ -6,7 +6,7 @@
 The notebooks take their broker, topic, table and group from the environment (`PYMQ_BOOTSTRAP`,
 `PYMQ_TOPIC`, `PYMQ_TABLE`, `PYMQ_GROUP`), with defaults for the demo broker, so they run as they
 are against any broker. `sample_shop(...)` builds what they are shown with here: a tiered topic of
-click events over the last hour, a Delta table synced to the middle of it (the rest on the broker
+click events over two days (three dates), a Delta table synced up to the last half hour (the rest on the broker
 and in the tier), and a consumer group that is behind. Each notebook runs in its own kernel
 (nbclient, the `python3` kernel of this interpreter); a cell that raises fails the run.
 """
@@ -59,13 +59,16 @@ def sample_shop(spark: SparkSession, bootstrap: str, table: str, events: int = 6
         admin.create_topic(TOPIC, partitions=PARTITIONS, configs={
             "segment.bytes": 64 << 10, "remote.storage.enable": "true", "local.retention.bytes": 128 << 10,
             "retention.ms": -1})
-    half = events // 2
-    with Producer(bootstrap, linger_ms=5) as producer:  # the first 40 minutes of the hour
-        producer.send_batch(TOPIC, clicks(half, now_ms - 3_600_000, 2_400_000, seed=1))
-        producer.flush()
-    sync(spark, SyncOptions(TOPIC, table, bootstrap, ValueFormat.parse("json", VALUE_SCHEMA)))
-    with Producer(bootstrap, linger_ms=5) as producer:  # the last 20 minutes: only on the broker and in the tier
-        producer.send_batch(TOPIC, clicks(events - half, now_ms - 1_200_000, 1_200_000, seed=2))
+    quarter = events // 4
+    options = SyncOptions(TOPIC, table, bootstrap, ValueFormat.parse("json", VALUE_SCHEMA))
+    for n, start_ms, span_ms in ((2 * quarter, now_ms - 2 * 86_400_000, 2 * 86_400_000 - 3_600_000),  # two days
+                                 (quarter, now_ms - 3_600_000, 1_800_000)):  # the half hour before the last one
+        with Producer(bootstrap, linger_ms=5) as producer:
+            producer.send_batch(TOPIC, clicks(n, start_ms, span_ms, seed=n))
+            producer.flush()
+        sync(spark, options)  # one table version each
+    with Producer(bootstrap, linger_ms=5) as producer:  # the last half hour: only on the broker and in the tier
+        producer.send_batch(TOPIC, clicks(events - 3 * quarter, now_ms - 1_800_000, 1_800_000, seed=3))
         producer.flush()
     with Admin(bootstrap) as admin:  # a dashboard that read most of each partition
         ends = admin.list_offsets({(TOPIC, p): -1 for p in range(PARTITIONS)})

@@ -2,7 +2,8 @@
 job, the jobs, the tests, the benchmarks and notebooks start from.
 
 Settings come in three layers, later ones winning: `conf/spark-defaults.conf` (Delta's session
-extension and catalog, s3a), the local defaults below, and the caller's. The Delta Lake and
+extension and catalog, s3a), the local defaults below (with `conf/log4j2.properties` for the JVM's
+log), and the caller's. The Delta Lake and
 hadoop-aws jars are added by `spark_datasource.jars` (installed by `make venv`).
 
 Spark's Python workers (query planning and tasks) must run the interpreter that has pymq
@@ -20,7 +21,9 @@ from pyspark.sql import SparkSession
 from spark_datasource import jars
 from spark_datasource.source import register
 
-SPARK_DEFAULTS = Path(__file__).resolve().parent.parent / "conf" / "spark-defaults.conf"
+CONF = Path(__file__).resolve().parent.parent / "conf"
+SPARK_DEFAULTS = CONF / "spark-defaults.conf"
+LOG4J = CONF / "log4j2.properties"
 LOCAL_DEFAULTS = {
     "spark.ui.enabled": "false",
     "spark.sql.shuffle.partitions": "4",
@@ -29,6 +32,7 @@ LOCAL_DEFAULTS = {
     "spark.driver.host": "127.0.0.1",
     "spark.python.worker.reuse": "true",
     "spark.ui.showConsoleProgress": "false",
+    "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile={LOG4J.as_uri()}",
 }
 
 
