@@ -45,6 +45,9 @@ HEADERS_PROPERTY = "pymq.includeHeaders"
 DATE_COLUMN = "date"
 MALFORMED_COLUMN = "malformedValue"
 _CORRUPT_FIELD = "_pymq_corrupt"
+# Commits read to find the newest sync commit: the sync makes most commits, so it is nearly always
+# among the last few; only a long run of others (deletes, vacuums, optimizes) makes the whole log be read.
+RECENT_COMMITS = 32
 
 
 class TableTopicError(ValueError):
@@ -174,6 +177,7 @@ class TableTopic:
     def __init__(self, spark: SparkSession, location: str) -> None:
         self.spark = spark
         self.location = location.rstrip("/")
+        self._properties: dict[str, str] | None = None  # read once: they never change after create
 
     @property
     def checkpoint(self) -> str:
@@ -190,8 +194,10 @@ class TableTopic:
         return DeltaTable.forPath(self.spark, self.location)
 
     def properties(self) -> dict[str, str]:
-        detail = self.delta().detail().select("properties").first()
-        return dict(detail["properties"] or {}) if detail else {}
+        if self._properties is None:
+            detail = self.delta().detail().select("properties").first()
+            self._properties = dict(detail["properties"] or {}) if detail else {}
+        return self._properties
 
     def topic(self) -> str:
         topic = self.properties().get(TOPIC_PROPERTY)
@@ -236,12 +242,13 @@ class TableTopic:
     def position(self) -> TablePosition:
         """The table's latest version and the offsets of the newest sync commit at or below it
         (offsets {} when nothing was synced yet)."""
-        history = self.delta().history().select("version", "userMetadata")
-        latest = history.agg(F.max("version")).first()[0]
-        marked = (history.where(F.col("userMetadata").contains(OFFSETS_KEY))
-                  .orderBy(F.col("version").desc()).select("userMetadata").first())
-        offsets = json.loads(marked["userMetadata"])[OFFSETS_KEY] if marked else {}
-        return TablePosition(int(latest), {int(p): int(o) for p, o in offsets.items()})
+        commits = self.delta().history(RECENT_COMMITS).select("version", "userMetadata").collect()
+        if not any(OFFSETS_KEY in (c["userMetadata"] or "") for c in commits) and min(c["version"] for c in commits) > 0:
+            commits = self.delta().history().select("version", "userMetadata").collect()  # a long run of other commits
+        marked = [c for c in commits if OFFSETS_KEY in (c["userMetadata"] or "")]
+        newest = max(marked, key=lambda c: c["version"]) if marked else None
+        offsets = json.loads(newest["userMetadata"])[OFFSETS_KEY] if newest else {}
+        return TablePosition(max(c["version"] for c in commits), {int(p): int(o) for p, o in offsets.items()})
 
     def snapshot(self, version: int) -> DataFrame:
         return self.spark.read.format("delta").option("versionAsOf", version).load(self.location)

@@ -9,8 +9,10 @@ newest sync commit reached in each partition (jobs/table_topic.py):
     UNION ALL format("pymq") tail     offsets [position, latest)       read from brokers (and the tier)
 
 so every record is in exactly one side: no duplicate and no gap at the seam, whatever each
-partition's position is. The snapshot is read at the version the position was taken from, so a
-sync committing meanwhile changes neither side. The tail is decoded like the table (typed values,
+partition's position is. The snapshot is read at the version the position was taken from, and the
+tail ends at the log end offsets asked for at the same moment, so the result is one consistent
+view: a sync committing or a producer writing meanwhile changes neither side. When the table has
+caught up with every partition, the result is the snapshot alone (no tail is planned). The tail is decoded like the table (typed values,
 `date`), and both sides have the table's columns.
 
 Filters on the result prune both sides, as Spark pushes them through the union: on `timestamp`
@@ -50,11 +52,19 @@ def history(spark: SparkSession, topic: str | None = None, *, table: str | None 
     position = mirrored.position()
     with Admin(bootstrap) as admin:
         partitions = len(admin.describe_topics([table_topic])[0].partitions)
-    starting = {table_topic: {str(p): position.offsets.get(p, EARLIEST) for p in range(partitions)}}
-    tail = with_date(to_table_rows(_tail(spark, bootstrap, table_topic, json.dumps(starting), fail_on_data_loss, headers,
-                                         source_options), value_format, headers))
+        ends = admin.list_offsets({(table_topic, p): -1 for p in range(partitions)})
+    starting = {p: position.offsets.get(p, EARLIEST) for p in range(partitions)}
+    ending = {p: ends[(table_topic, p)][0] for p in range(partitions)}
     snapshot = mirrored.snapshot(position.version)
-    return snapshot.unionByName(tail.select(*snapshot.columns))
+    if all(ending[p] == starting[p] or (starting[p] == EARLIEST and ending[p] == 0) for p in range(partitions)):
+        return snapshot  # the table holds everything: no tail to plan
+    tail = _tail(spark, bootstrap, table_topic, _offsets_json(table_topic, starting), fail_on_data_loss, headers,
+                 {"endingOffsets": _offsets_json(table_topic, ending), **source_options})
+    return snapshot.unionByName(with_date(to_table_rows(tail, value_format, headers)).select(*snapshot.columns))
+
+
+def _offsets_json(topic: str, offsets: dict[int, int]) -> str:
+    return json.dumps({topic: {str(p): o for p, o in offsets.items()}})
 
 
 def _tail(spark: SparkSession, bootstrap: str, topic: str, starting: str, fail_on_data_loss: bool,
@@ -63,7 +73,6 @@ def _tail(spark: SparkSession, bootstrap: str, topic: str, starting: str, fail_o
             .option("kafka.bootstrap.servers", bootstrap)
             .option("subscribe", topic)
             .option("startingOffsets", starting)
-            .option("endingOffsets", "latest")
             .option("failOnDataLoss", str(fail_on_data_loss).lower())
             .option("includeHeaders", str(include_headers).lower())
             .options(**source_options)

@@ -89,6 +89,8 @@ def test_sync_decodes_json_values_and_keeps_malformed_ones(spark, broker: Broker
     assert TableTopic(spark, options.table).position().offsets == {0: 22}
     assert sync(spark, options).batches == []  # caught up: nothing appended twice
     assert table.count() == 22
+    caught_up = history(spark, topic, table=options.table, bootstrap=broker.bootstrap)
+    assert caught_up.count() == 22 and "pymq" not in caught_up._jdf.queryExecution().analyzed().toString().lower()
 
 
 def test_history_spans_table_broker_and_tier_with_no_duplicate_and_no_gap(spark, broker: BrokerProcess,
@@ -106,6 +108,7 @@ def test_history_spans_table_broker_and_tier_with_no_duplicate_and_no_gap(spark,
     wait_for_local_trim(broker, topic, above=1_037)
 
     rows = history(spark, topic, table=options.table, bootstrap=broker.bootstrap)
+    produce(broker.bootstrap, topic, 4_037, 10)  # after history() was asked: not in its view
     got = rows.select("partition", "offset", "value.p", "value.n").collect()
     assert len(got) == PARTITIONS * 4_037
     assert {(r["partition"], r["offset"]) for r in got} == {(p, o) for p in range(PARTITIONS) for o in range(4_037)}
