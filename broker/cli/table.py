@@ -14,4 +14,4 @@ table_group = LazyGroup(
 
 job_group = LazyGroup(
     "job", lazy_commands={"retention": "jobs.retention:retention_command"},
-    help="Spark batch jobs over a topic's history: retention of its table (compaction of its tier follows).")
+    help="Spark batch jobs over a topic's history: its topic's retention applied to its table.")
