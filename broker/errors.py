@@ -319,6 +319,14 @@ class WorkQueueFullError(PymqError, wire_name="WORK_QUEUE_FULL"):
 
 
 # Client-side conditions that never come from a broker use codes >= 1000.
+class StaleManifestError(PymqError, wire_name="STALE_MANIFEST"):
+    """A change to a partition's remote manifest (a compaction's segment swap) named a manifest
+    version that is no longer the current one: the broker uploaded, expired or swapped segments
+    since it was read. Nothing changed; read the manifest again and redo the work on it."""
+
+    code = 903
+
+
 class ProducerClosedError(PymqError, wire_name="PRODUCER_CLOSED"):
     code = 1000
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import re
 from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -332,6 +333,37 @@ class PartitionManifest:
         if kept and offset < kept[0].base_offset:
             offset = kept[0].base_offset  # the offsets of a gap do not exist: the log starts after it
         return replace(self, log_start_offset=offset, segments=kept)
+
+    def with_segments_replaced(self, replaced: Sequence[tuple[int, str]],
+                               segments: Sequence[RemoteSegment]) -> PartitionManifest:
+        """This manifest with a run of its segments swapped for others covering the same offsets:
+        a compaction's output (fewer records, the same offsets, gaps where records went). `replaced`
+        names the run by (base_offset, upload_id), oldest first; `segments` lie sorted and disjoint
+        within [the run's first base offset, its last next offset). An empty `segments` removes
+        the run's records altogether. When the run starts the log, the log start moves up to the
+        first offset still held, as retention would (never down). The log end never moves: the
+        last segment cannot be replaced (the local log continues after it, as Kafka's cleaner
+        never compacts the active segment). ValueError when any of this does not hold."""
+        names = [(segment.base_offset, segment.upload_id) for segment in self.segments]
+        run = [(int(base), str(upload_id)) for base, upload_id in replaced]
+        first = names.index(run[0]) if run and run[0] in names else -1
+        if first < 0 or names[first:first + len(run)] != run:
+            raise ValueError(f"segments {run} are not a run of the manifest's segments (version {self.version}): "
+                             "it changed since they were read")
+        last = first + len(run) - 1
+        if last == len(self.segments) - 1:
+            raise ValueError("the last remote segment cannot be replaced: the log end would move")
+        low, high = self.segments[first].base_offset, self.segments[last].next_offset
+        below = low
+        for segment in segments:
+            if segment.base_offset < below or segment.next_offset > high:
+                raise ValueError(f"segment {segment.base_offset}..{segment.next_offset} is not within {low}..{high} "
+                                 "after the segments before it")
+            below = segment.next_offset
+        kept = (*self.segments[:first], *segments, *self.segments[last + 1:])
+        if first > 0:
+            return replace(self, segments=kept)
+        return replace(self, segments=kept, log_start_offset=kept[0].base_offset).with_log_start_offset(self.log_start_offset)
 
     def with_topic_id(self, topic_id: str) -> PartitionManifest:
         return replace(self, topic_id=topic_id)

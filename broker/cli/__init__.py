@@ -21,6 +21,7 @@ Commands:
     pymq table sync TOPIC --table PATH_OR_URL [--value-format json --value-schema DDL] [--trigger 30s]
     pymq table status TOPIC --table PATH_OR_URL              table version, rows, offsets held, lag
     pymq job retention TOPIC --table PATH_OR_URL [--execute] the topic's retention applied to its table
+    pymq job compact TOPIC... --remote-storage URL            compaction of compacted topics' tiered segments
 
 Client commands take `-b/--bootstrap-server` (before or after the command; default
 $PYMQ_BOOTSTRAP or 127.0.0.1:9092). Operating errors print `error: NAME: message` on stderr and

@@ -13,5 +13,6 @@ table_group = LazyGroup(
          "(status). Notebooks read both with pymq.history().")
 
 job_group = LazyGroup(
-    "job", lazy_commands={"retention": "jobs.retention:retention_command"},
-    help="Spark batch jobs over a topic's history: its topic's retention applied to its table.")
+    "job", lazy_commands={"retention": "jobs.retention:retention_command", "compact": "jobs.compact:compact_command"},
+    help="Spark batch jobs over a topic's history: compaction of its tiered segments (compact) and its topic's "
+         "retention applied to its table (retention).")

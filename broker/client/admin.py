@@ -22,6 +22,7 @@ from typing import Any, Iterable, TypeVar
 from broker import protocol
 from broker.client.cluster import Cluster, PartitionInfo, partition_infos
 from broker.topic_partition import TopicPartition
+from segment_format.manifest import RemoteSegment
 from broker.client.config import BootstrapServers, client_settings
 from broker.client.loop_thread import LoopThread
 from broker.client.offset_fetcher import list_offsets
@@ -34,6 +35,7 @@ from broker.errors import (
     PymqError,
     RebalanceInProgressError,
     UnknownMemberIdError,
+    error_for_code,
 )
 from broker.protocol import (
     NO_GENERATION_ID,
@@ -51,6 +53,7 @@ from broker.protocol import (
     DescribedGroup,
     DescribeGroupsRequest,
     DescribeTieringRequest,
+    ReplaceRemoteSegmentsRequest,
     FindCoordinatorRequest,
     ListGroupsRequest,
     Message,
@@ -458,6 +461,20 @@ class AsyncAdmin:
 
     # -- tiered storage ----------------------------------------------------------------------------
 
+    async def replace_remote_segments(self, topic: str, partition: int, expected_manifest_version: int,
+                                      replaced: Iterable[tuple[int, str]], segments: Iterable[RemoteSegment],
+                                      topic_id: str = "") -> int:
+        """Ask the partition's leader to swap a run of its remote segments (named by base offset
+        and upload id) for `segments`, already uploaded, if its manifest is still at
+        `expected_manifest_version`; the new manifest's version. StaleManifestError when it moved
+        on (read it again), InvalidRequestError when the segments do not fit it."""
+        node = await self.cluster.leader(topic, partition)
+        reply = await self.cluster.send(node, ReplaceRemoteSegmentsRequest(
+            topic, partition, topic_id, expected_manifest_version, tuple(replaced), tuple(segments)))
+        if reply.error_code:
+            raise error_for_code(reply.error_code, reply.error_message)
+        return reply.manifest_version
+
     async def describe_tiering(self, topics: Iterable[str] | None = None) -> list[PartitionTiering]:
         """Tiering per partition of `topics` (default: every topic with partitions), asked of
         every broker (each answers for the partitions it leads), sorted by topic and partition.
@@ -576,6 +593,13 @@ class Admin:
     def group_lag(self, group_id: str) -> list[PartitionLag]:
         """Committed offset, log end offset, lag and owning member per partition of the group's topics."""
         return self._thread.run(self._core.group_lag(group_id))
+
+    def replace_remote_segments(self, topic: str, partition: int, expected_manifest_version: int,
+                                replaced: Iterable[tuple[int, str]], segments: Iterable[RemoteSegment],
+                                topic_id: str = "") -> int:
+        """Swap a run of a partition's remote segments for compacted ones (AsyncAdmin's docstring)."""
+        return self._thread.run(self._core.replace_remote_segments(topic, partition, expected_manifest_version,
+                                                                   replaced, segments, topic_id))
 
     def describe_tiering(self, topics: Iterable[str] | None = None) -> list[PartitionTiering]:
         """Local and remote ranges, bytes, upload lag and tiering failures per partition of

@@ -115,7 +115,9 @@ class RequestHandlers:
             ApiKey.DESCRIBE_GROUPS: groups.describe_groups,
             ApiKey.DELETE_GROUPS: groups.delete_groups,
         })
-        self._table[ApiKey.DESCRIBE_TIERING] = TieringHandler(registry, replicas).describe_tiering
+        tiering = TieringHandler(registry, replicas)
+        self._table[ApiKey.DESCRIBE_TIERING] = tiering.describe_tiering
+        self._table[ApiKey.REPLACE_REMOTE_SEGMENTS] = tiering.replace_remote_segments
         assert self._table.keys() == REQUEST_TYPES.keys(), "every API has a handler and a request message"
 
     def handle(self, request: protocol.Request) -> Result | Awaitable[Result] | DelayedOperation:

@@ -1,5 +1,7 @@
 """DescribeTiering (pymq's API key 1000): per partition led here, the local and remote ranges, their
-bytes, the upload lag and the tiering failures (`pymq tier status`).
+bytes, the upload lag and the tiering failures (`pymq tier status`). ReplaceRemoteSegments (1001):
+the compaction job's segment swap, committed by the partition's leader (RemoteLogManager.replace_segments)
+on a worker thread, since it reads the new objects back from the store.
 
 Synchronous and cheap: it reads the UnifiedLog's offsets and segment sizes and the manifest the
 remote log manager already holds (`RemoteLogManager.status`); it never reads the store. The
@@ -10,12 +12,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from broker.cluster.topics import TopicRegistry
-from broker.errors import PymqError
+from broker.errors import InconsistentTopicIdError, InvalidRequestError, PymqError
 from broker.log import UnifiedLog
 from broker.protocol.messages.base import code_and_message
 from broker.protocol.messages.tiering import (
     DescribeTieringRequest,
     DescribeTieringResponse,
+    ReplaceRemoteSegmentsRequest,
+    ReplaceRemoteSegmentsResponse,
     TieringPartition,
     TieringTopic,
 )
@@ -61,6 +65,22 @@ class TieringHandler:
             led.setdefault(partition_log.topic, []).append(partition_log)
         names = sorted(led) if request.topics is None else list(dict.fromkeys(request.topics))
         return DescribeTieringResponse(tuple(self._topic(name, led.get(name, [])) for name in names))
+
+    async def replace_remote_segments(self, request: ReplaceRemoteSegmentsRequest) -> ReplaceRemoteSegmentsResponse:
+        remote_logs = self.replicas.remote_logs
+        try:
+            partition_log = self.replicas.leader_log(request.topic, request.partition)
+            if request.topic_id and partition_log.topic_id and request.topic_id != partition_log.topic_id:
+                raise InconsistentTopicIdError(f"{partition_log} is topic id {partition_log.topic_id}, "
+                                               f"not {request.topic_id}")
+            if remote_logs is None or not partition_log.tiered:
+                raise InvalidRequestError(f"{partition_log} is not tiered: it has no remote segments to replace")
+            manifest = await self.replicas.executors.logs.run(
+                remote_logs.replace_segments, partition_log, request.expected_manifest_version, request.replaced,
+                request.segments)
+        except PymqError as err:
+            return ReplaceRemoteSegmentsResponse(*code_and_message(err))
+        return ReplaceRemoteSegmentsResponse(manifest_version=manifest.version)
 
     def _topic(self, name: str, logs: list[UnifiedLog]) -> TieringTopic:
         try:

@@ -61,6 +61,7 @@ class ApiKey(enum.IntEnum):
     OFFSET_DELETE = 47
     # pymq's own APIs, numbered from 1000: outside Kafka's numbering, so they never collide with a Kafka key.
     DESCRIBE_TIERING = 1000
+    REPLACE_REMOTE_SEGMENTS = 1001
 
 
 # The versions of each API this broker speaks: (min, max).

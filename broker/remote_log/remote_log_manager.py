@@ -33,19 +33,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from segment_format import batch_body
 from broker.config import BrokerConfig
 from segment_format.limits import INT64_MAX
-from broker.errors import KafkaStorageError, PymqError
+from broker.errors import InvalidRequestError, KafkaStorageError, PymqError, StaleManifestError
 from broker.remote_log.remote_log_reader import RemoteLogReader
 from broker.log.segment import Segment
 from broker.log.unified_log import UnifiedLog
 from tiered_storage import DEFAULT_ORPHAN_GRACE_MS, ManifestConflictError, RemoteSegmentStore
-from segment_format.manifest import PartitionManifest
+from segment_format.manifest import CorruptManifestError, PartitionManifest, RemoteSegment
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +54,11 @@ INITIAL_BACKOFF_MS = 500
 
 @dataclass
 class _PartitionTiering:
-    """What the manager knows of one partition; touched by one task at a time (`busy`)."""
+    """What the manager knows of one partition; touched by one task at a time (`busy`), and its
+    manifest changed only under `writing` (a tiering run and a segment swap never interleave)."""
 
     manifest: PartitionManifest | None = None  # None: read it (first run, or after a conflict)
+    writing: threading.Lock = field(default_factory=threading.Lock)
     busy: bool = False
     task: Future[None] | None = None  # the last task submitted (a topic deletion waits for it)
     deleted: bool = False  # its topic is being deleted: upload nothing more
@@ -218,11 +220,49 @@ class RemoteLogManager:
             state = self._partitions.get((topic, partition)) or _PartitionTiering()
             return TieringStatus(state.manifest, state.failures, state.last_error, state.retry_at_ms)
 
+    def replace_segments(self, partition_log: UnifiedLog, expected_version: int, replaced: Sequence[tuple[int, str]],
+                         segments: Sequence[RemoteSegment]) -> PartitionManifest:
+        """Swap a run of the partition's remote segments for `segments` (a compaction's output,
+        uploaded by the job) in one manifest commit, if the manifest is still at
+        `expected_version`. Blocks while a tiering run of the partition is in progress (call it
+        from a worker thread). The new objects are checked against their description (size and
+        CRC32C of every byte) before the commit. The replaced objects are left to orphan cleaning
+        (after its grace period): readers that planned on the old manifest finish first.
+
+        StaleManifestError if the manifest moved on; InvalidRequestError if the segments are
+        not a run of it or do not fit; RemoteStorageError if the store fails or holds other bytes."""
+        key = (partition_log.topic, partition_log.partition)
+        with self._lock:
+            state = self._partitions.setdefault(key, _PartitionTiering())
+        with state.writing:
+            if state.manifest is None:
+                state.manifest = self.store.load_manifest(*key, partition_log.topic_id)
+                self._publish(partition_log, state.manifest)
+            if state.manifest.version != expected_version:
+                raise StaleManifestError(f"the manifest of {partition_log} is at version {state.manifest.version}, "
+                                         f"not {expected_version}")
+            try:
+                manifest = state.manifest.with_segments_replaced(replaced, segments)
+            except (ValueError, CorruptManifestError) as err:
+                raise InvalidRequestError(f"{partition_log}: {err}") from None
+            for segment in segments:
+                self.store.verify_upload(*key, segment)
+            try:
+                state.manifest = self.store.commit_manifest(expected_version, manifest)
+            except ManifestConflictError as err:  # another writer committed: read it again next time
+                state.manifest = None
+                raise StaleManifestError(f"{partition_log}: {err}") from None
+            self._publish(partition_log, state.manifest)
+        log.info("%s: swapped %d remote segments for %d (manifest version %d)", partition_log, len(replaced),
+                 len(segments), state.manifest.version)
+        return state.manifest
+
     # --- one partition ---------------------------------------------------------------------
 
     def _run(self, partition_log: UnifiedLog, state: _PartitionTiering) -> None:
         try:
-            self._tier(partition_log, state)
+            with state.writing:
+                self._tier(partition_log, state)
             state.failures = 0
             state.last_error = None
         except (PymqError, OSError, ValueError) as err:  # RemoteStorageError and KafkaStorageError are PymqErrors

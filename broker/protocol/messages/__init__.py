@@ -106,6 +106,8 @@ from broker.protocol.messages.produce import (
 from broker.protocol.messages.tiering import (
     DescribeTieringRequest,
     DescribeTieringResponse,
+    ReplaceRemoteSegmentsRequest,
+    ReplaceRemoteSegmentsResponse,
     TieringPartition,
     TieringTopic,
 )
@@ -121,7 +123,7 @@ REQUEST_TYPES: dict[int, type[RequestMessage]] = {
     cls.api_key: cls
     for cls in (ProduceRequest, FetchRequest, ListOffsetsRequest, MetadataRequest, ApiVersionsRequest,
                 CreateTopicsRequest, DeleteTopicsRequest, CreatePartitionsRequest, DescribeConfigsRequest,
-                AlterConfigsRequest, DescribeTieringRequest, *GROUP_REQUEST_TYPES)
+                AlterConfigsRequest, DescribeTieringRequest, ReplaceRemoteSegmentsRequest, *GROUP_REQUEST_TYPES)
 }
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -31,6 +31,7 @@ from broker.errors import NONE, InvalidRequestError
 from broker.protocol.fields import entries, field
 from broker.protocol.framing import ApiKey
 from broker.protocol.messages.base import Message, Outcome, PartitionResponse, RequestMessage, decode_error, own_field, put_error
+from segment_format.manifest import CorruptManifestError, RemoteSegment
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,3 +116,65 @@ class DescribeTieringRequest(RequestMessage[DescribeTieringResponse]):
             if not isinstance(name, str):
                 raise InvalidRequestError(f"field 'topics' must be a list of strings, got a {type(name).__name__}")
         return cls(tuple(names))
+
+
+# --- ReplaceRemoteSegments ---------------------------------------------------------------------
+#
+# ReplaceRemoteSegments (API key 1001, pymq's own): swap a run of a partition's remote segments
+# for others covering the same offsets (the compaction job's output, already uploaded), against
+# the manifest version the job read. Sent to the partition's leader, the only manifest writer.
+#
+#     request  control = {topic, partition, topic_id, expected_manifest_version,
+#                         replaced: [{base_offset, upload_id}], segments: [segment as in a manifest]}
+#     response control = {error_code, error_message?, manifest_version}
+#
+# STALE_MANIFEST when the manifest is no longer at `expected_manifest_version` (nothing changed);
+# INVALID_REQUEST when the segments are not a run of the manifest or do not fit it;
+# NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION, INCONSISTENT_TOPIC_ID as for a fetch; a
+# remote store failure (objects missing or not as described) is KAFKA_STORAGE_ERROR.
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaceRemoteSegmentsResponse(Message):
+    api_key: ClassVar[ApiKey] = ApiKey.REPLACE_REMOTE_SEGMENTS
+    error_code: int = NONE
+    error_message: str | None = None
+    manifest_version: int = -1  # the committed manifest's version; -1 on error
+
+    def to_control(self) -> dict[str, Any]:
+        return put_error({"manifest_version": self.manifest_version}, self.error_code, self.error_message)
+
+    @classmethod
+    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "ReplaceRemoteSegmentsResponse":
+        return cls(*decode_error(control), field(control, "manifest_version", int, -1))
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaceRemoteSegmentsRequest(RequestMessage[ReplaceRemoteSegmentsResponse]):
+    api_key: ClassVar[ApiKey] = ApiKey.REPLACE_REMOTE_SEGMENTS
+    response_type: ClassVar[type[ReplaceRemoteSegmentsResponse]] = ReplaceRemoteSegmentsResponse
+    topic: str
+    partition: int
+    topic_id: str
+    expected_manifest_version: int
+    replaced: tuple[tuple[int, str], ...]
+    segments: tuple[RemoteSegment, ...]
+
+    def to_control(self) -> dict[str, Any]:
+        return {"topic": self.topic, "partition": self.partition, "topic_id": self.topic_id,
+                "expected_manifest_version": self.expected_manifest_version,
+                "replaced": [{"base_offset": base, "upload_id": upload_id} for base, upload_id in self.replaced],
+                "segments": [segment.to_dict() for segment in self.segments]}
+
+    @classmethod
+    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "ReplaceRemoteSegmentsRequest":
+        replaced = tuple((field(entry, "base_offset", int), field(entry, "upload_id", str))
+                         for entry in entries(control, "replaced"))
+        if not replaced:
+            raise InvalidRequestError("field 'replaced' names no segment")
+        try:
+            segments = tuple(RemoteSegment.from_dict(entry) for entry in entries(control, "segments"))
+        except CorruptManifestError as err:
+            raise InvalidRequestError(f"field 'segments': {err}") from None
+        return cls(field(control, "topic", str), field(control, "partition", int), field(control, "topic_id", str, ""),
+                   field(control, "expected_manifest_version", int), replaced, segments)
