@@ -179,3 +179,38 @@ def test_any_manifest_round_trips(specs, start_within):
     start = segments[0].base_offset + min(start_within, segments[0].next_offset - segments[0].base_offset - 1) if segments else 0
     value = PartitionManifest("t.x_y-1", 7, "", 1, start, tuple(segments))
     assert PartitionManifest.from_json(value.to_json()) == value
+
+
+def run_of(m: PartitionManifest, *indexes: int) -> list[tuple[int, str]]:
+    return [(m.segments[i].base_offset, m.segments[i].upload_id) for i in indexes]
+
+
+def test_with_segments_replaced_swaps_a_run_for_segments_within_its_offsets():
+    m = manifest(segment(0, 100), segment(100, 200), segment(200, 300), segment(300, 400))
+    swapped = m.with_segments_replaced(run_of(m, 1, 2), [segment(100, 150, upload_id="9"*16), segment(260, 290, upload_id="9"*16)])
+    assert [(s.base_offset, s.next_offset) for s in swapped.segments] == [(0, 100), (100, 150), (260, 290), (300, 400)]
+    assert swapped.log_start_offset == 0 and swapped.log_end_offset == m.log_end_offset
+    # The whole run's records removed: the offsets become a gap.
+    assert [s.base_offset for s in m.with_segments_replaced(run_of(m, 1), []).segments] == [0, 200, 300]
+
+
+def test_with_segments_replaced_moves_the_log_start_up_to_the_first_offset_still_held():
+    m = manifest(segment(0, 100), segment(100, 200), segment(200, 300), log_start_offset=50)
+    assert m.with_segments_replaced(run_of(m, 0), [segment(70, 100, upload_id="9"*16)]).log_start_offset == 70
+    assert m.with_segments_replaced(run_of(m, 0), [segment(0, 100, upload_id="9"*16)]).log_start_offset == 50  # never down
+    emptied = m.with_segments_replaced(run_of(m, 0, 1), [])
+    assert emptied.log_start_offset == 200 and [s.base_offset for s in emptied.segments] == [200]
+
+
+@pytest.mark.parametrize("case", ["not a run", "unknown upload", "last segment", "outside", "overlapping"])
+def test_with_segments_replaced_refuses_what_does_not_fit(case):
+    m = manifest(segment(0, 100), segment(100, 200), segment(200, 300), segment(300, 400))
+    replaced, segments = {
+        "not a run": (run_of(m, 0, 2), []),
+        "unknown upload": ([(100, "f" * 16)], []),
+        "last segment": (run_of(m, 2, 3), []),
+        "outside": (run_of(m, 1), [segment(150, 250, upload_id="9"*16)]),
+        "overlapping": (run_of(m, 1, 2), [segment(100, 180, upload_id="9"*16), segment(170, 190, upload_id="8"*16)]),
+    }[case]
+    with pytest.raises(ValueError):
+        m.with_segments_replaced(replaced, segments)
