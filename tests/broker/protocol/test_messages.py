@@ -32,6 +32,8 @@ from broker.protocol import (
     DescribeConfigsResponse,
     DescribeTieringRequest,
     DescribeTieringResponse,
+    ReplaceRemoteSegmentsRequest,
+    ReplaceRemoteSegmentsResponse,
     FetchPartition,
     FetchPartitionResponse,
     FetchRequest,
@@ -59,6 +61,8 @@ from broker.protocol import (
     TopicResponse,
     TopicResult,
 )
+from segment_format.manifest import RemoteSegment
+from segment_format.segment_metadata import SegmentMetadata
 
 PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -120,6 +124,12 @@ topic_results = tuples(st.builds(TopicResult, names, error_codes, messages_text)
 tiering_partitions = st.builds(TieringPartition, int32, error_codes, messages_text, st.booleans(),
                                *[offsets] * 4, int64, offsets, offsets, int64, int32, offsets, offsets, int64, int32,
                                messages_text)
+def remote_segment(base: int, records: int) -> RemoteSegment:
+    metadata = SegmentMetadata(base_offset=base, next_offset=base + records, min_timestamp=1_000, max_timestamp=2_000,
+                               size_bytes=61 * records, record_count=records, leader_epochs=((0, base),), crc32c=7)
+    return RemoteSegment.create(metadata, "0123456789abcdef", (24, 11), (28, 22))
+
+
 describe_tiering_responses = st.builds(DescribeTieringResponse, tuples(st.builds(
     TieringTopic, names, error_codes, messages_text, tuples(tiering_partitions))))
 
@@ -150,6 +160,12 @@ MESSAGES: list[tuple[str, st.SearchStrategy[Message]]] = [
     ("alter-configs-response", st.builds(AlterConfigsResponse, topic_results)),
     ("describe-tiering-request", st.builds(DescribeTieringRequest, st.none() | tuples(names))),
     ("describe-tiering-response", describe_tiering_responses),
+    ("replace-remote-segments-request", st.builds(
+        ReplaceRemoteSegmentsRequest, names, int32, st.sampled_from(["", "ab" * 16]), int32,
+        st.lists(st.tuples(st.integers(0, 2**62), st.sampled_from(["0123456789abcdef", "fedcba9876543210"])),
+                 min_size=1, max_size=3).map(tuple),
+        tuples(st.builds(remote_segment, st.integers(0, 2**40), st.integers(1, 10_000))))),
+    ("replace-remote-segments-response", st.builds(ReplaceRemoteSegmentsResponse, error_codes, messages_text, int32)),
 ]
 
 
