@@ -14,8 +14,14 @@ process. Then:
             (`remoteStorage.url`). Each source runs two queries: `agg` (count and the sum of the
             values' lengths: every value is read) and `noop` (every column materialized into the
             `noop` sink); best of `--repeat`.
+- compaction: the `compact` job's per-partition work (jobs/compact.py `compact_partition`:
+            download, offset map, compaction, segment writing, upload with verification) over a
+            file:// tier holding the log_cleaner benchmark's log (`--cleaner-records` updates of
+            100 B over `--cleaner-keys` keys in 16 MiB segments), against the broker's log cleaner
+            cleaning that same log (its first round, benchmarks/log_cleaner.py).
 
     python -m benchmarks.table_topics [--records 10000000] [--partitions 4] [--repeat 3] [--quick]
+                                      [--only sync history compaction]
 """
 from __future__ import annotations
 
@@ -74,19 +80,70 @@ def read_all(spark: Any, tiered: TieredTopic, table: str, repeat: int) -> dict[s
     return out
 
 
+def compaction_vs_cleaner(records: int, keys: int, segment_bytes: int) -> dict[str, Any]:
+    from benchmarks.log_cleaner import TIMESTAMP_MS, build_log, timed_round
+    from broker.log import LogCleaner
+    from jobs.compact import PartitionPlan, compact_partition
+    from segment_format.manifest import PartitionManifest
+    from tiered_storage import RemoteSegmentStore
+
+    directory = harness.make_temp_dir("pymq-bench-compact-")
+    manager, partition_log = build_log(directory / "data", records, keys, 1000, segment_bytes, "none")
+    try:
+        url = f"file://{directory / 'remote'}"
+        store = RemoteSegmentStore.from_url(url)
+        manifest = PartitionManifest.empty("compacted", 0)
+        for segment in partition_log.segments()[:-1]:  # the sealed ones, as tiering uploads them
+            manifest = store.commit_manifest(manifest.version, manifest.with_segment(
+                store.upload_segment("compacted", 0, segment.files)))
+        plan = PartitionPlan("compacted", 0, "", manifest.version, tuple(s.to_dict() for s in manifest.segments), url, (),
+                             TIMESTAMP_MS, 86_400_000, 5_000_000, segment_bytes)
+        harness.wait_for_writeback()
+        harness.wait_for_quiet()
+        started = time.perf_counter()
+        result = compact_partition(plan)
+        job_s = time.perf_counter() - started
+        harness.wait_for_writeback()
+        harness.wait_for_quiet()
+        cleaner = timed_round(LogCleaner(manager, clock=lambda: TIMESTAMP_MS), partition_log)
+    finally:
+        manager.close()
+        harness.remove_temp_dir(directory)
+    return {"records": records, "keys": keys, "remote_segments": len(manifest.segments),
+            "job": {"seconds": round(job_s, 2), "records_in": result.records_in, "records_kept": result.records_kept,
+                    "records_per_s": round(result.records_in / job_s), "mb_per_s": round(result.bytes_in / 2**20 / job_s, 1)},
+            "cleaner": cleaner}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.table_topics", description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=DEFAULT_RECORDS)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="~20x smaller volumes")
+    parser.add_argument("--only", nargs="*", choices=["sync", "history", "compaction"], default=["sync", "history", "compaction"])
+    parser.add_argument("--cleaner-records", type=int, default=1_000_000)
+    parser.add_argument("--cleaner-keys", type=int, default=10_000)
     args = parser.parse_args(argv)
     records = harness.scaled(args.records, args.quick)
     harness.install_cleanup()
+    results: dict[str, Any] = {"records": records, "partitions": args.partitions}
+    if "compaction" in args.only:
+        results["compaction"] = compaction_vs_cleaner(harness.scaled(args.cleaner_records, args.quick), args.cleaner_keys,
+                                                      harness.scaled(16, args.quick) << 20)
+        print("compaction", results["compaction"], flush=True)
+    if {"sync", "history"} & set(args.only):
+        sync_and_history(results, records, args)
+    results["summary"] = [row.as_dict() for row in summary(results)]
+    harness.print_table("table topics", results["summary"])
+    print("wrote", harness.write_results("table_topics", results))
+    return results
+
+
+def sync_and_history(results: dict[str, Any], records: int, args: argparse.Namespace) -> None:
     from spark_datasource import local_spark
 
     tiered = TieredTopic(records, args.partitions, SEGMENT_BYTES, cache_bytes=256 << 20)
-    results: dict[str, Any] = {"records": records, "partitions": args.partitions}
     try:
         tiered.start()
         results["topic"] = tiered.info
@@ -94,15 +151,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         try:
             results["sync"] = sync_table(spark, tiered)
             print("sync", results["sync"], flush=True)
-            results["read"] = read_all(spark, tiered, results["sync"]["table"], args.repeat)
+            if "history" in args.only:
+                results["read"] = read_all(spark, tiered, results["sync"]["table"], args.repeat)
         finally:
             spark.stop()
     finally:
         tiered.stop()
-    results["summary"] = [row.as_dict() for row in summary(results)]
-    harness.print_table("table topics", results["summary"])
-    print("wrote", harness.write_results("table_topics", results))
-    return results
 
 
 def summary(results: dict[str, Any]) -> list[SummaryRow]:
@@ -122,6 +176,14 @@ def summary(results: dict[str, Any]) -> list[SummaryRow]:
                                    f"Parquet {best['parquet']:.2f} s; format(\"pymq\") from the broker "
                                    f"{best['pymq_broker']:.2f} s, from the S3 tier {best['pymq_s3']:.2f} s; "
                                    f"best of {len(read[kind]['seconds']['history'])}"))
+    compaction = results.get("compaction")
+    if compaction:
+        job, cleaner = compaction["job"], compaction["cleaner"]
+        rows.append(SummaryRow(f"`compact` job vs the broker's cleaner, {compaction['records']:,} x 100 B over "
+                               f"{compaction['keys']:,} keys", "(report)",
+                               f"{harness.rate(job['records_per_s'])} ({job['records_per_s'] / cleaner['records_per_s']:.2f}x the cleaner)",
+                               None, f"one partition, {compaction['remote_segments']} remote segments (file://) in "
+                               f"{job['seconds']} s; the cleaner {harness.rate(cleaner['records_per_s'])} in {cleaner['seconds']} s"))
     return rows
 
 
