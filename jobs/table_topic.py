@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import pyarrow as pa
@@ -176,7 +177,8 @@ class TableTopic:
 
     def __init__(self, spark: SparkSession, location: str) -> None:
         self.spark = spark
-        self.location = location.rstrip("/")
+        # A local path is made absolute: Delta takes a relative one for a table name.
+        self.location = location.rstrip("/") if "://" in location else str(Path(location).resolve())
         self._properties: dict[str, str] | None = None  # read once: they never change after create
 
     @property

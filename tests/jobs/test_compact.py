@@ -228,3 +228,28 @@ def test_sigkill_mid_write_leaves_every_manifest_valid_and_the_history_unchanged
         store.verify_upload(topic, 0, segment)  # every object it names is whole
     after = read_all(broker.bootstrap, topic)
     assert after == history or latest_of(after) == model.live() == latest_of(history)
+
+
+def test_a_swap_that_does_not_fit_the_manifest_is_refused_by_name(broker: BrokerProcess, s3) -> None:
+    from broker.errors import InvalidRequestError, UnknownTopicOrPartitionError
+
+    url, options = s3
+    topic = "compact-refused"
+    store = RemoteSegmentStore.from_url(url, options)
+    make_topic(broker, topic)
+    wait_tiered(broker, topic, store)
+    manifest = store.load_manifest(topic, 0)
+    first, last = manifest.segments[0], manifest.segments[-1]
+    with Admin(broker.bootstrap) as admin:
+        with pytest.raises(InvalidRequestError, match="not a run"):
+            admin.replace_remote_segments(topic, 0, manifest.version, [(first.base_offset, "f" * 16)], [])
+        with pytest.raises(InvalidRequestError, match="last remote segment"):
+            admin.replace_remote_segments(topic, 0, manifest.version, [(last.base_offset, last.upload_id)], [])
+        with pytest.raises(InvalidRequestError, match="not within"):
+            admin.replace_remote_segments(topic, 0, manifest.version, [(first.base_offset, first.upload_id)], [last])
+        with pytest.raises(UnknownTopicOrPartitionError):
+            admin.replace_remote_segments("no-such-topic", 0, 1, [(0, first.upload_id)], [])
+        admin.create_topic("compact-not-tiered", partitions=1)
+        with pytest.raises(InvalidRequestError, match="not tiered"):
+            admin.replace_remote_segments("compact-not-tiered", 0, 1, [(0, first.upload_id)], [])
+    assert store.load_manifest(topic, 0) == manifest  # nothing changed
