@@ -3,7 +3,7 @@
     python -m benchmarks.run_all                    # full volumes (~15-20 min on 2 cores, plus the 10 GiB memory run)
     python -m benchmarks.run_all --quick            # every volume ~20x smaller (~2 min)
     python -m benchmarks.run_all --memory-gb 4      # a smaller memory run
-    python -m benchmarks.run_all --skip memory      # leave some out (produce, consume, latency, partitions, spark, tiered, groups, cleaner, looplag, memory)
+    python -m benchmarks.run_all --skip memory      # leave some out (produce, consume, latency, partitions, spark, tiered, tables, groups, cleaner, looplag, memory)
     python -m benchmarks.run_all --profile          # also run the py-spy profiles (benchmarks.profile)
 
 `make bench` runs `python -m benchmarks.run_all`. Each benchmark writes
@@ -15,10 +15,10 @@ import argparse
 from typing import Any
 
 from benchmarks import (consume_throughput, groups, harness, latency, log_cleaner, loop_lag, memory, partitions,
-                        produce_throughput, spark_source, tiered_storage)
+                        produce_throughput, spark_source, table_topics, tiered_storage)
 from benchmarks.harness import SummaryRow
 
-ORDER = ["produce", "consume", "latency", "partitions", "spark", "tiered", "groups", "cleaner", "looplag", "memory"]
+ORDER = ["produce", "consume", "latency", "partitions", "spark", "tiered", "tables", "groups", "cleaner", "looplag", "memory"]
 
 
 def main(argv: list[str] | None = None) -> list[SummaryRow]:
@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> list[SummaryRow]:
     if "tiered" not in args.skip:
         print("\n### tiered storage", flush=True)
         done["tiered"] = tiered_storage.main(quick)
+    if "tables" not in args.skip:
+        print("\n### table topics", flush=True)
+        done["tables"] = table_topics.main(quick)
     if "groups" not in args.skip:
         print("\n### consumer groups", flush=True)
         done["groups"] = groups.main(quick)
@@ -92,7 +95,7 @@ def summarize_existing() -> list[SummaryRow]:
     """Recompute every summary row from the stored results (with the current summary code)."""
     modules = {"produce": (produce_throughput, "produce_throughput"), "consume": (consume_throughput, "consume_throughput"),
                "latency": (latency, "latency"), "partitions": (partitions, "partitions"), "spark": (spark_source, "spark_source"),
-               "tiered": (tiered_storage, "tiered_storage"),
+               "tiered": (tiered_storage, "tiered_storage"), "tables": (table_topics, "table_topics"),
                "groups": (groups, "groups"), "cleaner": (log_cleaner, "log_cleaner"), "looplag": (loop_lag, "loop_lag"),
                "memory": (memory, "memory")}
     rows: list[SummaryRow] = []
