@@ -43,6 +43,20 @@ def consume_all():
     return _consume_all
 
 
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
+    """A bucket on a moto server (one per test module): its URL and the store options (s3fs names)."""
+    from tests.tiered_storage.backends import REGION, MotoServer, make_bucket
+
+    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log").start()
+    try:
+        bucket = make_bucket(server.endpoint_url)
+        yield f"s3://{bucket}/pymq", {"endpoint_url": server.endpoint_url, "key": "testing",
+                                      "secret": "testing", "region": REGION}
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator:
     """The one Spark session (local[2], Delta Lake, the pymq source) of the whole test run."""

@@ -26,6 +26,7 @@ import pytest
 from broker.client import Admin, Consumer, Producer
 from broker.errors import StaleManifestError
 from broker.process import BrokerProcess
+from tests.tiered_storage.backends import s3_tiering
 from jobs.compact import compact, compact_partition, plan_topic, swap
 from tiered_storage import RemoteSegmentStore
 
@@ -33,26 +34,10 @@ KEYS = 40
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
-    from tests.tiered_storage.backends import REGION, MotoServer, make_bucket
-
-    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log").start()
-    try:
-        yield f"s3://{make_bucket(server.endpoint_url)}/pymq", {
-            "endpoint_url": server.endpoint_url, "key": "testing", "secret": "testing", "region": REGION}
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
 def broker(tmp_path_factory: pytest.TempPathFactory, s3) -> Iterator[BrokerProcess]:
     url, options = s3
     process = BrokerProcess(tmp_path_factory.mktemp("compact-broker"), {
-        "remote.log.storage.system.enable": True, "remote.storage.url": url,
-        "remote.storage.s3.endpoint.url": options["endpoint_url"], "remote.storage.s3.access.key": "testing",
-        "remote.storage.s3.secret.key": "testing", "remote.storage.s3.region": options["region"],
-        "remote.log.manager.task.interval.ms": 50, "log.retention.check.interval.ms": 50, "file.delete.delay.ms": 0,
-        "log.cleaner.enable": False}).start()  # the tier is what is compacted here, not the local log
+        **s3_tiering(url, options), "log.cleaner.enable": False}).start()  # the tier is compacted here, not the local log
     yield process
     process.kill()
 

@@ -14,6 +14,7 @@ import pytest
 
 from broker.client import Admin, Producer
 from broker.process import BrokerProcess
+from tests.tiered_storage.backends import s3_tiering
 from tiered_storage import RemoteSegmentStore
 
 TOPIC = "tiered-s3"
@@ -26,29 +27,10 @@ def value_of(p: int, n: int) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str, str]]]:
-    """A bucket on a moto server: its URL and the store options (s3fs names)."""
-    from tests.tiered_storage.backends import REGION, MotoServer, make_bucket
-
-    server = MotoServer(tmp_path_factory.mktemp("moto") / "moto.log").start()
-    try:
-        bucket = make_bucket(server.endpoint_url)
-        yield f"s3://{bucket}/pymq", {"endpoint_url": server.endpoint_url, "key": "testing",
-                                      "secret": "testing", "region": REGION}
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="module")
 def tiering_broker(tmp_path_factory: pytest.TempPathFactory, s3) -> Iterator[BrokerProcess]:
     url, store_options = s3
     process = BrokerProcess(tmp_path_factory.mktemp("tiering-broker"), {
-        "remote.log.storage.system.enable": True, "remote.storage.url": url,
-        "remote.storage.s3.endpoint.url": store_options["endpoint_url"],
-        "remote.storage.s3.access.key": "testing", "remote.storage.s3.secret.key": "testing",
-        "remote.storage.s3.region": store_options["region"],
-        "remote.log.manager.task.interval.ms": 50, "log.retention.check.interval.ms": 50,
-        "file.delete.delay.ms": 0, "log.flush.scheduler.interval.ms": 20}).start()
+        **s3_tiering(url, store_options), "log.flush.scheduler.interval.ms": 20}).start()
     yield process
     process.kill()
 

@@ -94,3 +94,12 @@ def write_partition(root: Path, appends: int = 60) -> Path:
     finally:
         manager.close()
     return root / f"{TOPIC}-0"
+
+
+def s3_tiering(url: str, store_options: dict[str, str]) -> dict[str, object]:
+    """Broker settings that tier to the `s3` fixture's bucket, quickly (50 ms tiering and retention checks)."""
+    return {"remote.log.storage.system.enable": True, "remote.storage.url": url,
+            "remote.storage.s3.endpoint.url": store_options["endpoint_url"],
+            "remote.storage.s3.access.key": store_options["key"], "remote.storage.s3.secret.key": store_options["secret"],
+            "remote.storage.s3.region": store_options["region"],
+            "remote.log.manager.task.interval.ms": 50, "log.retention.check.interval.ms": 50, "file.delete.delay.ms": 0}
