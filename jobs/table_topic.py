@@ -79,7 +79,7 @@ class ValueFormat:
         except Exception as err:  # Spark's parse errors have no common base class in PySpark
             raise TableTopicError(f"value schema {ddl!r} is not a Spark DDL struct: {err}") from None
         if kind == "arrow":
-            to_arrow_schema(schema)  # fails early for types Arrow cannot carry
+            to_arrow_schema(schema, timezone="UTC")  # fails early for types Arrow cannot carry
         return cls(kind, schema)
 
     @property
@@ -132,8 +132,8 @@ def _arrow_decoder(value_schema: StructType, schema: StructType):  # noqa: ANN20
     """Decodes each value, an Arrow IPC stream of one row, into the `value` struct. Arrow has no
     kernel over many IPC streams, so this is the one per-record step of a sync; a value that is
     not such a stream (or does not cast to the schema) goes to `malformedValue`."""
-    value_type = to_arrow_schema(value_schema)
-    target = to_arrow_schema(schema)
+    value_type = to_arrow_schema(value_schema, timezone="UTC")
+    target = to_arrow_schema(schema, timezone="UTC")
 
     def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         for batch in batches:

@@ -202,3 +202,52 @@ def test_retention_job_reports_then_deletes_what_the_topic_no_longer_holds(spark
     assert left.groupBy("partition").agg({"offset": "min"}).collect() and all(
         r["min(offset)"] == starts[r["partition"]] for r in left.groupBy("partition").agg({"offset": "min"}).collect())
     assert retention(spark, options.table, broker.bootstrap, topic).partitions[0].expired_rows == 0
+
+
+def arrow_value(**row: object) -> bytes:
+    """A value as an Arrow IPC stream of one row."""
+    table = pa.table({name: [value] for name, value in row.items()})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def test_sync_decodes_arrow_ipc_values(spark, broker: BrokerProcess, tmp_path: Path) -> None:
+    topic = "table-arrow"
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(topic, partitions=1)
+    two_rows = pa.table({"page": ["/a", "/b"], "ms": [1, 2]})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, two_rows.schema) as writer:
+        writer.write_table(two_rows)
+    values = [arrow_value(page=f"/p{n}", ms=n, extra="ignored") for n in range(5)] + [b"garbage", sink.getvalue().to_pybytes()]
+    with Producer(broker.bootstrap) as producer:
+        producer.send_batch(topic, pa.table({"key": [b"k"] * len(values), "value": values}))
+        producer.flush()
+    options = SyncOptions(topic, str(tmp_path / "arrow"), broker.bootstrap, ValueFormat.parse("arrow", "page STRING, ms BIGINT"))
+    sync(spark, options)
+    rows = {r["offset"]: r for r in spark.read.format("delta").load(options.table).collect()}
+    assert [(rows[n]["value"]["page"], rows[n]["value"]["ms"]) for n in range(5)] == [(f"/p{n}", n) for n in range(5)]
+    assert rows[5]["value"] is None and bytes(rows[5]["malformedValue"]) == b"garbage"
+    assert rows[6]["value"] is None and rows[6]["malformedValue"] is not None  # two rows are not one record
+
+
+def test_a_table_on_s3a(spark, broker: BrokerProcess, s3, tmp_path: Path) -> None:
+    """The table (and the sync's checkpoint inside it) on an S3-compatible store through s3a://."""
+    url, options = s3
+    bucket = url.removeprefix("s3://").split("/")[0]
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in {"endpoint": options["endpoint_url"], "access.key": options["key"], "secret.key": options["secret"],
+                       "endpoint.region": options["region"], "connection.ssl.enabled": "false"}.items():
+        hadoop.set(f"fs.s3a.bucket.{bucket}.{key}", value)  # this bucket only: other tests see no change
+    topic = "table-s3a"
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(topic, partitions=PARTITIONS)
+    produce(broker.bootstrap, topic, 0, 200)
+    table = f"s3a://{bucket}/tables/{topic}"
+    sync(spark, SyncOptions(topic, table, broker.bootstrap, ValueFormat.parse("json", "p INT, n INT, page STRING")))
+    produce(broker.bootstrap, topic, 200, 50)
+    rows = history(spark, topic, table=table, bootstrap=broker.bootstrap).select("partition", "offset", "value.n").collect()
+    assert sorted((r["partition"], r["offset"]) for r in rows) == [(p, o) for p in range(PARTITIONS) for o in range(250)]
+    assert TableTopic(spark, table).position().offsets == {p: 200 for p in range(PARTITIONS)}
