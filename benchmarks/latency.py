@@ -119,21 +119,21 @@ def latency_consumer(bootstrap: str, topic: str, expected: int, ready: Any = Non
     import numpy as np
 
     from broker.client import Consumer
-    from broker.client.consumer import AsyncConsumer
+    from broker.client.fetcher import Fetcher
 
     harness.warm_up_arrow()
     now_ns = time.time_ns
     fetched: list[tuple[int, int, int]] = []  # (stamp, first offset, next offset)
-    absorb = AsyncConsumer._absorb
+    absorb = Fetcher._absorb
 
     def stamped_absorb(self: Any, tp: Any, data: Any) -> None:
-        stamp, start = now_ns(), self._fetch_positions[tp]
+        stamp, start = now_ns(), self._subs.fetch_positions[tp]
         absorb(self, tp, data)
-        end = self._fetch_positions.get(tp, start)
+        end = self._subs.fetch_positions.get(tp, start)
         if end > start:
             fetched.append((stamp, start, end))
 
-    AsyncConsumer._absorb = stamped_absorb  # type: ignore[method-assign]  # this process only
+    Fetcher._absorb = stamped_absorb  # type: ignore[method-assign]  # this process only
     offsets = np.zeros(expected, dtype=np.int64)
     polled_ns = np.zeros(expected, dtype=np.int64)
     count = 0
