@@ -18,8 +18,8 @@ Per record, joined by offset:
 | `ack` | just before `send()` | `on_delivery` |
 | `e2e` | just before `send()` | right after `poll()` returned it: the figure the issue's targets are for |
 
-The write and fetch stamps come from benchmark-only wrappers around `AsyncProducer._launch` (which
-writes the request before returning) and `AsyncConsumer._absorb` (the fetch response's data,
+The write and fetch stamps come from benchmark-only wrappers around `Sender._launch` (which
+writes the request before returning) and `Fetcher._absorb` (the fetch response's data,
 stamped on entry), installed in the client processes only. The first `--warmup-s` seconds of
 records are left out.
 
@@ -51,7 +51,7 @@ def latency_producer(bootstrap: str, topic: str, rate: int, duration_s: float, r
     import numpy as np
 
     from broker.client import Producer
-    from broker.client.producer import AsyncProducer
+    from broker.client.sender import Sender
 
     harness.warm_up_arrow()
     pad = b"x" * max(0, record_size - 8)
@@ -73,7 +73,7 @@ def latency_producer(bootstrap: str, topic: str, rate: int, duration_s: float, r
             offsets[delivered] = metadata.offset
         delivered += 1
 
-    launch = AsyncProducer._launch
+    launch = Sender._launch
 
     def stamped_launch(self: Any, node: int, conn: Any, batches: list[Any]) -> None:
         launch(self, node, conn, batches)
@@ -81,7 +81,7 @@ def latency_producer(bootstrap: str, topic: str, rate: int, duration_s: float, r
 
     with Producer(bootstrap, **config) as producer:
         producer.send(topic, _NS.pack(now_ns()) + pad).result(30)  # connection + metadata warm
-        AsyncProducer._launch = stamped_launch  # type: ignore[method-assign]  # this process only
+        Sender._launch = stamped_launch  # type: ignore[method-assign]  # this process only
         if ready is not None:
             ready.set()
         if go is not None:
