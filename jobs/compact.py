@@ -41,7 +41,7 @@ from rich.table import Table
 
 from broker.cli.common import KeyValue, bootstrap, bootstrap_option, spark_conf_option
 from broker.client import Admin
-from broker.errors import StaleManifestError
+from broker.errors import PymqError, StaleManifestError
 from jobs.job_config import job_defaults
 from segment_format import batch_body, record
 from segment_format.compaction import CompactionStats, build_offset_map, compact_batches
@@ -236,6 +236,8 @@ def compact(spark: SparkSession, topics: list[str], bootstrap_servers: str, url:
                             retry += plan_topic_partition(admin, store, plan, now_ms)
                             continue
                         result.status = f"conflict: {err}"
+                    except PymqError as err:  # refused or unreachable: the other partitions go on
+                        result.status = f"not swapped: {type(err).__name__}: {err}"
                 console.print(f"{result.topic}-{result.partition}: {result.status}, {result.records_in:,} records in "
                               f"{result.segments_in} segments -> {result.records_kept:,} ({result.seconds}s)")
                 results.append(result)

@@ -93,12 +93,18 @@ def retention(spark: SparkSession, location: str, bootstrap_servers: str, topic:
     if deleted:
         table.delta().delete(condition)
     horizon = vacuum_horizon_hours if vacuum_horizon_hours is not None else job_defaults("retention")["vacuum_horizon_hours"]
-    if horizon < DELTA_MIN_HORIZON_HOURS:
+    if horizon < DELTA_MIN_HORIZON_HOURS:  # below Delta's floor: lift its check for this vacuum only
+        before = spark.conf.get(DELTA_RETENTION_CHECK, None)
         spark.conf.set(DELTA_RETENTION_CHECK, "false")
-    try:
+        try:
+            table.delta().vacuum(float(horizon))
+        finally:
+            if before is None:
+                spark.conf.unset(DELTA_RETENTION_CHECK)
+            else:
+                spark.conf.set(DELTA_RETENTION_CHECK, before)
+    else:
         table.delta().vacuum(float(horizon))
-    finally:
-        spark.conf.unset(DELTA_RETENTION_CHECK)
     return RetentionReport(topic, retention_ms, cutoff_ms, partitions, deleted, True)
 
 

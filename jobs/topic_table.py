@@ -36,7 +36,7 @@ from rich.table import Table
 
 from broker.cli.common import KeyValue, bootstrap, bootstrap_option, spark_conf_option
 from broker.client import Admin
-from jobs.table_topic import TableTopic, ValueFormat, sync_metadata, to_table_rows
+from jobs.table_topic import OFFSETS_KEY, TableTopic, ValueFormat, sync_metadata, to_table_rows
 from spark_datasource.session import local_spark
 
 console = Console(stderr=True)
@@ -90,7 +90,7 @@ class BatchWriter:
         finally:
             if self.compacted:
                 records.unpersist()
-        metrics = self.last_append_metrics()
+        metrics = self.append_metrics(batch_id)
         done = {"batch": batch_id, "rows": metrics.get("numOutputRows", 0), "deleted": deleted,
                 "offsets": offsets, "seconds": time.perf_counter() - started}
         self.batches.append(done)
@@ -110,11 +110,15 @@ class BatchWriter:
         metrics = self.table.delta().history(1).select("operationMetrics").first()
         return int((metrics["operationMetrics"] or {}).get("numTargetRowsDeleted", 0)) if metrics else 0
 
-    def last_append_metrics(self) -> dict[str, int]:
-        """The operation metrics of the newest append of this query (0 rows when Delta skipped a
-        replayed batch)."""
-        recent = self.table.delta().history(3).where(F.col("operation") == "WRITE").select("operationMetrics").first()
-        return {k: int(v) for k, v in ((recent["operationMetrics"] or {}) if recent else {}).items() if v.isdigit()}
+    def append_metrics(self, batch_id: int) -> dict[str, int]:
+        """The operation metrics of this batch's append commit, found by the batch id its
+        `userMetadata` records (a replayed batch that Delta skipped reports the commit that had
+        landed before the crash); {} if none of the last commits is it."""
+        for commit in self.table.delta().history(3).select("userMetadata", "operationMetrics").collect():
+            marker = json.loads(commit["userMetadata"]) if OFFSETS_KEY in (commit["userMetadata"] or "") else {}
+            if marker.get("pymq.batchId") == batch_id:
+                return {k: int(v) for k, v in (commit["operationMetrics"] or {}).items() if v.isdigit()}
+        return {}
 
     def app_id(self) -> str:
         """The query's id, from its checkpoint's metadata file (written before the first batch)."""
