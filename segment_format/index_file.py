@@ -42,7 +42,10 @@ Entries live in memory (two arrays, for bisect) and reach the file lazily:
 append; a crash that loses queued entries is harmless because recovery rebuilds the indexes of
 every segment it scans, and a sparser index is still a correct one.
 
-The write fd is opened on first need, so loading a sealed segment's index costs no descriptor.
+The write fd is opened on first need, so loading a sealed segment's index costs no descriptor;
+a new index (`IndexKind.create`) writes its file, header and queued entries in one pwrite, at its
+first `write_pending`. Until then no file exists, which recovery treats like any missing index: the
+segment is past the recovery point (nothing flushed it) and its indexes are rebuilt from the `.log`.
 """
 from __future__ import annotations
 
@@ -103,9 +106,11 @@ class IndexKind:
         return HEADER.pack(self.magic, VERSION, self.entry.size, base_offset)
 
     def create(self, path: Path, base_offset: int) -> SparseIndex:
-        """A new empty index file (header only); an existing file at `path` is emptied."""
+        """A new empty index whose file is created, or emptied if one exists at `path`, with its
+        first write (`write_pending`, `prepare_sync`): creating a segment costs no index I/O,
+        which is most of what creating a 10,000-partition topic would otherwise cost."""
         index = SparseIndex(self, path, base_offset)
-        index._write_header()
+        index._header_written = False
         return index
 
     def load(self, path: Path, base_offset: int) -> SparseIndex:
@@ -166,6 +171,7 @@ class SparseIndex:
         self._fd: int | None = None
         self._written = 0  # entries already in the file
         self._pending = bytearray()  # packed entries queued for the file
+        self._header_written = True  # False: a created index whose file is still to be (re)made
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -271,8 +277,9 @@ class SparseIndex:
 
     def _writer(self) -> int:
         if self._fd is None:
+            flags = os.O_RDWR | os.O_CREAT | (0 if self._header_written else os.O_TRUNC)
             try:
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                self._fd = os.open(self.path, flags, 0o644)
             except OSError as err:
                 raise KafkaStorageError(f"cannot open {self.path}: {err}") from err
         return self._fd
@@ -281,6 +288,7 @@ class SparseIndex:
         """Make the file hold the header and nothing else."""
         self._ftruncate(0)
         self._pwrite(self.kind.header(self.base_offset), 0)
+        self._header_written = True
 
     def _pwrite(self, data: bytes, position: int) -> None:
         try:
@@ -297,12 +305,16 @@ class SparseIndex:
             raise KafkaStorageError(f"cannot truncate {self.path}: {err}") from err
 
     def write_pending(self) -> None:
-        """Write queued entries to the file (no fsync)."""
-        if not self._pending:
+        """Write queued entries to the file (no fsync); a created index's first call creates the
+        file with its header."""
+        if not self._header_written:
+            self._pwrite(self.kind.header(self.base_offset) + self._pending, 0)  # the fd opens with O_TRUNC
+            self._header_written = True
+        elif self._pending:
+            self._pwrite(bytes(self._pending), HEADER_SIZE + self._written * self.kind.entry.size)
+        else:
             return
-        data = bytes(self._pending)
-        self._pwrite(data, HEADER_SIZE + self._written * self.kind.entry.size)
-        self._written += len(data) // self.kind.entry.size
+        self._written += len(self._pending) // self.kind.entry.size
         self._pending.clear()
 
     def prepare_sync(self) -> int:

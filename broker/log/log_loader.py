@@ -86,7 +86,8 @@ class LogLoader:
             next_base = bases[i + 1] if i + 1 < len(bases) else None
             if i < holding and self._load_trusted(segment, next_base):
                 continue
-            if i == holding and self._load_trusted(segment, None) and segment.next_offset == self.recovery_point:
+            if (i == holding and self._load_trusted(segment, None, flushed=base < self.recovery_point)
+                    and segment.next_offset == self.recovery_point):
                 continue
             truncated = segment.recover(self.config.index_interval_bytes, self.recovery_point, next_base, self.on_batch)
             loaded.recovered.append(segment)
@@ -169,13 +170,16 @@ class LogLoader:
             raise KafkaStorageError(f"cannot complete the swap of {swap.log_path}: {err}") from err
         return end
 
-    def _load_trusted(self, segment: Segment, next_base: int | None) -> bool:
-        """Load a flushed segment from its index files. False if they are bad or disagree with the
-        `.log` (or with the next segment's base offset): rebuild them then."""
+    def _load_trusted(self, segment: Segment, next_base: int | None, flushed: bool = True) -> bool:
+        """Load a segment from its index files. False if they are bad or disagree with the `.log`
+        (or with the next segment's base offset): rebuild them then. A segment that nothing was
+        flushed to (`flushed` False) may have no index files yet, as they are made by their first
+        write: rebuilding those is routine, not worth a warning."""
         try:
             segment.load()
         except (CorruptIndexError, CorruptMessageError) as err:
-            log.warning("%s: rebuilding the indexes of %s: %s", self.directory, segment.log_path.name, err)
+            if flushed or segment.files.index.exists() and segment.files.time_index.exists():
+                log.warning("%s: rebuilding the indexes of %s: %s", self.directory, segment.log_path.name, err)
             return False
         return next_base is None or segment.next_offset <= next_base
 

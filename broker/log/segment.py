@@ -130,24 +130,16 @@ class Segment:
     @classmethod
     def create(cls, directory: Path, base_offset: int, cache: FileCache, state: str = "") -> Segment:
         """A new empty active segment (named for `state`: the log cleaner writes `.cleaned` ones).
-        Raises KafkaStorageError if its `.log` already exists or a file cannot be created; then no
-        file of the segment is left behind (a stray `.log` would make every later creation at this
-        offset fail)."""
+        Raises KafkaStorageError if its `.log` already exists or cannot be created. Only the `.log`
+        is created here: the index files are made by their first write (IndexKind.create)."""
         files = SegmentFiles(directory, base_offset, state)
         try:
             os.close(os.open(files.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         except OSError as err:
             raise KafkaStorageError(f"cannot create {files.log}: {err}") from err
         segment = cls(files, cache)
-        try:
-            segment._indexes = IndexBuilder(OFFSET_INDEX.create(files.index, base_offset),
-                                            TIME_INDEX.create(files.time_index, base_offset))
-        except BaseException:
-            with contextlib.suppress(KafkaStorageError):
-                segment.delete()
-            raise
-        finally:
-            segment._close_indexes()  # no descriptor is held between writes (see prepare_sync)
+        segment._indexes = IndexBuilder(OFFSET_INDEX.create(files.index, base_offset),
+                                        TIME_INDEX.create(files.time_index, base_offset))
         return segment
 
     @classmethod

@@ -74,18 +74,27 @@ def test_append_refuses_a_relative_offset_beyond_int32(index):
         index.append(BASE + 2**31, 5000)
 
 
-def test_create_writes_the_versioned_header(tmp_path):
-    """A new index file is exactly the 16 known header bytes."""
+def test_create_writes_the_versioned_header_at_the_first_write(tmp_path):
+    """A new index costs no I/O until it is written; then its file is exactly the 16 known
+    header bytes."""
     index = OFFSET_INDEX.create(tmp_path / f"{BASE:020d}.index", BASE)
+    assert not index.path.exists()
+    index.write_pending()
     index.close()
     assert index.path.read_bytes() == HEADER
     assert OFFSET_INDEX.header(BASE) == HEADER
 
 
 def test_entries_reach_the_file_only_when_written(index):
-    """Appends queue entries in memory; write_pending puts them after the header with one write."""
-    assert index.path.read_bytes() == HEADER
+    """Appends queue entries in memory; the first write_pending creates the file with the header
+    and them in one write, a later one adds entries after those."""
+    assert not index.path.exists()
     index.write_pending()
+    assert index.path.read_bytes() == HEADER + b"".join(struct.pack("<ii", o - BASE, p) for o, p in ENTRIES)
+    index.append(ENTRIES[-1][0] + 10, ENTRIES[-1][1] + 100)
+    index.write_pending()
+    assert index.path.read_bytes()[-8:] == struct.pack("<ii", ENTRIES[-1][0] + 10 - BASE, ENTRIES[-1][1] + 100)
+    index.truncate_entries(len(ENTRIES))
     assert index.path.read_bytes() == HEADER + b"".join(struct.pack("<ii", o - BASE, p) for o, p in ENTRIES)
 
 
@@ -126,7 +135,8 @@ def test_reset_empties_memory_and_file_but_keeps_the_header(index):
 def test_create_over_an_old_file_leaves_only_the_header(tmp_path):
     """An index re-created at a path that held entries of old data starts empty."""
     path = index_file(tmp_path, RELATIVE_ENTRIES)
-    OFFSET_INDEX.create(path, BASE).close()
+    index = OFFSET_INDEX.create(path, BASE)
+    index.flush()
     assert path.read_bytes() == HEADER
 
 

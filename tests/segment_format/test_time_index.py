@@ -78,7 +78,7 @@ def test_truncate_to_removes_entries_at_and_above(index, offset, remaining):
 def test_create_writes_the_versioned_header(tmp_path):
     """A new time index file is exactly the 16 known header bytes."""
     index = TIME_INDEX.create(tmp_path / f"{BASE:020d}.timeindex", BASE)
-    index.close()
+    index.flush()
     assert index.path.read_bytes() == HEADER
     assert TIME_INDEX.header(BASE) == HEADER
 

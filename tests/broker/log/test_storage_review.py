@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
 
 import pytest
@@ -17,6 +18,8 @@ from broker.log import LogManager, TopicLogSpec, leader_epoch
 from broker.log_writer import LogWriter
 from broker.purgatory import DelayedOperationPurgatory
 from broker.replica_manager import ReplicaManager
+from segment_format.layout import SegmentFiles
+from segment_format.index_file import HEADER_SIZE, OFFSET_INDEX, TIME_INDEX
 
 from tests.broker.log.appends import append
 from tests.broker.log.conftest import crash
@@ -135,37 +138,33 @@ def test_a_log_deleted_with_a_flush_due_is_not_flushed_again_and_again(tmp_path,
 # --- a segment creation that fails half way --------------------------------------------------
 
 
-def fail_next_creation_of(monkeypatch, suffix: str) -> None:
-    """The next os.open that creates a file ending in `suffix` fails with EMFILE (out of fds)."""
-    real_open, failed = os.open, []
-
-    def open_file(path, flags, mode=0o777, *, dir_fd=None):
-        if flags & os.O_CREAT and str(path).endswith(suffix) and not failed:
-            failed.append(path)
-            raise OSError(errno.EMFILE, "Too many open files")
-        return real_open(path, flags, mode, dir_fd=dir_fd)
-
-    monkeypatch.setattr(os, "open", open_file)
-
-
-@pytest.mark.parametrize("suffix", [".index", ".timeindex"])
-def test_a_roll_whose_index_cannot_be_created_leaves_no_file_and_the_next_roll_works(unified_log, batch, monkeypatch,
-                                                                                       suffix):
-    """The new segment's `.log` was created, then its index could not be: the append fails whole,
-    and no file of the new segment stays behind (its `.log` would make every later roll at that
-    offset fail with 'File exists': the partition could never take another segment)."""
+def test_a_new_segment_creates_its_index_files_at_their_first_write(unified_log, batch):
+    """A roll creates only the new `.log` (creating a 10,000-partition topic would otherwise pay
+    for 20,000 index files up front); the indexes appear, header first, when the segment is
+    flushed, and load back as an empty, valid pair."""
     partition_log = unified_log()
-    for _ in range(3):
+    for _ in range(4):
         append(partition_log, batch(R))
-    before = sorted(p.name for p in partition_log.directory.iterdir())
-    fail_next_creation_of(monkeypatch, suffix)
-    with pytest.raises(KafkaStorageError, match="Too many open files"):
-        append(partition_log, batch(R))
-    monkeypatch.undo()
-    assert sorted(p.name for p in partition_log.directory.iterdir()) == before
-    info = append(partition_log, batch(R))
-    assert info.first_offset == 3 * R
-    assert [s.base_offset for s in partition_log.segments()] == [0, 3 * R]
+    active = partition_log.segments()[-1]
+    assert active.base_offset == 3 * R
+    assert not active.files.index.exists() and not active.files.time_index.exists()
+    partition_log.flush()
+    for kind, path in ((OFFSET_INDEX, active.files.index), (TIME_INDEX, active.files.time_index)):
+        assert path.read_bytes()[:HEADER_SIZE] == kind.header(3 * R)
+        kind.load(path, 3 * R).sanity_check(active.size)
+
+
+def test_a_crash_before_the_first_flush_recovers_the_log_quietly(logs, batch, caplog):
+    """Killed before anything was flushed, a new log has a `.log` and no index files: the restart
+    rebuilds them without a warning (10,000 new partitions would log 10,000) and takes appends."""
+    logs.open()
+    logs.crash()
+    with caplog.at_level(logging.WARNING, logger="broker.log"):
+        partition_log = logs.open()
+    assert [r.getMessage() for r in caplog.records] == []
+    assert append(partition_log, batch(R)).first_offset == 0
+    logs.close()
+    assert len(OFFSET_INDEX.load(SegmentFiles(logs.directory / "topic-0", 0).index, 0)) == 0
 
 
 def fail_nth_creation_of(monkeypatch, suffix: str, n: int) -> None:
@@ -190,7 +189,7 @@ def test_a_roll_that_cannot_seal_the_old_segment_removes_the_new_one(unified_log
     for _ in range(3):
         append(partition_log, batch(R))
     before = sorted(p.name for p in partition_log.directory.iterdir())
-    fail_nth_creation_of(monkeypatch, ".index", 2)  # the new segment's index, then the old one's
+    fail_nth_creation_of(monkeypatch, ".index", 1)  # the old segment's, at its seal (the new one's waits)
     with pytest.raises(KafkaStorageError, match="Too many open files"):
         append(partition_log, batch(R))
     monkeypatch.undo()
