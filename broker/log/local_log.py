@@ -309,8 +309,12 @@ class LocalLog:
             segment.close()
 
     def delete_directory(self) -> None:
-        """Close every segment and remove the directory."""
-        self.close()
+        """Delete every segment and remove the directory. Not `close` first: that would write
+        queued index entries, and create the index files of a segment that has none yet, only for
+        them to be removed (and a rollback of a creation that failed for want of descriptors or
+        space would fail again on them)."""
+        for segment in self.segments:
+            segment.delete()
         try:
             shutil.rmtree(self.directory)
         except FileNotFoundError:

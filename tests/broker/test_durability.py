@@ -282,7 +282,7 @@ def test_topic_creation_failing_part_way_rolls_back_and_the_broker_restarts(faul
     client = raw_client(faulty.port)
     survivor = create_topic(client)
     produce(client, survivor, batch(b"kept"))
-    (faulty.faults / "create.budget").write_text("100")  # ~3 files per partition: fails near partition 33
+    (faulty.faults / "create.budget").write_text("30")  # 1 file (its .log) per partition: fails at partition 31
     reply, _ = client.request(ApiKey.CREATE_TOPICS, {"topics": [
         {"name": "half", "num_partitions": 50, "replication_factor": 1, "configs": {}}]})
     assert reply["topics"][0]["error_code"] == KafkaStorageError.code, reply
