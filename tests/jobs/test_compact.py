@@ -154,9 +154,22 @@ def test_compaction_keeps_the_latest_value_of_each_key_and_erases_tombstoned_one
     assert result.records_kept < result.records_in and result.tombstones_removed > 0
 
 
-def test_a_swap_racing_a_new_upload_is_refused_and_leaves_nothing(broker: BrokerProcess, s3) -> None:
+def upload_more(model: Model, broker: BrokerProcess) -> None:
+    """The broker uploads new segments: its manifest gains some at the end."""
+    for _ in range(4):
+        model.round(range(20, KEYS))
+
+
+def apply_retention(model: Model, broker: BrokerProcess) -> None:
+    """The broker's retention expires the oldest remote segments: its manifest loses some at the start."""
+    with Admin(broker.bootstrap) as admin:
+        admin.alter_configs(model.topic, {"cleanup.policy": "compact,delete", "retention.bytes": 24 << 10})
+
+
+@pytest.mark.parametrize("race", [upload_more, apply_retention], ids=["new-upload", "retention"])
+def test_a_swap_racing_the_broker_is_refused_and_leaves_nothing(broker: BrokerProcess, s3, race) -> None:
     url, options = s3
-    topic = "compact-race"
+    topic = f"compact-race-{race.__name__.replace('_', '-')}"
     store = RemoteSegmentStore.from_url(url, options)
     model = make_topic(broker, topic)
     wait_tiered(broker, topic, store)
@@ -164,13 +177,13 @@ def test_a_swap_racing_a_new_upload_is_refused_and_leaves_nothing(broker: Broker
         (plan,), why_not = plan_topic(admin, store, url, tuple(sorted(options.items())), topic, 1_000_000,
                                       int(time.time() * 1000))
     assert why_not is None
+    before_start = store.load_manifest(topic, 0).segments[0].base_offset
     result = compact_partition(plan)
     assert result.status == "compacted" and result.segments
-    for _ in range(4):  # the broker uploads more: its manifest moves on
-        model.round(range(20, KEYS))
+    race(model, broker)
     deadline = time.monotonic() + 30
-    while store.load_manifest(topic, 0).version == plan.manifest_version:
-        assert time.monotonic() < deadline, "no new upload"
+    while store.load_manifest(topic, 0).version == plan.manifest_version:  # the broker's manifest moves on
+        assert time.monotonic() < deadline, f"the manifest did not move ({race.__name__})"
         time.sleep(0.05)
     with Admin(broker.bootstrap) as admin, pytest.raises(StaleManifestError):
         swap(admin, store, result, plan.topic_id)
@@ -179,7 +192,12 @@ def test_a_swap_racing_a_new_upload_is_refused_and_leaves_nothing(broker: Broker
     assert not ours & {s.upload_id for s in manifest.segments}
     names = {Path(path).name for path in store.fs.ls(store.partition_path(topic, 0))}
     assert not [name for name in names if any(upload_id in name for upload_id in ours)]  # its objects deleted
-    assert latest_of(read_all(broker.bootstrap, topic)) == model.live()
+    for segment in manifest.segments:
+        store.verify_upload(topic, 0, segment)
+    if race is upload_more:  # retention has removed records on purpose; an upload removes none
+        assert latest_of(read_all(broker.bootstrap, topic)) == model.live()
+    else:
+        assert manifest.segments[0].base_offset > before_start
 
 
 def test_sigkill_mid_write_leaves_every_manifest_valid_and_the_history_unchanged(broker: BrokerProcess, s3,
