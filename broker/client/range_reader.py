@@ -135,9 +135,13 @@ async def read_range(cluster: Cluster, topic: str, partition: int, start: int, e
                 gone = DataLossError(f"{topic}-{partition}: offsets {position}..{end - 1} are not in the log any more "
                                      f"(its end is {answer.high_watermark}: truncated?)", topic, partition, position, end)
                 await retry.after(gone)
-            else:  # a batch larger than max_bytes: the broker sends it whole, so this is a broker bug
-                raise PymqError(f"{topic}-{partition}: fetch at {position} returned no batch below the high "
-                                f"watermark {answer.high_watermark}")
+            else:
+                # Nothing yet: the broker's remote read (tiered storage) outlasted its
+                # remote.fetch.max.wait.ms and the answer came back empty, as Kafka's does. The
+                # read goes on in the broker, which keeps its result for the next fetch: fetch again.
+                await retry.after(RequestTimedOutError(
+                    f"{topic}-{partition}: fetches at {position} returned no batch below the high watermark "
+                    f"{answer.high_watermark} (a remote read that does not finish?)"))
 
 
 def _rows_before(batch: FetchedBatch, end: int) -> int:

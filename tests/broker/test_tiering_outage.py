@@ -488,3 +488,31 @@ def test_store_resetting_connections_tiering_waits_its_backoff(scenario, proxy):
         assert waited >= (delay - 20) / 1000, (count, delay, waited, failures, proxy.reset_requests)
     proxy.up()
     recover(scenario, down_manifest)
+
+
+def test_a_range_read_waits_out_a_hung_store(scenario, proxy):
+    """A range read (what a Spark task does) from offset 0 while the store hangs: the broker's
+    remote read outlasts remote.fetch.max.wait.ms, so fetches come back empty below the high
+    watermark (as Kafka's do). The read fetches again rather than failing, and once the store is
+    back it returns every record once, in order."""
+    import asyncio
+
+    from broker.client.cluster import Cluster
+    from broker.client.range_reader import read_range
+
+    tier_some(scenario, 6)
+    end = scenario.produced
+
+    async def read_all() -> list[bytes]:
+        cluster = Cluster(scenario.broker.bootstrap)
+        try:
+            values: list[bytes] = []
+            async for batches in read_range(cluster, TOPIC, 0, 0, end, retry_timeout_s=60):
+                values += [v for b in batches for v in b.body.column("value").to_pylist()]
+            return values
+        finally:
+            await cluster.close()
+
+    proxy.hang()
+    threading.Timer(2.0, proxy.up).start()  # four expiries of the broker's 500 ms wait, then back
+    assert asyncio.run(read_all()) == [value(i) for i in range(end)]
