@@ -7,12 +7,15 @@ The notebooks take their broker, topic, table and group from the environment (`P
 `PYMQ_TOPIC`, `PYMQ_TABLE`, `PYMQ_GROUP`), with defaults for the demo broker, so they run as they
 are against any broker. `sample_shop(...)` builds what they are shown with here: a tiered topic of
 click events over two days (three dates), a Delta table synced up to the last half hour (the rest on the broker
-and in the tier), and a consumer group that is behind. Each notebook runs in its own kernel
-(nbclient, the `python3` kernel of this interpreter); a cell that raises fails the run.
+and in the tier), and a consumer group that is behind. The notebooks run one after the other in one
+kernel (nbclient, the `python3` kernel of this interpreter), its namespace reset before each
+(`%reset -f`: a notebook that forgets an import or a variable still fails), so Python, Spark's JVM
+and its first-query costs are paid once, not per notebook; a cell that raises fails its notebook.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import tempfile
@@ -22,7 +25,9 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pyarrow as pa
+from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
+from nbclient.exceptions import CellExecutionError
 from pyspark.sql import SparkSession
 
 from broker.client import Admin, Producer
@@ -80,24 +85,52 @@ def notebooks() -> list[Path]:
     return sorted(NOTEBOOKS.glob("*.ipynb"))
 
 
-def execute(path: Path, env: dict[str, str], write: bool = False, timeout_s: int = 600) -> nbformat.NotebookNode:
-    """Run every cell of the notebook at `path` in a fresh kernel with `env` set; raises
-    nbclient's CellExecutionError naming the cell that failed. With `write`, save the outputs."""
-    notebook = nbformat.read(path, as_version=4)
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
+def execute(paths: list[Path], env: dict[str, str], write: bool = False,
+            timeout_s: int = 600) -> dict[Path, nbformat.NotebookNode | CellExecutionError]:
+    """Run every cell of each notebook at `paths`, in order, in one kernel started with `env` in
+    its environment; per notebook the executed notebook, or the CellExecutionError naming the cell
+    that failed (the next notebook still runs). With `write`, save each executed notebook."""
+    return asyncio.run(_execute(paths, {**os.environ, **env}, write, timeout_s))
+
+
+async def _execute(paths: list[Path], env: dict[str, str], write: bool,
+                   timeout_s: int) -> dict[Path, nbformat.NotebookNode | CellExecutionError]:
+    kernel = AsyncKernelManager(kernel_name="python3")
+    await kernel.start_kernel(env=env, cwd=str(NOTEBOOKS))
+    client = kernel.client()
+    client.start_channels()
+    results: dict[Path, nbformat.NotebookNode | CellExecutionError] = {}
     try:
-        NotebookClient(notebook, timeout=timeout_s, kernel_name="python3",
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
+        await client.wait_for_ready(timeout=timeout_s)
+        for path in paths:
+            await _reset(client, timeout_s)
+            notebook = nbformat.read(path, as_version=4)
+            runner = NotebookClient(notebook, km=kernel, timeout=timeout_s, kernel_name="python3",
+                                    resources={"metadata": {"path": str(path.parent)}})
+            runner.kc = client  # the kernel's one client: nbclient neither starts nor stops another
+            try:
+                await runner.async_execute()
+                results[path] = notebook
+            except CellExecutionError as err:
+                results[path] = err
+                continue
+            if write:
+                nbformat.write(notebook, path)
     finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-    if write:
-        nbformat.write(notebook, path)
-    return notebook
+        client.stop_channels()
+        await kernel.shutdown_kernel(now=True)
+    return results
+
+
+async def _reset(client, timeout_s: int) -> None:  # type: ignore[no-untyped-def]
+    """Empty the kernel's namespace (`%reset -f`) and wait for the reply."""
+    msg_id = client.execute("%reset -f", silent=True, store_history=False)
+    while True:
+        reply = await client.get_shell_msg(timeout=timeout_s)
+        if reply["parent_header"].get("msg_id") == msg_id:
+            if reply["content"]["status"] != "ok":
+                raise RuntimeError(f"cannot reset the notebook kernel: {reply['content']}")
+            return
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,10 +145,13 @@ def main(argv: list[str] | None = None) -> None:
             spark = local_spark("pymq-notebook-data")
             env = sample_shop(spark, broker.bootstrap, str(Path(tmp) / "tables" / "shop_clicks"))
             spark.stop()
-            for path in notebooks():
-                started = time.perf_counter()
-                execute(path, env, write=not args.check)
-                print(f"{path.name}: ok in {time.perf_counter() - started:.0f}s", flush=True)
+            started = time.perf_counter()
+            results = execute(notebooks(), env, write=not args.check)
+            for path, result in results.items():
+                print(f"{path.name}: {'ok' if isinstance(result, nbformat.NotebookNode) else result}", flush=True)
+            print(f"{len(results)} notebooks in {time.perf_counter() - started:.0f}s", flush=True)
+            if not all(isinstance(result, nbformat.NotebookNode) for result in results.values()):
+                raise SystemExit(1)
         finally:
             broker.stop()
 

@@ -1,4 +1,4 @@
-"""The notebooks in notebooks/, executed end to end (nbclient, a fresh kernel each) against a real
+"""The notebooks in notebooks/, executed end to end (nbclient, one kernel reset between them) against a real
 broker holding the sample data jobs/notebooks.py makes: a tiered topic, its Delta table synced to
 the middle, a lagging consumer group. A cell that raises fails the test, naming the cell."""
 from __future__ import annotations
@@ -7,6 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+import nbformat
 
 from broker.process import BrokerProcess
 from jobs.notebooks import TIERING_BROKER, execute, notebooks, sample_shop
@@ -22,13 +24,20 @@ def shop(spark, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         broker.kill()
 
 
+@pytest.fixture(scope="module")
+def executed(shop: dict[str, str]) -> dict[Path, nbformat.NotebookNode | Exception]:
+    return execute(notebooks(), shop)
+
+
 def test_there_are_notebooks() -> None:
     assert [p.name for p in notebooks()] == ["01_topic_history.ipynb", "02_table_topic.ipynb", "03_operations.ipynb"]
 
 
 @pytest.mark.parametrize("path", notebooks(), ids=lambda p: p.stem)
-def test_notebook_runs_without_errors(shop: dict[str, str], path: Path) -> None:
-    executed = execute(path, shop)
-    outputs = [o for cell in executed.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
+def test_notebook_runs_without_errors(executed: dict[Path, nbformat.NotebookNode | Exception], path: Path) -> None:
+    notebook = executed[path]
+    if isinstance(notebook, Exception):
+        raise notebook
+    outputs = [o for cell in notebook.cells if cell.cell_type == "code" for o in cell.get("outputs", [])]
     assert not [o for o in outputs if o.get("output_type") == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs) or path.stem == "02_table_topic"
