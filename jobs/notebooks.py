@@ -25,6 +25,7 @@ from pathlib import Path
 import nbformat
 import numpy as np
 import pyarrow as pa
+from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
@@ -122,7 +123,7 @@ async def _execute(paths: list[Path], env: dict[str, str], write: bool,
     return results
 
 
-async def _reset(client, timeout_s: int) -> None:  # type: ignore[no-untyped-def]
+async def _reset(client: AsyncKernelClient, timeout_s: int) -> None:
     """Empty the kernel's namespace (`%reset -f`) and wait for the reply."""
     msg_id = client.execute("%reset -f", silent=True, store_history=False)
     while True:

@@ -109,9 +109,7 @@ class IndexKind:
         """A new empty index whose file is created, or emptied if one exists at `path`, with its
         first write (`write_pending`, `prepare_sync`): creating a segment costs no index I/O,
         which is most of what creating a 10,000-partition topic would otherwise cost."""
-        index = SparseIndex(self, path, base_offset)
-        index._header_written = False
-        return index
+        return SparseIndex(self, path, base_offset, file_made=False)
 
     def load(self, path: Path, base_offset: int) -> SparseIndex:
         """Read the entries of an existing file. Raises CorruptIndexError if it is missing or
@@ -162,7 +160,7 @@ class SparseIndex:
     Not thread-safe on its own: the owning segment serializes calls.
     """
 
-    def __init__(self, kind: IndexKind, path: Path, base_offset: int) -> None:
+    def __init__(self, kind: IndexKind, path: Path, base_offset: int, file_made: bool = True) -> None:
         self.kind = kind
         self.path = path
         self.base_offset = base_offset
@@ -171,7 +169,7 @@ class SparseIndex:
         self._fd: int | None = None
         self._written = 0  # entries already in the file
         self._pending = bytearray()  # packed entries queued for the file
-        self._header_written = True  # False: a created index whose file is still to be (re)made
+        self._header_written = file_made  # False: a created index whose file is still to be (re)made
 
     def __len__(self) -> int:
         return len(self._keys)
