@@ -204,24 +204,24 @@ def test_retention_job_reports_then_deletes_what_the_topic_no_longer_holds(spark
     assert retention(spark, options.table, broker.bootstrap, topic).partitions[0].expired_rows == 0
 
 
-def arrow_value(**row: object) -> bytes:
-    """A value as an Arrow IPC stream of one row."""
-    table = pa.table({name: [value] for name, value in row.items()})
+def ipc_stream(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     return sink.getvalue().to_pybytes()
 
 
+def arrow_value(**row: object) -> bytes:
+    """A value as an Arrow IPC stream of one row."""
+    return ipc_stream(pa.table({name: [value] for name, value in row.items()}))
+
+
 def test_sync_decodes_arrow_ipc_values(spark, broker: BrokerProcess, tmp_path: Path) -> None:
     topic = "table-arrow"
     with Admin(broker.bootstrap) as admin:
         admin.create_topic(topic, partitions=1)
-    two_rows = pa.table({"page": ["/a", "/b"], "ms": [1, 2]})
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, two_rows.schema) as writer:
-        writer.write_table(two_rows)
-    values = [arrow_value(page=f"/p{n}", ms=n, extra="ignored") for n in range(5)] + [b"garbage", sink.getvalue().to_pybytes()]
+    two_rows = ipc_stream(pa.table({"page": ["/a", "/b"], "ms": [1, 2]}))
+    values = [arrow_value(page=f"/p{n}", ms=n, extra="ignored") for n in range(5)] + [b"garbage", two_rows]
     with Producer(broker.bootstrap) as producer:
         producer.send_batch(topic, pa.table({"key": [b"k"] * len(values), "value": values}))
         producer.flush()
