@@ -35,6 +35,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BinaryType, DataType, StringType, StructField, StructType
 
+from jobs.table_log import TableLog, TableTopicError
 from spark_datasource.schema import spark_schema
 
 VALUE_FORMATS = ("binary", "json", "arrow")
@@ -49,11 +50,6 @@ _CORRUPT_FIELD = "_pymq_corrupt"
 # Commits read to find the newest sync commit: the sync makes most commits, so it is nearly always
 # among the last few; only a long run of others (deletes, vacuums, optimizes) makes the whole log be read.
 RECENT_COMMITS = 32
-
-
-class TableTopicError(ValueError):
-    """A table that is not the table topic asked for (another topic, another value format), or a
-    value format that cannot be used."""
 
 
 @dataclass(frozen=True)
@@ -179,6 +175,8 @@ class TableTopic:
         self.spark = spark
         # A local path is made absolute: Delta takes a relative one for a table name.
         self.location = location.rstrip("/") if "://" in location else str(Path(location).resolve())
+        hadoop = spark._jsc.hadoopConfiguration()  # type: ignore[attr-defined]
+        self.log = TableLog.of(self.location, hadoop.get)
         self._properties: dict[str, str] | None = None  # read once: they never change after create
 
     @property
@@ -188,17 +186,17 @@ class TableTopic:
         return f"{self.location}/_pymq_sync_checkpoint"
 
     def exists(self) -> bool:
-        return DeltaTable.isDeltaTable(self.spark, self.location)
+        return self.log.exists()
 
     def delta(self) -> DeltaTable:
+        """The table for Spark's operations on it (delete, merge, vacuum)."""
         if not self.exists():
             raise TableTopicError(f"{self.location} is not a Delta table (has `pymq table sync` run?)")
         return DeltaTable.forPath(self.spark, self.location)
 
     def properties(self) -> dict[str, str]:
         if self._properties is None:
-            detail = self.delta().detail().select("properties").first()
-            self._properties = dict(detail["properties"] or {}) if detail else {}
+            self._properties = self.log.properties()
         return self._properties
 
     def topic(self) -> str:
@@ -244,10 +242,10 @@ class TableTopic:
     def position(self) -> TablePosition:
         """The table's latest version and the offsets of the newest sync commit at or below it
         (offsets {} when nothing was synced yet)."""
-        commits = self.delta().history(RECENT_COMMITS).select("version", "userMetadata").collect()
-        if not any(OFFSETS_KEY in (c["userMetadata"] or "") for c in commits) and min(c["version"] for c in commits) > 0:
-            commits = self.delta().history().select("version", "userMetadata").collect()  # a long run of other commits
-        marked = [c for c in commits if OFFSETS_KEY in (c["userMetadata"] or "")]
+        commits = self.log.commits(RECENT_COMMITS)
+        if not any(OFFSETS_KEY in (c.get("userMetadata") or "") for c in commits) and min(c["version"] for c in commits) > 0:
+            commits = self.log.commits(None)  # a long run of other commits
+        marked = [c for c in commits if OFFSETS_KEY in (c.get("userMetadata") or "")]
         newest = max(marked, key=lambda c: c["version"]) if marked else None
         offsets = json.loads(newest["userMetadata"])[OFFSETS_KEY] if newest else {}
         return TablePosition(max(c["version"] for c in commits), {int(p): int(o) for p, o in offsets.items()})

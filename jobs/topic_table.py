@@ -107,17 +107,17 @@ class BatchWriter:
         (DeltaTable.forPath(self.table.spark, self.table.location).alias("t")
          .merge(tombstones.alias("s"), "t.partition = s.partition AND t.key = s.key AND t.offset < s.offset")
          .whenMatchedDelete().execute())
-        metrics = self.table.delta().history(1).select("operationMetrics").first()
-        return int((metrics["operationMetrics"] or {}).get("numTargetRowsDeleted", 0)) if metrics else 0
+        merge = self.table.log.commits(1)
+        return int((merge[0].get("operationMetrics") or {}).get("numTargetRowsDeleted", 0)) if merge else 0
 
     def append_metrics(self, batch_id: int) -> dict[str, int]:
         """The operation metrics of this batch's append commit, found by the batch id its
         `userMetadata` records (a replayed batch that Delta skipped reports the commit that had
         landed before the crash); {} if none of the last commits is it."""
-        for commit in self.table.delta().history(3).select("userMetadata", "operationMetrics").collect():
-            marker = json.loads(commit["userMetadata"]) if OFFSETS_KEY in (commit["userMetadata"] or "") else {}
+        for commit in self.table.log.commits(3):
+            marker = json.loads(commit["userMetadata"]) if OFFSETS_KEY in (commit.get("userMetadata") or "") else {}
             if marker.get("pymq.batchId") == batch_id:
-                return {k: int(v) for k, v in (commit["operationMetrics"] or {}).items() if v.isdigit()}
+                return {k: int(v) for k, v in (commit.get("operationMetrics") or {}).items() if str(v).isdigit()}
         return {}
 
     def app_id(self) -> str:
