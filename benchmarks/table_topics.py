@@ -15,14 +15,16 @@ process. Then:
             column materialized into the `noop` sink). A time is what a user waits for: building
             the DataFrame (for history(), reading the table's log and asking the broker for its
             end offsets) plus the query. One untimed round warms the JVM's JIT first; then
-            `--repeat` rounds, each in another order of the sources; the median and the best.
+            `--repeat` rounds, the sources back to back in each, each round in another order;
+            the median and the best. `delta` (the same table read by Delta Lake alone, with no
+            pymq) is the ceiling history() can reach.
 - compaction: the `compact` job's per-partition work (jobs/compact.py `compact_partition`:
             download, offset map, compaction, segment writing, upload with verification) over a
             file:// tier holding the log_cleaner benchmark's log (`--cleaner-records` updates of
             100 B over `--cleaner-keys` keys in 16 MiB segments), against the broker's log cleaner
             cleaning that same log (its first round, benchmarks/log_cleaner.py).
 
-    python -m benchmarks.table_topics [--records 10000000] [--partitions 4] [--repeat 5] [--quick]
+    python -m benchmarks.table_topics [--records 10000000] [--partitions 4] [--repeat 7] [--quick]
                                       [--only sync history compaction]
 """
 from __future__ import annotations
@@ -63,22 +65,22 @@ def read_all(spark: Any, tiered: TieredTopic, table: str, repeat: int) -> dict[s
             "endingOffsets": tiered.ending_offsets()}
     sources = {
         "history": lambda: history(spark, TOPIC, table=table, bootstrap=tiered.broker.bootstrap).select(*columns),
+        "delta": lambda: spark.read.format("delta").load(table).select(*columns),  # the ceiling: Delta alone
         "parquet": lambda: spark.read.parquet(str(parquet)),
         "pymq_broker": lambda: spark.read.format("pymq").options(**base).load(),
         "pymq_s3": lambda: spark.read.format("pymq").options(**base, **{"remoteStorage.url": tiered.url},
                                                              **tiered.moto.spark_options()).load(),
     }
     out: dict[str, Any] = {"parquet_bytes": harness.dir_size_bytes(parquet)}
+    names = list(sources)
     for kind in ("agg", "noop"):
         for frame in sources.values():  # warm-up: the JIT compiles the read paths before any timing
             timed(frame(), kind)
-    names = list(sources)
-    for kind in ("agg", "noop"):
         times: dict[str, list[float]] = {name: [] for name in sources}
         answers: dict[str, Any] = {}
         for round_ in range(repeat):
-            for name in names[round_ % len(names):] + names[:round_ % len(names)]:  # each round another order
-                harness.wait_for_quiet()
+            harness.wait_for_quiet()  # once per round: the sources then run back to back, each round in another order
+            for name in names[round_ % len(names):] + names[:round_ % len(names)]:
                 started = time.perf_counter()
                 _, answer = timed(sources[name](), kind)
                 times[name].append(round(time.perf_counter() - started, 2))
@@ -127,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.table_topics", description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=DEFAULT_RECORDS)
     parser.add_argument("--partitions", type=int, default=4)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="~20x smaller volumes")
     parser.add_argument("--only", nargs="*", choices=["sync", "history", "compaction"], default=["sync", "history", "compaction"])
     parser.add_argument("--cleaner-records", type=int, default=1_000_000)
@@ -184,7 +186,8 @@ def summary(results: dict[str, Any]) -> list[SummaryRow]:
                                    f"{median['history']:.2f} s ({ratio:.2f}x Parquet)", ratio >= 0.9,
                                    f"median of {len(read[kind]['seconds']['history'])} (best: history() "
                                    f"{best['history']:.2f} s, {best['parquet'] / best['history']:.2f}x); Parquet "
-                                   f"{median['parquet']:.2f} s; format(\"pymq\") from the broker "
+                                   f"{median['parquet']:.2f} s; Delta alone {median['delta']:.2f} s "
+                                   f"({median['parquet'] / median['delta']:.2f}x); format(\"pymq\") from the broker "
                                    f"{median['pymq_broker']:.2f} s, from the S3 tier {median['pymq_s3']:.2f} s"))
     compaction = results.get("compaction")
     if compaction:
