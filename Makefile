@@ -22,7 +22,7 @@ run: venv
 	$(BIN)/python -m jobs.demo
 
 test: venv
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 bench: venv
 	$(BIN)/python -m benchmarks.run_all

@@ -37,6 +37,21 @@ def _consume_all(bootstrap: str, topic: str, partitions: int, expected: int, tim
         consumer.close()
 
 
+SPARK_GROUP = "spark"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the test ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for `make test`'s parallel run (pytest-xdist, `--dist loadgroup`): each module runs
+    whole on one worker, so its module fixtures (brokers, data) are set up once, and every module
+    that uses the `spark` fixture runs on one and the same worker, so a run still starts one
+    Spark session. Without xdist the marks do nothing."""
+    spark_modules = {item.nodeid.split("::")[0] for item in items if "spark" in getattr(item, "fixturenames", ())}
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(SPARK_GROUP if module in spark_modules else module))
+
+
 @pytest.fixture(scope="session")
 def consume_all():
     """consume_all(bootstrap, topic, partitions, expected) -> pyarrow.Table of every record."""
