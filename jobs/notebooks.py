@@ -11,6 +11,8 @@ and in the tier), and a consumer group that is behind. The notebooks run one aft
 kernel (nbclient, the `python3` kernel of this interpreter), its namespace reset before each
 (`%reset -f`: a notebook that forgets an import or a variable still fails), so Python, Spark's JVM
 and its first-query costs are paid once, not per notebook; a cell that raises fails its notebook.
+The sample data is made in that kernel too (`make_sample`, before the first notebook), with the
+Spark session the notebooks then use: one JVM for the whole run.
 """
 from __future__ import annotations
 
@@ -58,8 +60,21 @@ def clicks(n: int, start_ms: int, span_ms: int, seed: int) -> pa.Table:
                      "timestamp": pa.array(times, pa.timestamp("ms", tz="UTC"))})
 
 
-def sample_shop(spark: SparkSession, bootstrap: str, table: str, events: int = 6_000) -> dict[str, str]:
-    """Create and fill the sample topic, table and group; the environment the notebooks read."""
+def shop_env(bootstrap: str, table: str) -> dict[str, str]:
+    """The environment the notebooks read, for the sample data at `bootstrap` and `table`."""
+    return {"PYMQ_BOOTSTRAP": bootstrap, "PYMQ_TOPIC": TOPIC, "PYMQ_TABLE": table, "PYMQ_GROUP": GROUP}
+
+
+def make_sample(events: int = 6_000) -> None:
+    """`sample_shop` in this process, at the broker and table its environment names (shop_env):
+    what the notebooks' kernel runs before the first notebook."""
+    from spark_datasource import local_spark
+
+    sample_shop(local_spark("pymq-notebooks"), os.environ["PYMQ_BOOTSTRAP"], os.environ["PYMQ_TABLE"], events)
+
+
+def sample_shop(spark: SparkSession, bootstrap: str, table: str, events: int = 6_000) -> None:
+    """Create and fill the sample topic, table and group."""
     now_ms = int(time.time() * 1000)
     with Admin(bootstrap) as admin:
         admin.create_topic(TOPIC, partitions=PARTITIONS, configs={
@@ -79,23 +94,23 @@ def sample_shop(spark: SparkSession, bootstrap: str, table: str, events: int = 6
     with Admin(bootstrap) as admin:  # a dashboard that read most of each partition
         ends = admin.list_offsets({(TOPIC, p): -1 for p in range(PARTITIONS)})
         admin.alter_group_offsets(GROUP, {tp: int(end * (0.6 + 0.15 * tp[1])) for tp, (end, _) in ends.items()})
-    return {"PYMQ_BOOTSTRAP": bootstrap, "PYMQ_TOPIC": TOPIC, "PYMQ_TABLE": table, "PYMQ_GROUP": GROUP}
 
 
 def notebooks() -> list[Path]:
     return sorted(NOTEBOOKS.glob("*.ipynb"))
 
 
-def execute(paths: list[Path], env: dict[str, str], write: bool = False,
-            timeout_s: int = 600) -> dict[Path, nbformat.NotebookNode | CellExecutionError]:
+def execute(paths: list[Path], env: dict[str, str], write: bool = False, timeout_s: int = 600,
+            prepare: str = "") -> dict[Path, nbformat.NotebookNode | CellExecutionError]:
     """Run every cell of each notebook at `paths`, in order, in one kernel started with `env` in
-    its environment; per notebook the executed notebook, or the CellExecutionError naming the cell
-    that failed (the next notebook still runs). With `write`, save each executed notebook."""
-    return asyncio.run(_execute(paths, {**os.environ, **env}, write, timeout_s))
+    its environment, after the code `prepare` (a RuntimeError with its traceback if it fails);
+    per notebook the executed notebook, or the CellExecutionError naming the cell that failed
+    (the next notebook still runs). With `write`, save each executed notebook."""
+    return asyncio.run(_execute(paths, {**os.environ, **env}, write, timeout_s, prepare))
 
 
-async def _execute(paths: list[Path], env: dict[str, str], write: bool,
-                   timeout_s: int) -> dict[Path, nbformat.NotebookNode | CellExecutionError]:
+async def _execute(paths: list[Path], env: dict[str, str], write: bool, timeout_s: int,
+                   prepare: str) -> dict[Path, nbformat.NotebookNode | CellExecutionError]:
     kernel = AsyncKernelManager(kernel_name="python3")
     await kernel.start_kernel(env=env, cwd=str(NOTEBOOKS))
     client = kernel.client()
@@ -103,8 +118,10 @@ async def _execute(paths: list[Path], env: dict[str, str], write: bool,
     results: dict[Path, nbformat.NotebookNode | CellExecutionError] = {}
     try:
         await client.wait_for_ready(timeout=timeout_s)
+        if prepare:
+            await _run(client, prepare, timeout_s)
         for path in paths:
-            await _reset(client, timeout_s)
+            await _run(client, "%reset -f", timeout_s)  # an empty namespace for each notebook
             notebook = nbformat.read(path, as_version=4)
             runner = NotebookClient(notebook, km=kernel, timeout=timeout_s, kernel_name="python3",
                                     resources={"metadata": {"path": str(path.parent)}})
@@ -123,14 +140,17 @@ async def _execute(paths: list[Path], env: dict[str, str], write: bool,
     return results
 
 
-async def _reset(client: AsyncKernelClient, timeout_s: int) -> None:
-    """Empty the kernel's namespace (`%reset -f`) and wait for the reply."""
-    msg_id = client.execute("%reset -f", silent=True, store_history=False)
+async def _run(client: AsyncKernelClient, code: str, timeout_s: int) -> None:
+    """Run `code` in the kernel, outside any notebook, and wait for the reply."""
+    msg_id = client.execute(code, silent=True, store_history=False)
     while True:
         reply = await client.get_shell_msg(timeout=timeout_s)
         if reply["parent_header"].get("msg_id") == msg_id:
-            if reply["content"]["status"] != "ok":
-                raise RuntimeError(f"cannot reset the notebook kernel: {reply['content']}")
+            content = reply["content"]
+            if content["status"] != "ok":
+                trace = "\n".join(content.get("traceback", []))
+                raise RuntimeError(f"{code!r} failed in the notebook kernel: {content.get('ename')}: "
+                                   f"{content.get('evalue')}\n{trace}")
             return
 
 
@@ -138,16 +158,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m jobs.notebooks", description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="execute without saving the outputs")
     args = parser.parse_args(argv)
-    from spark_datasource import local_spark
-
     with tempfile.TemporaryDirectory(prefix="pymq-notebooks-") as tmp:
         broker = BrokerProcess(Path(tmp) / "broker", TIERING_BROKER).start()
         try:
-            spark = local_spark("pymq-notebook-data")
-            env = sample_shop(spark, broker.bootstrap, str(Path(tmp) / "tables" / "shop_clicks"))
-            spark.stop()
             started = time.perf_counter()
-            results = execute(notebooks(), env, write=not args.check)
+            results = execute(notebooks(), shop_env(broker.bootstrap, str(Path(tmp) / "tables" / "shop_clicks")),
+                              write=not args.check, prepare=f"from {__name__} import make_sample; make_sample()")
             for path, result in results.items():
                 print(f"{path.name}: {'ok' if isinstance(result, nbformat.NotebookNode) else result}", flush=True)
             print(f"{len(results)} notebooks in {time.perf_counter() - started:.0f}s", flush=True)
