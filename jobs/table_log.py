@@ -30,6 +30,10 @@ class TableTopicError(ValueError):
     value format, a store that cannot be read), or a value format that cannot be used."""
 
 
+class NoTableError(TableTopicError):
+    """There is no Delta table at the location."""
+
+
 def s3a_storage_options(bucket: str, setting: Callable[[str], str | None]) -> dict[str, str]:
     """delta-rs storage options from Hadoop's s3a settings (`setting("fs.s3a.endpoint")`), the
     bucket's own (`fs.s3a.bucket.BUCKET.endpoint`) first, as s3a itself resolves them."""
@@ -53,6 +57,7 @@ class TableLog:
     def __init__(self, uri: str, storage_options: dict[str, str] | None = None) -> None:
         self.uri = uri
         self.storage_options = dict(storage_options or {})
+        self._table: DeltaTable | None = None  # loaded once, then brought up to date commit by commit
 
     @classmethod
     def of(cls, location: str, hadoop_setting: Callable[[str], str | None]) -> "TableLog":
@@ -63,23 +68,25 @@ class TableLog:
         return cls(location)
 
     def table(self) -> DeltaTable:
-        """The table at its latest version (only the log: no data file is read)."""
+        """The table at its latest version. Only the log is read, and after the first call only
+        the commits since the last (a sync asks after every batch; history() twice per call)."""
         try:
-            return self._open()
+            if self._table is None:
+                self._table = DeltaTable(self.uri, storage_options=self.storage_options or None)
+            else:
+                self._table.update_incremental()
+            return self._table
         except TableNotFoundError:
-            raise TableTopicError(f"{self.uri} is not a Delta table (has `pymq table sync` run?)") from None
+            raise NoTableError(f"{self.uri} is not a Delta table (has `pymq table sync` run?)") from None
         except (DeltaError, OSError) as err:
             raise TableTopicError(f"cannot read the Delta log at {self.uri}: {err}") from None
 
     def exists(self) -> bool:
         try:
-            self._open()
-        except TableNotFoundError:
+            self.table()
+        except NoTableError:
             return False
         return True
-
-    def _open(self) -> DeltaTable:
-        return DeltaTable(self.uri, storage_options=self.storage_options or None)
 
     def properties(self) -> dict[str, str]:
         return {k: v for k, v in self.table().metadata().configuration.items() if v is not None}
@@ -87,7 +94,8 @@ class TableLog:
     def commits(self, limit: int | None) -> list[dict[str, Any]]:
         """The newest `limit` commits' infos (all the log still holds with None), newest first;
         each has its `version` and, when the writer set one, `userMetadata`."""
+        table = self.table()
         try:
-            return self.table().history(limit)
+            return table.history(limit)
         except (DeltaError, OSError) as err:
             raise TableTopicError(f"cannot read the Delta log at {self.uri}: {err}") from None

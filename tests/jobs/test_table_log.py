@@ -1,6 +1,6 @@
-"""The table log reader's pure parts: Hadoop's s3a settings as delta-rs storage options, and
-locations with no table. (Reading real logs written by Spark's Delta Lake, on a path and on s3a://,
-is covered by tests/jobs/test_table_topic.py.)"""
+"""The table log reader: Hadoop's s3a settings as delta-rs storage options, locations with no
+table or an unreachable store, a log read again after new commits. (Reading real logs written by
+Spark's Delta Lake, on a path and on s3a:// in moto, is covered by tests/jobs/test_table_topic.py.)"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -42,3 +42,27 @@ def test_a_location_with_no_table_is_a_named_error(tmp_path: Path) -> None:
         log.properties()
     with pytest.raises(TableTopicError, match="is not a Delta table"):
         log.commits(1)
+
+
+def test_a_store_that_cannot_be_read_is_a_named_error_not_a_missing_table() -> None:
+    """An S3 endpoint nothing listens on: exists() does not answer False (which would make a sync
+    try to create the table), it names the store's failure."""
+    log = TableLog("s3://lake/t", {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ALLOW_HTTP": "true",
+                                   "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1",
+                                   "AWS_MAX_RETRIES": "0", "AWS_RETRY_TIMEOUT": "1s"})
+    with pytest.raises(TableTopicError, match="cannot read the Delta log at s3://lake/t"):
+        log.exists()
+
+
+def test_a_log_read_again_sees_the_commits_made_since(tmp_path: Path) -> None:
+    """The log is loaded once and then brought up to date: a second read sees a newer commit."""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    rows = pa.table({"offset": pa.array([0, 1], pa.int64())})
+    write_deltalake(str(tmp_path), rows)
+    log = TableLog(str(tmp_path))
+    assert log.table().version() == 0
+    write_deltalake(str(tmp_path), rows, mode="append")
+    assert log.table().version() == 1
+    assert [c["version"] for c in log.commits(None)] == [1, 0]
