@@ -71,7 +71,14 @@ def read_all(spark: Any, tiered: TieredTopic, table: str, repeat: int) -> dict[s
         "pymq_s3": lambda: spark.read.format("pymq").options(**base, **{"remoteStorage.url": tiered.url},
                                                              **tiered.moto.spark_options()).load(),
     }
-    out: dict[str, Any] = {"parquet_bytes": harness.dir_size_bytes(parquet)}
+    from jobs.table_topic import TableTopic
+
+    mirrored = TableTopic(spark, table)
+    files = mirrored.log.snapshot_files(mirrored.position().version, None)
+    out: dict[str, Any] = {"parquet_bytes": harness.dir_size_bytes(parquet), "table_files": len(files.paths),
+                           "history_reader": "delta" if "DeltaFileIndex" in sources["history"]()._jdf.queryExecution()
+                           .executedPlan().toString() else "parquet"}
+    print("read", out, flush=True)
     names = list(sources)
     for kind in ("agg", "noop"):
         for frame in sources.values():  # warm-up: the JIT compiles the read paths before any timing

@@ -4,8 +4,9 @@
 commit's offsets) before Spark reads a row. Asked through Spark (`DESCRIBE DETAIL`, `DESCRIBE
 HISTORY`), those answers cost two Spark jobs, 0.3 s on a local session, which is a sixth of a
 whole 10M-row aggregate over the table. The log is a public protocol (JSON commits, Parquet
-checkpoints), so it is read here with delta-rs (`deltalake`), in milliseconds; the rows are still
-read by Spark's Delta Lake, at the version this read found.
+checkpoints), so it is read here with delta-rs (`deltalake`), in milliseconds. The rows are read
+by Spark at the version this read found: by Delta Lake, or, for a local table of few files, as
+the Parquet files this read lists (`snapshot_files`, TableTopic.snapshot says when and why).
 
 Locations are Spark's: a local path, `file://`, or an object store URL (`s3a://`, `s3://`, `gs://`,
 `abfss://`). For `s3a://` the session's Hadoop settings (`fs.s3a.endpoint`, `fs.s3a.access.key`,
@@ -14,15 +15,25 @@ table is reached the same way by both readers; without keys, both use the AWS de
 """
 from __future__ import annotations
 
+import json
+
+from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import urlparse
 
+import pyarrow as pa
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError, TableNotFoundError
 
 # Hadoop's s3a settings and the delta-rs (object_store) storage options they become.
 _S3A_OPTIONS = {"endpoint": "AWS_ENDPOINT_URL", "access.key": "AWS_ACCESS_KEY_ID", "secret.key": "AWS_SECRET_ACCESS_KEY",
                 "session.token": "AWS_SESSION_TOKEN", "endpoint.region": "AWS_REGION"}
+
+
+# Reader features that change nothing in how a data file is read (the log's format, vacuum, types
+# the table's schema already names). Any other (deletionVectors, columnMapping, typeWidening, ...)
+# needs Delta's own reader.
+_PLAIN_READER_FEATURES = frozenset({"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck"})
 
 
 class TableTopicError(ValueError):
@@ -49,6 +60,17 @@ def s3a_storage_options(bucket: str, setting: Callable[[str], str | None]) -> di
         if endpoint.startswith("http://"):
             options["AWS_ALLOW_HTTP"] = "true"
     return options
+
+
+@dataclass(frozen=True)
+class SnapshotFiles:
+    """A snapshot's data files and schema, as the log names them, and whether Spark's Parquet reader
+    alone reads them as Delta's reader would (`needs_delta` says why not)."""
+
+    version: int
+    schema: dict[str, Any]  # Spark's StructType JSON (Delta's schema format is Spark's)
+    paths: list[str]  # relative to the table's root, each under its partition's `column=value` folders
+    needs_delta: str | None
 
 
 class TableLog:
@@ -80,6 +102,47 @@ class TableLog:
             raise NoTableError(f"{self.uri} is not a Delta table (has `pymq table sync` run?)") from None
         except (DeltaError, OSError) as err:
             raise TableTopicError(f"cannot read the Delta log at {self.uri}: {err}") from None
+
+    def at(self, version: int) -> DeltaTable:
+        """The table at `version`: the loaded one when it is there (history() reads the position,
+        then the snapshot at it, and a sync committing meanwhile must not move the snapshot)."""
+        table = self.table() if self._table is None else self._table
+        if table.version() == version:
+            return table
+        try:
+            return DeltaTable(self.uri, version=version, storage_options=self.storage_options or None)
+        except (DeltaError, OSError) as err:
+            raise TableTopicError(f"cannot read version {version} of the Delta table at {self.uri}: {err}") from None
+
+    def snapshot_files(self, version: int, max_files: int | None) -> SnapshotFiles:
+        """The data files of `version`, unless they are more than `max_files`. Spark's Parquet
+        reader reads them as Delta's does when the table uses no reader feature that changes a
+        file's meaning (deletion vectors, column mapping) and each file lies in the folders of
+        its partition values, where Spark's partition discovery finds them."""
+        table = self.at(version)
+        schema = json.loads(table.schema().to_json())
+        protocol = table.protocol()
+        features = set(protocol.reader_features or ())
+        mapping = table.metadata().configuration.get("delta.columnMapping.mode") or "none"
+        if protocol.min_reader_version == 2 or mapping != "none":
+            return SnapshotFiles(version, schema, [], f"column mapping ({mapping})")
+        if features - _PLAIN_READER_FEATURES:
+            return SnapshotFiles(version, schema, [], f"reader features {sorted(features - _PLAIN_READER_FEATURES)}")
+        if urlparse(self.uri).scheme not in ("", "file"):
+            return SnapshotFiles(version, schema, [], "an object store: the log's sizes and statistics spare a "
+                                                      "request per file")
+        actions = pa.table(table.get_add_actions(flatten=False))
+        if max_files is not None and actions.num_rows > max_files:
+            return SnapshotFiles(version, schema, [], f"{actions.num_rows} files: Delta's statistics skip files "
+                                                      "without opening them")
+        partitions = table.metadata().partition_columns
+        paths = actions.column("path").to_pylist()
+        values = actions.column("partition").to_pylist() if partitions else [{}] * len(paths)
+        for path, partition in zip(paths, values):
+            folders = "/".join(f"{column}={partition[column]}" for column in partitions)
+            if "%" in path or ":" in path or path.rpartition("/")[0] != folders:
+                return SnapshotFiles(version, schema, [], f"the file {path} lies outside its partition's folder")
+        return SnapshotFiles(version, schema, paths, None)
 
     def exists(self) -> bool:
         try:

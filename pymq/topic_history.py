@@ -5,7 +5,7 @@ Spark reads natively, at Parquet speed; the records the table has not caught up 
 the brokers (and in the tier). `history` joins the two at the table's position, the offsets its
 newest sync commit reached in each partition (jobs/table_topic.py):
 
-    table snapshot (version V)        offsets [log start, position)   read by Delta
+    table snapshot (version V)        offsets [log start, position)   read by Spark (Delta or Parquet)
     UNION ALL format("pymq") tail     offsets [position, latest)       read from brokers (and the tier)
 
 so every record is in exactly one side: no duplicate and no gap at the seam, whatever each
@@ -16,8 +16,10 @@ caught up with every partition, the result is the snapshot alone (no tail is pla
 `date`), and both sides have the table's columns.
 
 Filters on the result prune both sides, as Spark pushes them through the union: on `timestamp`
-(the table's `date` partitions, generated from it, and its per-file statistics; the source's
-time index lookups), on `partition` and on `offset` (file statistics; the source's offset ranges).
+(read by Delta: the table's `date` partitions, generated from it, and its per-file statistics;
+read as Parquet: each file's row-group statistics; the source's time index lookups), on `date`
+(the table's partitions), on `partition` and on `offset` (file or row-group statistics; the
+source's offset ranges).
 """
 from __future__ import annotations
 
@@ -34,10 +36,14 @@ DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 
 
 def history(spark: SparkSession, topic: str | None = None, *, table: str | None = None, bootstrap: str | None = None,
-            fail_on_data_loss: bool = True, include_headers: bool = False, **source_options: str) -> DataFrame:
+            fail_on_data_loss: bool = True, include_headers: bool = False, table_reader: str = "auto",
+            **source_options: str) -> DataFrame:
     """Every record of `topic`: from `table` (a table topic's path or URL) up to its position,
     from the brokers after it. Without a table, the whole topic from the brokers.
 
+    `table_reader` reads the table's snapshot with Delta Lake (`delta`), as the snapshot's Parquet
+    files (`parquet`), or picks (`auto`: Parquet for a local table of few files, where Delta's
+    planning of each query would cost more than it saves; see TableTopic.snapshot).
     `source_options` are further `pymq` source options for the tail (`remoteStorage.url` to read
     its tiered part straight from the store, `kafka.request.timeout.ms`, ...)."""
     bootstrap = bootstrap or os.environ.get("PYMQ_BOOTSTRAP", DEFAULT_BOOTSTRAP)
@@ -55,7 +61,7 @@ def history(spark: SparkSession, topic: str | None = None, *, table: str | None 
         ends = admin.list_offsets({(table_topic, p): -1 for p in range(partitions)})
     starting = {p: position.offsets.get(p, EARLIEST) for p in range(partitions)}
     ending = {p: ends[(table_topic, p)][0] for p in range(partitions)}
-    snapshot = mirrored.snapshot(position.version)
+    snapshot = mirrored.snapshot(position.version, table_reader)
     if all(ending[p] == starting[p] or (starting[p] == EARLIEST and ending[p] == 0) for p in range(partitions)):
         return snapshot  # the table holds everything: no tail to plan
     tail = _tail(spark, bootstrap, table_topic, _offsets_json(table_topic, starting), fail_on_data_loss, headers,

@@ -3,9 +3,12 @@ table or an unreachable store, a log read again after new commits. (Reading real
 Spark's Delta Lake, on a path and on s3a:// in moto, is covered by tests/jobs/test_table_topic.py.)"""
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
 
 from jobs.table_log import TableLog, TableTopicError, s3a_storage_options
 
@@ -56,9 +59,6 @@ def test_a_store_that_cannot_be_read_is_a_named_error_not_a_missing_table() -> N
 
 def test_a_log_read_again_sees_the_commits_made_since(tmp_path: Path) -> None:
     """The log is loaded once and then brought up to date: a second read sees a newer commit."""
-    import pyarrow as pa
-    from deltalake import write_deltalake
-
     rows = pa.table({"offset": pa.array([0, 1], pa.int64())})
     write_deltalake(str(tmp_path), rows)
     log = TableLog(str(tmp_path))
@@ -66,3 +66,33 @@ def test_a_log_read_again_sees_the_commits_made_since(tmp_path: Path) -> None:
     write_deltalake(str(tmp_path), rows, mode="append")
     assert log.table().version() == 1
     assert [c["version"] for c in log.commits(None)] == [1, 0]
+
+
+def dated(days: list[int]) -> pa.Table:
+    return pa.table({"offset": pa.array(range(len(days)), pa.int64()),
+                     "date": pa.array([datetime.date(2026, 11, d) for d in days], pa.date32())})
+
+
+def test_a_snapshots_files_lie_in_their_partition_folders(tmp_path: Path) -> None:
+    """The files of each version, as the log lists them, readable by Spark's Parquet reader with
+    partition discovery; too many files leave the snapshot to Delta's reader."""
+    write_deltalake(str(tmp_path), dated([1, 2]), partition_by=["date"])
+    write_deltalake(str(tmp_path), dated([2, 3]), partition_by=["date"], mode="append")
+    log = TableLog(str(tmp_path))
+    latest = log.snapshot_files(1, max_files=4)
+    assert latest.needs_delta is None and latest.version == 1
+    assert sorted(path.partition("/")[0] for path in latest.paths) == ["date=2026-11-01", "date=2026-11-02",
+                                                                     "date=2026-11-02", "date=2026-11-03"]
+    assert all((tmp_path / path).is_file() for path in latest.paths)
+    assert [f["name"] for f in latest.schema["fields"]] == ["offset", "date"]
+    assert len(log.snapshot_files(0, max_files=None).paths) == 2  # an older version: its own files
+    assert log.snapshot_files(1, max_files=3).needs_delta == "4 files: Delta's statistics skip files without opening them"
+
+
+def test_tables_whose_files_mean_more_than_their_parquet_need_delta(tmp_path: Path) -> None:
+    """Deletion vectors (rows deleted without rewriting a file) and column mapping (physical
+    column names): Spark's Parquet reader alone would read other rows or other columns."""
+    write_deltalake(str(tmp_path / "dv"), dated([1]), configuration={"delta.enableDeletionVectors": "true"})
+    assert "deletionVectors" in TableLog(str(tmp_path / "dv")).snapshot_files(0, None).needs_delta
+    write_deltalake(str(tmp_path / "cm"), dated([1]), configuration={"delta.columnMapping.mode": "name"})
+    assert TableLog(str(tmp_path / "cm")).snapshot_files(0, None).needs_delta == "column mapping (name)"

@@ -6,13 +6,16 @@ that tiers to a file:// store, with the run's Spark session and real Delta table
   table's position equal to the log end, a second sync adds nothing.
 - `history()` across the seam: the table synced to the middle of a segment in each partition,
   the rest on the broker and (older segments, trimmed locally) only in the tier: every produced
-  record exactly once; filters on partition, offset and timestamp prune both sides.
-- A compacted topic's tombstones delete the key's earlier rows.
+  record exactly once, with the table read as its Parquet files and by Delta; filters on
+  partition, offset and timestamp prune both sides.
+- A compacted topic's tombstones delete the key's earlier rows (in deletion vectors, which only
+  Delta's reader reads).
 - `pymq table status` and a table of another topic refused by name.
 """
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,18 +110,30 @@ def test_history_spans_table_broker_and_tier_with_no_duplicate_and_no_gap(spark,
     produce(broker.bootstrap, topic, 1_037, 3_000)  # the rest: on the broker, older segments only in the tier
     wait_for_local_trim(broker, topic, above=1_037)
 
-    rows = history(spark, topic, table=options.table, bootstrap=broker.bootstrap)
+    # The table's snapshot read as its Parquet files (what `auto` picks for a local table of few
+    # files) and by Delta Lake: the same rows either way.
+    views = {reader: history(spark, topic, table=options.table, bootstrap=broker.bootstrap, table_reader=reader)
+             for reader in ("auto", "delta")}
     produce(broker.bootstrap, topic, 4_037, 10)  # after history() was asked: not in its view
-    got = rows.select("partition", "offset", "value.p", "value.n").collect()
-    assert len(got) == PARTITIONS * 4_037
-    assert {(r["partition"], r["offset"]) for r in got} == {(p, o) for p in range(PARTITIONS) for o in range(4_037)}
-    assert all(r["p"] == r["partition"] and r["n"] == r["offset"] for r in got)  # values decoded on both sides
+    assert file_indexes(views["auto"]) == {"InMemoryFileIndex"} and file_indexes(views["delta"]) == {"PreparedDeltaFileIndex"}
+    for reader, rows in views.items():
+        got = rows.select("partition", "offset", "value.p", "value.n").collect()
+        assert len(got) == PARTITIONS * 4_037, reader
+        assert {(r["partition"], r["offset"]) for r in got} == {(p, o) for p in range(PARTITIONS) for o in range(4_037)}
+        assert all(r["p"] == r["partition"] and r["n"] == r["offset"] for r in got)  # values decoded on both sides
 
-    # Filters prune both sides and still give exactly the matching rows.
-    window = rows.where("partition = 1 AND offset >= 1000 AND offset < 1100")
-    assert sorted(r["offset"] for r in window.select("offset").collect()) == list(range(1_000, 1_100))
-    plan = window._jdf.queryExecution().executedPlan().toString()
-    assert "PushedFilters" in plan or "DataFilters" in plan
+        # Filters prune both sides and still give exactly the matching rows.
+        window = rows.where("partition = 1 AND offset >= 1000 AND offset < 1100")
+        assert sorted(r["offset"] for r in window.select("offset").collect()) == list(range(1_000, 1_100)), reader
+        plan = window._jdf.queryExecution().executedPlan().toString()
+        assert "PushedFilters" in plan or "DataFilters" in plan
+        assert rows.where("date = current_date()").count() == len(got)  # the table's `date`, on both readers
+
+
+def file_indexes(rows) -> set[str]:  # noqa: ANN001 - a DataFrame
+    """The file indexes the plan's table scans read through: Delta's (PreparedDeltaFileIndex) or
+    the Parquet reader's list of named files (InMemoryFileIndex)."""
+    return set(re.findall(r"Location: (\w+)", rows._jdf.queryExecution().executedPlan().toString()))
 
 
 def wait_for_local_trim(broker: BrokerProcess, topic: str, above: int, timeout_s: float = 60.0) -> None:
@@ -144,6 +159,8 @@ def test_tombstones_of_a_compacted_topic_delete_earlier_rows(spark, broker: Brok
         producer.flush()
     options = SyncOptions(topic, str(tmp_path / "compacted"), broker.bootstrap)
     sync(spark, options)
+    # Deletes mark rows in deletion vectors, files stay: only Delta's reader reads such a table.
+    spark.sql(f"ALTER TABLE delta.`{options.table}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
     with Producer(broker.bootstrap) as producer:  # tombstone a, then a comes back; tombstone b
         producer.send_batch(topic, pa.table({"key": [b"a", b"a", b"b"], "value": pa.array([None, b"a3", None], pa.binary())}))
         producer.flush()
@@ -152,6 +169,12 @@ def test_tombstones_of_a_compacted_topic_delete_earlier_rows(spark, broker: Brok
     left = sorted((r["offset"], bytes(r["key"]), None if r["value"] is None else bytes(r["value"]))
                   for r in spark.read.format("delta").load(options.table).collect())
     assert left == [(3, b"c", b"c1"), (4, b"a", None), (5, b"a", b"a3"), (6, b"b", None)]
+    rows = history(spark, topic, table=options.table, bootstrap=broker.bootstrap)
+    assert file_indexes(rows) == {"PreparedDeltaFileIndex"} and sorted(r["offset"] for r in rows.collect()) == [3, 4, 5, 6]
+    with pytest.raises(TableTopicError, match=r"cannot be read as plain Parquet: reader features \['deletionVectors'\]"):
+        history(spark, topic, table=options.table, bootstrap=broker.bootstrap, table_reader="parquet")
+    with pytest.raises(TableTopicError, match="table reader 'iceberg' is not one of auto, delta, parquet"):
+        history(spark, topic, table=options.table, bootstrap=broker.bootstrap, table_reader="iceberg")
 
 
 def test_status_reports_position_and_lag_and_a_wrong_topic_is_refused(spark, broker: BrokerProcess,
@@ -250,4 +273,6 @@ def test_a_table_on_s3a(spark, broker: BrokerProcess, s3, tmp_path: Path) -> Non
     produce(broker.bootstrap, topic, 200, 50)
     rows = history(spark, topic, table=table, bootstrap=broker.bootstrap).select("partition", "offset", "value.n").collect()
     assert sorted((r["partition"], r["offset"]) for r in rows) == [(p, o) for p in range(PARTITIONS) for o in range(250)]
+    # On a store, Delta's reader: the log's sizes and statistics spare a request per file.
+    assert file_indexes(history(spark, topic, table=table, bootstrap=broker.bootstrap)) == {"PreparedDeltaFileIndex"}
     assert TableTopic(spark, table).position().offsets == {p: 200 for p in range(PARTITIONS)}
