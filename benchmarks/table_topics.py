@@ -17,7 +17,8 @@ process. Then:
             end offsets) plus the query. One untimed round warms the JVM's JIT first; then
             `--repeat` rounds, the sources back to back in each, each round in another order;
             the median and the best. `delta` (the same table read by Delta Lake alone, with no
-            pymq) is the ceiling history() can reach.
+            pymq) is what history() would take through Delta's reader; the result says which
+            reader history() used (`table_reader` `auto`) and over how many files.
 - compaction: the `compact` job's per-partition work (jobs/compact.py `compact_partition`:
             download, offset map, compaction, segment writing, upload with verification) over a
             file:// tier holding the log_cleaner benchmark's log (`--cleaner-records` updates of
@@ -65,7 +66,7 @@ def read_all(spark: Any, tiered: TieredTopic, table: str, repeat: int) -> dict[s
             "endingOffsets": tiered.ending_offsets()}
     sources = {
         "history": lambda: history(spark, TOPIC, table=table, bootstrap=tiered.broker.bootstrap).select(*columns),
-        "delta": lambda: spark.read.format("delta").load(table).select(*columns),  # the ceiling: Delta alone
+        "delta": lambda: spark.read.format("delta").load(table).select(*columns),  # Delta's reader alone
         "parquet": lambda: spark.read.parquet(str(parquet)),
         "pymq_broker": lambda: spark.read.format("pymq").options(**base).load(),
         "pymq_s3": lambda: spark.read.format("pymq").options(**base, **{"remoteStorage.url": tiered.url},
