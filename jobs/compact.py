@@ -36,10 +36,9 @@ from typing import Any
 
 import click
 from pyspark.sql import SparkSession
-from rich.console import Console
 from rich.table import Table
 
-from broker.cli.common import KeyValue, bootstrap, bootstrap_option, spark_conf_option
+from broker.cli.common import bootstrap, bootstrap_option, console as cli_console, KeyValue, spark_conf_option
 from broker.client import Admin
 from broker.errors import PymqError, StaleManifestError
 from jobs.job_config import job_defaults
@@ -52,7 +51,7 @@ from segment_format.segment_writer import SegmentWriter
 from spark_datasource.session import local_spark
 from tiered_storage import RemoteSegmentStore
 
-console = Console(stderr=True)
+console = cli_console(stderr=True)
 
 
 @dataclass(frozen=True)
@@ -283,7 +282,7 @@ def compact_command(topics: tuple[str, ...], url: str, store_options: tuple[tupl
         results = compact(spark, list(topics), bootstrap(), url, dict(store_options), max_keys=max_keys)
     finally:
         spark.stop()
-    Console().print(summary_table(results))
+    cli_console().print(summary_table(results))
 
 
 main = compact_command

@@ -20,10 +20,9 @@ from functools import reduce
 import click
 from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
-from rich.console import Console
 from rich.table import Table
 
-from broker.cli.common import bootstrap, bootstrap_option, spark_conf_option
+from broker.cli.common import bootstrap, bootstrap_option, console as cli_console, spark_conf_option
 from broker.client import Admin
 from jobs.job_config import job_defaults
 from jobs.table_topic import TableTopic
@@ -136,7 +135,7 @@ def retention_command(topic: str, table: str, execute: bool, vacuum_horizon_hour
         report = retention(spark, table, bootstrap(), topic, execute=execute, vacuum_horizon_hours=vacuum_horizon_hours)
     finally:
         spark.stop()
-    console = Console()
+    console = cli_console()
     console.print(report_table(report))
     expired_rows = sum(p.expired_rows for p in report.partitions)
     if execute:

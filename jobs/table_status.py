@@ -10,10 +10,9 @@ from dataclasses import dataclass
 
 import click
 from pyspark.sql import SparkSession
-from rich.console import Console
 from rich.table import Table
 
-from broker.cli.common import bootstrap, bootstrap_option, spark_conf_option
+from broker.cli.common import bootstrap, bootstrap_option, console as cli_console, spark_conf_option
 from broker.client import Admin
 from jobs.table_topic import TableTopic
 from spark_datasource.session import local_spark
@@ -89,7 +88,7 @@ def status_command(topic: str, table: str, spark_conf: tuple[tuple[str, str], ..
     finally:
         spark.stop()
     for rendered in status_tables(status):
-        Console().print(rendered)
+        cli_console().print(rendered)
 
 
 main = status_command

@@ -31,15 +31,14 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
-from rich.console import Console
 from rich.table import Table
 
-from broker.cli.common import KeyValue, bootstrap, bootstrap_option, spark_conf_option
+from broker.cli.common import bootstrap, bootstrap_option, console as cli_console, KeyValue, spark_conf_option
 from broker.client import Admin
 from jobs.table_topic import OFFSETS_KEY, TableTopic, ValueFormat, sync_metadata, to_table_rows
 from spark_datasource.session import local_spark
 
-console = Console(stderr=True)
+console = cli_console(stderr=True)
 
 
 @dataclass(frozen=True)
@@ -214,7 +213,7 @@ def sync_command(topic: str, table: str, value_format: str, value_schema: str | 
     spark = local_spark(f"pymq-table-sync-{topic}", **dict(spark_conf))
     try:
         writer = sync(spark, options)
-        Console().print(summary_table(options, writer))
+        cli_console().print(summary_table(options, writer))
     finally:
         spark.stop()
 

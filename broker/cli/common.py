@@ -223,9 +223,18 @@ def _number_or_text(value: str) -> int | float | str:
 # -- output ------------------------------------------------------------------------------------
 
 
+# The width of output that goes to a file or a pipe: wide enough that no table cell is ever folded
+# or cut with an ellipsis (rich would otherwise take 80 columns, or COLUMNS), since what reads it
+# (grep, awk, a file) has no screen to fit.
+UNBOUNDED_WIDTH = 1 << 20
+
+
 def console(stderr: bool = False) -> Console:
-    """A rich console that never interprets markup in user data (values may contain '[...]')."""
-    return Console(stderr=stderr, markup=False, emoji=False, highlight=False)
+    """A rich console that never interprets markup in user data (values may contain '[...]'), as
+    wide as the terminal, or unbounded when the output is piped or redirected."""
+    stream = sys.stderr if stderr else sys.stdout
+    return Console(stderr=stderr, markup=False, emoji=False, highlight=False,
+                   width=None if stream.isatty() else UNBOUNDED_WIDTH)
 
 
 @contextlib.contextmanager

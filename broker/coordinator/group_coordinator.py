@@ -47,6 +47,7 @@ from broker.coordinator.group_records import (
     RecordKey,
     RecordValue,
     StoredGroup,
+    check_group_id,
     partition_for,
 )
 from broker.coordinator.results import Append, Result
@@ -59,7 +60,6 @@ from broker.errors import (
     GroupSubscribedToTopicError,
     IllegalGenerationError,
     InconsistentGroupProtocolError,
-    InvalidGroupIdError,
     InvalidRequestError,
     InvalidSessionTimeoutError,
     MemberIdRequiredError,
@@ -198,8 +198,7 @@ class GroupCoordinator:
         return self._partitions.get(self.partition_of(group_id)) is True
 
     def _check(self, group_id: str) -> None:
-        if not group_id:
-            raise InvalidGroupIdError("the group id must not be empty")
+        check_group_id(group_id)
         loaded = self._partitions.get(self.partition_of(group_id))
         if loaded is None:
             raise NotCoordinatorError(f"this broker does not coordinate group {group_id!r}")

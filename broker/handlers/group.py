@@ -24,7 +24,7 @@ from broker import background
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
 from broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
-from broker.coordinator.group_records import OFFSETS_TOPIC, RecordKey, RecordValue, decode_record, encode_key, encode_value
+from broker.coordinator.group_records import OFFSETS_TOPIC, RecordKey, check_group_id, RecordValue, decode_record, encode_key, encode_value
 from broker.coordinator.results import Append, Result
 from broker.errors import (
     CoordinatorNotAvailableError,
@@ -154,8 +154,7 @@ class GroupHandler:
         try:
             if request.key_type != GROUP_KEY_TYPE:
                 raise InvalidRequestError("transaction coordinators arrive with transactions (key_type 1)")
-            if not request.key:
-                raise InvalidRequestError("the group id must not be empty")
+            check_group_id(request.key)
             await self._ensure_offsets_topic()
             partition = self.coordinator.partition_of(request.key)
             leader = self.registry.get(OFFSETS_TOPIC).partitions[partition].leader

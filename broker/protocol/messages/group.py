@@ -55,7 +55,7 @@ as `result_error_code` / `result_error_message` so that the client decodes the r
 Decoding. A `group_id` (or any other top-level field) of the wrong type is INVALID_REQUEST for
 the whole request; an empty group id is well-formed here and the coordinator's INVALID_GROUP_ID.
 JoinGroup must name at least one protocol, each once. An OffsetCommit partition entry whose
-partition or offset is missing, mistyped or negative, or whose metadata is not a string, keeps
+partition or offset is missing, mistyped or negative (or an offset past an int64), or whose metadata is not a string, keeps
 that error on the entry (a topic whose name is not a string keeps it on the topic entry): the
 coordinator answers those entries alone and commits the others. `rebalance_timeout_ms` -1 is
 sent as is; the coordinator reads it as the session timeout.
@@ -68,6 +68,7 @@ from typing import Any, Callable, ClassVar, TypeVar
 from broker.errors import NONE, InvalidRequestError, PymqError
 from broker.protocol.fields import entries, entry_field, field
 from broker.protocol.framing import ApiKey
+from segment_format.limits import INT64_MAX
 from broker.protocol.messages.base import (
     NO_LEADER_EPOCH,
     Message,
@@ -476,7 +477,7 @@ class OffsetCommitResponse(Outcome, Message):
 @dataclass(frozen=True, slots=True)
 class OffsetCommitPartition:
     """`error` is set when the entry is malformed: its partition or offset is missing, not an
-    int or negative, or its metadata is not a string."""
+    int, negative or (the offset) past an int64, or its metadata is not a string."""
 
     partition: int
     committed_offset: int
@@ -494,8 +495,8 @@ class OffsetCommitPartition:
         if partition_error is None and partition < 0:
             partition_error = InvalidRequestError(f"partition {partition} must be >= 0")
         offset, offset_error = entry_field(item, "committed_offset", int, -1)
-        if offset_error is None and offset < 0:
-            offset_error = InvalidRequestError(f"committed_offset {offset} must be >= 0")
+        if offset_error is None and not 0 <= offset <= INT64_MAX:
+            offset_error = InvalidRequestError(f"committed_offset {offset} must be >= 0 and fit in an int64")
         epoch, epoch_error = entry_field(item, "committed_leader_epoch", int, NO_LEADER_EPOCH, NO_LEADER_EPOCH)
         metadata, metadata_error = entry_field(item, "metadata", str, None, None)
         return cls(partition, offset, epoch, metadata,

@@ -12,9 +12,12 @@ import pytest
 
 from broker.client import Admin, AdminError, Producer
 from broker.client.admin import GroupListing, MemberDescription, OffsetAndMetadata, PartitionLag
+from broker.coordinator.group_records import GROUP_ID_MAX_BYTES
 from broker.errors import (
     GroupIdNotFoundError,
     GroupSubscribedToTopicError,
+    InvalidGroupIdError,
+    InvalidRequestError,
     NonEmptyGroupError,
     UnknownTopicOrPartitionError,
 )
@@ -199,3 +202,67 @@ def test_alter_offsets_accepted_once_the_member_left(shared_broker, admin, new_t
     admin.alter_group_offsets(group_id, {(topic, 0): 4})
     assert admin.list_group_offsets(group_id) == {(topic, 0): OffsetAndMetadata(4, None, None)}
     assert admin.describe_groups([group_id])[0].state == "Empty"
+
+
+# -- group ids and offsets no group can have --------------------------------------------------------
+
+
+def test_group_ids_no_group_can_have_are_invalid_group_id(admin, new_topic):
+    """Empty, or longer than Kafka's protocol carries (a STRING: 32,767 UTF-8 bytes, counted in
+    bytes, not characters): INVALID_GROUP_ID, as Kafka answers. The longest id works."""
+    topic = new_topic(partitions=1)
+    for bad in ("", "g" * (GROUP_ID_MAX_BYTES + 1), "é" * (GROUP_ID_MAX_BYTES // 2 + 1)):
+        with pytest.raises(InvalidGroupIdError):
+            admin.find_coordinator(bad)
+        with pytest.raises(InvalidGroupIdError):
+            admin.alter_group_offsets(bad, {(topic, 0): 1})
+    longest = "g" * GROUP_ID_MAX_BYTES
+    admin.alter_group_offsets(longest, {(topic, 0): 3})
+    assert admin.list_group_offsets(longest) == {(topic, 0): OffsetAndMetadata(3, None, None)}
+
+
+def test_an_offset_past_int64_is_refused(admin, new_topic, group_id):
+    topic = new_topic(partitions=1)
+    with pytest.raises(InvalidRequestError, match="fit in an int64"):
+        admin.alter_group_offsets(group_id, {(topic, 0): 2**63})
+    admin.alter_group_offsets(group_id, {(topic, 0): 2**63 - 1})
+    assert admin.list_group_offsets(group_id) == {(topic, 0): OffsetAndMetadata(2**63 - 1, None, None)}
+
+
+def test_requests_with_huge_group_ids_stall_no_other_client(shared_broker, new_topic, group_id):
+    """Requests naming a 16 MiB group id, sent straight to the coordinator, are refused at once:
+    meanwhile a consumer of another group, whose session expires after 6 s without a heartbeat,
+    stays in its generation (a hash per character kept the broker's event loop ~25 s per such
+    request, and evicted it)."""
+    import asyncio
+
+    from broker.client import AsyncAdmin, Consumer
+    from broker.protocol import FindCoordinatorRequest, OffsetCommitPartition, OffsetCommitRequest, TopicRequest
+
+    topic = new_topic(partitions=1)
+    with Consumer(shared_broker.bootstrap, group_id=group_id, session_timeout_ms=6000,
+                  heartbeat_interval_ms=500) as consumer:
+        consumer.subscribe([topic])
+        while not consumer.assignment():
+            consumer.poll(200)
+        generation = consumer.group_metadata().generation_id
+        huge = "g" * (16 << 20)
+
+        async def flood() -> list[BaseException | None]:
+            client = AsyncAdmin(shared_broker.bootstrap)
+            try:
+                errors = []
+                for _ in range(3):
+                    found = await client.cluster.send(0, FindCoordinatorRequest(huge))
+                    committed = await client.cluster.send(0, OffsetCommitRequest(
+                        huge, -1, "", None, (TopicRequest(topic, (OffsetCommitPartition(0, 1),)),)))
+                    errors += [found.error(), committed.error()]
+                return errors
+            finally:
+                await client.close()
+
+        assert all(isinstance(err, InvalidGroupIdError) for err in asyncio.run(flood()))
+        consumer.poll(200)
+        assert consumer.group_metadata().generation_id == generation
+    with Admin(shared_broker.bootstrap) as admin:
+        assert admin.describe_groups([group_id])[0].state == "Empty"  # it left by itself, at close
