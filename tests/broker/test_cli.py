@@ -3,6 +3,7 @@ helpers, and every command against a real broker process started with `pymq brok
 from __future__ import annotations
 
 import json
+import os
 import queue
 import re
 import signal
@@ -33,8 +34,8 @@ STOP_TIMEOUT_S = 10
 
 
 def run(*args: str, input: str | bytes | None = None) -> Result:
-    """Run the CLI in-process; wide terminal so rich tables do not fold names."""
-    return CliRunner(env={"COLUMNS": "200"}).invoke(cli, list(args), input=input, catch_exceptions=False)
+    """Run the CLI in-process, its output captured: not a terminal, so no table is cut to a width."""
+    return CliRunner().invoke(cli, list(args), input=input, catch_exceptions=False)
 
 
 # -- help ----------------------------------------------------------------------------------------
@@ -414,3 +415,28 @@ def test_perf_produce_summary_table(cli_broker: str) -> None:
     assert result.exit_code == 0
     for metric in ("records_per_s", "mb_per_s", "latency_p99_9_ms", "latency_max_ms"):
         assert metric in result.stdout
+
+
+def test_piped_tables_are_never_cut_to_a_terminal_width(cli_broker: str) -> None:
+    """`topic describe`, `group describe` and `broker configs` as a pipe reads them, from a
+    subprocess: every long cell whole, on one line, no ellipsis (rich cut them to 80 columns)."""
+    from broker.client import Admin
+
+    topic = "piped-" + "t" * 200
+    with Admin(cli_broker) as admin:
+        admin.create_topic(topic, partitions=1)
+        admin.alter_group_offsets("piped-group", {(topic, 0): 0})
+
+    def piped(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "broker.cli", *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=60, env={**os.environ, "COLUMNS": "80"})
+        assert done.returncode == 0, done.stderr
+        assert "…" not in done.stdout
+        return done.stdout
+
+    assert any(topic in line for line in piped("-b", cli_broker, "topic", "describe", topic).splitlines())
+    assert any(line.split()[:2] == [topic, "0"] for line in piped("-b", cli_broker, "group", "describe",
+                                                                  "piped-group").splitlines())
+    configs = piped("broker", "configs")
+    longest = max(BROKER_CONFIGS.values(), key=lambda c: len(c.doc))
+    assert any(longest.doc in line for line in configs.splitlines()), longest.name

@@ -22,8 +22,8 @@ _ids = itertools.count()
 
 
 def run(*args: str) -> Result:
-    """Run the CLI in-process; wide terminal so rich tables do not fold names."""
-    return CliRunner(env={"COLUMNS": "250"}).invoke(cli, list(args), catch_exceptions=False)
+    """Run the CLI in-process, its output captured: not a terminal, so no table is cut to a width."""
+    return CliRunner().invoke(cli, list(args), catch_exceptions=False)
 
 
 def rows(output: str, first: str) -> list[list[str]]:

@@ -116,8 +116,7 @@ def rows_read(spark, out: Path) -> int:
 def cli_lag(bootstrap: str, group: str, topic: str) -> dict[int, str]:
     """LAG per partition of `topic` in `pymq group describe GROUP`'s table (run in-process, as
     tests/broker/test_cli.py runs the CLI)."""
-    result = CliRunner(env={"COLUMNS": "200"}).invoke(cli, ["group", "describe", group, "-b", bootstrap],
-                                                      catch_exceptions=False)
+    result = CliRunner().invoke(cli, ["group", "describe", group, "-b", bootstrap], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
     header = next(line.split() for line in lines if line.split()[:1] == ["TOPIC"])
