@@ -237,6 +237,17 @@ def console(stderr: bool = False) -> Console:
                    width=None if stream.isatty() else UNBOUNDED_WIDTH)
 
 
+def write_stdout(data: bytes) -> None:
+    """All of `data` to stdout, then flushed. A signal handled while a write is blocked on a full
+    pipe (Ctrl-C, as Interrupts defers it) makes the buffered writer return a partial count, which
+    print() and click.echo drop without a word: so the rest is written until none is left."""
+    out = click.get_binary_stream("stdout")
+    view = memoryview(data)
+    while view:
+        view = view[out.write(view):]
+    out.flush()
+
+
 @contextlib.contextmanager
 def progress_bar(total: int | None, description: str) -> Iterator[Callable[[int], None]]:
     """Yield `advance(n)`; draws a rich progress bar on stderr only when stderr is a terminal."""
@@ -249,3 +260,45 @@ def progress_bar(total: int | None, description: str) -> Iterator[Callable[[int]
     with Progress(*columns, console=console(stderr=True), transient=True) as progress:
         task = progress.add_task(description, total=total)
         yield lambda n: progress.advance(task, n)
+
+
+# -- Ctrl-C ------------------------------------------------------------------------------------
+
+
+class Interrupts:
+    """Ctrl-C (SIGINT) that waits for the end of a step: inside `step()` the first Ctrl-C only
+    sets `requested`, and KeyboardInterrupt is raised when the step ends, so a step (a record
+    sent, a polled batch printed and counted) is done whole or not begun, and what a command
+    reports after Ctrl-C is exact. Outside a step (waiting for input) Ctrl-C raises at once; a
+    second Ctrl-C inside a step does too, for a step that hangs."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._in_step = False
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator["Interrupts"]:
+        import signal
+
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            yield self
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    @contextlib.contextmanager
+    def step(self) -> Iterator[None]:
+        self._in_step = True
+        try:
+            yield
+        finally:
+            self._in_step = False
+        if self.requested:
+            raise KeyboardInterrupt
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self._in_step and not self.requested:
+            self.requested = True
+            return
+        self.requested = True
+        raise KeyboardInterrupt

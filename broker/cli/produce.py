@@ -15,7 +15,15 @@ from typing import IO, Any, Iterable, Iterator
 
 import click
 
-from broker.cli.common import KEY_VALUE, bootstrap_option, producer_client, producer_config, producer_options
+from broker.cli.common import (
+    KEY_VALUE,
+    Interrupts,
+    bootstrap_option,
+    producer_client,
+    producer_config,
+    producer_options,
+    progress_bar,
+)
 
 # Futures kept before checking the oldest for failures; bounds memory on endless input.
 PENDING_WINDOW = 10_000
@@ -48,7 +56,9 @@ def produce(topic: str, source: IO[bytes], key_separator: str | None, partition:
             headers: tuple[tuple[str, str], ...], **flags: Any) -> None:
     """Send each line of stdin or --file to TOPIC as one record (newline stripped).
 
-    Waits until every record is acknowledged, then reports the count on stderr.
+    Waits until every record is acknowledged, then reports the count on stderr. A file shows a
+    progress bar on a terminal. Ctrl-C stops reading, waits for what was sent to be acknowledged
+    and says which lines were stored (exit code 130).
 
     \b
     Lines without the --key-separator (exit code 1, error naming the lines):
@@ -67,20 +77,46 @@ def produce(topic: str, source: IO[bytes], key_separator: str | None, partition:
         _check_every_line(source, separator)
         source.seek(start)
     config = producer_config(flags)
-    with producer_client(config) as producer:
+    interrupts = Interrupts()
+    with interrupts.installed(), producer_client(config) as producer, progress_bar(_size(source), "produce") as advance:
         pending: deque[Any] = deque()
         count = 0
         try:
-            for key, value in split_lines(source, separator):
-                pending.append(producer.send(topic, value, key, partition=partition, headers=record_headers))
-                count += 1
+            for key, value in split_lines(source, separator):  # Ctrl-C while reading: at once
+                with interrupts.step():  # Ctrl-C while sending: after the line is sent whole
+                    pending.append(producer.send(topic, value, key, partition=partition, headers=record_headers))
+                    count += 1
+                    advance(len(value) + (len(key) + len(separator) if key is not None and separator else 0) + 1)
                 if len(pending) > PENDING_WINDOW:
                     _check_done(pending)
+            _wait_acknowledged(producer, pending)
         except MissingSeparatorError as err:
             _wait_acknowledged(producer, pending)
             raise _stopped_at(err, count, config) from err
-        _wait_acknowledged(producer, pending)
+        except KeyboardInterrupt:
+            _wait_acknowledged(producer, pending)  # a second Ctrl-C here ends the command at once
+            click.echo(f"interrupted: {_lines(count)} {_stored(config)}, nothing after line {count} was sent",
+                       err=True)
+            raise click.exceptions.Exit(130) from None  # 128 + SIGINT, as a shell reports it
     click.echo(f"produced {count} records to {topic}", err=True)
+
+
+def _size(source: IO[bytes]) -> int | None:
+    """Bytes left to read in a file (for the progress bar); None for a stream."""
+    if not source.seekable():
+        return None
+    here = source.tell()
+    end = source.seek(0, 2)
+    source.seek(here)
+    return end - here
+
+
+def _lines(count: int) -> str:
+    return "no line" if count == 0 else "line 1 (1 record)" if count == 1 else f"lines 1-{count} ({count} records)"
+
+
+def _stored(config: dict[str, Any]) -> str:
+    return "were sent without acknowledgement (--acks 0)" if str(config.get("acks")) == "0" else "were stored"
 
 
 def split_lines(lines: Iterable[bytes], separator: bytes | None) -> Iterator[tuple[bytes | None, bytes]]:
@@ -134,9 +170,7 @@ def _stopped_at(err: MissingSeparatorError, sent: int, config: dict[str, Any]) -
     assert sent == err.line_number - 1, (sent, err.line_number)
     if sent == 0:
         return ValueError(f"{err}; nothing was sent")
-    lines = "line 1" if sent == 1 else f"lines 1-{sent}"
-    stored = "were sent without acknowledgement (--acks 0)" if str(config.get("acks")) == "0" else "were stored"
-    return ValueError(f"{err}; stopped there: {lines} ({sent} records) {stored}, nothing from line {err.line_number} on was sent")
+    return ValueError(f"{err}; stopped there: {_lines(sent)} {_stored(config)}, nothing from line {err.line_number} on was sent")
 
 
 def _wait_acknowledged(producer: Any, pending: deque[Any]) -> None:

@@ -21,6 +21,11 @@ log = logging.getLogger("pymq.client")
 Reply = tuple[dict[str, Any], memoryview]
 R = TypeVar("R", bound=Message)
 DEFAULT_MAX_RESPONSE_BYTES = 256 << 20
+# A connection's first correlation id, bytes 8-11 of its first frame: "\r\n\r\n". An HTTP server
+# (a metrics port, a proxy given as --bootstrap) reads a request up to a newline and then a blank
+# line, so it answers this frame at once with an error, which the decoder recognizes, instead of
+# waiting for more bytes while the client waits out its request timeout.
+FIRST_CORRELATION_ID = 0x0D0A0D0A
 
 
 def raise_for_error(control: dict[str, Any]) -> None:
@@ -39,7 +44,7 @@ class BrokerConnection(asyncio.BufferedProtocol):
         self.host, self.port = host, port
         self.decoder = protocol.ResponseDecoder(max_response_bytes)
         self._pending: dict[int, tuple[asyncio.Future[Reply], asyncio.TimerHandle | None]] = {}
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(FIRST_CORRELATION_ID)
         self._slots = asyncio.Semaphore(max_in_flight)
         self._transport: asyncio.Transport | None = None
         self._closed_error: PymqError | None = None
@@ -90,7 +95,8 @@ class BrokerConnection(asyncio.BufferedProtocol):
                 if not future.done():
                     future.set_result((response.control, response.payload))
         except PymqError as err:
-            log.error("bad response frame from %s:%d: %s", self.host, self.port, err)
+            if not self._pending:  # nobody waits to be told
+                log.error("bad response frame from %s:%d: %s", self.host, self.port, err)
             # Waiting requests learn why: the peer does not speak pymq's protocol (an HTTP server
             # or proxy on that port answers with a "frame" of 1.2 GB: the bytes "HTTP").
             self._fail_all(NetworkError(f"{self.host}:{self.port} is not a pymq broker (its answer is not a "

@@ -7,6 +7,7 @@ producer's `send`) touches thread-safe structures directly instead.
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
 from typing import Any, Coroutine, TypeVar
 
@@ -22,6 +23,10 @@ class LoopThread:
         self._thread.start()
 
     def _run(self) -> None:
+        # Ctrl-C and SIGTERM are for the application's main thread, where Python runs signal
+        # handlers: the kernel gives a process signal to any thread not blocking it, and a signal
+        # taken here would leave the main thread blocked (reading stdin, say) until its call returns.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 

@@ -259,6 +259,11 @@ class ResponseDecoder(_FrameReader):
 
     HEADER = RESPONSE_HEADER
 
+    def _oversize(self, header: tuple[int, ...]) -> Any:
+        start = (header[0] & 0xFFFFFFFF).to_bytes(4, "big")
+        raise InvalidRequestError(f"a frame of {header[0] + 4} bytes exceeds the limit {self.max_frame_bytes}; "
+                                  f"its first bytes are {start!r}")
+
     def _frame(self, header: tuple[int, ...], body: memoryview) -> Response:
         _, correlation_id, control_length = header
         if control_length < 0 or control_length > len(body):

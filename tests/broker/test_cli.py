@@ -13,7 +13,7 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pyarrow as pa
 import pytest
@@ -21,7 +21,7 @@ from click.testing import CliRunner, Result
 
 from broker.cli import cli
 from broker.cli.common import producer_config
-from broker.cli.consume import Timestamp, csv_bytes, json_text, text_lines
+from broker.cli.consume import Timestamp, bytes_text, csv_bytes, json_bytes, json_lines, raw_lines, text_lines
 from broker.cli.loadgen import PayloadPool, latency_summary
 from broker.cli.produce import MissingSeparatorError, lines_without_separator, split_lines
 from broker.client import RECORD_SCHEMA
@@ -163,12 +163,18 @@ def _records(keys: list[bytes | None], values: list[bytes | None]) -> pa.Table:
     }, schema=RECORD_SCHEMA)
 
 
-def test_text_and_json_show_undecodable_bytes_safely() -> None:
-    """Text replaces invalid UTF-8, JSON falls back to base64, a missing key prints as null."""
+def test_print_formats_show_undecodable_bytes_safely_and_mark_base64() -> None:
+    """utf8 replaces invalid UTF-8; hex and base64 encode every byte; auto keeps valid UTF-8 as
+    text and marks base64 (an object in JSON); raw prints the bytes; a missing key is null."""
     table = _records([None, b"k"], [b"\xff\xfe", b"ok"])
-    assert text_lines(table, True, True, "|") == "0:0|null|\ufffd\ufffd\n0:1|k|ok\n"
-    assert json_text(b"\xff\xfe") == "//4="
-    assert json_text("héllo".encode()) == "héllo"
+    assert text_lines(table, bytes_text("utf8"), True, True, "|") == "0:0|null|\ufffd\ufffd\n0:1|k|ok\n"
+    assert text_lines(table, bytes_text("hex"), True, False, "|") == "null|fffe\n6b|6f6b\n"
+    assert text_lines(table, bytes_text("auto"), False, False, "|") == "base64://4=\nok\n"
+    assert raw_lines(table, True, False, b"|") == b"null|\xff\xfe\nk|ok\n"
+    auto = [json.loads(line) for line in json_lines(table, json_bytes("auto")).splitlines()]
+    assert [(r["key"], r["value"]) for r in auto] == [(None, {"base64": "//4="}), ("k", "ok")]
+    base64_only = [json.loads(line) for line in json_lines(table, json_bytes("base64")).splitlines()]
+    assert [(r["key"], r["value"]) for r in base64_only] == [(None, "//4="), ("aw==", "b2s=")]
 
 
 def test_csv_has_header_once_and_utf8_key_value() -> None:
@@ -178,6 +184,7 @@ def test_csv_has_header_once_and_utf8_key_value() -> None:
     assert first.splitlines()[0] == '"topic","partition","offset","timestamp","key","value"'
     assert '"k","v"' in first and "\ufffd" in first
     assert not csv_bytes(table, include_header=False).decode().startswith('"topic"')
+    assert '"6b","76"' in csv_bytes(table, include_header=False, bytes_format="hex").decode()
 
 
 def test_payload_pool_tables_slice_one_buffer() -> None:
@@ -292,8 +299,8 @@ def test_describe_shows_log_offsets(cli_broker: str, tmp_path: Path) -> None:
 
 
 def test_produce_file_with_keys_then_consume_json(cli_broker: str, tmp_path: Path) -> None:
-    """Lines split at the key separator come back as JSON with keys, values (base64 when not
-    UTF-8), headers, ISO timestamps and per-partition increasing offsets."""
+    """Lines split at the key separator come back as JSON with keys, values ({"base64": ...} when
+    not UTF-8), headers, ISO timestamps and per-partition increasing offsets."""
     b = ["-b", cli_broker]
     run(*b, "topic", "create", "keyed", "-p", "3")
     source = tmp_path / "records.txt"
@@ -307,7 +314,7 @@ def test_produce_file_with_keys_then_consume_json(cli_broker: str, tmp_path: Pat
     records = [json.loads(line) for line in consumed.stdout.splitlines()]
     by_key = {r["key"]: r for r in records}
     assert len(records) == 51 and by_key["user-7"]["value"] == "event 7"
-    assert by_key["raw"]["value"] == "//4="
+    assert by_key["raw"]["value"] == {"base64": "//4="}  # marked: never mistaken for text
     assert all(r["headers"] == [["origin", "test"]] and r["topic"] == "keyed" for r in records)
     datetime.fromisoformat(records[0]["timestamp"])
     for partition in {r["partition"] for r in records}:
@@ -440,3 +447,85 @@ def test_piped_tables_are_never_cut_to_a_terminal_width(cli_broker: str) -> None
     configs = piped("broker", "configs")
     longest = max(BROKER_CONFIGS.values(), key=lambda c: len(c.doc))
     assert any(longest.doc in line for line in configs.splitlines()), longest.name
+
+
+# -- Ctrl-C ----------------------------------------------------------------------------------------
+
+
+def _cli_process(*args: str, stdin: Any = subprocess.DEVNULL, stdout: Any = subprocess.PIPE) -> subprocess.Popen[bytes]:
+    # Unbuffered: communicate() reads the pipes' descriptors, past any read-ahead a buffer would hold.
+    return subprocess.Popen([sys.executable, "-m", "broker.cli", *args], cwd=REPO, stdin=stdin, stdout=stdout,
+                            stderr=subprocess.PIPE, bufsize=0)
+
+
+def _wait_for(predicate: Any, what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_consume_interrupted_reports_exactly_the_records_it_printed(cli_broker: str) -> None:
+    """Ctrl-C while a batch is being written to a full pipe: the batch is written whole, then
+    consume stops, and the count on stderr is the number of lines printed (it reported 135,631
+    after printing 818,709: the write cut short by the signal, and the batch not counted)."""
+    from broker.client import Producer
+
+    run("-b", cli_broker, "topic", "create", "interrupted", "-p", "2")
+    with Producer(cli_broker) as producer:
+        for p in range(2):
+            producer.send_batch("interrupted", pa.table({"value": [b"v%d" % i for i in range(100_000)]}), partition=p)
+        producer.flush()
+    proc = _cli_process("-b", cli_broker, "consume", "interrupted", "--from-beginning")
+    assert proc.stdout is not None
+    head = b""
+    while len(head) < 100_000:  # then the pipe fills: consume blocks mid-batch, where Ctrl-C lands
+        head += proc.stdout.read(100_000 - len(head))
+    proc.send_signal(signal.SIGINT)
+    rest, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0, stderr
+    printed = (head + rest).count(b"\n")
+    assert f"consumed {printed} records" in stderr.decode()  # the batch cut by Ctrl-C was printed whole
+
+
+def test_consume_as_a_group_member_commits_what_it_printed_and_leaves_on_ctrl_c(cli_broker: str, tmp_path: Path) -> None:
+    """`consume --group`: the group assigns the partitions; after Ctrl-C the group is Empty at
+    once (the member left, no session timeout) with the printed records' offsets committed, and
+    the next member of the group starts after them."""
+    from broker.client import Admin, Producer
+
+    run("-b", cli_broker, "topic", "create", "grouped", "-p", "2")
+    with Producer(cli_broker) as producer:
+        for i in range(40):
+            producer.send("grouped", b"g%d" % i, partition=i % 2)
+    out = tmp_path / "group.txt"
+    with out.open("wb") as sink:
+        proc = _cli_process("-b", cli_broker, "consume", "grouped", "--group", "console", "--from-beginning", stdout=sink)
+        _wait_for(lambda: out.read_bytes().count(b"\n") == 40, "the member did not print the 40 records")
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "consumed 40 records" in stderr.decode(), stderr
+    with Admin(cli_broker) as admin:
+        (group,) = admin.describe_groups(["console"])
+        assert group.state == "Empty" and not group.members
+        assert {tp: o.offset for tp, o in admin.list_group_offsets("console").items()} == {("grouped", 0): 20,
+                                                                                           ("grouped", 1): 20}
+    again = run("-b", cli_broker, "consume", "grouped", "--group", "console", "--from-beginning", "--timeout-ms", "1500")
+    assert again.exit_code == 0 and "consumed 0 records" in again.stderr
+    assert run("-b", cli_broker, "consume", "grouped", "--group", "g", "--offset", "3").exit_code == 2
+
+
+def test_produce_interrupted_says_which_lines_were_stored(cli_broker: str) -> None:
+    """Ctrl-C while `produce` waits for more input on a pipe: the lines sent so far are
+    acknowledged, the message names them, and the topic holds exactly those."""
+    run("-b", cli_broker, "topic", "create", "cut-short", "-p", "1")
+    proc = _cli_process("-b", cli_broker, "produce", "cut-short", "--linger-ms", "0", stdin=subprocess.PIPE)
+    assert proc.stdin is not None
+    proc.stdin.write(b"".join(b"line-%d\n" % i for i in range(1, 6)))
+    proc.stdin.flush()
+    _wait_for(lambda: len(_stored(cli_broker, "cut-short")) == 5, "the five lines were not stored")
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stderr
+    assert "interrupted: lines 1-5 (5 records) were stored, nothing after line 5 was sent" in stderr.decode()
+    assert _stored(cli_broker, "cut-short") == [f"null\tline-{i}" for i in range(1, 6)]

@@ -110,6 +110,27 @@ def test_a_peer_that_is_not_a_pymq_broker_is_named_as_such():
         server.close()
 
 
+def test_an_http_server_given_as_bootstrap_fails_at_once_not_after_the_request_timeout():
+    """Python's http.server (as a metrics port runs) reads a request up to a newline and waits
+    for more: the client's first frame carries one ("\r\n\r\n" as its correlation id), so the
+    server answers at once and the client names it, long before its 60 s request timeout."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from broker.errors import NetworkError
+    from pymq import Admin
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with Admin(f"127.0.0.1:{server.server_address[1]}", request_timeout_ms=60_000) as admin:
+            with pytest.raises(NetworkError, match=r"127.0.0.1:\d+ is not a pymq broker .*its first bytes are"):
+                admin.list_topics()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 # What the package facade would drag in if it imported its public names eagerly.
 CLIENT_CORES = ("broker.client.accumulator", "broker.client.admin", "broker.client.consumer",
                 "broker.client.consumer_coordinator", "broker.client.fetcher", "broker.client.producer",
