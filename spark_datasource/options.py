@@ -126,7 +126,7 @@ def bootstrap_servers(opts: Mapping[str, str]) -> str:
 def include_headers(options: Mapping[str, str]) -> bool:
     """The `includeHeaders` option alone: the schema is asked for before the other options are
     checked (Spark calls DataSource.schema first)."""
-    return _boolean({k.lower(): str(v) for k, v in options.items()}, "includeheaders", False)
+    return boolean_option({k.lower(): str(v) for k, v in options.items()}, "includeheaders", False)
 
 
 def spelled(name: str) -> str:
@@ -257,8 +257,8 @@ class SourceOptions:
             max_trigger_delay_ms=delay,
             min_partitions=_positive(opts, "minpartitions"),
             max_records_per_partition=_positive(opts, "maxrecordsperpartition"),
-            fail_on_data_loss=_boolean(opts, "failondataloss", True),
-            include_headers=_boolean(opts, "includeheaders", False),
+            fail_on_data_loss=boolean_option(opts, "failondataloss", True),
+            include_headers=boolean_option(opts, "includeheaders", False),
             poll_timeout_ms=_positive(opts, "kafkaconsumer.polltimeoutms") or DEFAULT_POLL_TIMEOUT_MS,
             group_id_for_lag=lag_group,
             client=client,
@@ -399,7 +399,7 @@ def _remote_storage(opts: dict[str, str], streaming: bool) -> tuple[str | None, 
     if "remotestorage.only" in opts and streaming:
         raise InvalidOptionError("option 'remoteStorage.only' is for batch queries only: a streaming query reads "
                                  "new records, which only the brokers have")
-    only = _boolean(opts, "remotestorage.only", False)
+    only = boolean_option(opts, "remotestorage.only", False)
     if url is None:
         if s3 or only:
             given = next(spelled(n) for n in (*REMOTE_S3_OPTIONS, "remotestorage.only") if n in opts)
@@ -442,7 +442,8 @@ def _positive(opts: dict[str, str], name: str) -> int | None:
     return value
 
 
-def _boolean(opts: dict[str, str], name: str, default: bool) -> bool:
+def boolean_option(opts: dict[str, str], name: str, default: bool) -> bool:
+    """`opts[name]` (lower-cased names) as `true` or `false`, any case; `default` when absent."""
     text = opts.get(name)
     if text is None:
         return default
@@ -465,5 +466,5 @@ def _duration_ms(opts: dict[str, str], name: str, default: int) -> int:
 
 def _client_value(name: str, text: str) -> Any:
     if name == "kafka.check.crcs":
-        return _boolean({name: text}, name, True)
+        return boolean_option({name: text}, name, True)
     return _positive({name: text}, name)

@@ -11,7 +11,8 @@ Columns, as the Spark Kafka sink takes them:
 | `headers` | array<struct<key string, value binary>> | optional |
 
 Other columns are ignored (as Kafka's sink does). Options: `kafka.bootstrap.servers` (or
-`bootstrap.servers`), `topic`, and producer settings as `kafka.<name>` (`kafka.acks`,
+`bootstrap.servers`), `topic`, `includeHeaders` (`true` by default: a `headers` column is
+written; `false`: it is not), and producer settings as `kafka.<name>` (`kafka.acks`,
 `kafka.linger.ms`, `kafka.batch.size`, `kafka.compression.type`, ...). The sink's producer
 defaults to `acks=all`. Batch writes need `.mode("append")`: Spark refuses its default mode
 (ErrorIfExists) for every Python data source before the sink is asked, and the sink refuses
@@ -38,7 +39,7 @@ from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, St
 from broker.client import Producer
 from broker.client.config import client_settings
 from broker.client.producer import AsyncProducer
-from spark_datasource.options import InvalidOptionError, bootstrap_servers
+from spark_datasource.options import InvalidOptionError, boolean_option, bootstrap_servers
 from spark_datasource.schema import HEADER_TYPE
 
 log = logging.getLogger("pymq.spark.writer")
@@ -62,6 +63,7 @@ class SinkOptions:
     bootstrap_servers: str
     topic: str | None
     producer: dict[str, Any] = field(default_factory=dict)
+    headers: bool = True  # write the `headers` column when there is one (includeHeaders=false: not)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], schema: StructType) -> "SinkOptions":
@@ -71,20 +73,23 @@ class SinkOptions:
         opts.pop("kafka.bootstrap.servers", None)
         opts.pop("bootstrap.servers", None)
         topic = opts.pop("topic", None)
+        headers = boolean_option(opts, "includeheaders", True)
+        opts.pop("includeheaders", None)
         for name in SPARK_WRITER_OPTIONS:
             opts.pop(name, None)
         settings = {}
         for name, value in opts.items():
             if not name.startswith("kafka."):
                 raise InvalidOptionError(f"unknown option {name!r} for the pymq sink; accepted: kafka.bootstrap.servers, "
-                                         "topic, and producer settings as kafka.<name> (e.g. kafka.linger.ms)")
+                                         "topic, includeHeaders, and producer settings as kafka.<name> (e.g. "
+                                         "kafka.linger.ms)")
             settings[name.removeprefix("kafka.")] = _number_or_text(value)
         try:
             _, producer = client_settings(AsyncProducer.__init__, bootstrap, settings, {})
         except ValueError as err:
             raise InvalidOptionError(f"pymq sink: {err} (give them with the 'kafka.' prefix)") from err
         _check_columns(schema, topic)
-        return cls(bootstrap, topic.strip() if topic else None, {**SINK_DEFAULTS, **producer})
+        return cls(bootstrap, topic.strip() if topic else None, {**SINK_DEFAULTS, **producer}, headers)
 
 
 def _number_or_text(value: str) -> Any:
@@ -126,7 +131,7 @@ def write_batches(options: SinkOptions, batches: Iterator[pa.RecordBatch]) -> Wr
     results = []
     with Producer(options.bootstrap_servers, **options.producer) as producer:
         for batch in batches:
-            for topic, partition, rows in _split(batch, options.topic):
+            for topic, partition, rows in _split(batch, options.topic, options.headers):
                 results.extend(producer.send_batch(topic, rows, partition=partition))
                 written[topic] = written.get(topic, 0) + rows.num_rows
         producer.flush()
@@ -138,12 +143,12 @@ def write_batches(options: SinkOptions, batches: Iterator[pa.RecordBatch]) -> Wr
     return WrittenRows(written)
 
 
-def _split(batch: pa.RecordBatch, topic_option: str | None) -> Iterator[tuple[str, int | None, pa.Table]]:
+def _split(batch: pa.RecordBatch, topic_option: str | None, headers: bool) -> Iterator[tuple[str, int | None, pa.Table]]:
     """The batch's rows grouped by topic and chosen partition (None: by key), with kernels; only
     the sink's columns are carried (others are ignored, and never copied by the filters)."""
     names = {n.lower(): n for n in batch.schema.names}
     used = [c for c in ("key", "value", "headers", "topic", "partition")
-            if c in names and not (c == "topic" and topic_option is not None)]
+            if c in names and not (c == "topic" and topic_option is not None) and not (c == "headers" and not headers)]
     table = pa.Table.from_batches([batch]).select([names[c] for c in used]).rename_columns(used)
     body = [c for c in ("key", "value", "headers") if c in used]
     if topic_option is not None:

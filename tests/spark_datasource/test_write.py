@@ -117,6 +117,19 @@ def test_headers_round_trip(spark, bootstrap, topic_name):
                        ignore_row_order=True, ignore_nullable=True)
 
 
+def test_include_headers_false_leaves_the_headers_column_out(spark, bootstrap, topic_name):
+    """`includeHeaders` is one of Spark's Kafka sink options: true (the default) writes a headers
+    column, false does not; anything else is refused by name."""
+    create_topics(bootstrap, 1, topic_name)
+    df = spark.createDataFrame([("a", [("trace", b"t-1")])], f"value string, headers {HEADERS}")
+    write(df, bootstrap, topic=topic_name, includeHeaders="false").save()
+    write(df, bootstrap, topic=topic_name, includeHeaders="TRUE").save()
+    got = sorted((r["offset"], r["headers"]) for r in read(spark, bootstrap, topic_name, include_headers=True).collect())
+    assert [(o, [tuple(h) for h in hs or []]) for o, hs in got] == [(0, []), (1, [("trace", b"t-1")])]
+    with pytest.raises(Exception, match="includeHeaders.*must be 'true' or 'false'"):
+        write(df, bootstrap, topic=topic_name, includeHeaders="yes").save()
+
+
 def test_headers_built_with_functions(spark, bootstrap, topic_name):
     """Headers built with F.array/F.struct of literals (non-nullable fields) are accepted and round-trip."""
     create_topics(bootstrap, 1, topic_name)
