@@ -99,6 +99,13 @@ class NetworkError(PymqError, wire_name="NETWORK_EXCEPTION"):
     retriable = True
 
 
+class NotAPymqBrokerError(NetworkError):
+    """The peer answered with bytes that are no pymq response (an HTTP server, a metrics port, a
+    Kafka broker given as bootstrap): asking it again gives the same answer."""
+
+    retriable = False
+
+
 class InvalidTopicError(PymqError, wire_name="INVALID_TOPIC_EXCEPTION"):
     code = 17
 

@@ -193,5 +193,8 @@ def _no_answer(topic: str, err: Exception) -> None:
 
 
 def _admin_settings(options: SourceOptions) -> dict[str, int]:
-    timeout = options.client.get("request_timeout_ms")
-    return {"request_timeout_ms": timeout} if timeout else {}
+    """The driver's admin settings among the query's `kafka.*` options: the request timeout, and
+    how long its lookups wait out brokers that cannot be reached (a restart), as Kafka's source
+    does for `default.api.timeout.ms` (60 s unless set)."""
+    names = ("request_timeout_ms", "retry_backoff_ms", "default_api_timeout_ms")
+    return {name: options.client[name] for name in names if options.client.get(name)}

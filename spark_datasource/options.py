@@ -77,6 +77,7 @@ CLIENT_SETTINGS = {
     "max.partition.fetch.bytes": "max_partition_fetch_bytes",
     "retry.backoff.ms": "retry_backoff_ms",
     "check.crcs": "check_crcs",
+    "default.api.timeout.ms": "default_api_timeout_ms",
 }
 
 _SOURCE_OPTIONS = {

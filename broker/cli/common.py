@@ -141,7 +141,9 @@ def bootstrap() -> str:
 def admin_client() -> Iterator["Admin"]:
     from broker.client import Admin
 
-    with Admin(bootstrap()) as admin:
+    # At a terminal an unreachable broker is reported at once (the command is rerun by hand),
+    # not waited out for default.api.timeout.ms as a library caller's lookups are.
+    with Admin(bootstrap(), default_api_timeout_ms=0) as admin:
         yield admin
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from broker import protocol
 from broker.client.cluster import Cluster, PartitionInfo, partition_infos
 from broker.topic_partition import TopicPartition
 from segment_format.manifest import RemoteSegment
-from broker.client.config import BootstrapServers, client_settings
+from broker.client.config import RETRY_BACKOFF_MAX_S, BootstrapServers, client_settings
 from broker.client.loop_thread import LoopThread
 from broker.client.offset_fetcher import list_offsets
 from broker.errors import (
@@ -77,6 +78,7 @@ from broker.protocol.consumer_protocol import PROTOCOL_TYPE as CONSUMER_PROTOCOL
 from broker.protocol.consumer_protocol import Assignment
 
 R = TypeVar("R", bound=Message)
+log = logging.getLogger("pymq.admin")
 
 # The coordinator moved, is starting or is loading: find it again and retry.
 _COORDINATOR_RETRIABLE = (NotCoordinatorError, CoordinatorNotAvailableError, CoordinatorLoadInProgressError)
@@ -225,11 +227,29 @@ def _group_description(group: DescribedGroup) -> GroupDescription:
 
 class AsyncAdmin:
     def __init__(self, bootstrap_servers: str | list[str], *, request_timeout_ms: int = 30_000,
-                 retry_backoff_ms: int = 100) -> None:
+                 retry_backoff_ms: int = 100, default_api_timeout_ms: int = 60_000) -> None:
         self.cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms)
         self.request_timeout_s = request_timeout_ms / 1000
         self.retry_backoff_s = retry_backoff_ms / 1000
+        self.default_api_timeout_s = default_api_timeout_ms / 1000
         self._coordinators: dict[str, int] = {}  # group id -> node id of its coordinator
+
+    async def _reading(self, attempt: Callable[[], Awaitable[R]]) -> R:
+        """Run a call that only reads (metadata, configs, offsets) until it succeeds, fails with
+        an error retrying cannot fix, or `default_api_timeout_ms` has passed since it began, as
+        Kafka's clients do: a broker restarting (connections refused for a few seconds) is
+        waited out, not reported. Reads are safe to send again; changes are not retried here."""
+        deadline = time.monotonic() + self.default_api_timeout_s
+        backoff = self.retry_backoff_s
+        while True:
+            try:
+                return await attempt()
+            except PymqError as err:
+                if not err.retriable or time.monotonic() + backoff >= deadline:
+                    raise
+                log.info("admin: %s; retrying in %.1f s", err, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
 
     async def create_topic(self, name: str, partitions: int = -1, replication_factor: int = -1,
                            configs: dict[str, Any] | None = None, validate_only: bool = False) -> None:
@@ -251,18 +271,19 @@ class AsyncAdmin:
         _raise_topic_errors(reply.topics)
 
     async def list_topics(self) -> list[str]:
-        await self.cluster.refresh()
+        await self._reading(self.cluster.refresh)
         return sorted(self.cluster.topics)
 
     async def describe_topics(self, names: Iterable[str] | None = None) -> list[TopicDescription]:
         wanted = list(names) if names is not None else await self.list_topics()
-        reply = await self.cluster.send(None, MetadataRequest(tuple(wanted)))
+        reply = await self._reading(lambda: self.cluster.send(None, MetadataRequest(tuple(wanted))))
         _raise_topic_errors(reply.topics)
         configs = await self.describe_configs(wanted)
         return [TopicDescription(t.name, t.topic_id, partition_infos(t), configs[t.name]) for t in reply.topics]
 
     async def describe_configs(self, names: Iterable[str]) -> dict[str, dict[str, dict[str, Any]]]:
-        reply = await self.cluster.send(None, DescribeConfigsRequest(tuple(TopicRef(name) for name in names)))
+        request = DescribeConfigsRequest(tuple(TopicRef(name) for name in names))
+        reply = await self._reading(lambda: self.cluster.send(None, request))
         _raise_topic_errors(reply.topics)
         return {t.name: {c.name: {"value": c.value, "source": c.source} for c in t.configs} for t in reply.topics}
 
@@ -276,8 +297,11 @@ class AsyncAdmin:
 
     async def list_offsets(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
         """(offset, timestamp) per partition; timestamps may be EARLIEST (-2), LATEST (-1) or a time in ms."""
-        await self.cluster.refresh()
-        return await list_offsets(self.cluster, timestamps)
+        async def attempt() -> dict[TopicPartition, tuple[int, int]]:
+            await self.cluster.refresh()
+            return await list_offsets(self.cluster, timestamps)
+
+        return await self._reading(attempt)
 
     async def api_versions(self) -> list[dict[str, Any]]:
         reply = await self.cluster.send(None, ApiVersionsRequest())

@@ -15,6 +15,8 @@ from typing import Any
 
 BootstrapServers = str | list[str]
 
+RETRY_BACKOFF_MAX_S = 1.0  # Kafka's retry.backoff.max.ms: retry backoffs double up to this
+
 ALIASES = {
     "compression.type": "compression",
     "max.in.flight.requests.per.connection": "max_in_flight",

@@ -13,7 +13,7 @@ import logging
 from typing import Any, TypeVar
 
 from broker import protocol
-from broker.errors import NetworkError, PymqError, RequestTimedOutError, error_for_code
+from broker.errors import NetworkError, NotAPymqBrokerError, PymqError, RequestTimedOutError, error_for_code
 from broker.protocol import Message, RequestMessage, part_size
 
 log = logging.getLogger("pymq.client")
@@ -99,8 +99,8 @@ class BrokerConnection(asyncio.BufferedProtocol):
                 log.error("bad response frame from %s:%d: %s", self.host, self.port, err)
             # Waiting requests learn why: the peer does not speak pymq's protocol (an HTTP server
             # or proxy on that port answers with a "frame" of 1.2 GB: the bytes "HTTP").
-            self._fail_all(NetworkError(f"{self.host}:{self.port} is not a pymq broker (its answer is not a "
-                                        f"pymq response: {err})"))
+            self._fail_all(NotAPymqBrokerError(f"{self.host}:{self.port} is not a pymq broker (its answer is not a "
+                                               f"pymq response: {err})"))
             self.close()
 
     # -- requests --------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ import numpy as np
 
 from broker import protocol
 from broker.client.cluster import Cluster
+from broker.client.config import RETRY_BACKOFF_MAX_S
 from broker.client.decoder import FetchedBatch, decode_fetched
 from broker.client.offset_fetcher import list_offsets
 from broker.errors import (
@@ -48,7 +49,6 @@ from broker.protocol import FetchPartition, FetchRequest, TopicRequest
 
 log = logging.getLogger("pymq.range_reader")
 
-RETRY_BACKOFF_MAX_S = 1.0  # Kafka's retry.backoff.max.ms: the backoff doubles up to this
 SIZE_MARGIN = 1.1  # fetch a little more than the estimate: records vary in size
 
 

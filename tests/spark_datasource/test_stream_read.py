@@ -464,3 +464,25 @@ def test_deleted_and_recreated_topic_without_fail_on_data_loss(spark, bootstrap,
         query.stop()
     assert sorted((r["offset"], r["value"]) for r in rows) == sorted(
         [(i, f"{topic_name}-0-{i}".encode()) for i in range(3)] + [(i, f"{topic_name}-0-{i}".encode()) for i in range(2)])
+
+
+def test_a_broker_restart_under_a_running_query_is_survived(spark, broker_factory, topic_name):
+    """The broker stops for a few seconds while a streaming query polls it every 200 ms: the
+    driver's lookups wait it out (default.api.timeout.ms) instead of failing the query with "no
+    broker reachable", and every record, from before and after the restart, is read once."""
+    restarting = broker_factory("restarting").start()
+    create_topic(restarting.bootstrap, topic_name, 2)
+    produce(restarting.bootstrap, topic_name, {0: 50, 1: 50})
+    df = stream(spark, restarting.bootstrap, subscribe=topic_name, startingOffsets="earliest")
+    query, name = to_memory(df, {"processingTime": "200 milliseconds"})
+    try:
+        wait_until(lambda: len(memory_rows(spark, name)) == 100, 120, query, "the first 100 records")
+        restarting.stop()
+        time.sleep(3)  # several triggers find no broker
+        restarting.start()
+        produce(restarting.bootstrap, topic_name, {0: 20, 1: 20})
+        wait_until(lambda: len(memory_rows(spark, name)) == 140, 120, query, "the records produced after the restart")
+        assert query.exception() is None
+        assert offsets_by_partition(memory_rows(spark, name)) == expected(topic_name, {0: range(70), 1: range(70)})
+    finally:
+        query.stop()
