@@ -78,6 +78,10 @@ def normalize_cleanup_policy(value: str) -> str:
 
 
 CLEANUP_POLICIES = ("delete", "compact", "compact,delete")
+# How producers place keyed records (broker/client/partitioner.py): Kafka's murmur2 placement, or
+# murmur3, that of topics created before the `key.partitioner` config, which they keep.
+KEY_PARTITIONERS = ("murmur2", "murmur3")
+LEGACY_KEY_PARTITIONER = "murmur3"
 
 
 # Topic-level configs and the broker key that holds each one's default.
@@ -127,6 +131,10 @@ TOPIC_CONFIGS: dict[str, tuple[ConfigDef, str]] = {
         (ConfigDef("local.retention.bytes", int, -2,
                    "remote.storage.enable: delete the oldest uploaded local segments while the local log is "
                    "larger; -2 uses retention.bytes, -1 no limit", -2, INT64_MAX), "log.local.retention.bytes"),
+        (ConfigDef("key.partitioner", str, "murmur2",
+                   "where producers put a keyed record: murmur2 is Kafka's placement (a key keeps its Kafka "
+                   "partition), murmur3 that of topics created before this config; changing it moves keys",
+                   choices=KEY_PARTITIONERS), "key.partitioner"),
     ]
 }
 
@@ -154,6 +162,7 @@ class LogConfig:
     remote_storage_enable: bool = False
     local_retention_ms: int = -2
     local_retention_bytes: int = -2
+    key_partitioner: str = "murmur2"
 
     @property
     def effective_local_retention_ms(self) -> int:

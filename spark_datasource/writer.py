@@ -5,7 +5,7 @@ Columns, as the Spark Kafka sink takes them:
 | column | type | |
 | --- | --- | --- |
 | `value` | binary or string | required |
-| `key` | binary or string | optional; keyed rows go where the producer's murmur3 partitioner puts them |
+| `key` | binary or string | optional; keyed rows go where the topic's key partitioner puts them (Kafka's murmur2 placement for new topics) |
 | `topic` | string | required unless the `topic` option is set (the option wins, as in Kafka) |
 | `partition` | int | optional; a non-null value picks the partition |
 | `headers` | array<struct<key string, value binary>> | optional |

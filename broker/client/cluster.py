@@ -57,6 +57,7 @@ class Cluster:
         self.max_in_flight = max_in_flight
         self.brokers: dict[int, tuple[str, int]] = {}
         self.topics: dict[str, list[PartitionInfo]] = {}
+        self.key_partitioners: dict[str, str] = {}  # topic -> its key.partitioner (murmur2 | murmur3)
         self.topic_errors: dict[str, PymqError] = {}
         self._connections: dict[int | tuple[str, int], BrokerConnection] = {}
         self._connecting: dict[int, asyncio.Future[BrokerConnection]] = {}
@@ -132,6 +133,7 @@ class Cluster:
                     continue
                 self.topic_errors.pop(t.name, None)
                 self.topics[t.name] = partition_infos(t)
+                self.key_partitioners[t.name] = t.key_partitioner
 
     async def partitions(self, topic: str) -> list[PartitionInfo]:
         """The topic's partitions, refreshing metadata once if the topic is not cached."""

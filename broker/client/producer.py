@@ -40,6 +40,7 @@ from broker.client.cluster import Cluster
 from broker.client.config import BootstrapServers, client_settings
 from broker.client.loop_thread import LoopThread
 from broker.client.partitioner import StickyPartitioner, partition_for_key, partitions_for_keys
+from broker.config import LEGACY_KEY_PARTITIONER
 from broker.client.producer_batch import BatchResult, DeliveryCallback, Headers, RecordFuture
 from broker.client.sender import Sender
 from broker.errors import DeliveryTimeoutError, ProducerClosedError
@@ -112,7 +113,7 @@ class AsyncProducer:
                 raise ValueError(f"partition {partition} outside 0..{count - 1} of topic {topic!r}")
             return partition
         if key is not None:
-            return partition_for_key(key, count)
+            return partition_for_key(key, count, self.cluster.key_partitioners.get(topic, LEGACY_KEY_PARTITIONER))
         return self.sticky.partition(topic, count)
 
     # -- sending ---------------------------------------------------------------------------------
@@ -156,8 +157,8 @@ class AsyncProducer:
     async def send_batch(self, topic: str, data: Any, *, partition: int | None = None,
                          timestamp_ms: int | None = None) -> list[BatchResult]:
         """Send a pyarrow Table/RecordBatch or pandas DataFrame with a `value` column and optional
-        `key`, `timestamp` and `headers` columns. Rows are partitioned by key with vectorized
-        murmur3 (null keys spread in batch_size chunks); returns one BatchResult per batch sent."""
+        `key`, `timestamp` and `headers` columns. Rows are partitioned by key with the topic's key
+        partitioner, vectorized (null keys spread in batch_size chunks); returns one BatchResult per batch sent."""
         table = _as_table(data)
         count = await self.partitions_of(topic)
         results = []
@@ -183,7 +184,9 @@ class AsyncProducer:
             yield from ((partition, chunk) for chunk in self._chunks(body))
             return
         keys = body.column("key").combine_chunks()
-        assignment = partitions_for_keys(keys, count) if keys.null_count < len(keys) else np.full(len(keys), -1, np.int32)
+        partitioner = self.cluster.key_partitioners.get(topic, LEGACY_KEY_PARTITIONER)
+        assignment = (partitions_for_keys(keys, count, partitioner) if keys.null_count < len(keys)
+                      else np.full(len(keys), -1, np.int32))
         order = np.argsort(assignment, kind="stable")
         sorted_parts = assignment[order]
         bounds = np.flatnonzero(np.diff(sorted_parts)) + 1

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 from broker.cluster.metadata_store import Compare, Delete, Get, MetadataStore, Put, TxnResult
 from broker.coordinator.group_records import OFFSETS_TOPIC
-from broker.config import TOPIC_CONFIGS, LogConfig, parse_topic_configs
+from broker.config import LEGACY_KEY_PARTITIONER, TOPIC_CONFIGS, LogConfig, parse_topic_configs
 from segment_format.layout import validate_topic_name
 from broker.errors import (
     InvalidConfigError,
@@ -102,7 +102,8 @@ class TopicRegistry:
         for key, versioned in topics.items():
             name = key.removeprefix("topics/")
             raw = versioned.value
-            info = TopicInfo(name, raw["topic_id"], raw["partitions"], raw["replication_factor"], raw["configs"], versioned.version)
+            configs = {"key.partitioner": LEGACY_KEY_PARTITIONER, **raw["configs"]}  # stored before it existed: murmur3
+            info = TopicInfo(name, raw["topic_id"], raw["partitions"], raw["replication_factor"], configs, versioned.version)
             for p in range(info.partition_count):
                 state = states.get(_partition_key(name, p))
                 info.partitions[p] = PartitionState.from_json(state.value) if state else self._initial_state()
@@ -130,6 +131,8 @@ class TopicRegistry:
                 f"replication factor {replication_factor} needs that many brokers; this cluster has 1"
             )
         parsed = parse_topic_configs(configs)
+        # Stored with every new topic: a topic stored without it predates it and keeps murmur3.
+        parsed.setdefault("key.partitioner", self.log_defaults.key_partitioner)
         LogConfig.from_dotted(parsed, self.log_defaults)  # relations between limits
         return parsed
 
@@ -205,6 +208,7 @@ class TopicRegistry:
             raise InvalidConfigError(f"unknown topic config {unknown[0]!r}")
         merged = {k: v for k, v in info.configs.items() if k not in delete}
         merged.update(parse_topic_configs(set_configs))
+        merged.setdefault("key.partitioner", self.log_defaults.key_partitioner)  # reset: the broker's, stored
         LogConfig.from_dotted(merged, self.log_defaults)
         return merged
 

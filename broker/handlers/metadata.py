@@ -44,4 +44,5 @@ class MetadataHandler:
             return TopicMetadata(name, *code_and_message(err))
         partitions = tuple(PartitionMetadata(p, s.leader, s.leader_epoch, tuple(s.replicas), tuple(s.isr))
                            for p, s in sorted(info.partitions.items()))
-        return TopicMetadata(name, topic_id=info.topic_id, partitions=partitions)
+        return TopicMetadata(name, topic_id=info.topic_id, partitions=partitions,
+                             key_partitioner=self.registry.log_config(name).key_partitioner)

@@ -2,11 +2,14 @@
 
     Metadata request     control = {topics: [name] | None (every topic)}
     Metadata response    control = {error_code, brokers: [{node_id, host, port}], controller_id,
-                                    topics: [{name, error_code, error_message?, topic_id,
+                                    topics: [{name, error_code, error_message?, topic_id, key_partitioner,
                                     partitions: [{partition, error_code, leader, leader_epoch,
                                     replicas, isr}]}]}
     ApiVersions request  control = {}
     ApiVersions response control = {error_code, api_keys: [{api_key, name, min_version, max_version}]}
+
+`key_partitioner` is the topic's `key.partitioner` config (murmur2 or murmur3; murmur3 when
+absent), so every producer places a key where the others do.
 
 A Metadata topic name that is not a string fails the whole request (there is nothing to answer
 per topic without a name to look up).
@@ -16,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from broker.config import KEY_PARTITIONERS, LEGACY_KEY_PARTITIONER
 from broker.errors import InvalidRequestError
 from broker.protocol.fields import entries, field
 from broker.protocol.framing import ApiKey
@@ -63,15 +67,19 @@ class TopicMetadata(Outcome):
     error_message: str | None = None
     topic_id: str = ""
     partitions: tuple[PartitionMetadata, ...] = ()
+    key_partitioner: str = LEGACY_KEY_PARTITIONER  # a broker that does not send it has only murmur3
 
     def to_control(self) -> dict[str, Any]:
-        return put_error({"name": self.name, "topic_id": self.topic_id,
+        return put_error({"name": self.name, "topic_id": self.topic_id, "key_partitioner": self.key_partitioner,
                           "partitions": [p.to_control() for p in self.partitions]}, self.error_code, self.error_message)
 
     @classmethod
     def from_control(cls, control: dict[str, Any]) -> "TopicMetadata":
+        partitioner = field(control, "key_partitioner", str, LEGACY_KEY_PARTITIONER)
+        if partitioner not in KEY_PARTITIONERS:
+            raise InvalidRequestError(f"key_partitioner {partitioner!r} is not one of {', '.join(KEY_PARTITIONERS)}")
         return cls(field(control, "name", str), *decode_error(control), field(control, "topic_id", str, ""),
-                   tuple(PartitionMetadata.from_control(p) for p in entries(control, "partitions")))
+                   tuple(PartitionMetadata.from_control(p) for p in entries(control, "partitions")), partitioner)
 
 
 @dataclass(frozen=True, slots=True)

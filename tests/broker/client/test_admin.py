@@ -153,7 +153,8 @@ def test_describe_shows_topic_overrides_and_broker_defaults(admin, topic_name):
     assert configs["retention.ms"] == {"value": 1000, "source": "topic"}
     assert configs["message.timestamp.type"] == {"value": "LogAppendTime", "source": "topic"}
     assert configs["retention.bytes"] == {"value": BROKER_RETENTION_BYTES, "source": "broker_default"}
-    overridden = {"retention.ms", "message.timestamp.type"}
+    overridden = {"retention.ms", "message.timestamp.type", "key.partitioner"}  # the last stored with every topic
+    assert configs["key.partitioner"] == {"value": "murmur2", "source": "topic"}
     assert {name for name, c in configs.items() if c["source"] == "broker_default"} == set(TOPIC_CONFIGS) - overridden
     assert admin.describe_configs([topic_name]) == {topic_name: configs}
 

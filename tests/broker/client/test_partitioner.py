@@ -1,5 +1,6 @@
-"""Partitioners: the vectorized murmur3 agrees with mmh3 bit for bit, key -> partition is pinned,
-null keys are left to the sticky partitioner, which moves on only when its own batch is sealed."""
+"""Partitioners: the vectorized murmur3 agrees with mmh3 bit for bit, murmur2 with Kafka's own
+test vectors and the scalar with the vectorized one, key -> partition is pinned for both, null
+keys are left to the sticky partitioner, which moves on only when its own batch is sealed."""
 from __future__ import annotations
 
 import mmh3
@@ -9,7 +10,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.client.partitioner import StickyPartitioner, murmur3_32, partition_for_key, partitions_for_keys
+from broker.client.partitioner import (
+    StickyPartitioner,
+    murmur2,
+    murmur2_32,
+    murmur3_32,
+    partition_for_key,
+    partitions_for_keys,
+)
 
 keys_strategy = st.lists(st.one_of(st.binary(max_size=40), st.binary(min_size=100, max_size=300)), max_size=40)
 
@@ -110,6 +118,33 @@ def test_partition_for_key_is_stable(key, partitions, expected):
     """Pinned key -> partition values: any change to the hash would move existing keys."""
     assert partition_for_key(key, partitions) == expected
     assert partitions_for_keys(pa.array([key]), partitions).tolist() == [expected]
+
+
+# org.apache.kafka.common.utils.UtilsTest.testMurmur2 (signed Java ints), and murmur2 of no bytes.
+KAFKA_MURMUR2 = {b"21": -973932308, b"foobar": -790332482, b"a-little-bit-long-string": -985981536,
+                 b"a-little-bit-longer-string": -1486304829,
+                 b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971, b"abc": 479470107, b"": 275646681}
+
+
+def test_murmur2_is_kafkas():
+    """Kafka's test vectors, scalar and vectorized: a key lands where Kafka's producer puts it."""
+    unsigned = [v & 0xFFFFFFFF for v in KAFKA_MURMUR2.values()]
+    assert [murmur2(k) for k in KAFKA_MURMUR2] == unsigned
+    assert murmur2_32(pa.array(list(KAFKA_MURMUR2), pa.binary())).tolist() == unsigned
+    # Kafka's placement: Utils.toPositive(murmur2(key)) % partitions
+    assert partition_for_key(b"foobar", 7, "murmur2") == ((-790332482 & 0x7FFFFFFF) % 7)
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(st.one_of(st.none(), st.binary(max_size=40), st.binary(min_size=100, max_size=300)), max_size=40),
+       partitions=st.integers(1, 50), start=st.integers(0, 5))
+def test_murmur2_of_an_array_matches_the_scalar_for_every_key(keys, partitions, start):
+    """Any keys (empty, short, long, null; sliced): the column's partitions are the scalar's."""
+    array = pa.array(keys, pa.binary()).slice(min(start, len(keys)))
+    rest = keys[min(start, len(keys)):]
+    assert murmur2_32(array).tolist() == [murmur2(b"" if k is None else k) for k in rest]
+    assert partitions_for_keys(array, partitions, "murmur2").tolist() == [
+        -1 if k is None else partition_for_key(k, partitions, "murmur2") for k in rest]
 
 
 def test_sticky_partitioner_stays_until_its_own_partition_is_sealed():

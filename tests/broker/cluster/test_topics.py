@@ -53,7 +53,7 @@ def test_create_writes_the_topic_and_every_partition_at_one_revision(run):
         await reloaded.load()
         again = reloaded.get("orders")
         assert (again.topic_id, again.partition_count, again.configs, again.partitions) == (
-            info.topic_id, 100, {"retention.ms": 60000}, info.partitions)
+            info.topic_id, 100, {"retention.ms": 60000, "key.partitioner": "murmur2"}, info.partitions)
 
     run(scenario)
 
