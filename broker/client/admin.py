@@ -227,7 +227,9 @@ def _group_description(group: DescribedGroup) -> GroupDescription:
 
 class AsyncAdmin:
     def __init__(self, bootstrap_servers: str | list[str], *, request_timeout_ms: int = 30_000,
-                 retry_backoff_ms: int = 100, default_api_timeout_ms: int = 60_000) -> None:
+                 retry_backoff_ms: int = 100, default_api_timeout_ms: int = 60_000,
+                 client_id: str = "pymq-admin") -> None:
+        self.client_id = client_id
         self.cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms)
         self.request_timeout_s = request_timeout_ms / 1000
         self.retry_backoff_s = retry_backoff_ms / 1000
@@ -247,7 +249,7 @@ class AsyncAdmin:
             except PymqError as err:
                 if not err.retriable or time.monotonic() + backoff >= deadline:
                     raise
-                log.info("admin: %s; retrying in %.1f s", err, backoff)
+                log.info("%s: %s; retrying in %.1f s", self.client_id, err, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, RETRY_BACKOFF_MAX_S)
 
@@ -541,7 +543,7 @@ class Admin:
     def __init__(self, bootstrap_servers: BootstrapServers | Mapping[str, Any] | None = None,
                  config: Mapping[str, Any] | None = None, **settings: Any) -> None:
         bootstrap, kwargs = client_settings(AsyncAdmin.__init__, bootstrap_servers, config, settings)
-        self._thread = LoopThread("pymq-admin")
+        self._thread = LoopThread(kwargs.get("client_id", "pymq-admin"))
         self._core = AsyncAdmin(bootstrap, **kwargs)
 
     def create_topic(self, name: str, partitions: int = -1, replication_factor: int = -1,

@@ -5,7 +5,10 @@ The synchronous `Producer`, `Consumer` and `Admin` take their settings as Python
 confluent-kafka takes it (`Producer({"bootstrap.servers": "host:9092", "linger.ms": 5})`). A dotted
 name is the keyword with dots for underscores, except where pymq's keyword is shorter than
 Kafka's name (ALIASES). An unknown setting is a ValueError naming it and listing what is accepted,
-at construction, instead of a TypeError deep in a constructor or a setting silently ignored.
+at construction, instead of a TypeError deep in a constructor or a setting silently ignored; a
+Kafka setting pymq has no counterpart for says what pymq does instead (INSTEAD), and one of a
+feature still to come says so (NOT_YET_SUPPORTED). Every setting: docs/client-settings.md,
+generated from the clients' signatures and broker/client/settings.py.
 """
 from __future__ import annotations
 
@@ -20,6 +23,29 @@ RETRY_BACKOFF_MAX_S = 1.0  # Kafka's retry.backoff.max.ms: retry backoffs double
 ALIASES = {
     "compression.type": "compression",
     "max.in.flight.requests.per.connection": "max_in_flight",
+}
+
+# Kafka settings of features that come with exactly-once delivery: the value that means "off"
+# (what pymq does today) is accepted, any other is refused as not yet supported.
+NOT_YET_SUPPORTED = {
+    "enable.idempotence": (False, "idempotent producers come with exactly-once delivery; until then a "
+                                  "batch retried after a lost acknowledgement may be stored twice"),
+    "transactional.id": (None, "transactions come with exactly-once delivery"),
+    "isolation.level": ("read_uncommitted", "transactions come with exactly-once delivery; until then every "
+                                            "acknowledged record is visible, as with read_uncommitted"),
+}
+# Kafka settings with no pymq counterpart, and what pymq does instead.
+INSTEAD = {
+    "key.serializer": "pymq sends bytes: encode keys before send(), or send Arrow columns with send_batch()",
+    "value.serializer": "pymq sends bytes: encode values before send(), or send Arrow columns with send_batch()",
+    "key.deserializer": "pymq returns bytes: decode record.key, or columns of poll_arrow()'s table",
+    "value.deserializer": "pymq returns bytes: decode record.value, or columns of poll_arrow()'s table",
+    "partitioner.class": "keys are placed by the topic's key.partitioner config (murmur2: Kafka's default "
+                         "partitioner); pass partition= to send() to choose one",
+    "interceptor.classes": "wrap send() / poll() in your own code, or use on_delivery callbacks",
+    "security.protocol": "brokers speak plaintext TCP today; TLS and SASL come with security",
+    "sasl.mechanism": "brokers speak plaintext TCP today; TLS and SASL come with security",
+    "sasl.jaas.config": "brokers speak plaintext TCP today; TLS and SASL come with security",
 }
 
 # partition.assignment.strategy as Kafka users write it: class names, short or qualified.
@@ -42,6 +68,12 @@ def client_settings(factory: Callable[..., Any], bootstrap_servers: BootstrapSer
     given: dict[str, str] = {}  # keyword -> the name the caller wrote, for errors
     for source in (config or {}, keywords):
         for name, value in source.items():
+            dotted = name.replace("_", ".") if "." not in name else name
+            if dotted in NOT_YET_SUPPORTED:
+                _check_not_yet(dotted, value)
+                continue
+            if dotted in INSTEAD:
+                raise ValueError(f"{name} is not a pymq setting: {INSTEAD[dotted]}")
             keyword = ALIASES.get(name, name.replace(".", "_"))
             settings[keyword], given[keyword] = value, name
     found = settings.pop("bootstrap_servers", None)
@@ -56,6 +88,13 @@ def client_settings(factory: Callable[..., Any], bootstrap_servers: BootstrapSer
         kind = factory.__qualname__.split(".")[0].removeprefix("Async")
         raise ValueError(f"unknown {kind} setting(s) {', '.join(unknown)}; accepted: {names}")
     return bootstrap, settings
+
+
+def _check_not_yet(name: str, value: Any) -> None:
+    off, why = NOT_YET_SUPPORTED[name]
+    given = as_bool(name, value) if isinstance(off, bool) else value
+    if given != off and not (isinstance(given, str) and given.lower() == str(off).lower()):
+        raise ValueError(f"{name}={value!r} is not yet supported: {why}")
 
 
 def as_bool(name: str, value: Any) -> bool:

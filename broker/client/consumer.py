@@ -92,7 +92,7 @@ from broker.client.decoder import RECORD_SCHEMA, ConsumerRecord, FetchedBatch, f
 from broker.client.fetcher import Fetcher
 from broker.client.loop_thread import LoopThread
 from broker.client.offset_fetcher import list_offsets
-from broker.client.subscription_state import RESET_STRATEGIES, SubscriptionState, reset_timestamp
+from broker.client.subscription_state import RESET_ALIASES, RESET_STRATEGIES, SubscriptionState, reset_timestamp
 from broker.errors import ConsumerStoppedError, OffsetOutOfRangeError
 
 log = logging.getLogger("pymq.consumer")
@@ -106,7 +106,7 @@ class AsyncConsumer:
     rebalance timeout the coordinator waits for members to rejoin), `partition_assignment_strategy`
     (assignor names in preference order, or Kafka's class names), `enable_auto_commit` (default:
     True with a group), `auto_commit_interval_ms`, `metadata_max_age_ms` (how often a pattern
-    subscription looks for new topics), `client_id`."""
+    subscription looks for new topics), `client_id`. Every setting: docs/client-settings.md."""
 
     def __init__(self, bootstrap_servers: str | list[str], *, auto_offset_reset: str = "latest",
                  fetch_max_wait_ms: int = 500, fetch_min_bytes: int = 1, fetch_max_bytes: int = 50 << 20,
@@ -117,9 +117,14 @@ class AsyncConsumer:
                  max_poll_interval_ms: int = 300_000,
                  partition_assignment_strategy: str | Sequence[str] = DEFAULT_ASSIGNORS,
                  enable_auto_commit: bool | str | None = None, auto_commit_interval_ms: int = 5_000,
-                 metadata_max_age_ms: int = 300_000) -> None:
+                 metadata_max_age_ms: int = 300_000, max_poll_records: int | None = None) -> None:
+        auto_offset_reset = RESET_ALIASES.get(auto_offset_reset, auto_offset_reset)
         if auto_offset_reset not in RESET_STRATEGIES:
-            raise ValueError("auto_offset_reset must be 'earliest', 'latest' or 'none'")
+            raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none' (or Kafka's older "
+                             f"'smallest', 'largest'), got {auto_offset_reset!r}")
+        if max_poll_records is not None and max_poll_records <= 0:
+            raise ValueError(f"max_poll_records must be positive (None: no limit), got {max_poll_records}")
+        self.max_poll_records = max_poll_records
         if group_id is not None and not group_id:
             raise ValueError("group_id must not be empty (None: no group)")
         if group_id is None and group_instance_id is not None:
@@ -303,6 +308,8 @@ class AsyncConsumer:
         In a group, the poll first does the group's work (`ConsumerCoordinator.poll_steps`)."""
         if self._closed:
             raise ConsumerStoppedError("consumer is closed")
+        if max_records is None:
+            max_records = self.max_poll_records
         group = self._coordinator
         if group is None:
             if timeout_ms > 0:
@@ -454,7 +461,7 @@ class Consumer:
     def __init__(self, bootstrap_servers: BootstrapServers | Mapping[str, Any] | None = None,
                  config: Mapping[str, Any] | None = None, **settings: Any) -> None:
         bootstrap, kwargs = client_settings(AsyncConsumer.__init__, bootstrap_servers, config, settings)
-        self._thread = LoopThread("pymq-consumer")
+        self._thread = LoopThread(kwargs.get("client_id", "pymq-consumer"))
         try:
             self._core: AsyncConsumer = self._thread.run(AsyncConsumer(bootstrap, **kwargs).start())
         except BaseException:
@@ -548,6 +555,8 @@ class Consumer:
         core = self._core
         if core._closed:
             raise ConsumerStoppedError("consumer is closed")
+        if max_records is None:
+            max_records = core.max_poll_records
         group = core._coordinator
         if group is None:
             if timeout_ms > 0:

@@ -25,6 +25,7 @@ This module is the facade: records are batched by `accumulator` (RecordAccumulat
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Mapping
 from time import time_ns as _time_ns
@@ -45,6 +46,11 @@ from broker.client.producer_batch import BatchResult, DeliveryCallback, Headers,
 from broker.client.sender import Sender
 from broker.errors import DeliveryTimeoutError, ProducerClosedError
 
+log = logging.getLogger("pymq.producer")
+
+# Kafka codecs that Arrow IPC bodies do not have, and the one used instead (same purpose).
+COMPRESSION_STAND_INS = {"gzip": "zstd", "snappy": "lz4"}
+
 class AsyncProducer:
     """The producer core. Create and use it on one event loop (`Producer` wraps it for threads).
 
@@ -57,12 +63,19 @@ class AsyncProducer:
                  retries: int = 2**31 - 1, retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
                  delivery_timeout_ms: int = 120_000, request_timeout_ms: int = 30_000,
                  max_request_size: int = 16 << 20, buffer_memory: int = 64 << 20, max_block_ms: int = 60_000,
-                 metadata_max_age_ms: int = 300_000) -> None:
+                 metadata_max_age_ms: int = 300_000, client_id: str = "pymq-producer") -> None:
         acks_code = {"all": -1, "-1": -1, "1": 1, "0": 0}.get(str(acks), acks)
         if acks_code not in (-1, 0, 1):
             raise ValueError(f"acks must be 0, 1 or 'all', got {acks!r}")
+        if compression in COMPRESSION_STAND_INS:
+            stand_in = COMPRESSION_STAND_INS[compression]
+            log.warning("%s: compression %r is %r here: record batch bodies are Arrow IPC, which compresses "
+                        "with lz4 or zstd only (zstd for gzip's ratio, lz4 for snappy's speed)", client_id,
+                        compression, stand_in)
+            compression = stand_in
         if compression not in batch_body.COMPRESSIONS:
-            raise ValueError(f"compression must be one of {batch_body.COMPRESSIONS}, got {compression!r}")
+            raise ValueError(f"compression must be one of {batch_body.COMPRESSIONS} (or Kafka's gzip, snappy), "
+                             f"got {compression!r}")
         if batch_size <= 0 or linger_ms < 0 or max_in_flight < 1:
             raise ValueError("batch_size must be > 0, linger_ms >= 0, max_in_flight >= 1")
         self.max_block_s = max_block_ms / 1000
@@ -293,7 +306,7 @@ class Producer:
     def __init__(self, bootstrap_servers: BootstrapServers | Mapping[str, Any] | None = None,
                  config: Mapping[str, Any] | None = None, **settings: Any) -> None:
         bootstrap, kwargs = client_settings(AsyncProducer.__init__, bootstrap_servers, config, settings)
-        self._thread = LoopThread("pymq-producer")
+        self._thread = LoopThread(kwargs.get("client_id", "pymq-producer"))
         try:
             self._core: AsyncProducer = self._thread.run(self._create(bootstrap, kwargs))
         except BaseException:

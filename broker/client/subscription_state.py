@@ -20,6 +20,8 @@ from broker.topic_partition import TopicPartition
 from broker.errors import NoOffsetForPartitionError
 
 RESET_STRATEGIES = ("earliest", "latest", "none")
+# auto.offset.reset values of Kafka's old consumer, which users still paste.
+RESET_ALIASES = {"smallest": "earliest", "largest": "latest"}
 
 
 def reset_timestamp(strategy: str) -> int:

@@ -57,8 +57,8 @@ def test_clients_take_kafkas_dotted_names_and_config_dicts(broker):
 def test_an_unknown_setting_is_named_at_construction(make):
     import pymq
 
-    with pytest.raises(ValueError, match=r"unknown \w+ setting\(s\) enable.idempotence; accepted: .*request.timeout.ms"):
-        getattr(pymq, make)({"bootstrap.servers": "127.0.0.1:1", "enable.idempotence": True})
+    with pytest.raises(ValueError, match=r"unknown \w+ setting\(s\) linger.msec; accepted: .*request.timeout.ms"):
+        getattr(pymq, make)({"bootstrap.servers": "127.0.0.1:1", "linger.msec": 5})
     with pytest.raises(ValueError, match="bootstrap.servers is required"):
         getattr(pymq, make)()
 
