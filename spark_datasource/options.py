@@ -24,6 +24,12 @@ to pymq by changing the format name and the bootstrap option:
 | `remoteStorage.s3.endpointUrl`, `.accessKey`, `.secretKey`, `.region` | strings | | for an `s3://` store; need `remoteStorage.url` |
 | `remoteStorage.only` | `true`, `false` | `false` | batch: read only the tiered history, from the store alone; no broker contacted, bootstrap optional |
 
+Options of Spark's Kafka source that pymq answers differently: `kafka.group.id` and
+`groupIdPrefix` are refused (the source joins no group; `groupIdForLag` shows its progress as a
+group's lag), `kafka.isolation.level=read_uncommitted` and `kafka.security.protocol=PLAINTEXT`
+are accepted (what pymq does) and other values are not yet supported, `kafka.ssl.*` and
+`kafka.sasl.*` are refused (plaintext only, for now); docs/client-settings.md has the list.
+
 An unknown, malformed or contradictory option raises `InvalidOptionError` naming the option and
 what it accepts, before any task runs. Spark hands options over case-insensitively (lower-cased
 keys), so lookups here are by lower-cased name.
@@ -59,6 +65,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from broker.client.config import check_kafka_only, is_kafka_only
 
 EARLIEST = -2
 LATEST = -1
@@ -96,13 +104,15 @@ REMOTE_S3_OPTIONS = {
     "remotestorage.s3.region": "region",
 }
 _SOURCE_OPTIONS |= set(REMOTE_S3_OPTIONS)
+# The Kafka source's options for the group its consumers use (it never commits to it).
+NO_GROUP_OPTIONS = ("kafka.group.id", "groupidprefix")
 _SPELLING = {name.lower(): name for name in (
     "subscribePattern", "startingOffsets", "endingOffsets", "startingTimestamp", "endingTimestamp",
     "startingOffsetsByTimestamp", "endingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy",
     "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay", "minPartitions",
     "maxRecordsPerPartition", "failOnDataLoss", "includeHeaders", "groupIdForLag", "remoteStorage.url",
     "remoteStorage.s3.endpointUrl", "remoteStorage.s3.accessKey", "remoteStorage.s3.secretKey",
-    "remoteStorage.s3.region", "remoteStorage.only", "kafkaConsumer.pollTimeoutMs")}
+    "remoteStorage.s3.region", "remoteStorage.only", "kafkaConsumer.pollTimeoutMs", "groupIdPrefix")}
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
 _DURATION_MS = {None: 1, "ms": 1, "s": 1000, "m": 60_000, "min": 60_000, "h": 3_600_000, "d": 86_400_000}
 
@@ -191,6 +201,16 @@ class SourceOptions:
             setting = name.removeprefix("kafka.")
             if name.startswith("kafka.") and setting in CLIENT_SETTINGS:
                 client[CLIENT_SETTINGS[setting]] = _client_value(name, opts[name])
+                continue
+            if name in NO_GROUP_OPTIONS:
+                raise InvalidOptionError(f"option {spelled(name)!r}: the pymq source reads partitions by offset and "
+                                         "joins no consumer group; to follow a query's progress as a group's lag, "
+                                         "use groupIdForLag")
+            if name.startswith("kafka.") and is_kafka_only(setting):
+                try:
+                    check_kafka_only(setting, opts[name])
+                except ValueError as err:
+                    raise InvalidOptionError(f"option {name!r}: {err}") from None
                 continue
             accepted = ", ".join(sorted(spelled(n) for n in _SOURCE_OPTIONS))
             kafka = ", ".join(f"kafka.{s}" for s in CLIENT_SETTINGS)

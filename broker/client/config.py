@@ -33,6 +33,12 @@ NOT_YET_SUPPORTED = {
     "transactional.id": (None, "transactions come with exactly-once delivery"),
     "isolation.level": ("read_uncommitted", "transactions come with exactly-once delivery; until then every "
                                             "acknowledged record is visible, as with read_uncommitted"),
+    "security.protocol": ("PLAINTEXT", "brokers speak plaintext TCP today; TLS and SASL come with security"),
+}
+# Families of Kafka settings refused whole, and why.
+INSTEAD_PREFIXES = {
+    "ssl.": "brokers speak plaintext TCP today; TLS and SASL come with security",
+    "sasl.": "brokers speak plaintext TCP today; TLS and SASL come with security",
 }
 # Kafka settings with no pymq counterpart, and what pymq does instead.
 INSTEAD = {
@@ -43,9 +49,6 @@ INSTEAD = {
     "partitioner.class": "keys are placed by the topic's key.partitioner config (murmur2: Kafka's default "
                          "partitioner); pass partition= to send() to choose one",
     "interceptor.classes": "wrap send() / poll() in your own code, or use on_delivery callbacks",
-    "security.protocol": "brokers speak plaintext TCP today; TLS and SASL come with security",
-    "sasl.mechanism": "brokers speak plaintext TCP today; TLS and SASL come with security",
-    "sasl.jaas.config": "brokers speak plaintext TCP today; TLS and SASL come with security",
 }
 
 # partition.assignment.strategy as Kafka users write it: class names, short or qualified.
@@ -69,11 +72,9 @@ def client_settings(factory: Callable[..., Any], bootstrap_servers: BootstrapSer
     for source in (config or {}, keywords):
         for name, value in source.items():
             dotted = name.replace("_", ".") if "." not in name else name
-            if dotted in NOT_YET_SUPPORTED:
-                _check_not_yet(dotted, value)
+            if is_kafka_only(dotted):
+                check_kafka_only(dotted, value)
                 continue
-            if dotted in INSTEAD:
-                raise ValueError(f"{name} is not a pymq setting: {INSTEAD[dotted]}")
             keyword = ALIASES.get(name, name.replace(".", "_"))
             settings[keyword], given[keyword] = value, name
     found = settings.pop("bootstrap_servers", None)
@@ -90,11 +91,22 @@ def client_settings(factory: Callable[..., Any], bootstrap_servers: BootstrapSer
     return bootstrap, settings
 
 
-def _check_not_yet(name: str, value: Any) -> None:
-    off, why = NOT_YET_SUPPORTED[name]
-    given = as_bool(name, value) if isinstance(off, bool) else value
-    if given != off and not (isinstance(given, str) and given.lower() == str(off).lower()):
-        raise ValueError(f"{name}={value!r} is not yet supported: {why}")
+def is_kafka_only(name: str) -> bool:
+    """A Kafka setting (dotted name) that pymq answers with `check_kafka_only`, not a setting."""
+    return name in NOT_YET_SUPPORTED or name in INSTEAD or name.startswith(tuple(INSTEAD_PREFIXES))
+
+
+def check_kafka_only(name: str, value: Any) -> None:
+    """Accept `value` if it means what pymq does (enable.idempotence=false, ...), else raise a
+    ValueError saying what pymq does instead, or that the feature is not yet supported."""
+    if name in NOT_YET_SUPPORTED:
+        off, why = NOT_YET_SUPPORTED[name]
+        given = as_bool(name, value) if isinstance(off, bool) else value
+        if given != off and not (isinstance(given, str) and given.lower() == str(off).lower()):
+            raise ValueError(f"{name}={value!r} is not yet supported: {why}")
+        return
+    why = INSTEAD.get(name) or next(why for prefix, why in INSTEAD_PREFIXES.items() if name.startswith(prefix))
+    raise ValueError(f"{name} is not a pymq setting: {why}")
 
 
 def as_bool(name: str, value: Any) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from broker.client.admin import AsyncAdmin
-from broker.client.config import ALIASES, INSTEAD, NOT_YET_SUPPORTED
+from broker.client.config import ALIASES, INSTEAD, INSTEAD_PREFIXES, NOT_YET_SUPPORTED
 from broker.client.consumer import AsyncConsumer
 from broker.client.producer import COMPRESSION_STAND_INS, AsyncProducer
 from broker.client.subscription_state import RESET_ALIASES
@@ -128,6 +128,8 @@ def render() -> str:
                    f"{why} |")
     for kafka, instead in INSTEAD.items():
         out.append(f"| `{kafka}` | refused: {instead} |")
+    for prefix, instead in INSTEAD_PREFIXES.items():
+        out.append(f"| `{prefix}*` | refused: {instead} |")
     aliases = ", ".join(f"`{k}` is `{v}`" for k, v in RESET_ALIASES.items())
     stand_ins = ", ".join(f"`{k}` is `{v}`" for k, v in COMPRESSION_STAND_INS.items())
     out += ["", f"Values: `auto.offset.reset` {aliases}; `compression.type` {stand_ins}.", ""]

@@ -478,6 +478,10 @@ def test_spark_hands_filters_to_the_reader_and_plans_fewer_tasks(spark, events):
     assert df.filter("partition = 1").rdd.getNumPartitions() == 10
     assert df.filter("offset >= 900").rdd.getNumPartitions() == 3
     assert df.filter(F.col("timestamp") >= utc(ts_of(2700))).rdd.getNumPartitions() == 3
+    # explain("formatted") shows what the source took (Spark's simple explain leaves it out).
+    plan = df.filter("partition = 1 AND offset >= 900")._jdf.queryExecution().explainString(
+        spark._jvm.org.apache.spark.sql.execution.ExplainMode.fromString("formatted"))
+    assert "PushedFilters: [IsNotNull(partition), IsNotNull(offset), EqualTo(partition,1), GreaterThanOrEqual(offset,900)]" in plan
 
 
 def test_small_fetches_read_every_record_once_in_order(spark, small_batches):

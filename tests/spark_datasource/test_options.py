@@ -92,6 +92,27 @@ INVALID = [
 ]
 
 
+@pytest.mark.parametrize("option, value, message", [
+    ("kafka.group.id", "etl", "joins no consumer group; .* use groupIdForLag"),
+    ("groupIdPrefix", "spark-kafka-source", "joins no consumer group"),
+    ("kafka.isolation.level", "read_committed", "isolation.level='read_committed' is not yet supported: transactions"),
+    ("kafka.security.protocol", "SASL_SSL", "security.protocol='SASL_SSL' is not yet supported: .*plaintext"),
+    ("kafka.sasl.mechanism", "PLAIN", "sasl.mechanism is not a pymq setting: .*plaintext"),
+    ("kafka.ssl.truststore.location", "/x", "ssl.truststore.location is not a pymq setting"),
+    ("kafka.key.deserializer", "x", "pymq returns bytes"),
+])
+def test_kafka_source_options_pymq_answers_differently_say_why(option, value, message):
+    """Options pasted from a Spark Kafka source: refused with the reason (or as not yet supported)."""
+    with pytest.raises(InvalidOptionError, match=message):
+        SourceOptions.parse({**SUB, option: value}, streaming=True)
+
+
+def test_kafka_source_options_meaning_what_pymq_does_are_accepted():
+    parsed = SourceOptions.parse({**SUB, "kafka.isolation.level": "read_uncommitted",
+                                  "kafka.security.protocol": "plaintext"}, streaming=True)
+    assert parsed.client == {}
+
+
 @pytest.mark.parametrize("options, streaming, named", [case[1:] for case in INVALID], ids=[case[0] for case in INVALID])
 def test_invalid_option_is_refused_naming_it(options, streaming, named):
     """SourceOptions.parse refuses the option with an InvalidOptionError whose message names it."""
@@ -197,8 +218,11 @@ def test_spark_query_on_an_unknown_topic_fails_naming_it(spark, source_broker: B
     with Admin(source_broker.bootstrap) as admin:
         admin.create_topic(topic_name, partitions=2)
     missing = f"{topic_name}-missing"
-    with pytest.raises(Exception, match=re.escape(missing)):
+    with pytest.raises(Exception, match=re.escape(missing)) as raised:
         spark_read(spark, source_broker.bootstrap, subscribe=f"{topic_name},{missing}").collect()
+    # One readable line, not a Python traceback inside Spark's exception (conf/spark-defaults.conf).
+    assert "Traceback" not in str(raised.value)
+    assert f"InvalidOptionError: unknown topic(s) {missing} in option subscribe" in str(raised.value)
     with pytest.raises(Exception, match=re.escape(missing)):
         spark_read(spark, source_broker.bootstrap, assign=json.dumps({missing: [0]})).collect()
     with pytest.raises(Exception, match="no partition 2"):

@@ -117,6 +117,19 @@ def test_headers_round_trip(spark, bootstrap, topic_name):
                        ignore_row_order=True, ignore_nullable=True)
 
 
+def test_a_save_without_append_mode_names_the_fix(spark, bootstrap, topic_name):
+    """Spark refuses its default mode (ErrorIfExists) for Python data sources before the sink is
+    asked: its error names Append; the sink itself refuses Overwrite, saying why."""
+    create_topics(bootstrap, 1, topic_name)
+    df = spark.createDataFrame([("a",)], "value string")
+    with pytest.raises(Exception, match='"Append"'):
+        df.write.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("topic", topic_name).save()
+    with pytest.raises(Exception, match="appends to topics: use mode 'append'"):
+        (df.write.format("pymq").mode("overwrite").option("kafka.bootstrap.servers", bootstrap)
+         .option("topic", topic_name).save())
+    assert read(spark, bootstrap, topic_name).count() == 0
+
+
 def test_include_headers_false_leaves_the_headers_column_out(spark, bootstrap, topic_name):
     """`includeHeaders` is one of Spark's Kafka sink options: true (the default) writes a headers
     column, false does not; anything else is refused by name."""
