@@ -27,6 +27,7 @@ from broker.cli.common import (
 
 # Futures kept before checking the oldest for failures; bounds memory on endless input.
 PENDING_WINDOW = 10_000
+PROGRESS_LINES = 1000  # lines between progress bar updates
 # Bad line numbers named in one error message; the rest are counted.
 REPORTED_LINES = 10
 
@@ -81,14 +82,17 @@ def produce(topic: str, source: IO[bytes], key_separator: str | None, partition:
     with interrupts.installed(), producer_client(config) as producer, progress_bar(_size(source), "produce") as advance:
         pending: deque[Any] = deque()
         count = 0
+        read = source.tell() if source.seekable() else 0  # the progress bar's bytes, for a file
         try:
             for key, value in split_lines(source, separator):  # Ctrl-C while reading: at once
                 with interrupts.step():  # Ctrl-C while sending: after the line is sent whole
                     pending.append(producer.send(topic, value, key, partition=partition, headers=record_headers))
                     count += 1
-                    advance(len(value) + (len(key) + len(separator) if key is not None and separator else 0) + 1)
                 if len(pending) > PENDING_WINDOW:
                     _check_done(pending)
+                if count % PROGRESS_LINES == 0 and source.seekable():
+                    advance(source.tell() - read)
+                    read = source.tell()
             _wait_acknowledged(producer, pending)
         except MissingSeparatorError as err:
             _wait_acknowledged(producer, pending)

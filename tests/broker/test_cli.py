@@ -529,3 +529,32 @@ def test_produce_interrupted_says_which_lines_were_stored(cli_broker: str) -> No
     assert proc.returncode == 130, stderr
     assert "interrupted: lines 1-5 (5 records) were stored, nothing after line 5 was sent" in stderr.decode()
     assert _stored(cli_broker, "cut-short") == [f"null\tline-{i}" for i in range(1, 6)]
+
+
+def test_produce_from_a_file_shows_progress_on_a_terminal(cli_broker: str, tmp_path: Path) -> None:
+    """With stderr on a terminal (a pseudo-terminal here), producing a file draws a progress bar
+    of its bytes; the records are all stored."""
+    import os
+    import pty
+
+    run("-b", cli_broker, "topic", "create", "progress", "-p", "1")
+    source = tmp_path / "lines.txt"
+    source.write_text("".join(f"line-{i}\n" for i in range(5000)))
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "broker.cli", "-b", cli_broker, "produce", "progress", "--file",
+                             str(source)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=terminal,
+                            env={**os.environ, "COLUMNS": "120", "TERM": "xterm"})
+    os.close(terminal)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # the terminal closed: the process is done with it
+            break
+        if not chunk:
+            break
+        shown += chunk
+    assert proc.wait(60) == 0
+    os.close(controller)
+    assert b"produce" in shown and b"produced 5000 records to progress" in shown
+    assert re.search(rb"\d+/\d+", shown), shown[-500:]  # rich's completed/total column
