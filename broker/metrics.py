@@ -28,6 +28,14 @@ indexes held), pymq_remote_read_cache_hits_total / _misses_total / _evictions_to
 pymq_remote_reads_total / pymq_remote_read_errors_total (reads a worker ran because the cache
 lacked bytes, and those that failed).
 
+Requests (broker/request_metrics.py, Kafka's RequestMetrics): pymq_requests_total{api},
+pymq_request_errors_total{api,error} and pymq_request_seconds{api,phase} (queue, local, remote,
+response_send, total); per topic pymq_topic_bytes_in_total, pymq_topic_messages_in_total and
+pymq_topic_bytes_out_total; pymq_log_flush_seconds (the fsyncs of a log flush); per consumer group
+pymq_group_state{group,state}, pymq_group_members, and per committed partition
+pymq_group_committed_offset and pymq_group_lag (high watermark less the committed offset).
+docs/metrics.md lists them all with Kafka's names; conf/grafana-dashboard.json charts them.
+
 Event loop and work queues: pymq_event_loop_lag_seconds (histogram of how late a 10 ms timer
 fires, broker/loop_lag.py) and pymq_event_loop_lag_max_seconds (the worst since start);
 per background pool (broker/executors.py, label `executor`) pymq_executor_queue_depth (tasks
@@ -49,15 +57,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from broker import background
+from broker.histogram import Histogram
 from broker.loop_lag import LAG_BUCKETS_S
+from broker.request_metrics import PHASES
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
     from broker.backpressure import ByteBudget
+    from broker.coordinator.group_metadata import Group
     from broker.executors import BoundedExecutor
     from broker.loop_lag import LoopLagProbe
     from broker.replica_manager import ReplicaManager
+    from broker.request_metrics import RequestMetrics, TopicTraffic
 
 log = logging.getLogger("pymq.metrics")
 
@@ -90,12 +102,17 @@ class BrokerCollector(Collector):
     """Reads the replica manager's partitions and the log manager's counters at scrape time."""
 
     def __init__(self, replicas: ReplicaManager, connections: Callable[[], int], loop_lag: LoopLagProbe | None = None,
-                 executors: list[BoundedExecutor] | None = None, budgets: list[ByteBudget] | None = None) -> None:
+                 executors: list[BoundedExecutor] | None = None, budgets: list[ByteBudget] | None = None,
+                 requests: RequestMetrics | None = None, traffic: TopicTraffic | None = None,
+                 groups: Callable[[], list[Group]] | None = None) -> None:
         self.replicas = replicas
         self.connections = connections
         self.loop_lag = loop_lag
         self.executors = executors or []
         self.budgets = budgets or []
+        self.requests = requests
+        self.traffic = traffic
+        self.groups = groups
 
     def collect(self) -> Iterator[Metric]:
         families = [GaugeMetricFamily(name, doc, labels=["topic", "partition"]) for name, doc, _ in _PARTITION_GAUGES]
@@ -117,9 +134,61 @@ class BrokerCollector(Collector):
         for task, count in sorted(background.error_counts().items()):
             errors.add_metric([task], count)
         yield errors
+        yield _histogram("pymq_log_flush_seconds", "how long a log flush (the fsyncs of a partition's unflushed "
+                         "segments) took", [], {(): logs.failure.sync_seconds})
         yield from self._loop_and_queues()
+        yield from self._requests()
+        yield from self._groups()
         if self.replicas.remote_logs is not None:
             yield from self._tiering()
+
+    def _requests(self) -> Iterator[Metric]:
+        if self.requests is not None:
+            by_api = self.requests.named()  # a snapshot: the loop may add an API meanwhile
+            requests = CounterMetricFamily("pymq_requests", "requests answered (or, with acks=0, handled)",
+                                           labels=["api"])
+            errors = CounterMetricFamily("pymq_request_errors", "responses carrying an error code, by its name",
+                                         labels=["api", "error"])
+            for api, metrics in sorted(by_api.items()):
+                requests.add_metric([api], metrics.requests)
+                for error, count in sorted(dict(metrics.errors).items()):
+                    errors.add_metric([api, error], count)
+            yield from (requests, errors)
+            yield _histogram("pymq_request_seconds", "time of a request by phase: queue (read, not started), local "
+                             "(the handler, with what it awaits), remote (parked in a purgatory), response_send, "
+                             "total", ["api", "phase"],
+                             {(api, phase): h for api, m in by_api.items() for phase, h in zip(PHASES, m.phases)})
+        if self.traffic is not None:
+            for name, doc, counts in [("bytes_in", "record batch bytes appended by produces", self.traffic.bytes_in),
+                                      ("messages_in", "records appended by produces", self.traffic.messages_in),
+                                      ("bytes_out", "record batch bytes sent in fetch responses", self.traffic.bytes_out)]:
+                family = CounterMetricFamily(f"pymq_topic_{name}", doc, labels=["topic"])
+                for topic, count in sorted(dict(counts).items()):
+                    family.add_metric([topic], count)
+                yield family
+
+    def _groups(self) -> Iterator[Metric]:
+        """Per group its state and members, per committed partition the offset and the lag (the
+        high watermark less the committed offset), as kafka-consumer-groups.sh shows them."""
+        if self.groups is None:
+            return
+        state = GaugeMetricFamily("pymq_group_state", "1 for the group's current state", labels=["group", "state"])
+        members = GaugeMetricFamily("pymq_group_members", "members of the group", labels=["group"])
+        committed = GaugeMetricFamily("pymq_group_committed_offset", "the group's committed offset",
+                                      labels=["group", "topic", "partition"])
+        lag = GaugeMetricFamily("pymq_group_lag", "high watermark less the committed offset",
+                                labels=["group", "topic", "partition"])
+        hosted = {(p.topic, p.partition): p.log for p in self.replicas.hosted()}
+        for group in self.groups():
+            state.add_metric([group.group_id, group.state.value], 1)
+            members.add_metric([group.group_id], len(group.members))
+            for (topic, partition), offset in sorted(dict(group.offsets).items()):
+                labels = [group.group_id, topic, str(partition)]
+                committed.add_metric(labels, offset.offset)
+                partition_log = hosted.get((topic, partition))
+                if partition_log is not None:
+                    lag.add_metric(labels, max(0, partition_log.high_watermark - offset.offset))
+        yield from (state, members, committed, lag)
 
     def _loop_and_queues(self) -> Iterator[Metric]:
         if self.loop_lag is not None:
@@ -179,6 +248,13 @@ class BrokerCollector(Collector):
         yield CounterMetricFamily("pymq_remote_reads", "remote reads run by a worker (the cache lacked bytes)",
                                   value=reader.worker_reads)
         yield CounterMetricFamily("pymq_remote_read_errors", "remote reads that failed", value=reader.read_errors)
+
+
+def _histogram(name: str, doc: str, labels: list[str], histograms: dict[tuple[str, ...], Histogram]) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(name, doc, labels=labels)
+    for values, histogram in sorted(histograms.items()):
+        family.add_metric(list(values), histogram.cumulative(), histogram.sum)
+    return family
 
 
 def _lag_histogram(probe: LoopLagProbe) -> HistogramMetricFamily:

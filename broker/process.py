@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -121,6 +122,16 @@ class BrokerProcess:
         with contextlib.suppress(OSError):
             return self.output.read_text()[-chars:]
         return ""
+
+    def metrics(self) -> dict[str, float]:
+        """The broker's Prometheus metrics (it must run with `metrics.port`), `name{labels}` -> value."""
+        ports = re.findall(r"metrics on http://[^:]+:(\d+)/metrics", self.log_tail(200_000))
+        if not ports:
+            raise RuntimeError(f"the broker serves no metrics (metrics.port unset?); output:\n{self.log_tail()}")
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports[-1]}/metrics", timeout=10) as response:
+            text = response.read().decode()
+        return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+                for line in text.splitlines() if line and not line.startswith("#")}
 
     def __enter__(self) -> "BrokerProcess":
         return self.start()

@@ -55,7 +55,9 @@ from broker.cluster.partition import LeaderAndIsr
 from broker.log import FetchSlice, LogCleaner, LogManager, TopicLogSpec
 from broker.protocol import ApiKey
 from broker.log_writer import LogWriter
+from broker.coordinator.group_metadata import GroupState
 from broker.loop_lag import LoopLagProbe
+from broker.request_metrics import RequestMetrics, RequestTimer
 from broker.log.log_dir_lock import LogDirLock
 from broker.metrics import serve_metrics
 from broker.purgatory import DelayedOperation, DelayedOperationPurgatory
@@ -80,7 +82,8 @@ class Connection(asyncio.BufferedProtocol):
         self.last_active = self.loop.time()
         self.in_flight: set[asyncio.Task[None]] = set()
         self._parked: dict[DelayedOperation, protocol.Request] = {}  # this connection's fetches in the purgatory
-        self._queue: deque[tuple[bytes, list[Part]]] = deque()
+        # Responses waiting to be written: header, parts, and the request's timer and control (metrics).
+        self._queue: deque[tuple[bytes, list[Part], RequestTimer | None, dict[str, Any]]] = deque()
         self._writer: asyncio.Task[None] | None = None
         self._write_paused = False
         self._writable = asyncio.Event()
@@ -128,10 +131,10 @@ class Connection(asyncio.BufferedProtocol):
         return self.decoder.get_buffer(sizehint)
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.last_active = self.loop.time()
+        self.last_active = received = self.loop.time()
         try:
             for frame in self.decoder.received(nbytes):
-                self._dispatch(frame)
+                self._dispatch(frame, received)
         except InvalidRequestError as err:
             log.warning("closing %s: unrecoverable framing error: %s", self.peer, err)
             assert self.transport is not None
@@ -139,7 +142,7 @@ class Connection(asyncio.BufferedProtocol):
 
     # -- requests --------------------------------------------------------------------------------
 
-    def _dispatch(self, frame: protocol.Frame) -> None:
+    def _dispatch(self, frame: protocol.Frame, received: float) -> None:
         if isinstance(frame, protocol.OversizeRequest):
             limit = self.decoder.max_frame_bytes
             err: PymqError = MessageTooLargeError(f"request of {frame.size} bytes exceeds socket.request.max.bytes {limit}")
@@ -148,23 +151,25 @@ class Connection(asyncio.BufferedProtocol):
         if isinstance(frame, protocol.MalformedRequest):
             self._respond(frame.correlation_id, (error_fields(InvalidRequestError(frame.reason)), []))
             return
+        timer = RequestTimer(frame.api_key, received, self.loop.time())
         try:
             result = self.broker.handlers.handle(frame)
         except Exception as err:  # a named error, or a bug, which must not take the connection down
             result = error_result(err)
+        timer.local_done = self.loop.time()
         if isinstance(result, DelayedOperation):
             self._hold(frame)
-            result.on_complete = partial(self._delayed_done, frame, result)
+            result.on_complete = partial(self._delayed_done, frame, result, timer)
             self._parked[result] = frame
             self._update_reading()
         elif isinstance(result, Awaitable):
             self._hold(frame)
-            task = self.loop.create_task(self._finish(frame, result))
+            task = self.loop.create_task(self._finish(frame, result, timer))
             self.in_flight.add(task)
             task.add_done_callback(self._task_done)
             self._update_reading()
         else:
-            self._respond(frame.correlation_id, result)
+            self._respond(frame.correlation_id, result, timer)
 
     def _hold(self, frame: protocol.Request) -> None:
         """A request that is not answered at once keeps its bytes: count them against
@@ -182,21 +187,23 @@ class Connection(asyncio.BufferedProtocol):
         self._produces -= frame.api_key == ApiKey.PRODUCE
         self.broker.request_memory.release(frame.payload.nbytes)
 
-    def _delayed_done(self, frame: protocol.Request, op: DelayedOperation, answer: Any,
+    def _delayed_done(self, frame: protocol.Request, op: DelayedOperation, timer: RequestTimer, answer: Any,
                       error: BaseException | None) -> None:
         del self._parked[op]
-        self._respond(frame.correlation_id, to_result(answer) if error is None else error_result(error))
+        timer.remote_done = self.loop.time()
+        self._respond(frame.correlation_id, to_result(answer) if error is None else error_result(error), timer)
         self._unhold(frame)
         self._update_reading()
 
-    async def _finish(self, frame: protocol.Request, pending: Awaitable[Result]) -> None:
+    async def _finish(self, frame: protocol.Request, pending: Awaitable[Result], timer: RequestTimer) -> None:
         try:
             result = await pending
         except Exception as err:  # CancelledError is a BaseException: it propagates
             result = error_result(err)
         finally:
             self._unhold(frame)
-        self._respond(frame.correlation_id, result)
+        timer.local_done = self.loop.time()  # awaited work (a log append on the writer thread) is local
+        self._respond(frame.correlation_id, result, timer)
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         self.in_flight.discard(task)
@@ -239,8 +246,10 @@ class Connection(asyncio.BufferedProtocol):
 
     # -- responses -------------------------------------------------------------------------------
 
-    def _respond(self, correlation_id: int, result: Result) -> None:
-        if result is None:
+    def _respond(self, correlation_id: int, result: Result, timer: RequestTimer | None = None) -> None:
+        if result is None:  # no response (acks=0)
+            if timer is not None:
+                self.broker.request_metrics.record(timer, None, self.loop.time())
             return
         control, parts = result
         if self.transport is None or self.transport.is_closing():
@@ -260,7 +269,7 @@ class Connection(asyncio.BufferedProtocol):
         # the client is not reading: a slow reader then costs references, not fetched data.
         if (self._writer is not None or self._write_paused
                 or (self.broker.zero_copy and any(isinstance(p, FetchSlice) for p in parts))):
-            self._queue.append((header, parts))
+            self._queue.append((header, parts, timer, control))
             if self._writer is None:
                 self._writer = self.loop.create_task(self._drain_queue())
             return
@@ -270,6 +279,8 @@ class Connection(asyncio.BufferedProtocol):
             self._abort(correlation_id, err)
         finally:
             _release(parts)
+        if timer is not None:
+            self.broker.request_metrics.record(timer, control, self.loop.time())
 
     def _abort(self, correlation_id: int, err: BaseException) -> None:
         """A response could not be sent whole: drop the connection rather than leave the client
@@ -287,7 +298,7 @@ class Connection(asyncio.BufferedProtocol):
         try:
             while self._queue:
                 await self._writable.wait()
-                header, parts = self._queue.popleft()
+                header, parts, timer, control = self._queue.popleft()
                 try:
                     if sock is None:
                         _write_copied(transport, header, parts)
@@ -295,6 +306,8 @@ class Connection(asyncio.BufferedProtocol):
                         await self._send_direct(transport, sock, header, parts)
                 finally:
                     _release(parts)
+                if timer is not None:
+                    self.broker.request_metrics.record(timer, control, self.loop.time())
         except asyncio.CancelledError:
             raise
         except Exception as err:  # a half-sent response cannot be recovered: the client retries
@@ -409,6 +422,7 @@ class Broker:
             self.writer = LogWriter(config["log.writer.offload.bytes"], config["log.writer.queued.max.bytes"])
             self.request_memory = ByteBudget("queued.max.request.bytes", config["queued.max.request.bytes"])
             self.loop_lag = LoopLagProbe()
+            self.request_metrics = RequestMetrics()
             remote_logs = None
             if config["remote.log.storage.system.enable"]:
                 from broker.remote_log.remote_log_manager import RemoteLogManager  # fsspec: only when tiering
@@ -454,10 +468,14 @@ class Broker:
         for sock in self._server.sockets:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         if self.config["metrics.port"] >= 0:
+            coordinator = self.handlers.groups.coordinator
             self._metrics = serve_metrics(self.config["host"], self.config["metrics.port"], self.replicas,
                                           lambda: len(self.connections), loop_lag=self.loop_lag,
                                           executors=self.executors.all(),
-                                          budgets=[self.request_memory, self.writer.queue])
+                                          budgets=[self.request_memory, self.writer.queue],
+                                          requests=self.request_metrics, traffic=self.handlers.traffic,
+                                          groups=lambda: [g for g in list(coordinator.groups.values())
+                                                          if g.state is not GroupState.DEAD])
         self.loop_lag.start()
         self._tasks = [
             loop.create_task(self._every("retention", "log.retention.check.interval.ms", self._retention)),

@@ -329,6 +329,17 @@ class AsyncConsumer:
         finally:
             group.note_poll_end()
 
+    def metrics(self) -> dict[str, Any]:
+        """This consumer's metrics, with Kafka's names (broker/client/client_metrics.py):
+        records-consumed-total / -rate, bytes-consumed-total / -rate, fetch-total,
+        fetch-latency-avg / -max (ms, long polls included), records-lag-max, and records-lag: per
+        assigned partition, the last fetched high watermark less the position."""
+        fetcher, subs = self._fetcher, self._subs
+        with subs.lock:
+            lags = {tp: max(0, fetcher.high_watermarks[tp] - subs.consumed[tp]) for tp in subs.assigned
+                    if tp in fetcher.high_watermarks and tp in subs.consumed}
+        return fetcher.metrics.snapshot(lags)
+
     @staticmethod
     def _as_table(taken: list[tuple[TopicPartition, FetchedBatch]]) -> pa.Table:
         return pa.Table.from_batches([to_record_batch(tp[0], tp[1], f) for tp, f in taken], schema=RECORD_SCHEMA)
@@ -474,6 +485,10 @@ class Consumer:
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
         """See AsyncConsumer.assign (mutually exclusive with subscribe)."""
         self._run(self._core.assign(list(partitions)))
+
+    def metrics(self) -> dict[str, Any]:
+        """See AsyncConsumer.metrics (read without waiting for the I/O thread)."""
+        return self._core.metrics()
 
     def assignment(self) -> list[TopicPartition]:
         return self._core.assignment()

@@ -28,6 +28,7 @@ from collections import deque
 from typing import NamedTuple
 
 from segment_format import record
+from broker.client.client_metrics import ConsumerMetrics
 from broker.client.cluster import Cluster
 from broker.topic_partition import TopicPartition
 from broker.client.connection import BrokerConnection, Reply, decode_reply
@@ -66,6 +67,7 @@ class Fetcher:
         self.request_timeout_s = request_timeout_s
         self.retry_backoff_s = retry_backoff_s
         self.high_watermarks: dict[TopicPartition, int] = {}
+        self.metrics = ConsumerMetrics()  # the consumer's own (Consumer.metrics())
         # (tp, rows, bytes counted), or (tp, the error, 0) where a partition's fetched data turned
         # out corrupt or its broker answered a non-retriable error: records before it are
         # delivered first, and the partition fetches nothing more until that error was raised.
@@ -226,6 +228,7 @@ class Fetcher:
             self._buffered_bytes -= accounted
             batches.append((tp, batch))
             taken += batch.num_rows
+            self.metrics.consumed(batch.num_rows, accounted)
             self._subs.consumed[tp] = batch.next_offset
         self._buffer.extendleft(reversed(kept))
         return batches
@@ -304,7 +307,7 @@ class Fetcher:
         request = FetchRequest(tuple(TopicRequest(t, tuple(ps)) for t, ps in by_topic.items()),
                                self.fetch_max_wait_ms, self.fetch_min_bytes, self.fetch_max_bytes)
         reply = conn.request(request, self.request_timeout_s + self.fetch_max_wait_ms / 1000)
-        return _Fetch(request, reply, positions, self._epoch, self._plan)
+        return _Fetch(request, reply, positions, self._epoch, self._plan, time.monotonic())
 
     async def _complete_fetch(self, node: int, fetch: "_Fetch") -> "_Fetch | None":
         """Buffer one fetch's records; the next fetch if it could be sent ahead of decoding them.
@@ -313,6 +316,7 @@ class Fetcher:
         position: data of an older epoch (a seek or assign since), or following a batch found
         corrupt, starts at a stale offset and is dropped."""
         control, payload = await fetch.reply
+        self.metrics.fetched(time.monotonic() - fetch.sent)
         reply = decode_reply(fetch.request, control, payload)
         if fetch.epoch != self._epoch:
             return None
@@ -450,3 +454,4 @@ class _Fetch(NamedTuple):
     requested: dict[TopicPartition, int]
     epoch: int
     plan: int  # the fetcher's `_plan` when it was sent
+    sent: float  # time.monotonic() when it was written (fetch latency)

@@ -224,6 +224,14 @@ class AsyncProducer:
         for start in range(0, table.num_rows, rows_per_batch):
             yield table.slice(start, rows_per_batch).combine_chunks().to_batches()[0]
 
+    def metrics(self) -> dict[str, float]:
+        """This producer's metrics, with Kafka's names (broker/client/client_metrics.py):
+        record-send-total / -rate, record-error-total, record-retry-total, batch-size-avg / -max,
+        record-queue-time-avg / -max (ms), request-total, request-latency-avg / -max (ms),
+        records-per-request-avg, buffer-available-bytes."""
+        accumulator = self.accumulator
+        return self.sender.metrics.snapshot(max(0, accumulator.buffer_memory - accumulator.buffered_bytes))
+
     async def flush(self, timeout_s: float | None = None) -> None:
         """Send everything buffered now and wait until each of those records is acknowledged."""
         pending = list(self.accumulator.incomplete)
@@ -347,6 +355,10 @@ class Producer:
         if self._core._closed:
             raise ProducerClosedError("producer is closed")
         return self._thread.run(self._core.send_batch(topic, data, partition=partition, timestamp_ms=timestamp_ms))
+
+    def metrics(self) -> dict[str, float]:
+        """See AsyncProducer.metrics (read without waiting for the I/O thread)."""
+        return self._core.metrics()
 
     def flush(self, timeout_s: float | None = None) -> None:
         if self._core._closed:

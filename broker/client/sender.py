@@ -21,6 +21,7 @@ from functools import partial
 from typing import Any
 
 from broker.client.accumulator import RecordAccumulator
+from broker.client.client_metrics import ProducerMetrics
 from broker.client.cluster import Cluster
 from broker.topic_partition import TopicPartition
 from broker.client.connection import BrokerConnection, raise_for_error
@@ -70,6 +71,7 @@ class Sender:
         self.closed = False
         self.flush_requested = False  # the next run sends every open batch, lingering or not
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.metrics = ProducerMetrics()  # the producer's own (Producer.metrics())
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -210,9 +212,12 @@ class Sender:
         """One Produce request. A partition's batches travel as one record set in queue order; the
         broker answers with the first offset, and each batch's base follows from the counts."""
         groups: dict[str, dict[int, list[ProducerBatch]]] = {}
+        now = time.monotonic()
         for batch in batches:
             groups.setdefault(batch.topic, {}).setdefault(batch.partition, []).append(batch)
             batch.attempts += 1
+            if batch.attempts == 1:
+                self.metrics.batch_sent(batch.encode(self.compression).size, batch.record_count, now - batch.created)
         request = ProduceRequest(tuple(
             TopicRequest(topic, tuple(ProducePartition(p, tuple(part for b in group for part in b.encode(self.compression)))
                                       for p, group in parts.items()))
@@ -227,6 +232,7 @@ class Sender:
             self._retry(ordered, err)
             return
         if self.acks == 0:
+            self.metrics.request_done(0.0)  # no response to wait for
             for batch in ordered:
                 self._succeed(batch, -1, -1)
             return
@@ -236,11 +242,12 @@ class Sender:
             busy[tp] = busy.get(tp, 0) + 1
         self._in_flight[node] = self._in_flight.get(node, 0) + 1
         self._replies.add(reply)
-        reply.add_done_callback(partial(self._on_reply, node, groups, partitions))
+        reply.add_done_callback(partial(self._on_reply, node, groups, partitions, now))
 
     def _on_reply(self, node: int, groups: dict[str, dict[int, list[ProducerBatch]]],
-                  partitions: list[TopicPartition], reply: asyncio.Future[Any]) -> None:
+                  partitions: list[TopicPartition], sent: float, reply: asyncio.Future[Any]) -> None:
         self._replies.discard(reply)
+        self.metrics.request_done(time.monotonic() - sent)
         self._in_flight[node] -= 1
         busy = self.busy
         for tp in partitions:
@@ -303,6 +310,7 @@ class Sender:
                 self._fail(batch, timeout)
             elif err.retriable and batch.attempts <= self.retries:
                 retryable.append(batch)
+                self.metrics.records_retried += batch.record_count
             else:
                 self._fail(batch, err)
         if retryable:
@@ -385,11 +393,13 @@ class Sender:
 
     def _succeed(self, batch: ProducerBatch, base_offset: int, log_append_time: int) -> None:
         batch.result.complete(base_offset, log_append_time)
+        self.metrics.records_sent += batch.record_count
         if self.accumulator.done(batch):
             self.wake()
 
     def _fail(self, batch: ProducerBatch, err: BaseException) -> None:
         batch.result.complete(-1, error=err)
+        self.metrics.records_failed += batch.record_count
         if self.accumulator.done(batch):
             self.wake()
 

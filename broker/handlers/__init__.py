@@ -33,6 +33,7 @@ from broker.handlers.group import GroupHandler
 from broker.handlers.list_offsets import ListOffsetsHandler
 from broker.handlers.metadata import MetadataHandler
 from broker.handlers.produce import ProduceHandler
+from broker.request_metrics import TopicTraffic
 from broker.handlers.tiering import TieringHandler
 from broker.log import FetchSlice, UnifiedLog
 from broker.protocol import REQUEST_TYPES, ApiKey, Message
@@ -86,6 +87,7 @@ class RequestHandlers:
         self.replicas = replicas
         self.advertised = advertised
         self.broker_id: int = config["broker.id"]
+        self.traffic = TopicTraffic()  # bytes and messages in and out per topic (broker/metrics.py)
         metadata = MetadataHandler(self.broker_id, registry, advertised)
         admin = AdminHandler(config, registry, replicas)
         self._table: dict[int, Callable[[Any], Answer]] = {
@@ -96,8 +98,8 @@ class RequestHandlers:
             ApiKey.CREATE_PARTITIONS: admin.create_partitions,
             ApiKey.DESCRIBE_CONFIGS: admin.describe_configs,
             ApiKey.ALTER_CONFIGS: admin.alter_configs,
-            ApiKey.PRODUCE: ProduceHandler(replicas).produce,
-            ApiKey.FETCH: FetchHandler(config, replicas, self._leader_log).fetch,
+            ApiKey.PRODUCE: ProduceHandler(replicas, self.traffic).produce,
+            ApiKey.FETCH: FetchHandler(config, replicas, self._leader_log, self.traffic).fetch,
             ApiKey.LIST_OFFSETS: ListOffsetsHandler(self._leader_log, replicas).list_offsets,
         }
         self.groups = GroupHandler(config, registry, replicas, admin.create_internal_topic)

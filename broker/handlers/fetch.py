@@ -31,9 +31,11 @@ from broker.protocol import (
     TopicRequest,
     TopicResponse,
     code_and_message,
+    part_size,
 )
 from broker.purgatory import DelayedOperation
 from broker.replica_manager import ReplicaManager
+from broker.request_metrics import TopicTraffic
 
 MAX_WAIT_MS_LIMIT = 300_000
 LeaderLog = Callable[[str, int, int], UnifiedLog]
@@ -43,10 +45,12 @@ class FetchHandler:
     """Loop-local. `leader_log(topic, partition, current_leader_epoch)` is the dispatcher's seam to
     the logs this broker leads."""
 
-    def __init__(self, config: BrokerConfig, replicas: ReplicaManager, leader_log: LeaderLog) -> None:
+    def __init__(self, config: BrokerConfig, replicas: ReplicaManager, leader_log: LeaderLog,
+                 traffic: TopicTraffic) -> None:
         self.config = config
         self.replicas = replicas
         self.leader_log = leader_log
+        self.traffic = traffic
 
     def fetch(self, request: FetchRequest) -> FetchResponse | DelayedFetch:
         max_wait_ms = min(max(request.max_wait_ms, 0), MAX_WAIT_MS_LIMIT)
@@ -57,7 +61,7 @@ class FetchHandler:
             min_bytes = 0  # answer at once (unless a remote read is in progress)
         response, read = self.read(request, max_bytes)
         if read.enough(min_bytes):
-            return response
+            return self.sent(response)
         read.close()
         if read.pending:  # Kafka's remote.fetch.max.wait.ms: a remote read may take longer than max_wait_ms
             max_wait_ms = max(max_wait_ms, self.config["remote.fetch.max.wait.ms"])
@@ -70,9 +74,15 @@ class FetchHandler:
         (and the ranges it found are closed: they will not be sent)."""
         response, read = self.read(request, max_bytes)
         if read.enough(min_bytes):
-            return response
+            return self.sent(response)
         read.close()
         return None
+
+    def sent(self, response: FetchResponse) -> FetchResponse:
+        """`response`, its record bytes counted per topic (it is the one sent)."""
+        for topic in response.topics:
+            self.traffic.sent(topic.name, sum(part_size(p.records) for p in topic.partitions))
+        return response
 
     def read(self, request: FetchRequest, max_bytes: int) -> tuple[FetchResponse, _Read]:
         """One pass over the requested partitions: the response and what it read."""
@@ -190,4 +200,4 @@ class DelayedFetch(DelayedOperation):
         return True
 
     def on_expiration(self) -> None:
-        self.complete(self.handler.read(self.request, self.max_bytes)[0])
+        self.complete(self.handler.sent(self.handler.read(self.request, self.max_bytes)[0]))

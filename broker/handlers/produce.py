@@ -24,6 +24,7 @@ from broker.protocol import (
     code_and_message,
 )
 from broker.replica_manager import ReplicaManager
+from broker.request_metrics import TopicTraffic
 
 Outcome = Union[ProducePartitionResponse, Awaitable[ProducePartitionResponse]]
 
@@ -40,8 +41,9 @@ class ProduceHandler:
     """Loop-local and synchronous unless an append must wait: pipelined produces on a connection
     append in arrival order because each append starts before the handler returns."""
 
-    def __init__(self, replicas: ReplicaManager) -> None:
+    def __init__(self, replicas: ReplicaManager, traffic: TopicTraffic) -> None:
         self.replicas = replicas
+        self.traffic = traffic
 
     def produce(self, request: ProduceRequest) -> ProduceResponse | None | Awaitable[ProduceResponse | None]:
         outcomes = [(topic, [self._append(topic, p, request) for p in topic.partitions]) for topic in request.topics]
@@ -56,21 +58,25 @@ class ProduceHandler:
             return _failed(p.partition, malformed)
         if topic.name in INTERNAL_TOPICS:
             return _failed(p.partition, InvalidTopicError(f"{topic.name} is internal: only the broker writes to it"))
+        records = p.record_set()
         try:
-            appended = self.replicas.append(topic.name, p.partition, p.record_set(), request.acks, request.timeout_ms,
+            appended = self.replicas.append(topic.name, p.partition, records, request.acks, request.timeout_ms,
                                             current_leader_epoch=p.current_leader_epoch)
         except PymqError as err:
             return _failed(p.partition, err)
         if isinstance(appended, AppendInfo):
+            self.traffic.appended(topic.name, len(records), appended.record_count)
             return _appended(p.partition, appended)
-        return self._append_later(p.partition, appended)
+        return self._append_later(topic.name, p.partition, len(records), appended)
 
-    @staticmethod
-    async def _append_later(partition: int, pending: Awaitable[AppendInfo]) -> ProducePartitionResponse:
+    async def _append_later(self, topic: str, partition: int, size: int,
+                            pending: Awaitable[AppendInfo]) -> ProducePartitionResponse:
         try:
-            return _appended(partition, await pending)
+            info = await pending
         except PymqError as err:
             return _failed(partition, err)
+        self.traffic.appended(topic, size, info.record_count)
+        return _appended(partition, info)
 
     @staticmethod
     async def _produced_later(acks: int, outcomes: list[tuple[TopicRequest[ProducePartition], list[Outcome]]]) -> ProduceResponse | None:

@@ -75,12 +75,14 @@ import functools
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from segment_format import batch_body, record
 from broker.config import LogConfig
+from broker.histogram import Histogram
 from broker.errors import (
     CorruptMessageError,
     InconsistentTopicIdError,
@@ -113,10 +115,18 @@ class OffsetMovedToTieredStorageError(OffsetOutOfRangeError):
 class LogDirFailure:
     """Shared by every log of one directory: once an fsync (or a write that could not be undone)
     failed there, the directory is offline and every operation on its logs raises
-    KafkaStorageError (KAFKA_STORAGE_ERROR on the wire) until the broker restarts."""
+    KafkaStorageError (KAFKA_STORAGE_ERROR on the wire) until the broker restarts. It also times
+    the directory's log flushes (`sync_seconds`, Kafka's LogFlushRateAndTimeMs), from the flush
+    workers, under a lock."""
 
     def __init__(self) -> None:
         self.error: KafkaStorageError | None = None
+        self.sync_seconds = Histogram()
+        self._sync_lock = threading.Lock()
+
+    def synced(self, seconds: float) -> None:
+        with self._sync_lock:
+            self.sync_seconds.observe(seconds)
 
     @property
     def failed(self) -> bool:
@@ -599,11 +609,13 @@ class UnifiedLog:
                 sealed = sum(1 for segment in self._local.segments.holding(start, target)[:-1])
                 fds = self._local.prepare_flush(target)
                 sync_directory, self._local.dir_dirty = self._local.dir_dirty, False
+            started = time.perf_counter()
             try:
                 self._local.sync(fds, sync_directory)
             except KafkaStorageError as err:
                 self._dir_failure.fail(err)
                 raise
+            self._dir_failure.synced(time.perf_counter() - started)
             with self._lock:
                 self._local.recovery_point = max(self._local.recovery_point, target)
                 if self._local.recovery_point >= self.log_end_offset:

@@ -13,7 +13,6 @@ import asyncio
 import re
 import struct
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -111,15 +110,6 @@ def read_everything(client) -> tuple[dict[int, bytes], list[int], list[int]]:
     return values, bad_crc, refused
 
 
-def scrape(broker) -> dict[str, float]:
-    """The broker's Prometheus metrics, `name{labels}` -> value."""
-    port = re.findall(r"metrics on http://[^:]+:(\d+)/metrics", broker.log_tail(200_000))[-1]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines() if line and not line.startswith("#")}
-
-
 def recovered_bytes(broker) -> int:
     found = re.findall(r"recovered (\d+) bytes of \d+ logs", broker.log_tail(200_000))
     assert found, broker.log_tail()
@@ -159,7 +149,7 @@ def test_broken_framing_in_an_old_segment_is_reported_not_truncated(crashed, raw
     crashed.overrides["metrics.port"] = 0
     crashed.start()
     assert "damaged segments below its recovery point" in crashed.log_tail(200_000)
-    assert scrape(crashed)[f'pymq_log_damaged_segments{{partition="0",topic="{TOPIC}"}}'] == 1
+    assert crashed.metrics()[f'pymq_log_damaged_segments{{partition="0",topic="{TOPIC}"}}'] == 1
     values, bad_crc, refused = read_everything(raw_client(crashed.port))
     assert refused == [second.base_offset] and not bad_crc
     assert values == {i: value(i) for i in range(BATCHES) if i != second.base_offset}

@@ -8,7 +8,6 @@ import dataclasses
 import json
 import re
 import time
-import urllib.request
 from pathlib import Path
 
 import pyarrow as pa
@@ -69,15 +68,6 @@ def wait_until(condition, timeout_s: float, what: str):  # type: ignore[no-untyp
 def local_logs(log_dir: Path, topic: str) -> dict[int, int]:
     """base offset -> size of each local segment's .log file."""
     return {int(p.name[:20]): p.stat().st_size for p in (log_dir / f"{topic}-0").glob("*.log")}
-
-
-def scrape(broker) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    """The broker's Prometheus metrics, `name{labels}` -> value."""
-    port = re.findall(r"metrics on http://[^:]+:(\d+)/metrics", broker.log_tail(200_000))[-1]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines() if line and not line.startswith("#")}
 
 
 def row_of(output: str, topic: str, partition: int) -> str:
@@ -177,7 +167,7 @@ def test_status_matches_the_manifest_and_the_local_files(broker_factory, tmp_pat
     assert result.exit_code == 0, result.output
     assert row_of(result.stdout, PLAIN, 1).rstrip().endswith("not tiered")
 
-    metrics = scrape(broker)
+    metrics = broker.metrics()
     labels = f'{{partition="0",topic="{TOPIC}"}}'
     assert metrics[f"pymq_remote_log_start_offset{labels}"] == 0
     assert metrics[f"pymq_remote_log_end_offset{labels}"] == row.remote_log_end_offset
@@ -201,7 +191,7 @@ def test_status_matches_the_manifest_and_the_local_files(broker_factory, tmp_pat
         while read < produced:
             assert time.monotonic() < deadline
             read += consumer.poll_arrow(timeout_ms=500).num_rows
-    metrics = scrape(broker)
+    metrics = broker.metrics()
     assert metrics["pymq_remote_reads_total"] >= 1 and metrics["pymq_remote_read_errors_total"] == 0
     assert metrics["pymq_remote_read_cache_bytes"] > 0 and metrics["pymq_remote_read_cache_hits_total"] > 0
 
@@ -255,7 +245,7 @@ def test_broken_store_shows_failures_and_the_error(broker_factory, tmp_path) -> 
     assert status is not None, result.stdout
     assert int(status.group(1)) >= row.failures and "NotADirectoryError" in status.group(2)
 
-    metrics = scrape(broker)
+    metrics = broker.metrics()
     assert metrics[f'pymq_tiering_failures_in_a_row{{partition="0",topic="{TOPIC}"}}'] >= 2
     assert metrics["pymq_tiering_failures_total"] >= 2
     assert f'pymq_remote_log_end_offset{{partition="0",topic="{TOPIC}"}}' not in metrics
