@@ -42,7 +42,10 @@ class BrokerProcess:
                  config_file: Path | None = None, output: Path | None = None, cwd: Path | None = None,
                  module: str = "broker.cli", env: Mapping[str, str] | None = None) -> None:
         self.log_dir = Path(log_dir)
-        self.overrides: dict[str, Any] = {"port": 0, "log.dir": str(self.log_dir), **(overrides or {})}
+        # Free ports (the broker's and its metrics endpoint's) unless asked otherwise: a config file
+        # (conf/broker.toml, which `broker start` reads from the working directory) names fixed ones.
+        self.overrides: dict[str, Any] = {"port": 0, "metrics.port": 0, "log.dir": str(self.log_dir),
+                                          **(overrides or {})}
         self.config_file = config_file
         self.output = output or self.log_dir.parent / f"{self.log_dir.name}.out"
         self.cwd = cwd

@@ -78,12 +78,13 @@ def feed(bootstrap: str, produced: list[pa.Array], failed: list[BaseException]) 
 def main() -> None:
     config = BrokerConfig.load(CONFIG)
     data = Path(config["log.dir"]).parent
-    broker = BrokerProcess(Path(config["log.dir"]), {"port": config["port"]}, config_file=CONFIG,
+    broker = BrokerProcess(Path(config["log.dir"]), {"port": config["port"], "metrics.port": config["metrics.port"]},
+                           config_file=CONFIG,
                            output=data / "broker.out")
     try:
         broker.start()
     except RuntimeError as err:
-        raise SystemExit(f"{err}\n(is port {config['port']} free?)") from None
+        raise SystemExit(f"{err}\n(are ports {config['port']} and {config['metrics.port']} free?)") from None
     try:
         run(broker.bootstrap, data / "demo")
     finally:

@@ -221,7 +221,8 @@ def cli_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log_dir = tmp_path_factory.mktemp("cli-broker")
     stderr = open(log_dir.parent / "cli-broker.err", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "broker.cli", "broker", "start", "-o", "port=0", "-o", f"log.dir={log_dir}"],
+        [sys.executable, "-m", "broker.cli", "broker", "start", "-o", "port=0", "-o", "metrics.port=0", "-o",
+         f"log.dir={log_dir}"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=stderr, text=True,
     )
     try:
