@@ -4,6 +4,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,52 +84,40 @@ def test_iterating_a_consumer_yields_records_as_they_arrive(broker):
         assert list(consumer.records(idle_timeout_ms=300)) == []  # nothing more: stops when idle
 
 
-def test_a_peer_that_is_not_a_pymq_broker_is_named_as_such():
-    """Something else listens on the port (here: an HTTP server's answer to anything)."""
+def test_a_peer_that_is_not_a_pymq_broker_is_named_as_such_at_once():
+    """Something else listens on the port: a server that answers HTTP to any bytes, and Python's
+    http.server (as a metrics port runs it), which reads a request up to a newline and waits for
+    more. The client's first frame carries one ("\r\n\r\n" as its correlation id), so both
+    answer at once and the client names them, long before its 60 s request timeout."""
     import socket
     import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from broker.errors import NetworkError
+    from broker.errors import NotAPymqBrokerError
     from pymq import Admin
 
-    server = socket.create_server(("127.0.0.1", 0))
+    raw = socket.create_server(("127.0.0.1", 0))
 
     def answer_http() -> None:
-        conn, _ = server.accept()
+        conn, _ = raw.accept()
         with conn:
             conn.recv(1 << 16)
             conn.sendall(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
             conn.recv(1 << 16)
 
-    thread = threading.Thread(target=answer_http, daemon=True)
-    thread.start()
+    threading.Thread(target=answer_http, daemon=True).start()
+    http = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    threading.Thread(target=http.serve_forever, daemon=True).start()
     try:
-        with Admin(f"127.0.0.1:{server.getsockname()[1]}", request_timeout_ms=5_000) as admin:
-            with pytest.raises(NetworkError, match=r"127.0.0.1:\d+ is not a pymq broker"):
-                admin.list_topics()
+        for port, first_bytes in ((raw.getsockname()[1], "b'HTTP'"), (http.server_address[1], "b'<!DO'")):
+            with Admin(f"127.0.0.1:{port}", request_timeout_ms=60_000) as admin:
+                with pytest.raises(NotAPymqBrokerError, match=rf"127.0.0.1:{port} is not a pymq broker .*its first "
+                                                              rf"bytes are {re.escape(first_bytes)}"):
+                    admin.list_topics()
     finally:
-        server.close()
-
-
-def test_an_http_server_given_as_bootstrap_fails_at_once_not_after_the_request_timeout():
-    """Python's http.server (as a metrics port runs) reads a request up to a newline and waits
-    for more: the client's first frame carries one ("\r\n\r\n" as its correlation id), so the
-    server answers at once and the client names it, long before its 60 s request timeout."""
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    from broker.errors import NetworkError
-    from pymq import Admin
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        with Admin(f"127.0.0.1:{server.server_address[1]}", request_timeout_ms=60_000) as admin:
-            with pytest.raises(NetworkError, match=r"127.0.0.1:\d+ is not a pymq broker .*its first bytes are"):
-                admin.list_topics()
-    finally:
-        server.shutdown()
-        server.server_close()
+        raw.close()
+        http.shutdown()
+        http.server_close()
 
 
 # What the package facade would drag in if it imported its public names eagerly.
