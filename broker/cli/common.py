@@ -251,6 +251,18 @@ def write_stdout(data: bytes) -> None:
 
 
 @contextlib.contextmanager
+def steps() -> Iterator[Callable[[str], None]]:
+    """Yield `step(text)`, which shows what a multi-step command is doing now (a spinner with the
+    text on stderr) when stderr is a terminal, and does nothing otherwise: for commands made of a
+    few long requests, where a bar of items has nothing to count."""
+    if not sys.stderr.isatty():
+        yield lambda text: None
+        return
+    with console(stderr=True).status("") as status:
+        yield status.update
+
+
+@contextlib.contextmanager
 def progress_bar(total: int | None, description: str) -> Iterator[Callable[[int], None]]:
     """Yield `advance(n)`; draws a rich progress bar on stderr only when stderr is a terminal."""
     if not sys.stderr.isatty():

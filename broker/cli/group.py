@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.table import Table
 
-from broker.cli.common import admin_client, bootstrap_option, console
+from broker.cli.common import admin_client, bootstrap_option, console, steps
 from broker.cli.consume import Timestamp
 from broker.errors import GroupIdNotFoundError, NonEmptyGroupError, PymqError
 from broker.topic_partition import TopicPartition
@@ -221,13 +221,18 @@ def reset_offsets(group: str, topics: tuple[tuple[str, tuple[int, ...]], ...], a
                  to_offset=to_offset)
     if bool(topics) == all_topics:
         raise click.UsageError("give --topic (repeatable) or --all-topics")
-    with admin_client() as admin:
+    with admin_client() as admin, steps() as step:
+        step(f"checking that group {group} has no members")
         _check_inactive(admin, group)
+        step(f"reading the committed offsets of group {group}")
         committed = {tp: o.offset for tp, o in admin.list_group_offsets(group).items()}
         partitions = sorted(committed) if all_topics else _selected(admin, topics)
-        new = new_offsets(plan, partitions, committed, _log_bounds(admin, partitions),
-                          _offsets_at(admin, partitions, plan))
+        step(f"reading the log bounds of {len(partitions):,} partitions")
+        bounds = _log_bounds(admin, partitions)
+        step(f"finding the new offsets of {len(partitions):,} partitions")
+        new = new_offsets(plan, partitions, committed, bounds, _offsets_at(admin, partitions, plan))
         if execute and new:
+            step(f"committing {len(new):,} offsets")
             admin.alter_group_offsets(group, new)
     out = console()
     table = _table("TOPIC", "PARTITION", "CURRENT-OFFSET", "NEW-OFFSET",

@@ -532,19 +532,14 @@ def test_produce_interrupted_says_which_lines_were_stored(cli_broker: str) -> No
     assert _stored(cli_broker, "cut-short") == [f"null\tline-{i}" for i in range(1, 6)]
 
 
-def test_produce_from_a_file_shows_progress_on_a_terminal(cli_broker: str, tmp_path: Path) -> None:
-    """With stderr on a terminal (a pseudo-terminal here), producing a file draws a progress bar
-    of its bytes; the records are all stored."""
+def on_terminal(*args: str) -> tuple[int, bytes]:
+    """Run the CLI with stderr on a pseudo-terminal: its exit code and what it drew there."""
     import os
     import pty
 
-    run("-b", cli_broker, "topic", "create", "progress", "-p", "1")
-    source = tmp_path / "lines.txt"
-    source.write_text("".join(f"line-{i}\n" for i in range(5000)))
     controller, terminal = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "broker.cli", "-b", cli_broker, "produce", "progress", "--file",
-                             str(source)], cwd=REPO, stdout=subprocess.DEVNULL, stderr=terminal,
-                            env={**os.environ, "COLUMNS": "120", "TERM": "xterm"})
+    proc = subprocess.Popen([sys.executable, "-m", "broker.cli", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=terminal, env={**os.environ, "COLUMNS": "120", "TERM": "xterm"})
     os.close(terminal)
     shown = b""
     while True:
@@ -555,7 +550,30 @@ def test_produce_from_a_file_shows_progress_on_a_terminal(cli_broker: str, tmp_p
         if not chunk:
             break
         shown += chunk
-    assert proc.wait(60) == 0
+    code = proc.wait(60)
     os.close(controller)
-    assert b"produce" in shown and b"produced 5000 records to progress" in shown
+    return code, shown
+
+
+def test_produce_from_a_file_shows_progress_on_a_terminal(cli_broker: str, tmp_path: Path) -> None:
+    """With stderr on a terminal, producing a file draws a progress bar of its bytes; the records
+    are all stored."""
+    run("-b", cli_broker, "topic", "create", "progress", "-p", "1")
+    source = tmp_path / "lines.txt"
+    source.write_text("".join(f"line-{i}\n" for i in range(5000)))
+    code, shown = on_terminal("-b", cli_broker, "produce", "progress", "--file", str(source))
+    assert code == 0 and b"produce" in shown and b"produced 5000 records to progress" in shown
     assert re.search(rb"\d+/\d+", shown), shown[-500:]  # rich's completed/total column
+
+
+def test_reset_offsets_says_which_step_it_is_at_on_a_terminal(cli_broker: str) -> None:
+    """A reset over many partitions is a few long requests: a terminal shows the step it is at
+    (here quick: rich draws at least the last one)."""
+    from broker.client import Admin
+
+    with Admin(cli_broker) as admin:
+        admin.create_topic("many", partitions=64)
+        admin.alter_group_offsets("resetting", {("many", p): 0 for p in range(64)})
+    code, shown = on_terminal("-b", cli_broker, "group", "reset-offsets", "resetting", "--all-topics", "--to-latest",
+                              "--execute")
+    assert code == 0 and b"committing 64 offsets" in shown, shown[-800:]
