@@ -28,13 +28,16 @@ from broker.client.config import RETRY_BACKOFF_MAX_S, BootstrapServers, client_s
 from broker.client.loop_thread import LoopThread
 from broker.client.offset_fetcher import list_offsets
 from broker.errors import (
+    BrokerNotAvailableError,
     CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
     NetworkError,
     NonEmptyGroupError,
+    NotAPymqBrokerError,
     NotCoordinatorError,
     PymqError,
     RebalanceInProgressError,
+    RequestTimedOutError,
     UnknownMemberIdError,
     error_for_code,
 )
@@ -79,6 +82,8 @@ from broker.protocol.consumer_protocol import Assignment
 
 R = TypeVar("R", bound=Message)
 log = logging.getLogger("pymq.admin")
+# Errors of a broker that could not be reached (down, restarting, not answering in time).
+_UNREACHABLE = (NetworkError, BrokerNotAvailableError, RequestTimedOutError)
 
 # The coordinator moved, is starting or is loading: find it again and retry.
 _COORDINATOR_RETRIABLE = (NotCoordinatorError, CoordinatorNotAvailableError, CoordinatorLoadInProgressError)
@@ -238,16 +243,18 @@ class AsyncAdmin:
 
     async def _reading(self, attempt: Callable[[], Awaitable[R]]) -> R:
         """Run a call that only reads (metadata, configs, offsets) until it succeeds, fails with
-        an error retrying cannot fix, or `default_api_timeout_ms` has passed since it began, as
-        Kafka's clients do: a broker restarting (connections refused for a few seconds) is
-        waited out, not reported. Reads are safe to send again; changes are not retried here."""
+        anything but an unreachable broker, or `default_api_timeout_ms` has passed since it
+        began, as Kafka's clients do: a broker restarting (connections refused for a few seconds)
+        is waited out, not reported. A broker's answer (UNKNOWN_TOPIC_OR_PARTITION, ...) is
+        returned at once: the caller decides whether to ask again. Reads are safe to send again;
+        changes are not retried here."""
         deadline = time.monotonic() + self.default_api_timeout_s
         backoff = self.retry_backoff_s
         while True:
             try:
                 return await attempt()
-            except PymqError as err:
-                if not err.retriable or time.monotonic() + backoff >= deadline:
+            except _UNREACHABLE as err:
+                if isinstance(err, NotAPymqBrokerError) or time.monotonic() + backoff >= deadline:
                     raise
                 log.info("%s: %s; retrying in %.1f s", self.client_id, err, backoff)
             await asyncio.sleep(backoff)
