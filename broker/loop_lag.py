@@ -15,7 +15,8 @@ Benchmarks diff two scrapes for a window's percentiles.
 from __future__ import annotations
 
 import asyncio
-import bisect
+
+from broker.histogram import Histogram
 
 # Upper bounds in seconds (Prometheus `le`), from timer noise to a stalled loop.
 LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
@@ -24,8 +25,7 @@ LAG_BUCKETS_S = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1
 class LoopLagProbe:
     def __init__(self, interval_s: float = 0.010) -> None:
         self.interval_s = interval_s
-        self.counts = [0] * (len(LAG_BUCKETS_S) + 1)  # per bucket, the last one above every bound
-        self.sum_s = 0.0
+        self.lags = Histogram(LAG_BUCKETS_S)
         self.max_s = 0.0
         self._timer: asyncio.TimerHandle | None = None
 
@@ -38,8 +38,7 @@ class LoopLagProbe:
             self._timer = None
 
     def record(self, lag_s: float) -> None:
-        self.counts[bisect.bisect_left(LAG_BUCKETS_S, lag_s)] += 1
-        self.sum_s += lag_s
+        self.lags.observe(lag_s)
         self.max_s = max(self.max_s, lag_s)
 
     def _arm(self, loop: asyncio.AbstractEventLoop) -> None:

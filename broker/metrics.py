@@ -58,7 +58,6 @@ from prometheus_client.registry import Collector
 
 from broker import background
 from broker.histogram import Histogram
-from broker.loop_lag import LAG_BUCKETS_S
 from broker.request_metrics import PHASES
 
 if TYPE_CHECKING:
@@ -192,7 +191,8 @@ class BrokerCollector(Collector):
 
     def _loop_and_queues(self) -> Iterator[Metric]:
         if self.loop_lag is not None:
-            yield _lag_histogram(self.loop_lag)
+            yield _histogram("pymq_event_loop_lag_seconds", "how late a 10 ms timer on the event loop fired", [],
+                             {(): self.loop_lag.lags})
             yield GaugeMetricFamily("pymq_event_loop_lag_max_seconds", "worst event loop lag since start",
                                     value=self.loop_lag.max_s)
         depth = GaugeMetricFamily("pymq_executor_queue_depth", "background tasks queued or running", labels=["executor"])
@@ -255,15 +255,6 @@ def _histogram(name: str, doc: str, labels: list[str], histograms: dict[tuple[st
     for values, histogram in sorted(histograms.items()):
         family.add_metric(list(values), histogram.cumulative(), histogram.sum)
     return family
-
-
-def _lag_histogram(probe: LoopLagProbe) -> HistogramMetricFamily:
-    cumulative, buckets = 0, []
-    for bound, count in zip([*map(str, LAG_BUCKETS_S), "+Inf"], probe.counts):
-        cumulative += count
-        buckets.append((bound, cumulative))
-    return HistogramMetricFamily("pymq_event_loop_lag_seconds", "how late a 10 ms timer on the event loop fired",
-                                 buckets=buckets, sum_value=probe.sum_s)
 
 
 def serve_metrics(host: str, port: int, replicas: ReplicaManager, connections: Callable[[], int],
