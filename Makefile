@@ -9,12 +9,14 @@ STAMP  := $(VENV)/.installed
 venv: $(STAMP)
 
 # Python deps into the venv; then the Delta Lake and hadoop-aws jars from Maven Central into
-# $(VENV)/spark-jars (spark_datasource/jars.py), with Maven from Debian's packages if missing.
+# $(VENV)/spark-jars (spark_datasource/jars.py), with Maven from Debian's packages if missing;
+# Debian's etcd-server (the metadata store of a cluster) if missing.
 $(STAMP): pyproject.toml conf/spark-jars.pom.xml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
 	command -v mvn >/dev/null || (apt-get update -q && apt-get install -y -q maven)
+	command -v etcd >/dev/null || (apt-get update -q && apt-get install -y -q etcd-server)
 	$(BIN)/python -c 'from spark_datasource import jars; jars.main()'
 	touch $(STAMP)
 

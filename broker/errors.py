@@ -325,7 +325,21 @@ class WorkQueueFullError(PymqError, wire_name="WORK_QUEUE_FULL"):
     retriable = True
 
 
-# Client-side conditions that never come from a broker use codes >= 1000.
+class MetadataStoreUnavailableError(PymqError, wire_name="METADATA_STORE_UNAVAILABLE"):
+    """The cluster's metadata store (etcd) did not answer: a change to topics or partition state
+    cannot be made now. Brokers keep serving the partitions they lead; retry after a backoff."""
+
+    code = 904
+    retriable = True
+
+
+class MetadataStoreLimitError(PymqError, wire_name="METADATA_STORE_LIMIT"):
+    """The metadata store refused a transaction as too large (etcd's `--max-txn-ops` or
+    `--max-request-bytes` is below what pymq needs; docs/cluster.md names the values)."""
+
+    code = 905
+
+
 class StaleManifestError(PymqError, wire_name="STALE_MANIFEST"):
     """A change to a partition's remote manifest (a compaction's segment swap) named a manifest
     version that is no longer the current one: the broker uploaded, expired or swapped segments
@@ -334,6 +348,7 @@ class StaleManifestError(PymqError, wire_name="STALE_MANIFEST"):
     code = 903
 
 
+# Client-side conditions that never come from a broker use codes >= 1000.
 class ProducerClosedError(PymqError, wire_name="PRODUCER_CLOSED"):
     code = 1000
 

@@ -72,6 +72,18 @@ def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[str
         server.stop()
 
 
+@pytest.fixture(scope="module")
+def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
+    """A real etcd (Debian's etcd-server) on free loopback ports, one per test module: an EtcdProcess."""
+    from broker.cluster.etcd_process import EtcdProcess
+
+    server = EtcdProcess(tmp_path_factory.mktemp("etcd") / "data").start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator:
     """The one Spark session (local[2], Delta Lake, the pymq source) of the whole test run."""

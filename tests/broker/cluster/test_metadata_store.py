@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from broker.cluster.etcd_metadata_store import EtcdMetadataStore
+from broker.cluster.etcd_process import EtcdProcess
 from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.metadata_store import (
     CompactedRevisionError,
@@ -28,12 +30,12 @@ from broker.cluster.metadata_store import (
     Watch,
     WatchEvent,
 )
-from broker.errors import InvalidRequestError
+from broker.errors import InvalidRequestError, MetadataStoreLimitError, MetadataStoreUnavailableError
 
 Scenario = Callable[[MetadataStore], Awaitable[None]]
 OpenStore = Callable[[], Awaitable[MetadataStore]]
 Advance = Callable[[float], Awaitable[None]]
-TIMEOUT_S = 10
+TIMEOUT_S = 30  # a hang guard: the etcd store's lease tests wait out real TTLs
 
 
 def run_with(open_store: OpenStore, scenario: Scenario) -> None:
@@ -65,10 +67,10 @@ def changes(events: list[WatchEvent]) -> list[tuple[str, str, Any]]:
 
 
 class MetadataStoreContract:
-    """The contract every MetadataStore passes. A subclass provides two fixtures: `open_store`, an
-    async callable returning a store that starts empty for each test (the same data on every call
-    within one test), and `advance`, an async callable that lets that many seconds pass for the
-    store's leases."""
+    """The contract every MetadataStore passes. A subclass provides three fixtures: `open_store`,
+    an async callable returning a store that starts empty for each test (the same data on every
+    call within one test); `advance`, an async callable that lets that many seconds pass for the
+    store's leases; and `lease_ttl`, the TTL (whole seconds) the lease tests grant."""
 
     # -- single keys ---------------------------------------------------------------------------
 
@@ -519,18 +521,18 @@ class MetadataStoreContract:
 
     # -- leases --------------------------------------------------------------------------------
 
-    def test_lease_expiry_deletes_its_keys_as_one_revision(self, open_store, advance):
+    def test_lease_expiry_deletes_its_keys_as_one_revision(self, open_store, advance, lease_ttl):
         """A lease not kept alive past its TTL: its keys go in one revision (seen as delete events),
         other keys stay, and the lease can neither be kept alive nor used again."""
 
         async def scenario(store: MetadataStore) -> None:
-            lease = await store.grant_lease(10)
+            lease = await store.grant_lease(lease_ttl)
             watch = store.watch("brokers/")
             await store.txn([], [Put("brokers/0", {"host": "a"}, lease=lease), Put("brokers/1", {"host": "b"}, lease=lease),
                                  Put("brokers/config", {})])
             assert (await store.get("brokers/0")).lease == lease
             await take(watch, 3)
-            await advance(11)
+            await advance(lease_ttl * 1.1)
             deleted = await take(watch, 2)
             assert sorted(changes(deleted)) == [("delete", "brokers/0", None), ("delete", "brokers/1", None)]
             assert deleted[0].revision == deleted[1].revision == await store.revision()
@@ -543,19 +545,20 @@ class MetadataStoreContract:
 
         run_with(open_store, scenario)
 
-    def test_keep_alive_restarts_the_ttl(self, open_store, advance):
-        """Kept alive at 6 s of a 10 s TTL, the lease and its key are still there at 12 s, and expire after 16 s."""
+    def test_keep_alive_restarts_the_ttl(self, open_store, advance, lease_ttl):
+        """Kept alive at 0.6 of its TTL twice, the lease and its key are still there at 1.2 TTL
+        (the first deadline passed harmlessly), and expire after 2.3 TTL."""
 
         async def scenario(store: MetadataStore) -> None:
-            lease = await store.grant_lease(10)
+            lease = await store.grant_lease(lease_ttl)
             await store.put("brokers/0", {}, lease=lease)
             watch = store.watch("brokers/")
-            await advance(6)
-            assert await store.keep_alive(lease) == 10
-            await advance(6)
-            assert await store.keep_alive(lease) == 10  # alive at 12 s: the first deadline passed harmlessly
+            await advance(lease_ttl * 0.6)
+            assert await store.keep_alive(lease) == lease_ttl
+            await advance(lease_ttl * 0.6)
+            assert await store.keep_alive(lease) == lease_ttl
             assert await store.get("brokers/0") is not None
-            await advance(11)
+            await advance(lease_ttl * 1.1)
             assert changes(await take(watch, 1)) == [("delete", "brokers/0", None)]
             watch.cancel()
 
@@ -654,6 +657,10 @@ class TestLocalMetadataStore(MetadataStoreContract):
             return LocalMetadataStore(path, clock=clock)
 
         return open_
+
+    @pytest.fixture
+    def lease_ttl(self) -> float:
+        return 10
 
     @pytest.fixture
     def advance(self, clock: ManualClock) -> Advance:
@@ -862,3 +869,105 @@ def test_a_malformed_compare_is_refused(target, op, operand):
     """Compare checks its target and operator when built (InvalidRequestError), not when a store runs it."""
     with pytest.raises(InvalidRequestError):
         Compare("topics/a", target, op, operand)
+
+
+class TestEtcdMetadataStore(MetadataStoreContract):
+    """The etcd store against a real etcd: the contract (each test in a namespace of its own, real
+    lease TTLs), plus what only a remote store has: a watch surviving a broken stream, named errors
+    when etcd is away or refuses a transaction's size."""
+
+    @pytest.fixture
+    def open_store(self, etcd, request) -> OpenStore:
+        namespace = f"test/{request.node.name}/{os.urandom(4).hex()}/"
+
+        async def open_() -> MetadataStore:
+            return await EtcdMetadataStore.connect(etcd.endpoint, namespace)
+
+        return open_
+
+    @pytest.fixture
+    def lease_ttl(self) -> float:
+        return 3  # above etcd's minimum TTL (1.5 x its election timeout, 1 s by default)
+
+    @pytest.fixture
+    def advance(self) -> Advance:
+        return asyncio.sleep
+
+    def test_a_watch_resumes_across_an_etcd_restart_without_missing_a_change(self, tmp_path):
+        """etcd stops while a watch waits and changes are made after it returns: the watch delivers
+        every change, once, in order; a call while etcd is down fails as METADATA_STORE_UNAVAILABLE."""
+        server = EtcdProcess(tmp_path / "etcd").start()
+
+        async def scenario() -> None:
+            store = await EtcdMetadataStore.connect(server.endpoint, "ns/", timeout_s=1)
+            try:
+                watch = store.watch("k/")
+                await store.put("k/before", {"n": 0})
+                assert changes(await take(watch, 1)) == [("put", "k/before", {"n": 0})]
+                await asyncio.to_thread(server.stop)
+                with pytest.raises(MetadataStoreUnavailableError):
+                    await store.put("k/during", {})
+                await asyncio.to_thread(server.start)
+                await store.put("k/after", {"n": 1})
+                await store.delete("k/before")
+                assert changes(await take(watch, 2)) == [("put", "k/after", {"n": 1}), ("delete", "k/before", None)]
+                watch.cancel()
+            finally:
+                await store.close()
+
+        try:
+            asyncio.run(asyncio.wait_for(scenario(), 60))
+        finally:
+            server.stop()
+
+    def test_a_hung_etcd_is_a_named_retriable_error_within_the_timeout(self, etcd):
+        """etcd stopped with SIGSTOP: a transaction fails as METADATA_STORE_UNAVAILABLE (retriable)
+        after the store's timeout, not after a TCP timeout; it works again once etcd continues."""
+
+        async def scenario() -> None:
+            store = await EtcdMetadataStore.connect(etcd.endpoint, f"hang/{os.urandom(4).hex()}/", timeout_s=0.5)
+            try:
+                etcd.pause()
+                try:
+                    with pytest.raises(MetadataStoreUnavailableError) as caught:
+                        await asyncio.wait_for(store.put("k", {}), 5)
+                    assert caught.value.retriable
+                finally:
+                    etcd.resume()
+                assert await store.put("k", {"ok": True}) >= 1
+            finally:
+                await store.close()
+
+        asyncio.run(scenario())
+
+    def test_a_topic_of_max_partitions_is_one_transaction(self, etcd, tmp_path):
+        """The largest topic (10,000 partition states and its key) is one etcd transaction on an etcd
+        started with pymq's limits; an etcd on its defaults refuses it as METADATA_STORE_LIMIT,
+        naming the flags, and stores nothing."""
+        from broker.cluster.topics import MAX_PARTITIONS
+
+        state = {"leader": 1, "leader_epoch": 0, "replicas": [1, 2, 3], "isr": [1, 2, 3]}
+        ops = [Put("topics/big", {"partitions": MAX_PARTITIONS}),
+               *(Put(f"partitions/big/{p}", state) for p in range(MAX_PARTITIONS))]
+
+        async def create(endpoint: str) -> MetadataStore:
+            store = await EtcdMetadataStore.connect(endpoint, f"big/{os.urandom(4).hex()}/", timeout_s=30)
+            await store.txn([Compare.version("topics/big", "==", 0)], ops)
+            return store
+
+        async def scenario() -> None:
+            store = await create(etcd.endpoint)
+            try:
+                assert len(await store.list("partitions/big/")) == MAX_PARTITIONS
+            finally:
+                await store.close()
+            with EtcdProcess(tmp_path / "defaults", limits=()) as defaults:
+                with pytest.raises(MetadataStoreLimitError, match="--max-txn-ops"):
+                    await create(defaults.endpoint)
+                check = await EtcdMetadataStore.connect(defaults.endpoint, "big/")
+                try:
+                    assert await check.list("") == {}
+                finally:
+                    await check.close()
+
+        asyncio.run(scenario())

@@ -1,0 +1,147 @@
+"""EtcdProcess: a single-member etcd server run as a child process, for a local cluster and tests.
+
+A pymq cluster keeps its metadata in etcd (docs/cluster.md). Production runs etcd as its own
+service; `pymq cluster start`, the tests and the benchmarks start one here: Debian's `etcd`
+binary (package `etcd-server`, which `make venv` installs when missing), on free loopback ports
+unless told otherwise, a data directory of its own, and the limits pymq's transactions need.
+Creating a topic is ONE etcd transaction holding the topic key and every partition's state, so a
+10,000-partition topic is 10,001 operations: etcd's defaults (128 operations, 1.5 MiB per request)
+are raised rather than the creation chunked, because a chunked creation could be seen half done.
+
+The child dies with its parent (PR_SET_PDEATHSIG) and is stopped by PID.
+"""
+from __future__ import annotations
+
+import contextlib
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from broker.cluster.metadata_store import MAX_TXN_OPS
+from broker.process import die_with_parent
+
+# One etcd request carries a transaction of MAX_TXN_OPS puts of partition states (~120 bytes each).
+MAX_REQUEST_BYTES = 16 * 1024 * 1024
+ETCD_LIMIT_FLAGS = ("--max-txn-ops", str(MAX_TXN_OPS), "--max-request-bytes", str(MAX_REQUEST_BYTES))
+
+
+class EtcdNotInstalledError(RuntimeError):
+    """No `etcd` binary on PATH."""
+
+
+def etcd_binary() -> str:
+    found = shutil.which("etcd")
+    if found is None:
+        raise EtcdNotInstalledError("etcd is not installed: `make venv` installs Debian's etcd-server "
+                                    "(or run `apt-get install etcd-server`)")
+    return found
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class EtcdProcess:
+    """One etcd member. `endpoint` is `host:port` of its client URL once started."""
+
+    def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", client_port: int = 0, peer_port: int = 0,
+                 output: Path | None = None, name: str = "pymq-etcd", limits: Sequence[str] = ETCD_LIMIT_FLAGS) -> None:
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.client_port = client_port
+        self.peer_port = peer_port
+        self.output = output or self.data_dir.parent / f"{self.data_dir.name}.out"
+        self.name = name
+        self.limits = tuple(limits)  # () leaves etcd's defaults (which refuse large topics)
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.host}:{self.client_port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "etcd not started"
+        return self.proc.pid
+
+    def start(self, timeout_s: float = 30.0) -> "EtcdProcess":
+        """Start etcd and wait until it answers /health; RuntimeError with its output otherwise.
+        Free ports are picked once and kept, so a restart serves the same endpoint."""
+        self.client_port = self.client_port or free_port(self.host)
+        self.peer_port = self.peer_port or free_port(self.host)
+        client_url, peer_url = f"http://{self.host}:{self.client_port}", f"http://{self.host}:{self.peer_port}"
+        args = [
+            etcd_binary(), "--name", self.name, "--data-dir", str(self.data_dir),
+            "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
+            "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+            "--initial-cluster", f"{self.name}={peer_url}", "--initial-cluster-state", "new",
+            "--logger", "zap", "--log-outputs", "stderr",
+            *self.limits,
+        ]
+        self.data_dir.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.output, "ab") as out:
+            self.proc = subprocess.Popen(args, stdout=out, stderr=out, preexec_fn=die_with_parent)
+        deadline = time.monotonic() + timeout_s
+        while not self._healthy():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"etcd did not start; output:\n{self.log_tail()}")
+            time.sleep(0.05)
+        return self
+
+    def _healthy(self) -> bool:
+        with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
+            with urllib.request.urlopen(f"http://{self.endpoint}/health", timeout=1) as response:
+                return b'"true"' in response.read()
+        return False
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Clean stop (SIGTERM), SIGKILL after `timeout_s`."""
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def kill(self) -> None:
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+
+    def pause(self) -> None:
+        """SIGSTOP: etcd hangs (clients time out) without losing anything; `resume` continues it."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        with contextlib.suppress(OSError):
+            return self.output.read_text(errors="replace")[-chars:]
+        return ""
+
+    def __enter__(self) -> "EtcdProcess":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
