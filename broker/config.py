@@ -131,6 +131,13 @@ TOPIC_CONFIGS: dict[str, tuple[ConfigDef, str]] = {
         (ConfigDef("local.retention.bytes", int, -2,
                    "remote.storage.enable: delete the oldest uploaded local segments while the local log is "
                    "larger; -2 uses retention.bytes, -1 no limit", -2, INT64_MAX), "log.local.retention.bytes"),
+        # Replication (docs/cluster.md).
+        (ConfigDef("min.insync.replicas", int, 1,
+                   "acks=all: refuse a produce (NOT_ENOUGH_REPLICAS) while fewer replicas than this are in sync",
+                   1, INT32_MAX), "min.insync.replicas"),
+        (ConfigDef("unclean.leader.election.enable", bool, False,
+                   "when no in-sync replica is alive, make another replica leader: the partition serves again, "
+                   "losing what only the in-sync replicas had"), "unclean.leader.election.enable"),
         (ConfigDef("key.partitioner", str, "murmur2",
                    "where producers put a keyed record: murmur2 is Kafka's placement (a key keeps its Kafka "
                    "partition), murmur3 that of topics created before this config; changing it moves keys",
@@ -162,6 +169,8 @@ class LogConfig:
     remote_storage_enable: bool = False
     local_retention_ms: int = -2
     local_retention_bytes: int = -2
+    min_insync_replicas: int = 1
+    unclean_leader_election_enable: bool = False
     key_partitioner: str = "murmur2"
 
     @property
@@ -333,6 +342,39 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
                   "size of one cached range of a remote segment (one ranged GET)", 64 << 10, 1 << 30),
         ConfigDef("remote.log.reader.prefetch.chunks", int, 1,
                   "chunks read ahead of a sequential remote reader (0: none)", 0, 64),
+        # A cluster (docs/cluster.md): brokers on a shared etcd, replication between them.
+        ConfigDef("metadata.store", str, "local",
+                  "where cluster metadata lives: local (one broker, a file in log.dir) or etcd (a cluster)",
+                  choices=("local", "etcd")),
+        ConfigDef("etcd.endpoint", str, "127.0.0.1:2379", "metadata.store=etcd: the etcd server, host:port"),
+        ConfigDef("cluster.name", str, "default",
+                  "metadata.store=etcd: the cluster's name; its keys live under pymq/{cluster.name}/ in etcd"),
+        ConfigDef("broker.rack", str, "", "the rack (or zone) of this broker: replicas of a partition go to "
+                  "different racks first"),
+        ConfigDef("advertised.host", str, "", "the host clients and other brokers reach this broker at (empty: host)"),
+        ConfigDef("broker.session.timeout.ms", int, 6_000,
+                  "a broker whose registration is not renewed this long is dead: its partitions get new leaders "
+                  "(the TTL of its etcd lease, whole seconds)", 1_000, 3_600_000),
+        ConfigDef("default.replication.factor", int, 1, "replicas of a topic created without a factor", 1, 32),
+        ConfigDef("offsets.topic.replication.factor", int, 3,
+                  "replicas of __consumer_offsets (fewer when the cluster has fewer brokers at its creation)", 1, 32),
+        ConfigDef("replica.lag.time.max.ms", int, 30_000,
+                  "a follower that has not caught up with the leader's log end for this long leaves the ISR",
+                  10, INT32_MAX),
+        ConfigDef("replica.fetch.wait.max.ms", int, 500, "how long a follower's fetch waits at the leader for data",
+                  0, 300_000),
+        ConfigDef("replica.fetch.max.bytes", int, 8 << 20, "bytes a follower asks for per partition per fetch",
+                  1024, INT32_MAX),
+        ConfigDef("replica.fetch.response.max.bytes", int, 32 << 20, "bytes a follower asks for per fetch",
+                  1024, INT32_MAX),
+        ConfigDef("replica.fetch.backoff.ms", int, 200, "how long a follower waits after a failed fetch", 0, 60_000),
+        ConfigDef("replica.throttle.bytes.per.second", int, INT64_MAX,
+                  "bandwidth of this broker's followers that are not in sync (catching up, or moved here by a "
+                  "reassignment); in-sync followers are never throttled", 1, INT64_MAX),
+        ConfigDef("auto.leader.rebalance.enable", bool, True,
+                  "the controller moves leadership back to each partition's preferred (first) replica"),
+        ConfigDef("leader.imbalance.check.interval.seconds", int, 300,
+                  "how often the controller checks for partitions not led by their preferred replica", 1, INT32_MAX),
         ConfigDef("remote.fetch.max.wait.ms", int, 500,
                   "longest a fetch waits for a remote read (beyond its own max wait) before answering without it",
                   1, 300_000),

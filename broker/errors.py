@@ -115,7 +115,25 @@ class RecordListTooLargeError(PymqError, wire_name="RECORD_LIST_TOO_LARGE"):
 
 
 class NotEnoughReplicasError(PymqError, wire_name="NOT_ENOUGH_REPLICAS"):
+    """acks=all while the partition has fewer in-sync replicas than min.insync.replicas: nothing
+    was written."""
+
     code = 19
+    retriable = True
+
+
+class NotEnoughReplicasAfterAppendError(PymqError, wire_name="NOT_ENOUGH_REPLICAS_AFTER_APPEND"):
+    """acks=all: the records were written by the leader, but the ISR shrank below
+    min.insync.replicas before they were replicated. A retry may store them twice."""
+
+    code = 20
+    retriable = True
+
+
+class ReplicaNotAvailableError(PymqError, wire_name="REPLICA_NOT_AVAILABLE"):
+    """A replica fetch from a broker that is not a replica of the partition."""
+
+    code = 9
     retriable = True
 
 

@@ -113,8 +113,9 @@ def _wake(room: asyncio.Future[None]) -> None:
 class BackgroundExecutors:
     """One bounded pool per kind of background disk work of a broker, so that no kind waits
     behind another: log flushes (fsyncs, which acks may wait for), offset checkpoints, retention,
-    log creation/deletion and leader-epoch writes (`logs`), metadata store writes, and the replay
-    of `__consumer_offsets` partitions (`group_load`)."""
+    log creation/deletion and leader-epoch writes (`logs`), metadata store writes, the replay
+    of `__consumer_offsets` partitions (`group_load`), and a follower's appends and truncations
+    (`replication`)."""
 
     flush: BoundedExecutor
     checkpoint: BoundedExecutor
@@ -122,6 +123,7 @@ class BackgroundExecutors:
     logs: BoundedExecutor
     metadata: BoundedExecutor
     group_load: BoundedExecutor
+    replication: BoundedExecutor
 
     @classmethod
     def from_config(cls, config: BrokerConfig) -> BackgroundExecutors:

@@ -53,10 +53,11 @@ class BrokerProcess:
         self.env = dict(env or {})
         self.proc: subprocess.Popen[str] | None = None
         self.port: int | None = None
+        self.host = str(self.overrides.get("host", "127.0.0.1"))
 
     @property
     def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     @property
     def pid(self) -> int:
@@ -86,6 +87,7 @@ class BrokerProcess:
                 out.flush()
                 match = READY.search(line)
                 if match and not found:
+                    self.host = match.group(1)
                     found.append(int(match.group(2)))
 
         threading.Thread(target=copy_stdout, name="broker-stdout", daemon=True).start()
@@ -111,6 +113,15 @@ class BrokerProcess:
             proc.kill()
             return proc.wait()
 
+    def pause(self) -> None:
+        """Hang: SIGSTOP (the process keeps its sockets but answers nothing); `resume` continues it."""
+        assert self.proc is not None, "broker not started"
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None, "broker not started"
+        self.proc.send_signal(signal.SIGCONT)
+
     def kill(self) -> None:
         """Crash: SIGKILL, no chance to flush or checkpoint."""
         if self.proc is None:
@@ -131,7 +142,7 @@ class BrokerProcess:
         ports = re.findall(r"metrics on http://[^:]+:(\d+)/metrics", self.log_tail(200_000))
         if not ports:
             raise RuntimeError(f"the broker serves no metrics (metrics.port unset?); output:\n{self.log_tail()}")
-        with urllib.request.urlopen(f"http://127.0.0.1:{ports[-1]}/metrics", timeout=10) as response:
+        with urllib.request.urlopen(f"http://{self.host}:{ports[-1]}/metrics", timeout=10) as response:
             text = response.read().decode()
         return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
                 for line in text.splitlines() if line and not line.startswith("#")}

@@ -153,8 +153,9 @@ class ProducePurgatory:
                 if not waiters:
                     del self._waiters[tp]
 
-    def complete(self, tp: TopicPartition, satisfied: Callable[[int, int], bool]) -> None:
-        """Resolve the waiters of `tp` for which `satisfied(required_offset, acks)` holds."""
+    def complete(self, tp: TopicPartition, satisfied: Callable[[int, int], bool | BaseException]) -> None:
+        """Resolve the waiters of `tp` for which `satisfied(required_offset, acks)` is True, and
+        fail those for which it is an error (acks=all that found the ISR below its minimum)."""
         waiters = self._waiters.get(tp)
         if not waiters:
             return
@@ -163,7 +164,10 @@ class ProducePurgatory:
             required_offset, acks, future = entry
             if future.done():
                 continue
-            if satisfied(required_offset, acks):
+            outcome = satisfied(required_offset, acks)
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            elif outcome:
                 future.set_result(None)
             else:
                 keep.append(entry)

@@ -11,6 +11,13 @@ watermark, and parks requests that must wait in the purgatories:
   are group commits: one fsync covers every append that arrived before it started; appends that
   arrive during it are covered by the next one, which starts as soon as it ends.
 - fetch: reads stop at the high watermark; a fetch waiting for data wakes when it moves.
+- replication (docs/cluster.md): a follower's fetch (`replica_log`) reads up to the log end and
+  tells the partition how far the follower got, which moves the high watermark (acks=all
+  produces complete) and may add it to the ISR; `check_isr` drops followers that lag. ISR changes
+  are written to the metadata store by `isr_writer` (compare-and-set) before they count. acks=all
+  needs min.insync.replicas in the ISR when it arrives (NOT_ENOUGH_REPLICAS, nothing written) and
+  when it completes (NOT_ENOUGH_REPLICAS_AFTER_APPEND). `become` applies a partition state from
+  the metadata store: lead, follow (the replica fetchers take it), or stop hosting.
 - a failed fsync takes the log directory offline: every waiting produce gets KAFKA_STORAGE_ERROR,
   and so does every later request for its partitions.
 
@@ -23,15 +30,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.cluster.partition import NO_EPOCH, LeaderAndIsr, Partition
 from broker.config import LogConfig
 from broker.errors import (
     InvalidRequestError,
     KafkaStorageError,
+    NotEnoughReplicasAfterAppendError,
+    NotEnoughReplicasError,
+    NotLeaderError,
     PymqError,
     RequestTimedOutError,
     UnknownTopicOrPartitionError,
@@ -48,6 +58,19 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("pymq.replica_manager")
 
+# Writes a partition's new state (an ISR change) to the metadata store; False if another writer
+# changed it first.
+IsrWriter = Callable[[Partition, LeaderAndIsr], Awaitable[bool]]
+
+
+class Followers(Protocol):
+    """The replica fetchers (broker/cluster/replica_fetcher.py), as the replica manager drives them."""
+
+    def follow(self, partition: Partition) -> None: ...
+
+    def unfollow(self, key: TopicPartition) -> Awaitable[None]:
+        """Stop fetching `key`; done once no append or truncation of it runs any more."""
+
 
 class ReplicaManager:
     def __init__(self, broker_id: int, logs: LogManager, writer: LogWriter, fetch_purgatory: DelayedOperationPurgatory,
@@ -63,6 +86,12 @@ class ReplicaManager:
         self._checkpoint_wanted = False
         self._checkpointing: asyncio.Task[None] | None = None
         self.remote_logs = remote_logs  # tiered storage, when the broker runs it
+        self.followers: Followers | None = None  # the replica fetchers, in a cluster
+        self._isr_writes: set[asyncio.Task[None]] = set()
+        # Called with (partitions now led, partitions no longer led) after every leadership change.
+        self.leadership_listeners: list[Callable[[list[Partition], list[Partition]], None]] = []
+        self.isr_writer: IsrWriter | None = None  # None: a single broker, whose ISR never changes
+        self.replica_lag_time_max_ms = 30_000
 
     # --- partitions ------------------------------------------------------------------------
 
@@ -101,13 +130,13 @@ class ReplicaManager:
             partition = Partition(partition_log, self.broker_id, state, self.executors.logs)
             self._partitions[key] = partition
             if state.leader == self.broker_id and partition_log.latest_epoch == state.leader_epoch:
-                partition.maybe_increment_high_watermark()  # the epoch is on file already: no thread hop
+                partition.committed_state(state)  # the epoch is on file already: no thread hop
             elif state.leader == self.broker_id:
-                await partition.make_leader(state)
-        if self.remote_logs is not None:
-            led = [self._partitions[(log_.topic, log_.partition)] for log_ in logs]
-            self.remote_logs.on_leadership_change([p.log for p in led if p.is_leader],
-                                                  [(p.topic, p.partition) for p in led if not p.is_leader])
+                await partition.make_leader(state, now_ms())
+            else:
+                self._follow(partition, state)
+        hosted = [self._partitions[(log_.topic, log_.partition)] for log_ in logs]
+        self._leadership_changed([p for p in hosted if p.is_leader], [p for p in hosted if not p.is_leader])
 
     async def delete_topic(self, topic: str) -> None:
         """Stop hosting `topic` and remove its logs (moved aside at once, in a worker thread)."""
@@ -126,6 +155,72 @@ class ReplicaManager:
             except PymqError as err:
                 log.error("remote data of deleted topic %s not deleted: %s", topic, err)
 
+    async def become(self, topic: str, partition: int, spec: TopicLogSpec, state: LeaderAndIsr) -> None:
+        """Apply a partition's state from the metadata store: host it (creating its log) if this
+        broker is a replica, then lead it, follow its leader, or take the new ISR; stop hosting
+        it if this broker is no longer a replica."""
+        key = (topic, partition)
+        target = self._partitions.get(key)
+        if self.broker_id not in state.replicas:
+            if target is not None:
+                await self.stop_replica(key)
+            return
+        if target is None:
+            await self.create_partitions(topic, spec, [partition], {key: state})
+            return
+        if state.leader == self.broker_id:
+            if target.is_leader and target.leader_epoch == state.leader_epoch:
+                if target.committed_state(state):
+                    self._advance(target)
+                return
+            if self.followers is not None:
+                await self.followers.unfollow(key)
+            await target.make_leader(state, now_ms())
+            self._advance(target)
+            log.info("%s-%d: leader, epoch %d, ISR %s", topic, partition, state.leader_epoch, list(state.isr))
+            self._leadership_changed([target], [])
+            return
+        was_leader = target.is_leader
+        if not was_leader and target.leader_epoch == state.leader_epoch and target.state.leader == state.leader:
+            target.committed_state(state)  # the ISR moved: nothing for a follower to do
+            return
+        self._follow(target, state)
+        log.info("%s-%d: follower of %d, epoch %d", topic, partition, state.leader, state.leader_epoch)
+        if was_leader:
+            self._leadership_changed([], [target])
+
+    def _follow(self, target: Partition, state: LeaderAndIsr) -> None:
+        """Become a follower: acks waiting here can no longer be given, consumers must go to the
+        new leader, and the replica fetchers take the partition (truncating it first)."""
+        key = (target.topic, target.partition)
+        target.make_follower(state)
+        self.produce_purgatory.fail(key, NotLeaderError(
+            f"{target.topic}-{target.partition}: leadership moved to broker {state.leader} before the records were "
+            "acknowledged"))
+        self.fetch_purgatory.notify(key)
+        if self.followers is not None and state.leader >= 0:
+            self.followers.follow(target)
+
+    def _leadership_changed(self, led: list[Partition], unled: list[Partition]) -> None:
+        """Tell who serves only leaders (tiering, the group coordinator) what this broker now
+        leads and no longer leads."""
+        if self.remote_logs is not None:
+            self.remote_logs.on_leadership_change([p.log for p in led], [(p.topic, p.partition) for p in unled])
+        for listener in self.leadership_listeners:
+            listener(led, unled)
+
+    async def stop_replica(self, key: TopicPartition) -> None:
+        """This broker is no longer a replica (the partition was moved away): stop fetching and
+        serving it and delete its log."""
+        target = self._partitions.pop(key)
+        if self.followers is not None:
+            await self.followers.unfollow(key)
+        self.produce_purgatory.fail(key, NotLeaderError(f"{key[0]}-{key[1]} moved away from broker {self.broker_id}"))
+        self.fetch_purgatory.notify(key)
+        if target.is_leader:
+            self._leadership_changed([], [target])
+        await self.executors.logs.run(self.logs.delete_partition, key[0], key[1])
+
     def leader_logs(self) -> list[UnifiedLog]:
         """The logs of the partitions led here (what the remote log manager tiers)."""
         return [p.log for p in self._partitions.values() if p.is_leader]
@@ -142,6 +237,8 @@ class ReplicaManager:
         the flush or replication `acks` needs). Raises PymqError for what fails at once."""
         target = self.partition(topic, partition)
         target.check_leader(current_leader_epoch)
+        if acks == -1:
+            self._check_min_isr(target, NotEnoughReplicasError, "nothing was written")
         appended = self.writer.append(target.log, data, target.leader_epoch)
         if isinstance(appended, AppendInfo):
             return self._appended(target, appended, acks, timeout_ms)
@@ -166,9 +263,18 @@ class ReplicaManager:
         if target.log.needs_flush(now_ms()):
             self._flush(target.log)
         self._advance(target)
-        if acks == 0 or self._satisfied(target, info.next_offset, acks):
+        if len(target.state.replicas) > 1:
+            self.fetch_purgatory.notify((target.topic, target.partition))  # followers waiting for data
+        if acks == 0 or self._satisfied(target, info.next_offset, acks) is True:
             return info
         return self._acknowledged(target, info, acks, timeout_ms)
+
+    @staticmethod
+    def _check_min_isr(target: Partition, error: type[PymqError], what: str) -> None:
+        needed = target.log.config.min_insync_replicas
+        if len(target.state.isr) < needed:
+            raise error(f"{target.topic}-{target.partition} has {len(target.state.isr)} in-sync replicas "
+                        f"{list(target.state.isr)}, min.insync.replicas is {needed}: {what}")
 
     async def _acknowledged(self, target: Partition, info: AppendInfo, acks: int, timeout_ms: int) -> AppendInfo:
         key = (target.topic, target.partition)
@@ -180,12 +286,19 @@ class ReplicaManager:
                 f"{'flushed' if acks == 1 else 'committed'} within {timeout_ms} ms") from None
         return info
 
-    @staticmethod
-    def _satisfied(target: Partition, required_offset: int, acks: int) -> bool:
+    @classmethod
+    def _satisfied(cls, target: Partition, required_offset: int, acks: int) -> bool | PymqError:
         """acks=1: the leader's write, fsynced if the flush policy demands it; acks=all: the
-        high watermark (every ISR member has it, and it is as durable as the policy demands)."""
+        high watermark (every ISR member has it, and it is as durable as the policy demands),
+        with min.insync.replicas in the ISR then (else the error to answer)."""
         if acks == -1:
-            return target.log.high_watermark >= required_offset
+            if target.log.high_watermark < required_offset:
+                return False
+            try:
+                cls._check_min_isr(target, NotEnoughReplicasAfterAppendError, "the records were written but not replicated")
+            except PymqError as err:
+                return err
+            return True
         return target.log.durable_end_offset >= required_offset
 
     def _advance(self, target: Partition) -> None:
@@ -196,6 +309,61 @@ class ReplicaManager:
         self.produce_purgatory.complete(key, lambda offset, acks: self._satisfied(target, offset, acks))
 
     # --- fetch -----------------------------------------------------------------------------
+
+    def replica_log(self, topic: Any, partition: Any, current_leader_epoch: int, replica: int,
+                    fetch_offset: int) -> UnifiedLog:
+        """The log of a partition this broker leads, for follower `replica`'s fetch from
+        `fetch_offset` (which it reads to the log end). Records how far the follower got: the high
+        watermark may move and the follower may join the ISR. NOT_LEADER / epoch errors, and
+        REPLICA_NOT_AVAILABLE for a broker that is not a replica."""
+        target = self.partition(topic, partition)
+        target.check_leader(current_leader_epoch)
+        if target.update_follower_fetch_state(replica, fetch_offset, now_ms()):
+            self._advance(target)
+        expanded = target.isr_to_expand(replica)
+        if expanded is not None:
+            self._write_isr(target, expanded, f"broker {replica} caught up")
+        return target.log
+
+    def check_isr(self) -> None:
+        """The ISR check (every replica.lag.time.max.ms / 2): drop followers that lag."""
+        if self.isr_writer is None:
+            return
+        now = now_ms()
+        for target in list(self._partitions.values()):
+            shrunk = target.isr_to_shrink(now, self.replica_lag_time_max_ms)
+            if shrunk is not None:
+                lagging = sorted(set(target.state.isr) - set(shrunk))
+                self._write_isr(target, shrunk, f"broker(s) {lagging} did not catch up within "
+                                                f"{self.replica_lag_time_max_ms} ms")
+
+    def _write_isr(self, target: Partition, isr: tuple[int, ...], why: str) -> None:
+        """Write the ISR change (one at a time per partition); it counts once stored."""
+        if self.isr_writer is None:
+            return
+        target.pending_isr = isr
+        task = asyncio.get_running_loop().create_task(self._store_isr(target, target.with_isr(isr), why))
+        self._isr_writes.add(task)
+        task.add_done_callback(self._isr_writes.discard)
+
+    async def _store_isr(self, target: Partition, state: LeaderAndIsr, why: str) -> None:
+        assert self.isr_writer is not None
+        try:
+            stored = await self.isr_writer(target, state)
+        except PymqError as err:
+            log.warning("%s-%d: ISR change to %s not stored: %s", target.topic, target.partition, list(state.isr), err)
+            stored = False
+        if self._partitions.get((target.topic, target.partition)) is not target or target.leader_epoch != state.leader_epoch:
+            return
+        if not stored:
+            target.pending_isr = None  # the store's state arrives through the metadata listener
+            return
+        log.info("%s-%d: ISR %s -> %s (%s)", target.topic, target.partition, list(target.state.isr), list(state.isr), why)
+        if target.committed_state(state):
+            self._advance(target)
+        else:
+            self.produce_purgatory.complete((target.topic, target.partition),
+                                            lambda offset, acks: self._satisfied(target, offset, acks))
 
     def leader_log(self, topic: Any, partition: Any, current_leader_epoch: int = NO_EPOCH) -> UnifiedLog:
         """The log of a partition this broker leads, for a consumer's read (which stops at the
@@ -252,6 +420,11 @@ class ReplicaManager:
             self.produce_purgatory.fail(key, KafkaStorageError(f"log directory offline: {err}"))
         for key in list(self._partitions):
             self.fetch_purgatory.notify(key)
+
+    def flush_if_needed(self, partition_log: UnifiedLog) -> None:
+        """After a follower's append: flush as the topic's policy says (followers keep it too)."""
+        if partition_log.needs_flush(now_ms()):
+            self._flush(partition_log)
 
     @property
     def flushes_in_flight(self) -> int:

@@ -44,14 +44,18 @@ from typing import Any
 
 from broker import background, protocol
 from broker.backpressure import ByteBudget
+from broker.cluster.brokers import BrokerInfo, BrokerRegistration, LiveBrokers, broker_key
+from broker.cluster.controller import Controller
 from broker.cluster.local_metadata_store import LocalMetadataStore
-from broker.cluster.metadata_store import MetadataStore
-from broker.cluster.topics import TopicRegistry
+from broker.cluster.metadata_listener import MetadataListener
+from broker.cluster.metadata_store import Compare, MetadataStore
+from broker.cluster.replica_fetcher import FetchSettings, ReplicaFetcherManager
+from broker.cluster.topics import MetadataChange, PartitionState, TopicRegistry
 from broker.config import BrokerConfig
 from broker.errors import InvalidRequestError, KafkaStorageError, MessageTooLargeError, PymqError
 from broker.executors import BackgroundExecutors
 from broker.handlers import Part, RequestHandlers, Result, error_fields, error_result, to_result
-from broker.cluster.partition import LeaderAndIsr
+from broker.cluster.partition import LeaderAndIsr, Partition
 from broker.log import FetchSlice, LogCleaner, LogManager, TopicLogSpec
 from broker.protocol import ApiKey
 from broker.log_writer import LogWriter
@@ -413,8 +417,14 @@ class Broker:
         self.dir_lock = LogDirLock(self.log_dir)  # before anything reads or writes the directory
         try:
             self.executors = BackgroundExecutors.from_config(config)
-            self.store = store or LocalMetadataStore(self.log_dir / METADATA_FILE, executor=self.executors.metadata)
-            self.registry = TopicRegistry(self.store, config["broker.id"], config.log_defaults)
+            self.clustered = config["metadata.store"] == "etcd"
+            self.store = store or self._open_store()
+            self.live_brokers = LiveBrokers()
+            self.registry = TopicRegistry(self.store, config["broker.id"], config.log_defaults, self.live_brokers.racks)
+            self.listener = MetadataListener(self.store, self.registry, self.live_brokers, self._apply_metadata,
+                                             self._brokers_changed)
+            self.registration: BrokerRegistration | None = None
+            self.controller: Controller | None = None
             self.logs = LogManager(self.log_dir, max_open_files=config["log.max.open.files"],
                                    remote_storage=config["remote.log.storage.system.enable"])
             self.cleaner = LogCleaner.from_config(config, self.logs)
@@ -429,7 +439,18 @@ class Broker:
                 remote_logs = RemoteLogManager.from_config(config, self._remote_read_ready)
             self.replicas = ReplicaManager(config["broker.id"], self.logs, self.writer, self.purgatory, self.executors,
                                            remote_logs)
-            self.handlers = RequestHandlers(config, self.registry, self.replicas, self.advertised)
+            self.replicas.replica_lag_time_max_ms = config["replica.lag.time.max.ms"]
+            self.fetchers: ReplicaFetcherManager | None = None
+            if self.clustered:
+                self.fetchers = ReplicaFetcherManager(
+                    FetchSettings(config["broker.id"], config["replica.fetch.wait.max.ms"],
+                                  config["replica.fetch.max.bytes"], config["replica.fetch.response.max.bytes"],
+                                  config["replica.fetch.backoff.ms"]),
+                    self.executors.replication, self.live_brokers.address, self.replicas.flush_if_needed,
+                    self.logs.checkpoint)
+                self.replicas.followers = self.fetchers
+                self.replicas.isr_writer = self._write_isr
+            self.handlers = RequestHandlers(config, self.registry, self.replicas, self.advertised, self.live_brokers)
             self.connections: set[Connection] = set()
             self.zero_copy = config["zero.copy"] and hasattr(os, "sendfile")
             self._server: asyncio.Server | None = None
@@ -442,31 +463,58 @@ class Broker:
             self.dir_lock.release()  # a broker that failed to build leaves the directory free
             raise
 
+    def _open_store(self) -> MetadataStore:
+        if self.clustered:
+            from broker.cluster.etcd_metadata_store import EtcdMetadataStore  # grpc: only for clusters
+
+            return EtcdMetadataStore(self.config["etcd.endpoint"], f"pymq/{self.config['cluster.name']}/")
+        return LocalMetadataStore(self.log_dir / METADATA_FILE, executor=self.executors.metadata)
+
     @property
     def port(self) -> int:
         assert self._server is not None, "broker not started"
         return self._server.sockets[0].getsockname()[1]
 
     def advertised(self) -> tuple[str, int]:
-        return self.config["host"], self.port
+        return self.config["advertised.host"] or self.config["host"], self.port
 
     async def start(self) -> None:
+        """Bind the port (not serving yet), register in the cluster, load the metadata and the
+        logs of the partitions with a replica here, then follow the cluster and serve."""
         raise_open_files_limit()
-        await self.registry.load()
-        specs = {name: TopicLogSpec(info.topic_id, info.log_config(self.registry.log_defaults), info.partition_count)
-                 for name, info in self.registry.topics.items()}
-        states = {(name, p): LeaderAndIsr.of(s)
-                  for name, info in self.registry.topics.items() for p, s in info.partitions.items()}
+        loop = self._loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: Connection(self), self.config["host"], self.config["port"], reuse_address=True, backlog=1024,
+            start_serving=False,
+        )
+        for sock in self._server.sockets:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        host, port = self.advertised()
+        self.registration = BrokerRegistration(
+            self.store, BrokerInfo(self.config["broker.id"], host, port, self.config["broker.rack"]),
+            self.config["broker.session.timeout.ms"], self._registered)
+        await self.registration.register()
+        await self.listener.load()
+        self._registered(self.registration.info)
+        broker_id = self.config["broker.id"]
+        specs, states = {}, {}
+        for name, info in self.registry.topics.items():
+            hosted = frozenset(p for p, s in info.partitions.items() if broker_id in s.replicas)
+            specs[name] = TopicLogSpec(info.topic_id, info.log_config(self.registry.log_defaults), info.partition_count,
+                                       hosted=hosted)
+            states.update({(name, p): LeaderAndIsr.of(info.partitions[p]) for p in hosted})
         await self.replicas.load(specs, states)
         if self.config["log.cleaner.enable"]:
             self.cleaner.start()
         await self.handlers.groups.start(self.advertised)
-        loop = self._loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: Connection(self), self.config["host"], self.config["port"], reuse_address=True, backlog=1024
-        )
-        for sock in self._server.sockets:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
+        self.listener.start()
+        self.registration.start()
+        if self.clustered:
+            self.controller = Controller(self.store, self.registry, self.live_brokers, self.registration,
+                                         self.config["auto.leader.rebalance.enable"],
+                                         self.config["leader.imbalance.check.interval.seconds"])
+            self.controller.start()
+        await self._server.start_serving()
         if self.config["metrics.port"] >= 0:
             coordinator = self.handlers.groups.coordinator
             self._metrics = serve_metrics(self.config["host"], self.config["metrics.port"], self.replicas,
@@ -478,6 +526,8 @@ class Broker:
                                                           if g.state is not GroupState.DEAD])
         self.loop_lag.start()
         self._tasks = [
+            loop.create_task(background.every("isr-check", self.config["replica.lag.time.max.ms"] / 2000,
+                                              self.replicas.check_isr)),
             loop.create_task(self._every("retention", "log.retention.check.interval.ms", self._retention)),
             loop.create_task(self._every("flush", "log.flush.scheduler.interval.ms", self.replicas.schedule_flushes)),
             loop.create_task(self._every("checkpoint", "log.flush.offset.checkpoint.interval.ms",
@@ -487,8 +537,55 @@ class Broker:
         if self.replicas.remote_logs is not None:
             self.replicas.remote_logs.schedule()  # reads the manifests now: reads below the local start need them
             self._tasks.append(loop.create_task(self._every("tiering", "remote.log.manager.task.interval.ms", self._tier)))
-        log.info("pymq broker %d listening on %s:%d (log.dir %s, %d topics)", self.config["broker.id"],
-                 self.config["host"], self.port, self.log_dir, len(self.registry.topics))
+        log.info("pymq broker %d listening on %s:%d (log.dir %s, %d topics, %s)", self.config["broker.id"],
+                 self.config["host"], self.port, self.log_dir, len(self.registry.topics),
+                 f"cluster {self.config['cluster.name']!r} on etcd {self.config['etcd.endpoint']}" if self.clustered
+                 else "single broker")
+
+    # -- the cluster -----------------------------------------------------------------------------
+
+    def _registered(self, info: BrokerInfo) -> None:
+        self.live_brokers.brokers[info.broker_id] = info
+
+    def _brokers_changed(self, changed: set[int]) -> None:
+        if self.controller is not None:
+            self.controller.poke()
+
+    async def _apply_metadata(self, changes: list[MetadataChange]) -> None:
+        """Changes other brokers (or this one's controller) made: create, lead, follow or drop
+        this broker's replicas; one at a time with admin requests."""
+        async with self.handlers.admin.changes:
+            for change in changes:
+                if change.kind == "topic_deleted":
+                    await self.replicas.delete_topic(change.topic)
+                    continue
+                info = self.registry.topics.get(change.topic)
+                if info is None:
+                    continue
+                config = info.log_config(self.registry.log_defaults)
+                spec = TopicLogSpec(info.topic_id, config, info.partition_count)
+                if change.kind == "topic":
+                    self.replicas.update_config(change.topic, config)
+                    partitions = sorted(info.partitions)
+                else:
+                    partitions = [change.partition]
+                for p in partitions:
+                    state = info.partitions.get(p)
+                    if state is not None:
+                        await self.replicas.become(change.topic, p, spec, LeaderAndIsr.of(state))
+
+    async def _write_isr(self, partition: Partition, state: LeaderAndIsr) -> bool:
+        """Store a leader's ISR change: only over the state the leader acted on, and only while
+        this broker is still registered under the epoch it had (not declared dead meanwhile)."""
+        assert self.registration is not None
+        info = self.registry.topics.get(partition.topic)
+        current = None if info is None else info.partitions.get(partition.partition)
+        if current is None or LeaderAndIsr.of(current) != partition.state:
+            return False  # a newer state is on its way to `become`
+        fence = [Compare.create_revision(broker_key(self.config["broker.id"]), "==", self.registration.epoch)]
+        return await self.registry.alter_partition_state(
+            partition.topic, partition.partition, PartitionState(state.leader, state.leader_epoch, state.replicas, state.isr),
+            fence)
 
     async def stop(self) -> None:
         """Clean shutdown, in this order. Every step runs even if one before it failed (the
@@ -527,6 +624,7 @@ class Broker:
         remote_logs = self.replicas.remote_logs
         steps: list[tuple[str, Callable[[], Awaitable[object]]]] = [
             ("stop accepting", self._stop_accepting),
+            ("leave the cluster", self._leave_cluster),
             ("drain requests", self._drain_requests),
             ("cancel periodic duties", self._cancel_duties),
             ("stop the group coordinator", self.handlers.groups.stop),
@@ -552,6 +650,17 @@ class Broker:
         for conn in list(self.connections):
             conn.stop_reading()
         self.purgatory.expire_all()
+
+    async def _leave_cluster(self) -> None:
+        """Resign as controller, deregister (the controller moves leadership at once instead of
+        after the session timeout), stop following the cluster and fetching."""
+        if self.controller is not None:
+            await self.controller.stop()
+        if self.registration is not None:
+            await self.registration.stop()
+        await self.listener.stop()
+        if self.fetchers is not None:
+            await self.fetchers.close()
 
     async def _drain_requests(self) -> None:
         deadline = asyncio.get_running_loop().time() + self.config["shutdown.drain.timeout.ms"] / 1000

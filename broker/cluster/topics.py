@@ -6,15 +6,25 @@ change is ONE store transaction conditioned on the topic key's version the cache
 and all its partition states appear, grow or vanish together (one durable write, one revision,
 however many partitions), and a concurrent writer (another broker with the etcd store) makes the
 change fail loudly, with nothing written, instead of being lost or half-applied.
+
+New partitions get their replicas from `assign_replicas` over the live brokers; the first
+replica leads, every replica starts in the ISR (all logs are empty), leader epoch 0. A partition
+state changes afterwards only by a compare-and-set on its key's mod revision
+(`alter_partition_state`): the controller's elections and a leader's ISR changes can race, and
+the loser re-reads. Changes other brokers make arrive through the metadata listener
+(broker/cluster/metadata_listener.py), which applies them with `apply_event`; one this broker
+made itself is already in the cache and is recognized by its revision.
 """
 from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
-from broker.cluster.metadata_store import Compare, Delete, Get, MetadataStore, Put, TxnResult
+from broker.cluster.assignment import assign_replicas
+from broker.cluster.metadata_store import Compare, Delete, Get, MetadataStore, Put, TxnResult, WatchEvent
 from broker.coordinator.group_records import OFFSETS_TOPIC
 from broker.config import LEGACY_KEY_PARTITIONER, TOPIC_CONFIGS, LogConfig, parse_topic_configs
 from segment_format.layout import validate_topic_name
@@ -29,6 +39,9 @@ from broker.errors import (
 )
 
 MAX_PARTITIONS = 10_000  # per topic: each partition holds open files
+NO_LEADER = -1  # a partition no live in-sync replica can lead (offline)
+TOPICS_PREFIX = "topics/"
+PARTITIONS_PREFIX = "partitions/"
 # Topics the broker writes itself; clients may read them, never produce to, create or delete them.
 INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
 
@@ -57,6 +70,7 @@ class TopicInfo:
     configs: dict[str, Any]  # overrides only; effective values come from `log_config`
     version: int = 0
     partitions: dict[int, PartitionState] = field(default_factory=dict)
+    revisions: dict[int, int] = field(default_factory=dict)  # partition -> mod revision of its state key
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,43 +85,122 @@ class TopicInfo:
 
 
 def _topic_key(name: str) -> str:
-    return f"topics/{name}"
+    return f"{TOPICS_PREFIX}{name}"
 
 
-def _partition_key(name: str, partition: int) -> str:
+def partition_key(name: str, partition: int) -> str:
     return f"{_partitions_prefix(name)}{partition}"
 
 
+_partition_key = partition_key
+
+
 def _partitions_prefix(name: str) -> str:
-    return f"partitions/{name}/"
+    return f"{PARTITIONS_PREFIX}{name}/"
+
+
+@dataclass(frozen=True, slots=True)
+class MetadataChange:
+    """What one watched event changed in the cache: a topic appeared, changed (configs,
+    partition count) or vanished, or one partition's state moved."""
+
+    kind: str  # "topic" | "topic_deleted" | "partition"
+    topic: str
+    partition: int = -1
 
 
 class TopicRegistry:
     """Cached, CAS-updated topic metadata for one broker. Not thread-safe: use from the loop."""
 
-    def __init__(self, store: MetadataStore, broker_id: int, log_defaults: LogConfig) -> None:
+    def __init__(self, store: MetadataStore, broker_id: int, log_defaults: LogConfig,
+                 live_brokers: Callable[[], Mapping[int, str]] | None = None) -> None:
         self.store = store
         self.broker_id = broker_id
         self.log_defaults = log_defaults
+        # broker id -> rack of the live brokers new replicas go to (default: this broker alone)
+        self.live_brokers = live_brokers or (lambda: {broker_id: ""})
         self.topics: dict[str, TopicInfo] = {}
+        # Told of partition states this broker wrote itself (the watch will not report them as changes).
+        self.on_change: Callable[[MetadataChange], None] | None = None
         # Changes are checked and written under one lock: two pipelined admin requests on one
         # topic must not both pass the checks and then race on the compare-and-set.
         self._lock = asyncio.Lock()
 
-    async def load(self) -> None:
-        """Read every topic and partition state from the store into the cache."""
-        topics = await self.store.list("topics/")
-        states = await self.store.list("partitions/")
+    async def load(self) -> int:
+        """Read every topic and partition state from the store into the cache, at one revision;
+        returns it (a watch from the next one misses nothing)."""
+        result = await self.store.txn([], [Get(TOPICS_PREFIX, prefix=True), Get(PARTITIONS_PREFIX, prefix=True)])
+        topics, states = result.responses
         self.topics = {}
-        for key, versioned in topics.items():
-            name = key.removeprefix("topics/")
-            raw = versioned.value
-            configs = {"key.partitioner": LEGACY_KEY_PARTITIONER, **raw["configs"]}  # stored before it existed: murmur3
-            info = TopicInfo(name, raw["topic_id"], raw["partitions"], raw["replication_factor"], configs, versioned.version)
+        for key, versioned in topics.items():  # type: ignore[union-attr]
+            info = self._topic_of(key.removeprefix(TOPICS_PREFIX), versioned.value, versioned.version)
             for p in range(info.partition_count):
-                state = states.get(_partition_key(name, p))
+                state = states.get(_partition_key(info.name, p))  # type: ignore[union-attr]
                 info.partitions[p] = PartitionState.from_json(state.value) if state else self._initial_state()
+                info.revisions[p] = state.mod_revision if state else 0
+            self.topics[info.name] = info
+        return result.revision
+
+    @staticmethod
+    def _topic_of(name: str, raw: dict[str, Any], version: int) -> TopicInfo:
+        configs = {"key.partitioner": LEGACY_KEY_PARTITIONER, **raw["configs"]}  # stored before it existed: murmur3
+        return TopicInfo(name, raw["topic_id"], raw["partitions"], raw["replication_factor"], configs, version)
+
+    def apply_event(self, event: WatchEvent) -> MetadataChange | None:
+        """Bring the cache up to a watched change of a `topics/` or `partitions/` key; None when
+        the cache already has it (this broker made the change) or the key is not one of ours."""
+        if event.key.startswith(TOPICS_PREFIX):
+            name = event.key.removeprefix(TOPICS_PREFIX)
+            cached = self.topics.get(name)
+            if event.type == "delete":
+                if cached is None:
+                    return None
+                del self.topics[name]
+                return MetadataChange("topic_deleted", name)
+            info = self._topic_of(name, event.value, event.version)  # type: ignore[arg-type]
+            if cached is not None and cached.topic_id == info.topic_id and cached.version >= event.version:
+                return None
+            if cached is not None and cached.topic_id == info.topic_id:
+                info.partitions, info.revisions = cached.partitions, cached.revisions
             self.topics[name] = info
+            return MetadataChange("topic", name)
+        if event.key.startswith(PARTITIONS_PREFIX) and event.type == "put":
+            name, _, number = event.key.removeprefix(PARTITIONS_PREFIX).rpartition("/")
+            info = self.topics.get(name)
+            if info is None or not number.isdigit():
+                return None  # its topic key comes later in the same revision, or it was deleted
+            p = int(number)
+            if info.revisions.get(p, 0) >= event.revision:
+                return None
+            info.partitions[p] = PartitionState.from_json(event.value)  # type: ignore[arg-type]
+            info.revisions[p] = event.revision
+            return MetadataChange("partition", name, p)
+        return None
+
+    async def alter_partition_state(self, name: str, partition: int, state: PartitionState,
+                                    fence: Sequence[Compare] = ()) -> bool:
+        """Replace a partition's state if its key is still at the cached mod revision (and every
+        `fence` compare holds); False, with the cache unchanged, if another writer got there
+        first (its change arrives through the listener). UnknownTopicOrPartitionError if gone."""
+        info = self.get(name)
+        if partition not in info.partitions:
+            raise UnknownTopicOrPartitionError(f"unknown partition {name}-{partition}")
+        key = _partition_key(name, partition)
+        result = await self.store.txn([Compare.mod_revision(key, "==", info.revisions.get(partition, 0)), *fence],
+                                      [Put(key, state.to_json())])
+        if not result.succeeded:
+            return False
+        current = self.topics.get(name)
+        if current is info:
+            info.partitions[partition] = state
+            info.revisions[partition] = result.revision
+            self.changed(name, partition)
+        return True
+
+    def changed(self, name: str, partition: int) -> None:
+        """A partition state this broker wrote is in the cache: have it applied like a watched one."""
+        if self.on_change is not None:
+            self.on_change(MetadataChange("partition", name, partition))
 
     def get(self, name: str) -> TopicInfo:
         if not isinstance(name, str):
@@ -126,9 +219,10 @@ class TopicRegistry:
             raise TopicAlreadyExistsError(f"topic {name!r} already exists")
         if not 1 <= partitions <= MAX_PARTITIONS:
             raise InvalidPartitionsError(f"partitions must be 1..{MAX_PARTITIONS}, got {partitions}")
-        if replication_factor != 1:
+        brokers = len(self.live_brokers())
+        if not 1 <= replication_factor <= brokers:
             raise InvalidReplicationFactorError(
-                f"replication factor {replication_factor} needs that many brokers; this cluster has 1"
+                f"replication factor {replication_factor} needs that many live brokers; this cluster has {brokers}"
             )
         parsed = parse_topic_configs(configs)
         # Stored with every new topic: a topic stored without it predates it and keeps murmur3.
@@ -142,7 +236,7 @@ class TopicRegistry:
         async with self._lock:
             parsed = self.validate_new_topic(name, partitions, replication_factor, configs)
             info = TopicInfo(name, uuid.uuid4().hex, partitions, replication_factor, parsed)
-            info.partitions = {p: self._initial_state() for p in range(partitions)}
+            info.partitions = self._new_states(range(partitions), replication_factor)
             result = await self.store.txn(
                 [Compare.version(_topic_key(name), "==", 0)],
                 [Put(_topic_key(name), info.to_json()), *self._partition_puts(info, range(partitions))],
@@ -151,6 +245,7 @@ class TopicRegistry:
             if not result.succeeded:
                 raise TopicAlreadyExistsError(f"topic {name!r} already exists (created by another writer)")
             info.version = result.responses[0].version  # type: ignore[union-attr]
+            info.revisions = {p: result.revision for p in range(partitions)}
             self.topics[name] = info
             return info
 
@@ -186,7 +281,7 @@ class TopicRegistry:
             info = self.validate_partition_count(name, count)
             new = list(range(info.partition_count, count))
             updated = TopicInfo(name, info.topic_id, count, info.replication_factor, info.configs)
-            updated.partitions = {p: self._initial_state() for p in new}
+            updated.partitions = self._new_states(new, info.replication_factor)
             result = await self.store.txn(
                 [Compare.version(_topic_key(name), "==", info.version)],
                 [Put(_topic_key(name), updated.to_json()), *self._partition_puts(updated, new)],
@@ -196,6 +291,7 @@ class TopicRegistry:
             info.version = result.responses[0].version  # type: ignore[union-attr]
             info.partition_count = count
             info.partitions.update(updated.partitions)
+            info.revisions.update({p: result.revision for p in new})
             return new
 
     def validate_config_change(self, name: str, set_configs: dict[str, Any], delete: list[str]) -> dict[str, Any]:
@@ -222,7 +318,16 @@ class TopicRegistry:
             return info.log_config(self.log_defaults)
 
     def _initial_state(self) -> PartitionState:
+        """The state of a partition stored without one (written before states were): this broker's alone."""
         return PartitionState(self.broker_id, 0, (self.broker_id,), (self.broker_id,))
+
+    def _new_states(self, partitions: Iterable[int], replication_factor: int) -> dict[int, PartitionState]:
+        """Replicas spread over the live brokers; the first leads; all in sync; epoch 0."""
+        numbers = list(partitions)
+        if not numbers:
+            return {}
+        assigned = assign_replicas(self.live_brokers(), len(numbers), replication_factor, first_partition=numbers[0])
+        return {p: PartitionState(replicas[0], 0, replicas, replicas) for p, replicas in assigned.items()}
 
     @staticmethod
     def _partition_puts(info: TopicInfo, partitions: Iterable[int]) -> list[Put]:

@@ -25,6 +25,7 @@ from typing import Any, Union
 
 from broker import protocol
 from broker.cluster.topics import TopicRegistry
+from broker.cluster.brokers import LiveBrokers
 from broker.config import BrokerConfig
 from broker.errors import InvalidRequestError, PymqError, UnknownServerError, UnsupportedVersionError
 from broker.handlers.admin import AdminHandler
@@ -33,6 +34,7 @@ from broker.handlers.group import GroupHandler
 from broker.handlers.list_offsets import ListOffsetsHandler
 from broker.handlers.metadata import MetadataHandler
 from broker.handlers.produce import ProduceHandler
+from broker.handlers.replication import ReplicationHandler
 from broker.request_metrics import TopicTraffic
 from broker.handlers.tiering import TieringHandler
 from broker.log import FetchSlice, UnifiedLog
@@ -81,6 +83,7 @@ class RequestHandlers:
         registry: TopicRegistry,
         replicas: ReplicaManager,
         advertised: Callable[[], tuple[str, int]],
+        brokers: LiveBrokers | None = None,
     ) -> None:
         self.config = config
         self.registry = registry
@@ -88,8 +91,9 @@ class RequestHandlers:
         self.advertised = advertised
         self.broker_id: int = config["broker.id"]
         self.traffic = TopicTraffic()  # bytes and messages in and out per topic (broker/metrics.py)
-        metadata = MetadataHandler(self.broker_id, registry, advertised)
-        admin = AdminHandler(config, registry, replicas)
+        self.brokers = brokers or LiveBrokers()
+        metadata = MetadataHandler(self.broker_id, registry, advertised, self.brokers)
+        admin = self.admin = AdminHandler(config, registry, replicas)
         self._table: dict[int, Callable[[Any], Answer]] = {
             ApiKey.API_VERSIONS: metadata.api_versions,
             ApiKey.METADATA: metadata.metadata,
@@ -102,7 +106,7 @@ class RequestHandlers:
             ApiKey.FETCH: FetchHandler(config, replicas, self._leader_log, self.traffic).fetch,
             ApiKey.LIST_OFFSETS: ListOffsetsHandler(self._leader_log, replicas).list_offsets,
         }
-        self.groups = GroupHandler(config, registry, replicas, admin.create_internal_topic)
+        self.groups = GroupHandler(config, registry, replicas, admin.create_internal_topic, self.brokers.address)
         groups = self.groups
         self._table.update({
             ApiKey.FIND_COORDINATOR: groups.find_coordinator,
@@ -117,6 +121,7 @@ class RequestHandlers:
             ApiKey.DESCRIBE_GROUPS: groups.describe_groups,
             ApiKey.DELETE_GROUPS: groups.delete_groups,
         })
+        self._table[ApiKey.OFFSET_FOR_LEADER_EPOCH] = ReplicationHandler(replicas).offset_for_leader_epoch
         tiering = TieringHandler(registry, replicas)
         self._table[ApiKey.DESCRIBE_TIERING] = tiering.describe_tiering
         self._table[ApiKey.REPLACE_REMOTE_SEGMENTS] = tiering.replace_remote_segments

@@ -79,10 +79,16 @@ class AdminHandler:
         self.replicas = replicas
         self._changes = asyncio.Lock()
 
+    @property
+    def changes(self) -> asyncio.Lock:
+        """Held while a metadata change is applied here: admin requests and the changes other
+        brokers made (broker/server.py) apply one at a time."""
+        return self._changes
+
     async def create_topics(self, request: CreateTopicsRequest) -> CreateTopicsResponse:
         async def create(topic: NewTopic) -> None:
             partitions = self.config["num.partitions"] if topic.num_partitions == -1 else topic.num_partitions
-            replication = 1 if topic.replication_factor == -1 else topic.replication_factor
+            replication = self.config["default.replication.factor"] if topic.replication_factor == -1 else topic.replication_factor
             _refuse_internal(topic.name, "created")
             if request.validate_only:
                 self.registry.validate_new_topic(topic.name, partitions, replication, topic.configs)
@@ -92,9 +98,11 @@ class AdminHandler:
         return CreateTopicsResponse(await _per_topic(request.topics, create, self._changes))
 
     async def create_internal_topic(self, name: str, partitions: int, configs: dict[str, Any]) -> None:
-        """Create a topic the broker needs (`__consumer_offsets`), in turn with admin changes."""
+        """Create a topic the broker needs (`__consumer_offsets`), in turn with admin changes, with
+        offsets.topic.replication.factor replicas or as many as there are live brokers."""
+        replication = min(self.config["offsets.topic.replication.factor"], len(self.registry.live_brokers()))
         async with self._changes:
-            await self._create_topic(name, partitions, 1, configs)
+            await self._create_topic(name, partitions, max(replication, 1), configs)
 
     async def _create_topic(self, name: str, partitions: int, replication: int, configs: dict[str, Any]) -> None:
         info = await self.registry.create(name, partitions, replication, configs)
@@ -149,11 +157,13 @@ class AdminHandler:
             for key, value in sorted(effective.items())))
 
     async def _create_logs(self, info: TopicInfo, partitions: list[int], undo_topic: bool) -> None:
-        """Create and lead the logs of new partitions (all or nothing, off the event loop). If the
-        disk refuses a new topic, its metadata goes too, so that the topic either exists whole or
-        not at all; partitions added to an existing topic stay in the metadata and their logs are
-        created when the broker next loads them."""
+        """Create the logs of new partitions with a replica here, and lead or follow them (all or
+        nothing, off the event loop); the other brokers create theirs as they see the change. If
+        the disk refuses a new topic, its metadata goes too, so that the topic either exists whole
+        or not at all; partitions added to an existing topic stay in the metadata and their logs
+        are created when the broker next loads them."""
         spec = TopicLogSpec(info.topic_id, info.log_config(self.registry.log_defaults), info.partition_count)
+        partitions = [p for p in partitions if self.replicas.broker_id in info.partitions[p].replicas]
         states = {(info.name, p): LeaderAndIsr.of(info.partitions[p]) for p in partitions}
         try:
             await self.replicas.create_partitions(info.name, spec, partitions, states)

@@ -24,6 +24,7 @@ from broker.log import FetchSlice, UnifiedLog
 from broker.log.unified_log import OffsetMovedToTieredStorageError
 from broker.remote_log.remote_log_reader import RemoteReadPending
 from broker.protocol import (
+    CONSUMER_REPLICA_ID,
     FetchPartition,
     FetchPartitionResponse,
     FetchRequest,
@@ -91,21 +92,27 @@ class FetchHandler:
         for topic in request.topics:
             entries = []
             for p in topic.partitions:
-                entry = self._read_partition(topic, p, max_bytes, max_bytes - read.size, read)
+                entry = self._read_partition(topic, p, max_bytes, max_bytes - read.size, read, request.replica_id)
                 entries.append(entry)
                 read.failed = read.failed or entry.error_code != 0
             topics.append(TopicResponse(topic.name, tuple(entries)))
         return FetchResponse(tuple(topics)), read
 
     def _read_partition(self, topic: TopicRequest[FetchPartition], p: FetchPartition, max_bytes: int, budget: int,
-                        read: _Read) -> FetchPartitionResponse:
-        """One partition's entry; its bytes are added to `read`."""
+                        read: _Read, replica_id: int) -> FetchPartitionResponse:
+        """One partition's entry; its bytes are added to `read`. A follower's (`replica_id` >= 0)
+        reads to the log end and records the follower's progress."""
         malformed = topic.error or p.error
         if malformed is not None:
             return FetchPartitionResponse(p.partition, *code_and_message(malformed))
         high_watermark = log_start_offset = -1
+        follower = replica_id != CONSUMER_REPLICA_ID
         try:
-            partition_log = self.leader_log(topic.name, p.partition, p.current_leader_epoch)
+            if follower:
+                partition_log = self.replicas.replica_log(topic.name, p.partition, p.current_leader_epoch, replica_id,
+                                                          p.fetch_offset)
+            else:
+                partition_log = self.leader_log(topic.name, p.partition, p.current_leader_epoch)
             _check_topic_id(topic, partition_log)
             high_watermark, log_start_offset = partition_log.high_watermark, partition_log.log_start_offset
             limit = min(max(max_bytes if p.max_bytes is None else p.max_bytes, 1), budget)
@@ -113,8 +120,12 @@ class FetchHandler:
                 return FetchPartitionResponse(p.partition, high_watermark=high_watermark,
                                               log_start_offset=log_start_offset)
             try:
-                records: FetchSlice | bytes = partition_log.read(p.fetch_offset, max(limit, 1))
+                # A follower reads to the log end: what it replicates is what moves the high watermark.
+                records: FetchSlice | bytes = partition_log.read(
+                    p.fetch_offset, max(limit, 1), partition_log.log_end_offset if follower else None)
             except OffsetMovedToTieredStorageError:
+                if follower:
+                    raise  # a follower that far behind starts from the leader's local log (replica_fetcher.py)
                 records = self._read_remote(partition_log, p.fetch_offset, max(limit, 1))
         except RemoteReadPending:
             read.pending = True

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 from segment_format import batch_body, record
 from broker import background
+from broker.cluster.partition import Partition
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
 from broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
@@ -74,8 +75,9 @@ class GroupHandler:
     """Loop-local: call from the event-loop thread only."""
 
     def __init__(self, config: BrokerConfig, registry: TopicRegistry, replicas: ReplicaManager,
-                 create_topic: Any) -> None:
+                 create_topic: Any, address_of: Callable[[int], tuple[str, int] | None] = lambda broker: None) -> None:
         self.config = config
+        self.address_of = address_of  # another broker's host and port (a coordinator elsewhere)
         self.registry = registry
         self.replicas = replicas
         self.broker_id: int = config["broker.id"]
@@ -85,14 +87,16 @@ class GroupHandler:
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: set[asyncio.Task[None]] = set()
         self._waiting: set[asyncio.Future[Message]] = set()  # requests parked until a rebalance or an append
+        self._loads: dict[int, asyncio.Task[None]] = {}  # replays of __consumer_offsets partitions in progress
+        replicas.leadership_listeners.append(self.on_leadership_change)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
     async def start(self, advertised: Any) -> None:
-        """Replay the partitions of `__consumer_offsets` this broker leads, then run the timers."""
+        """Wait for the replays of the `__consumer_offsets` partitions this broker leads (begun
+        as the replica manager loaded them), then run the timers."""
         self._advertised = advertised
-        if OFFSETS_TOPIC in self.registry.topics:
-            await self._load_led_partitions()
+        await self._loaded()
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(background.every("group-timers", TICK_S, self._tick)),
                        loop.create_task(background.every("offset-expiry", self.config["offsets.retention.check.interval.ms"] / 1000,
@@ -104,28 +108,49 @@ class GroupHandler:
         its client finds the coordinator again instead of waiting on a broker that is stopping."""
         for task in self._tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, *self._pending, return_exceptions=True)
+        await asyncio.gather(*self._tasks, *self._pending, *self._loads.values(), return_exceptions=True)
         for token in list(self._waiting):
             if not token.done():
                 token.set_exception(NotCoordinatorError("the group coordinator is shutting down"))
 
-    async def _load_led_partitions(self) -> None:
-        info = self.registry.get(OFFSETS_TOPIC)
-        for partition, state in sorted(info.partitions.items()):
-            if state.leader == self.broker_id:
-                await self._load(partition)
+    async def _loaded(self) -> None:
+        """Until the replays begun so far are done."""
+        await asyncio.gather(*self._loads.values(), return_exceptions=True)
+
+    def on_leadership_change(self, led: list[Partition], unled: list[Partition]) -> None:
+        """Partitions of `__consumer_offsets` this broker now leads (their groups are replayed and
+        served here; until then they answer COORDINATOR_LOAD_IN_PROGRESS) or no longer leads
+        (their groups go, and their members find the new coordinator)."""
+        for target in unled:
+            if target.topic == OFFSETS_TOPIC:
+                self._loads.pop(target.partition, None)
+                self._apply(self.coordinator.unload(target.partition))
+        for target in led:
+            if target.topic == OFFSETS_TOPIC:
+                self.coordinator.begin_load(target.partition)
+                task = asyncio.get_running_loop().create_task(self._load(target.partition))
+                self._loads[target.partition] = task
+                task.add_done_callback(lambda t, p=target.partition: self._loads.pop(p, None) if self._loads.get(p) is t else None)
 
     async def _load(self, partition: int) -> None:
-        """Replay one partition. If its records cannot be read, its groups stay unavailable
-        (COORDINATOR_LOAD_IN_PROGRESS) rather than coordinated from a guessed state."""
-        self.coordinator.begin_load(partition)
-        partition_log = self.replicas.leader_log(OFFSETS_TOPIC, partition)
+        """Replay one partition (its load begun by `on_leadership_change`). If its records cannot
+        be read, its groups stay unavailable (COORDINATOR_LOAD_IN_PROGRESS) rather than
+        coordinated from a guessed state."""
+        try:
+            partition_log = self.replicas.leader_log(OFFSETS_TOPIC, partition)
+        except PymqError as err:
+            log.info("not replaying %s-%d: %s", OFFSETS_TOPIC, partition, err)
+            return
         started = now_ms()
         try:
             count = await self.replicas.executors.group_load.run(self._replay, partition, partition_log)
+        except KeyError:
+            return  # unloaded while it replayed: leadership moved on
         except PymqError as err:
             log.error("cannot replay %s-%d; its groups stay unavailable: %s", OFFSETS_TOPIC, partition, err)
             return
+        if self._loads.get(partition) is not asyncio.current_task():
+            return  # leadership moved on while it replayed
         self.coordinator.finish_load(partition, now_ms())
         if count:
             log.info("replayed %d records of %s-%d in %d ms", count, OFFSETS_TOPIC, partition, now_ms() - started)
@@ -158,12 +183,15 @@ class GroupHandler:
             await self._ensure_offsets_topic()
             partition = self.coordinator.partition_of(request.key)
             leader = self.registry.get(OFFSETS_TOPIC).partitions[partition].leader
-            if leader != self.broker_id:
-                raise CoordinatorNotAvailableError(f"the leader of {OFFSETS_TOPIC}-{partition} is broker {leader}")
+            address = self._advertised() if leader == self.broker_id else self.address_of(leader)
+            if address is None:
+                raise CoordinatorNotAvailableError(f"{OFFSETS_TOPIC}-{partition} has no live leader (broker {leader})")
         except PymqError as err:
             return FindCoordinatorResponse(*code_and_message(err))
-        host, port = self._advertised()
-        return FindCoordinatorResponse(node_id=self.broker_id, host=host, port=port)
+        host, port = address
+        return FindCoordinatorResponse(node_id=leader, host=host, port=port)
+
+
 
     async def _ensure_offsets_topic(self) -> None:
         if OFFSETS_TOPIC in self.registry.topics:
@@ -182,7 +210,7 @@ class GroupHandler:
             await self._create_topic(OFFSETS_TOPIC, self.config["offsets.topic.num.partitions"], configs)
         except TopicAlreadyExistsError:
             pass
-        await self._load_led_partitions()
+        await self._loaded()
         log.info("created %s with %d partitions", OFFSETS_TOPIC, self.config["offsets.topic.num.partitions"])
 
     def join_group(self, request: JoinGroupRequest) -> Message | Awaitable[Message]:

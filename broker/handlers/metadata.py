@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from broker.cluster.brokers import LiveBrokers
 from broker.cluster.topics import TopicRegistry
 from broker.errors import PymqError
 from broker.protocol import (
@@ -22,10 +23,12 @@ from broker.protocol import (
 class MetadataHandler:
     """Loop-local, synchronous: reads the topic registry's in-memory state only."""
 
-    def __init__(self, broker_id: int, registry: TopicRegistry, advertised: Callable[[], tuple[str, int]]) -> None:
+    def __init__(self, broker_id: int, registry: TopicRegistry, advertised: Callable[[], tuple[str, int]],
+                 brokers: LiveBrokers) -> None:
         self.broker_id = broker_id
         self.registry = registry
         self.advertised = advertised
+        self.brokers = brokers
 
     def api_versions(self, request: ApiVersionsRequest) -> ApiVersionsResponse:
         return ApiVersionsResponse(tuple(ApiVersionRange(int(key), key.name, low, high)
@@ -34,8 +37,12 @@ class MetadataHandler:
     def metadata(self, request: MetadataRequest) -> MetadataResponse:
         names = sorted(self.registry.topics) if request.topics is None else request.topics
         host, port = self.advertised()
-        brokers = (BrokerAddress(self.broker_id, host, port),)
-        return MetadataResponse(brokers, self.broker_id, tuple(self._topic(name) for name in names))
+        brokers = {self.broker_id: BrokerAddress(self.broker_id, host, port)}
+        for info in self.brokers.brokers.values():
+            brokers.setdefault(info.broker_id, BrokerAddress(info.broker_id, info.host, info.port))
+        controller = self.brokers.controller if self.brokers.controller >= 0 else self.broker_id
+        return MetadataResponse(tuple(brokers[b] for b in sorted(brokers)), controller,
+                                tuple(self._topic(name) for name in names))
 
     def _topic(self, name: str) -> TopicMetadata:
         try:

@@ -74,6 +74,10 @@ class TopicLogSpec:
     config: LogConfig
     partitions: int
     leader_epoch: int | None = None
+    hosted: frozenset[int] | None = None  # in a cluster: the partitions with a replica on this broker (None: all)
+
+    def hosts(self, partition: int) -> bool:
+        return partition < self.partitions and (self.hosted is None or partition in self.hosted)
 
 
 class LogManager:
@@ -115,12 +119,12 @@ class LogManager:
                 continue
             topic, partition = key
             spec = topics.get(topic)
-            if spec is None or partition >= spec.partitions:
-                log.warning("orphan partition directory %s: not in the metadata, leaving it alone", path)
+            if spec is None or not spec.hosts(partition):
+                log.warning("orphan partition directory %s: no replica of it is assigned here, leaving it alone", path)
                 continue
             self._open(topic, partition, spec, checkpoints)
         for topic, spec in topics.items():
-            missing = [p for p in range(spec.partitions) if self.get(topic, p) is None]
+            missing = [p for p in range(spec.partitions) if spec.hosts(p) and self.get(topic, p) is None]
             if missing:
                 self.create_logs(topic, spec, missing)
         with self._lock:
@@ -240,9 +244,16 @@ class LogManager:
         """Move every partition directory of `topic` aside (one rename each: the topic's logs
         are gone at once) and remove them; `-delete` directories a crash left are removed by
         `purge_deleted_directories` on the next start."""
+        self._delete_logs(lambda key: key[0] == topic)
+
+    def delete_partition(self, topic: str, partition: int) -> None:
+        """As `delete_topic`, for one partition whose replica moved to other brokers."""
+        self._delete_logs(lambda key: key == (topic, partition))
+
+    def _delete_logs(self, doomed_key: Callable[[TopicPartition], bool]) -> None:
         with self._lock:
-            doomed = [self._logs.pop(key) for key in [key for key in self._logs if key[0] == topic]]
-            self._first_dirty = {key: offset for key, offset in self._first_dirty.items() if key[0] != topic}
+            doomed = [self._logs.pop(key) for key in [key for key in self._logs if doomed_key(key)]]
+            self._first_dirty = {key: offset for key, offset in self._first_dirty.items() if not doomed_key(key)}
             directories = {partition_log.directory for partition_log in doomed}
             # Segments retention queued go with their directories; purged later by their old
             # paths, they would unlink files of a topic re-created under the same name.

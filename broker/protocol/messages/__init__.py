@@ -35,6 +35,7 @@ from broker.protocol.messages.base import (
     part_size,
 )
 from broker.protocol.messages.fetch import (
+    CONSUMER_REPLICA_ID,
     FetchPartition,
     FetchPartitionResponse,
     FetchRequest,
@@ -103,6 +104,13 @@ from broker.protocol.messages.produce import (
     ProduceRequest,
     ProduceResponse,
 )
+from broker.protocol.messages.replication import (
+    UNDEFINED_EPOCH_OFFSET,
+    EpochEndOffset,
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderEpochResponse,
+    OffsetForLeaderPartition,
+)
 from broker.protocol.messages.tiering import (
     DescribeTieringRequest,
     DescribeTieringResponse,
@@ -123,7 +131,8 @@ REQUEST_TYPES: dict[int, type[RequestMessage]] = {
     cls.api_key: cls
     for cls in (ProduceRequest, FetchRequest, ListOffsetsRequest, MetadataRequest, ApiVersionsRequest,
                 CreateTopicsRequest, DeleteTopicsRequest, CreatePartitionsRequest, DescribeConfigsRequest,
-                AlterConfigsRequest, DescribeTieringRequest, ReplaceRemoteSegmentsRequest, *GROUP_REQUEST_TYPES)
+                AlterConfigsRequest, OffsetForLeaderEpochRequest, DescribeTieringRequest, ReplaceRemoteSegmentsRequest,
+                *GROUP_REQUEST_TYPES)
 }
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -2,10 +2,14 @@
 `min_bytes` of them.
 
     request  control = {max_wait_ms, min_bytes, max_bytes, topics: [{name, topic_id?, partitions:
-                        [{partition, fetch_offset, max_bytes, current_leader_epoch}]}]}
+                        [{partition, fetch_offset, max_bytes, current_leader_epoch}]}], replica_id?}
     response control = {error_code, topics: [{name, partitions: [{partition, error_code,
                         error_message?, high_watermark, log_start_offset, size}]}]}
              payload = each partition's record bytes, back to back in the order of the entries
+
+`replica_id` is set (>= 0) only by a follower broker fetching from its leader (the replica-fetch
+API, as in Kafka's Fetch): it reads up to the leader's log end instead of the high watermark, and
+its fetch offset tells the leader how far it has replicated. Consumers leave it out (-1).
 
 Response entries mirror the request's. On the broker a partition's records are a segment range
 (`broker.log.FetchSlice`, sent with sendfile); decoded by a client they are a view of its slice of
@@ -16,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from broker.errors import PymqError
+from broker.errors import InvalidRequestError, PymqError
 from broker.protocol.fields import entry_field, field, non_negative
 from broker.protocol.framing import ApiKey
 from broker.protocol.messages.base import (
@@ -34,6 +38,8 @@ from broker.protocol.messages.base import (
     own_field,
     part_size,
 )
+
+CONSUMER_REPLICA_ID = -1  # a Fetch from a consumer, not a follower broker
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,14 +106,22 @@ class FetchRequest(RequestMessage[FetchResponse]):
     max_wait_ms: int = 0
     min_bytes: int = 1
     max_bytes: int | None = None
+    replica_id: int = CONSUMER_REPLICA_ID
 
     def to_control(self) -> dict[str, Any]:
-        return {"max_wait_ms": self.max_wait_ms, "min_bytes": self.min_bytes, "max_bytes": self.max_bytes,
-                "topics": encode_topics(self.topics)}
+        control = {"max_wait_ms": self.max_wait_ms, "min_bytes": self.min_bytes, "max_bytes": self.max_bytes,
+                   "topics": encode_topics(self.topics)}
+        if self.replica_id != CONSUMER_REPLICA_ID:  # consumers send the bytes they always did
+            control["replica_id"] = self.replica_id
+        return control
 
     @classmethod
     def from_control(cls, control: dict[str, Any], payload: memoryview) -> "FetchRequest":
         max_wait_ms = field(control, "max_wait_ms", int, 0)
         min_bytes = field(control, "min_bytes", int, 1)
         max_bytes = field(control, "max_bytes", int, None)
-        return cls(decode_topics(control, TopicRequest, FetchPartition.from_control), max_wait_ms, min_bytes, max_bytes)
+        replica_id = field(control, "replica_id", int, CONSUMER_REPLICA_ID)
+        if replica_id < CONSUMER_REPLICA_ID:
+            raise InvalidRequestError(f"replica_id is a broker id (>= 0) or -1 for a consumer, got {replica_id}")
+        return cls(decode_topics(control, TopicRequest, FetchPartition.from_control), max_wait_ms, min_bytes, max_bytes,
+                   replica_id)

@@ -42,7 +42,11 @@ from broker.protocol import (
     ListOffsetsPartitionResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
+    EpochEndOffset,
     Message,
+    OffsetForLeaderEpochRequest,
+    OffsetForLeaderEpochResponse,
+    OffsetForLeaderPartition,
     MetadataRequest,
     MetadataResponse,
     NewTopic,
@@ -107,13 +111,17 @@ fetch_requests = st.builds(
     FetchRequest,
     tuples(st.builds(TopicRequest, names, tuples(st.builds(FetchPartition, int32, int64, st.none() | int32, epochs)),
                      st.none() | st.text(max_size=32))),
-    int32, int32, st.none() | int32)
+    int32, int32, st.none() | int32, st.integers(-1, 2**31 - 1))
 fetch_responses = st.builds(FetchResponse, tuples(st.builds(TopicResponse, names, tuples(st.builds(
     FetchPartitionResponse, int32, error_codes, messages_text, offsets, offsets, records)))))
 list_offsets_requests = st.builds(ListOffsetsRequest, tuples(st.builds(TopicRequest, names, tuples(st.builds(
     ListOffsetsPartition, int32, st.integers(-2, 2**62), epochs)))))
 list_offsets_responses = st.builds(ListOffsetsResponse, tuples(st.builds(TopicResponse, names, tuples(st.builds(
     ListOffsetsPartitionResponse, int32, error_codes, messages_text, offsets, int64)))))
+offset_for_leader_epoch_requests = st.builds(OffsetForLeaderEpochRequest, tuples(st.builds(TopicRequest, names, tuples(
+    st.builds(OffsetForLeaderPartition, int32, epochs, epochs)))), st.integers(-1, 2**31 - 1))
+offset_for_leader_epoch_responses = st.builds(OffsetForLeaderEpochResponse, tuples(st.builds(TopicResponse, names, tuples(
+    st.builds(EpochEndOffset, int32, error_codes, messages_text, epochs, offsets)))))
 metadata_requests = st.builds(MetadataRequest, st.none() | tuples(names))
 metadata_responses = st.builds(
     MetadataResponse, tuples(st.builds(BrokerAddress, int32, names, st.integers(0, 65535))), int32,
@@ -158,6 +166,8 @@ MESSAGES: list[tuple[str, st.SearchStrategy[Message]]] = [
     ("alter-configs-request", st.builds(AlterConfigsRequest, tuples(st.builds(ConfigChange, names, configs, tuples(names))),
                                         st.booleans())),
     ("alter-configs-response", st.builds(AlterConfigsResponse, topic_results)),
+    ("offset-for-leader-epoch-request", offset_for_leader_epoch_requests),
+    ("offset-for-leader-epoch-response", offset_for_leader_epoch_responses),
     ("describe-tiering-request", st.builds(DescribeTieringRequest, st.none() | tuples(names))),
     ("describe-tiering-response", describe_tiering_responses),
     ("replace-remote-segments-request", st.builds(

@@ -1,0 +1,193 @@
+"""Controller: one broker, elected through the metadata store, moves leadership (Kafka's controller).
+
+Election: the `controller` key, put under the broker's registration lease only if absent. The
+key's create revision is the controller epoch; every write the controller makes is fenced on it,
+so a deposed controller (its lease expired while it hung) cannot write after a successor took
+over. The other brokers watch the key and campaign when it goes.
+
+What the controller decides, for every partition it finds needing it (`decide`, a pure function):
+- the leader is dead (its registration expired or it stopped): the first replica, in replica
+  order, that is alive and in the ISR leads, under leader epoch + 1; the ISR loses the dead
+  brokers. No such replica: the partition goes offline (leader -1, epoch + 1) with its ISR kept,
+  so the last in-sync replica can lead again when it returns, unless the topic allows an unclean
+  election, which picks any live replica and loses what only the ISR had;
+- an offline partition one of whose ISR members came back gets it as leader;
+- a follower in the ISR is dead: it leaves the ISR (without waiting replica.lag.time.max.ms);
+- preferred leader election (`auto.leader.rebalance.enable`, every
+  `leader.imbalance.check.interval.seconds`, or on request): a partition whose first replica is
+  alive and in sync but does not lead gets it back as leader, epoch + 1.
+
+Every change is a compare-and-set on the partition key's mod revision, many partitions per
+transaction; a partition that changed meanwhile (its leader shrank the ISR) is decided again
+from its new state when the metadata listener brings it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+from dataclasses import replace
+
+from broker.cluster.brokers import BrokerRegistration, LiveBrokers
+from broker.cluster.metadata_listener import CONTROLLER_KEY
+from broker.cluster.metadata_store import Compare, Get, LeaseNotFoundError, MetadataStore, Put
+from broker.cluster.topics import NO_LEADER, PartitionState, TopicRegistry, partition_key
+from broker.errors import MetadataStoreUnavailableError, PymqError
+
+log = logging.getLogger("pymq.controller")
+
+TXN_PARTITIONS = 1000  # partition states per transaction (each is a compare and a put)
+SWEEP_S = 10.0  # the controller also re-decides every partition this often (a safety net)
+
+
+def decide(state: PartitionState, live: set[int], unclean: bool, preferred: bool = False) -> PartitionState | None:
+    """The state a partition should have given the live brokers, or None if it is right as is."""
+    isr_alive = tuple(r for r in state.isr if r in live)
+    if state.leader not in live:
+        candidates = [r for r in state.replicas if r in isr_alive]
+        if candidates:
+            return PartitionState(candidates[0], state.leader_epoch + 1, state.replicas, isr_alive)
+        if unclean:
+            alive = [r for r in state.replicas if r in live]
+            if alive:
+                return PartitionState(alive[0], state.leader_epoch + 1, state.replicas, (alive[0],))
+        if state.leader == NO_LEADER:
+            return None
+        return PartitionState(NO_LEADER, state.leader_epoch + 1, state.replicas, state.isr)
+    if isr_alive != state.isr:
+        return replace(state, isr=isr_alive)
+    first = state.replicas[0] if state.replicas else NO_LEADER
+    if preferred and first != state.leader and first in live and first in state.isr:
+        return replace(state, leader=first, leader_epoch=state.leader_epoch + 1)
+    return None
+
+
+class Controller:
+    """Campaigns for the controller key and, while holding it, keeps partitions led. Loop-local."""
+
+    def __init__(self, store: MetadataStore, registry: TopicRegistry, brokers: LiveBrokers,
+                 registration: BrokerRegistration, auto_rebalance: bool = True, rebalance_interval_s: float = 300) -> None:
+        self.store = store
+        self.registry = registry
+        self.brokers = brokers
+        self.registration = registration
+        self.auto_rebalance = auto_rebalance
+        self.rebalance_interval_s = rebalance_interval_s
+        self.epoch = 0  # the create revision of our controller key, while active
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def broker_id(self) -> int:
+        return self.registration.info.broker_id
+
+    @property
+    def active(self) -> bool:
+        return self.epoch != 0 and self.brokers.controller == self.broker_id
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="controller")
+
+    def poke(self) -> None:
+        """Something changed (brokers came or went, the controller key moved): decide again."""
+        self._wakeup.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        if self.active:
+            try:
+                await self.store.delete(CONTROLLER_KEY)  # a successor campaigns at once
+            except PymqError as err:
+                log.info("resigning as controller: %s", err)
+        self.epoch = 0
+
+    async def _run(self) -> None:
+        last_rebalance = asyncio.get_running_loop().time()
+        while True:
+            try:
+                if not self.active:
+                    await self._campaign()
+                if self.active:
+                    now = asyncio.get_running_loop().time()
+                    preferred = self.auto_rebalance and now - last_rebalance >= self.rebalance_interval_s
+                    await self.reconcile(preferred=preferred)
+                    if preferred:
+                        last_rebalance = now
+            except (MetadataStoreUnavailableError, LeaseNotFoundError) as err:
+                log.warning("controller: %s", err)
+            except PymqError:
+                log.exception("controller: deciding partitions failed")
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), SWEEP_S)
+            except TimeoutError:
+                pass
+
+    async def _campaign(self) -> None:
+        """Take the controller key if it is free (under our registration lease: it goes with us)."""
+        if self.brokers.controller not in (-1, self.broker_id) or not self.registration.lease:
+            self.epoch = 0
+            return
+        result = await self.store.txn(
+            [Compare.version(CONTROLLER_KEY, "==", 0)],
+            [Put(CONTROLLER_KEY, {"broker_id": self.broker_id, "broker_epoch": self.registration.epoch},
+                 lease=self.registration.lease)],
+            [Get(CONTROLLER_KEY)])
+        if result.succeeded:
+            self.epoch = result.responses[0].create_revision  # type: ignore[union-attr]
+            self.brokers.controller = self.broker_id
+            log.info("broker %d is the controller (epoch %d)", self.broker_id, self.epoch)
+        else:
+            found = result.responses[0].get(CONTROLLER_KEY)  # type: ignore[union-attr]
+            self.brokers.controller = found.value["broker_id"] if found else -1
+            self.epoch = 0
+
+    async def reconcile(self, preferred: bool = False, topics: Iterable[str] | None = None) -> int:
+        """Decide every partition (of `topics`, default all) and write the changes; returns how
+        many partitions changed."""
+        live = set(self.brokers.brokers)
+        changes: list[tuple[str, int, PartitionState]] = []
+        for name in list(self.registry.topics if topics is None else topics):
+            info = self.registry.topics.get(name)
+            if info is None:
+                continue
+            unclean = info.log_config(self.registry.log_defaults).unclean_leader_election_enable
+            for p, state in info.partitions.items():
+                decided = decide(state, live, unclean, preferred)
+                if decided is not None:
+                    changes.append((name, p, decided))
+        written = 0
+        for start in range(0, len(changes), TXN_PARTITIONS):
+            written += await self._write(changes[start:start + TXN_PARTITIONS])
+        if written:
+            log.info("controller: changed %d partition states (live brokers %s)", written, sorted(live))
+        return written
+
+    async def _write(self, changes: list[tuple[str, int, PartitionState]]) -> int:
+        """One transaction for the batch; if a partition in it changed meanwhile, each on its own."""
+        fence = [Compare.create_revision(CONTROLLER_KEY, "==", self.epoch)]
+        compares, puts = list(fence), []
+        for name, p, state in changes:
+            key = partition_key(name, p)
+            compares.append(Compare.mod_revision(key, "==", self.registry.topics[name].revisions.get(p, 0)))
+            puts.append(Put(key, state.to_json()))
+        result = await self.store.txn(compares, puts, [Get(CONTROLLER_KEY)])
+        if result.succeeded:
+            for name, p, state in changes:
+                info = self.registry.topics.get(name)
+                if info is not None:
+                    info.partitions[p], info.revisions[p] = state, result.revision
+                    self.registry.changed(name, p)
+            return len(changes)
+        if not result.responses[0]:  # type: ignore[index]
+            self.epoch = 0  # our controller key is gone: another broker controls now
+            return 0
+        written = 0
+        for name, p, state in changes:
+            try:
+                written += await self.registry.alter_partition_state(name, p, state, fence)
+            except PymqError as err:
+                log.info("controller: %s-%d not changed: %s", name, p, err)
+        return written
