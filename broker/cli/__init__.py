@@ -3,6 +3,8 @@
 Commands:
     pymq broker start [--config FILE] [-o KEY=VALUE ...]    run a broker in the foreground
     pymq broker configs                                      every broker config key, default and meaning
+    pymq cluster start [-n 3] [--dir DIR] [--config FILE]     etcd and N brokers on 127.0.0.1..N, until Ctrl-C
+    pymq cluster describe                                    brokers, controller, under-replicated and offline partitions
     pymq topic create NAME [-p N] [-r N] [-c KEY=VALUE ...]  create a topic
     pymq topic list                                          topic names
     pymq topic describe NAME...                              partitions, offsets and configs
@@ -32,6 +34,7 @@ from __future__ import annotations
 import click
 
 from broker.cli.broker import broker_group
+from broker.cli.cluster import cluster_group
 from broker.cli.common import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, PymqGroup, remember_bootstrap
 from broker.cli.consume import consume
 from broker.cli.group import group_group
@@ -55,7 +58,7 @@ def cli() -> None:
     tables, and measure performance."""
 
 
-for _command in (broker_group, topic_group, produce, consume, perf_group, group_group, tier_group, table_group, job_group):
+for _command in (broker_group, cluster_group, topic_group, produce, consume, perf_group, group_group, tier_group, table_group, job_group):
     cli.add_command(_command)
 
 

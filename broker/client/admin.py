@@ -98,6 +98,24 @@ class TopicDescription:
 
 
 @dataclass(frozen=True)
+class ClusterDescription:
+    """The brokers serving now, the controller (-1: none), and every partition's leadership:
+    `under_replicated` has fewer in-sync replicas than replicas, `offline` no leader."""
+
+    brokers: list[BrokerAddress]
+    controller_id: int
+    partitions: list[PartitionInfo]
+
+    @property
+    def under_replicated(self) -> list[PartitionInfo]:
+        return [p for p in self.partitions if p.leader >= 0 and len(p.isr) < len(p.replicas)]
+
+    @property
+    def offline(self) -> list[PartitionInfo]:
+        return [p for p in self.partitions if p.leader < 0]
+
+
+@dataclass(frozen=True)
 class GroupListing:
     group_id: str
     state: str  # Empty, PreparingRebalance, CompletingRebalance, Stable
@@ -289,6 +307,11 @@ class AsyncAdmin:
         _raise_topic_errors(reply.topics)
         configs = await self.describe_configs(wanted)
         return [TopicDescription(t.name, t.topic_id, partition_infos(t), configs[t.name]) for t in reply.topics]
+
+    async def describe_cluster(self) -> ClusterDescription:
+        reply = await self._reading(lambda: self.cluster.send(None, MetadataRequest(None)))
+        return ClusterDescription(sorted(reply.brokers, key=lambda b: b.node_id), reply.controller_id,
+                                  [p for t in reply.topics for p in partition_infos(t)])
 
     async def describe_configs(self, names: Iterable[str]) -> dict[str, dict[str, dict[str, Any]]]:
         request = DescribeConfigsRequest(tuple(TopicRef(name) for name in names))
@@ -578,6 +601,10 @@ class Admin:
 
     def describe_configs(self, names: Iterable[str]) -> dict[str, dict[str, dict[str, Any]]]:
         return self._thread.run(self._core.describe_configs(names))
+
+    def describe_cluster(self) -> ClusterDescription:
+        """Brokers, controller, and the leadership of every partition (under-replicated, offline)."""
+        return self._thread.run(self._core.describe_cluster())
 
     def alter_configs(self, name: str, set_configs: dict[str, Any] | None = None, delete: Iterable[str] = (),
                       validate_only: bool = False) -> None:

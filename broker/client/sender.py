@@ -302,6 +302,12 @@ class Sender:
         first unless max_in_flight=1 (their partitions stay muted: PartitionMutes)."""
         now = time.monotonic()
         retryable = []
+        if err.retriable and not self._refreshing:
+            # The leader may have moved (NOT_LEADER, a dead broker): the batches that will not
+            # retry must not leave the next ones going to the same place (Kafka requests a
+            # metadata update on such errors whether or not it retries).
+            self._refreshing = True
+            self._spawn(self._refresh_in_background())
         for batch in batches:
             if now - batch.created >= self.delivery_timeout_s:
                 timeout = DeliveryTimeoutError(f"{batch.record_count} records to {batch.topic}-{batch.partition} not "

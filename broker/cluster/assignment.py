@@ -33,6 +33,7 @@ def assign_replicas(brokers: Mapping[int, str], partitions: int, replication_fac
     ordered = _rack_alternated(brokers) if racked else sorted(brokers)
     n = len(ordered)
     start, shift = rng.randrange(n), rng.randrange(n)
+    shift += max(first_partition - 1, 0) // n  # the shifts partitions before the first ones took
     racks = {b: brokers[b] for b in ordered}
     rack_count = len(set(racks.values()))
     out: dict[int, tuple[int, ...]] = {}

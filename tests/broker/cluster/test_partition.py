@@ -10,7 +10,7 @@ import pytest
 from segment_format import batch_body, record
 from broker.cluster.partition import NO_EPOCH, LeaderAndIsr, Partition
 from broker.config import LogConfig
-from broker.errors import FencedLeaderEpochError, NotLeaderError, UnknownLeaderEpochError
+from broker.errors import FencedLeaderEpochError, NotLeaderError, ReplicaNotAvailableError, UnknownLeaderEpochError
 from broker.executors import BoundedExecutor
 from broker.log import UnifiedLog
 
@@ -92,3 +92,58 @@ def test_high_watermark_waits_for_every_in_sync_replica(partition_log):
     append(partition, 4)
     assert not partition.maybe_increment_high_watermark()
     assert partition_log.high_watermark == 0
+
+
+def test_a_follower_fetch_moves_the_high_watermark_to_the_isr_minimum(partition_log):
+    """The leader learns a follower's log end from its fetch offset; the high watermark is the
+    smallest log end of the ISR."""
+    partition = Partition(partition_log, ME, LeaderAndIsr(ME, 1, (ME, OTHER, 2), (ME, OTHER, 2)), EPOCH_WRITER)
+    asyncio.run(partition.make_leader(partition.state, now_ms=0))
+    append(partition, 10)
+    assert partition.update_follower_fetch_state(OTHER, 10, now_ms=5) is False  # broker 2 has nothing yet
+    assert partition.update_follower_fetch_state(2, 4, now_ms=5) is True
+    assert partition_log.high_watermark == 4
+    assert partition.update_follower_fetch_state(2, 10, now_ms=6) is True
+    assert partition_log.high_watermark == 10
+
+
+def test_a_fetch_from_a_broker_that_is_not_a_replica_is_refused(partition_log):
+    partition = Partition(partition_log, ME, LeaderAndIsr(ME, 1, (ME, OTHER), (ME, OTHER)), EPOCH_WRITER)
+    asyncio.run(partition.make_leader(partition.state))
+    with pytest.raises(ReplicaNotAvailableError, match="broker 7 is not a replica"):
+        partition.update_follower_fetch_state(7, 0, now_ms=1)
+
+
+def test_a_lagging_follower_leaves_the_isr_and_rejoins_once_caught_up(partition_log):
+    """Caught up means the follower reached the leader's log end as it was at this fetch or the
+    previous one (Kafka's lastCaughtUpTimeMs); one not caught up for max_lag_ms leaves the ISR,
+    and one that reaches the high watermark and the current epoch joins again."""
+    partition = Partition(partition_log, ME, LeaderAndIsr(ME, 1, (ME, OTHER), (ME, OTHER)), EPOCH_WRITER)
+    asyncio.run(partition.make_leader(partition.state, now_ms=1_000))
+    append(partition, 5)
+    partition.update_follower_fetch_state(OTHER, 5, now_ms=1_100)  # caught up at 1,100
+    append(partition, 5)
+    assert partition.isr_to_shrink(now_ms=1_500, max_lag_ms=1_000) is None
+    partition.update_follower_fetch_state(OTHER, 7, now_ms=2_000)  # has the end as of its fetch at 1,100 only
+    assert partition.isr_to_shrink(now_ms=2_000, max_lag_ms=1_000) is None
+    assert partition.isr_to_shrink(now_ms=2_200, max_lag_ms=1_000) == (ME,)
+    assert partition.committed_state(partition.with_isr((ME,)))  # the ISR is the leader alone:
+    assert partition_log.high_watermark == 10  # the high watermark moves to its end
+    assert partition.isr_to_expand(OTHER) is None  # at 7, below the high watermark 10
+    partition.update_follower_fetch_state(OTHER, 10, now_ms=3_200)
+    assert partition.isr_to_expand(OTHER) == (ME, OTHER)
+
+
+def test_a_pending_isr_change_counts_its_new_member_for_the_high_watermark(partition_log):
+    """While a follower's addition is being written, the high watermark already waits for it
+    (Kafka's maximal ISR): acks=all is never given for less than the ISR about to be."""
+    partition = Partition(partition_log, ME, LeaderAndIsr(ME, 1, (ME, OTHER), (ME,)), EPOCH_WRITER)
+    asyncio.run(partition.make_leader(partition.state))
+    append(partition, 4)
+    partition.update_follower_fetch_state(OTHER, 4, now_ms=1)
+    assert partition_log.high_watermark == 4
+    partition.pending_isr = (ME, OTHER)
+    append(partition, 4)
+    assert not partition.maybe_increment_high_watermark()
+    partition.update_follower_fetch_state(OTHER, 8, now_ms=2)
+    assert partition_log.high_watermark == 8

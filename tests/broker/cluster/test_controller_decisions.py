@@ -1,0 +1,34 @@
+"""The controller's decisions (broker/cluster/controller.py `decide`), as Kafka's: a dead leader
+is replaced by the first live in-sync replica under a new epoch; with none the partition goes
+offline keeping its ISR, unless unclean election is allowed; dead followers leave the ISR; the
+preferred replica gets leadership back when asked."""
+from __future__ import annotations
+
+import pytest
+
+from broker.cluster.controller import decide
+from broker.cluster.topics import NO_LEADER, PartitionState
+
+S = PartitionState
+
+
+@pytest.mark.parametrize("state, live, unclean, expected", [
+    (S(1, 4, (1, 2, 3), (1, 2, 3)), {1, 2, 3}, False, None),
+    (S(1, 4, (1, 2, 3), (1, 2, 3)), {2, 3}, False, S(2, 5, (1, 2, 3), (2, 3))),
+    (S(1, 4, (1, 2, 3), (1, 3)), {2, 3}, False, S(3, 5, (1, 2, 3), (3,))),
+    (S(1, 4, (1, 2, 3), (1,)), {2, 3}, False, S(NO_LEADER, 5, (1, 2, 3), (1,))),
+    (S(1, 4, (1, 2, 3), (1,)), {2, 3}, True, S(2, 5, (1, 2, 3), (2,))),
+    (S(NO_LEADER, 5, (1, 2, 3), (1,)), {2, 3}, False, None),
+    (S(NO_LEADER, 5, (1, 2, 3), (1,)), {1, 2, 3}, False, S(1, 6, (1, 2, 3), (1,))),
+    (S(1, 4, (1, 2, 3), (1, 2, 3)), {1, 2}, False, S(1, 4, (1, 2, 3), (1, 2))),
+], ids=["healthy", "leader-dead", "leader-dead-first-follower-out-of-sync", "no-isr-left-offline",
+        "unclean-election", "offline-stays-offline", "last-isr-member-returns", "follower-dead-leaves-isr"])
+def test_decide(state, live, unclean, expected):
+    assert decide(state, live, unclean) == expected
+
+
+def test_preferred_leader_election_only_to_a_live_in_sync_first_replica():
+    moved = S(2, 5, (1, 2, 3), (2, 3, 1))
+    assert decide(moved, {1, 2, 3}, False) is None
+    assert decide(moved, {1, 2, 3}, False, preferred=True) == S(1, 6, (1, 2, 3), (2, 3, 1))
+    assert decide(S(2, 5, (1, 2, 3), (2, 3)), {1, 2, 3}, False, preferred=True) is None  # 1 not in sync yet

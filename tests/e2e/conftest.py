@@ -1,0 +1,87 @@
+"""Fixtures of the multi-process cluster scenarios: a LocalCluster (3 broker processes on
+127.0.0.1-3, one etcd per test module shared through cluster namespaces), and the reads and
+waits the scenarios share."""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.client import Admin, Consumer
+from broker.cluster.local_cluster import LocalCluster
+from tests.e2e.checker import History
+
+# Failover within seconds: a dead broker's registration lapses after 3 s (etcd's leases count whole
+# seconds, and refuse less than 2 with etcd's default election timeout).
+FAST_FAILOVER = {"broker.session.timeout.ms": 3000, "replica.fetch.backoff.ms": 100}
+
+
+@pytest.fixture
+def cluster(etcd, tmp_path: Path, request) -> Iterator[Callable[..., LocalCluster]]:
+    """cluster(brokers=3, **overrides) -> a started LocalCluster, stopped after the test."""
+    started: list[LocalCluster] = []
+
+    def start(brokers: int = 3, **overrides: Any) -> LocalCluster:
+        name = f"{request.node.name[:40]}-{uuid.uuid4().hex[:8]}"  # a namespace of its own in the shared etcd
+        local = LocalCluster(tmp_path / f"cluster-{len(started)}", brokers, {**FAST_FAILOVER, **overrides},
+                             name=name, etcd=etcd)
+        started.append(local)
+        return local.start()
+
+    yield start
+    for local in started:
+        local.stop()
+
+
+def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            found = condition()
+        except Exception:  # noqa: BLE001 - a broker restarting answers errors meanwhile
+            found = None
+        if found:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def partitions_of(admin: Admin, topic: str) -> dict[int, Any]:
+    return {p.partition: p for p in admin.describe_topics([topic])[0].partitions}
+
+
+def wait_for_full_isr(admin: Admin, topic: str, timeout_s: float = 60) -> dict[int, Any]:
+    """Until every partition of `topic` has a leader and all its replicas in sync."""
+    return wait_for(lambda: (lambda ps: ps if all(p.leader >= 0 and set(p.isr) == set(p.replicas) for p in ps.values())
+                             else None)(partitions_of(admin, topic)), timeout_s, f"a full ISR on {topic}")
+
+
+def read_all(bootstrap: str, topic: str, partitions: int, history: History, reader: str, timeout_s: float = 60) -> int:
+    """Read every partition from its start to its end offset now (a final read); returns the count."""
+    with Admin(bootstrap) as admin:
+        ends = {p: end for (_, p), (end, _) in admin.list_offsets({(topic, p): -1 for p in range(partitions)}).items()}
+    consumer = Consumer(bootstrap, auto_offset_reset="earliest", request_timeout_ms=10_000)
+    count = 0
+    try:
+        consumer.assign([(topic, p) for p in range(partitions)])
+        deadline = time.monotonic() + timeout_s
+        done = {p for p, end in ends.items() if end == 0}
+        while len(done) < partitions:
+            assert time.monotonic() < deadline, f"final read of {topic} incomplete: {ends}"
+            table = consumer.poll_arrow(timeout_ms=500)
+            for p in range(partitions):
+                rows = table.filter(table["partition"].to_numpy() == p) if table.num_rows else table
+                if rows.num_rows:
+                    offsets = rows["offset"].to_pylist()
+                    history.read(reader, p, offsets, rows["value"].to_pylist(), final=True)
+                    count += len(offsets)
+                    if offsets[-1] + 1 >= ends[p]:
+                        done.add(p)
+    finally:
+        consumer.close()
+    return count

@@ -1,0 +1,114 @@
+"""Failover of a 3-broker cluster on a real etcd, checked Jepsen-style (tests/e2e/checker.py):
+a partition leader is killed (SIGKILL) or hangs (SIGSTOP) while a producer writes 200,000 records
+with acks=all and min.insync.replicas=2. Every acknowledged record must be readable afterwards at
+its acknowledged offset, no offset may hold two records, no record may appear twice, a consumer
+tailing through the failover must see neither, and the new leader must serve within seconds.
+The producer does not retry (retries=0): a send that failed is indeterminate (it may or may not be
+stored), never stored twice, so the checker can demand no duplicates (idempotent retries come
+with the producer's idempotence)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from broker.client import Admin, Consumer, Producer
+from tests.e2e.checker import History
+from tests.e2e.conftest import partitions_of, read_all, wait_for, wait_for_full_isr
+
+TOPIC = "events"
+PARTITIONS = 3
+RECORDS = 200_000
+
+
+class Tail(threading.Thread):
+    """A consumer reading every partition from the start while the faults happen."""
+
+    def __init__(self, bootstrap: str, history: History) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.history = bootstrap, history
+        self.stopping = threading.Event()
+        self.count = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            consumer = Consumer(self.bootstrap, auto_offset_reset="earliest", request_timeout_ms=5_000)
+            consumer.assign([(TOPIC, p) for p in range(PARTITIONS)])
+            while not self.stopping.is_set():
+                table = consumer.poll_arrow(timeout_ms=200)
+                for p in range(PARTITIONS):
+                    rows = table.filter(table["partition"].to_numpy() == p) if table.num_rows else table
+                    if rows.num_rows:
+                        self.history.read("tail", p, rows["offset"].to_pylist(), rows["value"].to_pylist())
+                        self.count += rows.num_rows
+            consumer.close()
+        except BaseException as err:  # noqa: BLE001 - reported by the test
+            self.error = err
+
+
+def produce(bootstrap: str, history: History, fault_after: int, fault, acked_after_fault: list[float]) -> float:
+    """Send RECORDS values round-robin over the partitions with acks=all; call `fault()` once
+    `fault_after` are acknowledged. Returns when the fault happened (time.monotonic)."""
+    fault_at: list[float] = []
+    acked = [0]
+
+    def delivered(value: bytes, metadata, error) -> None:
+        history.delivered(value, metadata.partition, metadata.offset, error)
+        if error is None:
+            acked[0] += 1
+            if fault_at and metadata.partition == 0 and not acked_after_fault:
+                acked_after_fault.append(time.monotonic())
+
+    with Producer(bootstrap, acks="all", retries=0, linger_ms=5, request_timeout_ms=5_000,
+                  delivery_timeout_ms=20_000, max_in_flight=1) as producer:
+        for i in range(RECORDS):
+            value = b"v%07d" % i
+            history.sending(value)
+            producer.send(TOPIC, value, partition=i % PARTITIONS,
+                          on_delivery=lambda md, err, value=value: delivered(value, md, err))
+            if not fault_at and acked[0] >= fault_after:
+                fault()
+                fault_at.append(time.monotonic())
+            if i % 2000 == 0:
+                time.sleep(0.15)  # ~13k records/s: the run spans the fault and the failover, as a steady producer's would
+        producer.flush()
+    return fault_at[0] if fault_at else time.monotonic()
+
+
+@pytest.mark.parametrize("fault", ["sigkill", "sigstop"])
+def test_leader_failure_under_acks_all_loses_no_acknowledged_record(cluster, fault):
+    local = cluster(3)
+    history = History()
+    with Admin(local.bootstrap) as admin:
+        admin.create_topic(TOPIC, PARTITIONS, replication_factor=3, configs={"min.insync.replicas": 2})
+        leader = wait_for_full_isr(admin, TOPIC)[0].leader
+    victim = local.brokers[leader]
+    tail = Tail(local.bootstrap, history)
+    tail.start()
+    acked_after_fault: list[float] = []
+    fault_at = produce(local.bootstrap, history, 40_000, victim.kill if fault == "sigkill" else victim.pause,
+                       acked_after_fault)
+    assert acked_after_fault, "no record of partition 0 was acknowledged after the leader failed"
+    failover_s = acked_after_fault[0] - fault_at
+    assert failover_s < 15, f"the new leader of {TOPIC}-0 served {failover_s:.1f} s after the failure"
+    with Admin(local.bootstrap) as admin:
+        new_leader = wait_for(lambda: (lambda p: p.leader if p.leader not in (-1, leader) else None)(
+            partitions_of(admin, TOPIC)[0]), 30, "a new leader of partition 0")
+        assert new_leader != leader
+        if fault == "sigkill":
+            victim.start()
+        else:
+            victim.resume()
+        wait_for_full_isr(admin, TOPIC)  # the old leader truncated, caught up and rejoined
+    time.sleep(1)
+    tail.stopping.set()
+    tail.join(30)
+    assert tail.error is None, tail.error
+    read_all(local.bootstrap, TOPIC, PARTITIONS, history, "final")
+    report = history.check()
+    print(f"{fault}: {report}; new leader served {failover_s:.2f} s after the failure; {len(history.failed)} sends failed")
+    assert report.ok, str(report)
+    assert report.acknowledged > 100_000, str(report)
+    assert tail.count > 0
