@@ -1,0 +1,144 @@
+"""Replication on a 3-broker cluster: a leader's unreplicated tail is never visible to consumers,
+and a leader that died holding such a tail comes back as a follower, truncates it, catches up,
+rejoins the ISR, and then holds the leader's log byte for byte; acks=all below
+min.insync.replicas stores nothing; a replica fetch from a broker that is not a replica is refused."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from broker.client import Admin, Consumer, Producer
+from broker.errors import NotEnoughReplicasError
+from tests.e2e.checker import History
+from tests.e2e.conftest import partitions_of, read_all, wait_for, wait_for_full_isr
+
+TOPIC = "replicated"
+
+
+def send(bootstrap: str, history: History, values: list[bytes], acks: str | int) -> None:
+    with Producer(bootstrap, acks=acks, retries=0, linger_ms=2, request_timeout_ms=5_000) as producer:
+        for value in values:
+            history.sending(value)
+            producer.send(TOPIC, value, partition=0,
+                          on_delivery=lambda md, err, value=value: history.delivered(value, md.partition, md.offset, err))
+
+
+def log_bytes(log_dir: Path) -> bytes:
+    """Every segment of the partition's log, in offset order."""
+    return b"".join(path.read_bytes() for path in sorted((log_dir / f"{TOPIC}-0").glob("*.log")))
+
+
+def visible(bootstrap: str) -> int:
+    """How many records a consumer of partition 0 gets now."""
+    consumer = Consumer(bootstrap, auto_offset_reset="earliest", request_timeout_ms=5_000)
+    try:
+        consumer.assign([(TOPIC, 0)])
+        total, quiet = 0, 0
+        while quiet < 3:
+            rows = consumer.poll_arrow(timeout_ms=300).num_rows
+            total += rows
+            quiet = quiet + 1 if rows == 0 else 0
+        return total
+    finally:
+        consumer.close()
+
+
+def test_a_divergent_tail_is_never_read_and_is_truncated_when_its_leader_returns(cluster):
+    local = cluster(3)
+    history = History()
+    with Admin(local.bootstrap) as admin:
+        admin.create_topic(TOPIC, 1, replication_factor=3)
+        first = wait_for_full_isr(admin, TOPIC)[0]
+    old_leader = local.brokers[first.leader]
+    followers = [local.brokers[r] for r in first.replicas if r != first.leader]
+    send(local.bootstrap, history, [b"a%04d" % i for i in range(1000)], "all")
+
+    for follower in followers:  # the leader's next records reach no follower
+        follower.pause()
+    try:
+        # Five requests: a follower's fetch parked at the leader may still carry the first to its
+        # (paused) socket, but no follower asks for the next ones.
+        for batch in range(5):
+            send(old_leader.bootstrap, history, [b"b%04d" % i for i in range(batch * 100, batch * 100 + 100)], 1)
+            time.sleep(0.1)
+        assert sum(1 for v in history.acked if v.startswith(b"b")) == 500
+        assert visible(old_leader.bootstrap) == 1000, "records above the high watermark were served"
+        old_leader.kill()
+    finally:
+        for follower in followers:
+            follower.resume()
+
+    with Admin(local.bootstrap) as admin:
+        state = wait_for(lambda: (lambda p: p if p.leader not in (-1, first.leader) else None)(
+            partitions_of(admin, TOPIC)[0]), 30, "a new leader")
+        assert state.leader_epoch > first.leader_epoch
+        send(local.bootstrap, history, [b"c%04d" % i for i in range(300)], "all")
+        old_leader.start()
+        wait_for_full_isr(admin, TOPIC)
+    logs = [b.log_dir for b in local.brokers]
+    wait_for(lambda: len({log_bytes(d) for d in logs}) == 1, 30, "the three logs to be equal byte for byte")
+    assert len(log_bytes(logs[0])) > 0
+
+    read_all(local.bootstrap, TOPIC, 1, history, "final")
+    report = history.check()
+    lost = {value for _, value in report.lost}
+    # Only acks=1 records can go (those the followers had not fetched when they were paused);
+    # every acks=all record stays, at its offset.
+    assert lost and all(value.startswith(b"b") for value in lost), str(report)
+    assert not (report.moved or report.duplicated or report.inconsistent or report.gaps or report.unknown), str(report)
+
+
+def test_acks_all_below_min_insync_replicas_stores_nothing(cluster):
+    """Two of three brokers down: the ISR is the leader alone, and acks=all with
+    min.insync.replicas=2 gets NOT_ENOUGH_REPLICAS with nothing written; acks=1 still works."""
+    local = cluster(3)
+    with Admin(local.bootstrap) as admin:
+        admin.create_topic(TOPIC, 1, replication_factor=3, configs={"min.insync.replicas": 2})
+        first = wait_for_full_isr(admin, TOPIC)[0]
+        for r in first.replicas:
+            if r != first.leader:
+                local.brokers[r].stop()
+        wait_for(lambda: partitions_of(admin, TOPIC)[0].isr == (first.leader,), 30, "the ISR to shrink to the leader")
+        with Producer(local.bootstrap, acks="all", retries=0) as producer:
+            with pytest.raises(NotEnoughReplicasError):
+                producer.send(TOPIC, b"x", partition=0).result(30)
+        with Producer(local.bootstrap, acks=1, retries=0) as producer:
+            assert producer.send(TOPIC, b"y", partition=0).result(30).offset == 0
+        (end, _), = admin.list_offsets({(TOPIC, 0): -1}).values()
+        assert end == 1
+
+
+def test_a_replica_fetch_from_a_broker_that_is_not_a_replica_is_refused(cluster):
+    """The leader answers a Fetch with a replica_id that is not a replica REPLICA_NOT_AVAILABLE,
+    and one naming an old leader epoch FENCED_LEADER_EPOCH; nothing changes for the real followers."""
+    import asyncio
+
+    from broker.client.connection import BrokerConnection
+    from broker.protocol import FetchPartition, FetchRequest, TopicRequest
+
+    local = cluster(3)
+    with Admin(local.bootstrap) as admin:
+        admin.create_topic(TOPIC, 1, replication_factor=2)
+        state = wait_for_full_isr(admin, TOPIC)[0]
+    outsider = next(b for b in range(3) if b not in state.replicas)
+    leader = local.brokers[state.leader]
+
+    async def fetch(replica_id: int, epoch: int) -> int:
+        connection = await BrokerConnection.open(leader.host, leader.port)
+        try:
+            request = FetchRequest((TopicRequest(TOPIC, (FetchPartition(0, 0, 1024, epoch),)),), 0, 0, None, replica_id)
+            response = await connection.send(request)
+            return response.topics[0].partitions[0].error_code
+        finally:
+            connection.close()
+
+    assert asyncio.run(fetch(outsider, state.leader_epoch)) == 9  # REPLICA_NOT_AVAILABLE
+    leader.stop()  # the other replica leads under epoch + 1
+    with Admin(local.bootstrap) as admin:
+        moved = wait_for(lambda: (lambda p: p if p.leader not in (-1, state.leader) else None)(
+            partitions_of(admin, TOPIC)[0]), 30, "a new leader")
+    leader = local.brokers[moved.leader]
+    assert asyncio.run(fetch(state.leader, state.leader_epoch)) == 74  # FENCED_LEADER_EPOCH
+    assert asyncio.run(fetch(state.leader, moved.leader_epoch + 1)) == 75  # UNKNOWN_LEADER_EPOCH
