@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -61,6 +62,7 @@ class Cluster:
         self.topic_errors: dict[str, PymqError] = {}
         self._connections: dict[int | tuple[str, int], BrokerConnection] = {}
         self._connecting: dict[int, asyncio.Future[BrokerConnection]] = {}
+        self._failed: dict[tuple[str, int], float] = {}  # address -> when a connection to it last failed
         self._lock = asyncio.Lock()
 
     async def send(self, node: int | None, message: RequestMessage[R], *, timeout_s: float | None = None) -> R:
@@ -104,14 +106,23 @@ class Cluster:
         return conn
 
     async def any_connection(self) -> BrokerConnection:
+        """An open connection to any broker, else a new one: brokers whose connection failed
+        (refused, lost, or closed after a request timed out: a hung broker) are tried last, the
+        longest-failed first, so a dead broker in the bootstrap list costs one attempt, not one
+        per request."""
         for conn in self._connections.values():
             if not conn.closed:
                 return conn
+        for key, conn in list(self._connections.items()):
+            self._failed[(conn.host, conn.port)] = time.monotonic()
+            del self._connections[key]
         errors = []
-        for address in [*self.brokers.values(), *self.bootstrap]:
+        addresses = list(dict.fromkeys([*self.brokers.values(), *self.bootstrap]))
+        for address in sorted(addresses, key=lambda a: self._failed.get(a, 0.0)):
             try:
                 conn = await BrokerConnection.open(*address, self.request_timeout_s, max_in_flight=self.max_in_flight)
             except NetworkError as err:
+                self._failed[address] = time.monotonic()
                 errors.append(str(err))
                 continue
             self._connections[address] = conn

@@ -145,9 +145,16 @@ class BrokerConnection(asyncio.BufferedProtocol):
         return correlation_id
 
     def _expire(self, correlation_id: int, timeout_s: float) -> None:
+        """A request went unanswered: the broker is hung or cut off, so the connection goes too
+        (as Kafka's client disconnects on a request timeout). Its other requests fail with a
+        NetworkError at once instead of each waiting out its own timeout, and the next request
+        to that broker, or to "any broker", opens a fresh connection or picks another broker."""
         entry = self._pending.pop(correlation_id, None)
         if entry is not None and not entry[0].done():
             entry[0].set_exception(RequestTimedOutError(f"no response from {self.host}:{self.port} within {timeout_s}s"))
+            self._closed_error = self._closed_error or NetworkError(
+                f"connection to {self.host}:{self.port} closed: a request got no response within {timeout_s}s")
+            self.close()
 
     def close(self) -> None:
         if self._transport is not None:

@@ -294,10 +294,21 @@ class Fetcher:
         return parts[tp[1]].leader if parts and tp[1] < len(parts) else None
 
     async def _refresh_quietly(self) -> None:
+        """Reload metadata after a retriable error; a partition whose leader moved is then
+        fetched by the loop of its new leader (started here if there is none yet, woken if it
+        sat idle)."""
+        leaders = self._leaders()
         try:
             await self.cluster.refresh()
         except PymqError as err:
             log.info("metadata refresh failed: %s", err)
+            return
+        if self._leaders() != leaders:
+            self.ensure_fetchers()
+            self.replan()
+
+    def _leaders(self) -> dict[TopicPartition, int | None]:
+        return {tp: self._leader(tp) for tp in self._subs.assigned}
 
     def _send_fetch(self, conn: BrokerConnection, positions: dict[TopicPartition, int]) -> "_Fetch":
         """Write a Fetch for `positions` now (no await between deciding and writing)."""

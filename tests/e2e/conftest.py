@@ -39,15 +39,16 @@ def cluster(etcd, tmp_path: Path, request) -> Iterator[Callable[..., LocalCluste
 
 def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout_s
+    last_error: Exception | None = None
     while True:
         try:
             found = condition()
-        except Exception:  # noqa: BLE001 - a broker restarting answers errors meanwhile
-            found = None
+        except Exception as err:  # noqa: BLE001 - a broker restarting answers errors meanwhile
+            found, last_error = None, err
         if found:
             return found
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last error: {last_error!r})")
         time.sleep(interval_s)
 
 
