@@ -352,6 +352,8 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("broker.rack", str, "", "the rack (or zone) of this broker: replicas of a partition go to "
                   "different racks first"),
         ConfigDef("advertised.host", str, "", "the host clients and other brokers reach this broker at (empty: host)"),
+        ConfigDef("advertised.port", int, 0, "the port clients and other brokers reach this broker at (0: port), "
+                  "e.g. a proxy's", 0, 65535),
         ConfigDef("broker.session.timeout.ms", int, 6_000,
                   "a broker whose registration is not renewed this long is dead: its partitions get new leaders "
                   "(the TTL of its etcd lease, whole seconds)", 1_000, 3_600_000),

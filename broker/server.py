@@ -445,7 +445,7 @@ class Broker:
                 self.fetchers = ReplicaFetcherManager(
                     FetchSettings(config["broker.id"], config["replica.fetch.wait.max.ms"],
                                   config["replica.fetch.max.bytes"], config["replica.fetch.response.max.bytes"],
-                                  config["replica.fetch.backoff.ms"]),
+                                  config["replica.fetch.backoff.ms"], local_host=_bind_host(config["host"])),
                     self.executors.replication, self.live_brokers.address, self.replicas.flush_if_needed,
                     self.logs.checkpoint)
                 self.replicas.followers = self.fetchers
@@ -476,7 +476,7 @@ class Broker:
         return self._server.sockets[0].getsockname()[1]
 
     def advertised(self) -> tuple[str, int]:
-        return self.config["advertised.host"] or self.config["host"], self.port
+        return self.config["advertised.host"] or self.config["host"], self.config["advertised.port"] or self.port
 
     async def start(self) -> None:
         """Bind the port (not serving yet), register in the cluster, load the metadata and the
@@ -719,6 +719,12 @@ class Broker:
             if not conn.waiting and now - conn.last_active > limit_s and conn.transport is not None:
                 log.info("closing idle connection %s", conn.peer)
                 conn.transport.close()
+
+
+def _bind_host(host: str) -> str | None:
+    """The address a broker's own connections to other brokers leave from: its listener's, so
+    that they come from the broker's address on a multi-homed machine (None for a wildcard)."""
+    return None if host in ("", "0.0.0.0", "::") else host
 
 
 def raise_open_files_limit() -> int:

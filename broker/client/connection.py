@@ -52,10 +52,15 @@ class BrokerConnection(asyncio.BufferedProtocol):
         self._drained.set()
 
     @classmethod
-    async def open(cls, host: str, port: int, timeout_s: float = 10.0, **kwargs: Any) -> "BrokerConnection":
+    async def open(cls, host: str, port: int, timeout_s: float = 10.0, local_host: str | None = None,
+                   **kwargs: Any) -> "BrokerConnection":
+        """Connect to host:port (from `local_host`'s address when given: a broker's connections to
+        other brokers leave from its own address)."""
         loop = asyncio.get_running_loop()
+        local_addr = None if local_host is None else (local_host, 0)
         try:
-            _, conn = await asyncio.wait_for(loop.create_connection(lambda: cls(host, port, **kwargs), host, port), timeout_s)
+            _, conn = await asyncio.wait_for(loop.create_connection(lambda: cls(host, port, **kwargs), host, port,
+                                                                    local_addr=local_addr), timeout_s)
         except (OSError, TimeoutError) as err:
             raise NetworkError(f"cannot connect to broker {host}:{port}: {err}") from err
         return conn

@@ -21,19 +21,21 @@ def broker_host(broker_id: int) -> str:
 
 class LocalCluster:
     def __init__(self, root: Path, brokers: int = 3, overrides: Mapping[str, Any] | None = None, *,
-                 name: str = "local", etcd: EtcdProcess | None = None, config_file: Path | None = None) -> None:
+                 name: str = "local", etcd: EtcdProcess | None = None, config_file: Path | None = None,
+                 broker_overrides: Mapping[int, Mapping[str, Any]] | None = None) -> None:
         self.root = Path(root)
         self.name = name
         self.etcd = etcd or EtcdProcess(self.root / "etcd" / "data")
         self._own_etcd = etcd is None
         self.overrides = dict(overrides or {})
+        self.broker_overrides = {b: dict(o) for b, o in (broker_overrides or {}).items()}  # one broker's own settings
         self.config_file = config_file
         self.brokers: list[BrokerProcess] = [self._broker(i) for i in range(brokers)]
 
     def _broker(self, broker_id: int) -> BrokerProcess:
         log_dir = self.root / f"broker-{broker_id}" / "data"
         overrides = {"broker.id": broker_id, "host": broker_host(broker_id), "metadata.store": "etcd",
-                     "cluster.name": self.name, **self.overrides}
+                     "cluster.name": self.name, **self.overrides, **self.broker_overrides.get(broker_id, {})}
         return BrokerProcess(log_dir, overrides, config_file=self.config_file)
 
     @property

@@ -64,6 +64,7 @@ class FetchSettings:
     response_max_bytes: int = 32 << 20
     backoff_ms: int = 200
     request_timeout_ms: int = 30_000
+    local_host: str | None = None  # the address fetches leave from (the broker's own)
 
 
 @dataclass(eq=False, slots=True)
@@ -221,7 +222,8 @@ class ReplicaFetcher:
         address = self.manager.address(self.leader)
         if address is None:
             raise NetworkError(f"broker {self.leader} is not registered")
-        self._connection = await BrokerConnection.open(*address, timeout_s=self.settings.request_timeout_ms / 1000)
+        self._connection = await BrokerConnection.open(*address, timeout_s=self.settings.request_timeout_ms / 1000,
+                                                       local_host=self.settings.local_host)
         return self._connection
 
     def _close_connection(self) -> None:

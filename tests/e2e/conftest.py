@@ -25,10 +25,10 @@ def cluster(etcd, tmp_path: Path, request) -> Iterator[Callable[..., LocalCluste
     """cluster(brokers=3, **overrides) -> a started LocalCluster, stopped after the test."""
     started: list[LocalCluster] = []
 
-    def start(brokers: int = 3, **overrides: Any) -> LocalCluster:
+    def start(brokers: int = 3, broker_overrides: dict[int, dict[str, Any]] | None = None, **overrides: Any) -> LocalCluster:
         name = f"{request.node.name[:40]}-{uuid.uuid4().hex[:8]}"  # a namespace of its own in the shared etcd
         local = LocalCluster(tmp_path / f"cluster-{len(started)}", brokers, {**FAST_FAILOVER, **overrides},
-                             name=name, etcd=etcd)
+                             name=name, etcd=etcd, broker_overrides=broker_overrides)
         started.append(local)
         return local.start()
 

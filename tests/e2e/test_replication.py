@@ -142,3 +142,40 @@ def test_a_replica_fetch_from_a_broker_that_is_not_a_replica_is_refused(cluster)
     leader = local.brokers[moved.leader]
     assert asyncio.run(fetch(state.leader, state.leader_epoch)) == 74  # FENCED_LEADER_EPOCH
     assert asyncio.run(fetch(state.leader, moved.leader_epoch + 1)) == 75  # UNKNOWN_LEADER_EPOCH
+
+
+def test_a_follower_cut_off_from_its_leader_leaves_the_isr_and_rejoins_when_healed(cluster):
+    """A connection-dropping proxy in front of broker 0 cuts broker 1's replication from it while
+    clients still get through: once broker 1 has not caught up for replica.lag.time.max.ms the
+    leader drops it from the ISR (acks=all then needs only the others), and once the cut heals it
+    catches up and joins again."""
+    from broker.cluster.etcd_process import free_port
+    from broker.cluster.local_cluster import broker_host
+    from tests.e2e.proxy import CuttingProxy
+
+    port = free_port(broker_host(0))
+    with CuttingProxy((broker_host(0), port)) as proxy:
+        local = cluster(3, broker_overrides={0: {"port": port, "advertised.host": "127.0.0.1",
+                                                 "advertised.port": proxy.port}},
+                        **{"replica.lag.time.max.ms": 2000})
+        with Admin(local.bootstrap) as admin:
+            admin.create_topic(TOPIC, 3, replication_factor=3)
+            states = wait_for_full_isr(admin, TOPIC)
+            partition = next(p for p, s in states.items() if s.leader == 0)
+            proxy.cut(broker_host(1))
+            with Producer(local.bootstrap, acks=1) as producer:
+                for i in range(200):
+                    producer.send(TOPIC, b"%d" % i, partition=partition)
+                    if i % 20 == 0:
+                        producer.flush()
+                        time.sleep(0.1)
+            shrunk = wait_for(lambda: (lambda s: s if 1 not in s.isr else None)(partitions_of(admin, TOPIC)[partition]),
+                              30, "broker 1 to leave the ISR")
+            assert set(shrunk.isr) == {0, 2} and shrunk.leader == 0
+            assert proxy.refused > 0
+            with Producer(local.bootstrap, acks="all", retries=0) as producer:
+                producer.send(TOPIC, b"after the cut", partition=partition).result(30)
+            proxy.heal()
+            grown = wait_for(lambda: (lambda s: s if 1 in s.isr else None)(partitions_of(admin, TOPIC)[partition]),
+                             30, "broker 1 to rejoin the ISR")
+            assert set(grown.isr) == {0, 1, 2} and grown.leader_epoch == shrunk.leader_epoch
