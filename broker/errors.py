@@ -213,6 +213,12 @@ class InvalidReplicationFactorError(PymqError, wire_name="INVALID_REPLICATION_FA
     code = 38
 
 
+class InvalidReplicaAssignmentError(PymqError, wire_name="INVALID_REPLICA_ASSIGNMENT"):
+    """A reassignment names no replicas, one broker twice, or a broker that is not alive."""
+
+    code = 39
+
+
 class InvalidRequestError(PymqError, wire_name="INVALID_REQUEST"):
     """The request is malformed: bad framing, bad control fields, unknown API key."""
 

@@ -28,6 +28,7 @@ With `zero.copy` off, ranges are read with os.pread and written through the tran
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import os
 import resource
@@ -50,7 +51,7 @@ from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.metadata_listener import MetadataListener
 from broker.cluster.metadata_store import Compare, MetadataStore
 from broker.cluster.replica_fetcher import FetchSettings, ReplicaFetcherManager
-from broker.cluster.topics import MetadataChange, PartitionState, TopicRegistry
+from broker.cluster.topics import MetadataChange, TopicRegistry
 from broker.config import BrokerConfig
 from broker.errors import InvalidRequestError, KafkaStorageError, MessageTooLargeError, PymqError
 from broker.executors import BackgroundExecutors
@@ -445,7 +446,8 @@ class Broker:
                 self.fetchers = ReplicaFetcherManager(
                     FetchSettings(config["broker.id"], config["replica.fetch.wait.max.ms"],
                                   config["replica.fetch.max.bytes"], config["replica.fetch.response.max.bytes"],
-                                  config["replica.fetch.backoff.ms"], local_host=_bind_host(config["host"])),
+                                  config["replica.fetch.backoff.ms"], local_host=_bind_host(config["host"]),
+                                  throttle_bytes_per_s=_rate_limit(config["replica.throttle.bytes.per.second"])),
                     self.executors.replication, self.live_brokers.address, self.replicas.flush_if_needed,
                     self.logs.checkpoint)
                 self.replicas.followers = self.fetchers
@@ -573,6 +575,8 @@ class Broker:
                     state = info.partitions.get(p)
                     if state is not None:
                         await self.replicas.become(change.topic, p, spec, LeaderAndIsr.of(state))
+                        if self.controller is not None and (state.adding or state.removing):
+                            self.controller.poke()  # a move may be complete now
 
     async def _write_isr(self, partition: Partition, state: LeaderAndIsr) -> bool:
         """Store a leader's ISR change: only over the state the leader acted on, and only while
@@ -583,9 +587,9 @@ class Broker:
         if current is None or LeaderAndIsr.of(current) != partition.state:
             return False  # a newer state is on its way to `become`
         fence = [Compare.create_revision(broker_key(self.config["broker.id"]), "==", self.registration.epoch)]
-        return await self.registry.alter_partition_state(
-            partition.topic, partition.partition, PartitionState(state.leader, state.leader_epoch, state.replicas, state.isr),
-            fence)
+        # Only the ISR changes: a reassignment in progress (adding, removing) stays as stored.
+        return await self.registry.alter_partition_state(partition.topic, partition.partition,
+                                                         dataclasses.replace(current, isr=state.isr), fence)
 
     async def stop(self) -> None:
         """Clean shutdown, in this order. Every step runs even if one before it failed (the
@@ -719,6 +723,11 @@ class Broker:
             if not conn.waiting and now - conn.last_active > limit_s and conn.transport is not None:
                 log.info("closing idle connection %s", conn.peer)
                 conn.transport.close()
+
+
+def _rate_limit(bytes_per_s: int) -> int | None:
+    """None for the unlimited default (2^63-1)."""
+    return None if bytes_per_s >= 1 << 62 else bytes_per_s
 
 
 def _bind_host(host: str) -> str | None:

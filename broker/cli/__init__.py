@@ -5,6 +5,8 @@ Commands:
     pymq broker configs                                      every broker config key, default and meaning
     pymq cluster start [-n 3] [--dir DIR] [--config FILE]     etcd and N brokers on 127.0.0.1..N, until Ctrl-C
     pymq cluster describe                                    brokers, controller, under-replicated and offline partitions
+    pymq partition reassign (--topic T --partition P --replicas 1,2,3 | --plan FILE) [--cancel] [--wait]
+    pymq broker decommission ID [--execute]                  move every replica off a broker
     pymq topic create NAME [-p N] [-r N] [-c KEY=VALUE ...]  create a topic
     pymq topic list                                          topic names
     pymq topic describe NAME...                              partitions, offsets and configs
@@ -38,6 +40,7 @@ from broker.cli.cluster import cluster_group
 from broker.cli.common import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, PymqGroup, remember_bootstrap
 from broker.cli.consume import consume
 from broker.cli.group import group_group
+from broker.cli.partition import partition_group
 from broker.cli.perf import perf_group
 from broker.cli.produce import produce
 from broker.cli.table import job_group, table_group
@@ -58,7 +61,7 @@ def cli() -> None:
     tables, and measure performance."""
 
 
-for _command in (broker_group, cluster_group, topic_group, produce, consume, perf_group, group_group, tier_group, table_group, job_group):
+for _command in (broker_group, cluster_group, partition_group, topic_group, produce, consume, perf_group, group_group, tier_group, table_group, job_group):
     cli.add_command(_command)
 
 

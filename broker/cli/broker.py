@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from broker.cli.common import KEY_VALUE, console
+from broker.cli.common import KEY_VALUE, admin_client, bootstrap_option, console
 from broker.errors import LogDirInUseError
 from broker.config import BROKER_CONFIGS, BrokerConfig, ConfigDef
 from segment_format.limits import INT32_MAX, INT64_MAX
@@ -68,3 +68,35 @@ def _show(value: object) -> str:
     if value is True or value is False:
         return str(value).lower()
     return {INT64_MAX: "2^63-1", INT32_MAX: "2^31-1"}.get(value, str(value)) if isinstance(value, int) else str(value)
+
+
+@broker_group.command("decommission")
+@click.argument("broker_id", type=int)
+@click.option("--execute", is_flag=True, help="start the moves (without it, only show the plan)")
+@click.option("--wait/--no-wait", default=True, show_default=True, help="with --execute: wait until done")
+@click.option("--timeout", "timeout_s", type=float, default=1800, show_default=True, help="seconds to wait")
+@bootstrap_option
+def decommission(broker_id: int, execute: bool, wait: bool, timeout_s: float) -> None:
+    """Move every replica (and with it every leadership) off BROKER_ID onto the other brokers,
+    evenly; once done the broker holds nothing and can be stopped for good."""
+    from broker.cli.partition import decommission_plan, follow_moves, show_plan
+
+    with admin_client() as admin:
+        cluster = admin.describe_cluster()
+        if broker_id not in {b.node_id for b in cluster.brokers}:
+            raise click.ClickException(f"broker {broker_id} is not a live broker of this cluster")
+        moves = decommission_plan(cluster, broker_id)
+        if not moves:
+            click.echo(f"broker {broker_id} holds no replicas")
+            return
+        show_plan(moves, cluster)
+        if not execute:
+            click.echo("dry run: add --execute to start these moves")
+            return
+        admin.alter_partition_reassignments(moves)
+        click.echo(f"started {len(moves)} partition moves off broker {broker_id}")
+        if wait:
+            left = [p for p in follow_moves(admin, set(moves), timeout_s).partitions if broker_id in p.replicas]
+            if left:
+                raise click.ClickException(f"{len(left)} partitions still have a replica on broker {broker_id}")
+            click.echo(f"broker {broker_id} holds no replicas: it can be stopped")

@@ -86,7 +86,7 @@ def start(brokers: int, root: Path, port: int, etcd_port: int, config_path: Path
 @cluster_group.command("describe")
 @bootstrap_option
 def describe() -> None:
-    """Brokers, the controller, and every partition that is under-replicated or offline."""
+    """Brokers, the controller, and every partition that is under-replicated, offline or moving."""
     with admin_client() as admin:
         cluster = admin.describe_cluster()
     brokers = Table(title="brokers")
@@ -98,16 +98,22 @@ def describe() -> None:
         role = "controller" if broker.node_id == cluster.controller_id else ""
         brokers.add_row(str(broker.node_id), f"{broker.host}:{broker.port}", role, str(leads), str(replicas))
     console().print(brokers)
-    troubled = cluster.offline + cluster.under_replicated
+    troubled = cluster.offline + cluster.under_replicated + [p for p in cluster.reassigning if p.leader >= 0
+                                                             and len(p.isr) == len(p.replicas)]
     if not troubled:
         click.echo(f"{len(cluster.partitions)} partitions, all fully replicated and led")
         return
-    table = Table(title=f"{len(cluster.offline)} offline, {len(cluster.under_replicated)} under-replicated "
-                        f"of {len(cluster.partitions)} partitions")
+    table = Table(title=f"{len(cluster.offline)} offline, {len(cluster.under_replicated)} under-replicated, "
+                        f"{len(cluster.reassigning)} moving, of {len(cluster.partitions)} partitions")
     for header in ("topic", "partition", "leader", "epoch", "replicas", "isr", "state"):
         table.add_column(header)
     for p in troubled:
-        state = "offline" if p.leader < 0 else "under-replicated"
+        if p.leader < 0:
+            state = "offline"
+        elif p.target_replicas:
+            state = f"moving to {','.join(map(str, p.target_replicas))}"
+        else:
+            state = "under-replicated"
         table.add_row(p.topic, str(p.partition), str(p.leader), str(p.leader_epoch), ",".join(map(str, p.replicas)),
                       ",".join(map(str, p.isr)), state)
     console().print(table)

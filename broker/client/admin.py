@@ -42,6 +42,8 @@ from broker.errors import (
     error_for_code,
 )
 from broker.protocol import (
+    AlterPartitionReassignmentsRequest,
+    ReassignedPartition,
     NO_GENERATION_ID,
     NO_LEADER_EPOCH,
     AlterConfigsRequest,
@@ -113,6 +115,10 @@ class ClusterDescription:
     @property
     def offline(self) -> list[PartitionInfo]:
         return [p for p in self.partitions if p.leader < 0]
+
+    @property
+    def reassigning(self) -> list[PartitionInfo]:
+        return [p for p in self.partitions if p.target_replicas]
 
 
 @dataclass(frozen=True)
@@ -307,6 +313,19 @@ class AsyncAdmin:
         _raise_topic_errors(reply.topics)
         configs = await self.describe_configs(wanted)
         return [TopicDescription(t.name, t.topic_id, partition_infos(t), configs[t.name]) for t in reply.topics]
+
+    async def alter_partition_reassignments(self, moves: dict[TopicPartition, Iterable[int] | None]) -> None:
+        """Move each partition to the given replicas (preferred leader first; None cancels a move
+        in progress). Returns once the moves are recorded; they complete as the new replicas catch
+        up (`describe_cluster().reassigning`)."""
+        by_topic: dict[str, list[ReassignedPartition]] = {}
+        for (topic, partition), replicas in moves.items():
+            by_topic.setdefault(topic, []).append(
+                ReassignedPartition(partition, None if replicas is None else tuple(replicas)))
+        request = AlterPartitionReassignmentsRequest(tuple(TopicRequest(t, tuple(ps)) for t, ps in by_topic.items()))
+        reply = await self.cluster.send(None, request)
+        _raise_named_errors({f"{t.name}-{p.partition}": err for t in reply.topics for p in t.partitions
+                             if (err := p.error()) is not None})
 
     async def describe_cluster(self) -> ClusterDescription:
         reply = await self._reading(lambda: self.cluster.send(None, MetadataRequest(None)))
@@ -605,6 +624,10 @@ class Admin:
     def describe_cluster(self) -> ClusterDescription:
         """Brokers, controller, and the leadership of every partition (under-replicated, offline)."""
         return self._thread.run(self._core.describe_cluster())
+
+    def alter_partition_reassignments(self, moves: dict[TopicPartition, Iterable[int] | None]) -> None:
+        """See AsyncAdmin.alter_partition_reassignments."""
+        self._thread.run(self._core.alter_partition_reassignments(moves))
 
     def alter_configs(self, name: str, set_configs: dict[str, Any] | None = None, delete: Iterable[str] = (),
                       validate_only: bool = False) -> None:

@@ -42,11 +42,12 @@ class PartitionInfo:
     leader_epoch: int
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
+    target_replicas: tuple[int, ...] = ()  # where a reassignment in progress moves it
 
 
 def partition_infos(topic: TopicMetadata) -> list[PartitionInfo]:
     """A topic's partitions from a Metadata response, in partition order."""
-    return [PartitionInfo(topic.name, p.partition, p.leader, p.leader_epoch, p.replicas, p.isr)
+    return [PartitionInfo(topic.name, p.partition, p.leader, p.leader_epoch, p.replicas, p.isr, p.target_replicas)
             for p in sorted(topic.partitions, key=lambda p: p.partition)]
 
 

@@ -13,6 +13,7 @@ What the controller decides, for every partition it finds needing it (`decide`, 
   election, which picks any live replica and loses what only the ISR had;
 - an offline partition one of whose ISR members came back gets it as leader;
 - a follower in the ISR is dead: it leaves the ISR (without waiting replica.lag.time.max.ms);
+- a reassignment whose target replicas are all in sync completes (the removed replicas leave);
 - preferred leader election (`auto.leader.rebalance.enable`, every
   `leader.imbalance.check.interval.seconds`, or on request): a partition whose first replica is
   alive and in sync but does not lead gets it back as leader, epoch + 1.
@@ -46,20 +47,35 @@ def decide(state: PartitionState, live: set[int], unclean: bool, preferred: bool
     if state.leader not in live:
         candidates = [r for r in state.replicas if r in isr_alive]
         if candidates:
-            return PartitionState(candidates[0], state.leader_epoch + 1, state.replicas, isr_alive)
+            return replace(state, leader=candidates[0], leader_epoch=state.leader_epoch + 1, isr=isr_alive)
         if unclean:
             alive = [r for r in state.replicas if r in live]
             if alive:
-                return PartitionState(alive[0], state.leader_epoch + 1, state.replicas, (alive[0],))
+                return replace(state, leader=alive[0], leader_epoch=state.leader_epoch + 1, isr=(alive[0],))
         if state.leader == NO_LEADER:
             return None
-        return PartitionState(NO_LEADER, state.leader_epoch + 1, state.replicas, state.isr)
+        return replace(state, leader=NO_LEADER, leader_epoch=state.leader_epoch + 1)
     if isr_alive != state.isr:
         return replace(state, isr=isr_alive)
+    if state.adding or state.removing:
+        return _complete_reassignment(state)
     first = state.replicas[0] if state.replicas else NO_LEADER
     if preferred and first != state.leader and first in live and first in state.isr:
         return replace(state, leader=first, leader_epoch=state.leader_epoch + 1)
     return None
+
+
+def _complete_reassignment(state: PartitionState) -> PartitionState | None:
+    """Once every target replica is in sync the move completes: the replicas become the targets,
+    the removed ones leave the ISR (and stop hosting the partition), and a leader that is being
+    removed hands over to the first in-sync target under a new epoch."""
+    target = state.target_replicas
+    if not all(r in state.isr for r in target):
+        return None
+    isr = tuple(r for r in state.isr if r in target)
+    if state.leader in target:
+        return PartitionState(state.leader, state.leader_epoch, target, isr)
+    return PartitionState(isr[0], state.leader_epoch + 1, target, isr)
 
 
 class Controller:

@@ -106,9 +106,8 @@ class Partition:
         ISR change, or the controller's); returns True if the high watermark moved."""
         self.state = state
         self.pending_isr = None
-        for replica in state.replicas:
-            if replica != self.broker_id:
-                self._followers.setdefault(replica, FollowerState())
+        # Replicas a reassignment added are tracked from their first fetch; removed ones are forgotten.
+        self._followers = {r: self._followers.get(r) or FollowerState() for r in state.replicas if r != self.broker_id}
         return self.maybe_increment_high_watermark() if self.is_leader else False
 
     def check_leader(self, current_leader_epoch: int = NO_EPOCH) -> None:

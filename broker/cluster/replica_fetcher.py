@@ -65,6 +65,37 @@ class FetchSettings:
     backoff_ms: int = 200
     request_timeout_ms: int = 30_000
     local_host: str | None = None  # the address fetches leave from (the broker's own)
+    throttle_bytes_per_s: int | None = None  # replica.throttle.bytes.per.second for out-of-sync partitions
+
+
+class Throttle:
+    """A token bucket of bytes per second shared by the partitions this broker follows while out
+    of sync (catching up after a restart, or moved here by a reassignment), so that catching up
+    does not starve in-sync replication or clients (Kafka's replication quota). A burst of one
+    second's worth is allowed; past it, throttled partitions sit out fetches until it refills."""
+
+    def __init__(self, bytes_per_s: int, clock: Callable[[], float]) -> None:
+        self.rate = float(bytes_per_s)
+        self.clock = clock
+        self.allowance = self.rate
+        self.updated = clock()
+
+    def _refill(self) -> None:
+        now = self.clock()
+        self.allowance = min(self.rate, self.allowance + (now - self.updated) * self.rate)
+        self.updated = now
+
+    def available(self) -> bool:
+        self._refill()
+        return self.allowance > 0
+
+    def consume(self, size: int) -> None:
+        self._refill()
+        self.allowance -= size
+
+    def wait_s(self) -> float:
+        self._refill()
+        return max(0.0, -self.allowance / self.rate)
 
 
 @dataclass(eq=False, slots=True)
@@ -101,6 +132,8 @@ class ReplicaFetcherManager:
         self._fetchers: dict[int, ReplicaFetcher] = {}
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._followed: dict[TopicPartition, _Fetching] = {}
+        rate = settings.throttle_bytes_per_s
+        self.throttle = None if rate is None else Throttle(rate, lambda: asyncio.get_running_loop().time())
 
     def follow(self, partition: Partition) -> None:
         """Fetch `partition` from its leader, truncating it first."""
@@ -202,11 +235,22 @@ class ReplicaFetcher:
         except TimeoutError:
             pass
 
+    def _throttled(self, state: _Fetching) -> bool:
+        """Out of sync while the replication throttle has no bytes left: sits this fetch out."""
+        throttle = self.manager.throttle
+        return (throttle is not None and self.settings.broker_id not in state.partition.state.isr
+                and not throttle.available())
+
     async def _round(self) -> None:
         now = asyncio.get_running_loop().time()
-        ready = [s for s in self.partitions.values() if s.retry_at <= now]
+        waiting = [s for s in self.partitions.values() if s.retry_at <= now]
+        ready = [s for s in waiting if s.truncating or not self._throttled(s)]
         if not ready:
-            await self._pause(min(s.retry_at for s in self.partitions.values()) - now)
+            throttle = self.manager.throttle
+            later = [s.retry_at - now for s in self.partitions.values() if s.retry_at > now]
+            if waiting and throttle is not None:
+                later.append(throttle.wait_s())
+            await self._pause(max(min(later, default=0.0), 0.001))
             return
         connection = await self._connect()
         truncating = [s for s in ready if s.truncating]
@@ -322,6 +366,8 @@ class ReplicaFetcher:
                 if not self.manager.is_current(state):
                     return
                 await self.manager.executor.run(partition_log.append_as_follower, answer.records)
+            if self.manager.throttle is not None and self.settings.broker_id not in state.partition.state.isr:
+                self.manager.throttle.consume(part_size(answer.records))
         if self.manager.is_current(state):
             partition_log.update_high_watermark(min(answer.high_watermark, partition_log.log_end_offset))
             self.manager.flush_if_needed(partition_log)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
 
 from broker.cluster.assignment import assign_replicas
@@ -32,6 +32,7 @@ from broker.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
     InvalidRequestError,
+    InvalidReplicaAssignmentError,
     InvalidReplicationFactorError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
@@ -48,17 +49,45 @@ INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
 
 @dataclass(frozen=True, slots=True)
 class PartitionState:
+    """A partition's leadership. While a reassignment moves it (KIP-455's model), `replicas` is
+    the target replicas followed by those being removed, `adding` the targets that were not
+    replicas before, `removing` the replicas that are not targets."""
+
     leader: int
     leader_epoch: int
     replicas: tuple[int, ...]
     isr: tuple[int, ...]
+    adding: tuple[int, ...] = ()
+    removing: tuple[int, ...] = ()
+
+    @property
+    def target_replicas(self) -> tuple[int, ...]:
+        return tuple(r for r in self.replicas if r not in self.removing) if self.adding or self.removing else ()
+
+    @property
+    def original_replicas(self) -> tuple[int, ...]:
+        return tuple(r for r in self.replicas if r not in self.adding)
 
     def to_json(self) -> dict[str, Any]:
-        return {"leader": self.leader, "leader_epoch": self.leader_epoch, "replicas": list(self.replicas), "isr": list(self.isr)}
+        out: dict[str, Any] = {"leader": self.leader, "leader_epoch": self.leader_epoch,
+                               "replicas": list(self.replicas), "isr": list(self.isr)}
+        if self.adding or self.removing:
+            out.update(adding=list(self.adding), removing=list(self.removing))
+        return out
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> "PartitionState":
-        return cls(raw["leader"], raw["leader_epoch"], tuple(raw["replicas"]), tuple(raw["isr"]))
+        return cls(raw["leader"], raw["leader_epoch"], tuple(raw["replicas"]), tuple(raw["isr"]),
+                   tuple(raw.get("adding", ())), tuple(raw.get("removing", ())))
+
+    def reassigned(self, target: tuple[int, ...]) -> "PartitionState":
+        """This partition moving to `target` (from its original replicas)."""
+        original = self.original_replicas
+        if target == original:
+            return replace(self, replicas=original, isr=tuple(r for r in self.isr if r in original), adding=(), removing=())
+        return replace(self, replicas=target + tuple(r for r in original if r not in target),
+                       adding=tuple(r for r in target if r not in original),
+                       removing=tuple(r for r in original if r not in target))
 
 
 @dataclass(slots=True)
@@ -196,6 +225,30 @@ class TopicRegistry:
             info.revisions[partition] = result.revision
             self.changed(name, partition)
         return True
+
+    async def reassign(self, name: str, partition: int, target: tuple[int, ...] | None) -> None:
+        """Start moving a partition to `target` replicas (None: cancel a move in progress, back to
+        the original replicas). The controller completes it once every target is in sync.
+        INVALID_REPLICA_ASSIGNMENT for an empty or duplicated target or a broker not alive;
+        CONCURRENT_METADATA_UPDATE if the state changed meanwhile (retry)."""
+        info = self.get(name)
+        state = info.partitions.get(partition)
+        if state is None:
+            raise UnknownTopicOrPartitionError(f"unknown partition {name}-{partition}")
+        if target is None:
+            new = state.reassigned(state.original_replicas)
+        else:
+            live = self.live_brokers()
+            if not target or len(set(target)) != len(target):
+                raise InvalidReplicaAssignmentError(f"{name}-{partition}: replicas {list(target)} must be distinct broker ids")
+            absent = [b for b in target if b not in live]
+            if absent:
+                raise InvalidReplicaAssignmentError(f"{name}-{partition}: brokers {absent} are not alive")
+            new = state.reassigned(tuple(target))
+        if new == state:
+            return
+        if not await self.alter_partition_state(name, partition, new):
+            raise VersionConflictError(f"{name}-{partition} changed while being reassigned; retry")
 
     def changed(self, name: str, partition: int) -> None:
         """A partition state this broker wrote is in the cache: have it applied like a watched one."""

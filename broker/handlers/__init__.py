@@ -102,6 +102,7 @@ class RequestHandlers:
             ApiKey.CREATE_PARTITIONS: admin.create_partitions,
             ApiKey.DESCRIBE_CONFIGS: admin.describe_configs,
             ApiKey.ALTER_CONFIGS: admin.alter_configs,
+            ApiKey.ALTER_PARTITION_REASSIGNMENTS: admin.alter_partition_reassignments,
             ApiKey.PRODUCE: ProduceHandler(replicas, self.traffic).produce,
             ApiKey.FETCH: FetchHandler(config, replicas, self._leader_log, self.traffic).fetch,
             ApiKey.LIST_OFFSETS: ListOffsetsHandler(self._leader_log, replicas).list_offsets,

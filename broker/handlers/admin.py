@@ -19,6 +19,10 @@ from broker.errors import InvalidTopicError, KafkaStorageError, PymqError
 from broker.log import TopicLogSpec
 from broker.protocol import (
     AlterConfigsRequest,
+    AlterPartitionReassignmentsRequest,
+    AlterPartitionReassignmentsResponse,
+    PartitionResponse,
+    TopicResponse,
     AlterConfigsResponse,
     ConfigChange,
     ConfigEntry,
@@ -140,6 +144,27 @@ class AdminHandler:
             log.info("altered configs of %s: set %s, reset %s", change.name, change.set_configs, list(change.delete))
 
         return AlterConfigsResponse(await _per_topic(request.topics, alter, self._changes))
+
+    async def alter_partition_reassignments(
+            self, request: AlterPartitionReassignmentsRequest) -> AlterPartitionReassignmentsResponse:
+        """Record each partition's target replicas (or cancel its move); per partition outcomes."""
+        topics = []
+        async with self._changes:
+            for topic in request.topics:
+                outcomes = []
+                for p in topic.partitions:
+                    try:
+                        if topic.error or p.error:
+                            raise topic.error or p.error  # type: ignore[misc]
+                        await self.registry.reassign(topic.name, p.partition, p.replicas)
+                    except PymqError as err:
+                        outcomes.append(PartitionResponse(p.partition, *code_and_message(err)))
+                    else:
+                        outcomes.append(PartitionResponse(p.partition))
+                        log.info("reassigning %s-%d to %s", topic.name, p.partition,
+                                 "its original replicas" if p.replicas is None else list(p.replicas))
+                topics.append(TopicResponse(topic.name, tuple(outcomes)))
+        return AlterPartitionReassignmentsResponse(tuple(topics))
 
     def describe_configs(self, request: DescribeConfigsRequest) -> DescribeConfigsResponse:
         return DescribeConfigsResponse(tuple(self._configs_of(topic) for topic in request.topics))

@@ -49,7 +49,8 @@ class MetadataHandler:
             info = self.registry.get(name)
         except PymqError as err:
             return TopicMetadata(name, *code_and_message(err))
-        partitions = tuple(PartitionMetadata(p, s.leader, s.leader_epoch, tuple(s.replicas), tuple(s.isr))
+        partitions = tuple(PartitionMetadata(p, s.leader, s.leader_epoch, tuple(s.replicas), tuple(s.isr),
+                                             target_replicas=s.target_replicas)
                            for p, s in sorted(info.partitions.items()))
         return TopicMetadata(name, topic_id=info.topic_id, partitions=partitions,
                              key_partitioner=self.registry.log_config(name).key_partitioner)

@@ -59,6 +59,7 @@ class ApiKey(enum.IntEnum):
     ALTER_CONFIGS = 33
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
+    ALTER_PARTITION_REASSIGNMENTS = 45
     OFFSET_DELETE = 47
     # pymq's own APIs, numbered from 1000: outside Kafka's numbering, so they never collide with a Kafka key.
     DESCRIBE_TIERING = 1000

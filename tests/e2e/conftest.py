@@ -3,6 +3,7 @@
 waits the scenarios share."""
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from broker.client import Admin, Consumer
+from broker.client import Admin, Consumer, Producer
 from broker.cluster.local_cluster import LocalCluster
 from tests.e2e.checker import History
 
@@ -86,3 +87,32 @@ def read_all(bootstrap: str, topic: str, partitions: int, history: History, read
     finally:
         consumer.close()
     return count
+
+
+class Load(threading.Thread):
+    """Sends values until stopped, acks=all with retries, recording every outcome."""
+
+    def __init__(self, bootstrap: str, history: History, topic: str) -> None:
+        super().__init__(daemon=True)
+        self.bootstrap, self.history, self.topic = bootstrap, history, topic
+        self.stopping = threading.Event()
+        self.sent = 0
+
+    def run(self) -> None:
+        with Producer(self.bootstrap, acks="all", linger_ms=5, request_timeout_ms=5_000,
+                      delivery_timeout_ms=60_000) as producer:
+            while not self.stopping.is_set():
+                for _ in range(200):
+                    value = b"r%08d" % self.sent
+                    self.sent += 1
+                    self.history.sending(value)
+                    producer.send(self.topic, value, on_delivery=lambda md, err, value=value: self.history.delivered(
+                        value, md.partition, md.offset, err))
+                time.sleep(0.02)
+
+    def finish(self, timeout_s: float = 60) -> None:
+        """Stop sending and wait until every send has its outcome."""
+        self.stopping.set()
+        self.join(90)
+        assert not self.is_alive()
+        wait_for(lambda: len(self.history.acked) + len(self.history.failed) >= self.sent, timeout_s, "every send's outcome")

@@ -9,34 +9,12 @@ from __future__ import annotations
 import threading
 import time
 
-from broker.client import Admin, Consumer, Producer
+from broker.client import Admin, Consumer
 from tests.e2e.checker import History
-from tests.e2e.conftest import read_all, wait_for, wait_for_full_isr
+from tests.e2e.conftest import Load, read_all, wait_for, wait_for_full_isr
 
 TOPIC = "rolling"
 PARTITIONS = 3
-
-
-class Load(threading.Thread):
-    """Sends values until stopped, acks=all with retries, recording every outcome."""
-
-    def __init__(self, bootstrap: str, history: History) -> None:
-        super().__init__(daemon=True)
-        self.bootstrap, self.history = bootstrap, history
-        self.stopping = threading.Event()
-        self.sent = 0
-
-    def run(self) -> None:
-        with Producer(self.bootstrap, acks="all", linger_ms=5, request_timeout_ms=5_000,
-                      delivery_timeout_ms=60_000) as producer:
-            while not self.stopping.is_set():
-                for _ in range(200):
-                    value = b"r%08d" % self.sent
-                    self.sent += 1
-                    self.history.sending(value)
-                    producer.send(TOPIC, value, on_delivery=lambda md, err, value=value: self.history.delivered(
-                        value, md.partition, md.offset, err))
-                time.sleep(0.02)
 
 
 class GroupReader(threading.Thread):
@@ -67,7 +45,7 @@ def test_a_rolling_restart_under_load_loses_nothing_acknowledged(cluster):
     with Admin(local.bootstrap) as admin:
         admin.create_topic(TOPIC, PARTITIONS, replication_factor=3, configs={"min.insync.replicas": 2})
         wait_for_full_isr(admin, TOPIC)
-    load, reader = Load(local.bootstrap, history), GroupReader(local.bootstrap, history)
+    load, reader = Load(local.bootstrap, history, TOPIC), GroupReader(local.bootstrap, history)
     load.start()
     reader.start()
     time.sleep(2)
@@ -78,10 +56,7 @@ def test_a_rolling_restart_under_load_loses_nothing_acknowledged(cluster):
             broker.start()
             wait_for_full_isr(admin, TOPIC, timeout_s=60)
             time.sleep(1)
-    load.stopping.set()
-    load.join(90)
-    assert not load.is_alive()
-    wait_for(lambda: len(history.acked) + len(history.failed) >= load.sent, 60, "every send's outcome")
+    load.finish()
     assert not history.failed, f"{len(history.failed)} sends failed, e.g. {list(history.failed.items())[:3]}"
     read_all(local.bootstrap, TOPIC, PARTITIONS, history, "final")
     report = history.check(allow_duplicates=True)

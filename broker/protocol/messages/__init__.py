@@ -104,6 +104,11 @@ from broker.protocol.messages.produce import (
     ProduceRequest,
     ProduceResponse,
 )
+from broker.protocol.messages.reassignment import (
+    AlterPartitionReassignmentsRequest,
+    AlterPartitionReassignmentsResponse,
+    ReassignedPartition,
+)
 from broker.protocol.messages.replication import (
     UNDEFINED_EPOCH_OFFSET,
     EpochEndOffset,
@@ -131,8 +136,8 @@ REQUEST_TYPES: dict[int, type[RequestMessage]] = {
     cls.api_key: cls
     for cls in (ProduceRequest, FetchRequest, ListOffsetsRequest, MetadataRequest, ApiVersionsRequest,
                 CreateTopicsRequest, DeleteTopicsRequest, CreatePartitionsRequest, DescribeConfigsRequest,
-                AlterConfigsRequest, OffsetForLeaderEpochRequest, DescribeTieringRequest, ReplaceRemoteSegmentsRequest,
-                *GROUP_REQUEST_TYPES)
+                AlterConfigsRequest, OffsetForLeaderEpochRequest, AlterPartitionReassignmentsRequest,
+                DescribeTieringRequest, ReplaceRemoteSegmentsRequest, *GROUP_REQUEST_TYPES)
 }
 
 __all__ = [name for name in dir() if not name.startswith("_")]

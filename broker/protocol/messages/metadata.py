@@ -4,7 +4,7 @@
     Metadata response    control = {error_code, brokers: [{node_id, host, port}], controller_id,
                                     topics: [{name, error_code, error_message?, topic_id, key_partitioner,
                                     partitions: [{partition, error_code, leader, leader_epoch,
-                                    replicas, isr}]}]}
+                                    replicas, isr, target_replicas?}]}]}
     ApiVersions request  control = {}
     ApiVersions response control = {error_code, api_keys: [{api_key, name, min_version, max_version}]}
 
@@ -49,15 +49,20 @@ class PartitionMetadata(Outcome):
     isr: tuple[int, ...]
     error_code: int = 0
     error_message: str | None = None
+    target_replicas: tuple[int, ...] = ()  # a reassignment in progress moves the replicas to these
 
     def to_control(self) -> dict[str, Any]:
-        return put_error({"partition": self.partition, "leader": self.leader, "leader_epoch": self.leader_epoch,
-                          "replicas": list(self.replicas), "isr": list(self.isr)}, self.error_code, self.error_message)
+        control = {"partition": self.partition, "leader": self.leader, "leader_epoch": self.leader_epoch,
+                   "replicas": list(self.replicas), "isr": list(self.isr)}
+        if self.target_replicas:
+            control["target_replicas"] = list(self.target_replicas)
+        return put_error(control, self.error_code, self.error_message)
 
     @classmethod
     def from_control(cls, control: dict[str, Any]) -> "PartitionMetadata":
+        target = _ints(control, "target_replicas") if "target_replicas" in control else ()
         return cls(field(control, "partition", int), field(control, "leader", int), field(control, "leader_epoch", int),
-                   _ints(control, "replicas"), _ints(control, "isr"), *decode_error(control))
+                   _ints(control, "replicas"), _ints(control, "isr"), *decode_error(control), target)
 
 
 @dataclass(frozen=True, slots=True)

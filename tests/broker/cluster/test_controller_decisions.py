@@ -32,3 +32,18 @@ def test_preferred_leader_election_only_to_a_live_in_sync_first_replica():
     assert decide(moved, {1, 2, 3}, False) is None
     assert decide(moved, {1, 2, 3}, False, preferred=True) == S(1, 6, (1, 2, 3), (2, 3, 1))
     assert decide(S(2, 5, (1, 2, 3), (2, 3)), {1, 2, 3}, False, preferred=True) is None  # 1 not in sync yet
+
+
+def test_a_reassignment_completes_once_every_target_is_in_sync():
+    """Moving (1, 2, 3) to (4, 2, 3): nothing happens until 4 is in the ISR; then the replicas
+    become the targets and 1 leaves. A leader being removed hands over to the first in-sync
+    target under a new epoch; a leader that stays keeps leading under its epoch. Cancelling goes
+    back to the original replicas."""
+    moving = S(1, 4, (1, 2, 3), (1, 2, 3)).reassigned((4, 2, 3))
+    assert (moving.replicas, moving.adding, moving.removing) == ((4, 2, 3, 1), (4,), (1,))
+    assert decide(moving, {1, 2, 3, 4}, False) is None  # 4 not in sync yet
+    caught_up = S(1, 4, moving.replicas, (1, 2, 3, 4), moving.adding, moving.removing)
+    assert decide(caught_up, {1, 2, 3, 4}, False) == S(2, 5, (4, 2, 3), (2, 3, 4))
+    kept_leader = S(2, 4, (4, 2, 3, 1), (1, 2, 3, 4), (4,), (1,))
+    assert decide(kept_leader, {1, 2, 3, 4}, False) == S(2, 4, (4, 2, 3), (2, 3, 4))
+    assert moving.reassigned((1, 2, 3)) == S(1, 4, (1, 2, 3), (1, 2, 3))  # cancelled

@@ -16,6 +16,10 @@ from broker.protocol import (
     REQUEST_TYPES,
     AlterConfigsRequest,
     AlterConfigsResponse,
+    AlterPartitionReassignmentsRequest,
+    AlterPartitionReassignmentsResponse,
+    PartitionResponse,
+    ReassignedPartition,
     ApiVersionRange,
     ApiVersionsRequest,
     ApiVersionsResponse,
@@ -126,7 +130,8 @@ metadata_requests = st.builds(MetadataRequest, st.none() | tuples(names))
 metadata_responses = st.builds(
     MetadataResponse, tuples(st.builds(BrokerAddress, int32, names, st.integers(0, 65535))), int32,
     tuples(st.builds(TopicMetadata, names, error_codes, messages_text, names, tuples(st.builds(
-        PartitionMetadata, int32, int32, epochs, tuples(int32), tuples(int32), error_codes, messages_text)))))
+        PartitionMetadata, int32, int32, epochs, tuples(int32), tuples(int32), error_codes, messages_text,
+        tuples(int32))))))
 api_versions_responses = st.builds(ApiVersionsResponse, tuples(st.builds(ApiVersionRange, int32, names, int32, int32)))
 topic_results = tuples(st.builds(TopicResult, names, error_codes, messages_text))
 tiering_partitions = st.builds(TieringPartition, int32, error_codes, messages_text, st.booleans(),
@@ -168,6 +173,10 @@ MESSAGES: list[tuple[str, st.SearchStrategy[Message]]] = [
     ("alter-configs-response", st.builds(AlterConfigsResponse, topic_results)),
     ("offset-for-leader-epoch-request", offset_for_leader_epoch_requests),
     ("offset-for-leader-epoch-response", offset_for_leader_epoch_responses),
+    ("alter-partition-reassignments-request", st.builds(AlterPartitionReassignmentsRequest, tuples(st.builds(
+        TopicRequest, names, tuples(st.builds(ReassignedPartition, int32, st.none() | tuples(int32, 4))))))),
+    ("alter-partition-reassignments-response", st.builds(AlterPartitionReassignmentsResponse, tuples(st.builds(
+        TopicResponse, names, tuples(st.builds(PartitionResponse, int32, error_codes, messages_text)))))),
     ("describe-tiering-request", st.builds(DescribeTieringRequest, st.none() | tuples(names))),
     ("describe-tiering-response", describe_tiering_responses),
     ("replace-remote-segments-request", st.builds(
