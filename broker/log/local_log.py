@@ -212,12 +212,26 @@ class LocalLog:
     def truncate_fully_and_start_at(self, offset: int) -> int:
         """Delete every segment and start empty at `offset` (a follower far behind, or a log whose
         local data was wholly replaced). Returns the bytes removed. The caller holds the view lock
-        (the log is never without a segment)."""
+        (the log is never without a segment).
+
+        Crash-safe when `offset` is past the log end (a follower behind its leader's log
+        start, the case replication meets): the new empty segment is created and made durable
+        first, and only then are the old ones deleted, so a crash at any point leaves either the
+        old log or a log ending in the new segment (with a prefix of old segments that retention
+        removes), never a log without its new start."""
+        if offset > self.log_end_offset:
+            fresh = Segment.create(self.directory, offset, self.cache)
+            self.segments.add(fresh)
+            fsync_directory(self.directory)
+            doomed = self.segments.remove_first(len(self.segments) - 1)
+        else:
+            doomed = self.segments.clear()
         removed = 0
-        for old in self.segments.clear():
+        for old in doomed:
             removed += old.size
             old.delete()
-        self.segments.add(Segment.create(self.directory, offset, self.cache))
+        if not len(self.segments):
+            self.segments.add(Segment.create(self.directory, offset, self.cache))
         self.recovery_point = offset
         self.dir_dirty = True
         return removed

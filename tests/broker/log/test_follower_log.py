@@ -240,3 +240,36 @@ def test_a_truncation_during_a_flush_waits_for_it_and_the_flush_vouches_for_noth
     monkeypatch.undo()
     assert partition_log.log_end_offset == 4 * R
     assert partition_log.recovery_point <= R
+
+
+class _Crash(BaseException):
+    """The process dies here."""
+
+
+def test_a_crash_while_starting_over_leaves_a_log_that_ends_at_the_new_start(open_log, crash_log, monkeypatch):
+    """truncate_fully_and_start_at past the log end (a follower behind its leader's log start)
+    makes the new empty segment durable before deleting the old ones: a crash between two
+    deletions reopens as a log whose end is the new start (the old segments left are a prefix
+    below it), which the follower then fetches from; never a log that lost its new start."""
+    from broker.log.segment import Segment
+
+    partition_log = open_log()
+    replicate(partition_log, [0] * 7)
+    assert len(partition_log.segments()) > 2
+    delete, deleted = Segment.delete, []
+
+    def dies_on_the_second(segment: Segment) -> None:
+        if deleted:
+            raise _Crash
+        deleted.append(segment)
+        delete(segment)
+
+    monkeypatch.setattr(Segment, "delete", dies_on_the_second)
+    with pytest.raises(_Crash):
+        partition_log.truncate_fully_and_start_at(100)
+    monkeypatch.setattr(Segment, "delete", delete)
+    crash_log(partition_log)
+    reopened = open_log()
+    assert reopened.log_end_offset == 100
+    assert reopened.segments()[-1].base_offset == 100
+    assert reopened.append_as_follower(leader_batch(100, 1)).first_offset == 100
