@@ -184,6 +184,7 @@ def run(quick: bool = False, records: int | None = None, failovers: int = 3, cat
     harness.print_table("cluster failover", [{"kills": len(result["failover_s"]), "median_s": result["failover_median_s"],
                                               "all_s": [round(t, 2) for t in result["failover_s"]]}])
     harness.print_table("cluster catch-up", [result["catch_up"]])
+    result["summary"] = [r.as_dict() for r in summary(result)]
     harness.write_results("cluster", result)
     return result
 
@@ -206,6 +207,7 @@ def summary(result: dict[str, Any]) -> list[SummaryRow]:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """`python -m benchmarks.cluster`; `run_all` passes ["--quick"] or []."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--records", type=int, default=None, help="100 B records per throughput run (1 KB: a fifth)")

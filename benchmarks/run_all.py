@@ -3,7 +3,7 @@
     python -m benchmarks.run_all                    # full volumes (~15-20 min on 2 cores, plus the 10 GiB memory run)
     python -m benchmarks.run_all --quick            # every volume ~20x smaller (~2 min)
     python -m benchmarks.run_all --memory-gb 4      # a smaller memory run
-    python -m benchmarks.run_all --skip memory      # leave some out (produce, consume, latency, partitions, spark, tiered, tables, groups, cleaner, looplag, memory)
+    python -m benchmarks.run_all --skip memory      # leave some out (produce, consume, latency, partitions, cluster, spark, tiered, tables, groups, cleaner, looplag, memory)
     python -m benchmarks.run_all --profile          # also run the py-spy profiles (benchmarks.profile)
 
 `make bench` runs `python -m benchmarks.run_all`. Each benchmark writes
@@ -14,11 +14,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from benchmarks import (consume_throughput, groups, harness, latency, log_cleaner, loop_lag, memory, partitions,
-                        produce_throughput, spark_source, table_topics, tiered_storage)
+from benchmarks import (cluster, consume_throughput, groups, harness, latency, log_cleaner, loop_lag, memory,
+                        partitions, produce_throughput, spark_source, table_topics, tiered_storage)
 from benchmarks.harness import SummaryRow
 
-ORDER = ["produce", "consume", "latency", "partitions", "spark", "tiered", "tables", "groups", "cleaner", "looplag", "memory"]
+ORDER = ["produce", "consume", "latency", "partitions", "cluster", "spark", "tiered", "tables", "groups", "cleaner", "looplag",
+         "memory"]
 
 
 def main(argv: list[str] | None = None) -> list[SummaryRow]:
@@ -48,6 +49,9 @@ def main(argv: list[str] | None = None) -> list[SummaryRow]:
     if "partitions" not in args.skip:
         print("\n### partitions and restarts", flush=True)
         done["partitions"] = partitions.main(["--quick"] if args.quick else [])
+    if "cluster" not in args.skip:
+        print("\n### a 3-broker cluster", flush=True)
+        done["cluster"] = cluster.main(quick)
     if "spark" not in args.skip:
         print("\n### spark source", flush=True)
         done["spark"] = spark_source.main(quick)
@@ -94,7 +98,8 @@ def main(argv: list[str] | None = None) -> list[SummaryRow]:
 def summarize_existing() -> list[SummaryRow]:
     """Recompute every summary row from the stored results (with the current summary code)."""
     modules = {"produce": (produce_throughput, "produce_throughput"), "consume": (consume_throughput, "consume_throughput"),
-               "latency": (latency, "latency"), "partitions": (partitions, "partitions"), "spark": (spark_source, "spark_source"),
+               "latency": (latency, "latency"), "partitions": (partitions, "partitions"), "cluster": (cluster, "cluster"),
+               "spark": (spark_source, "spark_source"),
                "tiered": (tiered_storage, "tiered_storage"), "tables": (table_topics, "table_topics"),
                "groups": (groups, "groups"), "cleaner": (log_cleaner, "log_cleaner"), "looplag": (loop_lag, "loop_lag"),
                "memory": (memory, "memory")}

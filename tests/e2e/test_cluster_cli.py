@@ -1,0 +1,74 @@
+"""The cluster from the command line: `pymq cluster start` brings up etcd and three brokers in one
+command and stops them all on Ctrl-C; `cluster describe` shows brokers, the controller and the
+partitions in trouble; `partition reassign` and `broker decommission` move replicas."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from broker.cli import cli
+from broker.client import Admin
+from tests.e2e.conftest import partitions_of, wait_for, wait_for_full_isr
+
+
+def pymq(bootstrap: str, *args: str) -> str:
+    result = CliRunner().invoke(cli, ["-b", bootstrap, *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_cluster_start_runs_etcd_and_three_brokers_until_ctrl_c(tmp_path: Path):
+    process = subprocess.Popen(
+        [sys.executable, "-m", "broker.cli", "cluster", "start", "--dir", str(tmp_path / "cluster"), "--port", "0",
+         "--etcd-port", "0", "-o", "metrics.port=0"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        lines = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = process.stdout.readline()
+            assert line, "pymq cluster start exited:\n" + "".join(lines)
+            lines.append(line)
+            if line.startswith("bootstrap:"):
+                break
+        bootstrap = lines[-1].split(":", 1)[1].strip()
+        assert len(bootstrap.split(",")) == 3 and {a.split(":")[0] for a in bootstrap.split(",")} == {
+            "127.0.0.1", "127.0.0.2", "127.0.0.3"}
+        pymq(bootstrap, "topic", "create", "orders", "-p", "3", "-r", "3")
+        with Admin(bootstrap) as admin:
+            wait_for_full_isr(admin, "orders")
+        described = pymq(bootstrap, "cluster", "describe")
+        assert "controller" in described and "3 partitions, all fully replicated and led" in described
+        for broker in "012":
+            assert re.search(rf"\b{broker}\b.*127\.0\.0\.{int(broker) + 1}:", described)
+    finally:
+        process.send_signal(signal.SIGINT)
+        output = process.communicate(timeout=90)[0]
+    assert process.returncode == 0, output
+    assert (tmp_path / "cluster" / "broker-2" / "data" / "orders-2").is_dir()
+
+
+def test_reassign_and_decommission_from_the_command_line(cluster):
+    local = cluster(3)
+    with Admin(local.bootstrap) as admin:
+        admin.create_topic("orders", 2, replication_factor=2)
+        states = wait_for_full_isr(admin, "orders")
+    target = tuple(b for b in range(3) if b not in states[0].replicas) + (states[0].replicas[0],)
+    out = pymq(local.bootstrap, "partition", "reassign", "--topic", "orders", "--partition", "0",
+               "--replicas", ",".join(map(str, target)))
+    assert "all 1 moves completed" in out
+    with Admin(local.bootstrap) as admin:
+        assert partitions_of(admin, "orders")[0].replicas == target
+    dry = pymq(local.bootstrap, "broker", "decommission", "2")
+    assert "dry run" in dry
+    done = pymq(local.bootstrap, "broker", "decommission", "2", "--execute")
+    assert "broker 2 holds no replicas" in done
+    with Admin(local.bootstrap) as admin:
+        wait_for(lambda: all(2 not in p.replicas for p in partitions_of(admin, "orders").values()), 30, "no replica on 2")
