@@ -242,6 +242,17 @@ def batch_size_at(buf: bytes | bytearray | memoryview, pos: int) -> int | None:
     return LENGTH_PREFIX + _OFFSET_AND_LENGTH.unpack_from(buf, pos)[1]
 
 
+def complete_prefix(buf: bytes | bytearray | memoryview) -> int:
+    """How many bytes at the start of `buf` are whole batches (by their length fields): a fetch
+    response may end mid-batch by design, and a follower appends only the whole ones."""
+    pos, end = 0, len(buf)
+    while True:
+        size = batch_size_at(buf, pos)
+        if size is None or size < HEADER_SIZE or pos + size > end:
+            return pos
+        pos += size
+
+
 def validate_batch(
     buf: bytes | bytearray | memoryview,
     pos: int = 0,

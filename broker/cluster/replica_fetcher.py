@@ -47,9 +47,9 @@ from broker.protocol import (
     OffsetForLeaderEpochRequest,
     OffsetForLeaderPartition,
     TopicRequest,
-    part_size,
 )
 from broker.topic_partition import TopicPartition
+from segment_format import record
 
 log = logging.getLogger("pymq.replication")
 
@@ -361,13 +361,16 @@ class ReplicaFetcher:
             await self._fetch_failed(state, answer, error_for_code(answer.error_code, answer.error_message))
             return
         partition_log = state.log
-        if part_size(answer.records):
+        # A response may end mid-batch (KIP-74: the size limit cuts it): append the whole batches,
+        # fetch the rest next time.
+        whole = record.complete_prefix(answer.records)  # type: ignore[arg-type]
+        if whole:
             async with self.manager.lock(state.key):
                 if not self.manager.is_current(state):
                     return
-                await self.manager.executor.run(partition_log.append_as_follower, answer.records)
+                await self.manager.executor.run(partition_log.append_as_follower, memoryview(answer.records)[:whole])
             if self.manager.throttle is not None and self.settings.broker_id not in state.partition.state.isr:
-                self.manager.throttle.consume(part_size(answer.records))
+                self.manager.throttle.consume(whole)
         if self.manager.is_current(state):
             partition_log.update_high_watermark(min(answer.high_watermark, partition_log.log_end_offset))
             self.manager.flush_if_needed(partition_log)

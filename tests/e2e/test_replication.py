@@ -179,3 +179,22 @@ def test_a_follower_cut_off_from_its_leader_leaves_the_isr_and_rejoins_when_heal
             grown = wait_for(lambda: (lambda s: s if 1 in s.isr else None)(partitions_of(admin, TOPIC)[partition]),
                              30, "broker 1 to rejoin the ISR")
             assert set(grown.isr) == {0, 1, 2} and grown.leader_epoch == shrunk.leader_epoch
+
+
+def test_a_returning_follower_catches_up_through_fetches_cut_mid_batch(cluster):
+    """A follower that was down returns behind many batches larger than its fetch size: every
+    fetch response ends mid-batch (KIP-74), the follower appends the whole batches and fetches
+    the rest, rejoins the ISR, and holds the leader's log byte for byte."""
+    local = cluster(3, **{"replica.fetch.max.bytes": 5000, "replica.fetch.response.max.bytes": 5000})
+    with Admin(local.bootstrap) as admin:
+        admin.create_topic(TOPIC, 1, replication_factor=3, configs={"min.insync.replicas": 1})
+        state = wait_for_full_isr(admin, TOPIC)[0]
+        follower = next(r for r in state.replicas if r != state.leader)
+        local.brokers[follower].stop()
+        with Producer(local.bootstrap, acks=1, linger_ms=0, batch_size=2048) as producer:  # ~2 KB batches
+            for i in range(3000):
+                producer.send(TOPIC, b"%04d" % i + b"x" * 300, partition=0)
+        local.brokers[follower].start()
+        wait_for_full_isr(admin, TOPIC, timeout_s=60)
+    logs = [local.brokers[r].log_dir for r in state.replicas]
+    wait_for(lambda: len({log_bytes(d) for d in logs}) == 1, 30, "the logs to be equal byte for byte")

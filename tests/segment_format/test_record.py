@@ -894,3 +894,16 @@ def test_decode_body_reads_pymq_and_foreign_encodings_alike(compression):
     theirs = frame_body(sink.getvalue(), record_count=50, base_timestamp=TS, max_timestamp=TS)
     for buf in (ours, theirs):
         assert decode_body(buf, read_header(buf)).to_pydict() == body.to_pydict()
+
+
+def test_complete_prefix_counts_only_whole_batches():
+    """A fetch response cut mid-batch: only the whole batches at its start count."""
+    from segment_format.batch_body import make_body
+    from segment_format.record import complete_prefix
+
+    one = encode_batch(make_body([b"v"] * 3, timestamps_ms=1_000))
+    two = bytes(one) * 2
+    assert complete_prefix(two) == len(two)
+    assert complete_prefix(two[:-1]) == len(one)
+    assert complete_prefix(two[:5]) == 0
+    assert complete_prefix(b"") == 0
