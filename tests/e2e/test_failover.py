@@ -115,3 +115,38 @@ def test_leader_failure_under_acks_all_loses_no_acknowledged_record(cluster, fau
     assert report.ok, str(report)
     assert report.acknowledged > 100_000, str(report)
     assert tail.count > 0
+
+
+def test_a_range_read_that_meets_a_failover_goes_on_inside_the_read(cluster):
+    """What a Spark read task runs (`read_range`, spark_datasource/task.py): the partition's
+    leader is killed after the first fetch of the range; the read refreshes its metadata, waits
+    out the election (and the new leader's high watermark), and returns the whole range, once, in
+    order: the task does not fail."""
+    import asyncio
+
+    from broker.client.cluster import Cluster
+    from broker.client.range_reader import read_range
+
+    local = cluster(3)
+    with Admin(local.bootstrap) as admin:
+        admin.create_topic(TOPIC, 1, replication_factor=3, configs={"min.insync.replicas": 2})
+        leader = wait_for_full_isr(admin, TOPIC)[0].leader
+    with Producer(local.bootstrap, acks="all", batch_size=4096) as producer:
+        for i in range(20_000):
+            producer.send(TOPIC, b"%06d" % i, partition=0)
+
+    async def read() -> list[int]:
+        cluster_ = Cluster(local.bootstrap, request_timeout_ms=5_000)
+        offsets: list[int] = []
+        try:
+            async for chunk in read_range(cluster_, TOPIC, 0, 0, 20_000, max_bytes=16_384, retry_timeout_s=60):
+                for batch in chunk:  # not compacted: a batch's offsets are contiguous
+                    offsets.extend(range(batch.first_offset, batch.first_offset + batch.num_rows))
+                if local.brokers[leader].proc is not None:
+                    local.brokers[leader].kill()
+        finally:
+            await cluster_.close()
+        return offsets
+
+    offsets = asyncio.run(read())
+    assert offsets == list(range(20_000))
