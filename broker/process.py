@@ -1,4 +1,5 @@
-"""BrokerProcess: a broker run as a child process, for tests, benchmarks and the demo job.
+"""BrokerProcess: a broker run as a child process, for tests, benchmarks and the demo job
+(ChildProcess: what it shares with the etcd child of a local cluster, broker/cluster/etcd_process.py).
 
 It runs `python -m broker.cli broker start [--config FILE] -o key=value ...`, waits for the
 "listening on HOST:PORT" line to learn the port (port 0 by default, so any number of brokers can
@@ -31,7 +32,61 @@ def die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-class BrokerProcess:
+class ChildProcess:
+    """A child process stopped by PID: `proc` while it runs, its output in the file `output`."""
+
+    what = "process"
+    stop_timeout_s = 30.0
+    proc: "subprocess.Popen[Any] | None"
+    output: Path
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, f"{self.what} not started"
+        return self.proc.pid
+
+    def stop(self, timeout_s: float | None = None) -> int:
+        """Clean stop (SIGTERM), SIGKILL after `timeout_s`; returns the exit code."""
+        if self.proc is None:
+            return 0
+        proc, self.proc = self.proc, None
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(self.stop_timeout_s if timeout_s is None else timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+    def pause(self) -> None:
+        """Hang: SIGSTOP (the process keeps its sockets but answers nothing); `resume` continues it."""
+        assert self.proc is not None, f"{self.what} not started"
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None, f"{self.what} not started"
+        self.proc.send_signal(signal.SIGCONT)
+
+    def kill(self) -> None:
+        """Crash: SIGKILL, no chance to flush or checkpoint."""
+        if self.proc is None:
+            return
+        proc, self.proc = self.proc, None
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+
+    def log_tail(self, chars: int = 4000) -> str:
+        with contextlib.suppress(OSError):
+            return self.output.read_text(errors="replace")[-chars:]
+        return ""
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+class BrokerProcess(ChildProcess):
     """One broker child process. `overrides` are broker configs (`log.dir` defaults to `log_dir`).
 
     Restarting with `start()` after `stop()`/`kill()` reuses the learned port, so clients that
@@ -58,11 +113,6 @@ class BrokerProcess:
     @property
     def bootstrap(self) -> str:
         return f"{self.host}:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None, "broker not started"
-        return self.proc.pid
 
     def start(self, timeout_s: float = 30.0) -> "BrokerProcess":
         """Start the child and wait until it listens; RuntimeError with its output if it does not."""
@@ -100,43 +150,6 @@ class BrokerProcess:
         self.port = found[0]
         return self
 
-    def stop(self, timeout_s: float = 30.0) -> int:
-        """Clean stop (SIGTERM), SIGKILL after `timeout_s`; returns the exit code."""
-        if self.proc is None:
-            return 0
-        proc, self.proc = self.proc, None
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            return proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            return proc.wait()
-
-    def pause(self) -> None:
-        """Hang: SIGSTOP (the process keeps its sockets but answers nothing); `resume` continues it."""
-        assert self.proc is not None, "broker not started"
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None, "broker not started"
-        self.proc.send_signal(signal.SIGCONT)
-
-    def kill(self) -> None:
-        """Crash: SIGKILL, no chance to flush or checkpoint."""
-        if self.proc is None:
-            return
-        proc, self.proc = self.proc, None
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
-
-    def log_tail(self, chars: int = 4000) -> str:
-        with contextlib.suppress(OSError):
-            return self.output.read_text()[-chars:]
-        return ""
-
     def metrics(self) -> dict[str, float]:
         """The broker's Prometheus metrics (it must run with `metrics.port`), `name{labels}` -> value."""
         ports = re.findall(r"metrics on http://[^:]+:(\d+)/metrics", self.log_tail(200_000))
@@ -149,6 +162,3 @@ class BrokerProcess:
 
     def __enter__(self) -> "BrokerProcess":
         return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -22,10 +21,9 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from broker.cluster.metadata_store import MAX_TXN_OPS
-from broker.process import die_with_parent
+from broker.process import ChildProcess, die_with_parent
 
 # One etcd request carries a transaction of MAX_TXN_OPS puts of partition states (~120 bytes each).
 MAX_REQUEST_BYTES = 16 * 1024 * 1024
@@ -50,8 +48,11 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-class EtcdProcess:
+class EtcdProcess(ChildProcess):
     """One etcd member. `endpoint` is `host:port` of its client URL once started."""
+
+    what = "etcd"
+    stop_timeout_s = 10.0
 
     def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", client_port: int = 0, peer_port: int = 0,
                  output: Path | None = None, name: str = "pymq-etcd", limits: Sequence[str] = ETCD_LIMIT_FLAGS) -> None:
@@ -67,11 +68,6 @@ class EtcdProcess:
     @property
     def endpoint(self) -> str:
         return f"{self.host}:{self.client_port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None, "etcd not started"
-        return self.proc.pid
 
     def start(self, timeout_s: float = 30.0) -> "EtcdProcess":
         """Start etcd and wait until it answers /health; RuntimeError with its output otherwise.
@@ -104,44 +100,5 @@ class EtcdProcess:
                 return b'"true"' in response.read()
         return False
 
-    def stop(self, timeout_s: float = 10.0) -> None:
-        """Clean stop (SIGTERM), SIGKILL after `timeout_s`."""
-        if self.proc is None:
-            return
-        proc, self.proc = self.proc, None
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def kill(self) -> None:
-        if self.proc is None:
-            return
-        proc, self.proc = self.proc, None
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
-
-    def pause(self) -> None:
-        """SIGSTOP: etcd hangs (clients time out) without losing anything; `resume` continues it."""
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGCONT)
-
-    def log_tail(self, chars: int = 4000) -> str:
-        with contextlib.suppress(OSError):
-            return self.output.read_text(errors="replace")[-chars:]
-        return ""
-
     def __enter__(self) -> "EtcdProcess":
         return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
