@@ -150,3 +150,21 @@ def test_a_range_read_that_meets_a_failover_goes_on_inside_the_read(cluster):
 
     offsets = asyncio.run(read())
     assert offsets == list(range(20_000))
+
+
+def test_preferred_leader_election_gives_leadership_back_to_the_first_replica(cluster):
+    """After a failover and the old leader's return, the controller's periodic preferred-leader
+    election (auto.leader.rebalance.enable) moves leadership back to the first replica, under a
+    new epoch, once it is in sync again."""
+    local = cluster(3, **{"leader.imbalance.check.interval.seconds": 2})
+    with Admin(local.bootstrap) as admin:
+        admin.create_topic(TOPIC, 1, replication_factor=3)
+        first = wait_for_full_isr(admin, TOPIC)[0]
+        assert first.leader == first.replicas[0]
+        local.brokers[first.leader].stop()
+        moved = wait_for(lambda: (lambda p: p if p.leader not in (-1, first.leader) else None)(
+            partitions_of(admin, TOPIC)[0]), 30, "a new leader")
+        local.brokers[first.leader].start()
+        back = wait_for(lambda: (lambda p: p if p.leader == first.leader else None)(partitions_of(admin, TOPIC)[0]),
+                        30, "leadership back on the preferred replica")
+        assert back.leader_epoch > moved.leader_epoch
