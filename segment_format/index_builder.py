@@ -43,8 +43,11 @@ class IndexBuilder:
             self.time_index.append(self.max_timestamp, self.offset_of_max_timestamp)  # kept if the max grew
 
     def seal(self) -> None:
-        """The last time-index entry: the segment's max timestamp, unless an entry has it already."""
-        self.time_index.append(self.max_timestamp, self.offset_of_max_timestamp)
+        """The last time-index entry: the segment's max timestamp, unless an entry has it already
+        (or the segment is empty: there is no timestamp to name, and an entry would point below
+        its first offset)."""
+        if self.max_timestamp != NO_TIMESTAMP:
+            self.time_index.append(self.max_timestamp, self.offset_of_max_timestamp)
 
     def resume(self) -> None:
         """Take the running max from the time index's last entry (Kafka's loadLargestTimestamp):

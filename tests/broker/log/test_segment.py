@@ -451,3 +451,14 @@ def test_recover_detects_any_flipped_byte_the_crc_or_structure_covers(record_cou
             assert recovered.next_offset == sum(record_counts[:k])
         finally:
             recovered.close()
+
+
+def test_sealing_an_empty_segment_writes_no_time_index_entry(tmp_path, cache):
+    """An empty segment has no timestamp to name: sealing it adds no time-index entry (one at
+    offset -1 made every restart of an empty partition rebuild its indexes with a warning)."""
+    empty = Segment.create(tmp_path, 100, cache)
+    empty.seal()
+    assert len(empty.time_index) == 0
+    again = reopen(empty)
+    assert len(again.time_index) == 0 and again.time_index.last_entry[0] == NO_TIMESTAMP
+    again.close()
