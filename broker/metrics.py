@@ -103,8 +103,9 @@ class BrokerCollector(Collector):
     def __init__(self, replicas: ReplicaManager, connections: Callable[[], int], loop_lag: LoopLagProbe | None = None,
                  executors: list[BoundedExecutor] | None = None, budgets: list[ByteBudget] | None = None,
                  requests: RequestMetrics | None = None, traffic: TopicTraffic | None = None,
-                 groups: Callable[[], list[Group]] | None = None) -> None:
+                 groups: Callable[[], list[Group]] | None = None, controller: Callable[[], bool] | None = None) -> None:
         self.replicas = replicas
+        self.controller = controller  # whether this broker is the controller (a cluster's brokers only)
         self.connections = connections
         self.loop_lag = loop_lag
         self.executors = executors or []
@@ -115,11 +116,37 @@ class BrokerCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         families = [GaugeMetricFamily(name, doc, labels=["topic", "partition"]) for name, doc, _ in _PARTITION_GAUGES]
+        leading = GaugeMetricFamily("pymq_partition_leader", "1 if this broker leads the partition, 0 if it follows",
+                                    labels=["topic", "partition"])
+        isr = GaugeMetricFamily("pymq_partition_in_sync_replicas", "replicas in the partition's ISR",
+                                labels=["topic", "partition"])
+        replica_count = GaugeMetricFamily("pymq_partition_replicas", "replicas of the partition",
+                                          labels=["topic", "partition"])
+        under_replicated = under_min_isr = 0
         for partition in self.replicas.hosted():
             labels = [partition.topic, str(partition.partition)]
             for family, (_, _, read) in zip(families, _PARTITION_GAUGES):
                 family.add_metric(labels, read(partition.log))
+            state = partition.state
+            leading.add_metric(labels, int(partition.is_leader))
+            isr.add_metric(labels, len(state.isr))
+            replica_count.add_metric(labels, len(state.replicas))
+            if partition.is_leader:
+                under_replicated += len(state.isr) < len(state.replicas)
+                under_min_isr += len(state.isr) < partition.log.config.min_insync_replicas
         yield from families
+        yield from (leading, isr, replica_count)
+        yield GaugeMetricFamily("pymq_under_replicated_partitions", "partitions led here whose ISR lacks a replica",
+                                value=under_replicated)
+        yield GaugeMetricFamily("pymq_under_min_isr_partitions", "partitions led here with fewer in-sync replicas "
+                                "than min.insync.replicas (acks=all produces to them fail)", value=under_min_isr)
+        yield CounterMetricFamily("pymq_isr_shrinks", "ISR changes this broker stored that removed replicas",
+                                  value=self.replicas.isr_shrinks)
+        yield CounterMetricFamily("pymq_isr_expands", "ISR changes this broker stored that added replicas",
+                                  value=self.replicas.isr_expands)
+        if self.controller is not None:
+            yield GaugeMetricFamily("pymq_active_controller", "1 while this broker is the cluster's controller",
+                                    value=int(self.controller()))
         logs = self.replicas.logs
         yield GaugeMetricFamily("pymq_log_dir_offline", "1 once a failed fsync took the log directory offline",
                                 value=int(logs.failure.failed))

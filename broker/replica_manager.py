@@ -92,6 +92,7 @@ class ReplicaManager:
         self.leadership_listeners: list[Callable[[list[Partition], list[Partition]], None]] = []
         self.isr_writer: IsrWriter | None = None  # None: a single broker, whose ISR never changes
         self.replica_lag_time_max_ms = 30_000
+        self.isr_shrinks = self.isr_expands = 0  # ISR changes stored (metrics)
 
     # --- partitions ------------------------------------------------------------------------
 
@@ -359,6 +360,10 @@ class ReplicaManager:
             target.pending_isr = None  # the store's state arrives through the metadata listener
             return
         log.info("%s-%d: ISR %s -> %s (%s)", target.topic, target.partition, list(target.state.isr), list(state.isr), why)
+        if len(state.isr) < len(target.state.isr):
+            self.isr_shrinks += 1
+        else:
+            self.isr_expands += 1
         if target.committed_state(state):
             self._advance(target)
         else:

@@ -525,7 +525,9 @@ class Broker:
                                           budgets=[self.request_memory, self.writer.queue],
                                           requests=self.request_metrics, traffic=self.handlers.traffic,
                                           groups=lambda: [g for g in list(coordinator.groups.values())
-                                                          if g.state is not GroupState.DEAD])
+                                                          if g.state is not GroupState.DEAD],
+                                          controller=(lambda: self.controller is not None and self.controller.active)
+                                          if self.clustered else None)
         self.loop_lag.start()
         self._tasks = [
             loop.create_task(background.every("isr-check", self.config["replica.lag.time.max.ms"] / 2000,

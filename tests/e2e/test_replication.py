@@ -91,8 +91,9 @@ def test_a_divergent_tail_is_never_read_and_is_truncated_when_its_leader_returns
 
 
 def test_acks_all_below_min_insync_replicas_stores_nothing(cluster):
-    """Two of three brokers down: the ISR is the leader alone, and acks=all with
-    min.insync.replicas=2 gets NOT_ENOUGH_REPLICAS with nothing written; acks=1 still works."""
+    """Two of three brokers down: the ISR is the leader alone (its metrics say under-replicated
+    and under min ISR), and acks=all with min.insync.replicas=2 gets NOT_ENOUGH_REPLICAS with
+    nothing written; acks=1 still works."""
     local = cluster(3)
     with Admin(local.bootstrap) as admin:
         admin.create_topic(TOPIC, 1, replication_factor=3, configs={"min.insync.replicas": 2})
@@ -101,6 +102,11 @@ def test_acks_all_below_min_insync_replicas_stores_nothing(cluster):
             if r != first.leader:
                 local.brokers[r].stop()
         wait_for(lambda: partitions_of(admin, TOPIC)[0].isr == (first.leader,), 30, "the ISR to shrink to the leader")
+        metrics = wait_for(lambda: (lambda m: m if m.get("pymq_active_controller") == 1 else None)(
+            local.brokers[first.leader].metrics()), 30, "the last broker to be the controller")
+        assert metrics["pymq_under_replicated_partitions"] == 1 and metrics["pymq_under_min_isr_partitions"] == 1
+        assert metrics[f'pymq_partition_in_sync_replicas{{partition="0",topic="{TOPIC}"}}'] == 1
+        assert metrics["pymq_isr_shrinks_total"] == 0  # the controller, not the leader, dropped the stopped brokers
         with Producer(local.bootstrap, acks="all", retries=0) as producer:
             with pytest.raises(NotEnoughReplicasError):
                 producer.send(TOPIC, b"x", partition=0).result(30)
