@@ -198,6 +198,3 @@ class Partition:
             if replica != self.broker_id:
                 candidate = min(candidate, self.follower_end_offset(replica) if replica in self._followers else 0)
         return self.log.maybe_increment_high_watermark(candidate)
-
-    def in_sync_count(self) -> int:
-        return len(self.state.isr)

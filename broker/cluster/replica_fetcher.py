@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from broker.client.connection import BrokerConnection
 from broker.cluster.partition import Partition
@@ -108,7 +108,6 @@ class _Fetching:
     epoch: int
     truncating: bool = True
     retry_at: float = 0.0
-    truncated_to: int | None = field(default=None)
 
     @property
     def key(self) -> TopicPartition:
@@ -174,10 +173,6 @@ class ReplicaFetcherManager:
     def fetcher_stopped(self, leader: int, fetcher: "ReplicaFetcher") -> None:
         if self._fetchers.get(leader) is fetcher:
             del self._fetchers[leader]
-
-    def lag(self) -> dict[TopicPartition, int]:
-        """Followed partitions -> the follower's position (for `pymq cluster describe`)."""
-        return {key: state.log.log_end_offset for key, state in self._followed.items()}
 
     async def close(self) -> None:
         fetchers = list(self._fetchers.values())
@@ -322,7 +317,6 @@ class ReplicaFetcher:
                 log.info("%s-%d: truncated to %d (%d bytes) to match leader %d, epoch %d", *state.key, offset, removed,
                          self.leader, state.epoch)
         state.truncating = not done
-        state.truncated_to = offset
 
     def _cut(self, partition_log: UnifiedLog, offset: int) -> int:
         """Worker thread: truncate, then write the checkpoints so the lowered recovery point holds

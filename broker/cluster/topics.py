@@ -121,9 +121,6 @@ def partition_key(name: str, partition: int) -> str:
     return f"{_partitions_prefix(name)}{partition}"
 
 
-_partition_key = partition_key
-
-
 def _partitions_prefix(name: str) -> str:
     return f"{PARTITIONS_PREFIX}{name}/"
 
@@ -164,7 +161,7 @@ class TopicRegistry:
         for key, versioned in topics.items():  # type: ignore[union-attr]
             info = self._topic_of(key.removeprefix(TOPICS_PREFIX), versioned.value, versioned.version)
             for p in range(info.partition_count):
-                state = states.get(_partition_key(info.name, p))  # type: ignore[union-attr]
+                state = states.get(partition_key(info.name, p))  # type: ignore[union-attr]
                 info.partitions[p] = PartitionState.from_json(state.value) if state else self._initial_state()
                 info.revisions[p] = state.mod_revision if state else 0
             self.topics[info.name] = info
@@ -214,7 +211,7 @@ class TopicRegistry:
         info = self.get(name)
         if partition not in info.partitions:
             raise UnknownTopicOrPartitionError(f"unknown partition {name}-{partition}")
-        key = _partition_key(name, partition)
+        key = partition_key(name, partition)
         result = await self.store.txn([Compare.mod_revision(key, "==", info.revisions.get(partition, 0)), *fence],
                                       [Put(key, state.to_json())])
         if not result.succeeded:
@@ -384,7 +381,7 @@ class TopicRegistry:
 
     @staticmethod
     def _partition_puts(info: TopicInfo, partitions: Iterable[int]) -> list[Put]:
-        return [Put(_partition_key(info.name, p), info.partitions[p].to_json()) for p in partitions]
+        return [Put(partition_key(info.name, p), info.partitions[p].to_json()) for p in partitions]
 
     @staticmethod
     def _raise_if_conflict(name: str, info: TopicInfo, result: TxnResult) -> None:
