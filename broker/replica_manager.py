@@ -105,6 +105,9 @@ class ReplicaManager:
             raise UnknownTopicOrPartitionError(f"unknown topic-partition {topic}-{partition}")
         return found
 
+    def hosts(self, topic: str, partition: int) -> bool:
+        return (topic, partition) in self._partitions
+
     def hosted(self) -> list[Partition]:
         return list(self._partitions.values())
 

@@ -557,28 +557,33 @@ class Broker:
 
     async def _apply_metadata(self, changes: list[MetadataChange]) -> None:
         """Changes other brokers (or this one's controller) made: create, lead, follow or drop
-        this broker's replicas; one at a time with admin requests."""
+        this broker's replicas; one at a time with admin requests. A topic's changes that arrive
+        together are applied together: the logs of a new topic's replicas here are created in
+        one batch (one filesystem sync, as on the broker that created it), not one by one."""
         async with self.handlers.admin.changes:
-            for change in changes:
-                if change.kind == "topic_deleted":
-                    await self.replicas.delete_topic(change.topic)
+            for topic, whole, partitions in _by_topic(changes):
+                if whole is None:
+                    await self.replicas.delete_topic(topic)
                     continue
-                info = self.registry.topics.get(change.topic)
+                info = self.registry.topics.get(topic)
                 if info is None:
                     continue
                 config = info.log_config(self.registry.log_defaults)
                 spec = TopicLogSpec(info.topic_id, config, info.partition_count)
-                if change.kind == "topic":
-                    self.replicas.update_config(change.topic, config)
-                    partitions = sorted(info.partitions)
-                else:
-                    partitions = [change.partition]
-                for p in partitions:
-                    state = info.partitions.get(p)
-                    if state is not None:
-                        await self.replicas.become(change.topic, p, spec, LeaderAndIsr.of(state))
-                        if self.controller is not None and (state.adding or state.removing):
-                            self.controller.poke()  # a move may be complete now
+                if whole:
+                    self.replicas.update_config(topic, config)
+                    partitions = set(info.partitions)
+                states = {p: info.partitions[p] for p in sorted(partitions) if p in info.partitions}
+                new = [p for p, state in states.items()
+                       if self.config["broker.id"] in state.replicas and not self.replicas.hosts(topic, p)]
+                if new:
+                    await self.replicas.create_partitions(topic, spec, new,
+                                                          {(topic, p): LeaderAndIsr.of(states[p]) for p in new})
+                for p, state in states.items():
+                    if p not in new:
+                        await self.replicas.become(topic, p, spec, LeaderAndIsr.of(state))
+                    if self.controller is not None and (state.adding or state.removing):
+                        self.controller.poke()  # a move may be complete now
 
     async def _write_isr(self, partition: Partition, state: LeaderAndIsr) -> bool:
         """Store a leader's ISR change: only over the state the leader acted on, and only while
@@ -725,6 +730,22 @@ class Broker:
             if not conn.waiting and now - conn.last_active > limit_s and conn.transport is not None:
                 log.info("closing idle connection %s", conn.peer)
                 conn.transport.close()
+
+
+def _by_topic(changes: list[MetadataChange]) -> list[tuple[str, bool | None, set[int]]]:
+    """Consecutive changes of one topic merged, in order: (topic, True if the whole topic changed
+    (created, configs, partition count) / False if only `partitions` did / None if deleted,
+    partitions)."""
+    steps: list[tuple[str, bool | None, set[int]]] = []
+    for change in changes:
+        whole = None if change.kind == "topic_deleted" else change.kind == "topic"
+        if steps and steps[-1][0] == change.topic and steps[-1][1] is not None and whole is not None:
+            topic, merged, partitions = steps[-1]
+            merged = merged or whole
+            steps[-1] = (topic, merged, set() if merged else partitions | {change.partition})
+            continue
+        steps.append((change.topic, whole, {change.partition} if whole is False else set()))
+    return steps
 
 
 def _rate_limit(bytes_per_s: int) -> int | None:

@@ -47,3 +47,14 @@ def test_a_reassignment_completes_once_every_target_is_in_sync():
     kept_leader = S(2, 4, (4, 2, 3, 1), (1, 2, 3, 4), (4,), (1,))
     assert decide(kept_leader, {1, 2, 3, 4}, False) == S(2, 4, (4, 2, 3), (2, 3, 4))
     assert moving.reassigned((1, 2, 3)) == S(1, 4, (1, 2, 3), (1, 2, 3))  # cancelled
+
+
+def test_watched_changes_of_one_topic_are_applied_together():
+    """The broker applies a topic's consecutive changes as one step (a new topic's replicas are
+    created in one batch); a deletion stays a step of its own, in order."""
+    from broker.cluster.topics import MetadataChange as C
+    from broker.server import _by_topic
+
+    changes = [C("topic", "a"), C("partition", "a", 0), C("partition", "a", 1), C("partition", "b", 3),
+               C("partition", "b", 4), C("topic_deleted", "b"), C("topic", "b"), C("partition", "b", 0)]
+    assert _by_topic(changes) == [("a", True, set()), ("b", False, {3, 4}), ("b", None, set()), ("b", True, set())]
