@@ -36,7 +36,8 @@ class MetadataListener:
         self.registry = registry
         self.brokers = brokers
         self.on_changes = on_changes
-        self.on_brokers = on_brokers  # which brokers registered, changed or left (the controller, the fetchers)
+        # Which brokers registered, changed or left (an empty set: the controller key moved).
+        self.on_brokers = on_brokers
         self.revision = 0  # the last revision applied to the caches
         self._pending: list[MetadataChange] = []
         self._dirty = asyncio.Event()
@@ -102,6 +103,7 @@ class MetadataListener:
             return
         if event.key == CONTROLLER_KEY:
             self.brokers.controller = event.value["broker_id"] if event.value else -1
+            self.on_brokers(set())  # a controller that went: the others campaign now
             return
         change = self.registry.apply_event(event)
         if change is not None:
