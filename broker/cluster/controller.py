@@ -31,7 +31,7 @@ from dataclasses import replace
 
 from broker.cluster.brokers import BrokerRegistration, LiveBrokers
 from broker.cluster.metadata_listener import CONTROLLER_KEY
-from broker.cluster.metadata_store import Compare, Get, LeaseNotFoundError, MetadataStore, Put
+from broker.cluster.metadata_store import Compare, Delete, Get, LeaseNotFoundError, MetadataStore, Put
 from broker.cluster.topics import NO_LEADER, PartitionState, TopicRegistry, partition_key
 from broker.errors import MetadataStoreUnavailableError, PymqError
 
@@ -113,8 +113,8 @@ class Controller:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
         if self.active:
-            try:
-                await self.store.delete(CONTROLLER_KEY)  # a successor campaigns at once
+            try:  # a successor campaigns at once; only our own key goes (fenced on its epoch)
+                await self.store.txn([Compare.create_revision(CONTROLLER_KEY, "==", self.epoch)], [Delete(CONTROLLER_KEY)])
             except PymqError as err:
                 log.info("resigning as controller: %s", err)
         self.epoch = 0
