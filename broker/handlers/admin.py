@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 from broker.cluster.partition import LeaderAndIsr
 from broker.cluster.topics import INTERNAL_TOPICS, TopicInfo, TopicRegistry
 from broker.config import BrokerConfig
-from broker.errors import InvalidTopicError, KafkaStorageError, PymqError
+from broker.errors import CoordinatorNotAvailableError, InvalidTopicError, KafkaStorageError, PymqError
 from broker.log import TopicLogSpec
 from broker.protocol import (
     AlterConfigsRequest,
@@ -103,10 +103,18 @@ class AdminHandler:
 
     async def create_internal_topic(self, name: str, partitions: int, configs: dict[str, Any]) -> None:
         """Create a topic the broker needs (`__consumer_offsets`), in turn with admin changes, with
-        offsets.topic.replication.factor replicas or as many as there are live brokers."""
-        replication = min(self.config["offsets.topic.replication.factor"], len(self.registry.live_brokers()))
+        offsets.topic.replication.factor replicas. A cluster with fewer live brokers refuses
+        (COORDINATOR_NOT_AVAILABLE, retriable: clients retry until the brokers are up, as Kafka's
+        do) rather than create it less replicated for good; a single broker creates it with one."""
+        wanted = self.config["offsets.topic.replication.factor"]
+        live = len(self.registry.live_brokers())
+        if self.config["metadata.store"] == "local":
+            wanted = min(wanted, max(live, 1))
+        elif live < wanted:
+            raise CoordinatorNotAvailableError(
+                f"{name} needs offsets.topic.replication.factor={wanted} live brokers; the cluster has {live}")
         async with self._changes:
-            await self._create_topic(name, partitions, max(replication, 1), configs)
+            await self._create_topic(name, partitions, wanted, configs)
 
     async def _create_topic(self, name: str, partitions: int, replication: int, configs: dict[str, Any]) -> None:
         info = await self.registry.create(name, partitions, replication, configs)
