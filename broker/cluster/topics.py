@@ -41,6 +41,7 @@ from broker.errors import (
 
 MAX_PARTITIONS = 10_000  # per topic: each partition holds open files
 NO_LEADER = -1  # a partition no live in-sync replica can lead (offline)
+REASSIGN_ATTEMPTS, REASSIGN_RETRY_S = 50, 0.1  # a reassignment racing ISR changes tries again for ~5 s
 TOPICS_PREFIX = "topics/"
 PARTITIONS_PREFIX = "partitions/"
 # Topics the broker writes itself; clients may read them, never produce to, create or delete them.
@@ -228,24 +229,24 @@ class TopicRegistry:
         the original replicas). The controller completes it once every target is in sync.
         INVALID_REPLICA_ASSIGNMENT for an empty or duplicated target or a broker not alive;
         CONCURRENT_METADATA_UPDATE if the state changed meanwhile (retry)."""
-        info = self.get(name)
-        state = info.partitions.get(partition)
-        if state is None:
-            raise UnknownTopicOrPartitionError(f"unknown partition {name}-{partition}")
-        if target is None:
-            new = state.reassigned(state.original_replicas)
-        else:
+        if target is not None:
             live = self.live_brokers()
             if not target or len(set(target)) != len(target):
                 raise InvalidReplicaAssignmentError(f"{name}-{partition}: replicas {list(target)} must be distinct broker ids")
             absent = [b for b in target if b not in live]
             if absent:
                 raise InvalidReplicaAssignmentError(f"{name}-{partition}: brokers {absent} are not alive")
-            new = state.reassigned(tuple(target))
-        if new == state:
-            return
-        if not await self.alter_partition_state(name, partition, new):
-            raise VersionConflictError(f"{name}-{partition} changed while being reassigned; retry")
+        for _ in range(REASSIGN_ATTEMPTS):
+            state = self.get(name).partitions.get(partition)
+            if state is None:
+                raise UnknownTopicOrPartitionError(f"unknown partition {name}-{partition}")
+            new = state.reassigned(state.original_replicas if target is None else tuple(target))
+            if new == state or await self.alter_partition_state(name, partition, new):
+                return
+            # The leader changed its ISR (or the controller its leader) meanwhile: once the watch
+            # brings that state, start again from it.
+            await asyncio.sleep(REASSIGN_RETRY_S)
+        raise VersionConflictError(f"{name}-{partition} kept changing while being reassigned; retry")
 
     def changed(self, name: str, partition: int) -> None:
         """A partition state this broker wrote is in the cache: have it applied like a watched one."""

@@ -16,8 +16,9 @@ TOPIC = "steady"
 
 
 def test_brokers_serve_through_an_etcd_outage_and_refuse_metadata_changes(cluster, etcd):
-    # A session longer than the outage: etcd must not expire the brokers' leases when it resumes.
-    local = cluster(3, **{"broker.session.timeout.ms": 12_000})
+    # A session longer than the outage (even on a loaded machine): etcd must not expire the
+    # brokers' leases when it resumes.
+    local = cluster(3, **{"broker.session.timeout.ms": 45_000})
     history = History()
     with Admin(local.bootstrap) as admin:
         admin.create_topic(TOPIC, 3, replication_factor=3, configs={"min.insync.replicas": 2})
@@ -38,7 +39,7 @@ def test_brokers_serve_through_an_etcd_outage_and_refuse_metadata_changes(cluste
                 with pytest.raises(MetadataStoreUnavailableError) as refused:
                     admin.create_topic("during-the-outage", 1, replication_factor=3)
                 assert refused.value.retriable
-            assert time.monotonic() - outage_started < 11, "the outage outlived the brokers' sessions"
+            assert time.monotonic() - outage_started < 40, "the outage outlived the brokers' sessions"
         finally:
             etcd.resume()
     finally:
