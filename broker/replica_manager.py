@@ -147,7 +147,7 @@ class ReplicaManager:
         topic_id = None
         keys = [key for key in self._partitions if key[0] == topic]
         if self.remote_logs is not None:
-            self.remote_logs.on_leadership_change([], keys)
+            self.remote_logs.forget(keys)
         for key in keys:
             topic_id = self._partitions.pop(key).log.topic_id
             self.produce_purgatory.fail(key, UnknownTopicOrPartitionError(f"topic {topic!r} was deleted"))
@@ -209,7 +209,7 @@ class ReplicaManager:
         """Tell who serves only leaders (tiering, the group coordinator) what this broker now
         leads and no longer leads."""
         if self.remote_logs is not None:
-            self.remote_logs.on_leadership_change([p.log for p in led], [(p.topic, p.partition) for p in unled])
+            self.remote_logs.on_leadership_change([(p.log, p.leader_epoch) for p in led], [p.log for p in unled])
         for listener in self.leadership_listeners:
             listener(led, unled)
 
@@ -221,6 +221,8 @@ class ReplicaManager:
             await self.followers.unfollow(key)
         self.produce_purgatory.fail(key, NotLeaderError(f"{key[0]}-{key[1]} moved away from broker {self.broker_id}"))
         self.fetch_purgatory.notify(key)
+        if self.remote_logs is not None:
+            self.remote_logs.forget([key])
         if target.is_leader:
             self._leadership_changed([], [target])
         await self.executors.logs.run(self.logs.delete_partition, key[0], key[1])

@@ -449,7 +449,7 @@ class Broker:
                                   config["replica.fetch.backoff.ms"], local_host=_bind_host(config["host"]),
                                   throttle_bytes_per_s=_rate_limit(config["replica.throttle.bytes.per.second"])),
                     self.executors.replication, self.live_brokers.address, self.replicas.flush_if_needed,
-                    self.logs.checkpoint)
+                    self.logs.checkpoint, remote_manifest=None if self.replicas.remote_logs is None else self.replicas.remote_logs.current_manifest)
                 self.replicas.followers = self.fetchers
                 self.replicas.isr_writer = self._write_isr
             self.handlers = RequestHandlers(config, self.registry, self.replicas, self.advertised, self.live_brokers)

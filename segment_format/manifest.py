@@ -4,9 +4,14 @@ One JSON object per version, `{root}/{topic}/{partition}/manifests/manifest-{ver
 (the layout and the commit protocol are in the package docstring):
 
     key               JSON             meaning
-    format_version    int = 1          this schema
+    format_version    int = 2          this schema (1: the same without leader_epoch, read as -1)
     version           int >= 1         the manifest's version, equal to the number in its name;
                                        grows with every commit (not necessarily by one)
+    leader_epoch      int >= -1        the leader epoch of the partition's leader that committed
+                                       this version (-1: not known). Never decreases from one
+                                       version to the next: a writer whose epoch is below the
+                                       current version's is a deposed leader, and its commit is
+                                       refused (the fence of KIP-405's remote log metadata)
     topic             str              the topic's name, as in the path
     topic_id          str              the topic's id (32 hex digits; "" if unknown): a topic
                                        deleted and re-created under the same name has another id
@@ -59,7 +64,9 @@ class CorruptManifestError(PymqError):
     retriable = False
 
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_FORMAT_VERSIONS = (1, 2)
+NO_LEADER_EPOCH = -1
 UINT32_MAX = 2**32 - 1
 UPLOAD_ID_HEX_DIGITS = 16
 OBJECT_KINDS = ("log", "index", "timeindex")  # the JSON keys, which are also the file suffixes
@@ -227,6 +234,7 @@ class PartitionManifest:
     version: int = 0  # 0: nothing committed yet (no object holds version 0)
     log_start_offset: int = 0
     segments: tuple[RemoteSegment, ...] = ()
+    leader_epoch: int = NO_LEADER_EPOCH
     format_version: int = FORMAT_VERSION
     _next_offsets: tuple[int, ...] = field(default=(), init=False, repr=False, compare=False)
 
@@ -252,6 +260,17 @@ class PartitionManifest:
     def size_bytes(self) -> int:
         """Bytes of every remote `.log` (what remote retention.bytes counts)."""
         return sum(s.size_bytes for s in self.segments)
+
+    @property
+    def leader_epochs(self) -> list[tuple[int, int]]:
+        """(epoch, start offset) at each change of leader epoch over the remote segments, oldest
+        first: what a replica that restarts its log at the remote log end takes as its history."""
+        changes: list[tuple[int, int]] = []
+        for segment in self.segments:
+            for epoch, start in segment.leader_epochs:
+                if not changes or changes[-1][0] != epoch:
+                    changes.append((epoch, start))
+        return changes
 
     def segment_at(self, base_offset: int) -> RemoteSegment | None:
         """The segment based at exactly `base_offset` (tiering asks: is this one uploaded?)."""
@@ -368,12 +387,16 @@ class PartitionManifest:
     def with_topic_id(self, topic_id: str) -> PartitionManifest:
         return replace(self, topic_id=topic_id)
 
+    def with_leader_epoch(self, leader_epoch: int) -> PartitionManifest:
+        """This manifest as the leader of `leader_epoch` commits it."""
+        return replace(self, leader_epoch=leader_epoch)
+
     # --- JSON ---------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format_version": self.format_version, "version": self.version, "topic": self.topic,
-                "topic_id": self.topic_id, "partition": self.partition, "log_start_offset": self.log_start_offset,
-                "segments": [s.to_dict() for s in self.segments]}
+        return {"format_version": self.format_version, "version": self.version, "leader_epoch": self.leader_epoch,
+                "topic": self.topic, "topic_id": self.topic_id, "partition": self.partition,
+                "log_start_offset": self.log_start_offset, "segments": [s.to_dict() for s in self.segments]}
 
     def to_json(self) -> bytes:
         return json.dumps(self.to_dict(), separators=(",", ":")).encode()
@@ -383,12 +406,18 @@ class PartitionManifest:
         """Parse `to_dict`'s output strictly; CorruptManifestError names what is wrong."""
         if not isinstance(data, dict):
             raise CorruptManifestError(f"a manifest must be a JSON object, got {type(data).__name__}")
-        if data.get("format_version") != FORMAT_VERSION:  # first: another version may have other keys
-            raise CorruptManifestError(f"manifest format version {data.get('format_version')!r}, this reader knows {FORMAT_VERSION}")
+        format_version = data.get("format_version")
+        if not _is_int(format_version) or format_version not in READABLE_FORMAT_VERSIONS:  # first: another version may have other keys
+            raise CorruptManifestError(f"manifest format version {format_version!r}, this reader knows "
+                                       f"{list(READABLE_FORMAT_VERSIONS)}")
         keys = {"format_version", "version", "topic", "topic_id", "partition", "log_start_offset", "segments"}
+        if format_version >= 2:
+            keys.add("leader_epoch")
         if set(data) != keys:
             raise CorruptManifestError(f"manifest keys: missing {sorted(keys - set(data))}, unknown {sorted(set(data) - keys)}")
-        for name in ("version", "partition", "log_start_offset"):
+        # Version 1 is version 2 written before leaders had epochs: read it as one.
+        data = {"leader_epoch": NO_LEADER_EPOCH, **data, "format_version": FORMAT_VERSION}
+        for name in ("version", "partition", "log_start_offset", "leader_epoch"):
             if not _is_int(data[name]):
                 raise CorruptManifestError(f"manifest {name} must be an integer, got {data[name]!r}")
         for name in ("topic", "topic_id"):
@@ -420,7 +449,8 @@ def _is_int(value: object) -> bool:
 
 def _manifest_inconsistency(manifest: PartitionManifest) -> str | None:
     return _inconsistency_of({name: getattr(manifest, name) for name in
-                              ("topic", "partition", "version", "log_start_offset", "segments", "format_version")})
+                              ("topic", "partition", "version", "log_start_offset", "segments", "format_version",
+                               "leader_epoch")})
 
 
 def _inconsistency_of(values: dict[str, Any]) -> str | None:
@@ -431,6 +461,8 @@ def _inconsistency_of(values: dict[str, Any]) -> str | None:
         return str(err)
     if values["partition"] < 0 or values["version"] < 0 or values["log_start_offset"] < 0:
         return f"partition {values['partition']}, version {values['version']}, log start {values['log_start_offset']}"
+    if values["leader_epoch"] < NO_LEADER_EPOCH:
+        return f"leader epoch {values['leader_epoch']}"
     segments: tuple[RemoteSegment, ...] = values["segments"]
     for before, after in zip(segments, segments[1:]):
         if after.base_offset < before.next_offset:

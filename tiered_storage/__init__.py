@@ -22,7 +22,7 @@ once older than a grace period (an hour by default).
 
 The manifest (JSON, UTF-8; full schema and invariants in manifest.py):
 
-    {"format_version": 1, "version": 7, "topic": "events", "topic_id": "3f2a...", "partition": 0,
+    {"format_version": 2, "version": 7, "leader_epoch": 4, "topic": "events", "topic_id": "3f2a...", "partition": 0,
      "log_start_offset": 120,
      "segments": [
        {"format_version": 1, "base_offset": 100, "next_offset": 250,
@@ -51,12 +51,15 @@ Reading a partition (what Spark's reader does):
 3. An object missing under a manifest you hold means retention or a topic deletion removed the
    segment since: read the manifest again.
 
-Writing (brokers only; one writer per partition, its leader): upload a segment as a new attempt
+Writing (brokers only; one writer per partition, its leader, fenced by its leader epoch): upload a segment as a new attempt
 (`RemoteSegmentStore.upload_segment`: streamed, then read back and checked by size and CRC32C),
 commit a manifest naming it (`commit_manifest(expected_version, manifest)`: compare-and-set on
 the version read; the new version is above every version present; S3's conditional PUT or, on
 `file://`, an fsynced temporary file linked to its name, so no reader ever sees it half-written),
-and only then delete the local copy. Retention commits a manifest without the expired segments
+and only then delete the local copy. Every version carries the leader epoch of its writer, and a
+commit whose epoch is below the current version's is refused (ManifestFencedError): a new leader
+commits a version with its epoch before anything else, so a deposed leader that read the latest
+version can no longer commit. Retention commits a manifest without the expired segments
 (`with_log_start_offset`), then deletes their objects. A crash at any step leaves either the old
 manifest with orphans or the new manifest with its objects whole.
 
@@ -66,6 +69,7 @@ CorruptMessageError (CORRUPT_MESSAGE) for bytes that fail their checks.
 """
 from tiered_storage.errors import (
     ManifestConflictError,
+    ManifestFencedError,
     RemoteObjectNotFoundError,
     RemoteStorageError,
     RemoteTopicIdMismatchError,
@@ -76,6 +80,7 @@ from tiered_storage.remote_store import DEFAULT_ORPHAN_GRACE_MS, RemoteSegmentSt
 __all__ = [
     "DEFAULT_ORPHAN_GRACE_MS",
     "ManifestConflictError",
+    "ManifestFencedError",
     "RemoteObjectNotFoundError",
     "RemoteSegmentStore",
     "RemoteStorageError",

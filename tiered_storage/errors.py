@@ -38,6 +38,12 @@ class ManifestConflictError(RemoteStorageError):
     retriable = False
 
 
+class ManifestFencedError(ManifestConflictError):
+    """A manifest commit came from a deposed leader: the partition's current manifest was
+    committed by the leader of a later epoch (which commits a version carrying its epoch as soon as
+    it takes over). Nothing was written; this writer must stop writing the partition's manifest."""
+
+
 class RemoteTopicIdMismatchError(RemoteStorageError):
     """The partition's remote manifest belongs to another incarnation of the topic (same name,
     other topic id): its segments must not be served as this topic's."""

@@ -48,6 +48,7 @@ from segment_format.segment_metadata import SegmentMetadata
 from segment_format.segment_reader import FRAME_ONLY, PRead, SegmentReader
 from tiered_storage.errors import (
     ManifestConflictError,
+    ManifestFencedError,
     RemoteObjectNotFoundError,
     RemoteStorageError,
     RemoteTopicIdMismatchError,
@@ -229,7 +230,10 @@ class RemoteSegmentStore:
         Before writing, the segments it adds to version `expected_version` are checked to exist
         at their recorded sizes: a manifest never names an object that is not there.
         ManifestConflictError if a newer valid version exists, `expected_version` is gone, or a
-        concurrent writer created the same version first; RemoteTopicIdMismatchError if the
+        concurrent writer created the same version first; ManifestFencedError if `manifest`'s
+        leader epoch is below that of version `expected_version` (its writer was deposed: the
+        exclusive create of the next version orders this check against the new leader's first
+        commit); RemoteTopicIdMismatchError if the
         current manifest has another topic id. Old versions beyond `manifest_versions_kept` are
         deleted afterwards (a failure there is only logged)."""
         topic, partition = manifest.topic, manifest.partition
@@ -239,6 +243,9 @@ class RemoteSegmentStore:
         if current.topic_id and manifest.topic_id and current.topic_id != manifest.topic_id:
             raise RemoteTopicIdMismatchError(f"{folder}: version {expected_version} is of topic id {current.topic_id}, "
                                              f"not {manifest.topic_id}")
+        if manifest.leader_epoch < current.leader_epoch:
+            raise ManifestFencedError(f"{folder}: version {expected_version} was committed by the leader of epoch "
+                                      f"{current.leader_epoch}; a writer of epoch {manifest.leader_epoch} is deposed")
         known = {s.upload_id for s in current.segments}
         for segment in manifest.segments:
             if segment.upload_id not in known:

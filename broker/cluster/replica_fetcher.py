@@ -18,6 +18,14 @@ truncates. Leadership taken by this broker waits for the lock too (`unfollow`).
 Truncation also writes the offset checkpoints (the lowered recovery point): a crash after it
 must re-validate what is appended at those offsets next.
 
+A follower behind its leader's log start (retention ran while it was away) restarts its log at
+that start. One behind only the leader's local log start, on a tiered partition (the leader
+answers OFFSET_OUT_OF_RANGE below its high watermark and at or above its log start: only the
+remote tier holds those offsets), does not fetch them through the leader: it reads the remote
+manifest and restarts its log where the remote log ends (at or above the leader's local start,
+since the leader deletes only what is uploaded), with the log start, the leader epochs and the
+uploaded offsets the manifest records (KIP-405's follower; `UnifiedLog.rebuild_from_remote`).
+
 Faults: a leader that cannot be reached, or answers NOT_LEADER / FENCED_LEADER_EPOCH (this
 broker's metadata is behind the controller's), is retried after `replica.fetch.backoff.ms`; the
 metadata listener moves the partition to its new leader's fetcher.
@@ -39,6 +47,7 @@ from broker.errors import (
 )
 from broker.executors import BoundedExecutor
 from broker.log import UnifiedLog
+from segment_format.manifest import PartitionManifest
 from broker.protocol import (
     UNDEFINED_EPOCH_OFFSET,
     FetchPartition,
@@ -54,6 +63,7 @@ from segment_format import record
 log = logging.getLogger("pymq.replication")
 
 Address = Callable[[int], "tuple[str, int] | None"]  # broker id -> its host and port, if registered
+RemoteManifest = Callable[[UnifiedLog], PartitionManifest]  # blocking: the partition's current remote manifest
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,12 +132,14 @@ class ReplicaFetcherManager:
     """The fetchers of one broker, keyed by leader. Loop-local."""
 
     def __init__(self, settings: FetchSettings, executor: BoundedExecutor, address: Address,
-                 flush_if_needed: Callable[[UnifiedLog], None], checkpoint: Callable[[], None]) -> None:
+                 flush_if_needed: Callable[[UnifiedLog], None], checkpoint: Callable[[], None],
+                 remote_manifest: RemoteManifest | None = None) -> None:
         self.settings = settings
         self.executor = executor
         self.address = address
         self.flush_if_needed = flush_if_needed
         self.checkpoint = checkpoint  # writes the directory's offset checkpoints (from a worker thread)
+        self.remote_manifest = remote_manifest  # None: this broker does not run tiered storage
         self._fetchers: dict[int, ReplicaFetcher] = {}
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._followed: dict[TopicPartition, _Fetching] = {}
@@ -325,6 +337,38 @@ class ReplicaFetcher:
         self.manager.checkpoint()
         return removed
 
+    async def _rebuild_from_remote(self, state: _Fetching) -> None:
+        """The leader holds this follower's next offset only in the remote tier: restart the log
+        where the remote log ends (see the module docstring)."""
+        partition_log = state.log
+        if self.manager.remote_manifest is None:
+            log.error("%s-%d: behind the leader's local log start, and this broker has no remote storage configured "
+                      "to restart from (remote.log.storage.system.enable)", *state.key)
+            self._back_off(state)
+            return
+        try:
+            manifest = await self.manager.executor.run(self.manager.remote_manifest, partition_log)
+        except PymqError as err:
+            log.warning("%s-%d: behind the leader's local log start; cannot read the remote manifest: %s", *state.key, err)
+            self._back_off(state)
+            return
+        offset = manifest.log_end_offset
+        if offset <= partition_log.log_end_offset:  # an older manifest than the leader's local start
+            self._back_off(state)
+            return
+        async with self.manager.lock(state.key):
+            if not self.manager.is_current(state):
+                return
+            removed = await self.manager.executor.run(self._rebuild, partition_log, manifest)
+        log.warning("%s-%d: behind the leader's local log start; restarted the log at the remote log end %d "
+                    "(manifest version %d, %d local bytes dropped)", *state.key, offset, manifest.version, removed)
+
+    def _rebuild(self, partition_log: UnifiedLog, manifest: PartitionManifest) -> int:
+        removed = partition_log.rebuild_from_remote(manifest.log_end_offset, manifest.log_start_offset,
+                                                    manifest.leader_epochs)
+        self.manager.checkpoint()
+        return removed
+
     def _start_at(self, partition_log: UnifiedLog, offset: int) -> int:
         removed = partition_log.truncate_fully_and_start_at(offset)
         self.manager.checkpoint()
@@ -379,6 +423,10 @@ class ReplicaFetcher:
                     await self.manager.executor.run(self._start_at, partition_log, answer.log_start_offset)
                     log.warning("%s-%d: behind the leader's log start %d; restarted the log there", *state.key,
                                 answer.log_start_offset)
+            return
+        if (isinstance(err, OffsetOutOfRangeError) and partition_log.tiered
+                and answer.log_start_offset <= partition_log.log_end_offset < answer.high_watermark):
+            await self._rebuild_from_remote(state)
             return
         if isinstance(err, OffsetOutOfRangeError):
             state.truncating = True  # past the leader's end: find where the logs agree again

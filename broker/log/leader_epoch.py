@@ -65,6 +65,14 @@ class LeaderEpochCache:
         if self._entries:
             self._store([])
 
+    def reset_to(self, entries: list[tuple[int, int]]) -> None:
+        """Adopt `entries` (epochs and start offsets, both growing) in place of every entry: a
+        follower that restarts its log from the remote tier takes the epochs the tier recorded."""
+        for (epoch, start), (next_epoch, next_start) in zip(entries, entries[1:]):
+            if not (next_epoch > epoch and next_start >= start):
+                raise ValueError(f"leader epochs must grow: {entries}")
+        self._store(list(entries))
+
     def __len__(self) -> int:
         return len(self._entries)
 

@@ -567,6 +567,24 @@ class UnifiedLog:
         self._epochs.clear()
         return removed
 
+    def rebuild_from_remote(self, offset: int, remote_log_start_offset: int, leader_epochs: list[tuple[int, int]]) -> int:
+        """A follower whose fetch position fell below its leader's local log start (Kafka's
+        ReplicaFetcherTierStateMachine): delete every record and continue at `offset`, where
+        the remote tier's log ends, taking from the tier's manifest what the records below it
+        would have told: the log start (`remote_log_start_offset`), that everything below
+        `offset` is uploaded, and the leader epochs (`leader_epochs`, (epoch, start offset) at
+        each change; the last one in effect at `offset`), which OffsetForLeaderEpoch answers
+        from once this replica leads. Returns the bytes removed. From a worker thread."""
+        with self._maintenance_lock, self._append_lock:
+            self._check_usable()
+            removed = self._truncate_fully(offset)
+            self._epochs.reset_to([entry for entry in leader_epochs if entry[1] < offset])
+            with self._lock:
+                self._remote_state_known = True
+                self.highest_offset_in_remote_storage = offset - 1
+                self.log_start_offset = min(remote_log_start_offset, offset)
+        return removed
+
     # --- durability ------------------------------------------------------------------------
 
     def needs_flush(self, now_ms: int) -> bool:

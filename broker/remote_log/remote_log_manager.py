@@ -5,19 +5,32 @@ For each log that is `tiered` (the broker has remote.log.storage.system.enable a
 remote.storage.enable) and led here, one task at a time per partition, in a pool of
 `remote.log.manager.thread.pool.size` worker threads (the event loop only submits tasks):
 
-1. First time: read the partition's manifest (what is uploaded; a broker killed during an upload
-   left only unnamed objects, so that segment is uploaded again: idempotent). Then, and again
-   every grace period, clean the partition's orphans older than the grace period (an hour).
+1. When leadership arrives (and after a conflict): read the partition's manifest (what is
+   uploaded; a broker killed during an upload left only unnamed objects, so that segment is
+   uploaded again: idempotent). A manifest committed under a later leader epoch means this broker
+   was deposed: it stops (ManifestFencedError) and commits nothing. One committed under an
+   earlier epoch is committed again under this leader's epoch before anything else: from then on
+   the previous leader's commits are refused (the store's fence), even if it read this very
+   version. Then, and again every grace period, clean the partition's orphans older than the
+   grace period (an hour).
 2. Upload, in offset order, every sealed segment not yet in the manifest that lies wholly below
    the high watermark and the recovery point (committed and fsynced): its `.log`, `.index` and
    `.timeindex`, read back and checked by size and CRC32C (RemoteSegmentStore.upload_segment).
-   Bandwidth is bounded by remote.log.manager.copy.max.bytes.per.second over all uploads.
+   A new leader's segments need not end where the previous leader's did (replicas roll their
+   segments independently): the one that straddles the remote log end is uploaded from the
+   remote end on, rewritten as a segment of its own (`_tail_of`). Bandwidth is bounded by
+   remote.log.manager.copy.max.bytes.per.second over all uploads.
 3. Commit the manifest naming it (compare-and-set on the version read), and only then record the
    highest offset in remote storage on the UnifiedLog: local retention (local.retention.*) may
    delete local segments wholly at or below it, never anything else.
 4. Whole-log retention (retention.ms / retention.bytes over remote plus local-only bytes): commit a
    manifest without the expired remote segments, move the log start offset, then delete their
    objects (a crash between leaves orphans, which step 1 cleans).
+
+For each tiered log followed here, every run re-reads the manifest and tells the log what the
+remote tier holds (Kafka's follower task): a follower's local retention deletes only what is
+uploaded, and its log start follows the remote one. A follower whose fetch position fell below
+its leader's local log start rebuilds from the manifest (`rebuild_from_remote`).
 
 Any failure (the store down, a conflict, a local file gone) is logged once per run of failures
 and retried with exponential backoff capped at `max_backoff_ms`; nothing local is ever deleted
@@ -30,22 +43,29 @@ go through `reader` (broker/remote_log/remote_log_reader.py).
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from segment_format import batch_body
 from broker.config import BrokerConfig
 from segment_format.limits import INT64_MAX
-from broker.errors import InvalidRequestError, KafkaStorageError, PymqError, StaleManifestError
+from broker.errors import InvalidRequestError, KafkaStorageError, NotLeaderError, PymqError, StaleManifestError
 from broker.remote_log.remote_log_reader import RemoteLogReader
 from broker.log.segment import Segment
 from broker.log.unified_log import UnifiedLog
-from tiered_storage import DEFAULT_ORPHAN_GRACE_MS, ManifestConflictError, RemoteSegmentStore
+from tiered_storage import DEFAULT_ORPHAN_GRACE_MS, ManifestConflictError, ManifestFencedError, RemoteSegmentStore
+from segment_format.layout import SegmentFiles
 from segment_format.manifest import CorruptManifestError, PartitionManifest, RemoteSegment
+from segment_format.segment_metadata import SegmentMetadata
+from segment_format.segment_reader import FRAME_ONLY
+from segment_format.segment_writer import SegmentWriter
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +78,7 @@ class _PartitionTiering:
     manifest changed only under `writing` (a tiering run and a segment swap never interleave)."""
 
     manifest: PartitionManifest | None = None  # None: read it (first run, or after a conflict)
+    leader_epoch: int | None = None  # the epoch whose takeover of the manifest is done (None: not leading)
     writing: threading.Lock = field(default_factory=threading.Lock)
     busy: bool = False
     task: Future[None] | None = None  # the last task submitted (a topic deletion waits for it)
@@ -113,8 +134,9 @@ class CopyThrottle:
 
 class RemoteLogManager:
     """Build with `from_config`, or with a store (tests inject one). The replica manager tells it
-    which logs this broker leads (`on_leadership_change`, Kafka's RemoteLogManager.onLeadershipChange):
-    only a partition's leader tiers it, and leadership moving away stops scheduling it."""
+    which logs this broker leads, under which epoch, and which it follows (`on_leadership_change`,
+    Kafka's RemoteLogManager.onLeadershipChange): only a partition's leader tiers it, followers
+    only read its manifest, and `forget` stops both."""
 
     def __init__(self, store: RemoteSegmentStore, *,
                  thread_pool_size: int = 2, copy_max_bytes_per_second: int = INT64_MAX,
@@ -123,7 +145,8 @@ class RemoteLogManager:
         assert thread_pool_size >= 1, thread_pool_size
         self.store = store
         self.reader = reader or RemoteLogReader(store)
-        self._led: dict[tuple[str, int], UnifiedLog] = {}  # the logs this broker leads, under _lock
+        self._led: dict[tuple[str, int], tuple[UnifiedLog, int]] = {}  # log and leader epoch, under _lock
+        self._followed: dict[tuple[str, int], UnifiedLog] = {}  # under _lock
         self._clock = clock
         self._orphan_grace_ms = orphan_grace_ms
         self._max_backoff_ms = max_backoff_ms
@@ -152,32 +175,47 @@ class RemoteLogManager:
 
     # --- leadership ------------------------------------------------------------------------
 
-    def on_leadership_change(self, leading: list[UnifiedLog], not_leading: list[tuple[str, int]]) -> None:
-        """This broker now leads `leading` and no longer leads (or hosts) `not_leading`."""
+    def on_leadership_change(self, leading: Sequence[tuple[UnifiedLog, int]], following: Sequence[UnifiedLog]) -> None:
+        """This broker now leads the logs of `leading` (each with its leader epoch) and follows
+        those of `following`."""
         with self._lock:
-            for partition_log in leading:
-                self._led[(partition_log.topic, partition_log.partition)] = partition_log
-            for key in not_leading:
+            for partition_log, leader_epoch in leading:
+                key = (partition_log.topic, partition_log.partition)
+                self._followed.pop(key, None)
+                self._led[key] = (partition_log, leader_epoch)
+            for partition_log in following:
+                key = (partition_log.topic, partition_log.partition)
                 self._led.pop(key, None)
+                self._followed[key] = partition_log
+
+    def forget(self, keys: Sequence[tuple[str, int]]) -> None:
+        """This broker no longer hosts these partitions."""
+        with self._lock:
+            for key in keys:
+                self._led.pop(key, None)
+                self._followed.pop(key, None)
 
     # --- scheduling ------------------------------------------------------------------------
 
     def schedule(self) -> list[Future[None]]:
-        """Submit a tiering task for every tiered led partition that has none running and is not
-        backing off; returns their futures. Never blocks (call it from the event loop)."""
+        """Submit a task for every tiered partition led (tiering) or followed (reading the
+        manifest) here that has none running and is not backing off; returns their futures.
+        Never blocks (call it from the event loop)."""
         now = self._clock()
         futures = []
         with self._lock:
             if self._closed:
                 return []
-            for partition_log in list(self._led.values()):
+            work: list[tuple[UnifiedLog, int | None]] = [*self._led.values(),
+                                                         *((log_, None) for log_ in self._followed.values())]
+            for partition_log, leader_epoch in work:
                 if not partition_log.tiered or partition_log.offline:
                     continue
                 state = self._partitions.setdefault((partition_log.topic, partition_log.partition), _PartitionTiering())
                 if state.busy or now < state.retry_at_ms:
                     continue
                 state.busy = True
-                state.task = self._executor.submit(self._run, partition_log, state)
+                state.task = self._executor.submit(self._run, partition_log, state, leader_epoch)
                 futures.append(state.task)
         return futures
 
@@ -214,6 +252,10 @@ class RemoteLogManager:
             state = self._partitions.get((topic, partition))
             return state.manifest if state is not None else None
 
+    def current_manifest(self, partition_log: UnifiedLog) -> PartitionManifest:
+        """The partition's manifest as the store holds it now (blocking: a worker thread)."""
+        return self.store.load_manifest(partition_log.topic, partition_log.partition, partition_log.topic_id)
+
     def status(self, topic: str, partition: int) -> TieringStatus:
         """What tiering knows of the partition now (`pymq tier status`, metrics)."""
         with self._lock:
@@ -234,10 +276,17 @@ class RemoteLogManager:
         key = (partition_log.topic, partition_log.partition)
         with self._lock:
             state = self._partitions.setdefault(key, _PartitionTiering())
+            led = self._led.get(key)
+        if led is None:
+            raise NotLeaderError(f"{partition_log}: not led by this broker")
+        leader_epoch = led[1]
         with state.writing:
-            if state.manifest is None:
-                state.manifest = self.store.load_manifest(*key, partition_log.topic_id)
-                self._publish(partition_log, state.manifest)
+            try:
+                self._take_over(partition_log, state, leader_epoch)
+            except ManifestConflictError as err:
+                state.manifest = None
+                raise StaleManifestError(f"{partition_log}: {err}") from None
+            assert state.manifest is not None
             if state.manifest.version != expected_version:
                 raise StaleManifestError(f"the manifest of {partition_log} is at version {state.manifest.version}, "
                                          f"not {expected_version}")
@@ -248,21 +297,23 @@ class RemoteLogManager:
             for segment in segments:
                 self.store.verify_upload(*key, segment)
             try:
-                state.manifest = self.store.commit_manifest(expected_version, manifest)
+                self._commit(partition_log, state, leader_epoch, manifest)
             except ManifestConflictError as err:  # another writer committed: read it again next time
                 state.manifest = None
                 raise StaleManifestError(f"{partition_log}: {err}") from None
-            self._publish(partition_log, state.manifest)
         log.info("%s: swapped %d remote segments for %d (manifest version %d)", partition_log, len(replaced),
                  len(segments), state.manifest.version)
         return state.manifest
 
     # --- one partition ---------------------------------------------------------------------
 
-    def _run(self, partition_log: UnifiedLog, state: _PartitionTiering) -> None:
+    def _run(self, partition_log: UnifiedLog, state: _PartitionTiering, leader_epoch: int | None) -> None:
         try:
             with state.writing:
-                self._tier(partition_log, state)
+                if leader_epoch is None:
+                    self._follow(partition_log, state)
+                else:
+                    self._tier(partition_log, state, leader_epoch)
             state.failures = 0
             state.last_error = None
         except (PymqError, OSError, ValueError) as err:  # RemoteStorageError and KafkaStorageError are PymqErrors
@@ -272,7 +323,7 @@ class RemoteLogManager:
             state.retry_at_ms = self._clock() + delay
             state.last_error = f"{type(err).__name__}: {err}"
             if isinstance(err, ManifestConflictError):
-                state.manifest = None  # another writer committed: read it again
+                state.manifest = None  # another writer committed (or took over): read it again
             level = logging.WARNING if state.failures == 1 else logging.DEBUG
             log.log(level, "tiering %s failed (%d in a row; retry in %d ms): %s", partition_log, state.failures, delay, err)
         except Exception:
@@ -284,12 +335,43 @@ class RemoteLogManager:
         finally:
             state.busy = False
 
-    def _tier(self, partition_log: UnifiedLog, state: _PartitionTiering) -> None:
+    def _follow(self, partition_log: UnifiedLog, state: _PartitionTiering) -> None:
+        """A followed partition: what the remote tier holds now, for local retention and the log start."""
+        state.leader_epoch = None
+        state.manifest = self.current_manifest(partition_log)
+        self._publish(partition_log, state.manifest)
+
+    def _take_over(self, partition_log: UnifiedLog, state: _PartitionTiering, leader_epoch: int) -> None:
+        """Make sure the manifest is this leader's, of `leader_epoch`: read it if this term has
+        not yet, refuse to go on if a later leader committed it (ManifestFencedError), and commit
+        it under this epoch if an earlier one did (the fence for the leader before)."""
+        if state.manifest is not None and state.leader_epoch == leader_epoch:
+            return
+        state.leader_epoch = None
+        manifest = state.manifest = self.current_manifest(partition_log)
+        self._publish(partition_log, manifest)
+        if manifest.leader_epoch > leader_epoch:
+            raise ManifestFencedError(f"{partition_log}: the manifest (version {manifest.version}) is of leader epoch "
+                                      f"{manifest.leader_epoch}, this broker leads epoch {leader_epoch}: deposed")
+        if manifest.leader_epoch < leader_epoch and manifest.version > 0:
+            self._commit(partition_log, state, leader_epoch, manifest)
+            log.info("%s: took over the remote manifest at version %d under leader epoch %d", partition_log,
+                     state.manifest.version, leader_epoch)
+        state.leader_epoch = leader_epoch
+
+    def _commit(self, partition_log: UnifiedLog, state: _PartitionTiering, leader_epoch: int,
+                manifest: PartitionManifest) -> None:
+        """Commit `manifest` (a change of state.manifest) under `leader_epoch` and publish it."""
+        assert state.manifest is not None
+        if partition_log.topic_id and not manifest.topic_id:
+            manifest = manifest.with_topic_id(partition_log.topic_id)
+        state.manifest = self.store.commit_manifest(state.manifest.version, manifest.with_leader_epoch(leader_epoch))
+        self._publish(partition_log, state.manifest)
+
+    def _tier(self, partition_log: UnifiedLog, state: _PartitionTiering, leader_epoch: int) -> None:
         topic, partition = partition_log.topic, partition_log.partition
-        if state.manifest is None:
-            manifest = self.store.load_manifest(topic, partition, partition_log.topic_id)
-            state.manifest = manifest
-            self._publish(partition_log, manifest)
+        self._take_over(partition_log, state, leader_epoch)
+        assert state.manifest is not None
         now = self._clock()
         if state.manifest.version > 0 and (state.orphans_cleaned_ms is None
                                            or now - state.orphans_cleaned_ms >= self._orphan_grace_ms):
@@ -307,31 +389,33 @@ class RemoteLogManager:
                 self._throttle.acquire(segment.size)
                 if self._closed:
                     return  # the throttle's wait was cut short by close()
-                remote = self.store.upload_segment(topic, partition, segment.files)
-                manifest = state.manifest
-                if partition_log.topic_id and not manifest.topic_id:
-                    manifest = manifest.with_topic_id(partition_log.topic_id)
-                state.manifest = self.store.commit_manifest(manifest.version, manifest.with_segment(remote))
+                remote_end = state.manifest.log_end_offset
+                if segment.base_offset < remote_end:  # a previous leader's upload ended inside it
+                    with _tail_of(segment, remote_end, partition_log.config.index_interval_bytes) as (files, metadata):
+                        remote = self.store.upload_segment(topic, partition, files, metadata)
+                else:
+                    remote = self.store.upload_segment(topic, partition, segment.files)
+                self._commit(partition_log, state, leader_epoch, state.manifest.with_segment(remote))
                 self.uploaded_segments += 1
-                self._publish(partition_log, state.manifest)
             finally:
                 partition_log.unpin_upload()
             log.debug("%s: uploaded segment %d..%d (%d bytes)", partition_log, remote.base_offset,
                       remote.last_offset, remote.size_bytes)
-        self._expire(partition_log, state)
+        self._expire(partition_log, state, leader_epoch)
 
     @staticmethod
     def _candidates(partition_log: UnifiedLog, manifest: PartitionManifest) -> list[Segment]:
-        """Sealed, non-empty segments above what the manifest holds, wholly below the high
-        watermark and the recovery point, oldest first."""
+        """Sealed, non-empty segments with offsets above what the manifest holds, wholly below
+        the high watermark and the recovery point, oldest first (the first may straddle the
+        remote log end)."""
         end = min(partition_log.high_watermark, partition_log.recovery_point)
         segments = partition_log.segments()[:-1]  # the last is the active one
         return [segment for segment in segments
                 if segment.size and segment.next_offset <= end
-                and segment.base_offset >= manifest.log_end_offset
+                and segment.next_offset > manifest.log_end_offset
                 and segment.next_offset > max(manifest.log_start_offset, partition_log.log_start_offset)]
 
-    def _expire(self, partition_log: UnifiedLog, state: _PartitionTiering) -> None:
+    def _expire(self, partition_log: UnifiedLog, state: _PartitionTiering, leader_epoch: int) -> None:
         """Whole-log retention: expired remote segments leave the manifest, then their objects go."""
         manifest = state.manifest
         assert manifest is not None
@@ -342,8 +426,7 @@ class RemoteLogManager:
         expired = manifest.expired_segments(self._clock(), config.retention_ms, config.retention_bytes, local_only)
         if not expired:
             return
-        state.manifest = self.store.commit_manifest(manifest.version, manifest.with_log_start_offset(expired[-1].next_offset))
-        self._publish(partition_log, state.manifest)
+        self._commit(partition_log, state, leader_epoch, manifest.with_log_start_offset(expired[-1].next_offset))
         self.expired_segments += len(expired)
         log.info("%s: remote retention removed %d segments, log start offset now %d", partition_log, len(expired),
                  partition_log.log_start_offset)
@@ -362,3 +445,29 @@ class RemoteLogManager:
             partition_log.update_remote_log_state(manifest.log_start_offset, highest)
         except KafkaStorageError:
             pass  # closed meanwhile
+
+
+@contextlib.contextmanager
+def _tail_of(segment: Segment, start_offset: int, index_interval_bytes: int) -> Iterator[tuple[SegmentFiles, SegmentMetadata]]:
+    """The batches of a sealed `segment` from `start_offset` on, written as a segment of their
+    own (its `.log` and both indexes, by SegmentWriter, the bytes a broker would write) in a
+    temporary folder that goes when the block ends: what tiers of a segment that straddles the
+    remote log end. Every replica holds the leader's batches, so `start_offset`, where a previous
+    leader's upload ended, starts a batch here too; KafkaStorageError if it does not (a cleaner
+    rewrote this replica's batches differently): nothing is uploaded then, and nothing local is
+    deleted, rather than a record lost or held twice."""
+    with tempfile.TemporaryDirectory(prefix="pymq-tier-") as folder:
+        files = SegmentFiles(Path(folder), start_offset)
+        with segment.detached_reader() as reader:
+            found = reader.find_position(start_offset)
+            if found is None or found[1].base_offset != start_offset:
+                raise KafkaStorageError(f"{segment.log_path}: no batch starts at the remote log end {start_offset}; "
+                                        "its batches cannot continue the remote log")
+            with open(files.log, "wb") as log_file, open(files.index, "wb") as index_file, \
+                    open(files.time_index, "wb") as time_index_file:
+                writer = SegmentWriter(log_file, index_file, time_index_file, start_offset,
+                                       index_interval_bytes=index_interval_bytes)
+                for batch in reader.stored_batches(found[0], verify_from_offset=FRAME_ONLY):
+                    writer.append(batch.data)  # validated here, CRC included
+                metadata = writer.close()
+        yield files, metadata

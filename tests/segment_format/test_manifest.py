@@ -34,8 +34,8 @@ M = manifest(A, B, C)
 
 def test_json_is_pinned():
     """The public format, byte for byte: Spark and users parse exactly this."""
-    assert json.loads(manifest(A).to_json()) == {
-        "format_version": 1, "version": 3, "topic": "events", "topic_id": "ab" * 16, "partition": 0,
+    assert json.loads(manifest(A).with_leader_epoch(4).to_json()) == {
+        "format_version": 2, "version": 3, "leader_epoch": 4, "topic": "events", "topic_id": "ab" * 16, "partition": 0,
         "log_start_offset": 0,
         "segments": [{
             "format_version": 1, "base_offset": 0, "next_offset": 10, "min_timestamp": 1_000, "max_timestamp": 1_900,
@@ -50,7 +50,17 @@ def test_json_is_pinned():
 
 def test_json_round_trips():
     assert PartitionManifest.from_json(M.to_json()) == M
+    assert PartitionManifest.from_json(M.with_leader_epoch(7).to_json()).leader_epoch == 7
     assert PartitionManifest.from_json(manifest(A, B, log_start_offset=5).to_json()).log_start_offset == 5
+
+
+def test_format_version_1_reads_as_2_without_a_leader_epoch():
+    """Manifests written before leader epochs (format 1) stay readable: no epoch is known."""
+    data = json.loads(M.to_json())
+    data["format_version"] = 1
+    del data["leader_epoch"]
+    parsed = PartitionManifest.from_json(json.dumps(data))
+    assert parsed == M and parsed.leader_epoch == -1 and parsed.format_version == 2
 
 
 def edited(change) -> bytes:
@@ -70,7 +80,12 @@ def set_in(path: tuple, value: object):
 BAD = {
     "not-json": b"{",
     "not-an-object": b"[]",
-    "future-format": edited(set_in(("format_version",), 2)),
+    "future-format": edited(set_in(("format_version",), 3)),
+    "bool-format": edited(set_in(("format_version",), True)),
+    "v1-with-epoch": edited(set_in(("format_version",), 1)),
+    "v2-without-epoch": edited(lambda d: d.pop("leader_epoch")),
+    "epoch-below-none": edited(set_in(("leader_epoch",), -2)),
+    "epoch-string": edited(set_in(("leader_epoch",), "1")),
     "unknown-key": edited(set_in(("extra",), 1)),
     "missing-key": edited(lambda d: d.pop("log_start_offset")),
     "version-0": edited(set_in(("version",), 0)),

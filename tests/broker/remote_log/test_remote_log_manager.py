@@ -11,9 +11,10 @@ import pytest
 from broker.errors import OffsetOutOfRangeError
 from broker.log import FileCache, UnifiedLog
 from broker.remote_log.remote_log_manager import CopyThrottle, RemoteLogManager
+from segment_format import record
 from tests.broker.log.appends import append
 from tests.broker.log.conftest import SMALL, TOPIC_ID, build_batch
-from tiered_storage import RemoteSegmentStore, RemoteStorageError
+from tiered_storage import ManifestFencedError, RemoteSegmentStore, RemoteStorageError
 
 TIERED = replace(SMALL, remote_storage_enable=True, local_retention_bytes=0, retention_ms=-1)
 
@@ -37,7 +38,7 @@ def store(tmp_path: Path) -> RemoteSegmentStore:
 def manager(store: RemoteSegmentStore, partition_log: UnifiedLog, clock, **options) -> RemoteLogManager:
     """A manager that leads `partition_log`, as the replica manager would tell it."""
     rlm = RemoteLogManager(store, clock=clock, **{"thread_pool_size": 2, **options})
-    rlm.on_leadership_change([partition_log], [])
+    rlm.on_leadership_change([(partition_log, 0)], [])
     return rlm
 
 
@@ -275,7 +276,7 @@ def test_deleting_a_topic_waits_for_its_upload_in_flight(tmp_path, clock, store,
     try:
         rlm.schedule()
         assert started.wait(10)
-        rlm.on_leadership_change([], [("topic", 0)])  # the topic's partitions are no longer led here
+        rlm.forget([("topic", 0)])  # the topic's partitions are no longer led here
         deleter = threading.Thread(target=rlm.delete_topic, args=("topic", TOPIC_ID))
         deleter.start()
         deleter.join(0.3)
@@ -288,3 +289,98 @@ def test_deleting_a_topic_waits_for_its_upload_in_flight(tmp_path, clock, store,
     finally:
         release.set()
         rlm.close()
+
+
+def copy_log(source: UnifiedLog, target: UnifiedLog) -> None:
+    """What replication does: `target` appends `source`'s batches as they are."""
+    while target.log_end_offset < source.log_end_offset:
+        target.append_as_follower(memoryview(source.read(target.log_end_offset, 1 << 20).read_bytes()))
+    target.maybe_increment_high_watermark(target.log_end_offset)
+    target.flush()
+
+
+def local_bytes(partition_log: UnifiedLog, end_offset: int) -> bytes:
+    """The log's batches below `end_offset` (a read answers from one segment at a time)."""
+    parts, offset = [], 0
+    while offset < end_offset:
+        data = partition_log.read(offset, 1 << 30, end_offset).read_bytes()
+        parts.append(data)
+        position = 0
+        while position < len(data):
+            header = record.read_header(data, position)
+            position, offset = position + header.size, header.next_offset
+    return b"".join(parts)
+
+
+def remote_bytes(store: RemoteSegmentStore) -> bytes:
+    manifest = store.load_manifest("topic", 0)
+    return b"".join(store.read_batches("topic", 0, segment, segment.base_offset) for segment in manifest.segments)
+
+
+def test_a_new_leader_fences_the_old_one_and_tiers_on_from_where_its_uploads_ended(tmp_path, clock, store):
+    """Leader A (epoch 0) tiers. Replica B, holding the same batches in segments that roll
+    elsewhere, takes over under epoch 1: it commits the manifest under its epoch first, then
+    uploads from where A's uploads ended, the segment straddling that offset from there on. A,
+    deposed but not told, commits nothing more; a commit of the very version B wrote, under A's
+    epoch, is refused. The remote log is every batch once, in order."""
+    a_log = open_log(tmp_path, clock)
+    b_log = UnifiedLog.open(tmp_path / "b" / "topic-0", "topic", 0, replace(TIERED, segment_bytes=7_000),
+                            topic_id=TOPIC_ID, cache=FileCache(), clock=clock, remote_storage=True)
+    fill(a_log, 30)  # one batch per segment here, three in B's
+    old = manager(store, a_log, clock)
+    new = RemoteLogManager(store, clock=clock, max_backoff_ms=1_000)
+    try:
+        old.run_once()
+        a_end = store.load_manifest("topic", 0).log_end_offset
+        fill(a_log, 10)
+        copy_log(a_log, b_log)
+        assert any(s.base_offset < a_end < s.next_offset for s in b_log.segments()[:-1])  # B's segment straddles it
+
+        new.on_leadership_change([(b_log, 1)], [])
+        new.run_once()
+        taken = store.load_manifest("topic", 0)
+        assert taken.leader_epoch == 1 and taken.segments[0].base_offset == 0
+        assert taken.log_end_offset == b_log.segments()[-1].base_offset  # the straddling tail and the rest
+        assert remote_bytes(store) == local_bytes(b_log, taken.log_end_offset)
+
+        for _ in range(3):  # the deposed leader goes on tiering
+            old.run_once()
+            clock.advance(60_000)
+        assert store.load_manifest("topic", 0) == taken
+        assert "ManifestFencedError" in old.status("topic", 0).last_error
+        with pytest.raises(ManifestFencedError):
+            store.commit_manifest(taken.version, taken.with_log_start_offset(5).with_leader_epoch(0))
+        assert store.load_manifest("topic", 0) == taken
+    finally:
+        old.close()
+        new.close()
+        a_log.close()
+        b_log.close()
+
+
+def test_a_follower_reads_the_manifest_and_retains_locally_only_what_is_uploaded(tmp_path, clock, store):
+    """A followed tiered log learns from the manifest what the leader uploaded: local retention
+    then deletes its uploaded segments (and only those), and its log start follows the remote one."""
+    leader_log = open_log(tmp_path, clock)
+    follower_log = UnifiedLog.open(tmp_path / "f" / "topic-0", "topic", 0, TIERED, topic_id=TOPIC_ID, cache=FileCache(),
+                                   clock=clock, remote_storage=True)
+    fill(leader_log, 30)
+    copy_log(leader_log, follower_log)
+    leading = manager(store, leader_log, clock)
+    following = RemoteLogManager(store, clock=clock)
+    following.on_leadership_change([], [follower_log])
+    try:
+        assert follower_log.delete_old_segments(clock()) == []  # nothing known uploaded: nothing deleted
+        leading.run_once()
+        following.run_once()
+        remote_end = store.load_manifest("topic", 0).log_end_offset
+        assert follower_log.highest_offset_in_remote_storage == remote_end - 1
+        removed = follower_log.delete_old_segments(clock())
+        assert removed and max(s.next_offset for s in removed) <= remote_end
+        assert follower_log.local_log_start_offset >= remote_end - 1 and follower_log.log_start_offset == 0
+        assert store.load_manifest("topic", 0).leader_epoch == 0  # a follower never commits
+    finally:
+        leading.close()
+        following.close()
+        leader_log.close()
+        follower_log.close()

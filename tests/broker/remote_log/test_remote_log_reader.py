@@ -81,7 +81,7 @@ def tiered(tmp_path_factory: pytest.TempPathFactory) -> Tiered:
                                     cache=FileCache(), clock=clock, remote_storage=True)
     store = RemoteSegmentStore.from_url(f"file://{tmp}/remote")
     rlm = RemoteLogManager(store, clock=clock)
-    rlm.on_leadership_change([partition_log], [])
+    rlm.on_leadership_change([(partition_log, 0)], [])
     try:
         rng = random.Random(20240501)
         timestamps: list[int] = []
