@@ -5,8 +5,10 @@ from __future__ import annotations
 import socket
 import struct
 import time
+import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import msgpack
 import pytest
@@ -82,6 +84,31 @@ def etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
         yield server
     finally:
         server.stop()
+
+
+# Failover within seconds: a dead broker's registration lapses after 3 s (etcd's leases count whole
+# seconds, and refuse less than 2 with etcd's default election timeout).
+FAST_FAILOVER = {"broker.session.timeout.ms": 3000, "replica.fetch.backoff.ms": 100}
+
+
+@pytest.fixture
+def cluster(etcd, tmp_path: Path, request) -> Iterator[Callable[..., Any]]:
+    """cluster(brokers=3, **overrides) -> a started LocalCluster (3 broker processes on 127.0.0.1-3,
+    in a namespace of the module's etcd), stopped after the test."""
+    from broker.cluster.local_cluster import LocalCluster
+
+    started: list[LocalCluster] = []
+
+    def start(brokers: int = 3, broker_overrides: dict[int, dict[str, Any]] | None = None, **overrides: Any) -> Any:
+        name = f"{request.node.name[:40]}-{uuid.uuid4().hex[:8]}"  # a namespace of its own in the shared etcd
+        local = LocalCluster(tmp_path / f"cluster-{len(started)}", brokers, {**FAST_FAILOVER, **overrides},
+                             name=name, etcd=etcd, broker_overrides=broker_overrides)
+        started.append(local)
+        return local.start()
+
+    yield start
+    for local in started:
+        local.stop()
 
 
 @pytest.fixture(scope="session")

@@ -1,42 +1,14 @@
-"""Fixtures of the multi-process cluster scenarios: a LocalCluster (3 broker processes on
-127.0.0.1-3, one etcd per test module shared through cluster namespaces), and the reads and
-waits the scenarios share."""
+"""What the multi-process cluster scenarios share: reads, waits and a load generator (the
+`cluster` fixture itself is tests/conftest.py's)."""
 from __future__ import annotations
 
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
-import pytest
-
 from broker.client import Admin, Consumer, Producer
-from broker.cluster.local_cluster import LocalCluster
 from tests.e2e.checker import History
-
-# Failover within seconds: a dead broker's registration lapses after 3 s (etcd's leases count whole
-# seconds, and refuse less than 2 with etcd's default election timeout).
-FAST_FAILOVER = {"broker.session.timeout.ms": 3000, "replica.fetch.backoff.ms": 100}
-
-
-@pytest.fixture
-def cluster(etcd, tmp_path: Path, request) -> Iterator[Callable[..., LocalCluster]]:
-    """cluster(brokers=3, **overrides) -> a started LocalCluster, stopped after the test."""
-    started: list[LocalCluster] = []
-
-    def start(brokers: int = 3, broker_overrides: dict[int, dict[str, Any]] | None = None, **overrides: Any) -> LocalCluster:
-        name = f"{request.node.name[:40]}-{uuid.uuid4().hex[:8]}"  # a namespace of its own in the shared etcd
-        local = LocalCluster(tmp_path / f"cluster-{len(started)}", brokers, {**FAST_FAILOVER, **overrides},
-                             name=name, etcd=etcd, broker_overrides=broker_overrides)
-        started.append(local)
-        return local.start()
-
-    yield start
-    for local in started:
-        local.stop()
-
 
 def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
     deadline = time.monotonic() + timeout_s

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 
 from broker.client import Admin, Producer
-from tests.e2e.conftest import cluster, wait_for_full_isr  # noqa: F401 - `cluster` is a fixture
+from tests.e2e.conftest import wait_for_full_isr
 
 TOPIC = "failover"
 RECORDS = 4_000
@@ -19,7 +19,7 @@ PER_TASK = 500
 KILL_AT = 1_000  # the task that reads this offset kills the leader; the tasks after it meet the failover
 
 
-def test_read_tasks_follow_a_leader_killed_mid_job(spark, cluster):  # noqa: F811 - the fixture
+def test_read_tasks_follow_a_leader_killed_mid_job(spark, cluster):
     local = cluster(3)
     with Admin(local.bootstrap) as admin:
         admin.create_topic(TOPIC, 1, replication_factor=3, configs={"min.insync.replicas": 2})
