@@ -346,7 +346,9 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("metadata.store", str, "local",
                   "where cluster metadata lives: local (one broker, a file in log.dir) or etcd (a cluster)",
                   choices=("local", "etcd")),
-        ConfigDef("etcd.endpoint", str, "127.0.0.1:2379", "metadata.store=etcd: the etcd server, host:port"),
+        ConfigDef("etcd.endpoint", str, "127.0.0.1:2379",
+                  "metadata.store=etcd: the etcd cluster's members, host:port[,host:port...] (calls go to one "
+                  "at a time, the next when it fails)"),
         ConfigDef("cluster.name", str, "default",
                   "metadata.store=etcd: the cluster's name; its keys live under pymq/{cluster.name}/ in etcd"),
         ConfigDef("broker.rack", str, "", "the rack (or zone) of this broker: replicas of a partition go to "

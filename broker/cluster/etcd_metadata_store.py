@@ -10,6 +10,12 @@ The async client is aetcd: its gRPC channel and stubs for the unary calls (built
 protobuf messages directly, since aetcd's helpers drop fields the contract needs, such as a put's
 previous version), and its watcher, which multiplexes every watch over one stream.
 
+Endpoints: one or more members of one etcd cluster, `host:port[,host:port...]`. Calls go to one
+member at a time; one that refuses the connection or does not answer in time sends the next calls
+to the next member (the client is replaced, and the old one closed once its calls in flight are
+past their deadline). Watches and lease keep-alives follow. etcd's own Raft makes every member's
+answers the cluster's, so any member will do.
+
 Faults: every RPC has a deadline (`timeout_s`). etcd unreachable, or not answering in time, raises
 MetadataStoreUnavailableError (retriable). A write that timed out may still have been applied, as
 with any remote store: callers re-read before they retry a change that is not idempotent. A watch
@@ -65,29 +71,50 @@ def encode_value(value: dict[str, Any]) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-class EtcdMetadataStore(MetadataStore):
-    """A MetadataStore on one etcd endpoint (`host:port`). Open with `await EtcdMetadataStore.connect(...)`."""
+def parse_endpoints(endpoints: str) -> list[tuple[str, int]]:
+    """`host:port[,host:port...]` as (host, port) pairs; InvalidRequestError names a bad one."""
+    parsed = []
+    for endpoint in endpoints.split(","):
+        host, _, port = endpoint.strip().rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise InvalidRequestError(f"etcd endpoints are host:port, comma-separated; got {endpoint!r} in {endpoints!r}")
+        parsed.append((host, int(port)))
+    return parsed
 
-    def __init__(self, endpoint: str, namespace: str = DEFAULT_NAMESPACE, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
-        host, _, port = endpoint.rpartition(":")
-        if not host or not port.isdigit():
-            raise InvalidRequestError(f"an etcd endpoint is host:port, got {endpoint!r}")
-        self.endpoint = endpoint
+
+class EtcdMetadataStore(MetadataStore):
+    """A MetadataStore on an etcd cluster reached at `endpoints` (`host:port[,host:port...]`).
+    Open with `await EtcdMetadataStore.connect(...)`."""
+
+    def __init__(self, endpoints: str, namespace: str = DEFAULT_NAMESPACE, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+        self.endpoints = parse_endpoints(endpoints)
         self.namespace = namespace
         self._ns = namespace.encode()
         self.timeout_s = timeout_s
-        self._client = aetcd.Client(host, int(port), timeout=timeout_s, options={
-            "grpc.max_receive_message_length": _MAX_MESSAGE_BYTES,
-            "grpc.max_send_message_length": _MAX_MESSAGE_BYTES,
-        })
+        self._current = 0  # the member calls go to
+        self._client = self._new_client()
+        self._closed = False
         self._seen_revision = 0  # the newest revision any response showed (where watches from "now" start)
         self._watches: set[EtcdWatch] = set()
 
+    @property
+    def endpoint(self) -> str:
+        """The member calls go to now, `host:port`."""
+        host, port = self.endpoints[self._current]
+        return f"{host}:{port}"
+
+    def _new_client(self) -> aetcd.Client:
+        host, port = self.endpoints[self._current]
+        return aetcd.Client(host, port, timeout=self.timeout_s, options={
+            "grpc.max_receive_message_length": _MAX_MESSAGE_BYTES,
+            "grpc.max_send_message_length": _MAX_MESSAGE_BYTES,
+        })
+
     @classmethod
-    async def connect(cls, endpoint: str, namespace: str = DEFAULT_NAMESPACE,
+    async def connect(cls, endpoints: str, namespace: str = DEFAULT_NAMESPACE,
                       timeout_s: float = DEFAULT_TIMEOUT_S) -> "EtcdMetadataStore":
         """Open a store and read etcd's revision (MetadataStoreUnavailableError if etcd does not answer)."""
-        store = cls(endpoint, namespace, timeout_s)
+        store = cls(endpoints, namespace, timeout_s)
         try:
             await store.revision()
         except BaseException:
@@ -102,14 +129,14 @@ class EtcdMetadataStore(MetadataStore):
         request = rpc.TxnRequest(compare=[self._compare(c) for c in compares],
                                  success=[self._request_op(op) for op in on_success],
                                  failure=[self._request_op(op) for op in on_failure])
-        response = await self._call("Txn", self._client_kv, request)
+        response = await self._call("Txn", "kvstub", request)
         revision = self._saw(response.header.revision)
         branch = on_success if response.succeeded else on_failure
         return TxnResult(response.succeeded, [self._response(op, r, revision) for op, r in zip(branch, response.responses)],
                          revision)
 
     async def revision(self) -> int:
-        response = await self._call("Range", self._client_kv, rpc.RangeRequest(key=self._ns, count_only=True))
+        response = await self._call("Range", "kvstub", rpc.RangeRequest(key=self._ns, count_only=True))
         return self._saw(response.header.revision)
 
     def watch(self, prefix: str, start_revision: int | None = None) -> Watch:
@@ -124,24 +151,26 @@ class EtcdMetadataStore(MetadataStore):
     async def grant_lease(self, ttl_s: float) -> int:
         if not isinstance(ttl_s, (int, float)) or not math.isfinite(ttl_s) or ttl_s <= 0:
             raise InvalidRequestError(f"a lease TTL is a positive number of seconds, got {ttl_s!r}")
-        response = await self._call("LeaseGrant", self._client_lease, rpc.LeaseGrantRequest(TTL=math.ceil(ttl_s)))
+        response = await self._call("LeaseGrant", "leasestub", rpc.LeaseGrantRequest(TTL=math.ceil(ttl_s)))
         return response.ID
 
     async def keep_alive(self, lease: int) -> float:
-        stub = await self._client_lease()
+        client = await self._connected()
         try:
-            async for reply in stub.LeaseKeepAlive([rpc.LeaseKeepAliveRequest(ID=lease)], timeout=self.timeout_s):
+            async for reply in client.leasestub.LeaseKeepAlive([rpc.LeaseKeepAliveRequest(ID=lease)],
+                                                               timeout=self.timeout_s):
                 if reply.TTL <= 0:
                     raise LeaseNotFoundError(f"lease {lease:x} not found: it expired or was revoked")
                 return float(reply.TTL)
         except rpc.AioRpcError as err:
-            raise _translate(err, "LeaseKeepAlive") from None
+            raise self._failed(client, err, "LeaseKeepAlive") from None
         raise MetadataStoreUnavailableError("etcd ended the lease keep-alive stream without an answer")
 
     async def revoke_lease(self, lease: int) -> None:
-        await self._call("LeaseRevoke", self._client_lease, rpc.LeaseRevokeRequest(ID=lease))
+        await self._call("LeaseRevoke", "leasestub", rpc.LeaseRevokeRequest(ID=lease))
 
     async def close(self) -> None:
+        self._closed = True
         for watch in list(self._watches):
             watch.cancel()
         await self._client.close()
@@ -198,26 +227,46 @@ class EtcdMetadataStore(MetadataStore):
 
     # -- calls --
 
-    async def _client_kv(self) -> Any:
-        await self._connect()
-        return self._client.kvstub
-
-    async def _client_lease(self) -> Any:
-        await self._connect()
-        return self._client.leasestub
-
-    async def _connect(self) -> None:
+    async def _connected(self) -> aetcd.Client:
+        """The current member's client, connected."""
+        client = self._client
         try:
-            await self._client.connect()
+            await client.connect()
         except (aetcd.exceptions.ClientError, asyncio.TimeoutError) as err:
-            raise MetadataStoreUnavailableError(f"etcd at {self.endpoint} is unreachable: {err}") from None
+            endpoint = self.endpoint
+            self._fail_over(client)
+            raise MetadataStoreUnavailableError(f"etcd at {endpoint} is unreachable: {err}") from None
+        return client
 
-    async def _call(self, method: str, stub_of: Any, request: Any) -> Any:
-        stub = await stub_of()
+    async def _call(self, method: str, stub: str, request: Any) -> Any:
+        client = await self._connected()
         try:
-            return await getattr(stub, method)(request, timeout=self.timeout_s)
+            return await getattr(getattr(client, stub), method)(request, timeout=self.timeout_s)
         except rpc.AioRpcError as err:
-            raise _translate(err, method, self.endpoint) from None
+            raise self._failed(client, err, method) from None
+
+    def _failed(self, client: aetcd.Client, err: rpc.AioRpcError, method: str) -> PymqError:
+        """`err` as a pymq error; a member that is down or does not answer is left for the next."""
+        translated = _translate(err, method, self.endpoint)
+        if err.code() in _UNAVAILABLE:
+            self._fail_over(client)
+        return translated
+
+    def _fail_over(self, client: aetcd.Client) -> None:
+        """The member behind `client` failed: the next calls go to the next endpoint (unless a
+        concurrent failure moved on already). The old client closes once its calls in flight are
+        past their deadline; the watches on it then resume on the new one."""
+        if client is not self._client or len(self.endpoints) == 1 or self._closed:
+            return
+        failed = self.endpoint
+        self._current = (self._current + 1) % len(self.endpoints)
+        self._client = self._new_client()
+        log.warning("etcd at %s failed; trying %s", failed, self.endpoint)
+
+        async def close_later() -> None:
+            await asyncio.sleep(self.timeout_s)
+            await _quietly(client.close())
+        asyncio.get_running_loop().create_task(close_later())
 
 
 def _versioned(kv: Any) -> Versioned:
@@ -255,11 +304,10 @@ class EtcdWatch(Watch):
         pause = WATCH_RETRY_S[0]
         key = self._store._key(self._prefix)
         while not self._cancelled:
-            handle = None
+            handle = client = None
             try:
-                await self._store._connect()
-                handle = await self._store._client.watch(key, range_end=prefix_range_end(key),
-                                                         start_revision=self._next_revision)
+                client = await self._store._connected()
+                handle = await client.watch(key, range_end=prefix_range_end(key), start_revision=self._next_revision)
                 async for event in handle:
                     pause = WATCH_RETRY_S[0]
                     translated = self._store._event(event)
@@ -267,7 +315,9 @@ class EtcdWatch(Watch):
                     self._events.put_nowait(translated)
                 if self._cancelled:
                     return
-                # The watcher shut down (the client closed): nothing more will come.
+                if client is not self._store._client and not self._store._closed:
+                    continue  # the store moved to another member and closed this client: resume there
+                # The watcher shut down (the store closed): nothing more will come.
                 self._events.put_nowait(None)
                 return
             except aetcd.exceptions.RevisionCompactedError as err:
@@ -276,6 +326,10 @@ class EtcdWatch(Watch):
                     "re-read the keys and watch from the revision after that read", err.compacted_revision))
                 return
             except (aetcd.exceptions.ClientError, MetadataStoreUnavailableError, rpc.AioRpcError) as err:
+                unreachable = (aetcd.exceptions.ConnectionFailedError, aetcd.exceptions.ConnectionTimeoutError)
+                if client is not None and (isinstance(err, unreachable) or
+                                           isinstance(err, rpc.AioRpcError) and err.code() in _UNAVAILABLE):
+                    self._store._fail_over(client)
                 log.warning("etcd watch on %r broke (%s); resuming from revision %d in %.2f s",
                             self._prefix, err, self._next_revision, pause)
             finally:

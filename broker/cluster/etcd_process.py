@@ -1,4 +1,5 @@
-"""EtcdProcess: a single-member etcd server run as a child process, for a local cluster and tests.
+"""EtcdProcess: an etcd member run as a child process, for a local cluster and tests; `start_members`
+starts several as one etcd cluster.
 
 A pymq cluster keeps its metadata in etcd (docs/cluster.md). Production runs etcd as its own
 service; `pymq cluster start`, the tests and the benchmarks start one here: Debian's `etcd`
@@ -55,8 +56,10 @@ class EtcdProcess(ChildProcess):
     stop_timeout_s = 10.0
 
     def __init__(self, data_dir: Path, *, host: str = "127.0.0.1", client_port: int = 0, peer_port: int = 0,
-                 output: Path | None = None, name: str = "pymq-etcd", limits: Sequence[str] = ETCD_LIMIT_FLAGS) -> None:
+                 output: Path | None = None, name: str = "pymq-etcd", limits: Sequence[str] = ETCD_LIMIT_FLAGS,
+                 initial_cluster: str | None = None) -> None:
         self.data_dir = Path(data_dir)
+        self.initial_cluster = initial_cluster  # `name=peer_url,...` of every member; None: this one alone
         self.host = host
         self.client_port = client_port
         self.peer_port = peer_port
@@ -72,6 +75,12 @@ class EtcdProcess(ChildProcess):
     def start(self, timeout_s: float = 30.0) -> "EtcdProcess":
         """Start etcd and wait until it answers /health; RuntimeError with its output otherwise.
         Free ports are picked once and kept, so a restart serves the same endpoint."""
+        self.launch()
+        self.wait_healthy(timeout_s)
+        return self
+
+    def launch(self) -> None:
+        """Start the process without waiting (a member of several is healthy only once a quorum runs)."""
         self.client_port = self.client_port or free_port(self.host)
         self.peer_port = self.peer_port or free_port(self.host)
         client_url, peer_url = f"http://{self.host}:{self.client_port}", f"http://{self.host}:{self.peer_port}"
@@ -79,20 +88,21 @@ class EtcdProcess(ChildProcess):
             etcd_binary(), "--name", self.name, "--data-dir", str(self.data_dir),
             "--listen-client-urls", client_url, "--advertise-client-urls", client_url,
             "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
-            "--initial-cluster", f"{self.name}={peer_url}", "--initial-cluster-state", "new",
+            "--initial-cluster", self.initial_cluster or f"{self.name}={peer_url}", "--initial-cluster-state", "new",
             "--logger", "zap", "--log-outputs", "stderr",
             *self.limits,
         ]
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         with open(self.output, "ab") as out:
             self.proc = subprocess.Popen(args, stdout=out, stderr=out, preexec_fn=die_with_parent)
+
+    def wait_healthy(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
         while not self._healthy():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
+            if self.proc is None or self.proc.poll() is not None or time.monotonic() > deadline:
                 self.kill()
                 raise RuntimeError(f"etcd did not start; output:\n{self.log_tail()}")
             time.sleep(0.05)
-        return self
 
     def _healthy(self) -> bool:
         with contextlib.suppress(OSError, urllib.error.URLError, ValueError):
@@ -102,3 +112,27 @@ class EtcdProcess(ChildProcess):
 
     def __enter__(self) -> "EtcdProcess":
         return self.start()
+
+
+def start_members(root: Path, count: int = 3, host: str = "127.0.0.1", timeout_s: float = 30.0) -> list[EtcdProcess]:
+    """`count` etcd members forming one cluster, on free ports of `host`, data under `root`;
+    `endpoints(members)` is what brokers are given. Every one is killed if any fails to start."""
+    members = [EtcdProcess(Path(root) / f"member-{i}" / "data", host=host, name=f"pymq-etcd-{i}",
+                           client_port=free_port(host), peer_port=free_port(host)) for i in range(count)]
+    initial = ",".join(f"{m.name}=http://{m.host}:{m.peer_port}" for m in members)
+    try:
+        for member in members:
+            member.initial_cluster = initial
+            member.launch()
+        for member in members:
+            member.wait_healthy(timeout_s)
+    except BaseException:
+        for member in members:
+            member.kill()
+        raise
+    return members
+
+
+def endpoints(members: Sequence[EtcdProcess]) -> str:
+    """The `etcd.endpoint` setting naming every member."""
+    return ",".join(member.endpoint for member in members)

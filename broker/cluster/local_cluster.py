@@ -46,7 +46,7 @@ class LocalCluster:
         if self._own_etcd:
             self.etcd.start()
         for broker in self.brokers:
-            broker.overrides["etcd.endpoint"] = self.etcd.endpoint
+            broker.overrides.setdefault("etcd.endpoint", self.etcd.endpoint)  # unless told the members of another
         try:
             for broker in self.brokers:
                 broker.start()

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from broker.cluster.etcd_metadata_store import EtcdMetadataStore
+from broker.cluster.etcd_metadata_store import EtcdMetadataStore, parse_endpoints
 from broker.cluster.etcd_process import EtcdProcess
 from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.metadata_store import (
@@ -869,6 +869,14 @@ def test_a_malformed_compare_is_refused(target, op, operand):
     """Compare checks its target and operator when built (InvalidRequestError), not when a store runs it."""
     with pytest.raises(InvalidRequestError):
         Compare("topics/a", target, op, operand)
+
+
+def test_etcd_endpoints_are_a_comma_separated_list_of_host_port():
+    assert parse_endpoints("127.0.0.1:2379") == [("127.0.0.1", 2379)]
+    assert parse_endpoints("etcd-0:2379, etcd-1:2379,[::1]:2379") == [("etcd-0", 2379), ("etcd-1", 2379), ("[::1]", 2379)]
+    for bad in ("", "etcd-0", "etcd-0:", ":2379", "etcd-0:port", "etcd-0:2379,", "etcd-0:70000"):
+        with pytest.raises(InvalidRequestError, match="host:port"):
+            parse_endpoints(bad)
 
 
 class TestEtcdMetadataStore(MetadataStoreContract):
