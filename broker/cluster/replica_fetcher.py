@@ -424,7 +424,7 @@ class ReplicaFetcher:
                     log.warning("%s-%d: behind the leader's log start %d; restarted the log there", *state.key,
                                 answer.log_start_offset)
             return
-        if (isinstance(err, OffsetOutOfRangeError) and partition_log.tiered
+        if (isinstance(err, OffsetOutOfRangeError)
                 and answer.log_start_offset <= partition_log.log_end_offset < answer.high_watermark):
             await self._rebuild_from_remote(state)
             return
