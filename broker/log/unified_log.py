@@ -697,21 +697,37 @@ class UnifiedLog:
         if not self.tiered:
             self.log_start_offset = max(floor, self._local.start_offset)
 
-    def _deletable_segments(self, now_ms: int) -> list[Segment]:
+    def remote_state_wanted(self, now_ms: int) -> bool:
+        """Whether reading the remote manifest could let local retention delete more: a tiered log
+        whose remote state was never read, or whose local retention is held back only by what it
+        knows to be uploaded. A follower reads the manifest only then (reads of object storage cost
+        money; one a minute per followed partition would be most of a cluster's requests)."""
+        with self._lock:
+            if not self.tiered:
+                return False
+            if not self._remote_state_known:
+                return True
+            would = [segment for segment in self._deletable_segments(now_ms, uploaded_end=INT64_END)
+                     if segment is not self._local.segments.active]  # never uploaded: the leader's is active too
+            return bool(would) and would[-1].next_offset > self.highest_offset_in_remote_storage + 1
+
+    def _deletable_segments(self, now_ms: int, uploaded_end: int | None = None) -> list[Segment]:
         """The longest prefix of segments below the high watermark each of which is older than
         retention.ms, leaves at least retention.bytes behind when removed, or lies wholly below
         the log start offset (no reader can reach it: Kafka's log start breach). Retention by
         time and size applies only when cleanup.policy has delete. An empty sealed segment (the
-        cleaner emptied it) never stops the prefix: it goes with the next segment that goes."""
+        cleaner emptied it) never stops the prefix: it goes with the next segment that goes.
+        `uploaded_end` replaces the end of what is known uploaded (a tiered log's bound)."""
         delete = self.config.delete
         retention_ms = self.config.retention_ms if delete else -1
         retention_bytes = self.config.retention_bytes if delete else -1
         # Tiered: local retention, and only over what the remote store holds (uploaded and committed).
-        uploaded_end = INT64_END
-        if self.tiered:  # compacted too: the remote copy is the one that stays
+        if not self.tiered:
+            uploaded_end = INT64_END
+        else:  # compacted too: the remote copy is the one that stays
             retention_ms = self.config.effective_local_retention_ms
             retention_bytes = self.config.effective_local_retention_bytes
-            uploaded_end = self.highest_offset_in_remote_storage + 1
+            uploaded_end = self.highest_offset_in_remote_storage + 1 if uploaded_end is None else uploaded_end
         segments = self._local.segments
         excess_bytes = segments.size_bytes() - retention_bytes
         deletable: list[Segment] = []

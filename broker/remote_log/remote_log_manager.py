@@ -27,9 +27,11 @@ remote.storage.enable) and led here, one task at a time per partition, in a pool
    manifest without the expired remote segments, move the log start offset, then delete their
    objects (a crash between leaves orphans, which step 1 cleans).
 
-For each tiered log followed here, every run re-reads the manifest and tells the log what the
-remote tier holds (Kafka's follower task): a follower's local retention deletes only what is
-uploaded, and its log start follows the remote one. A follower whose fetch position fell below
+For each tiered log followed here, a run re-reads the manifest and tells the log what the remote
+tier holds (Kafka's follower task): a follower's local retention deletes only what is uploaded,
+and its log start follows the remote one. Only when that could let local retention delete more
+(`UnifiedLog.remote_state_wanted`): object-store reads cost money, and followed partitions are
+most of a broker's. A follower whose fetch position fell below
 its leader's local log start rebuilds from the manifest (`rebuild_from_remote`).
 
 Any failure (the store down, a conflict, a local file gone) is logged once per run of failures
@@ -211,6 +213,8 @@ class RemoteLogManager:
             for partition_log, leader_epoch in work:
                 if not partition_log.tiered or partition_log.offline:
                     continue
+                if leader_epoch is None and not partition_log.remote_state_wanted(now):
+                    continue  # a follower whose local retention has nothing waiting on the manifest
                 state = self._partitions.setdefault((partition_log.topic, partition_log.partition), _PartitionTiering())
                 if state.busy or now < state.retry_at_ms:
                     continue

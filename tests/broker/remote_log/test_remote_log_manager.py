@@ -360,7 +360,8 @@ def test_a_new_leader_fences_the_old_one_and_tiers_on_from_where_its_uploads_end
 
 def test_a_follower_reads_the_manifest_and_retains_locally_only_what_is_uploaded(tmp_path, clock, store):
     """A followed tiered log learns from the manifest what the leader uploaded: local retention
-    then deletes its uploaded segments (and only those), and its log start follows the remote one."""
+    then deletes its uploaded segments (and only those), and its log start follows the remote one.
+    It asks for the manifest only while local retention has segments waiting on it."""
     leader_log = open_log(tmp_path, clock)
     follower_log = UnifiedLog.open(tmp_path / "f" / "topic-0", "topic", 0, TIERED, topic_id=TOPIC_ID, cache=FileCache(),
                                    clock=clock, remote_storage=True)
@@ -379,6 +380,11 @@ def test_a_follower_reads_the_manifest_and_retains_locally_only_what_is_uploaded
         assert removed and max(s.next_offset for s in removed) <= remote_end
         assert follower_log.local_log_start_offset >= remote_end - 1 and follower_log.log_start_offset == 0
         assert store.load_manifest("topic", 0).leader_epoch == 0  # a follower never commits
+        # The manifest is read again only when local retention waits on it.
+        assert not follower_log.remote_state_wanted(clock())
+        fill(leader_log, 10)
+        copy_log(leader_log, follower_log)
+        assert follower_log.remote_state_wanted(clock())
     finally:
         leading.close()
         following.close()
