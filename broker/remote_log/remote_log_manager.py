@@ -31,8 +31,8 @@ For each tiered log followed here, a run re-reads the manifest and tells the log
 tier holds (Kafka's follower task): a follower's local retention deletes only what is uploaded,
 and its log start follows the remote one. Only when that could let local retention delete more
 (`UnifiedLog.remote_state_wanted`): object-store reads cost money, and followed partitions are
-most of a broker's. A follower whose fetch position fell below
-its leader's local log start rebuilds from the manifest (`rebuild_from_remote`).
+most of a broker's. A follower whose fetch position fell below its leader's local log start
+restarts from the manifest (broker/cluster/replica_fetcher.py, `UnifiedLog.rebuild_from_remote`).
 
 Any failure (the store down, a conflict, a local file gone) is logged once per run of failures
 and retried with exponential backoff capped at `max_backoff_ms`; nothing local is ever deleted
