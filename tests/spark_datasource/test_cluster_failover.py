@@ -1,15 +1,18 @@
-"""A Spark batch read over a 3-broker cluster (a real etcd) whose partition leader is killed by the
-first of the job's tasks to get records: the tasks that start after it (local[2] runs two at a
-time, so most of the job's eight) meet a dead leader and follow the new one inside the task.
-Spark's local mode runs a task once (spark.task.maxFailures does not apply), so a task that failed
-would fail the job: the job's success, with every record once, is the proof."""
+"""Spark jobs over a 3-broker cluster (a real etcd) whose partition leader is killed by the first of
+the job's tasks to get rows: the tasks that start after it (local[2] runs two at a time, so most
+of the job's eight) meet a dead leader and follow the new one inside the task, a read task by
+refreshing metadata and fetching again, a write task through its producer's retries. Spark's
+local mode runs a task once (spark.task.maxFailures does not apply), so a task that failed would
+fail the job: the job's success, with every record there, is the proof."""
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pyarrow as pa
+from pyspark.sql import functions as F
 
 from broker.client import Admin, Producer
 from tests.e2e.conftest import wait_for, wait_for_full_isr
@@ -30,25 +33,56 @@ def test_read_tasks_follow_a_leader_killed_mid_job(spark, cluster, tmp_path):
                                             schema=pa.schema([("key", pa.binary()), ("value", pa.binary())])),
                             partition=0)
         producer.flush()
-    leader_pid = local.brokers[first.leader].pid
-    killed = str(tmp_path / "killed")
-
-    def kill_the_leader_once(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for batch in batches:
-            try:  # the first task here, whichever it is, kills (an exclusive create decides)
-                os.close(os.open(killed, os.O_CREAT | os.O_EXCL))
-                os.kill(leader_pid, signal.SIGKILL)
-            except FileExistsError:
-                pass
-            yield batch
-
     df = (spark.read.format("pymq").option("kafka.bootstrap.servers", local.bootstrap).option("subscribe", TOPIC)
           .option("maxRecordsPerPartition", PER_TASK).load())
-    rows = df.select("offset", "value").mapInArrow(kill_the_leader_once, "offset long, value binary").collect()
+    kill = killer(local.brokers[first.leader].pid, tmp_path / "killed")
+    rows = df.select("offset", "value").mapInArrow(kill, "offset long, value binary").collect()
 
     assert local.brokers[first.leader].proc.poll() is not None, "the leader was not killed"
     assert sorted(row.offset for row in rows) == list(range(RECORDS))
     assert all(row.value == b"%06d" % row.offset for row in rows)
-    with Admin(local.bootstrap) as admin:  # the tasks after the kill read from a new leader: it is known
-        wait_for(lambda: admin.describe_topics([TOPIC])[0].partitions[0].leader not in (-1, first.leader), 10,
+    wait_for_new_leader(local.bootstrap, TOPIC, first.leader)
+
+
+def test_write_tasks_follow_a_leader_killed_mid_job(spark, cluster, consume_all, tmp_path):
+    """At least once, as the sink promises (a request in flight at the kill may be stored twice):
+    every row is in the topic."""
+    local = cluster(3)
+    with Admin(local.bootstrap) as admin:
+        admin.create_topic(TOPIC, 1, replication_factor=3, configs={"min.insync.replicas": 2})
+        first = wait_for_full_isr(admin, TOPIC)[0]
+    rows = spark.range(0, RECORDS, numPartitions=RECORDS // PER_TASK).select(
+        F.format_string("%06d", "id").cast("binary").alias("value"))
+    kill = killer(local.brokers[first.leader].pid, tmp_path / "killed")
+    (rows.mapInArrow(kill, "value binary").write.format("pymq").mode("append")
+     .option("kafka.bootstrap.servers", local.bootstrap).option("topic", TOPIC).save())
+
+    assert local.brokers[first.leader].proc.poll() is not None, "the leader was not killed"
+    wait_for_new_leader(local.bootstrap, TOPIC, first.leader)
+    with Admin(local.bootstrap) as admin:
+        (end, _), = admin.list_offsets({(TOPIC, 0): -1}).values()
+    stored = consume_all(local.bootstrap, TOPIC, 1, end)["value"].to_pylist()
+    assert set(stored) == {b"%06d" % i for i in range(RECORDS)}
+
+
+def killer(pid: int, marker: Path) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """A mapInArrow function that passes rows through; the first task to get a batch, whichever it
+    is (an exclusive create of `marker` decides), SIGKILLs `pid` first."""
+    path = str(marker)
+
+    def kill_once(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            try:
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL))
+                os.kill(pid, signal.SIGKILL)
+            except FileExistsError:
+                pass
+            yield batch
+    return kill_once
+
+
+def wait_for_new_leader(bootstrap: str, topic: str, old_leader: int) -> None:
+    """The tasks after the kill went through a new leader: the metadata names it (soon, if not yet)."""
+    with Admin(bootstrap) as admin:
+        wait_for(lambda: admin.describe_topics([topic])[0].partitions[0].leader not in (-1, old_leader), 10,
                  "the new leader in the metadata")
