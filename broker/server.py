@@ -72,6 +72,7 @@ log = logging.getLogger("pymq.server")
 MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux: a header and the range after it share packets
 
 METADATA_FILE = "__cluster_metadata.json"
+SLOW_STOP_STEP_S = 1.0  # a shutdown step that takes longer is logged (a hung shutdown names its step)
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -619,12 +620,18 @@ class Broker:
             return await self.wait_stopped()
         self._stopping = True
         ok = True
+        log.info("pymq broker %d stopping", self.config["broker.id"])
+        loop = asyncio.get_running_loop()
         for step, action in self._stop_steps():
+            started = loop.time()
             try:
                 await action()
             except Exception:
                 ok = False
                 log.exception("stopping: %s failed; going on with the next step", step)
+            took = loop.time() - started
+            if took >= SLOW_STOP_STEP_S:
+                log.warning("stopping: %s took %.1f s", step, took)
         self._stopped.set()
         if ok:
             log.info("pymq broker %d stopped cleanly", self.config["broker.id"])

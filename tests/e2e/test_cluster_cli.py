@@ -50,7 +50,12 @@ def test_cluster_start_runs_etcd_and_three_brokers_until_ctrl_c(tmp_path: Path):
             assert re.search(rf"\b{broker}\b.*127\.0\.0\.{int(broker) + 1}:", described)
     finally:
         process.send_signal(signal.SIGINT)
-        output = process.communicate(timeout=90)[0]
+        try:
+            output = process.communicate(timeout=90)[0]
+        except subprocess.TimeoutExpired:
+            process.kill()
+            logs = {path.parent.name: path.read_text()[-3000:] for path in (tmp_path / "cluster").glob("*/data.out")}
+            raise AssertionError(f"pymq cluster start did not stop within 90 s of Ctrl-C; its processes' output: {logs}")
     assert process.returncode == 0, output
     assert (tmp_path / "cluster" / "broker-2" / "data" / "orders-2").is_dir()
 
