@@ -42,7 +42,6 @@ from broker.errors import (
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
     PymqError,
-    RequestTimedOutError,
 )
 from broker.protocol import FetchPartition, FetchRequest, FetchResponse, TopicRequest
 
@@ -275,11 +274,14 @@ class Fetcher:
                         conn = await self.cluster.connection(node)
                         fetch = self._send_fetch(conn, {tp: self._subs.fetch_positions[tp] for tp in mine})
                     ahead = await self._complete_fetch(node, fetch)
-                except (NetworkError, RequestTimedOutError) as err:
-                    log.info("fetch from broker %d failed: %s; retrying", node, err)
-                    await asyncio.sleep(self.retry_backoff_s)
-                    await self._refresh_quietly()
                 except PymqError as err:
+                    if err.retriable or isinstance(err, NetworkError):
+                        # The leader gone, hung, or not registered (yet, or any more: a failover
+                        # in progress): new metadata moves the partition or the loop tries again.
+                        log.info("fetch from broker %d failed: %s; retrying", node, err)
+                        await asyncio.sleep(self.retry_backoff_s)
+                        await self._refresh_quietly()
+                        continue
                     with self._subs.lock:
                         self._error = err
                         self._waiting_for_room = True
