@@ -67,6 +67,10 @@ def start(brokers: int, root: Path, port: int, etcd_port: int, config_path: Path
     click.echo(f"bootstrap: {local.bootstrap}")
     click.echo("Ctrl-C stops the cluster.")
     stop = threading.Event()
+    # Ctrl-C and SIGTERM stop the cluster even when this process inherited them ignored or
+    # blocked (a parent that ignores SIGINT, or spawned us from a thread that blocks it).
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         while not stop.wait(1.0):
