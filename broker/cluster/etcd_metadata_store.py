@@ -94,6 +94,7 @@ class EtcdMetadataStore(MetadataStore):
         self._current = 0  # the member calls go to
         self._client = self._new_client()
         self._closed = False
+        self._retiring: dict[asyncio.Task[None], aetcd.Client] = {}  # clients of failed members, closing
         self._seen_revision = 0  # the newest revision any response showed (where watches from "now" start)
         self._watches: set[EtcdWatch] = set()
 
@@ -173,6 +174,9 @@ class EtcdMetadataStore(MetadataStore):
         self._closed = True
         for watch in list(self._watches):
             watch.cancel()
+        for task, client in list(self._retiring.items()):
+            task.cancel()
+            await _quietly(client.close())
         await self._client.close()
 
     # -- etcd messages --
@@ -266,7 +270,9 @@ class EtcdMetadataStore(MetadataStore):
         async def close_later() -> None:
             await asyncio.sleep(self.timeout_s)
             await _quietly(client.close())
-        asyncio.get_running_loop().create_task(close_later())
+        task = asyncio.get_running_loop().create_task(close_later())
+        self._retiring[task] = client  # referenced until done (the loop keeps only weak references)
+        task.add_done_callback(lambda done: self._retiring.pop(done, None))
 
 
 def _versioned(kv: Any) -> Versioned:
