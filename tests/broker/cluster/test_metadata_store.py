@@ -916,6 +916,12 @@ class TestEtcdMetadataStore(MetadataStoreContract):
                 with pytest.raises(MetadataStoreUnavailableError):
                     await store.put("k/during", {})
                 await asyncio.to_thread(server.start)
+                for _ in range(50):  # the client's channel reconnects after its backoff: retriable until then
+                    try:
+                        await store.revision()
+                        break
+                    except MetadataStoreUnavailableError:
+                        await asyncio.sleep(0.1)
                 await store.put("k/after", {"n": 1})
                 await store.delete("k/before")
                 assert changes(await take(watch, 2)) == [("put", "k/after", {"n": 1}), ("delete", "k/before", None)]
