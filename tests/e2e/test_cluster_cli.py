@@ -24,6 +24,15 @@ def pymq(bootstrap: str, *args: str) -> str:
     return result.output
 
 
+def signal_masks(pid: int) -> str:
+    """The blocked, ignored and caught signal masks of a process, from /proc (why a process ignores a signal)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError as e:
+        return repr(e)
+    return ", ".join(line for line in status.splitlines() if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
+
+
 def test_cluster_start_runs_etcd_and_three_brokers_until_ctrl_c(tmp_path: Path):
     process = subprocess.Popen(
         [sys.executable, "-m", "broker.cli", "cluster", "start", "--dir", str(tmp_path / "cluster"), "--port", "0",
@@ -49,13 +58,15 @@ def test_cluster_start_runs_etcd_and_three_brokers_until_ctrl_c(tmp_path: Path):
         for broker in "012":
             assert re.search(rf"\b{broker}\b.*127\.0\.0\.{int(broker) + 1}:", described)
     finally:
+        signal_state = signal_masks(process.pid)
         process.send_signal(signal.SIGINT)
         try:
             output = process.communicate(timeout=90)[0]
         except subprocess.TimeoutExpired:
             process.kill()
             logs = {path.parent.name: path.read_text()[-3000:] for path in (tmp_path / "cluster").glob("*/data.out")}
-            raise AssertionError(f"pymq cluster start did not stop within 90 s of Ctrl-C; its processes' output: {logs}")
+            raise AssertionError(f"pymq cluster start did not stop within 90 s of Ctrl-C (its signal masks before the "
+                                 f"Ctrl-C: {signal_state}); its processes' output: {logs}")
     assert process.returncode == 0, output
     assert (tmp_path / "cluster" / "broker-2" / "data" / "orders-2").is_dir()
 
