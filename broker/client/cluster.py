@@ -107,19 +107,25 @@ class Cluster:
         return conn
 
     async def any_connection(self) -> BrokerConnection:
-        """An open connection to any broker, else a new one: brokers whose connection failed
-        (refused, lost, or closed after a request timed out: a hung broker) are tried last, the
-        longest-failed first, so a dead broker in the bootstrap list costs one attempt, not one
-        per request."""
-        for conn in self._connections.values():
-            if not conn.closed:
-                return conn
+        """A connection to any broker: the broker whose connection failed longest ago (refused,
+        lost, or closed after a request timed out: a hung broker), or never, first; its open
+        connection if it has one, else a new one. So a dead broker in the bootstrap list costs one
+        attempt, not one per request, and a hung broker's other connections (a metadata request
+        on the bootstrap connection to a leader whose produce just timed out) are not used while
+        another broker answers."""
+        now = time.monotonic()
+        open_at: dict[tuple[str, int], BrokerConnection] = {}
         for key, conn in list(self._connections.items()):
-            self._failed[(conn.host, conn.port)] = time.monotonic()
-            del self._connections[key]
+            if conn.closed:
+                self._failed[(conn.host, conn.port)] = now
+                del self._connections[key]
+            else:
+                open_at.setdefault((conn.host, conn.port), conn)
         errors = []
-        addresses = list(dict.fromkeys([*self.brokers.values(), *self.bootstrap]))
+        addresses = list(dict.fromkeys([*self.brokers.values(), *self.bootstrap, *open_at]))
         for address in sorted(addresses, key=lambda a: self._failed.get(a, 0.0)):
+            if address in open_at and not open_at[address].closed:
+                return open_at[address]
             try:
                 conn = await BrokerConnection.open(*address, self.request_timeout_s, max_in_flight=self.max_in_flight)
             except NetworkError as err:

@@ -8,6 +8,7 @@ stored), never stored twice, so the checker can demand no duplicates (idempotent
 with the producer's idempotence)."""
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 
@@ -20,6 +21,10 @@ from tests.e2e.conftest import partitions_of, read_all, wait_for, wait_for_full_
 TOPIC = "events"
 PARTITIONS = 3
 RECORDS = 200_000
+# How soon the new leader must take produce requests: a lapsed registration (3 s) plus the
+# producer's request timeout (5 s) to give up on a hung leader, with room for a loaded machine.
+# The failover time itself is measured by benchmarks/cluster.py, not asserted here.
+FAILOVER_BOUND_S = 30
 
 
 class Tail(threading.Thread):
@@ -50,7 +55,9 @@ class Tail(threading.Thread):
 
 def produce(bootstrap: str, history: History, fault_after: int, fault, acked_after_fault: list[float]) -> float:
     """Send RECORDS values round-robin over the partitions with acks=all; call `fault()` once
-    `fault_after` are acknowledged. Returns when the fault happened (time.monotonic)."""
+    `fault_after` are acknowledged; go on past RECORDS until a value of partition 0 sent after the
+    fault is acknowledged (or FAILOVER_BOUND_S pass), so the run spans the failover however slow
+    the machine. Returns when the fault happened (time.monotonic)."""
     fault_at: list[float] = []
     first_after_fault = [RECORDS]  # the index of the first value sent after the fault
     acked = [0]
@@ -64,7 +71,9 @@ def produce(bootstrap: str, history: History, fault_after: int, fault, acked_aft
 
     with Producer(bootstrap, acks="all", retries=0, linger_ms=5, request_timeout_ms=5_000,
                   delivery_timeout_ms=20_000, max_in_flight=1) as producer:
-        for i in range(RECORDS):
+        for i in itertools.count():
+            if i >= RECORDS and (not fault_at or acked_after_fault or time.monotonic() > fault_at[0] + FAILOVER_BOUND_S):
+                break
             value = b"v%07d" % i
             history.sending(value)
             producer.send(TOPIC, value, partition=i % PARTITIONS,
@@ -94,7 +103,7 @@ def test_leader_failure_under_acks_all_loses_no_acknowledged_record(cluster, fau
                        acked_after_fault)
     assert acked_after_fault, "no record of partition 0 was acknowledged after the leader failed"
     failover_s = acked_after_fault[0] - fault_at
-    assert failover_s < 15, f"the new leader of {TOPIC}-0 served {failover_s:.1f} s after the failure"
+    assert failover_s < FAILOVER_BOUND_S, f"the new leader of {TOPIC}-0 served {failover_s:.1f} s after the failure"
     survivors = ",".join(b.bootstrap for b in local.brokers if b is not victim)
     with Admin(survivors, request_timeout_ms=5_000) as admin:
         moved = wait_for(lambda: (lambda p: p if p.leader not in (-1, leader) else None)(
