@@ -66,8 +66,15 @@ def wait_until(condition, timeout_s: float, what: str):  # type: ignore[no-untyp
 
 
 def local_logs(log_dir: Path, topic: str) -> dict[int, int]:
-    """base offset -> size of each local segment's .log file."""
-    return {int(p.name[:20]): p.stat().st_size for p in (log_dir / f"{topic}-0").glob("*.log")}
+    """base offset -> size of each local segment's .log file (a file that local retention deletes
+    between the listing and its stat is gone, not an error)."""
+    sizes = {}
+    for path in (log_dir / f"{topic}-0").glob("*.log"):
+        try:
+            sizes[int(path.name[:20])] = path.stat().st_size
+        except FileNotFoundError:
+            continue
+    return sizes
 
 
 def row_of(output: str, topic: str, partition: int) -> str:
