@@ -38,7 +38,6 @@ from broker.client.subscription_state import SubscriptionState, reset_timestamp
 from broker.errors import (
     CorruptMessageError,
     CorruptRecordError,
-    NetworkError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
     PymqError,
@@ -275,7 +274,7 @@ class Fetcher:
                         fetch = self._send_fetch(conn, {tp: self._subs.fetch_positions[tp] for tp in mine})
                     ahead = await self._complete_fetch(node, fetch)
                 except PymqError as err:
-                    if err.retriable or isinstance(err, NetworkError):
+                    if err.retriable:  # NetworkError and RequestTimedOutError included
                         # The leader gone, hung, or not registered (yet, or any more: a failover
                         # in progress): new metadata moves the partition or the loop tries again.
                         log.info("fetch from broker %d failed: %s; retrying", node, err)
