@@ -10,6 +10,15 @@ received, so it admits every request it has read and stops *reading* while a bud
   thread and not yet written; while it is spent the connections with produces in flight stop
   reading, and every other connection (metadata, heartbeats, fetches) is still served.
 
+A large request frame is the exception: its size is known from its header before its body is
+read, so the connection reserves the whole size (`try_acquire`) before reading it, and while the
+budget has no room for it that connection alone stops reading (partly received frames count too,
+and a client that announces a large frame and sends part of it holds no more than the budget).
+
+The same shape bounds one thing that is not bytes: `queued.max.response.descriptors`, the segment
+descriptors held by responses queued on every connection and not yet sent; while it is spent
+the connections with responses queued stop reading.
+
 Because admission happens before the check, one holder larger than the whole limit is admitted
 when nothing else is held (the limit is then spent until it is released): a request is never
 refused for its size here, only by `socket.request.max.bytes`. A connection reads at most one
@@ -41,6 +50,19 @@ class ByteBudget:
         """Count bytes already in hand (never waits: see the module docstring)."""
         self.used_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.used_bytes)
+
+    def try_acquire(self, nbytes: int) -> bool:
+        """Count `nbytes` not received yet if they fit under the limit, or if nothing is held (one
+        frame larger than the whole limit must still be readable); else take nothing. A caller
+        refused asks `wake_when_available` to try again."""
+        if not self.has_room(nbytes):
+            return False
+        self.acquire(nbytes)
+        return True
+
+    def has_room(self, nbytes: int) -> bool:
+        """Whether `try_acquire(nbytes)` would take them."""
+        return not self.used_bytes or self.used_bytes + nbytes < self.limit_bytes
 
     def release(self, nbytes: int) -> None:
         """Give bytes back; once under the limit, call everyone who asked to be woken."""

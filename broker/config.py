@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from broker.connection_quotas import parse_overrides
 from broker.errors import InvalidConfigError
 from segment_format.limits import INT32_MAX, INT64_MAX
 
@@ -256,7 +257,9 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
                   "on a clean stop, wait this long for requests already read to be answered before closing connections",
                   0, 600_000),
         ConfigDef("max.connections", int, 1000, "connections accepted at once", 1, 1_000_000),
-        ConfigDef("queued.max.requests", int, 500, "requests in flight per connection before reads pause", 1, 100_000),
+        ConfigDef("queued.max.requests", int, 500,
+                  "requests in flight per connection (read, and not yet answered or whose answer is not yet sent) "
+                  "before reads pause", 1, 100_000),
         ConfigDef("fetch.max.bytes", int, 55 << 20, "largest fetch response", 1024, INT32_MAX),
         ConfigDef("log.retention.check.interval.ms", int, 300_000, "how often retention runs", 10, INT64_MAX),
         ConfigDef("log.flush.scheduler.interval.ms", int, 1000, "how often flush.ms is checked", 10, INT64_MAX),
@@ -269,7 +272,20 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("queued.max.request.bytes", int, 256 << 20,
                   "bytes of requests read and not yet answered, across all connections, before the broker stops "
                   "reading from every connection (one request larger than this is admitted when nothing else "
-                  "is queued)", 1, INT64_MAX),
+                  "is queued; a large frame's body is read only once its whole size fits, so partly received "
+                  "frames count too)", 1, INT64_MAX),
+        # Bounds on what one client connection may take (broker/connection.py, docs/architecture.md).
+        ConfigDef("max.connections.per.ip", int, 500,
+                  "connections accepted at once from one client address; more are closed right after accept", 0,
+                  1_000_000),
+        ConfigDef("max.connections.per.ip.overrides", str, "",
+                  "per-address exceptions to max.connections.per.ip, as address:count,address:count (IP addresses)"),
+        ConfigDef("request.read.timeout.ms", int, 30_000,
+                  "a request must arrive whole within this long from its first byte, or its connection is closed "
+                  "(time the broker itself does not read does not count)", 100, INT64_MAX),
+        ConfigDef("queued.max.response.descriptors", int, 4096,
+                  "segment file descriptors held by responses queued and not yet sent, across all connections, "
+                  "before the connections with responses queued stop being read", 1, 1_000_000),
         ConfigDef("background.threads", int, 2,
                   "threads of each kind of background disk work (flushes, checkpoints, retention, log "
                   "creation and deletion, metadata writes, group loads): one bounded pool per kind", 1, 1024),
@@ -415,6 +431,7 @@ class BrokerConfig:
         config.log_defaults  # checks relations between limits at start-up
         if config["message.max.bytes"] + 1024 > config["socket.request.max.bytes"]:
             raise InvalidConfigError("socket.request.max.bytes must exceed message.max.bytes")
+        parse_overrides(config["max.connections.per.ip.overrides"])  # names the entry that is not address:count
         if config["group.min.session.timeout.ms"] > config["group.max.session.timeout.ms"]:
             raise InvalidConfigError(
                 f"group.min.session.timeout.ms ({config['group.min.session.timeout.ms']}) must not exceed "

@@ -1,29 +1,10 @@
-"""The broker process: asyncio TCP server, connections, background duties, lifecycle.
+"""The broker process: the asyncio TCP listener, background duties, lifecycle.
 
-This is the only asyncio edge of the broker (docs/architecture.md, Layers): it turns bytes into `Request`s with the
-protocol's `FrameDecoder` (received in place, see `_FrameReader`), hands them to `RequestHandlers`, and writes responses. Per connection:
-
-- Requests are dispatched in arrival order. Synchronous handlers (produce, metadata, list
-  offsets) run inline, so pipelined produces append in order; coroutine handlers (fetch long
-  poll, admin) run as tasks. Responses carry correlation ids and may complete out of order.
-- Responses never interleave: while a response with segment ranges is being sent with
-  sendfile, later responses queue behind it.
-- At most `queued.max.requests` requests are in flight; past that, and whenever the socket's
-  write buffer is full, the connection stops reading (backpressure instead of memory growth).
-- Memory is bounded in bytes (broker/backpressure.py): while the requests read and not yet
-  answered hold `queued.max.request.bytes`, no connection reads; while the log writer's queue is
-  full, the connections with produces in flight stop reading and every other one is served. The
-  event loop itself never waits for the disk.
-- Connections idle for `connections.max.idle.ms` are closed; at most `max.connections` are open.
-
-Zero copy (`zero.copy`, on both event loops): uvloop has no `loop.sendfile`, so the connection
-sends a response with segment ranges itself, with os.sendfile on a dup of the transport's socket,
-once the transport's write buffer is empty (nothing it queued can be overtaken) and while no other
-response may be written (the queue). When the socket is full it waits for it with `add_writer` on
-the dup and counts as write-paused, so reading stops as it does when the transport's buffer fills.
-A segment file deleted meanwhile stays readable (the range owns a descriptor); one truncated under
-the send ends it short, which aborts the connection: the frame header already promised the size.
-With `zero.copy` off, ranges are read with os.pread and written through the transport.
+This is the only asyncio edge of the broker (docs/architecture.md, Layers), with the connections
+it accepts (broker/connection.py: framing, dispatch, responses, and the bounds on what one client
+may take); the broker owns what they share: the receive buffer pool, the byte budgets
+(broker/backpressure.py), the connection quotas (broker/connection_quotas.py), and the duty that
+closes connections that are idle or receive a request too slowly.
 """
 from __future__ import annotations
 
@@ -34,17 +15,15 @@ import os
 import resource
 import signal
 import socket
-import struct
 import sys
-from collections import deque
 from collections.abc import Awaitable, Callable
-from functools import partial
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
-from typing import Any
 
 from broker import background, protocol
 from broker.backpressure import ByteBudget
+from broker.connection import Connection
+from broker.connection_quotas import ConnectionQuotas
 from broker.cluster.brokers import BrokerInfo, BrokerRegistration, LiveBrokers, broker_key
 from broker.cluster.controller import Controller
 from broker.cluster.local_metadata_store import LocalMetadataStore
@@ -53,360 +32,25 @@ from broker.cluster.metadata_store import Compare, MetadataStore
 from broker.cluster.replica_fetcher import FetchSettings, ReplicaFetcherManager
 from broker.cluster.topics import MetadataChange, TopicRegistry
 from broker.config import BrokerConfig
-from broker.errors import InvalidRequestError, KafkaStorageError, MessageTooLargeError, PymqError
 from broker.executors import BackgroundExecutors
-from broker.handlers import Part, RequestHandlers, Result, error_fields, error_result, to_result
+from broker.handlers import RequestHandlers
 from broker.cluster.partition import LeaderAndIsr, Partition
-from broker.log import FetchSlice, LogCleaner, LogManager, TopicLogSpec
-from broker.protocol import ApiKey
+from broker.log import LogCleaner, LogManager, TopicLogSpec
 from broker.log_writer import LogWriter
 from broker.coordinator.group_metadata import GroupState
 from broker.loop_lag import LoopLagProbe
-from broker.request_metrics import RequestMetrics, RequestTimer
+from broker.request_metrics import RequestMetrics
 from broker.log.log_dir_lock import LogDirLock
 from broker.metrics import serve_metrics
-from broker.purgatory import DelayedOperation, DelayedOperationPurgatory
+from broker.purgatory import DelayedOperationPurgatory
 from broker.replica_manager import ReplicaManager
 
 log = logging.getLogger("pymq.server")
-MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux: a header and the range after it share packets
 
 METADATA_FILE = "__cluster_metadata.json"
+RECEIVE_BUFFER_BYTES = 256 << 10  # a connection's receive buffer for frames under 64 KiB (framing.py)
+RECEIVE_BUFFERS_KEPT = 8  # receive buffers kept for reuse, not freed (framing.py ScratchPool)
 SLOW_STOP_STEP_S = 1.0  # a shutdown step that takes longer is logged (a hung shutdown names its step)
-
-
-class Connection(asyncio.BufferedProtocol):
-    """One client connection. Loop-local. A BufferedProtocol, so that the bytes of a large produce
-    request are received straight into the buffer they are appended from."""
-
-    def __init__(self, broker: "Broker") -> None:
-        self.broker = broker
-        self.loop = asyncio.get_running_loop()
-        self.decoder = protocol.FrameDecoder(broker.config["socket.request.max.bytes"])
-        self.transport: asyncio.Transport | None = None
-        self.peer = "?"
-        self.last_active = self.loop.time()
-        self.in_flight: set[asyncio.Task[None]] = set()
-        self._parked: dict[DelayedOperation, protocol.Request] = {}  # this connection's fetches in the purgatory
-        # Responses waiting to be written: header, parts, and the request's timer and control (metrics).
-        self._queue: deque[tuple[bytes, list[Part], RequestTimer | None, dict[str, Any]]] = deque()
-        self._writer: asyncio.Task[None] | None = None
-        self._write_paused = False
-        self._writable = asyncio.Event()
-        self._writable.set()
-        self._read_paused = False
-        self._stopped_reading = False
-        self._produces = 0  # produce requests in flight (waiting for the log writer or their acks)
-
-    # -- asyncio.Protocol ------------------------------------------------------------------------
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.peer = str(transport.get_extra_info("peername"))
-        if len(self.broker.connections) >= self.broker.config["max.connections"]:
-            log.warning("refusing %s: max.connections reached", self.peer)
-            transport.close()
-            return
-        self.broker.connections.add(self)
-        self._update_reading()  # a connection opened while the request budget is spent waits
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.broker.connections.discard(self)
-        # Parked fetches have nobody to answer; admin changes run to completion so that
-        # metadata and logs never disagree because a client hung up mid-request.
-        for op, frame in self._parked.items():
-            op.cancel()
-            self._unhold(frame)
-        self._parked.clear()
-        while self._queue:
-            _release(self._queue.popleft()[1])
-        if self._writer is not None:
-            self._writer.cancel()
-
-    def pause_writing(self) -> None:
-        self._write_paused = True
-        self._writable.clear()
-        self._update_reading()
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        self._writable.set()
-        self._update_reading()
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self.decoder.get_buffer(sizehint)
-
-    def buffer_updated(self, nbytes: int) -> None:
-        self.last_active = received = self.loop.time()
-        try:
-            for frame in self.decoder.received(nbytes):
-                self._dispatch(frame, received)
-        except InvalidRequestError as err:
-            log.warning("closing %s: unrecoverable framing error: %s", self.peer, err)
-            assert self.transport is not None
-            self.transport.close()
-
-    # -- requests --------------------------------------------------------------------------------
-
-    def _dispatch(self, frame: protocol.Frame, received: float) -> None:
-        if isinstance(frame, protocol.OversizeRequest):
-            limit = self.decoder.max_frame_bytes
-            err: PymqError = MessageTooLargeError(f"request of {frame.size} bytes exceeds socket.request.max.bytes {limit}")
-            self._respond(frame.correlation_id, (error_fields(err), []))
-            return
-        if isinstance(frame, protocol.MalformedRequest):
-            self._respond(frame.correlation_id, (error_fields(InvalidRequestError(frame.reason)), []))
-            return
-        timer = RequestTimer(frame.api_key, received, self.loop.time())
-        try:
-            result = self.broker.handlers.handle(frame)
-        except Exception as err:  # a named error, or a bug, which must not take the connection down
-            result = error_result(err)
-        timer.local_done = self.loop.time()
-        if isinstance(result, DelayedOperation):
-            self._hold(frame)
-            result.on_complete = partial(self._delayed_done, frame, result, timer)
-            self._parked[result] = frame
-            self._update_reading()
-        elif isinstance(result, Awaitable):
-            self._hold(frame)
-            task = self.loop.create_task(self._finish(frame, result, timer))
-            self.in_flight.add(task)
-            task.add_done_callback(self._task_done)
-            self._update_reading()
-        else:
-            self._respond(frame.correlation_id, result, timer)
-
-    def _hold(self, frame: protocol.Request) -> None:
-        """A request that is not answered at once keeps its bytes: count them against
-        queued.max.request.bytes until its response is out (`_unhold`). The request that spends
-        the budget stops every connection's reads, not only those that hold requests."""
-        memory = self.broker.request_memory
-        spent_before = memory.exhausted
-        memory.acquire(frame.payload.nbytes)
-        self._produces += frame.api_key == ApiKey.PRODUCE
-        if memory.exhausted and not spent_before:
-            for conn in list(self.broker.connections):
-                conn._update_reading()
-
-    def _unhold(self, frame: protocol.Request) -> None:
-        self._produces -= frame.api_key == ApiKey.PRODUCE
-        self.broker.request_memory.release(frame.payload.nbytes)
-
-    def _delayed_done(self, frame: protocol.Request, op: DelayedOperation, timer: RequestTimer, answer: Any,
-                      error: BaseException | None) -> None:
-        del self._parked[op]
-        timer.remote_done = self.loop.time()
-        self._respond(frame.correlation_id, to_result(answer) if error is None else error_result(error), timer)
-        self._unhold(frame)
-        self._update_reading()
-
-    async def _finish(self, frame: protocol.Request, pending: Awaitable[Result], timer: RequestTimer) -> None:
-        try:
-            result = await pending
-        except Exception as err:  # CancelledError is a BaseException: it propagates
-            result = error_result(err)
-        finally:
-            self._unhold(frame)
-        timer.local_done = self.loop.time()  # awaited work (a log append on the writer thread) is local
-        self._respond(frame.correlation_id, result, timer)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self.in_flight.discard(task)
-        self._update_reading()
-
-    @property
-    def waiting(self) -> int:
-        """Requests read but not answered yet."""
-        return len(self.in_flight) + len(self._parked)
-
-    def _update_reading(self) -> None:
-        if self.transport is None or self.transport.is_closing():
-            return
-        should_pause = (self._stopped_reading or self._write_paused
-                        or self.waiting >= self.broker.config["queued.max.requests"] or self._over_budget())
-        if should_pause and not self._read_paused:
-            self.transport.pause_reading()
-        elif not should_pause and self._read_paused:
-            self.transport.resume_reading()
-        self._read_paused = should_pause
-
-    def stop_reading(self) -> None:
-        """For good (a stopping broker): requests already read are still answered."""
-        self._stopped_reading = True
-        self._update_reading()
-
-    def _over_budget(self) -> bool:
-        """Whether a broker-wide byte budget this connection feeds is spent: the requests held by
-        every connection, and, for a connection with produces in flight, the log writer's queue
-        (Kafka mutes such channels). The spent budget calls `_update_reading` again when it has
-        room."""
-        budgets = [self.broker.request_memory]
-        if self._produces:
-            budgets.append(self.broker.writer.queue)
-        for budget in budgets:
-            if budget.exhausted:
-                budget.wake_when_available(self._update_reading)
-                return True
-        return False
-
-    # -- responses -------------------------------------------------------------------------------
-
-    def _respond(self, correlation_id: int, result: Result, timer: RequestTimer | None = None) -> None:
-        if result is None:  # no response (acks=0)
-            if timer is not None:
-                self.broker.request_metrics.record(timer, None, self.loop.time())
-            return
-        control, parts = result
-        if self.transport is None or self.transport.is_closing():
-            _release(parts)
-            return
-        size = sum(p.size if isinstance(p, FetchSlice) else len(p) for p in parts)
-        try:
-            header = protocol.encode_response(correlation_id, control, size)
-        except (ValueError, OverflowError, struct.error) as err:
-            # A frame's size is an int32: a response that cannot be framed gets a named error.
-            _release(parts)
-            too_large = MessageTooLargeError(f"response of {size} payload bytes cannot be framed: {err}")
-            control, parts, size = error_fields(too_large), [], 0
-            header = protocol.encode_response(correlation_id, control, size)
-        self.last_active = self.loop.time()
-        # Queue (as file ranges, not bytes) while a response is being sent with sendfile or while
-        # the client is not reading: a slow reader then costs references, not fetched data.
-        if (self._writer is not None or self._write_paused
-                or (self.broker.zero_copy and any(isinstance(p, FetchSlice) for p in parts))):
-            self._queue.append((header, parts, timer, control))
-            if self._writer is None:
-                self._writer = self.loop.create_task(self._drain_queue())
-            return
-        try:
-            _write_copied(self.transport, header, parts)
-        except Exception as err:  # a read error of the log directory, or a range that came back short
-            self._abort(correlation_id, err)
-        finally:
-            _release(parts)
-        if timer is not None:
-            self.broker.request_metrics.record(timer, control, self.loop.time())
-
-    def _abort(self, correlation_id: int, err: BaseException) -> None:
-        """A response could not be sent whole: drop the connection rather than leave the client
-        waiting for it (it reconnects and retries)."""
-        log.warning("aborting connection %s: response %d failed: %r", self.peer, correlation_id, err)
-        if self.transport is not None:
-            self.transport.abort()
-
-    async def _drain_queue(self) -> None:
-        """Write queued responses in order once the socket takes data: with sendfile on a dup of the
-        socket (`zero.copy`), else through the transport with segment ranges read by pread."""
-        transport = self.transport
-        assert transport is not None
-        sock = _dup_socket(transport) if self.broker.zero_copy else None
-        try:
-            while self._queue:
-                await self._writable.wait()
-                header, parts, timer, control = self._queue.popleft()
-                try:
-                    if sock is None:
-                        _write_copied(transport, header, parts)
-                    else:
-                        await self._send_direct(transport, sock, header, parts)
-                finally:
-                    _release(parts)
-                if timer is not None:
-                    self.broker.request_metrics.record(timer, control, self.loop.time())
-        except asyncio.CancelledError:
-            raise
-        except Exception as err:  # a half-sent response cannot be recovered: the client retries
-            self._abort(-1, err)
-        finally:
-            self._writer = None
-            if sock is not None:
-                sock.close()
-
-    async def _send_direct(self, transport: asyncio.Transport, sock: socket.socket, header: bytes,
-                           parts: list[Part]) -> None:
-        """Send one response past the transport, after whatever the transport still holds."""
-        while transport.get_write_buffer_size():
-            await self._socket_writable(sock)
-        await self._send_bytes(sock, header, MSG_MORE if parts else 0)
-        for i, part in enumerate(parts):
-            if isinstance(part, FetchSlice):
-                await self._send_file(sock, part)
-            else:
-                await self._send_bytes(sock, part, MSG_MORE if i + 1 < len(parts) else 0)
-
-    async def _send_bytes(self, sock: socket.socket, data: bytes | bytearray | memoryview, flags: int) -> None:
-        view = memoryview(data).cast("B")
-        while view:
-            try:
-                view = view[sock.send(view, flags):]
-            except BlockingIOError:
-                await self._socket_writable(sock)
-
-    async def _send_file(self, sock: socket.socket, part: FetchSlice) -> None:
-        """A segment range must go out whole or the frame would lie about its size."""
-        if not part.size:
-            return
-        assert part.file is not None
-        position, end = part.position, part.position + part.size
-        while position < end:
-            try:
-                sent = os.sendfile(sock.fileno(), part.file.fileno(), position, end - position)
-            except BlockingIOError:
-                await self._socket_writable(sock)
-                continue
-            if not sent:
-                raise KafkaStorageError(f"segment range ended {end - position} of {part.size} bytes short "
-                                        "(truncated under the send)")
-            position += sent
-
-    async def _socket_writable(self, sock: socket.socket) -> None:
-        """Wait until the socket takes bytes again. Meanwhile the connection is write-paused, as if
-        the transport's buffer were full: reading stops and new responses queue."""
-        waiter = self.loop.create_future()
-        self.loop.add_writer(sock.fileno(), _set_done, waiter)
-        self.pause_writing()
-        try:
-            await waiter
-        finally:
-            self.loop.remove_writer(sock.fileno())
-            self.resume_writing()
-
-
-def _dup_socket(transport: asyncio.Transport) -> socket.socket | None:
-    """A descriptor of the transport's socket owned by the sender: the transport may close its own
-    (connection lost) while a send waits, and the number must not be reused under it. None if the
-    transport has no socket to send on."""
-    raw = transport.get_extra_info("socket")
-    if raw is None:
-        return None
-    sock = socket.socket(fileno=os.dup(raw.fileno()))
-    sock.setblocking(False)
-    return sock
-
-
-def _set_done(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
-
-
-def _write_copied(transport: asyncio.Transport, header: bytes, parts: list[Part]) -> None:
-    """Write a response through the transport, segment ranges read with pread (on the loop: the
-    path of `zero.copy` off). A range that comes back short raises and nothing is written: the
-    frame header already promised its size."""
-    data = [header, *(p.read_bytes() if isinstance(p, FetchSlice) else p for p in parts)]
-    for part, chunk in zip(parts, data[1:]):
-        if isinstance(part, FetchSlice) and len(chunk) != part.size:
-            raise KafkaStorageError(f"read {len(chunk)} of {part.size} bytes of a segment range "
-                                    "(truncated under the read)")
-    transport.writelines(data)
-
-
-def _release(parts: list[Part]) -> None:
-    """Close the descriptors the segment ranges of a response own (sent, or never to be)."""
-    for part in parts:
-        if isinstance(part, FetchSlice):
-            part.close()
 
 
 class Broker:
@@ -433,6 +77,12 @@ class Broker:
             self.purgatory = DelayedOperationPurgatory()
             self.writer = LogWriter(config["log.writer.offload.bytes"], config["log.writer.queued.max.bytes"])
             self.request_memory = ByteBudget("queued.max.request.bytes", config["queued.max.request.bytes"])
+            self.response_descriptors = ByteBudget("queued.max.response.descriptors",
+                                                   config["queued.max.response.descriptors"])
+            self.connection_quotas = ConnectionQuotas.from_config(config)
+            # One receive buffer serves every connection between its receives; a few spare ones
+            # serve the connections that stop mid-frame (RECEIVE_BUFFERS_KEPT bounds what is kept).
+            self.receive_buffers = protocol.ScratchPool(RECEIVE_BUFFER_BYTES, RECEIVE_BUFFERS_KEPT)
             self.loop_lag = LoopLagProbe()
             self.request_metrics = RequestMetrics()
             remote_logs = None
@@ -731,11 +381,13 @@ class Broker:
         self.replicas.remote_logs.schedule()
 
     def _close_idle(self) -> None:
-        limit_s = self.config["connections.max.idle.ms"] / 1000
+        """Close the connections idle for connections.max.idle.ms and those whose request has not
+        arrived whole within request.read.timeout.ms."""
         now = asyncio.get_running_loop().time()
         for conn in list(self.connections):
-            if not conn.waiting and now - conn.last_active > limit_s and conn.transport is not None:
-                log.info("closing idle connection %s", conn.peer)
+            reason = conn.expired(now)
+            if reason is not None and conn.transport is not None:
+                log.info("closing connection %s: %s", conn.peer, reason)
                 conn.transport.close()
 
 

@@ -9,12 +9,14 @@ from broker.protocol.framing import (
     SUPPORTED_VERSIONS,
     ApiKey,
     Frame,
+    FrameBudget,
     FrameDecoder,
     MalformedRequest,
     OversizeRequest,
     Request,
     Response,
     ResponseDecoder,
+    ScratchPool,
     encode_request,
     encode_response,
 )
@@ -23,6 +25,6 @@ from broker.protocol.messages import __all__ as _message_names
 
 __all__ = [
     "REQUEST_HEADER", "REQUEST_HEADER_AFTER_SIZE", "RESPONSE_HEADER", "SUPPORTED_VERSIONS", "ApiKey", "Frame",
-    "FrameDecoder", "MalformedRequest", "OversizeRequest", "Request", "Response", "ResponseDecoder",
-    "encode_request", "encode_response", "entries", "entry_field", "field", *_message_names,
+    "FrameBudget", "FrameDecoder", "MalformedRequest", "OversizeRequest", "Request", "Response", "ResponseDecoder",
+    "ScratchPool", "encode_request", "encode_response", "entries", "entry_field", "field", *_message_names,
 ]

@@ -22,7 +22,7 @@ import abc
 import enum
 import struct
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol
 
 import msgpack
 import numpy as np
@@ -107,6 +107,38 @@ class Response:
 Frame = Request | OversizeRequest | MalformedRequest
 
 
+class FrameBudget(Protocol):
+    """Where the bytes of large frames being received are reserved before they are read (the
+    broker's `queued.max.request.bytes`, broker/backpressure.py ByteBudget)."""
+
+    def try_acquire(self, nbytes: int) -> bool: ...
+
+    def release(self, nbytes: int) -> None: ...
+
+
+class ScratchPool:
+    """Receive buffers lent to frame readers while they hold unparsed bytes.
+
+    A reader takes one for a receive and gives it back as soon as it holds no more than a small
+    part of a frame (which it keeps as a copy of its own), so an idle connection holds none and a
+    broker with a thousand connections needs about one. At most `max_free` buffers are kept for
+    reuse; they are never freed, so the allocator is not left with holes the size of a buffer."""
+
+    def __init__(self, buffer_bytes: int, max_free: int) -> None:
+        self.buffer_bytes = buffer_bytes
+        self.max_free = max_free
+        self._free: list[memoryview] = []
+
+    def take(self) -> memoryview:
+        """A buffer from `numpy.empty`: not zeroed, so its pages cost memory only once bytes are
+        received into them (a receive that finds the connection closed costs nothing)."""
+        return self._free.pop() if self._free else memoryview(np.empty(self.buffer_bytes, dtype=np.uint8)).cast("B")
+
+    def give(self, buffer: memoryview) -> None:
+        if len(self._free) < self.max_free:
+            self._free.append(buffer)
+
+
 class _FrameReader(abc.ABC):
     """Receives length-prefixed frames with the fewest copies (the asyncio.BufferedProtocol shape).
 
@@ -118,53 +150,81 @@ class _FrameReader(abc.ABC):
     fetch frames that carry the data. The buffer comes from `numpy.empty`, so a header announcing a
     big frame costs address space, not resident memory, until the bytes actually arrive.
 
+    Memory a reader holds between frames: the scratch buffer is borrowed from a `ScratchPool` and
+    given back once no more than `carry_bytes` of a frame are left in it (those are copied aside),
+    so an idle reader holds nothing. With a `budget`, a large frame's whole announced size is
+    reserved from it before its body is read (`try_acquire`); while the budget has no room the
+    reader stops at the header (`waiting_bytes`) and the caller stops reading the socket, then
+    calls `received(0)` to try again. The reservation is released as the frame is delivered, or
+    by `close()`.
+
     `feed(data)` does the same for bytes already in hand (tests, the fuzz mirror).
     """
 
     HEADER: struct.Struct  # the fixed frame header, starting with the int32 size
 
-    def __init__(self, max_frame_bytes: int, *, scratch_bytes: int = 256 << 10, direct_bytes: int = 64 << 10) -> None:
-        if direct_bytes > scratch_bytes // 2:
-            raise ValueError("direct_bytes must be at most half of scratch_bytes, so a smaller frame always fits")
+    def __init__(self, max_frame_bytes: int, *, scratch_bytes: int = 256 << 10, direct_bytes: int = 64 << 10,
+                 carry_bytes: int = 4 << 10, pool: ScratchPool | None = None,
+                 budget: FrameBudget | None = None) -> None:
+        self._pool = pool or ScratchPool(max(scratch_bytes, self.HEADER.size), max_free=1)
+        if direct_bytes > self._pool.buffer_bytes // 2:
+            raise ValueError("direct_bytes must be at most half of the scratch buffer, so a smaller frame always fits")
+        if carry_bytes >= direct_bytes:
+            raise ValueError("carry_bytes must be below direct_bytes: only the start of a small frame is carried")
         self.max_frame_bytes = max_frame_bytes
         self.direct_bytes = direct_bytes
-        self._scratch = bytearray(max(scratch_bytes, self.HEADER.size))
+        self.carry_bytes = carry_bytes
+        self._budget = budget
+        self._scratch: memoryview | None = None  # borrowed from the pool while bytes are in it
+        self._carry = b""  # the start of a frame kept aside while the scratch is back in the pool
         self._start = self._end = 0  # unread bytes are _scratch[_start:_end]
         self._direct: memoryview | None = None  # the body of a large frame being received in place
         self._direct_header: tuple[int, ...] = ()
         self._filled = 0
         self._skip = 0  # bytes of an oversize frame still to discard
+        self.waiting_bytes = 0  # a large frame's size the budget had no room for (0: not waiting)
 
     @property
     def buffered_bytes(self) -> int:
         """Bytes of incomplete frames held (0 between frames)."""
-        return self._end - self._start + (self.HEADER.size + self._filled if self._direct is not None else 0)
+        return (self._end - self._start + len(self._carry)
+                + (self.HEADER.size + self._filled if self._direct is not None else 0))
+
+    def close(self) -> None:
+        """Drop what is held: the scratch goes back to the pool, a reservation to the budget."""
+        if self._direct is not None and self._budget is not None:
+            self._budget.release(len(self._direct))
+        self._direct, self._carry, self.waiting_bytes = None, b"", 0
+        self._give_back()
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:
         if self._direct is not None:
             return self._direct[self._filled:]
+        scratch = self._borrow()
         if self._start == self._end:
             self._start = self._end = 0
-        elif len(self._scratch) - self._end < self.direct_bytes:
+        elif len(scratch) - self._end < self.direct_bytes:
             # What is left is the start of one frame smaller than direct_bytes: move it to the
             # front so that the rest of it fits.
             tail = self._end - self._start
-            self._scratch[:tail] = self._scratch[self._start:self._end]
+            scratch[:tail] = scratch[self._start:self._end]
             self._start, self._end = 0, tail
-        return memoryview(self._scratch)[self._end:]
+        return scratch[self._end:]
 
     def received(self, nbytes: int) -> Iterator[Any]:
         """Account for `nbytes` written into the last `get_buffer()`; yield the completed frames.
 
         A generator, so that the frames before a framing error are still delivered before it
         raises. Each frame is consumed before it is yielded: a caller that stops iterating never
-        sees a frame twice, and the frames it did not take come with the next call."""
+        sees a frame twice, and the frames it did not take come with the next call (`received(0)`)."""
         if self._direct is not None:
             self._filled += nbytes
             if self._filled < len(self._direct):
                 return
             body, header = self._direct, self._direct_header
             self._direct, self._filled = None, 0
+            if self._budget is not None:
+                self._budget.release(len(body))  # the caller holds the request from here on
             yield self._frame(header, body)
             return
         self._end += nbytes
@@ -184,8 +244,28 @@ class _FrameReader(abc.ABC):
         if not data:
             yield from self.received(0)
 
+    def _borrow(self) -> memoryview:
+        """The scratch, taken from the pool (with the carried bytes put back in front) if needed."""
+        if self._scratch is None:
+            self._scratch = self._pool.take()
+            carry = len(self._carry)
+            self._scratch[:carry] = self._carry
+            self._start, self._end, self._carry = 0, carry, b""
+        return self._scratch
+
+    def _give_back(self) -> None:
+        """Return the scratch to the pool if what is left in it is small (kept aside) or nothing."""
+        if self._scratch is None:
+            return
+        left = self._end - self._start
+        if left > self.carry_bytes:
+            return
+        self._carry = bytes(self._scratch[self._start:self._end]) if left else b""
+        self._pool.give(self._scratch)
+        self._scratch, self._start, self._end = None, 0, 0
+
     def _parse(self) -> Iterator[Any]:
-        scratch, header_size = self._scratch, self.HEADER.size
+        scratch, header_size = self._borrow(), self.HEADER.size
         while True:
             if self._skip:
                 dropped = min(self._skip, self._end - self._start)
@@ -193,7 +273,7 @@ class _FrameReader(abc.ABC):
                 self._start += dropped
             available = self._end - self._start
             if available < header_size:
-                return
+                break
             header = self.HEADER.unpack_from(scratch, self._start)
             size = header[0]
             self._check_size(header)
@@ -207,15 +287,20 @@ class _FrameReader(abc.ABC):
                 self._start = body_start + body_size  # consumed before decoding: never delivered twice
                 # One copy, into a buffer of its own: the payload outlives the scratch, and the
                 # log patches base offsets into it in place before appending.
-                yield self._frame(header, memoryview(scratch[body_start:body_start + body_size]))
+                yield self._frame(header, memoryview(bytearray(scratch[body_start:body_start + body_size])))
                 continue
             if body_size >= self.direct_bytes:
+                if self._budget is not None and not self._budget.try_acquire(body_size):
+                    self.waiting_bytes = body_size
+                    break
+                self.waiting_bytes = 0
                 body = memoryview(np.empty(body_size, dtype=np.uint8)).cast("B")
                 have = self._end - body_start
                 body[:have] = scratch[body_start:self._end]
                 self._direct, self._direct_header, self._filled = body, header, have
                 self._start = self._end = 0
-            return
+            break
+        self._give_back()
 
     def _check_size(self, header: tuple[int, ...]) -> None:
         """Raise InvalidRequestError for a size that cannot be resynchronized."""

@@ -16,7 +16,8 @@ from broker import protocol
 from broker.config import BrokerConfig
 from broker.errors import MessageTooLargeError
 from broker.log import FetchSlice
-from broker.server import Broker, Connection
+from broker.connection import Connection
+from broker.server import Broker
 
 
 async def respond(tmp_path: Path, zero_copy: bool, parts: list[FetchSlice]) -> bytes:

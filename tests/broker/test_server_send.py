@@ -25,7 +25,8 @@ from broker.client import Admin, Producer
 from broker.config import BrokerConfig
 from broker.log import FetchSlice
 from broker.protocol import ApiKey
-from broker.server import Broker, Connection
+from broker.connection import Connection
+from broker.server import Broker
 
 LOOPS = pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
 TOPIC = "wide"
