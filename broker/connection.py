@@ -263,7 +263,7 @@ class Connection(asyncio.BufferedProtocol):
         if (self._frame_started is not None and not self._read_paused
                 and now - self._frame_started > config["request.read.timeout.ms"] / 1000):
             return "a request did not arrive whole within request.read.timeout.ms"
-        if not self.waiting and not self._queue and now - self.last_active > config["connections.max.idle.ms"] / 1000:
+        if not self.waiting and now - self.last_active > config["connections.max.idle.ms"] / 1000:
             return "idle for connections.max.idle.ms"
         return None
 
@@ -296,7 +296,9 @@ class Connection(asyncio.BufferedProtocol):
         (Kafka mutes such channels), and for one with responses queued, the descriptors queued
         responses hold. The spent budget calls `_update_reading` again when it has
         room."""
-        budgets = [self.broker.request_memory]
+        # A frame whose size is reserved is read on: its bytes count already, and they may be
+        # what spent the budget.
+        budgets = [] if self.decoder.reserved_bytes else [self.broker.request_memory]
         if self._produces:
             budgets.append(self.broker.writer.queue)
         if self._queue:

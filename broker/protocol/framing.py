@@ -129,6 +129,11 @@ class ScratchPool:
         self.max_free = max_free
         self._free: list[memoryview] = []
 
+    @property
+    def free_buffers(self) -> int:
+        """Buffers kept for reuse now."""
+        return len(self._free)
+
     def take(self) -> memoryview:
         """A buffer from `numpy.empty`: not zeroed, so its pages cost memory only once bytes are
         received into them (a receive that finds the connection closed costs nothing)."""
@@ -169,8 +174,6 @@ class _FrameReader(abc.ABC):
         self._pool = pool or ScratchPool(max(scratch_bytes, self.HEADER.size), max_free=1)
         if direct_bytes > self._pool.buffer_bytes // 2:
             raise ValueError("direct_bytes must be at most half of the scratch buffer, so a smaller frame always fits")
-        if carry_bytes >= direct_bytes:
-            raise ValueError("carry_bytes must be below direct_bytes: only the start of a small frame is carried")
         self.max_frame_bytes = max_frame_bytes
         self.direct_bytes = direct_bytes
         self.carry_bytes = carry_bytes
@@ -190,11 +193,17 @@ class _FrameReader(abc.ABC):
         return (self._end - self._start + len(self._carry)
                 + (self.HEADER.size + self._filled if self._direct is not None else 0))
 
+    @property
+    def reserved_bytes(self) -> int:
+        """The budget reserved for the large frame being received (0 if none)."""
+        return len(self._direct) if self._direct is not None and self._budget is not None else 0
+
     def close(self) -> None:
         """Drop what is held: the scratch goes back to the pool, a reservation to the budget."""
         if self._direct is not None and self._budget is not None:
             self._budget.release(len(self._direct))
         self._direct, self._carry, self.waiting_bytes = None, b"", 0
+        self._start = self._end  # what is left is dropped
         self._give_back()
 
     def get_buffer(self, sizehint: int = -1) -> memoryview:

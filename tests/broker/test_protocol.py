@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from broker.backpressure import ByteBudget
 from broker.errors import InvalidRequestError
 from broker.protocol import (
     REQUEST_HEADER,
@@ -18,6 +19,7 @@ from broker.protocol import (
     OversizeRequest,
     Request,
     ResponseDecoder,
+    ScratchPool,
     encode_request,
     encode_response,
     entries,
@@ -207,6 +209,77 @@ def test_frame_is_not_redelivered_when_the_caller_stops_iterating():
 def test_direct_bytes_must_leave_room_for_smaller_frames_in_the_scratch():
     with pytest.raises(ValueError):
         FrameDecoder(1 << 20, scratch_bytes=1000, direct_bytes=600)
+
+
+def test_a_large_frame_reserves_its_announced_size_before_its_body_is_read():
+    """Partly received frames count: the whole body size is taken from the budget as soon as the
+    header is read, and handed back as the frame is delivered (the caller holds it from there)."""
+    budget = ByteBudget("queued.max.request.bytes", 100_000)
+    frame = _request(61, payload=bytes(6000))
+    decoder = FrameDecoder(1 << 20, scratch_bytes=8192, direct_bytes=4096, budget=budget)
+    assert list(decoder.feed(frame[:100])) == []
+    assert budget.used_bytes == len(frame) - REQUEST_HEADER.size
+    [request] = decoder.feed(frame[100:])
+    assert request.correlation_id == 61 and budget.used_bytes == 0
+
+
+def test_a_large_frame_waits_at_its_header_until_the_budget_has_room():
+    """With no room, the decoder stops at the header (waiting_bytes) and takes nothing; once the
+    budget has room, received(0) reserves it and the body is read."""
+    budget = ByteBudget("queued.max.request.bytes", 10_000)
+    budget.acquire(5000)
+    frame = _request(62, payload=bytes(6000))
+    decoder = FrameDecoder(1 << 20, scratch_bytes=8192, direct_bytes=4096, budget=budget)
+    assert list(decoder.feed(frame[:100])) == []
+    body_bytes = len(frame) - REQUEST_HEADER.size
+    assert decoder.waiting_bytes == body_bytes and budget.used_bytes == 5000
+    budget.release(5000)
+    assert list(decoder.received(0)) == [] and decoder.waiting_bytes == 0 and budget.used_bytes == body_bytes
+    [request] = decoder.feed(frame[100:])
+    assert request.correlation_id == 62 and budget.used_bytes == 0
+
+
+def test_closing_a_decoder_mid_frame_gives_back_its_reservation_and_receive_buffer():
+    """A connection lost mid-frame: a large frame's reservation goes back to the budget, a small
+    frame's receive buffer back to the pool."""
+    budget = ByteBudget("queued.max.request.bytes", 100_000)
+    pool = ScratchPool(8192, max_free=4)
+    large = FrameDecoder(1 << 20, direct_bytes=4096, carry_bytes=64, pool=pool, budget=budget)
+    list(large.feed(_request(63, payload=bytes(6000))[:5000]))
+    large.close()
+    assert budget.used_bytes == 0 and large.buffered_bytes == 0
+    small = FrameDecoder(1 << 20, direct_bytes=4096, carry_bytes=64, pool=pool, budget=budget)
+    list(small.feed(_request(64, payload=bytes(3000))[:2000]))
+    assert pool.free_buffers == 0
+    small.close()
+    assert pool.free_buffers == 1 and small.buffered_bytes == 0
+
+
+@pytest.mark.parametrize("cut, holds_buffer", [(None, False), (10, False), (2000, True)],
+                         ids=["whole-frame", "small-start-carried", "large-start-kept"])
+def test_a_decoder_between_frames_holds_no_receive_buffer(cut, holds_buffer):
+    """The receive buffer goes back to the shared pool after a receive unless more than
+    carry_bytes of a frame are left in it (those few bytes are kept aside instead)."""
+    pool = ScratchPool(8192, max_free=4)
+    decoder = FrameDecoder(1 << 20, direct_bytes=4096, carry_bytes=64, pool=pool)
+    frame = _request(65, payload=bytes(3000))
+    delivered = list(decoder.feed(frame if cut is None else frame[:cut]))
+    assert pool.free_buffers == (0 if holds_buffer else 1)
+    if cut is not None:
+        assert delivered == [] and decoder.buffered_bytes == cut
+        [request] = decoder.feed(frame[cut:])
+        assert bytes(request.payload) == bytes(3000) and pool.free_buffers == 1
+
+
+@pytest.mark.parametrize("held, asked, taken", [(0, 50, True), (0, 500, True), (40, 50, True), (40, 60, False),
+                                                (100, 1, False)],
+                         ids=["fits", "larger-than-the-limit-when-nothing-is-held", "fits-beside",
+                              "reaches-the-limit", "spent"])
+def test_try_acquire_takes_what_fits_under_the_limit(held, asked, taken):
+    budget = ByteBudget("b", 100)
+    budget.acquire(held)
+    assert budget.try_acquire(asked) is taken
+    assert budget.used_bytes == held + (asked if taken else 0)
 
 
 _CONTROL_VALUES = st.one_of(
