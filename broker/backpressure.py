@@ -11,9 +11,13 @@ received, so it admits every request it has read and stops *reading* while a bud
   reading, and every other connection (metadata, heartbeats, fetches) is still served.
 
 A large request frame is the exception: its size is known from its header before its body is
-read, so the connection reserves the whole size (`try_acquire`) before reading it, and while the
+read, so the connection reserves the whole size (`try_reserve`) before reading it, and while the
 budget has no room for it that connection alone stops reading (partly received frames count too,
-and a client that announces a large frame and sends part of it holds no more than the budget).
+and clients that announce large frames and send part of them hold no more than the budget).
+Reserved bytes count in `used_bytes` and gate further reservations, but they never make the
+budget `exhausted` (which stops every connection): a client that announces a frame and never
+sends it must not stop everyone else's small requests while it waits out
+`request.read.timeout.ms`. Held requests (admitted, waiting for their answer) do.
 
 The same shape bounds one thing that is not bytes: `queued.max.response.descriptors`, the segment
 descriptors held by responses queued on every connection and not yet sent; while it is spent
@@ -37,32 +41,41 @@ class ByteBudget:
             raise ValueError(f"{name}: the limit must be at least one byte, not {limit_bytes}")
         self.name = name
         self.limit_bytes = limit_bytes
-        self.used_bytes = 0
+        self.used_bytes = 0  # held and reserved
+        self.reserved_bytes = 0
         self.peak_bytes = 0
         self._waiters: dict[Callable[[], None], None] = {}  # an ordered set: each woken once
 
     @property
     def exhausted(self) -> bool:
-        """Whoever feeds the budget stops taking more while this holds."""
-        return self.used_bytes >= self.limit_bytes
+        """Whoever feeds the budget stops taking more while this holds (reservations aside)."""
+        return self.used_bytes - self.reserved_bytes >= self.limit_bytes
 
     def acquire(self, nbytes: int) -> None:
         """Count bytes already in hand (never waits: see the module docstring)."""
         self.used_bytes += nbytes
         self.peak_bytes = max(self.peak_bytes, self.used_bytes)
 
-    def try_acquire(self, nbytes: int) -> bool:
-        """Count `nbytes` not received yet if they fit under the limit, or if nothing is held (one
+    def try_reserve(self, nbytes: int) -> bool:
+        """Reserve `nbytes` not received yet if they fit under the limit, or if nothing is used (one
         frame larger than the whole limit must still be readable); else take nothing. A caller
         refused asks `wake_when_available` to try again."""
         if not self.has_room(nbytes):
             return False
         self.acquire(nbytes)
+        self.reserved_bytes += nbytes
         return True
 
     def has_room(self, nbytes: int) -> bool:
-        """Whether `try_acquire(nbytes)` would take them."""
-        return not self.used_bytes or self.used_bytes + nbytes < self.limit_bytes
+        """Whether `try_reserve(nbytes)` would take them."""
+        return not self.used_bytes or self.used_bytes + nbytes <= self.limit_bytes
+
+    def unreserve(self, nbytes: int) -> None:
+        """Give back a reservation (its frame arrived, and is acquired by whoever holds it, or the
+        connection went)."""
+        self.reserved_bytes -= nbytes
+        assert self.reserved_bytes >= 0, (self.name, self.reserved_bytes, nbytes)
+        self.release(nbytes)
 
     def release(self, nbytes: int) -> None:
         """Give bytes back; once under the limit, call everyone who asked to be woken."""

@@ -52,22 +52,37 @@ import struct
 from collections import deque
 from collections.abc import Awaitable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from broker import protocol
-from broker.connection_quotas import normalize_address
+from broker.backpressure import ByteBudget
+from broker.config import BrokerConfig
+from broker.connection_quotas import ConnectionQuotas, normalize_address
 from broker.errors import InvalidRequestError, KafkaStorageError, MessageTooLargeError, PymqError
-from broker.handlers import Part, Result, error_fields, error_result, to_result
+from broker.handlers import Part, RequestHandlers, Result, error_fields, error_result, to_result
 from broker.log import FetchSlice
 from broker.protocol import ApiKey
 from broker.purgatory import DelayedOperation
-from broker.request_metrics import RequestTimer
-
-if TYPE_CHECKING:
-    from broker.server import Broker
+from broker.log_writer import LogWriter
+from broker.request_metrics import RequestMetrics, RequestTimer
 
 log = logging.getLogger("pymq.server")
 MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux: a header and the range after it share packets
+
+
+class ConnectionOwner(Protocol):
+    """What a connection shares with the others of its broker (broker/server.py `Broker`)."""
+
+    config: BrokerConfig
+    connections: set["Connection"]
+    connection_quotas: ConnectionQuotas
+    handlers: RequestHandlers
+    request_memory: ByteBudget
+    response_descriptors: ByteBudget
+    receive_buffers: protocol.ScratchPool
+    request_metrics: RequestMetrics
+    writer: LogWriter
+    zero_copy: bool
 
 
 class QueuedResponse(NamedTuple):
@@ -85,7 +100,7 @@ class Connection(asyncio.BufferedProtocol):
     """One client connection. Loop-local. A BufferedProtocol, so that the bytes of a large produce
     request are received straight into the buffer they are appended from."""
 
-    def __init__(self, broker: "Broker") -> None:
+    def __init__(self, broker: ConnectionOwner) -> None:
         self.broker = broker
         self.loop = asyncio.get_running_loop()
         self.decoder = protocol.FrameDecoder(broker.config["socket.request.max.bytes"], pool=broker.receive_buffers,

@@ -111,9 +111,9 @@ class FrameBudget(Protocol):
     """Where the bytes of large frames being received are reserved before they are read (the
     broker's `queued.max.request.bytes`, broker/backpressure.py ByteBudget)."""
 
-    def try_acquire(self, nbytes: int) -> bool: ...
+    def try_reserve(self, nbytes: int) -> bool: ...
 
-    def release(self, nbytes: int) -> None: ...
+    def unreserve(self, nbytes: int) -> None: ...
 
 
 class ScratchPool:
@@ -158,7 +158,7 @@ class _FrameReader(abc.ABC):
     Memory a reader holds between frames: the scratch buffer is borrowed from a `ScratchPool` and
     given back once no more than `carry_bytes` of a frame are left in it (those are copied aside),
     so an idle reader holds nothing. With a `budget`, a large frame's whole announced size is
-    reserved from it before its body is read (`try_acquire`); while the budget has no room the
+    reserved from it before its body is read (`try_reserve`); while the budget has no room the
     reader stops at the header (`waiting_bytes`) and the caller stops reading the socket, then
     calls `received(0)` to try again. The reservation is released as the frame is delivered, or
     by `close()`.
@@ -201,7 +201,7 @@ class _FrameReader(abc.ABC):
     def close(self) -> None:
         """Drop what is held: the scratch goes back to the pool, a reservation to the budget."""
         if self._direct is not None and self._budget is not None:
-            self._budget.release(len(self._direct))
+            self._budget.unreserve(len(self._direct))
         self._direct, self._carry, self.waiting_bytes = None, b"", 0
         self._start = self._end  # what is left is dropped
         self._give_back()
@@ -233,7 +233,7 @@ class _FrameReader(abc.ABC):
             body, header = self._direct, self._direct_header
             self._direct, self._filled = None, 0
             if self._budget is not None:
-                self._budget.release(len(body))  # the caller holds the request from here on
+                self._budget.unreserve(len(body))  # the caller holds the request from here on
             yield self._frame(header, body)
             return
         self._end += nbytes
@@ -299,7 +299,7 @@ class _FrameReader(abc.ABC):
                 yield self._frame(header, memoryview(bytearray(scratch[body_start:body_start + body_size])))
                 continue
             if body_size >= self.direct_bytes:
-                if self._budget is not None and not self._budget.try_acquire(body_size):
+                if self._budget is not None and not self._budget.try_reserve(body_size):
                     self.waiting_bytes = body_size
                     break
                 self.waiting_bytes = 0

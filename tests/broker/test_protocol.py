@@ -271,15 +271,27 @@ def test_a_decoder_between_frames_holds_no_receive_buffer(cut, holds_buffer):
         assert bytes(request.payload) == bytes(3000) and pool.free_buffers == 1
 
 
-@pytest.mark.parametrize("held, asked, taken", [(0, 50, True), (0, 500, True), (40, 50, True), (40, 60, False),
+@pytest.mark.parametrize("held, asked, taken", [(0, 50, True), (0, 500, True), (40, 60, True), (40, 61, False),
                                                 (100, 1, False)],
-                         ids=["fits", "larger-than-the-limit-when-nothing-is-held", "fits-beside",
-                              "reaches-the-limit", "spent"])
-def test_try_acquire_takes_what_fits_under_the_limit(held, asked, taken):
+                         ids=["fits", "larger-than-the-limit-when-nothing-is-used", "fills-the-limit",
+                              "past-the-limit", "spent"])
+def test_try_reserve_takes_what_fits_under_the_limit(held, asked, taken):
     budget = ByteBudget("b", 100)
     budget.acquire(held)
-    assert budget.try_acquire(asked) is taken
+    assert budget.try_reserve(asked) is taken
     assert budget.used_bytes == held + (asked if taken else 0)
+
+
+def test_reservations_gate_each_other_but_never_stop_every_connection():
+    """Reserved bytes (frames announced, not yet received) count against the limit for further
+    reservations, but only held requests make the budget exhausted (which mutes everyone)."""
+    budget = ByteBudget("b", 100)
+    assert budget.try_reserve(100) and not budget.exhausted
+    assert not budget.try_reserve(1)
+    budget.acquire(100)
+    assert budget.exhausted
+    budget.unreserve(100)
+    assert budget.used_bytes == 100 and budget.exhausted
 
 
 _CONTROL_VALUES = st.one_of(
