@@ -167,11 +167,12 @@ def is_closed(sock: socket.socket, timeout_s: float) -> bool:
         return True
 
 
-@pytest.fixture
-def started(broker_factory) -> Iterator[Callable[..., BrokerProcess]]:
-    """start(**configs) -> a running broker with TOPIC created and one well-behaved round trip done."""
+@pytest.fixture(params=["uvloop", "asyncio"])
+def started(broker_factory, request) -> Iterator[Callable[..., BrokerProcess]]:
+    """start(**configs) -> a running broker (on either event loop) with TOPIC created and one
+    well-behaved round trip done."""
     def start(**overrides: object) -> BrokerProcess:
-        broker = broker_factory(**overrides).start()
+        broker = broker_factory(**{"event.loop": request.param, **overrides}).start()
         create_topic(broker.port, TOPIC)
         round_trip(broker.port)
         return broker
