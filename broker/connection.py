@@ -130,7 +130,7 @@ class Connection(asyncio.BufferedProtocol):
         self.address = _address_of(peername)
         refused = self.broker.connection_quotas.try_open(self.address)
         if refused is not None:
-            log.warning("refusing %s: %s", self.peer, refused)
+            log.info("refusing %s: %s", self.peer, refused)  # info, as Kafka: a flood must not flood the log
             transport.abort()  # nothing was read or written: a reset, not a graceful close
             return
         self.broker.connections.add(self)
