@@ -225,6 +225,34 @@ def test_partly_received_large_frames_hold_no_more_than_queued_max_request_bytes
     wait_until(lambda: request_bytes_used(broker) == 0, WAIT_S, "the reservations of closed connections given back")
 
 
+def test_a_large_frame_waits_for_room_in_the_budget_and_is_read_when_it_frees(started, sockets):
+    """Honest large produces are not lost to the reservation: A reserves 1 MiB of a 1.5 MiB budget
+    and sends half; B's whole 1 MiB produce waits at its header (nothing of it is reserved); once
+    A's frame is complete, both are answered and stored."""
+    broker = started(**{"queued.max.request.bytes": 3 * MiB // 2})
+    frames = []
+    for name in "AB":
+        data = bytes(record.encode_batch(batch_body.make_body([name.encode() * (MiB - 4096)], timestamps_ms=TS)))
+        frames.append(frame(ApiKey.PRODUCE, {"acks": 1, "topics": [
+            {"name": TOPIC, "partitions": [{"partition": 0, "size": len(data)}]}]}, data))
+    a, b = connect(broker.port, timeout_s=WAIT_S), connect(broker.port, timeout_s=WAIT_S)
+    sockets.extend([a, b])
+    half = len(frames[0]) // 2
+    a.sendall(frames[0][:half])
+    wait_until(lambda: request_bytes_used(broker) >= len(frames[0]) - 64, WAIT_S, "A's frame reserved")
+    sender = threading.Thread(target=b.sendall, args=(frames[1],))
+    sender.start()
+    assert is_closed(b, 0.5) is False  # B is not answered (nor closed) while A holds the room
+    assert request_bytes_used(broker) < 2 * MiB
+    a.sendall(frames[0][half:])
+    sender.join(WAIT_S)
+    for sock in (a, b):
+        sock.settimeout(WAIT_S)
+        _, reply, _ = read_response(sock)
+        assert reply["topics"][0]["partitions"][0]["error_code"] == NONE, reply
+    assert_served(broker.port)
+
+
 # -- item 8: connections per address, and their memory --------------------------------------------
 
 
