@@ -273,7 +273,7 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
                   "bytes of requests read and not yet answered, across all connections, before the broker stops "
                   "reading from every connection (one request larger than this is admitted when nothing else "
                   "is queued; a large frame's body is read only once its whole size fits, so partly received "
-                  "frames count too)", 1, INT64_MAX),
+                  "frames count too, though they stop only their own connection)", 1, INT64_MAX),
         # Bounds on what one client connection may take (broker/connection.py, docs/architecture.md).
         ConfigDef("max.connections.per.ip", int, 500,
                   "connections accepted at once from one client address; more are closed right after accept", 0,
@@ -282,7 +282,7 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
                   "per-address exceptions to max.connections.per.ip, as address:count,address:count (IP addresses)"),
         ConfigDef("request.read.timeout.ms", int, 30_000,
                   "a request must arrive whole within this long from its first byte, or its connection is closed "
-                  "(time the broker itself does not read does not count)", 100, INT64_MAX),
+                  "(time the broker itself does not read does not count; checked every second)", 100, INT64_MAX),
         ConfigDef("queued.max.response.descriptors", int, 4096,
                   "segment file descriptors held by responses queued and not yet sent, across all connections, "
                   "before the connections with responses queued stop being read", 1, 1_000_000),

@@ -66,7 +66,7 @@ from broker.purgatory import DelayedOperation
 from broker.log_writer import LogWriter
 from broker.request_metrics import RequestMetrics, RequestTimer
 
-log = logging.getLogger("pymq.server")
+log = logging.getLogger("pymq.connection")
 MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux: a header and the range after it share packets
 
 
