@@ -38,8 +38,12 @@ def parse_overrides(text: str) -> dict[str, int]:
 
 
 def normalize_address(host: str) -> str:
-    """One spelling per address (`::1` and `0:0::1` count together); ValueError if not an IP address."""
-    return ipaddress.ip_address(host).compressed
+    """One spelling per address (`::1` and `0:0::1` count together, and an IPv4 client of a
+    dual-stack listener, `::ffff:10.0.0.5`, as `10.0.0.5`); ValueError if not an IP address."""
+    address = ipaddress.ip_address(host)
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.compressed
+    return address.compressed
 
 
 class ConnectionQuotas:

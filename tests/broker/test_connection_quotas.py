@@ -48,7 +48,8 @@ def test_an_override_raises_or_lowers_one_address_limit():
     ("10.0.0.1:1,10.0.0.2:0", {"10.0.0.1": 1, "10.0.0.2": 0}),
     ("::1:7", {"::1": 7}),
     ("[0:0::1]:7", {"::1": 7}),
-], ids=["empty", "one", "two", "ipv6-bare", "ipv6-bracketed-normalized"])
+    ("::ffff:10.0.0.5:3", {"10.0.0.5": 3}),
+], ids=["empty", "one", "two", "ipv6-bare", "ipv6-bracketed-normalized", "ipv4-mapped"])
 def test_overrides_parse_to_normalized_addresses(text, expected):
     assert parse_overrides(text) == expected
 
