@@ -2,7 +2,8 @@
 
 Handlers never see frames or sockets: the server decodes a `Request` frame and calls
 `RequestHandlers.handle`, which decodes and validates the typed request message
-(`broker.protocol.messages`), runs the family's handler, and turns the typed response into what
+(`broker.protocol.messages`) within the broker's request limits (`request.max.elements`, the
+group fields' bounds: `broker.protocol.messages.limits`), runs the family's handler, and turns the typed response into what
 the server writes: `(control, parts)`, where parts are bytes-like objects or `FetchSlice`s
 (segment byte ranges the server sends with sendfile), or None for "no response" (produce with
 acks=0). Handlers that may wait return awaitables (admin writes to the metadata store, a produce
@@ -39,6 +40,7 @@ from broker.request_metrics import TopicTraffic
 from broker.handlers.tiering import TieringHandler
 from broker.log import FetchSlice, UnifiedLog
 from broker.protocol import REQUEST_TYPES, ApiKey, Message
+from broker.protocol.messages.limits import RequestLimits
 from broker.purgatory import DelayedOperation
 from broker.replica_manager import ReplicaManager
 
@@ -90,6 +92,7 @@ class RequestHandlers:
         self.replicas = replicas
         self.advertised = advertised
         self.broker_id: int = config["broker.id"]
+        self.limits = RequestLimits(config["request.max.elements"], config["group.member.metadata.max.bytes"])
         self.traffic = TopicTraffic()  # bytes and messages in and out per topic (broker/metrics.py)
         self.brokers = brokers or LiveBrokers()
         metadata = MetadataHandler(self.broker_id, registry, advertised, self.brokers)
@@ -139,7 +142,7 @@ class RequestHandlers:
             raise UnsupportedVersionError(
                 f"{ApiKey(request.api_key).name} version {request.api_version} not in {low}..{high}"
             )
-        message = REQUEST_TYPES[request.api_key].from_control(request.control, request.payload)
+        message = REQUEST_TYPES[request.api_key].decode(request.control, request.payload, self.limits)
         answer = handler(message)
         if isinstance(answer, Message) or answer is None:
             return to_result(answer)
