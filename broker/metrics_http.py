@@ -26,7 +26,7 @@ from prometheus_client import CollectorRegistry, make_wsgi_app
 METRICS_PATH = "/metrics"
 SCRAPE_THREADS = 2
 QUEUED_CONNECTIONS = 8
-SOCKET_TIMEOUT_S = 10.0
+SOCKET_TIMEOUT_S = 5.0
 
 
 class _QuietHandler(WSGIRequestHandler):
