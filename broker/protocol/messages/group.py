@@ -59,6 +59,11 @@ partition or offset is missing, mistyped or negative (or an offset past an int64
 that error on the entry (a topic whose name is not a string keeps it on the topic entry): the
 coordinator answers those entries alone and commits the others. `rebalance_timeout_ms` -1 is
 sent as is; the coordinator reads it as the session timeout.
+
+Bounds (`check_bounds`, applied by `RequestMessage.decode` on the broker, `limits`): member ids,
+group instance ids, client ids, protocol types and names, member metadata and assignments the
+coordinator would store and echo to other members are INVALID_REQUEST past their bounds, before
+the coordinator sees the request. A `reason` is neither stored nor echoed, and not bounded.
 """
 from __future__ import annotations
 
