@@ -221,7 +221,8 @@ def test_a_join_within_the_bounds_is_served(broker: BrokerProcess) -> None:
 
 
 def _metrics_url(broker: BrokerProcess, path: str = "/metrics") -> str:
-    port = re.findall(r"metrics on http://[^:]+:(\d+)/metrics", broker.log_tail(200_000))[-1]
+    ports = re.findall(r"metrics on http://[^:]+:(\d+)/metrics", broker.output.read_text(errors="replace"))
+    port = ports[-1]  # the whole output: the broker may have logged much since it started
     return f"http://{broker.host}:{port}{path}"
 
 
