@@ -11,6 +11,10 @@ An element is an item of a list or an entry of a map, at any depth below the con
 Metadata request for 1,000 topic names has 1,000; a ListOffsets partition entry
 {partition, timestamp, current_leader_epoch} is 1 item of its topic's `partitions` list plus its
 3 fields, so 4. The count stops as soon as it passes the limit, so refusing costs O(limit) at most.
+The default (500,000) leaves room for the largest legitimate requests: a follower's fetch from
+one leader counts 5 per partition it replicates (100,000 partitions), a consumer's ListOffsets 4
+per partition; what a request within it costs the loop is bounded by answering in slices
+(broker/handlers/slices.py) and the refusal of anything larger.
 
 Group fields (`check_group_strings`, `check_member_bytes`): Kafka carries member ids, group
 instance ids, client ids and protocol names as STRINGs (up to 32,767 bytes) and member metadata
@@ -42,7 +46,7 @@ MEMBER_ID_MAX_BYTES = GROUP_STRING_MAX_BYTES + GENERATED_MEMBER_ID_EXTRA_BYTES
 GROUP_INSTANCE_ID_MAX_CHARS = 249  # Kafka's Topic.MAX_NAME_LENGTH, which it applies to instance ids
 _LEGAL_INSTANCE_ID = re.compile(r"[a-zA-Z0-9._-]+")
 
-DEFAULT_MAX_ELEMENTS = 200_000
+DEFAULT_MAX_ELEMENTS = 500_000
 DEFAULT_MEMBER_METADATA_MAX_BYTES = 256 << 10
 
 
