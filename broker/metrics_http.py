@@ -91,7 +91,9 @@ def only_metrics_path(app: Callable[..., Iterable[bytes]]) -> Callable[..., Iter
 def start_metrics_server(host: str, port: int, registry: CollectorRegistry) -> PooledWSGIServer:
     """Serve `registry` at http://host:port/metrics on a daemon thread; returns the server
     (`server_port`; `shutdown()` then `server_close()` to stop it)."""
-    server = make_server(host, port, only_metrics_path(make_wsgi_app(registry)), PooledWSGIServer,
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]  # an IPv6 host needs AF_INET6
+    server_class = type("PooledWSGIServer", (PooledWSGIServer,), {"address_family": family})
+    server = make_server(host, port, only_metrics_path(make_wsgi_app(registry)), server_class,
                          handler_class=_QuietHandler)
     threading.Thread(target=server.serve_forever, name="metrics-accept", daemon=True).start()
     return server  # type: ignore[return-value]
