@@ -4,8 +4,8 @@ Handlers never see frames or sockets: the server decodes a `Request` frame and c
 `RequestHandlers.handle`, which decodes and validates the typed request message
 (`broker.protocol.messages`) within the broker's request limits (`request.max.elements`, the
 group fields' bounds: `broker.protocol.messages.limits`; large reads are decoded and their
-responses encoded on a worker pool, `OFF_LOOP_READS`), runs the family's handler, and turns the typed response into what
-the server writes: `(control, parts)`, where parts are bytes-like objects or `FetchSlice`s
+responses encoded on a worker pool, `OFF_LOOP_READS`), runs the family's handler, and turns the
+typed response into what the server writes: `(control, parts)`, where parts are bytes-like objects or `FetchSlice`s
 (segment byte ranges the server sends with sendfile), or None for "no response" (produce with
 acks=0). Handlers that may wait return awaitables (admin writes to the metadata store, a produce
 whose acknowledgement waits) or a `DelayedOperation` parked in a purgatory (a fetch long poll:
