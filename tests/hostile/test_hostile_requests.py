@@ -272,14 +272,16 @@ def _connections(url: str, count: int) -> Iterator[socket.socket]:
 
 def test_idle_metrics_connections_take_no_thread_each(broker: BrokerProcess) -> None:
     """40 connections to the metrics port that send nothing: the broker's thread count grows by
-    the pool's threads at most (not one per connection), and once they close a scrape is served."""
+    the pool's threads at most (not one per connection, 40 before), and once they close a scrape
+    is served."""
     _scrape(broker)  # the pool's threads exist once a scrape ran
     before = _threads(broker.pid)
     idle = list(_connections(_metrics_url(broker), 40))
     try:
         # What must not happen cannot be waited for: give the accept loop a moment to take them all.
         time.sleep(0.5)
-        assert _threads(broker.pid) <= before + 1, (before, _threads(broker.pid))
+        # The pool's second thread, and slack for a background pool starting a thread meanwhile.
+        assert _threads(broker.pid) <= before + 3, (before, _threads(broker.pid))
     finally:
         for sock in idle:
             sock.close()
