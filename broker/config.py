@@ -398,6 +398,18 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("remote.fetch.max.wait.ms", int, 500,
                   "longest a fetch waits for a remote read (beyond its own max wait) before answering without it",
                   1, 300_000),
+        # Hostile requests (broker/protocol/messages/limits.py, broker/metrics.py).
+        ConfigDef("request.max.elements", int, 500_000,
+                  "list items and map entries one request may hold (any depth; a fetched or listed partition "
+                  "counts 4-5): more is refused INVALID_REQUEST before any per-element work", 1, INT32_MAX),
+        ConfigDef("group.member.metadata.max.bytes", int, 256 << 10,
+                  "largest protocol metadata (all its protocols together) a member may join with, and largest "
+                  "assignment a leader may give one member", 1024, INT32_MAX),
+        ConfigDef("metrics.groups.max", int, 100,
+                  "consumer groups given series of their own in the metrics (state, members, lag), those with "
+                  "the most lag; 0: none (counts by state are always there)", 0, 100_000),
+        ConfigDef("metrics.group.partitions.enable", bool, False,
+                  "also a committed offset and a lag series per partition of those groups"),
     ]
 }
 for _d, _broker_key in TOPIC_CONFIGS.values():

@@ -410,6 +410,11 @@ class LogDirInUseError(KafkaStorageError):
     at start-up, never on the wire: the second broker refuses to start instead of corrupting the first's logs."""
 
 
+class TooManyElementsError(InvalidRequestError):
+    """A request holds more list items and map entries than `request.max.elements`
+    (broker/protocol/messages/limits.py): refused before any per-element work, INVALID_REQUEST on the wire."""
+
+
 NONE = 0
 
 

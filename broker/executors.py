@@ -114,8 +114,8 @@ class BackgroundExecutors:
     """One bounded pool per kind of background disk work of a broker, so that no kind waits
     behind another: log flushes (fsyncs, which acks may wait for), offset checkpoints, retention,
     log creation/deletion and leader-epoch writes (`logs`), metadata store writes, the replay
-    of `__consumer_offsets` partitions (`group_load`), and a follower's appends and truncations
-    (`replication`)."""
+    of `__consumer_offsets` partitions (`group_load`), a follower's appends and truncations
+    (`replication`), and the decoding and encoding of large read requests (`large_reads`)."""
 
     flush: BoundedExecutor
     checkpoint: BoundedExecutor
@@ -124,6 +124,7 @@ class BackgroundExecutors:
     metadata: BoundedExecutor
     group_load: BoundedExecutor
     replication: BoundedExecutor
+    large_reads: BoundedExecutor  # decoding and encoding of large read requests (broker/handlers/__init__.py)
 
     @classmethod
     def from_config(cls, config: BrokerConfig) -> BackgroundExecutors:

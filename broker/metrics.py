@@ -9,6 +9,8 @@ and fetch paths pay nothing for them. Per partition, as Kafka's kafka.log/kafka.
     pymq_log_recovered_bytes      bytes the last start re-validated after the recovery point
 
 Per broker: pymq_log_dir_offline (1 once a failed fsync took the directory offline),
+pymq_log_dir_disk_full{dir} (1 while appends are refused for lack of space, broker/log/log_dir_space.py)
+and pymq_log_dir_free_bytes{dir},
 pymq_log_retention_failures_total, pymq_log_flushes_in_flight, pymq_connections, and
 pymq_background_errors_total{task} (exceptions a background loop caught and went on after, broker/background.py).
 
@@ -31,9 +33,11 @@ lacked bytes, and those that failed).
 Requests (broker/request_metrics.py, Kafka's RequestMetrics): pymq_requests_total{api},
 pymq_request_errors_total{api,error} and pymq_request_seconds{api,phase} (queue, local, remote,
 response_send, total); per topic pymq_topic_bytes_in_total, pymq_topic_messages_in_total and
-pymq_topic_bytes_out_total; pymq_log_flush_seconds (the fsyncs of a log flush); per consumer group
-pymq_group_state{group,state}, pymq_group_members, and per committed partition
-pymq_group_committed_offset and pymq_group_lag (high watermark less the committed offset).
+pymq_topic_bytes_out_total; pymq_log_flush_seconds (the fsyncs of a log flush); consumer groups by
+state pymq_groups{state}, and for the `metrics.groups.max` groups with the most lag
+pymq_group_state{group,state}, pymq_group_members and pymq_group_lag_sum, and (only with
+`metrics.group.partitions.enable`) per committed partition pymq_group_committed_offset and
+pymq_group_lag (high watermark less the committed offset).
 docs/metrics.md lists them all with Kafka's names; conf/grafana-dashboard.json charts them.
 
 Event loop and work queues: pymq_event_loop_lag_seconds (histogram of how late a 10 ms timer
@@ -43,21 +47,28 @@ queued or running), pymq_executor_queue_capacity, pymq_executor_rejected_tasks_t
 budget (broker/backpressure.py, label `budget`: queued.max.request.bytes, the log writer queue)
 pymq_backpressure_used_bytes, pymq_backpressure_peak_bytes, pymq_backpressure_limit_bytes.
 
-The scrape runs on prometheus_client's HTTP thread: it reads attributes and list snapshots only,
-never takes a log's lock for long, and never touches the event loop.
+The scrape runs on a thread of the endpoint's bounded pool (broker/metrics_http.py: GET /metrics
+only): it reads attributes and list snapshots only, never takes a log's lock for long, and never
+touches the event loop. Its size grows with the partitions hosted here and the APIs and topics
+used, never with the number of groups or clients.
 """
 from __future__ import annotations
 
+import heapq
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from broker import background
+from broker.config import BrokerConfig
 from broker.histogram import Histogram
+from broker.log.log_dir_space import free_bytes
+from broker.metrics_http import start_metrics_server
 from broker.request_metrics import PHASES
 
 if TYPE_CHECKING:
@@ -103,8 +114,11 @@ class BrokerCollector(Collector):
     def __init__(self, replicas: ReplicaManager, connections: Callable[[], int], loop_lag: LoopLagProbe | None = None,
                  executors: list[BoundedExecutor] | None = None, budgets: list[ByteBudget] | None = None,
                  requests: RequestMetrics | None = None, traffic: TopicTraffic | None = None,
-                 groups: Callable[[], list[Group]] | None = None, controller: Callable[[], bool] | None = None) -> None:
+                 groups: Callable[[], list[Group]] | None = None, controller: Callable[[], bool] | None = None,
+                 groups_max: int = 100, group_partitions: bool = False) -> None:
         self.replicas = replicas
+        self.groups_max = groups_max  # metrics.groups.max
+        self.group_partitions = group_partitions  # metrics.group.partitions.enable
         self.controller = controller  # whether this broker is the controller (a cluster's brokers only)
         self.connections = connections
         self.loop_lag = loop_lag
@@ -150,6 +164,14 @@ class BrokerCollector(Collector):
         logs = self.replicas.logs
         yield GaugeMetricFamily("pymq_log_dir_offline", "1 once a failed fsync took the log directory offline",
                                 value=int(logs.failure.failed))
+        directory = [str(logs.log_dir)]
+        full = GaugeMetricFamily("pymq_log_dir_disk_full", "1 while appends are refused for lack of space "
+                                 "(since the last append failed with ENOSPC or EDQUOT)", labels=["dir"])
+        full.add_metric(directory, int(logs.failure.space.full))
+        free = GaugeMetricFamily("pymq_log_dir_free_bytes", "bytes free for the broker on the log directory's "
+                                 "filesystem", labels=["dir"])
+        free.add_metric(directory, free_bytes(logs.log_dir))
+        yield from (full, free)
         yield CounterMetricFamily("pymq_log_retention_failures", "partitions whose retention run failed",
                                   value=logs.retention_failures)
         yield GaugeMetricFamily("pymq_log_flushes_in_flight", "log flushes running now",
@@ -194,27 +216,42 @@ class BrokerCollector(Collector):
                 yield family
 
     def _groups(self) -> Iterator[Metric]:
-        """Per group its state and members, per committed partition the offset and the lag (the
-        high watermark less the committed offset), as kafka-consumer-groups.sh shows them."""
+        """Groups by state (always), and for the `groups_max` groups with the most lag their state,
+        members and total lag (the high watermark less the committed offset, summed over the
+        partitions hosted here), as kafka-consumer-groups.sh shows them; with `group_partitions`
+        also each of their partitions' committed offset and lag. Bounded: a broker with 20,000
+        groups scraped 42 MB when every group and partition had series."""
         if self.groups is None:
             return
+        groups = self.groups()
+        by_state = GaugeMetricFamily("pymq_groups", "consumer groups coordinated here, by state", labels=["state"])
+        for name, count in sorted(Counter(group.state.value for group in groups).items()):
+            by_state.add_metric([name], count)
+        yield by_state
         state = GaugeMetricFamily("pymq_group_state", "1 for the group's current state", labels=["group", "state"])
         members = GaugeMetricFamily("pymq_group_members", "members of the group", labels=["group"])
+        total = GaugeMetricFamily("pymq_group_lag_sum", "the group's lag summed over its committed partitions",
+                                  labels=["group"])
         committed = GaugeMetricFamily("pymq_group_committed_offset", "the group's committed offset",
                                       labels=["group", "topic", "partition"])
         lag = GaugeMetricFamily("pymq_group_lag", "high watermark less the committed offset",
                                 labels=["group", "topic", "partition"])
         hosted = {(p.topic, p.partition): p.log for p in self.replicas.hosted()}
-        for group in self.groups():
+        lags = [(group, _lags(group, hosted)) for group in groups]
+        for group, partition_lags in heapq.nlargest(self.groups_max, lags, key=lambda entry: sum(entry[1].values())):
             state.add_metric([group.group_id, group.state.value], 1)
             members.add_metric([group.group_id], len(group.members))
+            total.add_metric([group.group_id], sum(partition_lags.values()))
+            if not self.group_partitions:
+                continue
             for (topic, partition), offset in sorted(dict(group.offsets).items()):
                 labels = [group.group_id, topic, str(partition)]
                 committed.add_metric(labels, offset.offset)
-                partition_log = hosted.get((topic, partition))
-                if partition_log is not None:
-                    lag.add_metric(labels, max(0, partition_log.high_watermark - offset.offset))
-        yield from (state, members, committed, lag)
+                if (topic, partition) in partition_lags:
+                    lag.add_metric(labels, partition_lags[(topic, partition)])
+        yield from (state, members, total)
+        if self.group_partitions:
+            yield from (committed, lag)
 
     def _loop_and_queues(self) -> Iterator[Metric]:
         if self.loop_lag is not None:
@@ -277,6 +314,16 @@ class BrokerCollector(Collector):
         yield CounterMetricFamily("pymq_remote_read_errors", "remote reads that failed", value=reader.read_errors)
 
 
+def _lags(group: Group, hosted: dict[tuple[str, int], Any]) -> dict[tuple[str, int], int]:
+    """The lag of each of the group's committed partitions hosted here."""
+    lags = {}
+    for tp, offset in list(group.offsets.items()):
+        partition_log = hosted.get(tp)
+        if partition_log is not None:
+            lags[tp] = max(0, partition_log.high_watermark - offset.offset)
+    return lags
+
+
 def _histogram(name: str, doc: str, labels: list[str], histograms: dict[tuple[str, ...], Histogram]) -> HistogramMetricFamily:
     family = HistogramMetricFamily(name, doc, labels=labels)
     for values, histogram in sorted(histograms.items()):
@@ -285,11 +332,15 @@ def _histogram(name: str, doc: str, labels: list[str], histograms: dict[tuple[st
 
 
 def serve_metrics(host: str, port: int, replicas: ReplicaManager, connections: Callable[[], int],
-                  **runtime: Any) -> WSGIServer:
-    """Start the /metrics endpoint on a daemon thread; returns the server (its port, to stop it).
-    `runtime`: BrokerCollector's optional event-loop and queue sources."""
+                  config: BrokerConfig | None = None, **runtime: Any) -> WSGIServer:
+    """Start the /metrics endpoint (broker/metrics_http.py: one path, a bounded thread pool);
+    returns the server (its port, to stop it). `config`: the broker's (metrics.groups.max,
+    metrics.group.partitions.enable; their defaults without it). `runtime`: BrokerCollector's
+    optional event-loop and queue sources."""
+    config = config or BrokerConfig()
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(replicas, connections, **runtime))
-    server, _ = start_http_server(port, addr=host, registry=registry)
+    registry.register(BrokerCollector(replicas, connections, groups_max=config["metrics.groups.max"],
+                                      group_partitions=config["metrics.group.partitions.enable"], **runtime))
+    server = start_metrics_server(host, port, registry)
     log.info("metrics on http://%s:%d/metrics", host, server.server_port)
     return server

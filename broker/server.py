@@ -171,7 +171,7 @@ class Broker:
         if self.config["metrics.port"] >= 0:
             coordinator = self.handlers.groups.coordinator
             self._metrics = serve_metrics(self.config["host"], self.config["metrics.port"], self.replicas,
-                                          lambda: len(self.connections), loop_lag=self.loop_lag,
+                                          lambda: len(self.connections), self.config, loop_lag=self.loop_lag,
                                           executors=self.executors.all(),
                                           budgets=[self.request_memory, self.writer.queue],
                                           requests=self.request_metrics, traffic=self.handlers.traffic,

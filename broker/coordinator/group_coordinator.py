@@ -785,9 +785,10 @@ class GroupCoordinator:
             if self.owns(g.group_id) and not g.is_(GroupState.DEAD) and (not wanted or g.state.value.lower() in wanted)))
 
     def describe_groups(self, request: DescribeGroupsRequest) -> DescribeGroupsResponse:
-        return DescribeGroupsResponse(tuple(self._describe(group_id) for group_id in request.groups))
+        return DescribeGroupsResponse(tuple(self.describe_group(group_id) for group_id in request.groups))
 
-    def _describe(self, group_id: str) -> DescribedGroup:
+    def describe_group(self, group_id: str) -> DescribedGroup:
+        """One group of a DescribeGroups (the runtime answers many of them in slices)."""
         try:
             self._check(group_id)
             group = self._live_group(group_id, GroupIdNotFoundError)

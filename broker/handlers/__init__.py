@@ -2,8 +2,10 @@
 
 Handlers never see frames or sockets: the server decodes a `Request` frame and calls
 `RequestHandlers.handle`, which decodes and validates the typed request message
-(`broker.protocol.messages`), runs the family's handler, and turns the typed response into what
-the server writes: `(control, parts)`, where parts are bytes-like objects or `FetchSlice`s
+(`broker.protocol.messages`) within the broker's request limits (`request.max.elements`, the
+group fields' bounds: `broker.protocol.messages.limits`; large reads are decoded and their
+responses encoded on a worker pool, `OFF_LOOP_READS`), runs the family's handler, and turns the
+typed response into what the server writes: `(control, parts)`, where parts are bytes-like objects or `FetchSlice`s
 (segment byte ranges the server sends with sendfile), or None for "no response" (produce with
 acks=0). Handlers that may wait return awaitables (admin writes to the metadata store, a produce
 whose acknowledgement waits) or a `DelayedOperation` parked in a purgatory (a fetch long poll:
@@ -38,11 +40,21 @@ from broker.handlers.replication import ReplicationHandler
 from broker.request_metrics import TopicTraffic
 from broker.handlers.tiering import TieringHandler
 from broker.log import FetchSlice, UnifiedLog
-from broker.protocol import REQUEST_TYPES, ApiKey, Message
+from broker.protocol import REQUEST_TYPES, ApiKey, Message, RequestMessage
+from broker.protocol.messages.limits import RequestLimits, count_elements
 from broker.purgatory import DelayedOperation
 from broker.replica_manager import ReplicaManager
 
 log = logging.getLogger("pymq.handlers")
+
+# Reads whose decoding and encoding run on the `large_reads` pool when they hold more than
+# OFF_LOOP_ELEMENTS elements: encoding a Metadata answer for 480,000 topics alone kept the loop
+# for 3 s. Only reads: they change nothing, so a later request of the connection that overtakes
+# one changes nothing it answers (requests that write, or park in a purgatory, stay in order on
+# the loop). Their handlers still run on the loop, in slices (broker/handlers/slices.py).
+OFF_LOOP_READS = frozenset({ApiKey.METADATA, ApiKey.LIST_OFFSETS, ApiKey.DESCRIBE_GROUPS, ApiKey.OFFSET_FETCH,
+                            ApiKey.LIST_GROUPS, ApiKey.DESCRIBE_CONFIGS})
+OFF_LOOP_ELEMENTS = 20_000
 
 Part = Union[bytes, bytearray, memoryview, FetchSlice]
 Result = tuple[dict[str, Any], list[Part]] | None
@@ -90,6 +102,7 @@ class RequestHandlers:
         self.replicas = replicas
         self.advertised = advertised
         self.broker_id: int = config["broker.id"]
+        self.limits = RequestLimits(config["request.max.elements"], config["group.member.metadata.max.bytes"])
         self.traffic = TopicTraffic()  # bytes and messages in and out per topic (broker/metrics.py)
         self.brokers = brokers or LiveBrokers()
         metadata = MetadataHandler(self.broker_id, registry, advertised, self.brokers)
@@ -139,13 +152,26 @@ class RequestHandlers:
             raise UnsupportedVersionError(
                 f"{ApiKey(request.api_key).name} version {request.api_version} not in {low}..{high}"
             )
-        message = REQUEST_TYPES[request.api_key].from_control(request.control, request.payload)
+        request_type = REQUEST_TYPES[request.api_key]
+        if request.api_key in OFF_LOOP_READS and count_elements(request.control, OFF_LOOP_ELEMENTS) > OFF_LOOP_ELEMENTS:
+            return self._large_read(request_type, handler, request)
+        message = request_type.decode(request.control, request.payload, self.limits)
         answer = handler(message)
         if isinstance(answer, Message) or answer is None:
             return to_result(answer)
         if isinstance(answer, DelayedOperation):
             return answer
         return _result_later(answer)
+
+    async def _large_read(self, request_type: type[RequestMessage], handler: Callable[[Any], Answer],
+                          request: protocol.Request) -> Result:
+        """A large read: decoded and its response encoded on the `large_reads` pool, handled on the loop."""
+        pool = self.replicas.executors.large_reads
+        message = await pool.run(request_type.decode, request.control, request.payload, self.limits)
+        answer = handler(message)
+        assert not isinstance(answer, DelayedOperation), "reads answered off the loop never park in a purgatory"
+        response = await answer if isinstance(answer, Awaitable) else answer
+        return await pool.run(to_result, response)
 
     def _leader_log(self, topic: str, partition: int, current_leader_epoch: int) -> UnifiedLog:
         """The log of a partition this broker leads; the single seam between handlers and logs."""

@@ -39,6 +39,7 @@ from broker.errors import (
     UnknownServerError,
     UnknownTopicOrPartitionError,
 )
+from broker.handlers.slices import answer_in_slices
 from broker.log import UnifiedLog
 from broker.protocol.messages.base import Message, code_and_message
 from broker.protocol.messages.group import (
@@ -239,8 +240,10 @@ class GroupHandler:
     def list_groups(self, request: ListGroupsRequest) -> ListGroupsResponse:
         return self.coordinator.list_groups(request)
 
-    def describe_groups(self, request: DescribeGroupsRequest) -> DescribeGroupsResponse:
-        return self.coordinator.describe_groups(request)
+    def describe_groups(self, request: DescribeGroupsRequest) -> DescribeGroupsResponse | Awaitable[DescribeGroupsResponse]:
+        """Many groups are described in slices (`answer_in_slices`): each is as it was at its turn."""
+        return answer_in_slices(request.groups, self.coordinator.describe_group,
+                                lambda groups: DescribeGroupsResponse(tuple(groups)))
 
     def delete_groups(self, request: DeleteGroupsRequest) -> Message | Awaitable[Message]:
         return self._parked(lambda token: self.coordinator.delete_groups(request, token, now_ms()))

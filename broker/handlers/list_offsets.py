@@ -12,6 +12,7 @@ from concurrent.futures import Future
 
 from broker.errors import InvalidRequestError, PymqError
 from broker.handlers.fetch import LeaderLog
+from broker.handlers.slices import answer_in_slices
 from broker.log import UnifiedLog
 from broker.protocol import (
     EARLIEST_TIMESTAMP,
@@ -26,31 +27,41 @@ from broker.protocol import (
 )
 from broker.replica_manager import ReplicaManager
 
+Answer = ListOffsetsPartitionResponse | Future[ListOffsetsPartitionResponse]  # a remote lookup's answer comes later
+
 
 class ListOffsetsHandler:
     """Loop-local. Latest is the high watermark: what a consumer can read. Synchronous unless a
-    time lookup needs the remote tier."""
+    time lookup needs the remote tier or many partitions are answered in slices."""
 
     def __init__(self, leader_log: LeaderLog, replicas: ReplicaManager) -> None:
         self.leader_log = leader_log
         self.replicas = replicas
 
     def list_offsets(self, request: ListOffsetsRequest) -> ListOffsetsResponse | Awaitable[ListOffsetsResponse]:
-        answers = [[self._partition(topic, p) for p in topic.partitions] for topic in request.topics]
-        if any(isinstance(answer, Future) for entries in answers for answer in entries):
+        """Every partition's answer, many of them in slices (`answer_in_slices`)."""
+        entries = [(topic, p) for topic in request.topics for p in topic.partitions]
+        return answer_in_slices(entries, lambda entry: self._partition(*entry),
+                                lambda answers: self._respond(request, answers))
+
+    def _respond(self, request: ListOffsetsRequest, answers: list[Answer]) -> ListOffsetsResponse | Awaitable[ListOffsetsResponse]:
+        if any(isinstance(answer, Future) for answer in answers):
             return self._after_remote_lookups(request, answers)
         return self._response(request, answers)  # type: ignore[arg-type]
 
-    async def _after_remote_lookups(self, request: ListOffsetsRequest,
-                                    answers: list[list[ListOffsetsPartitionResponse | Future[ListOffsetsPartitionResponse]]]) -> ListOffsetsResponse:
-        done = [[await asyncio.wrap_future(answer) if isinstance(answer, Future) else answer for answer in entries]
-                for entries in answers]
-        return self._response(request, done)
+    async def _after_remote_lookups(self, request: ListOffsetsRequest, answers: list[Answer]) -> ListOffsetsResponse:
+        return self._response(request, [await asyncio.wrap_future(answer) if isinstance(answer, Future) else answer
+                                         for answer in answers])
 
     @staticmethod
-    def _response(request: ListOffsetsRequest, answers: list[list[ListOffsetsPartitionResponse]]) -> ListOffsetsResponse:
-        return ListOffsetsResponse(tuple(TopicResponse(topic.name, tuple(entries))
-                                         for topic, entries in zip(request.topics, answers)))
+    def _response(request: ListOffsetsRequest, answers: list[ListOffsetsPartitionResponse]) -> ListOffsetsResponse:
+        """The flat `answers`, in the order of the request's partitions, grouped by its topics."""
+        topics, start = [], 0
+        for topic in request.topics:
+            end = start + len(topic.partitions)
+            topics.append(TopicResponse(topic.name, tuple(answers[start:end])))
+            start = end
+        return ListOffsetsResponse(tuple(topics))
 
     def _partition(self, topic: TopicRequest[ListOffsetsPartition],
                    p: ListOffsetsPartition) -> ListOffsetsPartitionResponse | Future[ListOffsetsPartitionResponse]:

@@ -1,11 +1,12 @@
 """Metadata and ApiVersions handlers: what this broker serves and speaks."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Awaitable, Callable
 
 from broker.cluster.brokers import LiveBrokers
 from broker.cluster.topics import TopicRegistry
 from broker.errors import PymqError
+from broker.handlers.slices import answer_in_slices
 from broker.protocol import (
     SUPPORTED_VERSIONS,
     ApiVersionRange,
@@ -21,7 +22,8 @@ from broker.protocol import (
 
 
 class MetadataHandler:
-    """Loop-local, synchronous: reads the topic registry's in-memory state only."""
+    """Loop-local: reads the topic registry's in-memory state only; synchronous unless many
+    topics are answered in slices."""
 
     def __init__(self, broker_id: int, registry: TopicRegistry, advertised: Callable[[], tuple[str, int]],
                  brokers: LiveBrokers) -> None:
@@ -34,15 +36,19 @@ class MetadataHandler:
         return ApiVersionsResponse(tuple(ApiVersionRange(int(key), key.name, low, high)
                                          for key, (low, high) in SUPPORTED_VERSIONS.items()))
 
-    def metadata(self, request: MetadataRequest) -> MetadataResponse:
+    def metadata(self, request: MetadataRequest) -> MetadataResponse | Awaitable[MetadataResponse]:
+        """The brokers and the topics asked for (every topic for None); many topics are answered
+        in slices (`answer_in_slices`), the brokers and controller as of the last slice."""
         names = sorted(self.registry.topics) if request.topics is None else request.topics
+        return answer_in_slices(names, self._topic, self._response)
+
+    def _response(self, topics: list[TopicMetadata]) -> MetadataResponse:
         host, port = self.advertised()
         brokers = {self.broker_id: BrokerAddress(self.broker_id, host, port)}
         for info in self.brokers.brokers.values():
             brokers.setdefault(info.broker_id, BrokerAddress(info.broker_id, info.host, info.port))
         controller = self.brokers.controller if self.brokers.controller >= 0 else self.broker_id
-        return MetadataResponse(tuple(brokers[b] for b in sorted(brokers)), controller,
-                                tuple(self._topic(name) for name in names))
+        return MetadataResponse(tuple(brokers[b] for b in sorted(brokers)), controller, tuple(topics))
 
     def _topic(self, name: str) -> TopicMetadata:
         try:

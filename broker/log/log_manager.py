@@ -95,7 +95,7 @@ class LogManager:
         self._first_dirty: dict[TopicPartition, int] = {}  # the cleaner's, for compacted logs
         self._first_dirty_written: dict[TopicPartition, int] | None = None  # the file's content, once known
         self.cache = FileCache(max_open_files)
-        self.failure = LogDirFailure()
+        self.failure = LogDirFailure(self.log_dir)
         self.retention_failures = 0  # partitions whose retention raised (a metric; each is logged)
         try:
             self.log_dir.mkdir(parents=True, exist_ok=True)

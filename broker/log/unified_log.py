@@ -93,6 +93,7 @@ from broker.log.checkpoint import read_partition_metadata, write_partition_metad
 from broker.log.file_cache import FileCache
 from broker.log.leader_epoch import LeaderEpochCache
 from broker.log.local_log import LocalLog, SegmentsRemovedError, SwapFailedError
+from broker.log.log_dir_space import LogDirSpace
 from broker.log.log_loader import LogLoader
 from broker.log.segment import BatchInfo, FetchSlice, Segment
 
@@ -119,8 +120,9 @@ class LogDirFailure:
     the directory's log flushes (`sync_seconds`, Kafka's LogFlushRateAndTimeMs), from the flush
     workers, under a lock."""
 
-    def __init__(self) -> None:
+    def __init__(self, directory: Path | None = None) -> None:
         self.error: KafkaStorageError | None = None
+        self.space = LogDirSpace(directory or Path("."))  # appends refused for lack of space (not offline)
         self.sync_seconds = Histogram()
         self._sync_lock = threading.Lock()
 
@@ -258,7 +260,7 @@ class UnifiedLog:
                 epochs.assign(leader_epoch, local.log_end_offset, durable=durable)
         except OSError as err:
             raise KafkaStorageError(f"cannot load {directory}: {err}") from err
-        unified = cls(directory, topic, partition, config, local, epochs, clock, dir_failure or LogDirFailure(), topic_id)
+        unified = cls(directory, topic, partition, config, local, epochs, clock, dir_failure or LogDirFailure(directory.parent), topic_id)
         unified.remote_storage = remote_storage
         unified.tiered = remote_storage and config.remote_storage_enable
         if unified.tiered:
@@ -437,9 +439,11 @@ class UnifiedLog:
             self._must_flush_to = end_offset
         try:
             sealed = self._local.append(view, batches, now)
-        except KafkaStorageError:
+        except KafkaStorageError as err:
             self._restore(first_offset, epochs_before)
+            self._dir_failure.space.write_failed(err)
             raise
+        self._dir_failure.space.write_succeeded()
         if sealed:
             self._roll_flush_to = max(self._roll_flush_to, sealed[-1].next_offset)
         if self._first_unflushed_ms is None:

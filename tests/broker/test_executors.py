@@ -71,7 +71,7 @@ def test_run_propagates_the_task_error_and_frees_its_slot():
 def test_background_executors_one_named_pool_per_kind():
     executors = BackgroundExecutors.create(threads=1, max_queued=5)
     names = [e.name for e in executors.all()]
-    assert names == ["flush", "checkpoint", "retention", "logs", "metadata", "group-load", "replication"]
+    assert names == ["flush", "checkpoint", "retention", "logs", "metadata", "group-load", "replication", "large-reads"]
     assert all(e.capacity == 6 for e in executors.all())
     executors.shutdown()
 

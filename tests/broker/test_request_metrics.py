@@ -68,9 +68,10 @@ def test_requests_traffic_and_flushes_are_counted_as_they_happened(broker: Broke
         after, "pymq_request_seconds_count", api="produce", phase="total")
 
 
-def test_a_groups_state_members_and_lag_per_partition(broker: BrokerProcess) -> None:
+def test_a_groups_state_members_and_lag_per_partition(broker_factory) -> None:
     """A member that consumed 30 of 50 records and committed: Stable, one member, lag 20; once it
-    left: Empty, no members, the lag still there."""
+    left: Empty, no members, the lag still there (per partition with metrics.group.partitions.enable)."""
+    broker = broker_factory(**{"metrics.group.partitions.enable": "true"}).start()
     with Admin(broker.bootstrap) as admin:
         admin.create_topic("lagging", partitions=1)
     with Producer(broker.bootstrap) as producer:
@@ -88,6 +89,8 @@ def test_a_groups_state_members_and_lag_per_partition(broker: BrokerProcess) -> 
         labels = {"group": "dashboards", "topic": "lagging", "partition": "0"}
         assert value(metrics, "pymq_group_committed_offset", **labels) == 30
         assert value(metrics, "pymq_group_lag", **labels) == 20
+        assert value(metrics, "pymq_group_lag_sum", group="dashboards") == 20
+        assert value(metrics, "pymq_groups", state="Stable") == 1
     metrics = broker.metrics()
     assert value(metrics, "pymq_group_state", group="dashboards", state="Empty") == 1
     assert value(metrics, "pymq_group_members", group="dashboards") == 0

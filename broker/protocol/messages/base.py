@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar, Union
 from broker.errors import NONE, InvalidRequestError, PymqError, error_for_code
 from broker.protocol.fields import entries, entry_field, field
 from broker.protocol.framing import ApiKey
+from broker.protocol.messages.limits import RequestLimits
 
 Buffer = Union[bytes, bytearray, memoryview]
 NO_LEADER_EPOCH = -1  # "not checked": the partition entry names no leader epoch (KIP-320)
@@ -83,6 +84,20 @@ class RequestMessage(Message, Generic[R]):
 
     __slots__ = ()
     response_type: ClassVar[type[Any]]
+
+    @classmethod
+    def decode(cls, control: dict[str, Any], payload: memoryview, limits: RequestLimits) -> Self:
+        """Decode a received request within the broker's `limits`: its elements are counted before
+        any per-element work (TooManyElementsError), then `from_control` decodes it and
+        `check_bounds` checks its fields' sizes (InvalidRequestError), before any handler runs."""
+        limits.check_elements(control)
+        message = cls.from_control(control, payload)
+        message.check_bounds(limits)
+        return message
+
+    def check_bounds(self, limits: RequestLimits) -> None:
+        """InvalidRequestError for a field larger than `limits` allow (the group messages'
+        ids and member metadata); nothing to check for most requests."""
 
 
 class Outcome:

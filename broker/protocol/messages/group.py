@@ -59,6 +59,11 @@ partition or offset is missing, mistyped or negative (or an offset past an int64
 that error on the entry (a topic whose name is not a string keeps it on the topic entry): the
 coordinator answers those entries alone and commits the others. `rebalance_timeout_ms` -1 is
 sent as is; the coordinator reads it as the session timeout.
+
+Bounds (`check_bounds`, applied by `RequestMessage.decode` on the broker, `limits`): member ids,
+group instance ids, client ids, protocol types and names, member metadata and assignments the
+coordinator would store and echo to other members are INVALID_REQUEST past their bounds, before
+the coordinator sees the request. A `reason` is neither stored nor echoed, and not bounded.
 """
 from __future__ import annotations
 
@@ -69,6 +74,12 @@ from broker.errors import NONE, InvalidRequestError, PymqError
 from broker.protocol.fields import entries, entry_field, field
 from broker.protocol.framing import ApiKey
 from segment_format.limits import INT64_MAX
+from broker.protocol.messages.limits import (
+    RequestLimits,
+    check_group_instance_id,
+    check_group_string,
+    check_member_id,
+)
 from broker.protocol.messages.base import (
     NO_LEADER_EPOCH,
     Message,
@@ -148,6 +159,12 @@ def _offset_topics(topics: tuple[TopicRequest[int], ...]) -> list[dict[str, Any]
 def _decode_offset_topics(control: dict[str, Any]) -> tuple[TopicRequest[int], ...]:
     """A name that is not a string refuses the whole request here: no entry is answered alone."""
     return tuple(TopicRequest(field(t, "name", str), _ints(t, "partitions")) for t in entries(control, "topics"))
+
+
+def _check_member(member_id: str, group_instance_id: str | None) -> None:
+    """The bounds of the ids a member speaks for itself with (`limits`)."""
+    check_member_id("member_id", member_id)
+    check_group_instance_id(group_instance_id)
 
 
 # -- FindCoordinator ---------------------------------------------------------------------------
@@ -290,6 +307,14 @@ class JoinGroupRequest(RequestMessage[JoinGroupResponse]):
                    _optional_str(control, "group_instance_id"), field(control, "protocol_type", str),
                    _protocols(control), field(control, "client_id", str, ""), _optional_str(control, "reason"))
 
+    def check_bounds(self, limits: RequestLimits) -> None:
+        _check_member(self.member_id, self.group_instance_id)
+        check_group_string("client_id", self.client_id)
+        check_group_string("protocol_type", self.protocol_type)
+        for protocol in self.protocols:
+            check_group_string("protocols.name", protocol.name)
+        limits.check_member_bytes("the protocols' metadata", sum(len(p.metadata) for p in self.protocols))
+
 
 # -- SyncGroup ---------------------------------------------------------------------------------
 
@@ -349,6 +374,14 @@ class SyncGroupRequest(RequestMessage[SyncGroupResponse]):
                    field(control, "member_id", str), _optional_str(control, "group_instance_id"),
                    _optional_str(control, "protocol_type"), _optional_str(control, "protocol_name"), assignments)
 
+    def check_bounds(self, limits: RequestLimits) -> None:
+        _check_member(self.member_id, self.group_instance_id)
+        check_group_string("protocol_type", self.protocol_type)
+        check_group_string("protocol_name", self.protocol_name)
+        for entry in self.assignments:
+            check_member_id("assignments.member_id", entry.member_id)
+            limits.check_member_bytes("an assignment", len(entry.assignment))
+
 
 # -- Heartbeat ---------------------------------------------------------------------------------
 
@@ -386,6 +419,9 @@ class HeartbeatRequest(RequestMessage[HeartbeatResponse]):
     def from_control(cls, control: dict[str, Any], payload: memoryview) -> "HeartbeatRequest":
         return cls(field(control, "group_id", str), field(control, "generation_id", int),
                    field(control, "member_id", str), _optional_str(control, "group_instance_id"))
+
+    def check_bounds(self, limits: RequestLimits) -> None:
+        _check_member(self.member_id, self.group_instance_id)
 
 
 # -- LeaveGroup --------------------------------------------------------------------------------
@@ -451,6 +487,10 @@ class LeaveGroupRequest(RequestMessage[LeaveGroupResponse]):
         return cls(group_id, tuple(
             MemberIdentity(field(m, "member_id", str), _optional_str(m, "group_instance_id"), _optional_str(m, "reason"))
             for m in entries(control, "members")))
+
+    def check_bounds(self, limits: RequestLimits) -> None:
+        for member in self.members:
+            _check_member(member.member_id, member.group_instance_id)
 
 
 # -- OffsetCommit ------------------------------------------------------------------------------
@@ -526,6 +566,9 @@ class OffsetCommitRequest(RequestMessage[OffsetCommitResponse]):
         member_id, instance_id = field(control, "member_id", str), _optional_str(control, "group_instance_id")
         return cls(group_id, generation_id, member_id, instance_id,
                    decode_topics(control, TopicRequest, OffsetCommitPartition.from_control))
+
+    def check_bounds(self, limits: RequestLimits) -> None:
+        _check_member(self.member_id, self.group_instance_id)
 
 
 # -- OffsetFetch -------------------------------------------------------------------------------
