@@ -14,6 +14,8 @@ from __future__ import annotations
 import struct
 from typing import Callable
 
+import crc32c
+
 from segment_format import arrow_ipc, batch_body, record
 
 TS = 1_700_000_000_000
@@ -142,3 +144,15 @@ BODY_TIMESTAMP_BATCHES: list[tuple[str, Callable[[], bytearray]]] = [
     ("minus-one", lambda: body_timestamps([-1, TS])),
     ("all-but-header-differ", lambda: body_timestamps([TS + 1, TS + 2])),
 ]
+
+
+def poison_stored_batch(data: bytearray, pos: int) -> None:
+    """Poison the batch at byte `pos` of stored batches in place as a damaged disk or a broker
+    without body validation would have left it: its value offsets point past the data buffer,
+    its base offset and epoch stay, and its CRC is computed anew (so only decoding fails)."""
+    header = record.read_header(data, pos)
+    batch = bytearray(data[pos : pos + header.size])
+    at, _ = body_buffer(batch, VALUE_OFFSETS)
+    struct.pack_into("<i", batch, at + 4 * header.record_count, 1 << 20)
+    struct.pack_into("<I", batch, 17, crc32c.crc32c(bytes(batch[record.CRC_START:])))
+    data[pos : pos + header.size] = batch
