@@ -14,6 +14,7 @@ from broker.client import RECORD_SCHEMA, Admin, Consumer, ConsumerRecord, Produc
 from broker.errors import (
     CorruptMessageError,
     CorruptRecordError,
+    InconsistentTopicIdError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
     UnknownTopicOrPartitionError,
@@ -455,6 +456,57 @@ def test_a_corrupt_batch_followed_by_a_good_one_in_one_fetch_is_skipped_exactly(
     stepwise = consumers(broker.bootstrap, auto_offset_reset="earliest")
     stepwise.assign([("poisoned", 0)])
     assert skip_corrupt_batches(stepwise, 3, "offset") == ([0, 4, 5], [(1, 3), (2, 3), (3, 3)])
+
+
+def recreate_topic(bootstrap: str, topic: str) -> None:
+    """Delete `topic` and create it again (one partition): a new incarnation, with a new topic id."""
+    with Admin(bootstrap) as admin:
+        old = {t.name: t.topic_id for t in admin.describe_topics([topic])}[topic]
+        admin.delete_topics([topic])
+        admin.create_topic(topic, partitions=1)
+        assert admin.describe_topics([topic])[0].topic_id != old
+
+
+def test_an_assigned_topic_deleted_and_recreated_is_read_from_the_new_start(broker_factory, consumers):
+    """Issue 34 item 6: an assign() consumer that read 5 records of a topic which is then deleted
+    and re-created with 8 new ones fetches again (it stopped for good before) and, per
+    auto_offset_reset=earliest, from the new topic's start: all 8, not the 3 past its old position."""
+    broker = broker_factory().start()
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("reborn", partitions=1)
+    produce(broker.bootstrap, "reborn", values(5, b"old-"), partition=0)
+    consumer = consumers(broker.bootstrap, auto_offset_reset="earliest")
+    consumer.assign([("reborn", 0)])
+    assert [r.value for r in poll_until(consumer, 5)] == values(5, b"old-")
+    recreate_topic(broker.bootstrap, "reborn")
+    produce(broker.bootstrap, "reborn", values(8, b"new-"), partition=0)
+    records = poll_until(consumer, 8)
+    assert [(r.offset, r.value) for r in records] == list(enumerate(values(8, b"new-")))
+    assert consumer.position(("reborn", 0)) == 8
+
+
+def test_with_no_reset_a_recreated_topic_raises_inconsistent_topic_id_until_a_seek(broker_factory, consumers):
+    """With auto_offset_reset="none" the consumer does not guess: the poll after the re-creation
+    raises InconsistentTopicIdError naming the partition, later polls NoOffsetForPartitionError
+    (the old position is gone), and a seek reads the new topic from there."""
+    broker = broker_factory().start()
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("reborn", partitions=1)
+    produce(broker.bootstrap, "reborn", values(5, b"old-"), partition=0)
+    consumer = consumers(broker.bootstrap, auto_offset_reset="none")
+    consumer.assign([("reborn", 0)])
+    consumer.seek(("reborn", 0), 0)
+    poll_until(consumer, 5)
+    recreate_topic(broker.bootstrap, "reborn")
+    produce(broker.bootstrap, "reborn", values(3, b"new-"), partition=0)
+    with pytest.raises(InconsistentTopicIdError, match="reborn-0: the topic was deleted and re-created"):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            assert consumer.poll(timeout_ms=200) == []
+    with pytest.raises(NoOffsetForPartitionError):
+        consumer.poll(timeout_ms=200)
+    consumer.seek(("reborn", 0), 1)
+    assert [(r.offset, r.value) for r in poll_until(consumer, 2)] == [(1, b"new-1"), (2, b"new-2")]
 
 
 def poll_until_rows(consumer: Consumer, expected: int, timeout_s: float = 20.0) -> pa.Table:
