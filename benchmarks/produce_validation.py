@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from benchmarks import harness
@@ -85,8 +86,9 @@ def produce_costs(broker_code: str | None, records_by_size: dict[int, int]) -> l
     from benchmarks.produce_throughput import run_one
 
     broker = harness.BrokerProcess(harness.broker_overrides())
-    if broker_code is not None:
-        broker.cwd = broker_code  # type: ignore[assignment]
+    if broker_code is not None:  # that tree's code and its conf/broker.toml (which knows its configs)
+        broker.cwd = Path(broker_code)
+        broker.config_file = Path(broker_code) / "conf" / "broker.toml"
         broker.env = {"PYTHONPATH": broker_code}
     broker.start()
     rows = []
