@@ -354,13 +354,16 @@ class Fetcher:
         deleted and re-created, and offsets of the old one mean nothing in the new one. Reset
         its assigned partitions per auto_offset_reset (the records of the old one fetched before
         are still returned first), or with "none" hold InconsistentTopicIdError for the poll
-        that reaches it; nothing moves if a seek or assign came meanwhile."""
-        old, self.topic_ids[topic] = self.topic_ids[topic], topic_id
+        that reaches it; nothing moves if a seek or assign came meanwhile. A reset whose
+        ListOffsets fails (the new topic's leaders not elected yet) is tried again at the next
+        metadata refresh: the old id is kept until it succeeds."""
+        old = self.topic_ids[topic]
         tps = [tp for tp in self._subs.assigned if tp[0] == topic]
         strategy = self._subs.auto_offset_reset
         log.warning("topic %s was deleted and re-created (topic id %s, was %s): %s", topic, topic_id, old,
                     "resetting its positions to " + strategy if strategy != "none" else "no reset (auto_offset_reset=none)")
         if strategy == "none":
+            self.topic_ids[topic] = topic_id
             for tp in tps:
                 self._hold_error(tp, InconsistentTopicIdError(
                     f"{tp[0]}-{tp[1]}: the topic was deleted and re-created (topic id {topic_id}, was {old}): its "
@@ -368,7 +371,12 @@ class Fetcher:
             self.replan()
             return
         epoch = self._epoch
-        found = await list_offsets(self.cluster, {tp: reset_timestamp(strategy) for tp in tps})
+        try:
+            found = await list_offsets(self.cluster, {tp: reset_timestamp(strategy) for tp in tps})
+        except PymqError as err:
+            log.info("resetting the positions of re-created topic %s failed: %s; retrying", topic, err)
+            return
+        self.topic_ids[topic] = topic_id
         if epoch != self._epoch:
             return
         with self._subs.lock:
