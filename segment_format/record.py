@@ -400,7 +400,7 @@ def _check_producer_body(body: memoryview, pos: int, header: BatchHeader, messag
     decompressed = message.decompressed_bytes(body)
     if decompressed > max_decompressed_bytes:
         raise MessageTooLargeError(
-            f"batch at byte {pos}: its {arrow_ipc.CODEC_NAMES.get(message.codec, '')} body decompresses to "
+            f"batch at byte {pos}: its {arrow_ipc.CODEC_NAMES.get(message.codec, 'uncompressed')} body decompresses to "
             f"{decompressed} bytes, above message.decompressed.max.bytes {max_decompressed_bytes}")
     decoded = _decoded_body(pa.py_buffer(body), header, f"batch at byte {pos}", in_this_thread=message.codec is not None)
     millis = decoded.column(2).to_numpy().view(np.int64)  # zero-copy (no nulls): min and max in C, ~1 us each

@@ -255,7 +255,7 @@ class Fetcher:
         tp, err, _ = self._buffer.popleft()
         assert isinstance(err, PymqError)
         if isinstance(err, InconsistentTopicIdError):
-            del self._subs.consumed[tp]  # an offset of the deleted topic means nothing in the new one: seek
+            self._subs.consumed.pop(tp, None)  # an offset of the deleted topic means nothing in the new one: seek
         else:
             self._subs.fetch_positions[tp] = self._subs.consumed[tp]
         self._waiting_for_room = True  # the partition's fetcher has it back: wake it
