@@ -5,11 +5,12 @@ each is refused with a named error, nothing is stored, and consumers read on as 
 
 One broker serves the module (each case on its own topic), with time-based flushing off so that
 partition files change only when something is appended (tests/broker/test_bad_input.py's helpers
-fingerprint them).
+fingerprint them), and a log cleaner that looks for work every 20 ms.
 """
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
@@ -33,7 +34,7 @@ _names = itertools.count()
 
 @pytest.fixture(scope="module")
 def server(module_broker_factory):
-    return module_broker_factory("poison", **{"log.flush.interval.ms": INT64_MAX}).start()
+    return module_broker_factory("poison", **{"log.flush.interval.ms": INT64_MAX, "log.cleaner.backoff.ms": 20}).start()
 
 
 @pytest.fixture
@@ -117,3 +118,33 @@ def test_a_consumer_reads_past_where_poison_was_refused(server, raw_client, clie
             if len(got) >= len(expected):
                 break
     assert got == expected
+
+
+def test_a_compacted_topic_refuses_poison_so_its_cleaner_keeps_cleaning(server, raw_client, client):
+    """Poison between keyed updates of a compacted topic is refused, so the log cleaner (which
+    decodes every batch it keeps, and gave up on a partition until a restart at the first bad
+    one) cleans the partition: each key's latest value stays, and the broker logs no failure."""
+    topic = f"poison{next(_names)}"
+    create_topic(client, topic, configs={"cleanup.policy": "compact", "segment.bytes": "16384",
+                                         "min.cleanable.dirty.ratio": "0.01"})
+    latest: dict[bytes, bytes] = {}
+    for i in range(60):
+        keys = [b"key-%d" % (j % 4) for j in range(10)]
+        values = [b"%04d-%d-" % (i, j) + b"v" * 100 for j in range(10)]
+        body = batch_body.make_body(values, keys=keys, timestamps_ms=TS)
+        assert produce(client, topic, 0, bytes(record.encode_batch(body)))["error_code"] == NONE
+        latest.update(zip(keys, values))
+        _, make, _ = POISON_BATCHES[i % len(POISON_BATCHES)]
+        assert produce(client, topic, 0, bytes(make()))["error_code"] == CorruptMessageError.code
+    deadline = time.monotonic() + 60
+    while f"cleaned {topic}-0" not in server.log_tail(200_000):
+        assert time.monotonic() < deadline, "the cleaner did not clean the partition"
+        time.sleep(0.05)
+    assert f"cannot clean {topic}-0" not in server.log_tail(200_000)
+    with Consumer(f"127.0.0.1:{server.port}", auto_offset_reset="earliest") as consumer:
+        consumer.assign([(topic, 0)])
+        got: dict[bytes, bytes] = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(v == latest[b"key-3"] for v in got.values()):
+            got.update((r.key, r.value) for r in consumer.poll(timeout_ms=200))
+    assert got == latest
