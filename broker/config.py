@@ -143,6 +143,10 @@ TOPIC_CONFIGS: dict[str, tuple[ConfigDef, str]] = {
                    "where producers put a keyed record: murmur2 is Kafka's placement (a key keeps its Kafka "
                    "partition), murmur3 that of topics created before this config; changing it moves keys",
                    choices=KEY_PARTITIONERS), "key.partitioner"),
+        (ConfigDef("message.decompressed.max.bytes", int, 64 << 20,
+                   "largest body a compressed record batch may decompress to (the leader decompresses and "
+                   "validates every producer's batch before storing it; a larger one is MESSAGE_TOO_LARGE)",
+                   1024, INT64_MAX), "log.message.decompressed.max.bytes"),
     ]
 }
 
@@ -173,6 +177,7 @@ class LogConfig:
     min_insync_replicas: int = 1
     unclean_leader_election_enable: bool = False
     key_partitioner: str = "murmur2"
+    message_decompressed_max_bytes: int = 64 << 20
 
     @property
     def effective_local_retention_ms(self) -> int:

@@ -51,18 +51,22 @@ class CorruptMessageError(PymqError, wire_name="CORRUPT_MESSAGE"):
 
 class CorruptRecordError(CorruptMessageError, wire_name="CORRUPT_RECORD"):
     """A fetched batch failed the consumer's checks (CRC, structure). Raised by `poll` only after
-    every intact record before it was delivered, with the consumer's position at the bad batch:
-    `seek((topic, partition), offset + 1)` skips it (one record at a time if it held several).
+    every intact record before it was delivered, with the consumer's position at the bad batch
+    (`offset`). `last_offset` is the bad batch's last offset when its header is intact (its CRC
+    held), else `offset`: `seek((topic, partition), last_offset + 1)` skips exactly the bad batch
+    (one record at a time when its header is damaged too), never a record of the next one.
     A client-side condition (the broker's CORRUPT_MESSAGE is its base class), hence a code >= 1000."""
 
     code = 1004
 
-    def __init__(self, message: str, topic: str = "", partition: int = -1, offset: int = -1) -> None:
+    def __init__(self, message: str, topic: str = "", partition: int = -1, offset: int = -1,
+                 last_offset: int | None = None) -> None:
         super().__init__(message)
         self.topic, self.partition, self.offset = topic, partition, offset
+        self.last_offset = offset if last_offset is None else last_offset
 
     def __reduce__(self) -> tuple:  # keeps the fields when pickled (e.g. across processes)
-        return type(self), (str(self), self.topic, self.partition, self.offset)
+        return type(self), (str(self), self.topic, self.partition, self.offset, self.last_offset)
 
 
 class UnknownTopicOrPartitionError(PymqError, wire_name="UNKNOWN_TOPIC_OR_PARTITION"):

@@ -56,6 +56,7 @@ CODEC_LZ4_FRAME, CODEC_ZSTD = 0, 1
 CODEC_NAMES = {CODEC_LZ4_FRAME: "lz4_frame", CODEC_ZSTD: "zstd"}
 _METHOD_BUFFER = 0
 _PAIR = struct.Struct("<qq")  # FieldNode and Buffer are both two longs
+_UNCOMPRESSED_LENGTH = struct.Struct("<q")  # the prefix of each buffer of a compressed body
 
 
 class IpcFormatError(ValueError):
@@ -75,10 +76,28 @@ class RecordBatchMessage(NamedTuple):
     nodes: tuple[int, ...]
     buffers: tuple[int, ...]
     codec: int | None
+    body_start: int  # stream position of the message body (buffer offsets count from here)
 
     def node(self, index: int) -> tuple[int, int]:
         """(length, null_count) of the index-th field node (pre-order)."""
         return self.nodes[2 * index], self.nodes[2 * index + 1]
+
+    def decompressed_bytes(self, stream: memoryview) -> int:
+        """Bytes the body's buffers take once a reader decompressed them: each compressed buffer
+        opens with its uncompressed length (int64; -1 when the buffer is stored as is), which is
+        what Arrow allocates before decompressing. Reading those lengths first lets a caller
+        refuse a decompression bomb without allocating anything. The body's length for an
+        uncompressed message. One read per buffer; a prefix that is missing or negative is left
+        for the decoder to refuse (it allocates nothing for it)."""
+        if self.codec is None:
+            return self.body_length
+        total, buffers = 0, self.buffers
+        for i in range(0, len(buffers), 2):
+            offset, size = buffers[i], buffers[i + 1]
+            if size >= _UNCOMPRESSED_LENGTH.size:
+                declared = _UNCOMPRESSED_LENGTH.unpack_from(stream, self.body_start + offset)[0]
+                total += size - _UNCOMPRESSED_LENGTH.size if declared == -1 else max(declared, 0)
+        return total
 
 
 def message_end(stream: memoryview, pos: int, what: str, max_metadata_bytes: int) -> int:
@@ -135,7 +154,7 @@ def read_record_batch(stream: memoryview, pos: int, *, nodes: int, buffers: int,
             length, body_length, node_values, buffer_values = numbers
             _check_body_extent(stream, end, body_length, where)
             _check_buffers(buffer_values, body_length, where)
-            return RecordBatchMessage(pos, length, body_length, node_values, buffer_values, None)
+            return RecordBatchMessage(pos, length, body_length, node_values, buffer_values, None, end)
     header_type, batch, body_length = _message(metadata, where)
     if header_type != HEADER_RECORD_BATCH:
         raise IpcFormatError(f"{where}: header_type {header_type}, expected RecordBatch ({HEADER_RECORD_BATCH})")
@@ -148,7 +167,7 @@ def read_record_batch(stream: memoryview, pos: int, *, nodes: int, buffers: int,
     variadic = _field(batch, 4, 4, where, "variadicBufferCounts")
     if variadic is not None and _vector(batch.table, variadic, 8, where, "variadicBufferCounts")[1]:
         raise IpcFormatError(f"{where}: variadicBufferCounts present (no view types in this schema)")
-    return RecordBatchMessage(pos, length, body_length, node_values, buffer_values, codec)
+    return RecordBatchMessage(pos, length, body_length, node_values, buffer_values, codec, end)
 
 
 def _check_body_extent(stream: memoryview, end: int, body_length: int, where: str) -> None:

@@ -29,8 +29,10 @@ optional last column offset_delta (compacted batches) gives record i the offset 
 offset_delta[i] instead of base_offset + i (strictly increasing, the last = last_offset_delta).
 
 This module is pure: bytes in, values out, no I/O. The broker only calls `validate_batch` and
-`patch_offsets` (it never decodes a body); clients call `encode_batch` and `decode_batch`.
-`validate_batch` reads the body's IPC structure at constant cost through `segment_format.arrow_ipc`.
+`patch_offsets`; clients call `encode_batch` and `decode_batch`. `validate_batch` reads the
+body's IPC structure at constant cost through `segment_format.arrow_ipc`; for a producer's batch
+on the leader it also decodes the body and validates it in full (Arrow's kernels), so that what
+the broker stores is what every reader can decode.
 """
 from __future__ import annotations
 
@@ -54,6 +56,7 @@ from segment_format.batch_body import (
     STANDARD_LAYOUT,
     encode_body,
 )
+from segment_format.limits import INT64_MAX
 from broker.errors import CorruptMessageError, InvalidRecordError, InvalidTimestampError, MessageTooLargeError
 
 HEADER = struct.Struct("<qiibIhiqqqhii")
@@ -210,10 +213,12 @@ class TimestampBounds(NamedTuple):
 class ProducerInput(NamedTuple):
     """Marks a batch as a producer's, as the leader appends it, with what its timestamps are
     judged against: the broker's clock and, on a CreateTime topic, its TimestampBounds (None on
-    a LogAppendTime topic, whose timestamps the broker sets)."""
+    a LogAppendTime topic, whose timestamps the broker sets); and how many bytes its body may
+    take once decompressed (`message.decompressed.max.bytes`)."""
 
     now_ms: int
     timestamp_bounds: TimestampBounds | None
+    max_decompressed_bytes: int = INT64_MAX
 
 
 # A body written by pymq (or pyarrow) opens with one of these two schema messages byte for byte.
@@ -261,22 +266,28 @@ def validate_batch(
     producer: ProducerInput | None = None,
     check_body: bool = True,
 ) -> BatchHeader:
-    """Check the batch at `pos` without decoding its body's buffers, and return its header.
+    """Check the batch at `pos` and return its header.
 
-    Constant cost per batch apart from the CRC: the header's fields (magic, length in bounds and
-    fully present, reserved attribute bits, record_count / last_offset_delta, timestamps ordered),
-    the CRC, then the body's Arrow IPC structure: a schema message equal to one of the two body
-    schemas, and one record batch message whose row count, top-level field node lengths, null
-    counts, buffers and codec agree with the header and the schema, ending exactly at the batch's
-    end. A standard-schema batch has last_offset_delta == record_count - 1; a compacted one may
-    have gaps (>=). Raises CorruptMessageError (MessageTooLargeError past `max_batch_bytes`).
+    Without `producer`, constant cost per batch apart from the CRC, and no buffer is decoded:
+    the header's fields (magic, length in bounds and fully present, reserved attribute bits,
+    record_count / last_offset_delta, timestamps ordered), the CRC, then the body's Arrow IPC
+    structure: a schema message equal to one of the two body schemas, and one record batch
+    message whose row count, top-level field node lengths, null counts, buffers and codec agree
+    with the header and the schema, ending exactly at the batch's end. A standard-schema batch
+    has last_offset_delta == record_count - 1; a compacted one may have gaps (>=). Raises
+    CorruptMessageError (MessageTooLargeError past `max_batch_bytes`).
 
     With `producer` (a leader's append of a producer's batches), the batch must also be one a
-    producer may write (`_check_producer_batch`: else InvalidRecordError) and its timestamps are
-    checked: base_timestamp >= 0 and, with `timestamp_bounds` (CreateTime topics), inside the
-    bounds around `now_ms`; else InvalidTimestampError. Followers and recovery pass no
-    `producer`: they keep what the leader wrote, compacted batches and timestamps included.
-    Every error names the failing field and the batch's byte position.
+    producer may write (`_check_producer_batch`: else InvalidRecordError), its header's
+    timestamps are checked (base_timestamp >= 0 and, with `timestamp_bounds` (CreateTime
+    topics), inside the bounds around `now_ms`; else InvalidTimestampError), and its body is
+    checked as every consumer will check it before it is stored (`_check_producer_body`):
+    decompressed (at most `max_decompressed_bytes`, else MessageTooLargeError) and validated in
+    full by Arrow, and its timestamp column's min and max equal to the header's claims. That
+    part costs O(records) in Arrow's kernels (and decompression), constant Python per batch.
+    Followers and recovery pass no `producer`: they keep what the leader wrote, compacted
+    batches and timestamps included. Every error names the failing field and the batch's byte
+    position.
     """
     header = read_header(buf, pos)
     _check_header(buf, pos, header, max_batch_bytes)
@@ -288,10 +299,12 @@ def validate_batch(
         raise CorruptMessageError(f"batch at byte {pos}: CRC {crc:#010x} != stored {header.crc:#010x}")
     if not check_body:
         return header
-    layout = _check_body(view[pos + HEADER_SIZE : pos + header.size], pos, header)
+    body = view[pos + HEADER_SIZE : pos + header.size]
+    layout, message = _check_body(body, pos, header)
     if producer is not None:
         _check_producer_batch(pos, header, layout)
         _check_timestamps(pos, header, producer.now_ms, producer.timestamp_bounds)
+        _check_producer_body(body, pos, header, message, producer.max_decompressed_bytes)
     if not layout.compacted and header.last_offset_delta != header.record_count - 1:
         raise CorruptMessageError(
             f"batch at byte {pos}: last_offset_delta {header.last_offset_delta} != record_count "
@@ -346,8 +359,9 @@ def _check_header(buf: bytes | bytearray | memoryview, pos: int, header: BatchHe
         )
 
 
-def _check_body(body: memoryview, pos: int, header: BatchHeader) -> BodyLayout:
-    """The body's IPC structure against the header (see validate_batch); its schema's layout."""
+def _check_body(body: memoryview, pos: int, header: BatchHeader) -> tuple[BodyLayout, arrow_ipc.RecordBatchMessage]:
+    """The body's IPC structure against the header (see validate_batch); its schema's layout and
+    its record batch message."""
     try:
         schema_end = arrow_ipc.message_end(body, 0, "schema message", SCHEMA_MESSAGE_MAX_BYTES)
         encoded = bytes(body[:schema_end])
@@ -367,7 +381,35 @@ def _check_body(body: memoryview, pos: int, header: BatchHeader) -> BodyLayout:
         if not 0 <= null_count <= (length if nullable else 0):
             raise CorruptMessageError(f"{_where(pos, message)}: field node of {'nullable' if nullable else 'non-null'} "
                                       f"column {name!r} has null_count {null_count}")
-    return layout
+    return layout, message
+
+
+def _check_producer_body(body: memoryview, pos: int, header: BatchHeader, message: arrow_ipc.RecordBatchMessage,
+                         max_decompressed_bytes: int) -> None:
+    """What the leader checks in a producer's body before storing it, so that nothing it
+    acknowledges fails a consumer's `decode_body` (or the log cleaner's) later: a body whose
+    IPC metadata is sound can still hold value offsets past the data buffer, wrong null counts,
+    header keys that are not UTF-8 or compressed buffers that do not decompress.
+
+    The declared decompressed size is bounded first (read from the buffers' length prefixes,
+    before Arrow allocates it); then the body is decoded (zero-copy when uncompressed) and
+    validated in full, exactly as `decode_body` does for a consumer; then its timestamp column's
+    min and max must be the header's base_timestamp and max_timestamp, which `_check_timestamps`
+    judged (Kafka checks each record's timestamp; here the header speaks for them only once
+    it is proven to describe them)."""
+    decompressed = message.decompressed_bytes(body)
+    if decompressed > max_decompressed_bytes:
+        raise MessageTooLargeError(
+            f"batch at byte {pos}: its {arrow_ipc.CODEC_NAMES.get(message.codec, 'uncompressed')} body decompresses to "
+            f"{decompressed} bytes, above message.decompressed.max.bytes {max_decompressed_bytes}")
+    decoded = _decoded_body(pa.py_buffer(body), header, f"batch at byte {pos}", in_this_thread=message.codec is not None)
+    millis = decoded.column(2).to_numpy().view(np.int64)  # zero-copy (no nulls): min and max in C, ~1 us each
+    low, high = int(millis.min()), int(millis.max())
+    if (low, high) != (header.base_timestamp, header.max_timestamp):
+        raise InvalidTimestampError(
+            f"batch at byte {pos}: record timestamps run from {low} to {high}, but the header's base_timestamp "
+            f"and max_timestamp (which the broker checks against message.timestamp.before.max.ms / "
+            f"message.timestamp.after.max.ms) say {header.base_timestamp} to {header.max_timestamp}")
 
 
 @functools.cache
@@ -483,39 +525,50 @@ def decode_body(buf: bytes | bytearray | memoryview | pa.Buffer, header: BatchHe
     either body schema. Checks it fully (any Arrow structure, row count, and for a compacted body
     offset deltas strictly increasing from >= 0 to last_offset_delta): CorruptMessageError."""
     body = pa.py_buffer(buf) if not isinstance(buf, pa.Buffer) else buf
-    body = body.slice(pos + HEADER_SIZE, header.size - HEADER_SIZE)
+    return _decoded_body(body.slice(pos + HEADER_SIZE, header.size - HEADER_SIZE), header,
+                         f"batch at offset {header.base_offset}")
+
+
+# Arrow decompresses a batch's buffers on its CPU pool by default: for a producer's batch (17
+# buffers, most of them small) waking the pool costs more than the work (lz4, 100 records of
+# 100 B: 144 us with the pool, 25 us in the calling thread), and the broker's threads are busy.
+_IN_THIS_THREAD = pa.ipc.IpcReadOptions(use_threads=False)
+
+
+def _decoded_body(body: pa.Buffer, header: BatchHeader, where: str, *, in_this_thread: bool = False) -> pa.RecordBatch:
+    """decode_body's work on the body's own bytes; errors begin with `where`. `in_this_thread`:
+    decompress in the calling thread, not on Arrow's pool."""
     schema_message = STANDARD_LAYOUT.schema_message
     try:
-        if len(body) > len(schema_message) and memoryview(body).cast("B")[:len(schema_message)] == schema_message:
+        if (not in_this_thread and len(body) > len(schema_message)
+                and memoryview(body).cast("B")[:len(schema_message)] == schema_message):
             # The schema message pymq writes itself: only the record batch message needs
             # reading (a stream reader would parse the schema again: half the cost of a small batch).
             batch = pa.ipc.read_record_batch(body.slice(len(schema_message)), BODY_SCHEMA)
         else:
-            reader = pa.ipc.open_stream(body)
+            reader = pa.ipc.open_stream(body, options=_IN_THIS_THREAD if in_this_thread else None)
             if not (reader.schema.equals(BODY_SCHEMA) or reader.schema.equals(COMPACTED_BODY_SCHEMA)):
-                raise CorruptMessageError(f"batch at offset {header.base_offset}: body schema is not the record schema")
+                raise CorruptMessageError(f"{where}: body schema is not the record schema")
             batch = reader.read_next_batch()
         # A CRC only proves the producer's bytes arrived intact, not that they are valid Arrow: a
         # structurally broken body could crash the reader later, so check it fully here.
         batch.validate(full=True)
     except (pa.ArrowException, MemoryError, StopIteration, OSError) as err:
-        raise CorruptMessageError(f"batch at offset {header.base_offset}: bad Arrow body: {err}") from err
+        raise CorruptMessageError(f"{where}: bad Arrow body: {err}") from err
     if batch.num_rows != header.record_count:
-        raise CorruptMessageError(
-            f"batch at offset {header.base_offset}: body has {batch.num_rows} rows, header says {header.record_count}"
-        )
+        raise CorruptMessageError(f"{where}: body has {batch.num_rows} rows, header says {header.record_count}")
     if batch.num_columns == len(COMPACTED_BODY_SCHEMA):
-        _check_offset_deltas(batch.column("offset_delta"), header)
+        _check_offset_deltas(batch.column("offset_delta"), header, where)
     elif header.last_offset_delta != header.record_count - 1:
-        raise CorruptMessageError(f"batch at offset {header.base_offset}: last_offset_delta {header.last_offset_delta} "
+        raise CorruptMessageError(f"{where}: last_offset_delta {header.last_offset_delta} "
                                   f"!= record_count {header.record_count} - 1 in a body without offset deltas")
     return batch
 
 
-def _check_offset_deltas(deltas: pa.Array, header: BatchHeader) -> None:
+def _check_offset_deltas(deltas: pa.Array, header: BatchHeader, batch_where: str) -> None:
     """A compacted body's offset deltas: no nulls, the first >= 0, strictly increasing, the last
     equal to the header's last_offset_delta (Arrow kernels, no per-record Python)."""
-    where = f"batch at offset {header.base_offset}: offset_delta"
+    where = f"{batch_where}: offset_delta"
     if deltas.null_count:
         raise CorruptMessageError(f"{where} has {deltas.null_count} nulls")
     if deltas[0].as_py() < 0 or deltas[-1].as_py() != header.last_offset_delta:

@@ -60,6 +60,7 @@ class Cluster:
         self.brokers: dict[int, tuple[str, int]] = {}
         self.topics: dict[str, list[PartitionInfo]] = {}
         self.key_partitioners: dict[str, str] = {}  # topic -> its key.partitioner (murmur2 | murmur3)
+        self.topic_ids: dict[str, str] = {}  # topic -> its id (KIP-516): another one means it was re-created
         self.topic_errors: dict[str, PymqError] = {}
         self._connections: dict[int | tuple[str, int], BrokerConnection] = {}
         self._connecting: dict[int, asyncio.Future[BrokerConnection]] = {}
@@ -142,16 +143,19 @@ class Cluster:
             reply = await self.send(None, MetadataRequest(None if topics is None else tuple(topics)))
             self.brokers = {b.node_id: (b.host, b.port) for b in reply.brokers}
             if topics is None:  # a full listing: forget topics that are gone
-                self.topics, self.topic_errors = {}, {}
+                self.topics, self.topic_errors, self.topic_ids = {}, {}, {}
             for t in reply.topics:
                 error = t.error()
                 if error is not None:
                     self.topic_errors[t.name] = error
                     self.topics.pop(t.name, None)
+                    self.topic_ids.pop(t.name, None)
                     continue
                 self.topic_errors.pop(t.name, None)
                 self.topics[t.name] = partition_infos(t)
                 self.key_partitioners[t.name] = t.key_partitioner
+                if t.topic_id:
+                    self.topic_ids[t.name] = t.topic_id
 
     async def partitions(self, topic: str) -> list[PartitionInfo]:
         """The topic's partitions, refreshing metadata once if the topic is not cached."""

@@ -14,8 +14,9 @@ thread (rebalance callbacks), then the records the fetcher buffered.
 
 A batch that fails the checks costs nothing that precedes it: every intact record before it
 (and other partitions' records) is returned first, `position()` moves to the bad batch, and the
-next poll raises `CorruptRecordError` with its topic, partition and offset, so that a
-skip-and-continue loop can `seek(offset + 1)` past it. A broker's non-retriable error for a
+next poll raises `CorruptRecordError` with its topic, partition, `offset` (the position) and
+`last_offset` (the bad batch's last offset when its header is intact), so that a
+skip-and-continue loop can `seek(last_offset + 1)` past exactly that batch. A broker's non-retriable error for a
 partition (e.g. CORRUPT_MESSAGE from a damaged log) is delivered the same way, as Kafka's
 fetcher does: after the partition's records fetched before it, while the other partitions go on.
 
@@ -294,7 +295,7 @@ class AsyncConsumer:
 
         A corrupt batch: the records before it (and other partitions' records) are returned
         first and the partition's position moves to the bad batch; the next call raises
-        CorruptRecordError naming topic, partition and offset (a call that has no records to
+        CorruptRecordError naming topic, partition, offset and last_offset (a call that has no records to
         return raises it at once). Until the caller seeks, the partition is fetched again and
         raises again."""
         return self._as_table(await self._poll_batches(timeout_ms, max_records))

@@ -131,14 +131,23 @@ def to_record_batch(topic: str, partition: int, fetched: FetchedBatch) -> pa.Rec
     )
 
 
-def corrupt_batch_offset(data: memoryview, at: int, position: int, high_watermark: int) -> int:
-    """The offset a corrupt batch at byte `at` stands for: the consumer's position there, or the
-    batch's own base offset when that lies beyond it (a compaction gap) and below the high
-    watermark. The base offset is outside the CRC, so only a plausible one is believed."""
+def corrupt_batch_offsets(data: memoryview, at: int, position: int, high_watermark: int,
+                          checked: record.BatchHeader | None) -> tuple[int, int]:
+    """(first, last) offsets a corrupt batch at byte `at` stands for, for the consumer to skip.
+
+    First: the consumer's position there, or the batch's own base offset when that lies beyond
+    it (a compaction gap) and below the high watermark. Last: the batch's last offset when its
+    header passed its checks (`checked`: the CRC held, the body did not decode) and that offset
+    is plausible (from first, below the high watermark); else first, so a skip moves one record
+    at a time. The base offset is outside the CRC, so only a plausible one is believed."""
     if len(data) - at < record.HEADER_SIZE:
-        return position
+        return position, position
     base = record.read_header(data, at).base_offset
-    return base if position < base < high_watermark else position
+    first = base if position < base < high_watermark else position
+    if checked is None:
+        return first, first
+    last = checked.last_offset
+    return first, last if first <= last < high_watermark else first
 
 
 class DecodedFetch(NamedTuple):
@@ -152,21 +161,25 @@ def decode_fetched(tp: TopicPartition, data: memoryview | bytes, position: int, 
     """The complete batches of one partition's fetched bytes from `position` on (a fetch from
     mid-batch returns the whole batch; records before `position` are dropped). Decoding stops at
     a batch that fails its checks: what came before it is kept and `corrupt` names topic,
-    partition and offset. The consumer and the range reader both read fetches through this."""
+    partition and that batch's offsets (`corrupt_batch_offsets`), never a later batch's. The
+    consumer and the range reader both read fetches through this."""
     data = memoryview(data)
     batches: list[tuple[FetchedBatch, int]] = []
-    bad_at = 0  # where the next batch starts: the corrupt one, if iter_batches raises
+    bad_at = 0  # where the batch being checked starts: the corrupt one, whichever check fails
+    checked: record.BatchHeader | None = None  # its header, once it passed iter_batches' checks
     try:
         # decode_body checks each body fully: the CRC and header checks are what is left.
         for pos, header in record.iter_batches(data, verify=verify, check_body=False):
-            bad_at = pos + header.size
+            bad_at, checked = pos, header if verify else None
             if header.next_offset <= position:
                 continue
             batches.append((FetchedBatch.of(header, record.decode_body(data, header, pos), position), header.size))
             position = header.next_offset
+            bad_at, checked = pos + header.size, None
     except CorruptMessageError as err:
-        offset = corrupt_batch_offset(data, bad_at, position, high_watermark)
-        corrupt = CorruptRecordError(f"{tp[0]}-{tp[1]} offset {offset}: {err}", tp[0], tp[1], offset)
+        first, last = corrupt_batch_offsets(data, bad_at, position, high_watermark, checked)
+        span = f"offset {first}" if last == first else f"offsets {first}-{last}"
+        corrupt = CorruptRecordError(f"{tp[0]}-{tp[1]} {span}: {err}", tp[0], tp[1], first, last)
         return DecodedFetch(batches, position, corrupt)
     return DecodedFetch(batches, position, None)
 

@@ -13,6 +13,13 @@ marker in the buffer after the partition's records fetched before it: the poll t
 raises it, and the partition fetches nothing more until then (or until a seek). An out-of-range
 fetch position is reset per the subscription's `auto_offset_reset`.
 
+A topic deleted and re-created under the consumer (KIP-516): every Fetch names the topic id its
+positions belong to (`topic_ids`), so the broker answers INCONSISTENT_TOPIC_ID rather than the
+new topic's records at the old offsets; while an assigned partition has no leader (its topic is
+gone) metadata is refreshed with backoff until it has one. Metadata naming another id resets the
+topic's positions per `auto_offset_reset`, or with "none" raises InconsistentTopicIdError at the
+poll that reaches it, after which the partition has no position until a seek (Kafka's consumer).
+
 Thread rules: the fetch loops run on the consumer's loop. `take_ready` and `wait_for_data` may
 be called from the sync Consumer's application thread: the buffer is guarded by the
 subscription state's `lock` (one lock for records and positions), `_arrived` wakes such a
@@ -38,6 +45,7 @@ from broker.client.subscription_state import SubscriptionState, reset_timestamp
 from broker.errors import (
     CorruptMessageError,
     CorruptRecordError,
+    InconsistentTopicIdError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
     PymqError,
@@ -45,6 +53,8 @@ from broker.errors import (
 from broker.protocol import FetchPartition, FetchRequest, FetchResponse, TopicRequest
 
 log = logging.getLogger("pymq.consumer")
+
+METADATA_BACKOFF_MAX_S = 1.0  # Kafka's retry.backoff.max.ms: the longest wait between metadata refreshes for a leader
 
 
 class Fetcher:
@@ -86,6 +96,11 @@ class Fetcher:
         self.attention = False
         self.closed = False
         self._loop: asyncio.AbstractEventLoop | None = None
+        # The incarnation (topic id) of each fetched topic that its positions belong to, taken
+        # from metadata when the topic is first fetched; metadata naming another one means the
+        # topic was deleted and re-created (`_follow_recreated`).
+        self.topic_ids: dict[str, str] = {}
+        self._leaderless: asyncio.Task[None] | None = None  # refreshes metadata while a partition has no leader
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -96,9 +111,10 @@ class Fetcher:
         self._changed.set()
         with self._subs.lock:
             self._arrived.notify_all()
-        for task in self._fetchers.values():
+        tasks = [*self._fetchers.values(), *([self._leaderless] if self._leaderless is not None else [])]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._fetchers.values(), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def wait_for_data_async(self, timeout_s: float) -> None:
         """Wait on the loop until records or an error are buffered (or the group needs the
@@ -120,6 +136,8 @@ class Fetcher:
         their start position, and no poll complains about them meanwhile."""
         with self._subs.lock:
             self.drop_buffered(self._subs.set_assigned(partitions, needs_position=needs_position))
+        kept = {topic for topic, _ in partitions}
+        self.topic_ids = {topic: topic_id for topic, topic_id in self.topic_ids.items() if topic in kept}
         self.replan()
 
     def drop_buffered(self, tps: set[TopicPartition]) -> None:
@@ -236,7 +254,10 @@ class Fetcher:
         its position, so the error comes back until the caller seeks past it (or it clears)."""
         tp, err, _ = self._buffer.popleft()
         assert isinstance(err, PymqError)
-        self._subs.fetch_positions[tp] = self._subs.consumed[tp]
+        if isinstance(err, InconsistentTopicIdError):
+            self._subs.consumed.pop(tp, None)  # an offset of the deleted topic means nothing in the new one: seek
+        else:
+            self._subs.fetch_positions[tp] = self._subs.consumed[tp]
         self._waiting_for_room = True  # the partition's fetcher has it back: wake it
         return err
 
@@ -246,6 +267,22 @@ class Fetcher:
             task = self._fetchers.get(node)
             if task is None or task.done():
                 self._fetchers[node] = loop.create_task(self._fetch_loop(node))
+        if (self._leaderless is None or self._leaderless.done()) and self._any_leaderless():
+            self._leaderless = loop.create_task(self._await_leaders())
+
+    def _any_leaderless(self) -> bool:
+        return any(self._leader(tp) is None for tp in self._subs.assigned)
+
+    async def _await_leaders(self) -> None:
+        """Refresh metadata until every assigned partition has a leader again, waiting
+        retry_backoff_s, doubling up to METADATA_BACKOFF_MAX_S. No fetch loop asks for a partition
+        whose topic is gone (deleted): without this it would never be fetched again, not even
+        once the topic is re-created."""
+        backoff = self.retry_backoff_s
+        while not self.closed and self._any_leaderless():
+            await asyncio.sleep(backoff)
+            backoff = min(2 * backoff, max(METADATA_BACKOFF_MAX_S, self.retry_backoff_s))
+            await self._refresh_quietly()
 
     async def _fetch_loop(self, node: int) -> None:
         me = asyncio.current_task()
@@ -304,9 +341,52 @@ class Fetcher:
         except PymqError as err:
             log.info("metadata refresh failed: %s", err)
             return
+        for topic, topic_id in list(self.topic_ids.items()):
+            current = self.cluster.topic_ids.get(topic)
+            if current and current != topic_id:
+                await self._follow_recreated(topic, current)
         if self._leaders() != leaders:
             self.ensure_fetchers()
             self.replan()
+
+    async def _follow_recreated(self, topic: str, topic_id: str) -> None:
+        """Metadata names another incarnation of `topic` than its positions belong to: it was
+        deleted and re-created, and offsets of the old one mean nothing in the new one. Reset
+        its assigned partitions per auto_offset_reset (the records of the old one fetched before
+        are still returned first), or with "none" hold InconsistentTopicIdError for the poll
+        that reaches it; nothing moves if a seek or assign came meanwhile. A reset whose
+        ListOffsets fails (the new topic's leaders not elected yet) is tried again at the next
+        metadata refresh: the old id is kept until it succeeds."""
+        old = self.topic_ids[topic]
+        tps = [tp for tp in self._subs.assigned if tp[0] == topic]
+        strategy = self._subs.auto_offset_reset
+        log.warning("topic %s was deleted and re-created (topic id %s, was %s): %s", topic, topic_id, old,
+                    "resetting its positions to " + strategy if strategy != "none" else "no reset (auto_offset_reset=none)")
+        if strategy == "none":
+            self.topic_ids[topic] = topic_id
+            for tp in tps:
+                self._hold_error(tp, InconsistentTopicIdError(
+                    f"{tp[0]}-{tp[1]}: the topic was deleted and re-created (topic id {topic_id}, was {old}): its "
+                    f"position means nothing in the new topic; seek to choose one (auto_offset_reset=none)"))
+            self.replan()
+            return
+        epoch = self._epoch
+        try:
+            found = await list_offsets(self.cluster, {tp: reset_timestamp(strategy) for tp in tps})
+        except PymqError as err:
+            log.info("resetting the positions of re-created topic %s failed: %s; retrying", topic, err)
+            return
+        self.topic_ids[topic] = topic_id
+        if epoch != self._epoch:
+            return
+        with self._subs.lock:
+            buffered = {tp for tp, _, _ in self._buffer}
+            for tp, (offset, _) in found.items():
+                if tp in self._subs.assigned:
+                    self._subs.fetch_positions[tp] = offset
+                    if tp not in buffered:
+                        self._subs.consumed[tp] = offset
+        self.replan()
 
     def _leaders(self) -> dict[TopicPartition, int | None]:
         return {tp: self._leader(tp) for tp in self._subs.assigned}
@@ -316,7 +396,9 @@ class Fetcher:
         by_topic: dict[str, list[FetchPartition]] = {}
         for (topic, partition), offset in positions.items():
             by_topic.setdefault(topic, []).append(FetchPartition(partition, offset, self.max_partition_fetch_bytes))
-        request = FetchRequest(tuple(TopicRequest(t, tuple(ps)) for t, ps in by_topic.items()),
+            if topic not in self.topic_ids and self.cluster.topic_ids.get(topic):
+                self.topic_ids[topic] = self.cluster.topic_ids[topic]
+        request = FetchRequest(tuple(TopicRequest(t, tuple(ps), self.topic_ids.get(t)) for t, ps in by_topic.items()),
                                self.fetch_max_wait_ms, self.fetch_min_bytes, self.fetch_max_bytes)
         reply = conn.request(request, self.request_timeout_s + self.fetch_max_wait_ms / 1000)
         return _Fetch(request, reply, positions, self._epoch, self._plan, time.monotonic())
@@ -343,7 +425,8 @@ class Fetcher:
                         if isinstance(err, OffsetOutOfRangeError) and self._subs.auto_offset_reset != "none":
                             reset.append(tp)
                             continue
-                        if err.retriable:
+                        if err.retriable or isinstance(err, InconsistentTopicIdError):
+                            # INCONSISTENT_TOPIC_ID: re-created; metadata has the new id (_follow_recreated)
                             await self._refresh_quietly()
                             continue
                         if self._subs.fetch_positions.get(tp) == fetch.requested.get(tp):
@@ -417,7 +500,7 @@ class Fetcher:
         log.warning("fetch of %s-%d failed: %s", tp[0], tp[1], err)
         with self._subs.lock:
             self._buffer.append((tp, err, 0))
-            del self._subs.fetch_positions[tp]
+            self._subs.fetch_positions.pop(tp, None)
             self._signal()
 
     def _absorb(self, tp: TopicPartition, data: memoryview) -> None:

@@ -379,7 +379,8 @@ class UnifiedLog:
         and CRCs are rewritten in it. If any batch is invalid nothing is written:
         CorruptMessageError, InvalidRecordError (a batch no producer may write),
         InvalidTimestampError, MessageTooLargeError. KafkaStorageError if the disk fails (nothing
-        of the append stays). O(batches) Python work; bodies are never decoded.
+        of the append stays). O(batches) Python work; each body is decoded and validated by Arrow
+        (O(records) in C++, zero-copy unless compressed) before the append lock is taken.
         """
         with memoryview(payload).cast("B") as view:  # released on return: the caller may reuse the buffer
             if view.readonly:
@@ -465,14 +466,16 @@ class UnifiedLog:
 
     def _validate(self, view: memoryview, from_producer: bool = True) -> list[tuple[int, record.BatchHeader]]:
         """(position, header) of every batch; raises on the first bad one or a partial tail.
-        `from_producer`: also what a producer may not write (InvalidRecordError) and its
-        timestamps (>= 0, and the CreateTime window of KIP-937)."""
+        `from_producer`: also what a producer may not write (InvalidRecordError), its
+        timestamps (>= 0, the CreateTime window of KIP-937, the body's equal to the header's)
+        and its body, decompressed and validated in full (what every consumer checks)."""
         if not len(view):
             raise CorruptMessageError("empty record set")
         batches, position, config = [], 0, self.config
         bounds = None if self._log_append_time else record.TimestampBounds(
             config.message_timestamp_before_max_ms, config.message_timestamp_after_max_ms)
-        producer = record.ProducerInput(self._clock(), bounds) if from_producer else None
+        producer = (record.ProducerInput(self._clock(), bounds, config.message_decompressed_max_bytes)
+                    if from_producer else None)
         while position < len(view):
             header = record.validate_batch(view, position, max_batch_bytes=config.max_message_bytes, producer=producer)
             batches.append((position, header))

@@ -38,7 +38,13 @@ from segment_format.batch_body import (
     encode_body,
     make_body,
 )
-from tests.broker.forged_batches import FORGED_BATCHES, with_gap
+from tests.broker.forged_batches import (
+    BODY_TIMESTAMP_BATCHES,
+    FORGED_BATCHES,
+    POISON_BATCHES,
+    decompression_bomb,
+    with_gap,
+)
 
 PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -665,6 +671,61 @@ def test_no_compacted_body_passes_as_producer_input(deltas, attributes):
             validate_batch(standard, producer=ProducerInput(NOW, None))
     else:
         assert validate_batch(standard, producer=ProducerInput(NOW, None)).last_offset_delta == len(deltas) - 1
+
+
+# -- a producer's body is decoded and validated in full before it is stored ---------------------
+
+
+@pytest.mark.parametrize("make, words", [c[1:] for c in POISON_BATCHES], ids=[c[0] for c in POISON_BATCHES])
+def test_a_poison_body_is_corrupt_from_a_producer_though_its_structure_passes(make, words):
+    """Value offsets past the data buffer, decreasing or negative offsets, a header key that is
+    not UTF-8, a compressed buffer that does not decompress: the CRC and the IPC metadata hold
+    (followers and recovery keep such a batch), but every consumer's decode_body fails, so a
+    producer's is CORRUPT_MESSAGE naming the batch's byte position and the Arrow check."""
+    buf = make()
+    validate_batch(buf)
+    with pytest.raises(CorruptMessageError):
+        decode_batch(buf)
+    with pytest.raises(CorruptMessageError, match="batch at byte 0: bad Arrow body") as raised:
+        validate_batch(buf, producer=ProducerInput(NOW, None))
+    assert words in str(raised.value) and raised.value.code == 2
+
+
+@pytest.mark.parametrize("make", [c[1] for c in BODY_TIMESTAMP_BATCHES], ids=[c[0] for c in BODY_TIMESTAMP_BATCHES])
+def test_body_timestamps_other_than_the_header_claims_are_invalid_timestamp(make):
+    """Year 3000, int64 max or -1 in the body under a header that claims a timestamp inside the
+    topic's bounds is INVALID_TIMESTAMP (Kafka checks each record's): the body's min and max
+    must be the header's base_timestamp and max_timestamp, on LogAppendTime topics too."""
+    buf = make()
+    for bounds in (TimestampBounds(2**63 - 1, 2**63 - 1 - NOW), None):
+        with pytest.raises(InvalidTimestampError, match="batch at byte 0: record timestamps run from") as raised:
+            validate_batch(buf, producer=ProducerInput(NOW, bounds))
+        assert raised.value.code == 32
+    validate_batch(buf)
+
+
+@pytest.mark.parametrize("compression", ["lz4", "zstd"])
+def test_a_body_declaring_more_decompressed_bytes_than_allowed_is_too_large(compression):
+    """A compressed body whose buffers declare more bytes than message.decompressed.max.bytes is
+    MESSAGE_TOO_LARGE before anything is allocated: a forged 1 TiB length, and a real 1 MiB of
+    zeros (a few KiB on the wire) against a 64 KiB bound, which passes under a 2 MiB one."""
+    with pytest.raises(MessageTooLargeError, match="decompresses to 1099511627"):
+        validate_batch(decompression_bomb(compression, 1 << 40), producer=ProducerInput(NOW, None, 64 << 20))
+    zeros = encode_batch(make_body([bytes(1 << 20)], timestamps_ms=TS), compression=compression)
+    assert len(zeros) < 8 << 10
+    with pytest.raises(MessageTooLargeError, match="message.decompressed.max.bytes 65536"):
+        validate_batch(zeros, producer=ProducerInput(NOW, None, 64 << 10))
+    validate_batch(zeros, producer=ProducerInput(NOW, None, 2 << 20))
+
+
+@PROPERTY
+@given(records=RECORDS, compression=st.sampled_from(COMPRESSIONS))
+def test_every_batch_a_producer_encodes_passes_the_leaders_full_check(records, compression):
+    """No false alarm: whatever records encode_batch writes (nulls, headers, any timestamps in
+    range, each compression) pass the producer body check."""
+    keys, values, stamps, headers = (list(column) for column in zip(*records))
+    body = make_body(values, keys=keys, timestamps_ms=stamps, headers=_headers_column(headers))
+    validate_batch(encode_batch(body, compression=compression), producer=ProducerInput(NOW, None))
 
 
 # -- compacted bodies and offsets ----------------------------------------------------------------

@@ -9,10 +9,12 @@ import pyarrow as pa
 import pytest
 
 from segment_format import batch_body, record
+from tests.broker.forged_batches import poison_stored_batch
 from broker.client import RECORD_SCHEMA, Admin, Consumer, ConsumerRecord, Producer
 from broker.errors import (
     CorruptMessageError,
     CorruptRecordError,
+    InconsistentTopicIdError,
     NoOffsetForPartitionError,
     OffsetOutOfRangeError,
     UnknownTopicOrPartitionError,
@@ -411,6 +413,100 @@ def test_corrupt_batch_is_raised_again_until_the_caller_seeks(broker_factory, co
     consumer.seek(("again", 0), 1)
     table = poll_until_rows(consumer, 3)
     assert table.column("offset").to_pylist() == [1, 2, 3]
+
+
+def skip_corrupt_batches(consumer: Consumer, expected: int, skip_to: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """A skip-and-continue loop: poll until `expected` records arrived, seeking past each
+    CorruptRecordError to `err.<skip_to> + 1`; the offsets received and the errors' (offset,
+    last_offset)."""
+    received: list[int] = []
+    errors: list[tuple[int, int]] = []
+    deadline = time.monotonic() + 20
+    while len(received) < expected and time.monotonic() < deadline:
+        try:
+            received += [r.offset for r in consumer.poll(timeout_ms=200)]
+        except CorruptRecordError as err:
+            assert consumer.position((err.topic, err.partition)) == err.offset
+            errors.append((err.offset, err.last_offset))
+            consumer.seek((err.topic, err.partition), getattr(err, skip_to) + 1)
+    return received, errors
+
+
+def test_a_corrupt_batch_followed_by_a_good_one_in_one_fetch_is_skipped_exactly(broker_factory, consumers):
+    """Issue 34 item 3: batches at 0, 1-3 and 4-5 come in one fetch and the middle one's CRC holds
+    but its body does not decode (poisoned on disk). CorruptRecordError names offsets 1-3, not the
+    next batch's 4, and position() is 1: seek(last_offset + 1) skips exactly the bad batch, and
+    the older recovery seek(offset + 1) steps through it one record at a time; neither drops 4."""
+    broker = broker_factory().start()
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("poisoned", partitions=1)
+    for batch in ([b"a"], [b"b1", b"b2", b"b3"], [b"c1", b"c2"]):
+        produce(broker.bootstrap, "poisoned", batch, one_batch=True)
+    assert broker.stop() == 0  # clean stop: nothing is re-validated on start
+    segment = stored_segment(broker.log_dir, "poisoned", 0)
+    data = bytearray(segment.read_bytes())
+    [at] = [pos for pos, header in record.iter_batches(data) if header.base_offset == 1]
+    poison_stored_batch(data, at)
+    segment.write_bytes(bytes(data))
+    broker.start()
+
+    whole = consumers(broker.bootstrap, auto_offset_reset="earliest")
+    whole.assign([("poisoned", 0)])
+    assert skip_corrupt_batches(whole, 3, "last_offset") == ([0, 4, 5], [(1, 3)])
+    stepwise = consumers(broker.bootstrap, auto_offset_reset="earliest")
+    stepwise.assign([("poisoned", 0)])
+    assert skip_corrupt_batches(stepwise, 3, "offset") == ([0, 4, 5], [(1, 3), (2, 3), (3, 3)])
+
+
+def recreate_topic(bootstrap: str, topic: str) -> None:
+    """Delete `topic` and create it again (one partition): a new incarnation, with a new topic id."""
+    with Admin(bootstrap) as admin:
+        old = {t.name: t.topic_id for t in admin.describe_topics([topic])}[topic]
+        admin.delete_topics([topic])
+        admin.create_topic(topic, partitions=1)
+        assert admin.describe_topics([topic])[0].topic_id != old
+
+
+def test_an_assigned_topic_deleted_and_recreated_is_read_from_the_new_start(broker_factory, consumers):
+    """Issue 34 item 6: an assign() consumer that read 5 records of a topic which is then deleted
+    and re-created with 8 new ones fetches again (it stopped for good before) and, per
+    auto_offset_reset=earliest, from the new topic's start: all 8, not the 3 past its old position."""
+    broker = broker_factory().start()
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("reborn", partitions=1)
+    produce(broker.bootstrap, "reborn", values(5, b"old-"), partition=0)
+    consumer = consumers(broker.bootstrap, auto_offset_reset="earliest")
+    consumer.assign([("reborn", 0)])
+    assert [r.value for r in poll_until(consumer, 5)] == values(5, b"old-")
+    recreate_topic(broker.bootstrap, "reborn")
+    produce(broker.bootstrap, "reborn", values(8, b"new-"), partition=0)
+    records = poll_until(consumer, 8)
+    assert [(r.offset, r.value) for r in records] == list(enumerate(values(8, b"new-")))
+    assert consumer.position(("reborn", 0)) == 8
+
+
+def test_with_no_reset_a_recreated_topic_raises_inconsistent_topic_id_until_a_seek(broker_factory, consumers):
+    """With auto_offset_reset="none" the consumer does not guess: the poll after the re-creation
+    raises InconsistentTopicIdError naming the partition, later polls NoOffsetForPartitionError
+    (the old position is gone), and a seek reads the new topic from there."""
+    broker = broker_factory().start()
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("reborn", partitions=1)
+    produce(broker.bootstrap, "reborn", values(5, b"old-"), partition=0)
+    consumer = consumers(broker.bootstrap, auto_offset_reset="none")
+    consumer.assign([("reborn", 0)])
+    consumer.seek(("reborn", 0), 0)
+    poll_until(consumer, 5)
+    recreate_topic(broker.bootstrap, "reborn")
+    produce(broker.bootstrap, "reborn", values(3, b"new-"), partition=0)
+    with pytest.raises(InconsistentTopicIdError, match="reborn-0: the topic was deleted and re-created"):
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            assert consumer.poll(timeout_ms=200) == []
+    with pytest.raises(NoOffsetForPartitionError):
+        consumer.poll(timeout_ms=200)
+    consumer.seek(("reborn", 0), 1)
+    assert [(r.offset, r.value) for r in poll_until(consumer, 2)] == [(1, b"new-1"), (2, b"new-2")]
 
 
 def poll_until_rows(consumer: Consumer, expected: int, timeout_s: float = 20.0) -> pa.Table:
