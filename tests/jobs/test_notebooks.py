@@ -106,7 +106,8 @@ def test_notebook_runs_without_errors(executed: Executed, path: Path) -> None:
 
 def test_topic_history_notebook_counts_every_event_once(executed: Executed) -> None:
     """01: the total, the per-partition table, the page and date breakdowns of one reused
-    DataFrame all cover exactly the events produced; the last ten minutes' pages add up."""
+    DataFrame all cover exactly the events produced; the last ten minutes' pages add up (at
+    most: each query takes its own current_timestamp(), so an event can leave the window)."""
     notebook = executed.notebook("01_topic_history")
     overview = printed(notebook, "total = clicks.count()")
     assert f"{EVENTS:,} events" in overview
@@ -115,14 +116,14 @@ def test_topic_history_notebook_counts_every_event_once(executed: Executed) -> N
     assert [[number(c) for c in row] for row in per_partition[1:]] == [
         [p, end, 0, end - 1] for p, end in sorted(executed.log_ends.items())]
 
-    recent = printed(notebook, "INTERVAL 10 MINUTES")
-    in_last_ten = number(re.search(r"([\d,]+) events in the last ten minutes", recent).group(1))
-    [recent_pages] = shown(recent)
-    assert 0 < in_last_ten <= EVENTS // 4 and sum(number(r[1]) for r in recent_pages[1:]) == in_last_ten
-
     by_page, by_date = shown(printed(notebook, "by_page = "))
     assert {r[0]: number(r[1]) for r in by_page[1:]} == pages(0, 1, 2)
     assert by_date[0] == ["date", "count"] and sum(number(r[1]) for r in by_date[1:]) == EVENTS
+
+    recent = printed(notebook, "INTERVAL 10 MINUTES")
+    in_last_ten = number(re.search(r"([\d,]+) events in the last ten minutes", recent).group(1))
+    [recent_pages] = shown(recent)
+    assert 0 < in_last_ten <= EVENTS // 4 and 0 < sum(number(r[1]) for r in recent_pages[1:]) <= in_last_ten
 
 
 def test_table_topic_notebook_shows_the_synced_versions(executed: Executed) -> None:
