@@ -73,27 +73,40 @@ def make_sample(events: int = 6_000) -> None:
     sample_shop(local_spark("pymq-notebooks"), os.environ["PYMQ_BOOTSTRAP"], os.environ["PYMQ_TABLE"], events)
 
 
+def sample_clicks(events: int, now_ms: int) -> list[pa.Table]:
+    """The sample's click events in the order they are produced: two days (the table's first
+    version), the half hour before the last one (its second), the last half hour (only on the
+    broker and in the tier). Which page each event is on does not depend on `now_ms`."""
+    quarter = events // 4
+    return [clicks(2 * quarter, now_ms - 2 * 86_400_000, 2 * 86_400_000 - 3_600_000, seed=2 * quarter),
+            clicks(quarter, now_ms - 3_600_000, 1_800_000, seed=quarter),
+            clicks(events - 3 * quarter, now_ms - 1_800_000, 1_800_000, seed=3)]
+
+
 def sample_shop(spark: SparkSession, bootstrap: str, table: str, events: int = 6_000) -> None:
     """Create and fill the sample topic, table and group."""
-    now_ms = int(time.time() * 1000)
     with Admin(bootstrap) as admin:
         admin.create_topic(TOPIC, partitions=PARTITIONS, configs={
             "segment.bytes": 64 << 10, "remote.storage.enable": "true", "local.retention.bytes": 128 << 10,
             "retention.ms": -1})
-    quarter = events // 4
     options = SyncOptions(TOPIC, table, bootstrap, ValueFormat.parse("json", VALUE_SCHEMA))
-    for n, start_ms, span_ms in ((2 * quarter, now_ms - 2 * 86_400_000, 2 * 86_400_000 - 3_600_000),  # two days
-                                 (quarter, now_ms - 3_600_000, 1_800_000)):  # the half hour before the last one
+    *synced, tail = sample_clicks(events, int(time.time() * 1000))
+    for batch in synced:
         with Producer(bootstrap, linger_ms=5) as producer:
-            producer.send_batch(TOPIC, clicks(n, start_ms, span_ms, seed=n))
+            producer.send_batch(TOPIC, batch)
             producer.flush()
         sync(spark, options)  # one table version each
-    with Producer(bootstrap, linger_ms=5) as producer:  # the last half hour: only on the broker and in the tier
-        producer.send_batch(TOPIC, clicks(events - 3 * quarter, now_ms - 1_800_000, 1_800_000, seed=3))
+    with Producer(bootstrap, linger_ms=5) as producer:
+        producer.send_batch(TOPIC, tail)
         producer.flush()
     with Admin(bootstrap) as admin:  # a dashboard that read most of each partition
         ends = admin.list_offsets({(TOPIC, p): -1 for p in range(PARTITIONS)})
-        admin.alter_group_offsets(GROUP, {tp: int(end * (0.6 + 0.15 * tp[1])) for tp, (end, _) in ends.items()})
+        admin.alter_group_offsets(GROUP, {tp: dashboard_committed(tp[1], end) for tp, (end, _) in ends.items()})
+
+
+def dashboard_committed(partition: int, log_end: int) -> int:
+    """The sample group's committed offset in `partition`: 60% of it read, 15% more per partition."""
+    return int(log_end * (0.6 + 0.15 * partition))
 
 
 def notebooks() -> list[Path]:
@@ -163,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
         try:
             started = time.perf_counter()
             results = execute(notebooks(), shop_env(broker.bootstrap, str(Path(tmp) / "tables" / "shop_clicks")),
-                              write=not args.check, prepare=f"from {__name__} import make_sample; make_sample()")
+                              write=not args.check, prepare="from jobs.notebooks import make_sample; make_sample()")
             for path, result in results.items():
                 print(f"{path.name}: {'ok' if isinstance(result, nbformat.NotebookNode) else result}", flush=True)
             print(f"{len(results)} notebooks in {time.perf_counter() - started:.0f}s", flush=True)

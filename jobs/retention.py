@@ -2,8 +2,11 @@
 
 A table topic keeps what the topic keeps. A row has expired when the topic no longer holds its
 record: its offset is below its partition's log start offset (which the broker's retention, by
-time or by size, moves forward, the tier included), or, for a topic with `retention.ms` set, its
-timestamp is older than now - retention.ms (the broker may not have run retention yet).
+time or by size, moves forward, the tier included), or, for a topic whose `cleanup.policy` has
+`delete` and whose `retention.ms` is set, its timestamp is older than now - retention.ms (the
+broker may not have run retention yet). Time retention is the `delete` policy's, as in Kafka: a
+`compact` topic keeps each key's latest record whatever its age, so its old rows stay (the sync
+deletes the rows its tombstones erase).
 
 The report shows, per partition, what the table holds against the topic's log (local and tiered)
 and its policy, and how many rows have expired. A dry run (the default) changes nothing; with
@@ -44,18 +47,32 @@ class PartitionRetention:
 
 
 @dataclass(frozen=True)
+class TopicPolicy:
+    """What of the topic's configs retention depends on."""
+
+    retention_ms: int  # -1: no time limit
+    cleanup_policy: str  # "delete", "compact" or "compact,delete"
+
+    @property
+    def by_time(self) -> bool:
+        """Records expire by time: the `delete` policy (alone or with `compact`) with a retention.ms."""
+        return "delete" in {word.strip() for word in self.cleanup_policy.split(",")} and self.retention_ms >= 0
+
+
+@dataclass(frozen=True)
 class RetentionReport:
     topic: str
-    retention_ms: int
+    policy: TopicPolicy
     cutoff_ms: int | None  # rows older than this have expired by time (None: no time limit)
     partitions: list[PartitionRetention]
     deleted_rows: int = 0
     vacuumed: bool = False
 
 
-def topic_policy(admin: Admin, topic: str) -> int:
+def topic_policy(admin: Admin, topic: str) -> TopicPolicy:
     configs = admin.describe_configs([topic])[topic]
-    return int(configs.get("retention.ms", {}).get("value", -1))
+    return TopicPolicy(int(configs.get("retention.ms", {}).get("value", -1)),
+                       str(configs.get("cleanup.policy", {}).get("value", "delete")))
 
 
 def expired(log_starts: dict[int, int], cutoff_ms: int | None) -> Column:
@@ -73,10 +90,10 @@ def retention(spark: SparkSession, location: str, bootstrap_servers: str, topic:
     table = TableTopic(spark, location)
     topic = table.check_topic(topic)
     with Admin(bootstrap_servers) as admin:
-        retention_ms = topic_policy(admin, topic)
+        policy = topic_policy(admin, topic)
         tiering = {t.partition: t for t in admin.describe_tiering([topic])}
     now_ms = now_ms if now_ms is not None else int(time.time() * 1000)
-    cutoff_ms = now_ms - retention_ms if retention_ms >= 0 else None
+    cutoff_ms = now_ms - policy.retention_ms if policy.by_time else None
     log_starts = {p: t.log_start_offset for p, t in tiering.items()}
     condition = expired(log_starts, cutoff_ms)
     rows = table.snapshot(table.position().version)
@@ -85,7 +102,7 @@ def retention(spark: SparkSession, location: str, bootstrap_servers: str, topic:
     partitions = [PartitionRetention(p, *(int(n or 0) for n in counts.get(p, (0, 0))), t.log_start_offset,
                                      t.local_log_start_offset, t.remote_log_start_offset if t.tiered else -1,
                                      t.log_end_offset) for p, t in sorted(tiering.items())]
-    report = RetentionReport(topic, retention_ms, cutoff_ms, partitions)
+    report = RetentionReport(topic, policy, cutoff_ms, partitions)
     if not execute:
         return report
     deleted = sum(p.expired_rows for p in partitions)
@@ -104,11 +121,14 @@ def retention(spark: SparkSession, location: str, bootstrap_servers: str, topic:
                 spark.conf.set(DELTA_RETENTION_CHECK, before)
     else:
         table.delta().vacuum(float(horizon))
-    return RetentionReport(topic, retention_ms, cutoff_ms, partitions, deleted, True)
+    return RetentionReport(topic, policy, cutoff_ms, partitions, deleted, True)
 
 
 def report_table(report: RetentionReport) -> Table:
-    policy = "retention.ms=-1 (no time limit)" if report.cutoff_ms is None else f"retention.ms={report.retention_ms}"
+    policy = f"cleanup.policy={report.policy.cleanup_policy}, " + (
+        f"retention.ms={report.policy.retention_ms}" if report.cutoff_ms is not None else
+        "retention.ms=-1 (no time limit)" if report.policy.retention_ms < 0 else
+        f"retention.ms={report.policy.retention_ms} (not applied: no delete policy)")
     table = Table(title=f"retention of {report.topic}'s table ({policy})", header_style="bold")
     for column in ("PARTITION", "TABLE ROWS", "EXPIRED", "TOPIC LOG", "LOCAL FROM", "TIER FROM"):
         table.add_column(column, justify="right")
@@ -129,7 +149,8 @@ def report_table(report: RetentionReport) -> Table:
 def retention_command(topic: str, table: str, execute: bool, vacuum_horizon_hours: float | None,
                       spark_conf: tuple[tuple[str, str], ...]) -> None:
     """Apply TOPIC's retention to its table: rows whose records the topic no longer holds (below
-    the log start offset, or older than retention.ms). A dry run unless --execute."""
+    the log start offset, or, with cleanup.policy delete, older than retention.ms). A dry run
+    unless --execute."""
     spark = local_spark("pymq-job-retention", **dict(spark_conf))
     try:
         report = retention(spark, table, bootstrap(), topic, execute=execute, vacuum_horizon_hours=vacuum_horizon_hours)

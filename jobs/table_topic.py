@@ -62,6 +62,8 @@ class ValueFormat:
 
     @classmethod
     def parse(cls, kind: str, ddl: str | None) -> "ValueFormat":
+        """The format `kind` with the values' schema `ddl`. Spark parses the DDL: a session must
+        be active (SparkSession.getActiveSession())."""
         if kind not in VALUE_FORMATS:
             raise TableTopicError(f"value format {kind!r} is not one of {', '.join(VALUE_FORMATS)}")
         if kind == "binary":
@@ -105,10 +107,13 @@ def to_table_rows(records: DataFrame, value_format: ValueFormat, include_headers
         with_corrupt = StructType([*value_format.schema.fields, StructField(_CORRUPT_FIELD, StringType())])  # type: ignore[union-attr]
         parsed = F.from_json(F.col("value").cast("string"), with_corrupt,
                              {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT_FIELD})
+        # from_json gives no struct at all (null, not a corrupt record) for an empty or blank
+        # string and for JSON's `null`: those values did not decode either, and keep their bytes.
+        malformed = F.col("value").isNotNull() & (F.col("_parsed").isNull()
+                                                  | F.col(f"_parsed.{_CORRUPT_FIELD}").isNotNull())
         records = (records.withColumn("_parsed", parsed)
-                   .withColumn(MALFORMED_COLUMN, F.when(F.col(f"_parsed.{_CORRUPT_FIELD}").isNotNull(), F.col("value")))
-                   .withColumn("value", F.when(F.col(f"_parsed.{_CORRUPT_FIELD}").isNull(),
-                                               F.col("_parsed").dropFields(_CORRUPT_FIELD)))
+                   .withColumn(MALFORMED_COLUMN, F.when(malformed, F.col("value")))
+                   .withColumn("value", F.when(~malformed, F.col("_parsed").dropFields(_CORRUPT_FIELD)))
                    .drop("_parsed"))
     elif value_format.kind == "arrow":
         schema = table_schema(value_format, include_headers)

@@ -208,10 +208,11 @@ def sync_command(topic: str, table: str, value_format: str, value_schema: str | 
     """Mirror TOPIC into a Delta table, exactly once: every record once, in its record date's
     partition, typed when a value format is given; compacted topics' tombstones delete earlier
     rows of their key. Progress per batch, a summary at the end."""
-    options = SyncOptions(topic, table, bootstrap(), ValueFormat.parse(value_format, value_schema), include_headers,
-                          checkpoint, trigger, starting_offsets, max_offsets_per_trigger, dict(source_options))
     spark = local_spark(f"pymq-table-sync-{topic}", **dict(spark_conf))
     try:
+        # After the session starts: Spark parses the value schema's DDL, and only with a session.
+        options = SyncOptions(topic, table, bootstrap(), ValueFormat.parse(value_format, value_schema), include_headers,
+                              checkpoint, trigger, starting_offsets, max_offsets_per_trigger, dict(source_options))
         writer = sync(spark, options)
         cli_console().print(summary_table(options, writer))
     finally:

@@ -15,11 +15,14 @@ view: a sync committing or a producer writing meanwhile changes neither side. Wh
 caught up with every partition, the result is the snapshot alone (no tail is planned). The tail is decoded like the table (typed values,
 `date`), and both sides have the table's columns.
 
-Filters on the result prune both sides, as Spark pushes them through the union: on `timestamp`
-(read by Delta: the table's `date` partitions, generated from it, and its per-file statistics;
-read as Parquet: each file's row-group statistics; the source's time index lookups), on `date`
-(the table's partitions), on `partition` and on `offset` (file or row-group statistics; the
-source's offset ranges).
+Filters on the result prune the table's side, as Spark pushes them through the union: on
+`timestamp` (read by Delta: the table's `date` partitions, generated from it, and its per-file
+statistics; read as Parquet: each file's row-group statistics), on `date` (the table's
+partitions), on `partition` and on `offset` (file or row-group statistics). The tail's offset
+ranges are read whole and Spark filters its rows: the `pymq` source takes no pushed filter, since
+Spark 4.2 serves one planned read to every query of a DataFrame (spark_datasource/batch_reader.py),
+so the DataFrame `history` returns answers each query with its own filters however often it is
+reused.
 """
 from __future__ import annotations
 

@@ -1,13 +1,22 @@
 """`spark.read.format("pymq")`: a bounded read of topics, one Spark task per offset range.
 
 Planning (driver): the subscription's partitions, each one's [start, end) from
-startingOffsets/endingOffsets (or their timestamp forms), narrowed by pushed-down filters, split
-by `ranges.split_ranges`. Reading (executors): `task.read_offset_range`.
+startingOffsets/endingOffsets (or their timestamp forms), split by `ranges.split_ranges`.
+Reading (executors): `task.read_offset_range`.
+
+No filter is pushed down: Spark evaluates every filter on the rows read. Spark 4.2 keeps the
+read a source plans (its partitions and read function) on the DataFrame's relation, one for
+every query on that DataFrame: a read narrowed by one query's pushed filters was served to the
+next query of the same DataFrame (an unfiltered count after `partition = 0 AND offset >= 1081`
+returned that query's rows), and to both sides of a union of two filters on it. A plan is
+therefore the same for every query: the DataFrame's whole offset ranges. To read less, bound the
+read with the options (`assign`, `startingOffsets`, `endingOffsets`, `startingTimestamp`, ...),
+or read a table topic's history, whose table Spark prunes natively (`pymq.history`).
 
 With `remoteStorage.url`, the part of each range the remote tier holds is planned from the
-partitions' manifests instead: tasks of the remote segments not pruned by the pushed filters,
-cut by `maxRecordsPerPartition` and `minPartitions` as broker ranges are, read by executors from
-the object store (`remote_ranges.py`); only the rest is fetched from the brokers.
+partitions' manifests instead: a task per run of remote segments, cut by
+`maxRecordsPerPartition` and `minPartitions` as broker ranges are, read by executors from the
+object store (`remote_ranges.py`); only the rest is fetched from the brokers.
 
 With `remoteStorage.only=true` no broker is contacted at all: the partitions, earliest and latest
 come from the store's manifests and time lookups from its segments' time indexes
@@ -23,14 +32,13 @@ carries its topic's id, so a topic re-created after planning is never read in it
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSourceReader, Filter, InputPartition
+from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from broker.errors import DataLossError
 
-from spark_datasource.filters import PushedFilters
 from spark_datasource.offsets import OffsetReader
 from broker.topic_partition import TopicPartition
 from spark_datasource.options import InvalidOptionError, SourceOptions
@@ -51,10 +59,6 @@ log = logging.getLogger("pymq.spark.batch")
 class PymqBatchReader(DataSourceReader):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
-        self.filters = PushedFilters()
-
-    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        return list(self.filters.push(filters))
 
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.options
@@ -62,14 +66,12 @@ class PymqBatchReader(DataSourceReader):
             return [RangePartition(r) for r in self.plan()]
         if opts.remote_storage_only:
             offsets = RemoteOffsetReader(opts)
-            remote, rest = plan_remote(opts, self.offset_ranges(offsets), self.filters.time_low_ms,
-                                       self.filters.time_high_ms, manifests=offsets.manifests)
+            remote, rest = plan_remote(opts, self.offset_ranges(offsets), manifests=offsets.manifests)
             left = [r for r in rest if r.size]
             assert not left, f"remoteStorage.only planned offsets the store does not hold: {left}"
         else:
             offsets = OffsetReader(opts)
-            remote, rest = plan_remote(opts, self.offset_ranges(offsets), self.filters.time_low_ms,
-                                       self.filters.time_high_ms, topic_ids=offsets.topic_ids)
+            remote, rest = plan_remote(opts, self.offset_ranges(offsets), topic_ids=offsets.topic_ids)
         return split_partitions(remote, rest, opts.min_partitions, opts.max_records_per_partition)
 
     def plan(self) -> list[OffsetRange]:
@@ -77,27 +79,23 @@ class PymqBatchReader(DataSourceReader):
         return split_ranges(self.offset_ranges(), self.options.min_partitions, self.options.max_records_per_partition)
 
     def offset_ranges(self, offsets: OffsetReader | None = None) -> list[OffsetRange]:
-        """Each planned partition's [start, end), narrowed by the pushed filters (maybe empty).
+        """Each planned partition's [start, end) (maybe empty).
         `offsets` answers the questions (default: the brokers, through an OffsetReader, or the
         store alone with remoteStorage.only)."""
         remote_only = self.options.remote_storage_only
         if offsets is None:
             offsets = RemoteOffsetReader(self.options) if remote_only else OffsetReader(self.options)
         try:
-            subscribed = offsets.topic_partitions(missing_ok=False)
-            tps = [tp for tp in subscribed if self.filters.allows_partition(tp[1])]
-            starts = offsets.resolve(self.options.starting, tps, starting=True, subscribed=subscribed)
-            ends = offsets.resolve(self.options.ending, tps, starting=False, subscribed=subscribed)
+            tps = offsets.topic_partitions(missing_ok=False)
+            starts = offsets.resolve(self.options.starting, tps, starting=True)
+            ends = offsets.resolve(self.options.ending, tps, starting=False)
             # An explicit ending offset past the end is a mistake in the option: the task would
             # find the offsets missing and report them as data loss ("truncated?").
             latest = offsets.latest(tps) if self.options.ending.kind == "offsets" else ends
-            by_time = (offsets.offsets_for_time(tps, self.filters.time_low_ms)
-                       if self.filters.time_low_ms is not None else {})
             earliest = offsets.earliest(tps) if remote_only else {}
         finally:
             offsets.close()
-        answers = [starts, ends, latest, *([by_time] if self.filters.time_low_ms is not None else []),
-                   *([earliest] if remote_only else [])]
+        answers = [starts, ends, latest, *([earliest] if remote_only else [])]
         ranges = []
         for tp in tps:
             if any(tp not in answer for answer in answers):
@@ -112,9 +110,6 @@ class PymqBatchReader(DataSourceReader):
                 raise InvalidOptionError(
                     f"{tp[0]}-{tp[1]}: starting offset {start} (option {self.options.starting.option}) is after "
                     f"ending offset {end} (option {self.options.ending.option})")
-            if tp in by_time:  # a time filter: no record before this offset can match it
-                start = end if by_time[tp] is None else max(start, by_time[tp])
-            start, end = self.filters.narrow(start, end)
             r = OffsetRange(tp[0], tp[1], start, end, offsets.topic_ids.get(tp[0]))
             ranges.append(check_remote_start(self.options, r, earliest[tp]) if remote_only else r)
         return ranges

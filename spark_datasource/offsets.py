@@ -94,17 +94,10 @@ class OffsetReader:
     def latest(self, tps: Iterable[TopicPartition]) -> PartitionOffsets:
         return self._list(dict.fromkeys(tps, LATEST))
 
-    def offsets_for_time(self, tps: Iterable[TopicPartition], timestamp_ms: int) -> dict[TopicPartition, int | None]:
-        """The first offset whose record time is at or after `timestamp_ms`, or None."""
-        found = self._list_offsets(dict.fromkeys(tps, timestamp_ms)) if tps else {}
-        return {tp: offset if offset >= 0 else None for tp, (offset, _) in found.items()}
-
-    def resolve(self, spec: OffsetSpec, tps: list[TopicPartition], starting: bool,
-                subscribed: list[TopicPartition] | None = None) -> PartitionOffsets:
-        """Concrete offsets for `tps` from a starting or ending spec. A JSON spec must name every
-        partition of the subscription (Kafka's rule): a partition left out has no defined place.
-        `subscribed` (default `tps`) is the whole subscription when pushed-down filters read only
-        some of it: the JSON is checked against it and resolved for `tps` alone."""
+    def resolve(self, spec: OffsetSpec, tps: list[TopicPartition], starting: bool) -> PartitionOffsets:
+        """Concrete offsets for `tps`, the subscription's partitions, from a starting or ending
+        spec. A JSON spec must name every partition of the subscription (Kafka's rule): a
+        partition left out has no defined place."""
         if not tps:
             return {}
         if spec.kind == "earliest":
@@ -115,7 +108,7 @@ class OffsetReader:
             times = dict.fromkeys(tps, spec.timestamp)
         else:
             named = {(t, p): v for t, ps in spec.offsets.items() for p, v in ps.items()}
-            everything = set(tps if subscribed is None else subscribed)
+            everything = set(tps)
             unknown = sorted(set(named) - everything)
             missing = sorted(everything - set(named))
             if unknown or missing:
@@ -124,8 +117,6 @@ class OffsetReader:
                            if unknown else f"leaves out {', '.join(f'{t}-{p}' for t, p in missing)}")
                 raise InvalidOptionError(f"option {spec.option!r} {problem}: give every partition of the "
                                          "subscribed topics (-2 earliest, -1 latest)")
-            wanted = set(tps)
-            named = {tp: v for tp, v in named.items() if tp in wanted}
             if spec.kind == "offsets":
                 symbolic = {tp: v for tp, v in named.items() if v in (EARLIEST, LATEST)}
                 resolved = self._list(symbolic)

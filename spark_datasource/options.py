@@ -54,9 +54,9 @@ folders under `{root}/{topic}/` holding a manifest; `subscribePattern` matches t
 `log_end_offset`; JSON offsets are checked against those as against a broker's (an ending
 offset past the remote log end is an error; a starting offset below the remote log start is data
 loss: failOnDataLoss=true fails, false starts at the remote log start). The `*Timestamp` and
-`*OffsetsByTimestamp` options, and a pushed-down filter on `timestamp`, are answered from the
-remote segments' time indexes as a broker's ListOffsets would be
-(`RemoteSegmentStore.offset_for_timestamp`). Records not yet tiered are not read.
+`*OffsetsByTimestamp` options are answered from the remote segments' time indexes as a
+broker's ListOffsets would be (`RemoteSegmentStore.offset_for_timestamp`). Records not yet
+tiered are not read.
 """
 from __future__ import annotations
 

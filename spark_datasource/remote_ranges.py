@@ -1,9 +1,10 @@
 """Batch reads straight from the remote tier (option `remoteStorage.url`; docs/architecture.md, Spark read from the remote tier).
 
 Planning (driver): each partition's [start, end) is cut at its manifest's remote log end. Below
-it, the remote segments that `PartitionManifest.prune` keeps for the range and the pushed time
-bounds (a segment whose time span misses them is never opened) make `RemoteRangePartition`s, one
-per run of kept segments next to each other in the manifest; at or above it, the rest goes to
+it, the remote segments that `PartitionManifest.prune` keeps for the range make
+`RemoteRangePartition`s, one per run of kept segments next to each other in the manifest (a
+range that starts or ends inside a segment keeps it; a compacted manifest may skip some); at or
+above it, the rest goes to
 the brokers as before (`ranges.split_ranges`, `task.read_offset_range`). Offsets below the
 manifest's `log_start_offset` are deleted remotely: they go to the brokers too, which answer
 them or report them lost (failOnDataLoss). Remote ranges and broker ranges are then cut into
@@ -92,11 +93,10 @@ def _store(url: str, store_options: tuple[tuple[str, str], ...]) -> "RemoteSegme
     return RemoteSegmentStore.from_url(url, dict(store_options))
 
 
-def split_at_remote_end(offset_range: OffsetRange, manifest: "PartitionManifest", time_low_ms: int | None,
-                        time_high_ms: int | None) -> tuple[list[RemoteRangePartition], OffsetRange]:
-    """`offset_range` as remote range partitions, one per run of segments that pruning (by
-    offsets and the time bounds, ms, inclusive; None: open) keeps next to each other, and the
-    range left for the brokers (possibly empty)."""
+def split_at_remote_end(offset_range: OffsetRange,
+                        manifest: "PartitionManifest") -> tuple[list[RemoteRangePartition], OffsetRange]:
+    """`offset_range` as remote range partitions, one per run of the manifest's segments next to
+    each other that hold its offsets, and the range left for the brokers (possibly empty)."""
     start, end = offset_range.start, offset_range.end
     remote_low = max(start, manifest.log_start_offset)
     remote_high = min(end, manifest.log_end_offset)
@@ -104,7 +104,7 @@ def split_at_remote_end(offset_range: OffsetRange, manifest: "PartitionManifest"
         # Nothing remote, or the range starts below the remote log start: the brokers answer
         # (or report the loss) for the whole range rather than leave a hole in the middle.
         return [], offset_range
-    kept = manifest.prune(remote_low, remote_high, time_low_ms, time_high_ms)
+    kept = manifest.prune(remote_low, remote_high)
     position = {segment.base_offset: i for i, segment in enumerate(manifest.segments)}
     runs: list[list[RemoteSegment]] = []
     for segment in kept:
@@ -120,8 +120,8 @@ def split_at_remote_end(offset_range: OffsetRange, manifest: "PartitionManifest"
     return parts, offset_range.within(remote_high, end)
 
 
-def plan_remote(options: "SourceOptions", ranges: list[OffsetRange], time_low_ms: int | None,
-                time_high_ms: int | None, manifests: "dict[tuple[str, int], PartitionManifest] | None" = None,
+def plan_remote(options: "SourceOptions", ranges: list[OffsetRange],
+                manifests: "dict[tuple[str, int], PartitionManifest] | None" = None,
                 topic_ids: dict[str, str] | None = None) -> tuple[list[RemoteRangePartition], list[OffsetRange]]:
     """Remote range partitions for `ranges` from each partition's manifest (from `manifests`
     if given, else the current one in the store), and the ranges left for the brokers. With
@@ -145,7 +145,7 @@ def plan_remote(options: "SourceOptions", ranges: list[OffsetRange], time_low_ms
                 log.warning("%s: not read; [%d, %d) from the brokers", err, r.start, r.end)
                 rest.append(r)
                 continue
-        parts, tail = split_at_remote_end(r, manifest, time_low_ms, time_high_ms)
+        parts, tail = split_at_remote_end(r, manifest)
         log.info("%s-%d [%d, %d): %d of %d remote segment(s) planned, [%d, %d) from the brokers", r.topic,
                  r.partition, r.start, r.end, sum(len(p.segments) for p in parts), len(manifest.segments),
                  tail.start, tail.end)

@@ -10,8 +10,8 @@ Name: `pymq`
           .load())
 
 Schema: the Spark Kafka source's (`schema.py`). Options: `options.py`. Partitioning: one task
-per topic-partition offset range, split by size (`ranges.py`). Filters on partition, offset and
-timestamp are pushed down (`filters.py`).
+per topic-partition offset range, split by size (`ranges.py`). No filter is pushed down: Spark
+4.2 shares one planned read among all the queries of a DataFrame (`batch_reader.py`).
 """
 from __future__ import annotations
 
@@ -30,10 +30,6 @@ from spark_datasource.options import InvalidOptionError, SourceOptions, include_
 from spark_datasource.schema import spark_schema
 from spark_datasource.stream_reader import PymqStreamReader
 from spark_datasource.writer import PymqArrowWriter, PymqStreamArrowWriter, SinkOptions
-
-# Spark refuses a reader that implements pushFilters unless this is on (it would otherwise drop
-# the pushdown silently); register() turns it on for the session.
-PUSHDOWN_CONF = "spark.sql.python.filterPushdown.enabled"
 
 
 class PymqDataSource(DataSource):
@@ -80,6 +76,5 @@ def _append_only(overwrite: bool) -> None:
 
 
 def register(spark: SparkSession) -> None:
-    """Make `format("pymq")` available in `spark` (and enable Python filter pushdown)."""
-    spark.conf.set(PUSHDOWN_CONF, "true")
+    """Make `format("pymq")` available in `spark`."""
     spark.dataSource.register(PymqDataSource)

@@ -7,7 +7,8 @@ that tiers to a file:// store, with the run's Spark session and real Delta table
 - `history()` across the seam: the table synced to the middle of a segment in each partition,
   the rest on the broker and (older segments, trimmed locally) only in the tier: every produced
   record exactly once, with the table read as its Parquet files and by Delta; filters on
-  partition, offset and timestamp prune both sides.
+  partition, offset and timestamp prune the table's side, and the same DataFrame answers each
+  query with its own filters.
 - A compacted topic's tombstones delete the key's earlier rows (in deletion vectors, which only
   Delta's reader reads).
 - `pymq table status` and a table of another topic refused by name.
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,23 +80,33 @@ def test_sync_decodes_json_values_and_keeps_malformed_ones(spark, broker: Broker
     with Admin(broker.bootstrap) as admin:
         admin.create_topic(topic, partitions=1)
     with Producer(broker.bootstrap) as producer:
-        values = [json.dumps({"page": f"/p{n}", "ms": n}).encode() for n in range(20)] + [b"{not json", None]
-        producer.send_batch(topic, pa.table({"key": [b"k"] * 22, "value": pa.array(values, pa.binary())}))
+        # Values from_json gives no struct for: malformed, empty, blank, JSON's null.
+        undecodable = [b"{not json", b"", b"  \n", b"null"]
+        values = [json.dumps({"page": f"/p{n}", "ms": n}).encode() for n in range(20)] + undecodable + [None]
+        producer.send_batch(topic, pa.table({"key": [b"k"] * 25, "value": pa.array(values, pa.binary())}))
         producer.flush()
     options = SyncOptions(topic, str(tmp_path / "t"), broker.bootstrap, ValueFormat.parse("json", "page STRING, ms BIGINT"))
     writer = sync(spark, options)
-    assert [b["rows"] for b in writer.batches] == [22]
+    assert [b["rows"] for b in writer.batches] == [25]
     table = spark.read.format("delta").load(options.table)
     assert table.schema["value"].dataType.simpleString() == "struct<page:string,ms:bigint>"
     rows = {r["offset"]: r for r in table.collect()}
     assert rows[3]["value"]["page"] == "/p3" and rows[3]["value"]["ms"] == 3 and rows[3]["malformedValue"] is None
-    assert rows[20]["value"] is None and bytes(rows[20]["malformedValue"]) == b"{not json"
-    assert rows[21]["value"] is None and rows[21]["malformedValue"] is None  # a null value is no malformed one
-    assert TableTopic(spark, options.table).position().offsets == {0: 22}
+    for offset, raw in enumerate(undecodable, start=20):  # each keeps its bytes, none reads as a null value
+        assert rows[offset]["value"] is None and bytes(rows[offset]["malformedValue"]) == raw, raw
+    assert rows[24]["value"] is None and rows[24]["malformedValue"] is None  # a null value is no malformed one
+    assert TableTopic(spark, options.table).position().offsets == {0: 25}
     assert sync(spark, options).batches == []  # caught up: nothing appended twice
-    assert table.count() == 22
+    assert table.count() == 25
     caught_up = history(spark, topic, table=options.table, bootstrap=broker.bootstrap)
-    assert caught_up.count() == 22 and "pymq" not in caught_up._jdf.queryExecution().analyzed().toString().lower()
+    assert caught_up.count() == 25 and "pymq" not in caught_up._jdf.queryExecution().analyzed().toString().lower()
+    # history()'s tail, read from the broker, decodes them the same way.
+    with Producer(broker.bootstrap) as producer:
+        producer.send_batch(topic, pa.table({"key": [b"k"] * 5, "value": pa.array([*undecodable, None], pa.binary())}))
+        producer.flush()
+    tail = history(spark, topic, table=options.table, bootstrap=broker.bootstrap).where("offset >= 25").collect()
+    assert sorted((r["offset"], r["value"], r["malformedValue"]) for r in tail) == [
+        *((25 + i, None, raw) for i, raw in enumerate(undecodable)), (29, None, None)]
 
 
 def test_history_spans_table_broker_and_tier_with_no_duplicate_and_no_gap(spark, broker: BrokerProcess,
@@ -122,11 +135,14 @@ def test_history_spans_table_broker_and_tier_with_no_duplicate_and_no_gap(spark,
         assert {(r["partition"], r["offset"]) for r in got} == {(p, o) for p in range(PARTITIONS) for o in range(4_037)}
         assert all(r["p"] == r["partition"] and r["n"] == r["offset"] for r in got)  # values decoded on both sides
 
-        # Filters prune both sides and still give exactly the matching rows.
+        # Filters prune the table's side and give exactly the matching rows; the same DataFrame
+        # queried again, unfiltered or filtered otherwise, answers its own query.
         window = rows.where("partition = 1 AND offset >= 1000 AND offset < 1100")
         assert sorted(r["offset"] for r in window.select("offset").collect()) == list(range(1_000, 1_100)), reader
         plan = window._jdf.queryExecution().executedPlan().toString()
         assert "PushedFilters" in plan or "DataFilters" in plan
+        assert rows.count() == len(got), reader
+        assert rows.where("partition = 0 AND offset >= 4000").count() == 37, reader
         assert rows.where("date = current_date()").count() == len(got)  # the table's `date`, on both readers
 
 
@@ -225,6 +241,54 @@ def test_retention_job_reports_then_deletes_what_the_topic_no_longer_holds(spark
     assert left.groupBy("partition").agg({"offset": "min"}).collect() and all(
         r["min(offset)"] == starts[r["partition"]] for r in left.groupBy("partition").agg({"offset": "min"}).collect())
     assert retention(spark, options.table, broker.bootstrap, topic).partitions[0].expired_rows == 0
+
+
+def test_retention_job_expires_rows_by_time_only_under_the_delete_policy(spark, broker: BrokerProcess,
+                                                                          tmp_path: Path) -> None:
+    """A compact topic with retention.ms set: rows older than retention.ms have not expired (the
+    broker keeps each key's latest record whatever its age), so --execute deletes none of them."""
+    from jobs.retention import retention
+
+    topic = "table-retention-compact"
+    hour_ms = 3_600_000
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(topic, partitions=PARTITIONS, configs={"cleanup.policy": "compact", "retention.ms": hour_ms})
+    now_ms = int(time.time() * 1000)
+    produce(broker.bootstrap, topic, 0, 50, timestamp_ms=now_ms - 600_000)  # 50 keys, one record each
+    options = SyncOptions(topic, str(tmp_path / "compact"), broker.bootstrap)
+    sync(spark, options)
+    later_ms = now_ms + 2 * hour_ms  # every row is older than retention.ms by then
+    dry = retention(spark, options.table, broker.bootstrap, topic, now_ms=later_ms)
+    assert dry.cutoff_ms is None and [p.expired_rows for p in dry.partitions] == [0] * PARTITIONS
+    done = retention(spark, options.table, broker.bootstrap, topic, execute=True, vacuum_horizon_hours=0, now_ms=later_ms)
+    assert done.deleted_rows == 0
+    assert spark.read.format("delta").load(options.table).count() == PARTITIONS * 50
+
+
+@pytest.mark.parametrize("cleanup_policy, retention_ms, by_time", [
+    ("delete", 60_000, True), ("compact,delete", 60_000, True), ("compact", 60_000, False), ("delete", -1, False),
+], ids=["delete", "compact-delete", "compact", "no-limit"])
+def test_time_retention_is_the_delete_policys(cleanup_policy: str, retention_ms: int, by_time: bool) -> None:
+    from jobs.retention import TopicPolicy
+
+    assert TopicPolicy(retention_ms, cleanup_policy).by_time is by_time
+
+
+def test_the_sync_command_takes_a_json_value_schema(broker: BrokerProcess, spark, tmp_path: Path) -> None:
+    """`pymq table sync T --value-format json --value-schema DDL` (its own process, as a user runs
+    it): the schema is parsed once Spark's session exists, and the values land typed."""
+    topic = "table-cli-json"
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(topic, partitions=PARTITIONS)
+    produce(broker.bootstrap, topic, 0, 10)
+    table = tmp_path / "cli"
+    done = subprocess.run([sys.executable, "-m", "broker.cli", "table", "sync", topic, "--table", str(table),
+                           "-b", broker.bootstrap, "--value-format", "json", "--value-schema", "p INT, n INT, page STRING"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = spark.read.format("delta").load(str(table)).select("partition", "offset", "value.p", "value.n").collect()
+    assert sorted((r["partition"], r["offset"], r["p"], r["n"]) for r in rows) == [
+        (p, n, p, n) for p in range(PARTITIONS) for n in range(10)]
 
 
 def ipc_stream(table: pa.Table) -> bytes:

@@ -1,6 +1,6 @@
 """Batch reads through `spark.read.format("pymq")` against a real broker process: every column,
-every starting/ending option form, filter pushdown (planned ranges and bytes fetched), range
-splitting, and failOnDataLoss.
+every starting/ending option form, filters (evaluated by Spark, each query on a DataFrame its
+own), range splitting, and failOnDataLoss.
 
 Most tests read one module-wide topic, `events`: 3 partitions of 1000 records each, record `i`
 in partition `i % 3` at offset `i // 3` with create time `BASE_MS + 10 * i`, so every expected
@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import random
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -20,24 +21,11 @@ import pytest
 from chispa import assert_basic_rows_equality, assert_df_equality
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.datasource import (
-    EqualTo,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
-    IsNotNull,
-    IsNull,
-    LessThan,
-    LessThanOrEqual,
-    Not,
-    StringStartsWith,
-)
 
 from broker.client import EARLIEST, LATEST, Admin, Producer
 from broker.client.range_reader import RangeStats
 from broker.process import BrokerProcess
 from spark_datasource.batch_reader import PymqBatchReader
-from spark_datasource.filters import PushedFilters
 from spark_datasource.options import SourceOptions
 from spark_datasource.ranges import OffsetRange, split_ranges
 from spark_datasource.schema import COLUMNS, spark_schema
@@ -359,67 +347,6 @@ def batch_reader(bootstrap: str, **options: str) -> PymqBatchReader:
                                                streaming=False))
 
 
-def test_pushed_offset_filters_narrow_the_planned_ranges(events):
-    """offset >= 10 AND offset < 20 is taken whole and plans [10, 20) of every partition."""
-    reader = batch_reader(events)
-    left = reader.pushFilters([GreaterThanOrEqual(("offset",), 10), LessThan(("offset",), 20)])
-    assert list(left) == []
-    assert reader.plan() == [OffsetRange(EVENTS, p, 10, 20) for p in range(PARTITIONS)]
-    reader = batch_reader(events)
-    assert list(reader.pushFilters([GreaterThan(("offset",), 990), LessThanOrEqual(("offset",), 995)])) == []
-    assert reader.plan() == [OffsetRange(EVENTS, p, 991, 996) for p in range(PARTITIONS)]
-    reader = batch_reader(events)
-    assert list(reader.pushFilters([EqualTo(("offset",), 7)])) == []
-    assert reader.plan() == [OffsetRange(EVENTS, p, 7, 8) for p in range(PARTITIONS)]
-
-
-def test_pushed_offset_in_narrows_to_its_span_and_stays_for_spark(events):
-    """offset IN (...) narrows to [min, max] and is handed back for Spark to finish."""
-    reader = batch_reader(events)
-    f = In(("offset",), (40, 12, 30))
-    assert list(reader.pushFilters([f])) == [f]
-    assert reader.plan() == [OffsetRange(EVENTS, p, 12, 41) for p in range(PARTITIONS)]
-
-
-def test_pushed_partition_filters_drop_partitions(events):
-    """partition =, IN and ranges are taken whole and plan only the allowed partitions."""
-    reader = batch_reader(events)
-    assert list(reader.pushFilters([EqualTo(("partition",), 1)])) == []
-    assert reader.plan() == [OffsetRange(EVENTS, 1, 0, PER_PARTITION)]
-    reader = batch_reader(events)
-    assert list(reader.pushFilters([In(("partition",), (0, 2, 7))])) == []
-    assert [r.partition for r in reader.plan()] == [0, 2]
-    reader = batch_reader(events)
-    assert list(reader.pushFilters([GreaterThan(("partition",), 0), LessThanOrEqual(("partition",), 1)])) == []
-    assert [r.partition for r in reader.plan()] == [1]
-
-
-def test_pushed_timestamp_filter_starts_each_partition_at_the_time(events):
-    """timestamp >= t starts each partition at its first record at or after t and stays for Spark to check."""
-    reader = batch_reader(events)
-    f = GreaterThanOrEqual(("timestamp",), utc(ts_of(2400)))
-    assert list(reader.pushFilters([f])) == [f]
-    assert reader.plan() == [OffsetRange(EVENTS, p, 800, PER_PARTITION) for p in range(PARTITIONS)]
-    reader = batch_reader(events)
-    after_everything = GreaterThan(("timestamp",), utc(ts_of(N + 10)))
-    assert list(reader.pushFilters([after_everything])) == [after_everything]
-    assert reader.plan() == []
-    reader = batch_reader(events)
-    before = LessThan(("timestamp",), utc(ts_of(30)))
-    assert list(reader.pushFilters([before])) == [before]
-    assert reader.plan() == [OffsetRange(EVENTS, p, 0, PER_PARTITION) for p in range(PARTITIONS)]
-
-
-def test_filters_that_cannot_be_pushed_go_back_to_spark(events):
-    """NOT, other columns, non-integers and nullable-column null checks go back; offset IS NOT NULL is taken."""
-    reader = batch_reader(events)
-    others = [Not(EqualTo(("offset",), 5)), Not(EqualTo(("partition",), 1)), EqualTo(("topic",), EVENTS),
-              StringStartsWith(("topic",), "ev"), IsNull(("key",)), IsNotNull(("value",)),
-              EqualTo(("offset",), "7"), In(("partition",), (1.5,))]
-    assert list(reader.pushFilters([*others, IsNotNull(("offset",))])) == others
-    assert reader.plan() == [OffsetRange(EVENTS, p, 0, PER_PARTITION) for p in range(PARTITIONS)]
-
-
 @pytest.fixture(scope="module")
 def small_batches(source_broker: BrokerProcess) -> str:
     """Topic `small-batches`: one partition of 2000 records in 100 batches of 20, record n at BASE_MS + 10 n."""
@@ -442,26 +369,6 @@ def fetched(options: SourceOptions, ranges: list[OffsetRange]) -> tuple[RangeSta
     return total, offsets
 
 
-@pytest.mark.parametrize("filters, offsets", [
-    pytest.param([GreaterThanOrEqual(("offset",), 1900)], range(1900, 2000), id="offset-tail"),
-    pytest.param([LessThan(("offset",), 100)], range(0, 100), id="offset-head"),
-    pytest.param([GreaterThanOrEqual(("offset",), 1000), LessThan(("offset",), 1040)], range(1000, 1040),
-                 id="offset-middle"),
-    pytest.param([GreaterThanOrEqual(("timestamp",), utc(ts_of(1950)))], range(1950, 2000), id="timestamp"),
-])
-def test_pushed_filters_fetch_fewer_bytes(small_batches, filters, offsets):
-    """A pushed-down filter makes the tasks fetch a fraction of the bytes of the full read, and the right records."""
-    options = SourceOptions.parse({"bootstrap.servers": small_batches, "subscribe": "small-batches"}, streaming=False)
-    full_reader, narrowed_reader = PymqBatchReader(options), PymqBatchReader(options)
-    narrowed_reader.pushFilters(filters)
-    full, full_offsets = fetched(options, full_reader.plan())
-    narrowed, narrowed_offsets = fetched(options, narrowed_reader.plan())
-    assert full_offsets == list(range(2000))
-    assert narrowed_offsets == list(offsets)
-    assert full.bytes_fetched > 400_000
-    assert narrowed.bytes_fetched < full.bytes_fetched / 5, (narrowed, full)
-
-
 def test_range_read_fetches_no_batch_past_its_end(small_batches):
     """Reading [0, 20) fetches about one batch's bytes, not the partition."""
     options = SourceOptions.parse({"bootstrap.servers": small_batches, "subscribe": "small-batches"}, streaming=False)
@@ -469,19 +376,6 @@ def test_range_read_fetches_no_batch_past_its_end(small_batches):
     whole, _ = fetched(options, [OffsetRange("small-batches", 0, 0, 2000)])
     assert offsets == list(range(20))
     assert one.bytes_fetched < 3 * whole.bytes_fetched / 100, (one, whole)
-
-
-def test_spark_hands_filters_to_the_reader_and_plans_fewer_tasks(spark, events):
-    """Through Spark, filters on partition, offset and timestamp reach pushFilters and shrink the planned tasks."""
-    df = read(spark, events, maxRecordsPerPartition="100")
-    assert df.rdd.getNumPartitions() == 30
-    assert df.filter("partition = 1").rdd.getNumPartitions() == 10
-    assert df.filter("offset >= 900").rdd.getNumPartitions() == 3
-    assert df.filter(F.col("timestamp") >= utc(ts_of(2700))).rdd.getNumPartitions() == 3
-    # explain("formatted") shows what the source took (Spark's simple explain leaves it out).
-    plan = df.filter("partition = 1 AND offset >= 900")._jdf.queryExecution().explainString(
-        spark._jvm.org.apache.spark.sql.execution.ExplainMode.fromString("formatted"))
-    assert "PushedFilters: [IsNotNull(partition), IsNotNull(offset), EqualTo(partition,1), GreaterThanOrEqual(offset,900)]" in plan
 
 
 def test_small_fetches_read_every_record_once_in_order(spark, small_batches):
@@ -512,6 +406,45 @@ SPARK_FILTERS = [
 def test_spark_filters_return_exactly_the_matching_rows(spark, events, condition, where):
     """A Spark filter on offset, partition or timestamp (pushed down or not) returns exactly the matching rows."""
     assert_positions(read(spark, events).filter(condition), positions(where))
+
+
+def _random_predicate(rng: random.Random) -> tuple[str, Callable[[Rec], bool]]:
+    """One predicate of the kinds Spark hands to the source (partition, offset, timestamp, key)."""
+    p, o, i = rng.randrange(PARTITIONS), rng.randrange(PER_PARTITION + 1), rng.randrange(N + 1)
+    a, b = sorted(rng.sample(range(PARTITIONS), 2))
+    return rng.choice([
+        (f"partition = {p}", lambda r: r.partition == p),
+        (f"partition IN ({a}, {b})", lambda r: r.partition in (a, b)),
+        (f"offset >= {o}", lambda r: r.offset >= o),
+        (f"offset < {o}", lambda r: r.offset < o),
+        (f"offset = {o}", lambda r: r.offset == o),
+        (f"timestamp >= timestamp_millis({ts_of(i)})", lambda r: r.ts >= ts_of(i)),
+        (f"timestamp < timestamp_millis({ts_of(i)})", lambda r: r.ts < ts_of(i)),
+        ("key IS NULL", lambda r: r.key is None),
+    ])
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_one_dataframe_answers_each_query_with_its_own_filters(spark, events, seed):
+    """One DataFrame, queried with a random sequence of filters (and unfiltered in between):
+    each answer is exactly the full result filtered, whatever the queries before it pushed."""
+    df = read(spark, events)
+    assert_positions(df, positions())  # the full result is RECORDS: each answer is RECORDS filtered
+    rng = random.Random(seed)
+    for _ in range(4):
+        predicates = [_random_predicate(rng) for _ in range(rng.randint(1, 3))]
+        condition = " AND ".join(sql for sql, _ in predicates)
+        assert_positions(df.filter(condition), positions(lambda r: all(match(r) for _, match in predicates)))
+        assert df.count() == N, f"unfiltered count after {condition!r}"
+    assert_positions(df, positions())
+
+
+def test_two_differently_filtered_views_of_one_dataframe_in_one_query(spark, events):
+    """A union of two filters on the same DataFrame: each side reads its own rows."""
+    df = read(spark, events)
+    both = df.filter("partition = 0 AND offset < 10").unionByName(df.filter("partition = 2 AND offset >= 990"))
+    assert_positions(both, positions(lambda r: (r.partition == 0 and r.offset < 10)
+                                     or (r.partition == 2 and r.offset >= 990)))
 
 
 def test_timestamp_filter_with_out_of_order_create_times(spark, source_broker, topic_name):
@@ -576,27 +509,6 @@ def test_split_ranges_reaches_min_partitions(sizes, min_partitions):
         pieces = [r for r in out if r.partition == p]
         assert pieces[0].start == 0 and pieces[-1].end == size
         assert all(a.end == b.start and a.size > 0 for a, b in zip(pieces, pieces[1:]))
-
-
-def test_pushed_filters_unit():
-    """PushedFilters intersects bounds, takes what it can and returns the rest, in order."""
-    pushed = PushedFilters()
-    f_in = In(("offset",), (3, 9))
-    ts = GreaterThan(("timestamp",), dt.datetime(2023, 11, 14, 22, 13, 20, 500, tzinfo=dt.timezone.utc))
-    ts_naive = GreaterThanOrEqual(("timestamp",), dt.datetime(2023, 11, 14, 22, 13, 21))
-    keep = EqualTo(("value",), b"x")
-    left = list(pushed.push([GreaterThan(("offset",), 1), f_in, LessThan(("offset",), 8), ts, keep, ts_naive,
-                             In(("partition",), (1, 2)), LessThan(("partition",), 2), IsNotNull(("timestamp",))]))
-    assert left == [f_in, ts, keep, ts_naive]
-    assert pushed.narrow(0, 100) == (3, 8)
-    assert pushed.narrow(5, 6) == (5, 6)
-    assert [p for p in range(4) if pushed.allows_partition(p)] == [1]
-    assert pushed.time_low_ms == BASE_MS + 1000
-    assert PushedFilters().narrow(4, 9) == (4, 9)
-    empty = PushedFilters()
-    list(empty.push([LessThan(("offset",), 0)]))
-    lo, hi = empty.narrow(0, 10)
-    assert lo >= hi
 
 
 # -- failOnDataLoss --------------------------------------------------------------------------------

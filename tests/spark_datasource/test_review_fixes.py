@@ -5,7 +5,6 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from pyspark.sql.datasource import EqualTo
 from pyspark.sql.types import BinaryType, StructField, StructType
 
 from broker.client import Admin, Producer
@@ -40,13 +39,11 @@ def batch_reader(bootstrap: str, **options: str) -> PymqBatchReader:
                                                streaming=False))
 
 
-def test_partition_filter_with_json_offsets_naming_every_partition(review):
-    """startingOffsets/endingOffsets JSON must name every partition; a pushed-down partition
-    filter must not turn the partitions it drops into "partitions the query does not read"."""
+def test_json_offsets_naming_every_partition_plan_exactly_their_ranges(review):
+    """startingOffsets/endingOffsets JSON naming every partition (-1 latest) plan those ranges."""
     reader = batch_reader(review, startingOffsets=json.dumps({TOPIC: {"0": 3, "1": 5}}),
                           endingOffsets=json.dumps({TOPIC: {"0": 10, "1": -1}}))
-    assert list(reader.pushFilters([EqualTo(("partition",), 1)])) == []
-    assert reader.plan() == [OffsetRange(TOPIC, 1, 5, PER_PARTITION)]
+    assert reader.plan() == [OffsetRange(TOPIC, 0, 3, 10), OffsetRange(TOPIC, 1, 5, PER_PARTITION)]
 
 
 def test_a_user_specified_schema_other_than_the_sources_is_refused_when_the_query_is_planned():
