@@ -104,7 +104,8 @@ class Connection(asyncio.BufferedProtocol):
         self.broker = broker
         self.loop = asyncio.get_running_loop()
         self.decoder = protocol.FrameDecoder(broker.config["socket.request.max.bytes"], pool=broker.receive_buffers,
-                                             budget=broker.request_memory)
+                                             budget=broker.request_memory,
+                                             max_elements=broker.config["request.max.elements"])
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
         self.address = "?"  # the client's IP address (what max.connections.per.ip counts)

@@ -27,7 +27,7 @@ from typing import Any, Iterator, Protocol
 import msgpack
 import numpy as np
 
-from broker.errors import InvalidRequestError
+from broker.errors import InvalidRequestError, TooManyElementsError
 
 REQUEST_HEADER = struct.Struct(">ihhii")  # size, api_key, api_version, correlation_id, control_length
 RESPONSE_HEADER = struct.Struct(">iii")  # size, correlation_id, control_length
@@ -324,13 +324,56 @@ class _FrameReader(abc.ABC):
         """Decode one complete frame from its header fields and the bytes after the header."""
 
 
+class _ElementCounter:
+    """msgpack hooks that count the items of every list and the entries of every map as each one is
+    decoded, and stop the decoding past `limit`.
+
+    A control map of 100 MiB of one-byte strings decodes into ~50 M Python objects (GBs): the
+    frame budget counts wire bytes, not what they decode into. With each container bounded by
+    `max_array_len`/`max_map_len` = `limit` and the running total checked as each container
+    completes, at most about twice `limit` elements are ever built for one request. The exact,
+    per-message count (`messages.limits.RequestLimits`) runs after decoding."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+
+    def list_hook(self, items: list[Any]) -> list[Any]:
+        self._add(len(items))
+        return items
+
+    def object_hook(self, entries: dict[Any, Any]) -> dict[Any, Any]:
+        self._add(len(entries))
+        return entries
+
+    def _add(self, n: int) -> None:
+        self.count += n
+        if self.count > self.limit:
+            raise TooManyElementsError(f"the request holds more than {self.limit} elements (list items and map "
+                                       f"entries; request.max.elements)")
+
+
 class FrameDecoder(_FrameReader):
     """Request frames (broker side). A frame over the limit is announced as `OversizeRequest` as
     soon as its header is read and its bytes are discarded as they arrive, so the connection stays
     usable and nothing large is allocated. A size too small to hold the header cannot be
-    resynchronized and raises InvalidRequestError: close the connection."""
+    resynchronized and raises InvalidRequestError: close the connection. A control map with more
+    than `max_elements` list items and map entries (None: no bound) is a `MalformedRequest`
+    naming `request.max.elements`, refused while it decodes (`_ElementCounter`)."""
 
     HEADER = REQUEST_HEADER
+
+    def __init__(self, max_frame_bytes: int, *, max_elements: int | None = None, **kwargs: Any) -> None:
+        super().__init__(max_frame_bytes, **kwargs)
+        self.max_elements = max_elements
+
+    def _control(self, packed: memoryview) -> Any:
+        if self.max_elements is None:
+            return msgpack.unpackb(packed, raw=False, strict_map_key=True)
+        counter = _ElementCounter(self.max_elements)
+        return msgpack.unpackb(packed, raw=False, strict_map_key=True, max_array_len=self.max_elements,
+                               max_map_len=self.max_elements, list_hook=counter.list_hook,
+                               object_hook=counter.object_hook)
 
     def _oversize(self, header: tuple[int, ...]) -> OversizeRequest:
         size, api_key, _, correlation_id, _ = header
@@ -341,7 +384,14 @@ class FrameDecoder(_FrameReader):
         if control_length < 0 or control_length > len(body):
             return MalformedRequest(correlation_id, f"control_length {control_length} outside the frame")
         try:
-            control = msgpack.unpackb(body[:control_length], raw=False, strict_map_key=True)
+            control = self._control(body[:control_length])
+        except TooManyElementsError as err:
+            return MalformedRequest(correlation_id, str(err))
+        except ValueError as err:
+            if "exceeds max_" in str(err):  # one list or map over the bound (msgpack's max_*_len)
+                return MalformedRequest(correlation_id, f"the request holds more than {self.max_elements} elements "
+                                                        f"in one list or map (request.max.elements)")
+            return MalformedRequest(correlation_id, f"control fields are not valid msgpack: {err}")
         except Exception as err:  # msgpack raises several unrelated types for bad input
             return MalformedRequest(correlation_id, f"control fields are not valid msgpack: {err}")
         if not isinstance(control, dict):

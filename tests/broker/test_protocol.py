@@ -160,6 +160,31 @@ def test_control_that_is_not_a_msgpack_map_is_malformed_and_stream_continues(con
     assert isinstance(frames[1], Request) and frames[1].correlation_id == 22
 
 
+@pytest.mark.parametrize(
+    "control",
+    [{"topics": ["t"] * 101}, {"a": list(range(60)), "b": list(range(60))}, {"p": [{"x": 1}] * 60},
+     {"topics": [[["x"] * 10] * 5] * 3}],
+    ids=["one_long_list", "two_lists_past_the_total", "many_small_maps", "nested_lists"],
+)
+def test_control_with_more_elements_than_the_bound_is_refused_while_it_decodes(control):
+    """A control map past max_elements (one container or the total) is MalformedRequest naming
+    request.max.elements, and the next frame still decodes: a frame of tiny elements cannot make
+    the broker build more objects than the bound before it refuses."""
+    decoder = FrameDecoder(1 << 20, max_elements=100)
+    frames = list(decoder.feed(_request(41, control) + _request(42)))
+    assert isinstance(frames[0], MalformedRequest) and frames[0].correlation_id == 41
+    assert "request.max.elements" in frames[0].reason
+    assert isinstance(frames[1], Request) and frames[1].correlation_id == 42
+
+
+def test_control_within_the_element_bound_decodes_whole():
+    """Exactly max_elements list items and map entries (the top-level map's own included) decode."""
+    control = {"topics": ["t"] * 50, "p": [{"partition": i} for i in range(24)]}  # 50 + 24 + 24, and the 2 top-level entries
+    decoder = FrameDecoder(1 << 20, max_elements=100)
+    (frame,) = decoder.feed(_request(43, control))
+    assert isinstance(frame, Request) and frame.control == control
+
+
 @pytest.mark.parametrize("control_length", [-1, 100, 2**31 - 1], ids=["negative", "past_end", "int32_max"])
 def test_control_length_outside_the_frame_is_malformed(control_length):
     """A control_length that is negative or runs past the frame yields MalformedRequest."""
