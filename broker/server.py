@@ -45,6 +45,7 @@ from typing import Any
 
 from broker import background, protocol
 from broker.backpressure import ByteBudget
+from broker.cluster.broker_identity import Session, new_incarnation
 from broker.cluster.brokers import BrokerInfo, BrokerRegistration, LiveBrokers, broker_key
 from broker.cluster.controller import Controller
 from broker.cluster.local_metadata_store import LocalMetadataStore
@@ -97,6 +98,7 @@ class Connection(asyncio.BufferedProtocol):
         self._read_paused = False
         self._stopped_reading = False
         self._produces = 0  # produce requests in flight (waiting for the log writer or their acks)
+        self.session = Session()  # who the peer is: anonymous until an inter-broker handshake
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -159,7 +161,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         timer = RequestTimer(frame.api_key, received, self.loop.time())
         try:
-            result = self.broker.handlers.handle(frame)
+            result = self.broker.handlers.handle(frame, self.session)
         except Exception as err:  # a named error, or a bug, which must not take the connection down
             result = error_result(err)
         timer.local_done = self.loop.time()
@@ -420,6 +422,7 @@ class Broker:
         try:
             self.executors = BackgroundExecutors.from_config(config)
             self.clustered = config["metadata.store"] == "etcd"
+            self.incarnation = new_incarnation()  # proves this process's identity to other brokers
             self.store = store or self._open_store()
             self.live_brokers = LiveBrokers()
             self.registry = TopicRegistry(self.store, config["broker.id"], config.log_defaults, self.live_brokers.racks)
@@ -448,7 +451,8 @@ class Broker:
                     FetchSettings(config["broker.id"], config["replica.fetch.wait.max.ms"],
                                   config["replica.fetch.max.bytes"], config["replica.fetch.response.max.bytes"],
                                   config["replica.fetch.backoff.ms"], local_host=_bind_host(config["host"]),
-                                  throttle_bytes_per_s=_rate_limit(config["replica.throttle.bytes.per.second"])),
+                                  throttle_bytes_per_s=_rate_limit(config["replica.throttle.bytes.per.second"]),
+                                  incarnation=self.incarnation),
                     self.executors.replication, self.live_brokers.address, self.replicas.flush_if_needed,
                     self.logs.checkpoint, remote_manifest=None if self.replicas.remote_logs is None else self.replicas.remote_logs.current_manifest)
                 self.replicas.followers = self.fetchers
@@ -494,7 +498,8 @@ class Broker:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         host, port = self.advertised()
         self.registration = BrokerRegistration(
-            self.store, BrokerInfo(self.config["broker.id"], host, port, self.config["broker.rack"]),
+            self.store, BrokerInfo(self.config["broker.id"], host, port, self.config["broker.rack"],
+                                   incarnation=self.incarnation),
             self.config["broker.session.timeout.ms"], self._registered)
         await self.registration.register()
         await self.listener.load()
