@@ -27,7 +27,8 @@ from broker.cluster.assignment import assign_replicas
 from broker.cluster.metadata_store import Compare, Delete, Get, MetadataStore, Put, TxnResult, WatchEvent
 from broker.coordinator.group_records import OFFSETS_TOPIC
 from broker.config import LEGACY_KEY_PARTITIONER, TOPIC_CONFIGS, LogConfig, parse_topic_configs
-from segment_format.layout import validate_topic_name
+from segment_format.layout import TOPIC_NAME_MAX, validate_topic_name
+from broker.log.log_manager import NAME_MAX
 from broker.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
@@ -40,6 +41,9 @@ from broker.errors import (
 )
 
 MAX_PARTITIONS = 10_000  # per topic: each partition holds open files
+# Every creatable partition's directory name fits a file name (its delete name is cut to fit:
+# broker/log/log_manager.py delete_dir_name).
+assert TOPIC_NAME_MAX + len(f"-{MAX_PARTITIONS - 1}") <= NAME_MAX
 NO_LEADER = -1  # a partition no live in-sync replica can lead (offline)
 REASSIGN_ATTEMPTS, REASSIGN_RETRY_S = 50, 0.1  # a reassignment racing ISR changes tries again for ~5 s
 TOPICS_PREFIX = "topics/"
