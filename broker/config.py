@@ -382,6 +382,10 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("remote.fetch.max.wait.ms", int, 500,
                   "longest a fetch waits for a remote read (beyond its own max wait) before answering without it",
                   1, 300_000),
+        ConfigDef("max.partitions", int, 20_000,
+                  "partition replicas one broker may host; creating topics or adding partitions that would put "
+                  "more on any live broker is refused (POLICY_VIOLATION). Internal topics are exempt but count",
+                  1, 10_000_000),
     ]
 }
 for _d, _broker_key in TOPIC_CONFIGS.values():

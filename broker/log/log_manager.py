@@ -402,16 +402,26 @@ class LogManager:
     # --- lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Clean shutdown: close every log (fsync, recovery point = LEO), checkpoint, and unlink
-        every segment waiting for deletion (no reads are in flight any more)."""
+        """Clean shutdown: close every log (recovery point = LEO), sync the filesystem once (not an
+        fsync per file: with 100,000 partitions those took minutes), then checkpoint, and unlink
+        every segment waiting for deletion (no reads are in flight any more). A failed sync takes
+        the directory offline: the checkpoints keep the recovery points of the last good write."""
+        started = time.monotonic()
         logs = self.all_logs()
         for partition_log in logs:
             try:
-                partition_log.close()
+                partition_log.close(sync=False)
             except KafkaStorageError as err:
                 log.error("closing %s failed: %s", partition_log, err)
                 self.failure.fail(err)
+        if logs and not self.failure.failed:
+            try:
+                sync_filesystem(self.log_dir)
+            except KafkaStorageError as err:
+                log.error("syncing %s on close failed: %s", self.log_dir, err)
+                self.failure.fail(err)
         self.checkpoint()
+        log.info("closed %d logs in %.2f s", len(logs), time.monotonic() - started)
         with self._lock:
             self._logs = {}
             deleted, self._deleted = self._deleted, []
