@@ -3,11 +3,11 @@
 One `ReplicaFetcher` per leader broker fetches every partition this broker follows from it, in
 one Fetch request at a time (`replica_id` = this broker, so the leader reads to its log end and
 learns how far the follower got), on a connection that first identifies itself as this registered
-broker (BrokerHandshake, broker/cluster/broker_identity.py). A partition starts in the truncating state: its log may hold a
-tail the new leader does not have (written under an older epoch by a leader that died before the
-tail was replicated), so the fetcher first asks the leader where the follower's latest epoch ends
-(OffsetForLeaderEpoch, KIP-101 with KIP-279's rule for epochs the leader never had) and cuts the
-log there. Only then does it fetch, appending the leader's batches with their offsets and epochs
+broker (BrokerHandshake, broker/cluster/broker_identity.py). A partition starts in the
+truncating state: its log may hold a tail the new leader does not have (written under an older
+epoch by a leader that died before the tail was replicated), so the fetcher first asks the leader
+where the follower's latest epoch ends (OffsetForLeaderEpoch, KIP-101 with KIP-279's rule for
+epochs the leader never had) and cuts the log there. Only then does it fetch, appending the leader's batches with their offsets and epochs
 (`append_as_follower`, on a worker thread) and taking the leader's high watermark as far as its
 own log reaches.
 

@@ -150,7 +150,10 @@ class RequestHandlers:
                 f"{ApiKey(request.api_key).name} version {request.api_version} not in {low}..{high}"
             )
         message = REQUEST_TYPES[request.api_key].from_control(request.control, request.payload)
-        answer = handler(message) if handler is not None else session_handler(message, session or Session())  # type: ignore[misc]
+        if session_handler is not None:
+            answer = session_handler(message, session or Session())
+        else:
+            answer = handler(message)  # type: ignore[misc]
         if isinstance(answer, Message) or answer is None:
             return to_result(answer)
         if isinstance(answer, DelayedOperation):
