@@ -284,6 +284,30 @@ def test_a_half_deleted_directory_of_the_longest_topic_is_removed_on_the_next_st
     second.close()
 
 
+def test_a_clean_stop_of_empty_logs_makes_no_index_files_and_they_reopen_without_recovery(tmp_path, clock, batch,
+                                                                                          monkeypatch, caplog):
+    """Closing a log whose only segment is empty writes no index files (a clean stop of 100,000
+    new partitions created 200,000 of them); the next start takes the empty segment as it is,
+    with no rebuild and no warning, and its index files come with its first records."""
+    data = tmp_path / "data"
+    first = LogManager(data, clock)
+    first.load({"t": TopicLogSpec(TOPIC_ID, SMALL, 3, leader_epoch=0)})
+    first.close()
+    assert not [p for p in data.rglob("*") if p.suffix in (".index", ".timeindex")]
+
+    def no_recovery(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("an empty segment without index files was recovered")
+
+    monkeypatch.setattr(Segment, "recover", no_recovery)
+    second = LogManager(data, clock)
+    with caplog.at_level(logging.WARNING):
+        logs = second.load({"t": TopicLogSpec(TOPIC_ID, SMALL, 3)})
+    assert not caplog.records and [logs[("t", p)].log_end_offset for p in range(3)] == [0, 0, 0]
+    append(logs[("t", 1)], batch(3))
+    second.close()
+    assert sorted(p.name for p in data.rglob("*.index")) == [f"{0:020d}.index"]
+
+
 # --- checkpoints -------------------------------------------------------------------------
 
 
