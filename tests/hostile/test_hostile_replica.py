@@ -28,7 +28,7 @@ TOPIC = "forged"
 FORGED_OFFSET = 2 ** 62
 
 
-def forged_fetch(host: str, port: int, replica_id: int, offset: int = FORGED_OFFSET) -> FetchRequest:
+def forged_fetch(replica_id: int, offset: int = FORGED_OFFSET) -> FetchRequest:
     return FetchRequest((TopicRequest(TOPIC, (FetchPartition(0, offset, 1024),)),), 0, 0, None, replica_id)
 
 
@@ -57,15 +57,15 @@ def test_an_anonymous_replica_fetch_is_refused_on_a_single_broker(broker):
         producer.send(TOPIC, b"only", partition=0).result(30)
     epoch_request = OffsetForLeaderEpochRequest((TopicRequest(TOPIC, (OffsetForLeaderPartition(0, 0),)),), 0)
     answers = asyncio.run(send_on_new_connection(
-        broker.host, broker.port, forged_fetch(broker.host, broker.port, 0), epoch_request,
-        BrokerHandshakeRequest(0, "0" * 32), forged_fetch(broker.host, broker.port, 0, offset=0)))
+        broker.host, broker.port, forged_fetch(0), epoch_request,
+        BrokerHandshakeRequest(0, "0" * 32), forged_fetch(0, offset=0)))
     assert all(isinstance(a, ClusterAuthorizationFailedError) for a in answers), answers
     assert "anonymous" in str(answers[0]) and "does not match" in str(answers[2])
     with Admin(broker.bootstrap) as admin:
         (end, _), = admin.list_offsets({(TOPIC, 0): -1}).values()
     assert end == 1  # the high watermark: one record, nothing else claimed
     # A consumer's fetch (replica_id -1) on the same kind of connection is served as ever.
-    response, = asyncio.run(send_on_new_connection(broker.host, broker.port, forged_fetch(broker.host, broker.port, -1, 0)))
+    response, = asyncio.run(send_on_new_connection(broker.host, broker.port, forged_fetch(-1, 0)))
     assert response.topics[0].partitions[0].error_code == 0 and response.topics[0].partitions[0].high_watermark == 1
 
 
@@ -83,7 +83,7 @@ class Forger(threading.Thread):
         while not self.stopping.is_set():
             for replica in self.replicas:
                 answer, = asyncio.run(send_on_new_connection(self.host, self.port,
-                                                             forged_fetch(self.host, self.port, replica)))
+                                                             forged_fetch(replica)))
                 self.sent += 1
                 self.refused += isinstance(answer, ClusterAuthorizationFailedError)
             time.sleep(0.05)
