@@ -415,6 +415,10 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
                   "the most lag; 0: none (counts by state are always there)", 0, 100_000),
         ConfigDef("metrics.group.partitions.enable", bool, False,
                   "also a committed offset and a lag series per partition of those groups"),
+        ConfigDef("max.partitions", int, 20_000,
+                  "partition replicas one broker may host; creating topics or adding partitions that would put "
+                  "more on any live broker is refused (POLICY_VIOLATION). Internal topics are exempt but count",
+                  1, 10_000_000),
     ]
 }
 for _d, _broker_key in TOPIC_CONFIGS.values():

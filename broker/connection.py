@@ -56,6 +56,7 @@ from typing import Any, NamedTuple, Protocol
 
 from broker import protocol
 from broker.backpressure import ByteBudget
+from broker.cluster.broker_identity import Session
 from broker.config import BrokerConfig
 from broker.connection_quotas import ConnectionQuotas, normalize_address
 from broker.errors import InvalidRequestError, KafkaStorageError, MessageTooLargeError, PymqError
@@ -121,6 +122,7 @@ class Connection(asyncio.BufferedProtocol):
         self._read_paused = False
         self._stopped_reading = False
         self._produces = 0  # produce requests in flight (waiting for the log writer or their acks)
+        self.session = Session()  # who the peer is: anonymous until an inter-broker handshake
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -211,7 +213,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         timer = RequestTimer(frame.api_key, received, self.loop.time())
         try:
-            result = self.broker.handlers.handle(frame)
+            result = self.broker.handlers.handle(frame, self.session)
         except Exception as err:  # a named error, or a bug, which must not take the connection down
             result = error_result(err)
         timer.local_done = self.loop.time()

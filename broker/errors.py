@@ -409,6 +409,13 @@ class DataLossError(PymqError, wire_name="DATA_LOSS"):
         return type(self), (str(self), self.topic, self.partition, self.start, self.end)
 
 
+class ClusterAuthorizationFailedError(PymqError, wire_name="CLUSTER_AUTHORIZATION_FAILED"):
+    """A cluster action (a replica fetch, an inter-broker handshake) from a connection that is not
+    identified as a registered broker (docs/cluster.md, Inter-broker identity). Nothing changed."""
+
+    code = 31
+
+
 class LogDirInUseError(KafkaStorageError):
     """A broker's log.dir is locked by another running broker (broker/log/log_dir_lock.py). Raised
     at start-up, never on the wire: the second broker refuses to start instead of corrupting the first's logs."""

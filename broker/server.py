@@ -22,6 +22,7 @@ from wsgiref.simple_server import WSGIServer
 
 from broker import background, protocol
 from broker.backpressure import ByteBudget
+from broker.cluster.broker_identity import new_incarnation
 from broker.connection import Connection
 from broker.connection_quotas import ConnectionQuotas
 from broker.cluster.brokers import BrokerInfo, BrokerRegistration, LiveBrokers, broker_key
@@ -64,6 +65,7 @@ class Broker:
         try:
             self.executors = BackgroundExecutors.from_config(config)
             self.clustered = config["metadata.store"] == "etcd"
+            self.incarnation = new_incarnation()  # proves this process's identity to other brokers
             self.store = store or self._open_store()
             self.live_brokers = LiveBrokers()
             self.registry = TopicRegistry(self.store, config["broker.id"], config.log_defaults, self.live_brokers.racks)
@@ -98,7 +100,8 @@ class Broker:
                     FetchSettings(config["broker.id"], config["replica.fetch.wait.max.ms"],
                                   config["replica.fetch.max.bytes"], config["replica.fetch.response.max.bytes"],
                                   config["replica.fetch.backoff.ms"], local_host=_bind_host(config["host"]),
-                                  throttle_bytes_per_s=_rate_limit(config["replica.throttle.bytes.per.second"])),
+                                  throttle_bytes_per_s=_rate_limit(config["replica.throttle.bytes.per.second"]),
+                                  incarnation=self.incarnation),
                     self.executors.replication, self.live_brokers.address, self.replicas.flush_if_needed,
                     self.logs.checkpoint, remote_manifest=None if self.replicas.remote_logs is None else self.replicas.remote_logs.current_manifest)
                 self.replicas.followers = self.fetchers
@@ -144,7 +147,8 @@ class Broker:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
         host, port = self.advertised()
         self.registration = BrokerRegistration(
-            self.store, BrokerInfo(self.config["broker.id"], host, port, self.config["broker.rack"]),
+            self.store, BrokerInfo(self.config["broker.id"], host, port, self.config["broker.rack"],
+                                   incarnation=self.incarnation),
             self.config["broker.session.timeout.ms"], self._registered)
         await self.registration.register()
         await self.listener.load()

@@ -273,6 +273,12 @@ class SparseIndex:
 
     # --- the file ------------------------------------------------------------------------------
 
+    @property
+    def file_made(self) -> bool:
+        """Whether the file exists with this index's header (False for a created index before its
+        first write)."""
+        return self._header_written
+
     def _writer(self) -> int:
         if self._fd is None:
             flags = os.O_RDWR | os.O_CREAT | (0 if self._header_written else os.O_TRUNC)

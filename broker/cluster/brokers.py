@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from broker.cluster.metadata_store import Compare, Get, LeaseNotFoundError, MetadataStore, Put
@@ -42,13 +42,16 @@ class BrokerInfo:
     port: int
     rack: str = ""
     epoch: int = 0  # the create revision of its registration
+    # A random token the broker process draws at start: what proves a connection speaks for this
+    # broker (broker/cluster/broker_identity.py). Only the metadata store holds it; "" for none.
+    incarnation: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"host": self.host, "port": self.port, "rack": self.rack}
+        return {"host": self.host, "port": self.port, "rack": self.rack, "incarnation": self.incarnation}
 
     @classmethod
     def from_json(cls, broker_id: int, raw: dict[str, Any], epoch: int = 0) -> "BrokerInfo":
-        return cls(broker_id, raw["host"], raw["port"], raw.get("rack", ""), epoch)
+        return cls(broker_id, raw["host"], raw["port"], raw.get("rack", ""), epoch, raw.get("incarnation", ""))
 
 
 class BrokerRegistration:
@@ -80,8 +83,7 @@ class BrokerRegistration:
             result = await self.store.txn([Compare.version(key, "==", 0)], [Put(key, self.info.to_json(), lease)], [Get(key)])
             if result.succeeded:
                 self.lease = lease
-                self.info = BrokerInfo(self.info.broker_id, self.info.host, self.info.port, self.info.rack,
-                                       result.responses[0].create_revision)  # type: ignore[union-attr]
+                self.info = replace(self.info, epoch=result.responses[0].create_revision)  # type: ignore[union-attr]
                 log.info("broker %d registered (epoch %d, session %d s)", self.info.broker_id, self.epoch, self.ttl_s)
                 if self._on_registered is not None:
                     self._on_registered(self.info)

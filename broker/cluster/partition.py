@@ -27,7 +27,13 @@ from dataclasses import dataclass, replace
 
 from typing import TYPE_CHECKING
 
-from broker.errors import FencedLeaderEpochError, NotLeaderError, ReplicaNotAvailableError, UnknownLeaderEpochError
+from broker.errors import (
+    FencedLeaderEpochError,
+    NotLeaderError,
+    OffsetOutOfRangeError,
+    ReplicaNotAvailableError,
+    UnknownLeaderEpochError,
+)
 from broker.log import UnifiedLog
 
 if TYPE_CHECKING:
@@ -130,13 +136,19 @@ class Partition:
 
     def update_follower_fetch_state(self, replica: int, fetch_offset: int, now_ms: int) -> bool:
         """A follower fetched from `fetch_offset` (so it holds everything below it). Raises
-        ReplicaNotAvailableError for a broker that is not a replica. Returns True if the high
-        watermark moved (acks=all produces and consumer fetches wake)."""
+        ReplicaNotAvailableError for a broker that is not a replica, and OffsetOutOfRangeError for
+        an offset past this leader's log end (no follower can hold what the leader never wrote:
+        taken as progress, it would acknowledge acks=all records no other replica has); either
+        way nothing is recorded. Returns True if the high watermark moved (acks=all produces and
+        consumer fetches wake)."""
         follower = self._followers.get(replica)
         if follower is None or replica not in self.state.replicas:
             raise ReplicaNotAvailableError(f"broker {replica} is not a replica of {self.topic}-{self.partition} "
                                            f"(replicas {list(self.state.replicas)})")
         leader_end = self.log.log_end_offset
+        if fetch_offset > leader_end:
+            raise OffsetOutOfRangeError(f"{self.topic}-{self.partition}: broker {replica} fetches from {fetch_offset}, "
+                                        f"past the leader's log end {leader_end}")
         if fetch_offset >= leader_end:
             follower.last_caught_up_ms = max(follower.last_caught_up_ms, now_ms)
         elif fetch_offset >= follower.last_fetch_leader_end:

@@ -2,11 +2,12 @@
 
 One `ReplicaFetcher` per leader broker fetches every partition this broker follows from it, in
 one Fetch request at a time (`replica_id` = this broker, so the leader reads to its log end and
-learns how far the follower got). A partition starts in the truncating state: its log may hold a
-tail the new leader does not have (written under an older epoch by a leader that died before the
-tail was replicated), so the fetcher first asks the leader where the follower's latest epoch ends
-(OffsetForLeaderEpoch, KIP-101 with KIP-279's rule for epochs the leader never had) and cuts the
-log there. Only then does it fetch, appending the leader's batches with their offsets and epochs
+learns how far the follower got), on a connection that first identifies itself as this registered
+broker (BrokerHandshake, broker/cluster/broker_identity.py). A partition starts in the
+truncating state: its log may hold a tail the new leader does not have (written under an older
+epoch by a leader that died before the tail was replicated), so the fetcher first asks the leader
+where the follower's latest epoch ends (OffsetForLeaderEpoch, KIP-101 with KIP-279's rule for
+epochs the leader never had) and cuts the log there. Only then does it fetch, appending the leader's batches with their offsets and epochs
 (`append_as_follower`, on a worker thread) and taking the leader's high watermark as far as its
 own log reaches.
 
@@ -50,6 +51,7 @@ from broker.log import UnifiedLog
 from segment_format.manifest import PartitionManifest
 from broker.protocol import (
     UNDEFINED_EPOCH_OFFSET,
+    BrokerHandshakeRequest,
     FetchPartition,
     FetchPartitionResponse,
     FetchRequest,
@@ -76,6 +78,7 @@ class FetchSettings:
     request_timeout_ms: int = 30_000
     local_host: str | None = None  # the address fetches leave from (the broker's own)
     throttle_bytes_per_s: int | None = None  # replica.throttle.bytes.per.second for out-of-sync partitions
+    incarnation: str = ""  # this broker's, from its registration: the handshake's proof (broker_identity.py)
 
 
 class Throttle:
@@ -273,9 +276,19 @@ class ReplicaFetcher:
         address = self.manager.address(self.leader)
         if address is None:
             raise NetworkError(f"broker {self.leader} is not registered")
-        self._connection = await BrokerConnection.open(*address, timeout_s=self.settings.request_timeout_ms / 1000,
-                                                       local_host=self.settings.local_host)
-        return self._connection
+        connection = await BrokerConnection.open(*address, timeout_s=self.settings.request_timeout_ms / 1000,
+                                                 local_host=self.settings.local_host)
+        try:
+            # Identify as this registered broker first: the leader serves replica fetches on no
+            # other connection (broker/cluster/broker_identity.py). A refusal (the leader has not
+            # seen this broker's registration yet) is retried after the backoff.
+            await connection.send(BrokerHandshakeRequest(self.settings.broker_id, self.settings.incarnation),
+                                  timeout_s=self.settings.request_timeout_ms / 1000)
+        except BaseException:
+            connection.close()
+            raise
+        self._connection = connection
+        return connection
 
     def _close_connection(self) -> None:
         if self._connection is not None:

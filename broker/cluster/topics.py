@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Iterable
@@ -27,19 +28,24 @@ from broker.cluster.assignment import assign_replicas
 from broker.cluster.metadata_store import Compare, Delete, Get, MetadataStore, Put, TxnResult, WatchEvent
 from broker.coordinator.group_records import OFFSETS_TOPIC
 from broker.config import LEGACY_KEY_PARTITIONER, TOPIC_CONFIGS, LogConfig, parse_topic_configs
-from segment_format.layout import validate_topic_name
+from segment_format.layout import TOPIC_NAME_MAX, validate_topic_name
+from broker.log.log_manager import NAME_MAX
 from broker.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
     InvalidRequestError,
     InvalidReplicaAssignmentError,
     InvalidReplicationFactorError,
+    PolicyViolationError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
     VersionConflictError,
 )
 
 MAX_PARTITIONS = 10_000  # per topic: each partition holds open files
+# Every creatable partition's directory name fits a file name (its delete name is cut to fit:
+# broker/log/log_manager.py delete_dir_name).
+assert TOPIC_NAME_MAX + len(f"-{MAX_PARTITIONS - 1}") <= NAME_MAX
 NO_LEADER = -1  # a partition no live in-sync replica can lead (offline)
 REASSIGN_ATTEMPTS, REASSIGN_RETRY_S = 50, 0.1  # a reassignment racing ISR changes tries again for ~5 s
 TOPICS_PREFIX = "topics/"
@@ -152,6 +158,8 @@ class TopicRegistry:
         # Changes are checked and written under one lock: two pipelined admin requests on one
         # topic must not both pass the checks and then race on the compare-and-set.
         self._lock = asyncio.Lock()
+        # max.partitions: partition replicas one live broker may host (None: no limit).
+        self.max_partitions: int | None = None
 
     async def load(self) -> int:
         """Read every topic and partition state from the store into the cache, at one revision;
@@ -281,13 +289,17 @@ class TopicRegistry:
         LogConfig.from_dotted(parsed, self.log_defaults)  # relations between limits
         return parsed
 
-    async def create(self, name: str, partitions: int, replication_factor: int, configs: dict[str, Any]) -> TopicInfo:
+    async def create(self, name: str, partitions: int, replication_factor: int, configs: dict[str, Any],
+                     limited: bool = True) -> TopicInfo:
         """Write the topic key and every partition state in one transaction, only if the topic key
-        does not exist in the store (TopicAlreadyExistsError otherwise, nothing written)."""
+        does not exist in the store (TopicAlreadyExistsError otherwise, nothing written).
+        POLICY_VIOLATION past max.partitions unless not `limited` (an internal topic)."""
         async with self._lock:
             parsed = self.validate_new_topic(name, partitions, replication_factor, configs)
             info = TopicInfo(name, uuid.uuid4().hex, partitions, replication_factor, parsed)
             info.partitions = self._new_states(range(partitions), replication_factor)
+            if limited:
+                self.check_partition_limit(info.partitions, f"creating topic {name!r}")
             result = await self.store.txn(
                 [Compare.version(_topic_key(name), "==", 0)],
                 [Put(_topic_key(name), info.to_json()), *self._partition_puts(info, range(partitions))],
@@ -333,6 +345,7 @@ class TopicRegistry:
             new = list(range(info.partition_count, count))
             updated = TopicInfo(name, info.topic_id, count, info.replication_factor, info.configs)
             updated.partitions = self._new_states(new, info.replication_factor)
+            self.check_partition_limit(updated.partitions, f"adding partitions to {name!r}")
             result = await self.store.txn(
                 [Compare.version(_topic_key(name), "==", info.version)],
                 [Put(_topic_key(name), updated.to_json()), *self._partition_puts(updated, new)],
@@ -367,6 +380,26 @@ class TopicRegistry:
             info.version = await self.store.put(_topic_key(name), updated.to_json(), expected_version=info.version)
             info.configs = merged
             return info.log_config(self.log_defaults)
+
+    def check_partition_limit(self, new: Mapping[int, PartitionState], what: str) -> None:
+        """POLICY_VIOLATION if the replicas of `new` partition states would put more than
+        max.partitions partition replicas on any broker. What every broker hosts is counted from
+        the cached states of every topic (internal ones included): O(partitions), per admin change."""
+        limit = self.max_partitions
+        if limit is None or not new:
+            return
+        adding = Counter(r for state in new.values() for r in state.replicas)
+        hosted = Counter(r for info in self.topics.values() for state in info.partitions.values() for r in state.replicas)
+        over = sorted(b for b, n in adding.items() if hosted[b] + n > limit)
+        if over:
+            b = over[0]
+            raise PolicyViolationError(
+                f"{what} would put {hosted[b] + adding[b]} partition replicas on broker {b} (it hosts {hosted[b]}); "
+                f"max.partitions is {limit}")
+
+    def validate_partition_limit(self, partitions: Iterable[int], replication_factor: int, what: str) -> None:
+        """A validate-only request's check_partition_limit, on replicas assigned as a change would."""
+        self.check_partition_limit(self._new_states(partitions, replication_factor), what)
 
     def _initial_state(self) -> PartitionState:
         """The state of a partition stored without one (written before states were): this broker's alone."""

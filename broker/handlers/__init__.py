@@ -27,6 +27,7 @@ from typing import Any, Union
 
 from broker import protocol
 from broker.cluster.topics import TopicRegistry
+from broker.cluster.broker_identity import BrokerIdentity, Session
 from broker.cluster.brokers import LiveBrokers
 from broker.config import BrokerConfig
 from broker.errors import InvalidRequestError, PymqError, UnknownServerError, UnsupportedVersionError
@@ -117,7 +118,6 @@ class RequestHandlers:
             ApiKey.ALTER_CONFIGS: admin.alter_configs,
             ApiKey.ALTER_PARTITION_REASSIGNMENTS: admin.alter_partition_reassignments,
             ApiKey.PRODUCE: ProduceHandler(replicas, self.traffic).produce,
-            ApiKey.FETCH: FetchHandler(config, replicas, self._leader_log, self.traffic).fetch,
             ApiKey.LIST_OFFSETS: ListOffsetsHandler(self._leader_log, replicas).list_offsets,
         }
         self.groups = GroupHandler(config, registry, replicas, admin.create_internal_topic, self.brokers.address)
@@ -135,17 +135,27 @@ class RequestHandlers:
             ApiKey.DESCRIBE_GROUPS: groups.describe_groups,
             ApiKey.DELETE_GROUPS: groups.delete_groups,
         })
-        self._table[ApiKey.OFFSET_FOR_LEADER_EPOCH] = ReplicationHandler(replicas).offset_for_leader_epoch
+        # The APIs whose answer depends on who the connection is (broker/cluster/broker_identity.py).
+        identity = BrokerIdentity(self.brokers)
+        replication = ReplicationHandler(replicas, identity)
+        self._session_table: dict[int, Callable[[Any, Session], Answer]] = {
+            ApiKey.FETCH: FetchHandler(config, replicas, self._leader_log, self.traffic, identity).fetch,
+            ApiKey.OFFSET_FOR_LEADER_EPOCH: replication.offset_for_leader_epoch,
+            ApiKey.BROKER_HANDSHAKE: replication.broker_handshake,
+        }
         tiering = TieringHandler(registry, replicas)
         self._table[ApiKey.DESCRIBE_TIERING] = tiering.describe_tiering
         self._table[ApiKey.REPLACE_REMOTE_SEGMENTS] = tiering.replace_remote_segments
-        assert self._table.keys() == REQUEST_TYPES.keys(), "every API has a handler and a request message"
+        assert self._table.keys() | self._session_table.keys() == REQUEST_TYPES.keys(), \
+            "every API has a handler and a request message"
 
-    def handle(self, request: protocol.Request) -> Result | Awaitable[Result] | DelayedOperation:
-        """Dispatch one request. Raises PymqError for request-level failures (malformed
-        messages included)."""
+    def handle(self, request: protocol.Request,
+               session: Session | None = None) -> Result | Awaitable[Result] | DelayedOperation:
+        """Dispatch one request from the connection whose `session` it is (None: anonymous).
+        Raises PymqError for request-level failures (malformed messages included)."""
         handler = self._table.get(request.api_key)
-        if handler is None:
+        session_handler = self._session_table.get(request.api_key)
+        if handler is None and session_handler is None:
             raise InvalidRequestError(f"unknown api_key {request.api_key}")
         low, high = protocol.SUPPORTED_VERSIONS[ApiKey(request.api_key)]
         if not low <= request.api_version <= high:
@@ -153,10 +163,14 @@ class RequestHandlers:
                 f"{ApiKey(request.api_key).name} version {request.api_version} not in {low}..{high}"
             )
         request_type = REQUEST_TYPES[request.api_key]
-        if request.api_key in OFF_LOOP_READS and count_elements(request.control, OFF_LOOP_ELEMENTS) > OFF_LOOP_ELEMENTS:
+        if handler is not None and request.api_key in OFF_LOOP_READS \
+                and count_elements(request.control, OFF_LOOP_ELEMENTS) > OFF_LOOP_ELEMENTS:
             return self._large_read(request_type, handler, request)
         message = request_type.decode(request.control, request.payload, self.limits)
-        answer = handler(message)
+        if session_handler is not None:
+            answer = session_handler(message, session or Session())
+        else:
+            answer = handler(message)  # type: ignore[misc]
         if isinstance(answer, Message) or answer is None:
             return to_result(answer)
         if isinstance(answer, DelayedOperation):

@@ -3,7 +3,10 @@
 Each answers per topic in request order; a topic whose entry was malformed (see the messages'
 `error` fields) or whose change the registry refuses gets its own error and the others go on.
 Metadata changes go through the topic registry (compare-and-set in the metadata store); logs are
-created and removed through the ReplicaManager, off the event loop.
+created and removed through the ReplicaManager, off the event loop. Creating topics and adding
+partitions stop at `max.partitions` partition replicas on any broker (POLICY_VIOLATION), besides
+the per-topic MAX_PARTITIONS (INVALID_PARTITIONS): every partition costs files, memory, and time
+at each restart and clean stop (benchmarks/many_partitions.py).
 """
 from __future__ import annotations
 
@@ -80,6 +83,7 @@ class AdminHandler:
     def __init__(self, config: BrokerConfig, registry: TopicRegistry, replicas: ReplicaManager) -> None:
         self.config = config
         self.registry = registry
+        self.registry.max_partitions = config["max.partitions"]
         self.replicas = replicas
         self._changes = asyncio.Lock()
 
@@ -96,6 +100,7 @@ class AdminHandler:
             _refuse_internal(topic.name, "created")
             if request.validate_only:
                 self.registry.validate_new_topic(topic.name, partitions, replication, topic.configs)
+                self.registry.validate_partition_limit(range(partitions), replication, f"creating topic {topic.name!r}")
                 return
             await self._create_topic(topic.name, partitions, replication, topic.configs)
 
@@ -114,10 +119,13 @@ class AdminHandler:
             raise CoordinatorNotAvailableError(
                 f"{name} needs offsets.topic.replication.factor={wanted} live brokers; the cluster has {live}")
         async with self._changes:
-            await self._create_topic(name, partitions, wanted, configs)
+            # Exempt from max.partitions (its size is offsets.topic.num.partitions): groups must
+            # work on a broker that reached the limit.
+            await self._create_topic(name, partitions, wanted, configs, limited=False)
 
-    async def _create_topic(self, name: str, partitions: int, replication: int, configs: dict[str, Any]) -> None:
-        info = await self.registry.create(name, partitions, replication, configs)
+    async def _create_topic(self, name: str, partitions: int, replication: int, configs: dict[str, Any],
+                            limited: bool = True) -> None:
+        info = await self.registry.create(name, partitions, replication, configs, limited)
         await self._create_logs(info, list(range(partitions)), undo_topic=True)
         log.info("created topic %s with %d partitions", name, partitions)
 
@@ -133,7 +141,9 @@ class AdminHandler:
     async def create_partitions(self, request: CreatePartitionsRequest) -> CreatePartitionsResponse:
         async def grow(topic: PartitionCount) -> None:
             if request.validate_only:
-                self.registry.validate_partition_count(topic.name, topic.count)
+                info = self.registry.validate_partition_count(topic.name, topic.count)
+                self.registry.validate_partition_limit(range(info.partition_count, topic.count), info.replication_factor,
+                                                       f"adding partitions to {topic.name!r}")
                 return
             added = await self.registry.add_partitions(topic.name, topic.count)
             await self._create_logs(self.registry.get(topic.name), added, undo_topic=False)

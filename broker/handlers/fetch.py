@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from broker.cluster.broker_identity import BrokerIdentity, Session
 from broker.config import BrokerConfig
 from broker.errors import InconsistentTopicIdError, PymqError
 from broker.log import FetchSlice, UnifiedLog
@@ -47,13 +48,17 @@ class FetchHandler:
     the logs this broker leads."""
 
     def __init__(self, config: BrokerConfig, replicas: ReplicaManager, leader_log: LeaderLog,
-                 traffic: TopicTraffic) -> None:
+                 traffic: TopicTraffic, identity: BrokerIdentity) -> None:
         self.config = config
         self.replicas = replicas
         self.leader_log = leader_log
         self.traffic = traffic
+        self.identity = identity
 
-    def fetch(self, request: FetchRequest) -> FetchResponse | DelayedFetch:
+    def fetch(self, request: FetchRequest, session: Session) -> FetchResponse | DelayedFetch:
+        """A replica fetch (`replica_id` >= 0) is served only on a connection identified as that
+        broker: CLUSTER_AUTHORIZATION_FAILED for the whole request otherwise, nothing recorded."""
+        self.identity.authorize_replica(session, request.replica_id)
         max_wait_ms = min(max(request.max_wait_ms, 0), MAX_WAIT_MS_LIMIT)
         min_bytes = max(request.min_bytes, 0)
         limit = self.config["fetch.max.bytes"]

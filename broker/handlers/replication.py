@@ -1,12 +1,18 @@
-"""OffsetForLeaderEpoch handler: where a leader epoch ends in this leader's log (KIP-101/279).
+"""Replication handlers: the inter-broker handshake, and OffsetForLeaderEpoch (where a leader
+epoch ends in this leader's log, KIP-101/279).
 
-Followers ask it before they fetch (broker/cluster/replica_fetcher.py). Synchronous: the answer
-is the leader-epoch cache and the log end, both in memory.
+A replica fetcher (broker/cluster/replica_fetcher.py) sends BrokerHandshake first on each
+connection, so that its replica fetches are served (broker/cluster/broker_identity.py), then asks
+OffsetForLeaderEpoch before it fetches. Synchronous: the answers come from the registered brokers,
+the leader-epoch cache and the log end, all in memory.
 """
 from __future__ import annotations
 
+from broker.cluster.broker_identity import BrokerIdentity, Session
 from broker.errors import PymqError
 from broker.protocol import (
+    BrokerHandshakeRequest,
+    BrokerHandshakeResponse,
     EpochEndOffset,
     OffsetForLeaderEpochRequest,
     OffsetForLeaderEpochResponse,
@@ -17,10 +23,18 @@ from broker.replica_manager import ReplicaManager
 
 
 class ReplicationHandler:
-    def __init__(self, replicas: ReplicaManager) -> None:
+    def __init__(self, replicas: ReplicaManager, identity: BrokerIdentity) -> None:
         self.replicas = replicas
+        self.identity = identity
 
-    def offset_for_leader_epoch(self, request: OffsetForLeaderEpochRequest) -> OffsetForLeaderEpochResponse:
+    def broker_handshake(self, request: BrokerHandshakeRequest, session: Session) -> BrokerHandshakeResponse:
+        """Identify the connection as a registered broker; CLUSTER_AUTHORIZATION_FAILED otherwise."""
+        self.identity.authenticate(session, request.broker_id, request.incarnation)
+        return BrokerHandshakeResponse()
+
+    def offset_for_leader_epoch(self, request: OffsetForLeaderEpochRequest,
+                                session: Session) -> OffsetForLeaderEpochResponse:
+        self.identity.authorize_replica(session, request.replica_id)
         topics = []
         for topic in request.topics:
             answers = []

@@ -24,6 +24,7 @@ advanced, has it cleaned again).
 from __future__ import annotations
 
 import logging
+import os
 from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -105,28 +106,34 @@ class LogLoader:
 
     def _segment_bases(self) -> list[int]:
         """Base offsets of the `.log` files, after removing leftovers of interrupted operations
-        and completing interrupted swaps."""
-        self._complete_swaps(self._remove_leftovers())
+        and completing interrupted swaps. One listing of the directory unless a swap completes
+        (a restart opens every partition: with 100,000 of them each listing counts)."""
+        names = os.listdir(self.directory)
+        swaps = self._remove_leftovers(names)
+        if swaps:
+            self._complete_swaps(swaps)
+            names = os.listdir(self.directory)
         bases, indexes = [], []
-        for path in self.directory.iterdir():
+        for name in names:
+            path = self.directory / name
             if _segment_base(path, LOG_SUFFIX) is not None:
                 bases.append(int(path.stem))
             elif path.suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
                 indexes.append(path)
+        present = set(names)
         for path in indexes:
-            if not path.with_suffix(LOG_SUFFIX).exists():
+            if path.with_suffix(LOG_SUFFIX).name not in present:
                 _unlink(path)
         return sorted(bases)
 
-    def _remove_leftovers(self) -> list[Path]:
-        """Unlink `.deleted`, `.tmp` and `.cleaned` files; returns the `.swap` files."""
+    def _remove_leftovers(self, names: list[str]) -> list[Path]:
+        """Unlink the `.deleted`, `.tmp` and `.cleaned` files among `names`; returns the `.swap` files."""
         swaps = []
-        for path in self.directory.iterdir():
-            name = path.name
+        for name in names:
             if name.endswith((DELETED_SUFFIX, TMP_SUFFIX, CLEANED_SUFFIX)):
-                _unlink(path)
+                _unlink(self.directory / name)
             elif name.endswith(SWAP_SUFFIX):
-                swaps.append(path)
+                swaps.append(self.directory / name)
         return swaps
 
     def _complete_swaps(self, swaps: list[Path]) -> None:

@@ -5,7 +5,8 @@
                                              contain '-' and '.', so the partition number is
                                              what follows the LAST '-'
         {topic}-{partition}.{uuid}-delete/   a deleted topic's log, moved aside at once and
-                                             removed in the background (and on the next start)
+                                             removed in the background (and on the next start);
+                                             the topic is cut to fit the name in NAME_MAX bytes
         recovery-point-offset-checkpoint     per-partition offsets (checkpoint.py), written for
         log-start-offset-checkpoint          every partition at once: periodically, after a
         replication-offset-checkpoint        segment roll was flushed, after a load, when a
@@ -53,6 +54,11 @@ LOG_START_OFFSET_CHECKPOINT = "log-start-offset-checkpoint"
 HIGH_WATERMARK_CHECKPOINT = "replication-offset-checkpoint"
 CLEANER_CHECKPOINT = "cleaner-offset-checkpoint"
 DELETE_DIR_SUFFIX = "-delete"
+# A file name's limit in bytes (ext4, xfs, btrfs, tmpfs: 255). Topic names are ASCII, so characters
+# are bytes. A partition directory of the longest topic fits (249 + '-' + 4 digits < 255); its
+# delete name (40 more characters) would not, so delete names cut the topic (Kafka's
+# LocalLog.logDeleteDirName): every topic that can be created can be deleted.
+NAME_MAX = 255
 
 
 def parse_partition_dir(path: Path) -> TopicPartition | None:
@@ -64,6 +70,15 @@ def parse_partition_dir(path: Path) -> TopicPartition | None:
         return validate_topic_name(topic), int(partition)
     except InvalidTopicError:
         return None
+
+
+def delete_dir_name(name: str) -> str:
+    """The name a `{topic}-{partition}` directory is moved aside to: unique, ending in `-delete`
+    (what `purge_deleted_directories` removes), never a partition directory's name, and at most
+    NAME_MAX bytes whatever the topic's length (the topic is cut, the rest kept)."""
+    topic, _, partition = name.rpartition("-")
+    suffix = f"-{partition}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}"
+    return f"{topic[:NAME_MAX - len(suffix)]}{suffix}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,7 +294,7 @@ class LogManager:
 
     @staticmethod
     def _aside_path(path: Path) -> Path:
-        return path.with_name(f"{path.name}.{uuid.uuid4().hex}{DELETE_DIR_SUFFIX}")
+        return path.with_name(delete_dir_name(path.name))
 
     def purge_deleted_directories(self) -> int:
         """Remove the `-delete` directories of deleted topics and stale logs; returns how many."""
@@ -387,16 +402,26 @@ class LogManager:
     # --- lifecycle -------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Clean shutdown: close every log (fsync, recovery point = LEO), checkpoint, and unlink
-        every segment waiting for deletion (no reads are in flight any more)."""
+        """Clean shutdown: close every log (recovery point = LEO), sync the filesystem once (not an
+        fsync per file: with 100,000 partitions those took minutes), then checkpoint, and unlink
+        every segment waiting for deletion (no reads are in flight any more). A failed sync takes
+        the directory offline: the checkpoints keep the recovery points of the last good write."""
+        started = time.monotonic()
         logs = self.all_logs()
         for partition_log in logs:
             try:
-                partition_log.close()
+                partition_log.close(sync=False)
             except KafkaStorageError as err:
                 log.error("closing %s failed: %s", partition_log, err)
                 self.failure.fail(err)
+        if logs and not self.failure.failed:
+            try:
+                sync_filesystem(self.log_dir)
+            except KafkaStorageError as err:
+                log.error("syncing %s on close failed: %s", self.log_dir, err)
+                self.failure.fail(err)
         self.checkpoint()
+        log.info("closed %d logs in %.2f s", len(logs), time.monotonic() - started)
         with self._lock:
             self._logs = {}
             deleted, self._deleted = self._deleted, []

@@ -341,6 +341,12 @@ class Segment:
         Raises CorruptIndexError / CorruptMessageError if anything disagrees: call `recover` then.
         """
         file_size = self._file_size()
+        if not file_size and not self.files.index.exists() and not self.files.time_index.exists():
+            # Empty, and closed before any index write (`write_indexes`): nothing to index. The
+            # files are made by the first write, as for a created segment.
+            self._indexes = IndexBuilder(OFFSET_INDEX.create(self.files.index, self.base_offset),
+                                         TIME_INDEX.create(self.files.time_index, self.base_offset))
+            return
         self._indexes = IndexBuilder(OFFSET_INDEX.load(self.files.index, self.base_offset),
                                      TIME_INDEX.load(self.files.time_index, self.base_offset))
         self.offset_index.sanity_check(file_size)
@@ -476,9 +482,13 @@ class Segment:
 
     def write_indexes(self) -> None:
         """Write queued index entries and release the index fds (the I/O half of `seal` and
-        `close`). Readers use the in-memory entries only, so this needs no view lock."""
-        self.offset_index.write_pending()
-        self.time_index.write_pending()
+        `close`). Readers use the in-memory entries only, so this needs no view lock. An empty
+        segment whose index files were never made gets none: `load` takes an empty `.log` without
+        index files as an empty segment (a clean stop of 100,000 new partitions would otherwise
+        create 200,000 files)."""
+        if self._size or self.offset_index.file_made or self.time_index.file_made:
+            self.offset_index.write_pending()
+            self.time_index.write_pending()
         self._close_indexes()
 
     def prepare_sync(self) -> list[int]:

@@ -247,7 +247,12 @@ class UnifiedLog:
             local = LocalLog(directory, config, loaded.segments, loaded.recovery_point, cache)
             if local.segments.active.damage is not None:
                 local.roll()  # new data starts clean after a tail that cannot be framed
-            epochs.truncate_from_end(local.log_end_offset)
+            # Epochs past the log end have no records here (they never reached the disk), nor have
+            # those from the end when recovery cut a torn tail there. Otherwise one starting at the
+            # log end is kept: it is the epoch a leader starts before its first record, and
+            # rewriting it on every open (two fsyncs per partition, and again when leadership is
+            # taken back) made restarts with many partitions take minutes.
+            epochs.truncate_from_end(local.log_end_offset + (0 if loaded.truncated_bytes else 1))
             if loaded.recovered:
                 # Recovered bytes may sit in the page cache only: sync them once, and everything
                 # up to the LEO is known durable.
@@ -876,11 +881,12 @@ class UnifiedLog:
 
     # --- lifecycle -------------------------------------------------------------------------
 
-    def close(self) -> None:
+    def close(self, sync: bool = True) -> None:
         """Clean shutdown: seal and fsync everything (recovery point = LEO), release files; the
         next open then re-validates nothing. Idempotent. On an offline directory, closes without
         syncing. Readers fail from the start (the log is closed); the fsyncs run outside the view
-        lock."""
+        lock. `sync=False` leaves the fsyncs to a caller closing many logs: it syncs the whole
+        filesystem once before it checkpoints the recovery point set here (LogManager.close)."""
         with self._maintenance_lock, self._append_lock:
             with self._lock:
                 if self._closed:
@@ -889,7 +895,8 @@ class UnifiedLog:
             try:
                 if not self._dir_failure.failed:
                     self._local.segments.active.seal()  # its max timestamp becomes the last time-index entry
-                    self._local.sync(self._local.prepare_flush(self.log_end_offset), self._local.dir_dirty)
+                    if sync:
+                        self._local.sync(self._local.prepare_flush(self.log_end_offset), self._local.dir_dirty)
                     self._local.recovery_point = self.log_end_offset
             finally:
                 self._local.close()

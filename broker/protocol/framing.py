@@ -64,6 +64,7 @@ class ApiKey(enum.IntEnum):
     # pymq's own APIs, numbered from 1000: outside Kafka's numbering, so they never collide with a Kafka key.
     DESCRIBE_TIERING = 1000
     REPLACE_REMOTE_SEGMENTS = 1001
+    BROKER_HANDSHAKE = 1010  # inter-broker identity (protocol/messages/replication.py)
 
 
 # The versions of each API this broker speaks: (min, max).

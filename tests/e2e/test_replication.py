@@ -1,7 +1,8 @@
 """Replication on a 3-broker cluster: a leader's unreplicated tail is never visible to consumers,
 and a leader that died holding such a tail comes back as a follower, truncates it, catches up,
 rejoins the ISR, and then holds the leader's log byte for byte; acks=all below
-min.insync.replicas stores nothing; a replica fetch from a broker that is not a replica is refused."""
+min.insync.replicas stores nothing; a replica fetch from a broker that is not a replica, or past the
+leader's log end, is refused."""
 from __future__ import annotations
 
 import time
@@ -118,44 +119,68 @@ def test_acks_all_below_min_insync_replicas_stores_nothing(cluster):
         assert end == 1
 
 
+async def registered_incarnation(local, broker_id: int) -> str:  # type: ignore[no-untyped-def]
+    """What broker `broker_id` wrote into its registration: what any process that can read the
+    metadata store (and no client of the brokers) can prove an identity with."""
+    from broker.cluster.brokers import broker_key
+    from broker.cluster.etcd_metadata_store import EtcdMetadataStore
+
+    store = EtcdMetadataStore(local.etcd.endpoint, f"pymq/{local.name}/")
+    try:
+        found = await store.get(broker_key(broker_id))
+        assert found is not None, f"broker {broker_id} is not registered"
+        return found.value["incarnation"]
+    finally:
+        await store.close()
+
+
 def test_a_replica_fetch_from_a_broker_that_is_not_a_replica_is_refused(cluster):
-    """The leader answers a Fetch with a replica_id that is not a replica REPLICA_NOT_AVAILABLE,
-    and one naming an old leader epoch FENCED_LEADER_EPOCH; nothing changes for the real followers."""
+    """On connections identified as registered brokers (the inter-broker handshake): the leader
+    answers a Fetch from a broker that is not a replica REPLICA_NOT_AVAILABLE, one from a replica
+    past its log end OFFSET_OUT_OF_RANGE (the follower's real progress is kept: the ISR stays
+    whole), one naming an old leader epoch FENCED_LEADER_EPOCH and a newer one UNKNOWN_LEADER_EPOCH."""
     import asyncio
 
     from broker.client.connection import BrokerConnection
-    from broker.protocol import FetchPartition, FetchRequest, TopicRequest
+    from broker.protocol import BrokerHandshakeRequest, FetchPartition, FetchRequest, TopicRequest
 
     local = cluster(3)
     with Admin(local.bootstrap) as admin:
         admin.create_topic(TOPIC, 1, replication_factor=2)
         state = wait_for_full_isr(admin, TOPIC)[0]
     outsider = next(b for b in range(3) if b not in state.replicas)
+    follower = next(r for r in state.replicas if r != state.leader)
     leader = local.brokers[state.leader]
 
-    async def fetch(replica_id: int, epoch: int) -> int:
+    async def fetch(replica_id: int, epoch: int, offset: int = 0) -> int:
+        proof = await registered_incarnation(local, replica_id)
         connection = await BrokerConnection.open(leader.host, leader.port)
         try:
-            request = FetchRequest((TopicRequest(TOPIC, (FetchPartition(0, 0, 1024, epoch),)),), 0, 0, None, replica_id)
+            await connection.send(BrokerHandshakeRequest(replica_id, proof))
+            request = FetchRequest((TopicRequest(TOPIC, (FetchPartition(0, offset, 1024, epoch),)),), 0, 0, None,
+                                   replica_id)
             response = await connection.send(request)
             return response.topics[0].partitions[0].error_code
         finally:
             connection.close()
 
-    def settled_fetch(replica_id: int, epoch: int) -> int:
+    def settled_fetch(replica_id: int, epoch: int, offset: int = 0) -> int:
         """The fetch's error code once the leader knows the partition and that it leads it: the
         metadata that named it may come from a broker whose watch saw the change first."""
-        return wait_for(lambda: (lambda code: None if code in (3, 6) else code)(asyncio.run(fetch(replica_id, epoch))),
-                        30, "the leader serving the partition")
+        return wait_for(lambda: (lambda code: None if code in (3, 6) else code)(
+            asyncio.run(fetch(replica_id, epoch, offset))), 30, "the leader serving the partition")
 
     assert settled_fetch(outsider, state.leader_epoch) == 9  # REPLICA_NOT_AVAILABLE
+    assert settled_fetch(follower, state.leader_epoch, 2 ** 62) == 1  # OFFSET_OUT_OF_RANGE
+    with Admin(local.bootstrap) as admin:
+        assert set(partitions_of(admin, TOPIC)[0].isr) == set(state.replicas)
     leader.stop()  # the other replica leads under epoch + 1
     with Admin(local.bootstrap) as admin:
         moved = wait_for(lambda: (lambda p: p if p.leader not in (-1, state.leader) else None)(
             partitions_of(admin, TOPIC)[0]), 30, "a new leader")
     leader = local.brokers[moved.leader]
-    assert settled_fetch(state.leader, state.leader_epoch) == 74  # FENCED_LEADER_EPOCH
-    assert settled_fetch(state.leader, moved.leader_epoch + 1) == 75  # UNKNOWN_LEADER_EPOCH
+    assert settled_fetch(outsider, state.leader_epoch) == 74  # FENCED_LEADER_EPOCH
+    assert settled_fetch(outsider, moved.leader_epoch + 1) == 75  # UNKNOWN_LEADER_EPOCH
 
 
 def test_a_follower_cut_off_from_its_leader_leaves_the_isr_and_rejoins_when_healed(cluster):

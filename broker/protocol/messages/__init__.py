@@ -111,6 +111,8 @@ from broker.protocol.messages.reassignment import (
 )
 from broker.protocol.messages.replication import (
     UNDEFINED_EPOCH_OFFSET,
+    BrokerHandshakeRequest,
+    BrokerHandshakeResponse,
     EpochEndOffset,
     OffsetForLeaderEpochRequest,
     OffsetForLeaderEpochResponse,
@@ -137,7 +139,7 @@ REQUEST_TYPES: dict[int, type[RequestMessage]] = {
     for cls in (ProduceRequest, FetchRequest, ListOffsetsRequest, MetadataRequest, ApiVersionsRequest,
                 CreateTopicsRequest, DeleteTopicsRequest, CreatePartitionsRequest, DescribeConfigsRequest,
                 AlterConfigsRequest, OffsetForLeaderEpochRequest, AlterPartitionReassignmentsRequest,
-                DescribeTieringRequest, ReplaceRemoteSegmentsRequest, *GROUP_REQUEST_TYPES)
+                DescribeTieringRequest, ReplaceRemoteSegmentsRequest, BrokerHandshakeRequest, *GROUP_REQUEST_TYPES)
 }
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -23,6 +23,7 @@ from broker.protocol.fields import entry_field, field
 from broker.protocol.framing import ApiKey
 from broker.protocol.messages.base import (
     NO_LEADER_EPOCH,
+    Message,
     PartitionResponse,
     RequestMessage,
     TopicRequest,
@@ -85,3 +86,47 @@ class OffsetForLeaderEpochRequest(RequestMessage[OffsetForLeaderEpochResponse]):
         if replica_id < -1:
             raise InvalidRequestError(f"replica_id is a broker id (>= 0) or -1, got {replica_id}")
         return cls(decode_topics(control, TopicRequest, OffsetForLeaderPartition.from_control), replica_id)
+
+
+# -- BrokerHandshake (API key 1010, pymq's own) ------------------------------------------------
+#
+#     request  control = {broker_id, incarnation}
+#     response control = {error_code}
+#
+# The first request a replica fetcher sends on a new connection: it names the registered broker
+# the connection speaks for and proves it with the incarnation that broker wrote into its
+# registration (docs/cluster.md, Inter-broker identity). A refusal is the whole response's
+# CLUSTER_AUTHORIZATION_FAILED; accepted, the connection may send replica fetches as that broker.
+
+INCARNATION_MAX_CHARS = 128
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerHandshakeResponse(Message):
+    api_key: ClassVar[ApiKey] = ApiKey.BROKER_HANDSHAKE
+
+    def to_control(self) -> dict[str, Any]:
+        return {"error_code": 0}
+
+    @classmethod
+    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "BrokerHandshakeResponse":
+        return cls()
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerHandshakeRequest(RequestMessage[BrokerHandshakeResponse]):
+    api_key: ClassVar[ApiKey] = ApiKey.BROKER_HANDSHAKE
+    response_type: ClassVar[type[BrokerHandshakeResponse]] = BrokerHandshakeResponse
+    broker_id: int
+    incarnation: str
+
+    def to_control(self) -> dict[str, Any]:
+        return {"broker_id": self.broker_id, "incarnation": self.incarnation}
+
+    @classmethod
+    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "BrokerHandshakeRequest":
+        broker_id, incarnation = field(control, "broker_id", int), field(control, "incarnation", str)
+        if broker_id < 0 or len(incarnation) > INCARNATION_MAX_CHARS:
+            raise InvalidRequestError(f"a handshake names a broker id (>= 0) and an incarnation of at most "
+                                      f"{INCARNATION_MAX_CHARS} characters")
+        return cls(broker_id, incarnation)

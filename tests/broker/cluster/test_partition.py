@@ -10,7 +10,13 @@ import pytest
 from segment_format import batch_body, record
 from broker.cluster.partition import NO_EPOCH, LeaderAndIsr, Partition
 from broker.config import LogConfig
-from broker.errors import FencedLeaderEpochError, NotLeaderError, ReplicaNotAvailableError, UnknownLeaderEpochError
+from broker.errors import (
+    FencedLeaderEpochError,
+    NotLeaderError,
+    OffsetOutOfRangeError,
+    ReplicaNotAvailableError,
+    UnknownLeaderEpochError,
+)
 from broker.executors import BoundedExecutor
 from broker.log import UnifiedLog
 
@@ -105,6 +111,20 @@ def test_a_follower_fetch_moves_the_high_watermark_to_the_isr_minimum(partition_
     assert partition_log.high_watermark == 4
     assert partition.update_follower_fetch_state(2, 10, now_ms=6) is True
     assert partition_log.high_watermark == 10
+
+
+@pytest.mark.parametrize("offset", [11, 2 ** 62], ids=["one-past-the-end", "far-past-the-end"])
+def test_a_follower_fetch_past_the_leader_log_end_is_refused_and_records_nothing(partition_log, offset):
+    """No follower can hold what the leader never wrote: OFFSET_OUT_OF_RANGE, and the follower
+    neither moves the high watermark nor counts as caught up (it still leaves the ISR)."""
+    partition = Partition(partition_log, ME, LeaderAndIsr(ME, 1, (ME, OTHER), (ME, OTHER)), EPOCH_WRITER)
+    asyncio.run(partition.make_leader(partition.state, now_ms=0))
+    append(partition, 10)
+    partition.update_follower_fetch_state(OTHER, 4, now_ms=1)
+    with pytest.raises(OffsetOutOfRangeError, match="past the leader's log end 10"):
+        partition.update_follower_fetch_state(OTHER, offset, now_ms=5_000)
+    assert partition.follower_end_offset(OTHER) == 4 and partition_log.high_watermark == 4
+    assert partition.isr_to_shrink(now_ms=5_000, max_lag_ms=1_000) == (ME,)
 
 
 def test_a_fetch_from_a_broker_that_is_not_a_replica_is_refused(partition_log):

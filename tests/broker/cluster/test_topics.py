@@ -11,7 +11,7 @@ import pytest
 from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
-from broker.errors import TopicAlreadyExistsError, VersionConflictError
+from broker.errors import PolicyViolationError, TopicAlreadyExistsError, VersionConflictError
 
 TIMEOUT_S = 10
 Scenario = Callable[[TopicRegistry, LocalMetadataStore], Awaitable[None]]
@@ -125,5 +125,27 @@ def test_delete_after_a_concurrent_change_is_a_conflict_and_removes_nothing(run)
         with pytest.raises(VersionConflictError):
             await registry.delete("orders")
         assert set(await store.list("")) == keys and "orders" in registry.topics
+
+    run(scenario)
+
+
+def test_max_partitions_counts_the_replicas_each_broker_would_host(run):
+    """Three live brokers, max.partitions 10: a replication-factor-3 topic of 10 partitions puts
+    10 replicas on each; any further partition is refused (POLICY_VIOLATION, nothing written),
+    and an internal topic (not `limited`) is created all the same."""
+
+    async def scenario(registry: TopicRegistry, store: LocalMetadataStore) -> None:
+        registry.live_brokers = lambda: {0: "", 1: "", 2: ""}
+        registry.max_partitions = 10
+        await registry.create("full", 10, 3, {})
+        before = await store.revision()
+        with pytest.raises(PolicyViolationError, match="would put 11 partition replicas on broker"):
+            await registry.create("more", 1, 1, {})
+        with pytest.raises(PolicyViolationError, match="adding partitions to 'full'"):
+            await registry.add_partitions("full", 11)
+        with pytest.raises(PolicyViolationError):
+            registry.validate_partition_limit(range(1), 1, "creating topic 'more'")
+        assert await store.revision() == before and set(registry.topics) == {"full"}
+        await registry.create("__internal", 3, 1, {}, limited=False)
 
     run(scenario)

@@ -15,9 +15,13 @@ from broker.log import log_manager
 from broker.log.log_manager import (
     HIGH_WATERMARK_CHECKPOINT,
     LOG_START_OFFSET_CHECKPOINT,
+    NAME_MAX,
     RECOVERY_POINT_CHECKPOINT,
+    delete_dir_name,
     parse_partition_dir,
 )
+from broker.cluster.topics import MAX_PARTITIONS
+from segment_format.layout import TOPIC_NAME_MAX
 from broker.log.unified_log import LEADER_EPOCH_FILE
 from tests.broker.log.appends import append
 from tests.broker.log.conftest import TOPIC_ID, crash
@@ -235,6 +239,73 @@ def test_delete_topic_leaves_no_delete_directory_behind(manager, batch):
     append(create(manager, "t", 0, SMALL), batch(3))
     manager.delete_topic("t")
     assert [p for p in manager.log_dir.iterdir() if p.is_dir()] == []
+
+
+LONGEST = "t" * TOPIC_NAME_MAX
+LAST_PARTITION = MAX_PARTITIONS - 1  # the most digits a partition number has
+
+
+@pytest.mark.parametrize("topic", [LONGEST, "x" * 210 + "-" + "y" * 38, "t"], ids=["longest", "cut-in-a-dash", "short"])
+def test_delete_dir_names_fit_a_file_name_and_are_never_partition_directories(tmp_path, topic):
+    name = delete_dir_name(f"{topic}-{LAST_PARTITION}")
+    assert len(name.encode()) <= NAME_MAX and name.endswith(f"-{LAST_PARTITION}.{name[-39:-7]}-delete")
+    assert name.startswith(topic[:200]) and name != delete_dir_name(f"{topic}-{LAST_PARTITION}")
+    (tmp_path / name).mkdir()  # the filesystem takes it
+    assert parse_partition_dir(tmp_path / name) is None
+
+
+def test_the_longest_topic_name_with_the_longest_partition_numbers_is_deleted_and_created_again(manager, batch):
+    """249 characters and partition 9999: the partition directory fits NAME_MAX, and so does the
+    name it is moved aside to; nothing is left behind and the name can be created again, empty."""
+    spec = TopicLogSpec("a" * 32, SMALL, MAX_PARTITIONS)
+    logs = manager.create_logs(LONGEST, spec, [0, 10, LAST_PARTITION])
+    for partition_log in logs:
+        append(partition_log, batch(3))
+    manager.delete_topic(LONGEST)
+    assert [p for p in manager.log_dir.iterdir() if p.is_dir()] == []
+    again = manager.create_logs(LONGEST, TopicLogSpec("b" * 32, SMALL, MAX_PARTITIONS), [LAST_PARTITION])
+    assert again[0].log_end_offset == 0
+
+
+def test_a_half_deleted_directory_of_the_longest_topic_is_removed_on_the_next_start(tmp_path, clock, batch):
+    """A crash after the rename, before the removal: the next start removes the `-delete`
+    directory (its name cut to fit) and opens the live partitions of the same topic untouched."""
+    data = tmp_path / "data"
+    first = LogManager(data, clock)
+    spec = TopicLogSpec("a" * 32, SMALL, MAX_PARTITIONS)
+    doomed, kept = first.create_logs(LONGEST, spec, [LAST_PARTITION, 0])
+    append(kept, batch(3))
+    doomed.rename_directory(data / delete_dir_name(doomed.directory.name))  # the crash comes before the removal
+    crash(first)
+    second = LogManager(data, clock)
+    logs = second.load({LONGEST: TopicLogSpec("a" * 32, SMALL, MAX_PARTITIONS, hosted=frozenset({0}))})
+    assert list(logs) == [(LONGEST, 0)] and logs[(LONGEST, 0)].log_end_offset == 3
+    assert sorted(p.name for p in data.iterdir() if p.is_dir()) == [f"{LONGEST}-0"]
+    second.close()
+
+
+def test_a_clean_stop_of_empty_logs_makes_no_index_files_and_they_reopen_without_recovery(tmp_path, clock, batch,
+                                                                                          monkeypatch, caplog):
+    """Closing a log whose only segment is empty writes no index files (a clean stop of 100,000
+    new partitions created 200,000 of them); the next start takes the empty segment as it is,
+    with no rebuild and no warning, and its index files come with its first records."""
+    data = tmp_path / "data"
+    first = LogManager(data, clock)
+    first.load({"t": TopicLogSpec(TOPIC_ID, SMALL, 3, leader_epoch=0)})
+    first.close()
+    assert not [p for p in data.rglob("*") if p.suffix in (".index", ".timeindex")]
+
+    def no_recovery(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("an empty segment without index files was recovered")
+
+    monkeypatch.setattr(Segment, "recover", no_recovery)
+    second = LogManager(data, clock)
+    with caplog.at_level(logging.WARNING):
+        logs = second.load({"t": TopicLogSpec(TOPIC_ID, SMALL, 3)})
+    assert not caplog.records and [logs[("t", p)].log_end_offset for p in range(3)] == [0, 0, 0]
+    append(logs[("t", 1)], batch(3))
+    second.close()
+    assert sorted(p.name for p in data.rglob("*.index")) == [f"{0:020d}.index"]
 
 
 # --- checkpoints -------------------------------------------------------------------------

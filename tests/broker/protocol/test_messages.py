@@ -48,6 +48,8 @@ from broker.protocol import (
     ListOffsetsResponse,
     EpochEndOffset,
     Message,
+    BrokerHandshakeRequest,
+    BrokerHandshakeResponse,
     OffsetForLeaderEpochRequest,
     OffsetForLeaderEpochResponse,
     OffsetForLeaderPartition,
@@ -185,6 +187,9 @@ MESSAGES: list[tuple[str, st.SearchStrategy[Message]]] = [
                  min_size=1, max_size=3).map(tuple),
         tuples(st.builds(remote_segment, st.integers(0, 2**40), st.integers(1, 10_000))))),
     ("replace-remote-segments-response", st.builds(ReplaceRemoteSegmentsResponse, error_codes, messages_text, int32)),
+    ("broker-handshake-request", st.builds(BrokerHandshakeRequest, st.integers(0, 2**31 - 1),
+                                           st.text(alphabet="0123456789abcdef", max_size=32))),
+    ("broker-handshake-response", st.just(BrokerHandshakeResponse())),
 ]
 
 
@@ -265,6 +270,12 @@ INVALID = [
     ("fetch-min-bytes-bool", FetchRequest, _fetch({}, min_bytes=True), b"", (InvalidRequestError, "'min_bytes' must not be a bool")),
     ("fetch-partitions-an-int", FetchRequest, {"topics": [{"name": "t", "partitions": 0}]}, b"",
      (InvalidRequestError, "'partitions' has type int")),
+    ("handshake-negative-broker-id", BrokerHandshakeRequest, {"broker_id": -1, "incarnation": "ab"}, b"",
+     (InvalidRequestError, "a handshake names a broker id (>= 0)")),
+    ("handshake-incarnation-too-long", BrokerHandshakeRequest, {"broker_id": 0, "incarnation": "a" * 129}, b"",
+     (InvalidRequestError, "at most 128 characters")),
+    ("handshake-incarnation-missing", BrokerHandshakeRequest, {"broker_id": 0}, b"",
+     (InvalidRequestError, "missing field 'incarnation'")),
     ("list-offsets-topics-missing", ListOffsetsRequest, {}, b"", (InvalidRequestError, "missing field 'topics'")),
     ("metadata-topics-a-string", MetadataRequest, {"topics": "t"}, b"", (InvalidRequestError, "'topics' has type str")),
     ("metadata-name-an-int", MetadataRequest, {"topics": ["t", 5]}, b"", (InvalidRequestError, "topic names must be strings, got int")),
