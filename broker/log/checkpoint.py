@@ -78,8 +78,11 @@ def sync_filesystem(directory: Path) -> None:
     than an fsync per file when thousands of partition directories were just created."""
     fd = os.open(directory, os.O_RDONLY)
     try:
-        if _libc is None or _libc.syncfs(fd) != 0:
+        if _libc is None:
             os.sync()
+        elif _libc.syncfs(fd) != 0:  # a writeback error (EIO, ENOSPC): the data is not durable, say so
+            errno = ctypes.get_errno()
+            raise OSError(errno, os.strerror(errno))
     except OSError as err:
         raise KafkaStorageError(f"cannot sync {directory}: {err}") from err
     finally:
