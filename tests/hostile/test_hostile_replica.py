@@ -102,12 +102,16 @@ def test_a_forged_follower_cannot_keep_stopped_followers_in_sync_or_lose_acks_al
         first = wait_for_full_isr(admin, TOPIC)[0]
     leader = local.brokers[first.leader]
     followers = [r for r in first.replicas if r != first.leader]
-    with Producer(leader.bootstrap, acks="all", retries=0) as producer:
+    # Retried as any producer would: on a loaded machine a follower may lag past
+    # replica.lag.time.max.ms for a moment, and acks=all waits or retries until it is back.
+    with Producer(leader.bootstrap, acks="all", delivery_timeout_ms=60_000) as producer:
         for i in range(20):  # replicated before the followers stop
             history.sending(b"before-%d" % i)
             producer.send(TOPIC, b"before-%d" % i, partition=0,
                           on_delivery=lambda md, err, v=b"before-%d" % i: history.delivered(v, md.partition, md.offset, err))
-    assert len(history.acked) == 20
+    assert len(history.acked) == 20, f"before the followers stop: {history.failed}"
+    with Admin(local.bootstrap) as admin:
+        wait_for_full_isr(admin, TOPIC)  # the followers hold them before they stop
 
     for r in followers:
         local.brokers[r].pause()
