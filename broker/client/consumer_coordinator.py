@@ -35,7 +35,10 @@ poll loop (a slow processing step does not lose the session):
     member leaves the group (LeaveGroup; a static member just stops, as Kafka's does) and its
     partitions are lost; the next poll joins again;
   - metadata every `metadata_max_age_ms`: a pattern subscription that now matches other topics,
-    or (on the leader) a subscribed topic whose partition count changed, asks for a rejoin.
+    or (on the leader) a subscribed topic whose partition count changed, asks for a rejoin. The
+    leader compares the counts also whenever the fetcher refreshes metadata (Kafka's coordinator
+    checks its metadata snapshot on every update): a subscribed topic deleted, or re-created with
+    another partition count, is revoked and reassigned without waiting for metadata_max_age_ms.
 
 Stale answers are not believed: an error that resets the membership (ILLEGAL_GENERATION,
 UNKNOWN_MEMBER_ID) does so only if the member is still in the generation the request was sent in
@@ -214,6 +217,7 @@ class ConsumerCoordinator:
         self.cluster = cluster
         self._subs = subscriptions
         self._fetcher = fetcher
+        fetcher.metadata_listener = self._metadata_updated
         self._init_positions = init_positions
         self.group_id = group_id
         self.group_instance_id = group_instance_id
@@ -616,11 +620,18 @@ class ConsumerCoordinator:
                 if self._in_group() and self.subscribed_topics() != self._joined_topics:
                     self.request_rejoin("the topics matching the subscribed pattern changed")
             if self._leader_counts and self.generation >= 0:
-                counts = await self._partition_counts(self._leader_counts)
-                if counts != self._leader_counts:
-                    self.request_rejoin("the partition count of a subscribed topic changed")
+                await self._partition_counts(self._leader_counts)
+                self._metadata_updated()
         except PymqError as err:
             log.info("group %s: metadata refresh failed: %s", self.group_id, err)
+
+    def _metadata_updated(self) -> None:
+        """Metadata was refreshed (loop): as the leader, rejoin if a subscribed topic's partition
+        count (0: deleted) differs from the one it assigned from."""
+        if self._leader_counts and self.generation >= 0:
+            counts = {topic: len(self.cluster.topics.get(topic, ())) for topic in self._leader_counts}
+            if counts != self._leader_counts:
+                self.request_rejoin("the partition count of a subscribed topic changed")
 
     # -- the coordinator broker ------------------------------------------------------------------------
 
@@ -954,8 +965,11 @@ class ConsumerCoordinator:
                      len(self._subs.needs_position), err)
 
     def _uncommitted_positions(self) -> dict[TopicPartition, int]:
-        """Positions that differ from what this member last committed: what auto-commit sends."""
-        return {tp: offset for tp, offset in self._subs.positions().items() if self.committed_offsets.get(tp) != offset}
+        """Positions that differ from what this member last committed: what auto-commit sends. Not
+        those of a topic that metadata shows deleted or re-created since they were fetched: an
+        offset of the old topic committed for the new one would skip its records."""
+        return {tp: offset for tp, offset in self._subs.positions().items()
+                if self.committed_offsets.get(tp) != offset and self._fetcher.positions_are_current(tp[0])}
 
     async def _commit_in_background(self, offsets: dict[TopicPartition, int]) -> None:
         self.commit_in_background(offsets, None, None)

@@ -34,6 +34,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import NamedTuple
 
 from segment_format import record
@@ -103,6 +104,10 @@ class Fetcher:
         # topic was deleted and re-created (`_follow_recreated`).
         self.topic_ids: dict[str, str] = {}
         self._leaderless: asyncio.Task[None] | None = None  # refreshes metadata while a partition has no leader
+        self._gone_topics: set[str] = set()  # assigned topics the last metadata did not know (logged once)
+        # Called (on the loop) after each metadata refresh: the group's coordinator compares the
+        # partition counts it assigned from (a subscribed topic deleted or re-created).
+        self.metadata_listener: Callable[[], None] | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -327,6 +332,9 @@ class Fetcher:
         except PymqError as err:
             log.info("metadata refresh failed: %s", err)
             return
+        self._note_gone_topics()
+        if self.metadata_listener is not None:
+            self.metadata_listener()
         for topic, topic_id in list(self.topic_ids.items()):
             current = self.cluster.topic_ids.get(topic)
             if current and current != topic_id:
@@ -334,6 +342,28 @@ class Fetcher:
         if self._leaders() != leaders:
             self.ensure_fetchers()
             self.replan()
+
+    def positions_are_current(self, topic: str) -> bool:
+        """Whether `topic`'s positions belong to the topic metadata shows (loop): false once it is
+        gone, or re-created and its positions not reset yet (`_follow_recreated`)."""
+        if topic not in self.cluster.topics:
+            return False
+        fetched, current = self.topic_ids.get(topic), self.cluster.topic_ids.get(topic)
+        return fetched is None or current is None or fetched == current
+
+    def _note_gone_topics(self) -> None:
+        """Log once when an assigned topic disappears from metadata (deleted: its partitions get
+        no records, and metadata is refreshed with backoff until it is back) and once when it is
+        back, rather than retrying silently (Kafka's consumer warns UNKNOWN_TOPIC_OR_PARTITION)."""
+        assigned = {topic for topic, _ in self._subs.assigned}
+        gone = {topic for topic in assigned if topic not in self.cluster.topics}
+        for topic in sorted(gone - self._gone_topics):
+            log.warning("assigned topic %s is gone (UNKNOWN_TOPIC_OR_PARTITION: deleted?): its partitions get no "
+                        "records until it is re-created or unassigned; metadata is refreshed every %.1f s at most",
+                        topic, max(METADATA_BACKOFF_MAX_S, self.retry_backoff_s))
+        for topic in sorted(self._gone_topics & assigned - gone):
+            log.warning("assigned topic %s is back in metadata: fetching it again", topic)
+        self._gone_topics = gone
 
     async def _follow_recreated(self, topic: str, topic_id: str) -> None:
         """Metadata names another incarnation of `topic` than its positions belong to: it was
