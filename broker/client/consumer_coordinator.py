@@ -34,7 +34,8 @@ poll loop (a slow processing step does not lose the session):
   - the poll timer: no poll for `max_poll_interval_ms` means the application is stuck, so the
     member leaves the group (LeaveGroup; a static member just stops, as Kafka's does) and its
     partitions are lost; the next poll joins again;
-  - metadata every `metadata_max_age_ms`: a pattern subscription that now matches other topics,
+  - metadata every `metadata_max_age_ms` (with backoff while the leader assigned without a
+    subscribed topic that does not exist: `_awaits_missing_topic`): a pattern subscription that now matches other topics,
     or (on the leader) a subscribed topic whose partition count changed, asks for a rejoin. The
     leader compares the counts also whenever the fetcher refreshes metadata (Kafka's coordinator
     checks its metadata snapshot on every update): a subscribed topic deleted, or re-created with
@@ -67,7 +68,7 @@ from broker.client.assignors import ASSIGNORS, PartitionAssignor, revocations
 from broker.client.cluster import Cluster
 from broker.topic_partition import TopicPartition
 from broker.client.connection import BrokerConnection
-from broker.client.fetcher import Fetcher
+from broker.client.fetcher import METADATA_BACKOFF_MAX_S, Fetcher
 from broker.client.loop_thread import LoopThread
 from broker.client.subscription_state import SubscriptionState
 from broker.errors import (
@@ -547,6 +548,7 @@ class ConsumerCoordinator:
 
     async def _run_background(self) -> None:
         next_metadata = time.monotonic() + self.metadata_max_age_s
+        missing_backoff = self.retry_backoff_s
         wake = self._background_wake
         assert wake is not None
         while True:
@@ -555,8 +557,15 @@ class ConsumerCoordinator:
                 if now >= self._poll_deadline():
                     await self._leave_after_poll_timeout()
                 if now >= next_metadata:
-                    next_metadata = now + self.metadata_max_age_s
                     await self._check_metadata()
+                    if self._awaits_missing_topic():
+                        next_metadata = now + missing_backoff
+                        missing_backoff = min(2 * missing_backoff, max(METADATA_BACKOFF_MAX_S, self.retry_backoff_s))
+                    else:
+                        next_metadata = now + self.metadata_max_age_s
+                        missing_backoff = self.retry_backoff_s
+                elif self._awaits_missing_topic() and missing_backoff == self.retry_backoff_s:  # just began
+                    next_metadata = min(next_metadata, now + missing_backoff)
                 if self._can_heartbeat() and now >= self._next_heartbeat:
                     self._next_heartbeat = now + self.heartbeat_interval_s
                     await self._heartbeat()
@@ -610,6 +619,14 @@ class ConsumerCoordinator:
             self._join_task = None
         await self.leave("consumer poll timeout has expired")
         self._lose("no poll within max.poll.interval.ms")
+
+    def _awaits_missing_topic(self) -> bool:
+        """As the leader, it assigned while a subscribed topic did not exist (deleted, or not
+        created yet): metadata is then checked with backoff (retry_backoff_ms doubling up to
+        METADATA_BACKOFF_MAX_S) rather than every metadata_max_age_ms, so that the topic is
+        assigned soon after it is created (Kafka's consumer asks for metadata of an unknown
+        subscribed topic at each retry)."""
+        return self.generation >= 0 and 0 in self._leader_counts.values()
 
     async def _check_metadata(self) -> None:
         """Rejoin if the pattern now matches other topics, or (as the leader) a subscribed topic's

@@ -652,6 +652,28 @@ def test_member_whose_subscribed_topic_is_recreated_gets_the_new_records(shared_
     assert member.assignment() == [(topic, p) for p in range(partitions_after)]
 
 
+def test_member_whose_subscribed_topic_is_deleted_loses_it_and_gets_it_back_when_recreated(shared_broker, new_topic,
+                                                                                            members):
+    """A subscribed topic deleted: the member's partitions are revoked (the leader rejoins, as
+    Kafka's does). Created again later, with 2 partitions and 6 records: the member is assigned
+    both and receives the 6, without waiting for metadata.max.age.ms (5 minutes here)."""
+    topic = new_topic(1)
+    old = produce(shared_broker.bootstrap, topic, 3)
+    member = members("deleted-then-recreated", metadata_max_age_ms=300_000,
+                     auto_commit_interval_ms=300_000).subscribe([topic])
+    poll_until([member], lambda: len(member.records) == 3, what="the old records")
+    with Admin(shared_broker.bootstrap) as admin:
+        admin.delete_topics([topic])
+        poll_until([member], lambda: member.assignment() == [], what="the deleted topic revoked")
+        # Past the fetcher's last metadata refresh for the deleted topic (its backoff is 1 s at most).
+        fetcher = member.consumer._core._fetcher
+        poll_until([member], lambda: fetcher._leaderless is None or fetcher._leaderless.done(), what="the fetcher idle")
+        admin.create_topic(topic, partitions=2)
+    new = produce(shared_broker.bootstrap, topic, 6, start=100)
+    poll_until([member], lambda: len(member.records) >= 9 and len(member.assignment()) == 2, what="the new records")
+    assert values_of(member.records) == sorted(old + new)
+
+
 @pytest.mark.xfail(strict=True, reason="the broker keeps a deleted topic's committed offsets (Kafka's group "
                    "coordinator deletes them with the topic): a re-created topic is read from the old offset")
 def test_deleting_a_topic_deletes_its_committed_offsets(shared_broker, new_topic, members):
