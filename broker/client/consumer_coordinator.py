@@ -35,9 +35,9 @@ poll loop (a slow processing step does not lose the session):
     member leaves the group (LeaveGroup; a static member just stops, as Kafka's does) and its
     partitions are lost; the next poll joins again;
   - metadata every `metadata_max_age_ms` (with backoff while the leader assigned without a
-    subscribed topic that does not exist: `_awaits_missing_topic`): a pattern subscription that now matches other topics,
-    or (on the leader) a subscribed topic whose partition count changed, asks for a rejoin. The
-    leader compares the counts also whenever the fetcher refreshes metadata (Kafka's coordinator
+    subscribed topic that does not exist: `_awaits_missing_topic`): a pattern subscription that
+    now matches other topics, or (on the leader) a subscribed topic whose partition count
+    changed, asks for a rejoin. The leader compares the counts also whenever the fetcher refreshes metadata (Kafka's coordinator
     checks its metadata snapshot on every update): a subscribed topic deleted, or re-created with
     another partition count, is revoked and reassigned without waiting for metadata_max_age_ms.
 

@@ -344,8 +344,9 @@ class Fetcher:
             self.replan()
 
     def positions_are_current(self, topic: str) -> bool:
-        """Whether `topic`'s positions belong to the topic metadata shows (loop): false once it is
-        gone, or re-created and its positions not reset yet (`_follow_recreated`)."""
+        """Whether `topic`'s positions belong to the topic metadata shows (any thread: it only
+        reads): false once it is gone, or re-created and its positions not reset yet
+        (`_follow_recreated`)."""
         if topic not in self.cluster.topics:
             return False
         fetched, current = self.topic_ids.get(topic), self.cluster.topic_ids.get(topic)
