@@ -37,9 +37,10 @@ poll loop (a slow processing step does not lose the session):
   - metadata every `metadata_max_age_ms` (with backoff while the leader assigned without a
     subscribed topic that does not exist: `_awaits_missing_topic`): a pattern subscription that
     now matches other topics, or (on the leader) a subscribed topic whose partition count
-    changed, asks for a rejoin. The leader compares the counts also whenever the fetcher refreshes metadata (Kafka's coordinator
-    checks its metadata snapshot on every update): a subscribed topic deleted, or re-created with
-    another partition count, is revoked and reassigned without waiting for metadata_max_age_ms.
+    changed, asks for a rejoin. The leader compares the counts also whenever the fetcher
+    refreshes metadata (Kafka's coordinator checks its metadata snapshot on every update): a
+    subscribed topic deleted, or re-created with another partition count, is revoked and
+    reassigned without waiting for metadata_max_age_ms.
 
 Stale answers are not believed: an error that resets the membership (ILLEGAL_GENERATION,
 UNKNOWN_MEMBER_ID) does so only if the member is still in the generation the request was sent in
