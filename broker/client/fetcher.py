@@ -19,7 +19,8 @@ fetch position is reset per the subscription's `auto_offset_reset`.
 A topic deleted and re-created under the consumer (KIP-516): every Fetch names the topic id its
 positions belong to (`topic_ids`), so the broker answers INCONSISTENT_TOPIC_ID rather than the
 new topic's records at the old offsets; while an assigned partition has no leader (its topic is
-gone) metadata is refreshed with backoff until it has one. Metadata naming another id resets the
+gone) metadata is refreshed with backoff until it has one, and a warning names the topic once
+when it goes and once when it is back (`_note_gone_topics`). Metadata naming another id resets the
 topic's positions per `auto_offset_reset`, or with "none" raises InconsistentTopicIdError at the
 poll that reaches it, after which the partition has no position until a seek (Kafka's consumer).
 
