@@ -34,8 +34,13 @@ poll loop (a slow processing step does not lose the session):
   - the poll timer: no poll for `max_poll_interval_ms` means the application is stuck, so the
     member leaves the group (LeaveGroup; a static member just stops, as Kafka's does) and its
     partitions are lost; the next poll joins again;
-  - metadata every `metadata_max_age_ms`: a pattern subscription that now matches other topics,
-    or (on the leader) a subscribed topic whose partition count changed, asks for a rejoin.
+  - metadata every `metadata_max_age_ms` (with backoff while the leader assigned without a
+    subscribed topic that does not exist: `_awaits_missing_topic`): a pattern subscription that
+    now matches other topics, or (on the leader) a subscribed topic whose partition count
+    changed, asks for a rejoin. The leader compares the counts also whenever the fetcher
+    refreshes metadata (Kafka's coordinator checks its metadata snapshot on every update): a
+    subscribed topic deleted, or re-created with another partition count, is revoked and
+    reassigned without waiting for metadata_max_age_ms.
 
 Stale answers are not believed: an error that resets the membership (ILLEGAL_GENERATION,
 UNKNOWN_MEMBER_ID) does so only if the member is still in the generation the request was sent in
@@ -64,7 +69,7 @@ from broker.client.assignors import ASSIGNORS, PartitionAssignor, revocations
 from broker.client.cluster import Cluster
 from broker.topic_partition import TopicPartition
 from broker.client.connection import BrokerConnection
-from broker.client.fetcher import Fetcher
+from broker.client.fetcher import METADATA_BACKOFF_MAX_S, Fetcher
 from broker.client.loop_thread import LoopThread
 from broker.client.subscription_state import SubscriptionState
 from broker.errors import (
@@ -214,6 +219,7 @@ class ConsumerCoordinator:
         self.cluster = cluster
         self._subs = subscriptions
         self._fetcher = fetcher
+        fetcher.metadata_listener = self._metadata_updated
         self._init_positions = init_positions
         self.group_id = group_id
         self.group_instance_id = group_instance_id
@@ -543,6 +549,7 @@ class ConsumerCoordinator:
 
     async def _run_background(self) -> None:
         next_metadata = time.monotonic() + self.metadata_max_age_s
+        missing_backoff = self.retry_backoff_s
         wake = self._background_wake
         assert wake is not None
         while True:
@@ -551,8 +558,15 @@ class ConsumerCoordinator:
                 if now >= self._poll_deadline():
                     await self._leave_after_poll_timeout()
                 if now >= next_metadata:
-                    next_metadata = now + self.metadata_max_age_s
                     await self._check_metadata()
+                    if self._awaits_missing_topic():
+                        next_metadata = now + missing_backoff
+                        missing_backoff = min(2 * missing_backoff, max(METADATA_BACKOFF_MAX_S, self.retry_backoff_s))
+                    else:
+                        next_metadata = now + self.metadata_max_age_s
+                        missing_backoff = self.retry_backoff_s
+                elif self._awaits_missing_topic() and missing_backoff == self.retry_backoff_s:  # just began
+                    next_metadata = min(next_metadata, now + missing_backoff)
                 if self._can_heartbeat() and now >= self._next_heartbeat:
                     self._next_heartbeat = now + self.heartbeat_interval_s
                     await self._heartbeat()
@@ -607,6 +621,14 @@ class ConsumerCoordinator:
         await self.leave("consumer poll timeout has expired")
         self._lose("no poll within max.poll.interval.ms")
 
+    def _awaits_missing_topic(self) -> bool:
+        """As the leader, it assigned while a subscribed topic did not exist (deleted, or not
+        created yet): metadata is then checked with backoff (retry_backoff_ms doubling up to
+        METADATA_BACKOFF_MAX_S) rather than every metadata_max_age_ms, so that the topic is
+        assigned soon after it is created (Kafka's consumer asks for metadata of an unknown
+        subscribed topic at each retry)."""
+        return self.generation >= 0 and 0 in self._leader_counts.values()
+
     async def _check_metadata(self) -> None:
         """Rejoin if the pattern now matches other topics, or (as the leader) a subscribed topic's
         partition count changed since the assignment."""
@@ -616,11 +638,18 @@ class ConsumerCoordinator:
                 if self._in_group() and self.subscribed_topics() != self._joined_topics:
                     self.request_rejoin("the topics matching the subscribed pattern changed")
             if self._leader_counts and self.generation >= 0:
-                counts = await self._partition_counts(self._leader_counts)
-                if counts != self._leader_counts:
-                    self.request_rejoin("the partition count of a subscribed topic changed")
+                await self._partition_counts(self._leader_counts)
+                self._metadata_updated()
         except PymqError as err:
             log.info("group %s: metadata refresh failed: %s", self.group_id, err)
+
+    def _metadata_updated(self) -> None:
+        """Metadata was refreshed (loop): as the leader, rejoin if a subscribed topic's partition
+        count (0: deleted) differs from the one it assigned from."""
+        if self._leader_counts and self.generation >= 0:
+            counts = {topic: len(self.cluster.topics.get(topic, ())) for topic in self._leader_counts}
+            if counts != self._leader_counts:
+                self.request_rejoin("the partition count of a subscribed topic changed")
 
     # -- the coordinator broker ------------------------------------------------------------------------
 
@@ -954,8 +983,11 @@ class ConsumerCoordinator:
                      len(self._subs.needs_position), err)
 
     def _uncommitted_positions(self) -> dict[TopicPartition, int]:
-        """Positions that differ from what this member last committed: what auto-commit sends."""
-        return {tp: offset for tp, offset in self._subs.positions().items() if self.committed_offsets.get(tp) != offset}
+        """Positions that differ from what this member last committed: what auto-commit sends. Not
+        those of a topic that metadata shows deleted or re-created since they were fetched: an
+        offset of the old topic committed for the new one would skip its records."""
+        return {tp: offset for tp, offset in self._subs.positions().items()
+                if self.committed_offsets.get(tp) != offset and self._fetcher.positions_are_current(tp[0])}
 
     async def _commit_in_background(self, offsets: dict[TopicPartition, int]) -> None:
         self.commit_in_background(offsets, None, None)

@@ -6,7 +6,10 @@ partition with a fetch position while the buffer holds less than `max_buffer_byt
 poll usually finds data already decoded. The next fetch goes out before a reply's records are
 decoded (its positions come from the batch headers), so a tailing consumer always has a long poll
 parked at the broker. Replies are decoded by `decoder.decode_fetched` (CRC when `check_crcs`,
-zero-copy Arrow bodies, rows before the position dropped) into the buffer, in fetch order.
+zero-copy Arrow bodies, rows before the position dropped) into the buffer (`FetchBuffer`: a
+queue per partition, polls take from the partitions in turn). A partition a poll took records from
+goes to the back of the fetch order (Kafka's `movePartitionToEnd`): the next fetch names the others
+first, so a broker filling a reply up to `fetch_max_bytes` does not favour one partition.
 
 A batch that fails its checks, or a broker's non-retriable error for a partition, becomes a
 marker in the buffer after the partition's records fetched before it: the poll that reaches it
@@ -16,7 +19,8 @@ fetch position is reset per the subscription's `auto_offset_reset`.
 A topic deleted and re-created under the consumer (KIP-516): every Fetch names the topic id its
 positions belong to (`topic_ids`), so the broker answers INCONSISTENT_TOPIC_ID rather than the
 new topic's records at the old offsets; while an assigned partition has no leader (its topic is
-gone) metadata is refreshed with backoff until it has one. Metadata naming another id resets the
+gone) metadata is refreshed with backoff until it has one, and a warning names the topic once
+when it goes and once when it is back (`_note_gone_topics`). Metadata naming another id resets the
 topic's positions per `auto_offset_reset`, or with "none" raises InconsistentTopicIdError at the
 poll that reaches it, after which the partition has no position until a seek (Kafka's consumer).
 
@@ -31,7 +35,7 @@ import asyncio
 import logging
 import threading
 import time
-from collections import deque
+from collections.abc import Callable
 from typing import NamedTuple
 
 from segment_format import record
@@ -40,6 +44,7 @@ from broker.client.cluster import Cluster
 from broker.topic_partition import TopicPartition
 from broker.client.connection import BrokerConnection, Reply, decode_reply
 from broker.client.decoder import FetchedBatch, decode_fetched
+from broker.client.fetch_buffer import Entry, FetchBuffer
 from broker.client.offset_fetcher import list_offsets
 from broker.client.subscription_state import SubscriptionState, reset_timestamp
 from broker.errors import (
@@ -76,11 +81,10 @@ class Fetcher:
         self.retry_backoff_s = retry_backoff_s
         self.high_watermarks: dict[TopicPartition, int] = {}
         self.metrics = ConsumerMetrics()  # the consumer's own (Consumer.metrics())
-        # (tp, rows, bytes counted), or (tp, the error, 0) where a partition's fetched data turned
+        # Per partition: its batches, then possibly an error marker where its fetched data turned
         # out corrupt or its broker answered a non-retriable error: records before it are
         # delivered first, and the partition fetches nothing more until that error was raised.
-        self._buffer: deque[tuple[TopicPartition, FetchedBatch | PymqError, int]] = deque()
-        self._buffered_bytes = 0
+        self._buffer = FetchBuffer()
         self._arrived = threading.Condition(subscriptions.lock)
         self.data_ready = asyncio.Event()
         self._changed = asyncio.Event()
@@ -101,6 +105,10 @@ class Fetcher:
         # topic was deleted and re-created (`_follow_recreated`).
         self.topic_ids: dict[str, str] = {}
         self._leaderless: asyncio.Task[None] | None = None  # refreshes metadata while a partition has no leader
+        self._gone_topics: set[str] = set()  # assigned topics the last metadata did not know (logged once)
+        # Called (on the loop) after each metadata refresh: the group's coordinator compares the
+        # partition counts it assigned from (a subscribed topic deleted or re-created).
+        self.metadata_listener: Callable[[], None] | None = None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -142,13 +150,8 @@ class Fetcher:
 
     def drop_buffered(self, tps: set[TopicPartition]) -> None:
         """Forget the buffered records (and error markers) of `tps` (`_lock` held)."""
-        if not tps or not self._buffer:
-            return
-        kept = [entry for entry in self._buffer if entry[0] not in tps]
-        self._buffered_bytes -= sum(entry[2] for entry in self._buffer if entry[0] in tps)
-        self._buffer.clear()
-        self._buffer.extend(kept)
-        if not kept:
+        self._buffer.drop(tps)
+        if not self._buffer:
             self.data_ready.clear()
 
     def invalidate(self) -> None:
@@ -157,7 +160,6 @@ class Fetcher:
         self._epoch += 1
         with self._subs.lock:
             self._buffer.clear()
-            self._buffered_bytes = 0
             self.data_ready.clear()
             self._subs.fetch_positions = dict(self._subs.consumed)
         for task in self._fetchers.values():
@@ -179,7 +181,7 @@ class Fetcher:
                     if missing:
                         raise NoOffsetForPartitionError(f"no position for {missing}: seek first (auto_offset_reset=none)")
                     batches = self._take(max_records if max_records is not None else float("inf"))
-                    if not batches and self._buffer and isinstance(self._buffer[0][1], PymqError):
+                    if not batches and self._buffer:
                         raise self._partition_error_reached()
                 finally:
                     if not self._buffer:
@@ -222,38 +224,27 @@ class Fetcher:
         self._arrived.notify_all()
 
     def _take(self, limit: float) -> list[tuple[TopicPartition, FetchedBatch]]:
-        """Up to `limit` buffered rows, in order. An error marker stays in the buffer (at the
-        front once the rows before it are taken); a corrupt batch's sets its partition's position."""
+        """Up to `limit` buffered rows, taken from the partitions in turn (`FetchBuffer.take`);
+        the partitions taken from go to the back of the fetch order. An error marker stays
+        buffered; a corrupt batch's, once the rows before it are taken, sets its partition's
+        position."""
         batches: list[tuple[TopicPartition, FetchedBatch]] = []
-        kept: list[tuple[TopicPartition, FetchedBatch | PymqError, int]] = []
-        taken = 0
-        while self._buffer and taken < limit:
-            tp, batch, accounted = self._buffer.popleft()
-            if isinstance(batch, PymqError):
-                # Nothing of tp follows it in the buffer: its fetching stopped there.
-                if isinstance(batch, CorruptRecordError):
-                    self._subs.consumed[tp] = batch.offset
-                kept.append((tp, batch, accounted))
-                continue
-            if taken + batch.num_rows > limit:
-                keep = int(limit - taken)
-                share = accounted * keep // batch.num_rows
-                batch, rest = batch.split(keep)
-                self._buffer.appendleft((tp, rest, accounted - share))
-                accounted = share
-            self._buffered_bytes -= accounted
+        for tp, batch, size in self._buffer.take(limit):
             batches.append((tp, batch))
-            taken += batch.num_rows
-            self.metrics.consumed(batch.num_rows, accounted)
+            self.metrics.consumed(batch.num_rows, size)
             self._subs.consumed[tp] = batch.next_offset
-        self._buffer.extendleft(reversed(kept))
+        self._subs.move_to_end(dict.fromkeys(tp for tp, _ in batches))
+        for tp, err in self._buffer.blocked():
+            if isinstance(err, CorruptRecordError):  # nothing of tp follows it: its fetching stopped there
+                self._subs.consumed[tp] = err.offset
         return batches
 
     def _partition_error_reached(self) -> PymqError:
-        """Take the error marker at the front (`_lock` held); the partition is fetched again from
-        its position, so the error comes back until the caller seeks past it (or it clears)."""
-        tp, err, _ = self._buffer.popleft()
-        assert isinstance(err, PymqError)
+        """Take the first error marker a partition's records reached (`_lock` held; nothing else is
+        buffered); the partition is fetched again from its position, so the error comes back
+        until the caller seeks past it (or it clears)."""
+        tp, _ = self._buffer.blocked()[0]
+        err = self._buffer.pop_error(tp)
         if isinstance(err, InconsistentTopicIdError):
             self._subs.consumed.pop(tp, None)  # an offset of the deleted topic means nothing in the new one: seek
         else:
@@ -296,10 +287,11 @@ class Fetcher:
                 mine: list[TopicPartition] = []
                 if fetch is None:
                     self._changed.clear()
-                    mine = [tp for tp in self._subs.assigned if tp in self._subs.fetch_positions and tp not in self._subs.paused
-                            and self._leader(tp) == node]
+                    mine = self._subs.in_fetch_order(
+                        tp for tp in self._subs.assigned if tp in self._subs.fetch_positions and tp not in self._subs.paused
+                        and self._leader(tp) == node)
                     with self._subs.lock:  # checked and flagged at once: a poll in between would not wake us
-                        idle = not mine or self._buffered_bytes >= self.max_buffer_bytes
+                        idle = not mine or self._buffer.bytes >= self.max_buffer_bytes
                         if idle:
                             self._waiting_for_room = True
                     if idle:
@@ -341,6 +333,9 @@ class Fetcher:
         except PymqError as err:
             log.info("metadata refresh failed: %s", err)
             return
+        self._note_gone_topics()
+        if self.metadata_listener is not None:
+            self.metadata_listener()
         for topic, topic_id in list(self.topic_ids.items()):
             current = self.cluster.topic_ids.get(topic)
             if current and current != topic_id:
@@ -348,6 +343,29 @@ class Fetcher:
         if self._leaders() != leaders:
             self.ensure_fetchers()
             self.replan()
+
+    def positions_are_current(self, topic: str) -> bool:
+        """Whether `topic`'s positions belong to the topic metadata shows (any thread: it only
+        reads): false once it is gone, or re-created and its positions not reset yet
+        (`_follow_recreated`)."""
+        if topic not in self.cluster.topics:
+            return False
+        fetched, current = self.topic_ids.get(topic), self.cluster.topic_ids.get(topic)
+        return fetched is None or current is None or fetched == current
+
+    def _note_gone_topics(self) -> None:
+        """Log once when an assigned topic disappears from metadata (deleted: its partitions get
+        no records, and metadata is refreshed with backoff until it is back) and once when it is
+        back, rather than retrying silently (Kafka's consumer warns UNKNOWN_TOPIC_OR_PARTITION)."""
+        assigned = {topic for topic, _ in self._subs.assigned}
+        gone = {topic for topic in assigned if topic not in self.cluster.topics}
+        for topic in sorted(gone - self._gone_topics):
+            log.warning("assigned topic %s is gone (UNKNOWN_TOPIC_OR_PARTITION: deleted?): its partitions get no "
+                        "records until it is re-created or unassigned; metadata is refreshed every %.1f s at most",
+                        topic, max(METADATA_BACKOFF_MAX_S, self.retry_backoff_s))
+        for topic in sorted(self._gone_topics & assigned - gone):
+            log.warning("assigned topic %s is back in metadata: fetching it again", topic)
+        self._gone_topics = gone
 
     async def _follow_recreated(self, topic: str, topic_id: str) -> None:
         """Metadata names another incarnation of `topic` than its positions belong to: it was
@@ -380,7 +398,7 @@ class Fetcher:
         if epoch != self._epoch:
             return
         with self._subs.lock:
-            buffered = {tp for tp, _, _ in self._buffer}
+            buffered = self._buffer.partitions()
             for tp, (offset, _) in found.items():
                 if tp in self._subs.assigned:
                     self._subs.fetch_positions[tp] = offset
@@ -459,7 +477,7 @@ class Fetcher:
         if conn is None or fetch.plan != self._plan or any(self._subs.fetch_positions.get(tp) != at
                                                            for tp, at in fetch.requested.items()):
             return None
-        positions = dict(fetch.requested)
+        positions = {tp: fetch.requested[tp] for tp in self._subs.in_fetch_order(fetch.requested)}
         incoming = 0
         try:
             for t in reply.topics:
@@ -472,7 +490,7 @@ class Fetcher:
                     incoming += len(p.records)
         except CorruptMessageError:
             return None  # _absorb finds and reports it
-        if self._buffered_bytes + incoming >= self.max_buffer_bytes:
+        if self._buffer.bytes + incoming >= self.max_buffer_bytes:
             return None
         return self._send_fetch(conn, positions)
 
@@ -486,7 +504,7 @@ class Fetcher:
         if epoch != self._epoch:
             return
         with self._subs.lock:
-            buffered = {tp for tp, _, _ in self._buffer}
+            buffered = self._buffer.partitions()
             for tp, (offset, _) in found.items():
                 if self._subs.fetch_positions.get(tp) != out_of_range[tp]:
                     continue
@@ -499,7 +517,7 @@ class Fetcher:
         by the poll that reaches it; the partition fetches nothing more until then."""
         log.warning("fetch of %s-%d failed: %s", tp[0], tp[1], err)
         with self._subs.lock:
-            self._buffer.append((tp, err, 0))
+            self._buffer.extend(tp, [(err, 0)])
             self._subs.fetch_positions.pop(tp, None)
             self._signal()
 
@@ -509,18 +527,15 @@ class Fetcher:
         partition fetches nothing more until the marker was raised (or the caller seeks).
         Decoding happens outside `_lock`; the buffer is extended under it in one step."""
         decoded = decode_fetched(tp, data, self._subs.fetch_positions[tp], self.high_watermarks.get(tp, -1), self.check_crcs)
-        fresh: list[tuple[TopicPartition, FetchedBatch | PymqError, int]] = [
-            (tp, batch, size) for batch, size in decoded.batches]
-        fresh_bytes = sum(size for _, size in decoded.batches)
+        fresh: list[Entry] = list(decoded.batches)
         corrupt, position = decoded.corrupt, decoded.position
         if corrupt is not None:
             log.warning("corrupt batch: %s", corrupt)
-            fresh.append((tp, corrupt, 0))
+            fresh.append((corrupt, 0))
         if not fresh:
             return
         with self._subs.lock:
-            self._buffer.extend(fresh)
-            self._buffered_bytes += fresh_bytes
+            self._buffer.extend(tp, fresh)
             if corrupt is not None:
                 del self._subs.fetch_positions[tp]
             else:

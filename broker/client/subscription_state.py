@@ -3,7 +3,9 @@
 Owns the assigned partitions (by hand or by the group), each partition's consumed position (the
 next record `poll` returns: what a commit commits) and fetch position (the next offset to fetch,
 ahead of the consumed one by what is buffered), the paused partitions, the reset strategy
-(`auto_offset_reset`) and the group-assigned partitions still waiting for a start position.
+(`auto_offset_reset`), the group-assigned partitions still waiting for a start position, and the
+fetch order: a partition a poll returned records of goes to the back (Kafka's
+`movePartitionToEnd`), so the next fetches name the others first.
 It holds values only: the consumer changes them, the fetcher reads and advances them.
 
 Thread rules: `lock` guards the positions and `needs_position`, which the sync Consumer's
@@ -14,6 +16,7 @@ Everything else is changed on the consumer's loop only.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterable
 
 from broker import protocol
 from broker.topic_partition import TopicPartition
@@ -42,6 +45,9 @@ class SubscriptionState:
         # Group-assigned partitions whose committed offset is still to be looked up (`lock`).
         self.needs_position: set[TopicPartition] = set()
         self.manual = False  # assign() was called with partitions: subscribe() must not be
+        # When each partition was last moved to the back of the fetch order (a count of moves).
+        self._moved_at: dict[TopicPartition, int] = {}
+        self._moves = 0
 
     def require_assigned(self, tp: TopicPartition) -> None:
         if tp not in self.assigned:
@@ -76,8 +82,19 @@ class SubscriptionState:
         for tp in removed:
             self.consumed.pop(tp, None)
             self.fetch_positions.pop(tp, None)
+            self._moved_at.pop(tp, None)
         self.paused &= keep
         self.needs_position &= keep
         if needs_position:
             self.needs_position.update(tp for tp in partitions if tp not in self.consumed)
         return removed
+
+    def move_to_end(self, tps: Iterable[TopicPartition]) -> None:
+        """Put `tps` (in this order) at the back of the fetch order (`lock` held)."""
+        for tp in tps:
+            self._moves += 1
+            self._moved_at[tp] = self._moves
+
+    def in_fetch_order(self, tps: Iterable[TopicPartition]) -> list[TopicPartition]:
+        """`tps` in fetch order: never moved first (in the order given), then least recently moved."""
+        return sorted(tps, key=lambda tp: self._moved_at.get(tp, 0))

@@ -509,6 +509,44 @@ def test_with_no_reset_a_recreated_topic_raises_inconsistent_topic_id_until_a_se
     assert [(r.offset, r.value) for r in poll_until(consumer, 2)] == [(1, b"new-1"), (2, b"new-2")]
 
 
+def test_an_assigned_topic_deleted_for_good_is_logged_once_gone_and_once_back(shared_broker, new_topic, consumers,
+                                                                              caplog):
+    """Issue 34 item 6: an assign() consumer whose topic is deleted keeps polling (empty polls, its
+    metadata refreshed with capped backoff) and warns once, naming the topic, however many
+    refreshes find it gone; once it is created again, one more warning says it is back and its
+    new records arrive."""
+    topic = new_topic(1)
+    produce(shared_broker.bootstrap, topic, values(2, b"old-"), partition=0)
+    consumer = consumers(shared_broker.bootstrap, auto_offset_reset="earliest", retry_backoff_ms=20)
+    consumer.assign([(topic, 0)])
+    poll_until(consumer, 2)
+    refreshes = 0
+    cluster = consumer._core._fetcher.cluster
+    refresh = cluster.refresh
+
+    async def counted(*args, **kwargs):
+        nonlocal refreshes
+        refreshes += 1
+        await refresh(*args, **kwargs)
+
+    cluster.refresh = counted
+    caplog.set_level("WARNING", logger="pymq.consumer")
+
+    def warnings(word: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records if topic in r.getMessage() and word in r.getMessage()]
+
+    with Admin(shared_broker.bootstrap) as admin:
+        admin.delete_topics([topic])
+        deadline = time.monotonic() + 20
+        while not (warnings("is gone") and refreshes >= 5):
+            assert time.monotonic() < deadline, (refreshes, caplog.messages)
+            assert consumer.poll(timeout_ms=50) == []
+        admin.create_topic(topic, partitions=1)
+    produce(shared_broker.bootstrap, topic, values(3, b"new-"), partition=0)
+    assert [r.value for r in poll_until(consumer, 3)] == values(3, b"new-")
+    assert (len(warnings("is gone")), len(warnings("is back"))) == (1, 1), caplog.messages
+
+
 def poll_until_rows(consumer: Consumer, expected: int, timeout_s: float = 20.0) -> pa.Table:
     tables = []
     deadline = time.monotonic() + timeout_s

@@ -52,3 +52,17 @@ def test_position_of_a_partition_without_one_is_a_named_error(assigned, message)
 def test_an_unknown_reset_strategy_is_refused():
     with pytest.raises(ValueError, match="auto_offset_reset"):
         SubscriptionState("smallest")
+
+
+def test_a_partition_moved_to_the_end_is_fetched_after_the_others():
+    """Kafka's movePartitionToEnd: partitions never moved keep the given order, those moved come
+    after them, least recently moved first; a partition that leaves forgets its place."""
+    subs = SubscriptionState("earliest")
+    subs.set_assigned([A, B, C], needs_position=False)
+    subs.move_to_end([A])
+    assert subs.in_fetch_order([A, B, C]) == [B, C, A]
+    subs.move_to_end([B])
+    assert subs.in_fetch_order([A, B, C]) == [C, A, B]
+    subs.set_assigned([B, C], needs_position=False)
+    subs.set_assigned([A, B, C], needs_position=False)
+    assert subs.in_fetch_order([A, B, C]) == [A, C, B]
