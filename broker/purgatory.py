@@ -132,26 +132,45 @@ class DelayedOperationPurgatory:
 
 
 class ProducePurgatory:
+    """Produces parked under their partition until it has acknowledged the offsets they need.
+
+    A produce is parked (`watch`) in the same loop turn as the check that found it unanswered,
+    and its timer starts then: no `complete` can fall between the two and be missed. Parked only
+    when its handler got round to awaiting it, a produce whose partition's high watermark moved
+    meanwhile (the ISR shrank when a dead follower was dropped, while the handler awaited another
+    partition of the request) waited for the next append or follower fetch that moved it again:
+    after the last send, until its request timed out."""
+
     def __init__(self) -> None:
         self._waiters: dict[TopicPartition, list[tuple[int, int, asyncio.Future[None]]]] = {}
 
     def __len__(self) -> int:
         return sum(len(waiters) for waiters in self._waiters.values())
 
-    async def wait(self, tp: TopicPartition, required_offset: int, acks: int, timeout_s: float) -> None:
-        """Wait until `complete` finds offsets below `required_offset` acknowledged for `acks`.
-        TimeoutError after `timeout_s`; the error `fail` names if the partition fails first."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    def watch(self, tp: TopicPartition, required_offset: int, acks: int, timeout_s: float) -> asyncio.Future[None]:
+        """Park now: the future resolves once `complete` finds offsets below `required_offset`
+        acknowledged for `acks`, fails with TimeoutError `timeout_s` from now, or with the error
+        `fail` names if the partition fails first. Cancelling it (the requester went away)
+        unparks it."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
         entry = (required_offset, acks, future)
         self._waiters.setdefault(tp, []).append(entry)
-        try:
-            await asyncio.wait_for(future, timeout_s)
-        finally:
-            waiters = self._waiters.get(tp)
-            if waiters is not None and entry in waiters:
-                waiters.remove(entry)
-                if not waiters:
-                    del self._waiters[tp]
+        timer = loop.call_later(max(timeout_s, 0.0), _expire, future, timeout_s)
+        future.add_done_callback(lambda _: self._unpark(tp, entry, timer))
+        return future
+
+    def _unpark(self, tp: TopicPartition, entry: tuple[int, int, asyncio.Future[None]],
+                timer: asyncio.TimerHandle) -> None:
+        timer.cancel()
+        future = entry[2]
+        if not future.cancelled():
+            future.exception()  # its requester may have gone away before awaiting it: not an unretrieved error
+        waiters = self._waiters.get(tp)
+        if waiters is not None and entry in waiters:
+            waiters.remove(entry)
+            if not waiters:
+                del self._waiters[tp]
 
     def complete(self, tp: TopicPartition, satisfied: Callable[[int, int], bool | BaseException]) -> None:
         """Resolve the waiters of `tp` for which `satisfied(required_offset, acks)` is True, and
@@ -183,3 +202,8 @@ class ProducePurgatory:
 
     def partitions(self) -> list[TopicPartition]:
         return list(self._waiters)
+
+
+def _expire(future: asyncio.Future[None], timeout_s: float) -> None:
+    if not future.done():
+        future.set_exception(TimeoutError(f"not acknowledged within {timeout_s} s"))

@@ -174,13 +174,11 @@ class ReplicaManager:
             return
         if state.leader == self.broker_id:
             if target.is_leader and target.leader_epoch == state.leader_epoch:
-                if target.committed_state(state):
-                    self._advance(target)
+                self._advance(target, moved=target.committed_state(state))  # the controller changed the ISR
                 return
             if self.followers is not None:
                 await self.followers.unfollow(key)
-            await target.make_leader(state, now_ms())
-            self._advance(target)
+            self._advance(target, moved=await target.make_leader(state, now_ms()))
             log.info("%s-%d: leader, epoch %d, ISR %s", topic, partition, state.leader_epoch, list(state.isr))
             self._leadership_changed([target], [])
             return
@@ -273,7 +271,11 @@ class ReplicaManager:
             self.fetch_purgatory.notify((target.topic, target.partition))  # followers waiting for data
         if acks == 0 or self._satisfied(target, info.next_offset, acks) is True:
             return info
-        return self._acknowledged(target, info, acks, timeout_ms)
+        # Parked now, in the turn that found it unanswered: the handler awaits a request's
+        # partitions one after another, and a `complete` before it got to this one would be lost.
+        parked = self.produce_purgatory.watch((target.topic, target.partition), info.next_offset, acks,
+                                              timeout_ms / 1000)
+        return self._acknowledged(target, info, parked, acks, timeout_ms)
 
     @staticmethod
     def _check_min_isr(target: Partition, error: type[PymqError], what: str) -> None:
@@ -282,10 +284,11 @@ class ReplicaManager:
             raise error(f"{target.topic}-{target.partition} has {len(target.state.isr)} in-sync replicas "
                         f"{list(target.state.isr)}, min.insync.replicas is {needed}: {what}")
 
-    async def _acknowledged(self, target: Partition, info: AppendInfo, acks: int, timeout_ms: int) -> AppendInfo:
-        key = (target.topic, target.partition)
+    @staticmethod
+    async def _acknowledged(target: Partition, info: AppendInfo, parked: asyncio.Future[None], acks: int,
+                            timeout_ms: int) -> AppendInfo:
         try:
-            await self.produce_purgatory.wait(key, info.next_offset, acks, timeout_ms / 1000)
+            await parked
         except TimeoutError:
             raise RequestTimedOutError(
                 f"{target.topic}-{target.partition}: offsets up to {info.last_offset} were written but not "
@@ -307,10 +310,12 @@ class ReplicaManager:
             return True
         return target.log.durable_end_offset >= required_offset
 
-    def _advance(self, target: Partition) -> None:
-        """After an append or a flush: move the high watermark, wake what waits on it."""
+    def _advance(self, target: Partition, moved: bool = False) -> None:
+        """After an append, a flush, a follower's fetch or an ISR change (`moved`: it moved the
+        high watermark already): move the high watermark, wake what waits on it. Waiting produces
+        are checked again whatever moved (Kafka re-checks them on every ISR change too)."""
         key = (target.topic, target.partition)
-        if target.maybe_increment_high_watermark():
+        if target.maybe_increment_high_watermark() or moved:
             self.fetch_purgatory.notify(key)
         self.produce_purgatory.complete(key, lambda offset, acks: self._satisfied(target, offset, acks))
 
@@ -325,7 +330,7 @@ class ReplicaManager:
         target = self.partition(topic, partition)
         target.check_leader(current_leader_epoch)
         if target.update_follower_fetch_state(replica, fetch_offset, now_ms()):
-            self._advance(target)
+            self._advance(target, moved=True)
         expanded = target.isr_to_expand(replica)
         if expanded is not None:
             self._write_isr(target, expanded, f"broker {replica} caught up")
@@ -369,11 +374,7 @@ class ReplicaManager:
             self.isr_shrinks += 1
         else:
             self.isr_expands += 1
-        if target.committed_state(state):
-            self._advance(target)
-        else:
-            self.produce_purgatory.complete((target.topic, target.partition),
-                                            lambda offset, acks: self._satisfied(target, offset, acks))
+        self._advance(target, moved=target.committed_state(state))
 
     def leader_log(self, topic: Any, partition: Any, current_leader_epoch: int = NO_EPOCH) -> UnifiedLog:
         """The log of a partition this broker leads, for a consumer's read (which stops at the

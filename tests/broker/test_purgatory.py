@@ -1,5 +1,6 @@
 """DelayedOperationPurgatory: each parked operation answers exactly once (condition, deadline or
-error), never after it is cancelled, and leaves nothing behind for the cyclic GC."""
+error), never after it is cancelled, and leaves nothing behind for the cyclic GC. ProducePurgatory:
+a produce is parked when `watch` is called, not when its future is awaited."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from broker.purgatory import DelayedOperation, DelayedOperationPurgatory
+from broker.purgatory import DelayedOperation, DelayedOperationPurgatory, ProducePurgatory
 
 
 class Counter(DelayedOperation):
@@ -162,3 +163,38 @@ def test_finished_operation_is_freed_by_reference_counting(ending: str) -> None:
         assert ref() is None
     finally:
         gc.enable()
+
+
+def test_a_produce_completed_before_its_future_is_awaited_is_answered() -> None:
+    """The handler awaits a request's partitions one after another: a partition's `complete`
+    may come before its future is awaited, and must not be lost."""
+    async def main() -> None:
+        purgatory = ProducePurgatory()
+        first = purgatory.watch(("t", 0), 10, -1, 5)
+        second = purgatory.watch(("t", 1), 10, -1, 5)
+        purgatory.complete(("t", 1), lambda offset, acks: offset <= 10)
+        purgatory.complete(("t", 0), lambda offset, acks: offset <= 9)  # not yet
+        assert not first.done()
+        purgatory.complete(("t", 0), lambda offset, acks: offset <= 10)
+        assert await asyncio.wait_for(first, 1) is None and await asyncio.wait_for(second, 1) is None
+        await turn()
+        assert len(purgatory) == 0
+
+    asyncio.run(main())
+
+
+def test_a_produce_times_out_from_when_it_was_parked_and_a_cancelled_one_is_unparked() -> None:
+    async def main() -> None:
+        purgatory = ProducePurgatory()
+        timed = purgatory.watch(("t", 0), 10, -1, 0.01)
+        cancelled = purgatory.watch(("t", 0), 10, -1, 5)
+        failed = purgatory.watch(("t", 1), 10, -1, 5)  # never awaited: its requester went away
+        with pytest.raises(TimeoutError):
+            await timed
+        cancelled.cancel()
+        purgatory.fail(("t", 1), RuntimeError("log directory offline"))
+        await turn()
+        assert len(purgatory) == 0 and purgatory.partitions() == []
+        assert isinstance(failed.exception(), RuntimeError)
+
+    asyncio.run(main())

@@ -46,3 +46,41 @@ def test_an_append_queued_when_its_topic_is_deleted_is_unknown_topic(tmp_path: P
         logs.close()
 
     asyncio.run(scenario())
+
+
+def test_an_acks_all_produce_answers_when_the_isr_shrinks_while_the_handler_awaits_another_partition(tmp_path: Path):
+    """A produce to two partitions whose acks=all both wait: the handler awaits them one after
+    the other. The controller drops a dead follower from the second partition's ISR while the
+    handler still awaits the first, which moves that partition's high watermark past the append.
+    The second answers as soon as the handler gets to it: it was parked when appended, so the
+    ISR change completed it. (Parked only when awaited, it waited for another append or follower
+    fetch to move the high watermark again: after a producer's last send, until its timeout.)"""
+
+    async def scenario() -> None:
+        logs = LogManager(tmp_path / "data")
+        replicas = ReplicaManager(0, logs, LogWriter(offload_bytes=1 << 20, max_queued_bytes=1 << 20),
+                                  DelayedOperationPurgatory())
+        full = LeaderAndIsr(0, 0, (0, 1, 2), (0, 1, 2))
+        spec = TopicLogSpec(None, LogConfig(), 1)
+        await replicas.create_partitions("t", spec, [0, 1], {("t", 0): full, ("t", 1): full})
+        payload = memoryview(record.encode_batch(batch_body.make_body([b"v"], timestamps_ms=batch_body.now_ms())))
+        first = replicas.append("t", 0, payload, acks=-1, timeout_ms=5_000)
+        second = replicas.append("t", 1, payload, acks=-1, timeout_ms=5_000)
+        assert asyncio.iscoroutine(first) and asyncio.iscoroutine(second)  # both wait for their followers
+
+        async def handler() -> list:
+            return [await first, await second]  # as ProduceHandler awaits a request's partitions
+
+        answered = asyncio.ensure_future(handler())
+        await asyncio.sleep(0)
+        shrunk = LeaderAndIsr(0, 0, (0, 1, 2), (0,))  # brokers 1 and 2 died: the controller's new ISR
+        await replicas.become("t", 1, spec, shrunk)
+        await asyncio.sleep(0.05)
+        assert not answered.done()  # the first partition still waits for its followers
+        await replicas.become("t", 0, spec, shrunk)
+        infos = await asyncio.wait_for(answered, 3)  # before the 5 s produce timeout
+        assert [info.first_offset for info in infos] == [0, 0]
+        assert len(replicas.produce_purgatory) == 0
+        logs.close()
+
+    asyncio.run(scenario())
