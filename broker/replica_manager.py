@@ -90,6 +90,9 @@ class ReplicaManager:
         self._isr_writes: set[asyncio.Task[None]] = set()
         # Called with (partitions now led, partitions no longer led) after every leadership change.
         self.leadership_listeners: list[Callable[[list[Partition], list[Partition]], None]] = []
+        # Called with a topic's name once it is deleted, on every broker, whether it hosted the topic
+        # or not (the group coordinators drop the offsets their groups committed for it).
+        self.deletion_listeners: list[Callable[[str], None]] = []
         self.isr_writer: IsrWriter | None = None  # None: a single broker, whose ISR never changes
         self.replica_lag_time_max_ms = 30_000
         self.isr_shrinks = self.isr_expands = 0  # ISR changes stored (metrics)
@@ -143,7 +146,11 @@ class ReplicaManager:
         self._leadership_changed([p for p in hosted if p.is_leader], [p for p in hosted if not p.is_leader])
 
     async def delete_topic(self, topic: str) -> None:
-        """Stop hosting `topic` and remove its logs (moved aside at once, in a worker thread)."""
+        """Stop hosting `topic` and remove its logs (moved aside at once, in a worker thread); tell
+        the deletion listeners. Called on every broker for every deleted topic (by the admin path
+        on the broker that deleted it, by the metadata watch on the others)."""
+        for listener in self.deletion_listeners:
+            listener(topic)
         topic_id = None
         keys = [key for key in self._partitions if key[0] == topic]
         if self.remote_logs is not None:

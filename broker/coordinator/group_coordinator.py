@@ -755,7 +755,21 @@ class GroupCoordinator:
                 result.add(Result(appends=[self._expire_append(group, expired)]))
         return result
 
-    def _expire_append(self, group: Group, expired: list[TopicPartition]) -> Append:
+    def delete_topic_offsets(self, topic: str) -> Result:
+        """Tombstones for every offset this coordinator's groups committed for `topic`, which was
+        deleted (Kafka's GroupCoordinator.onPartitionsDeleted): a topic re-created under its name
+        is a new topic, and its consumers must start per auto.offset.reset, not at an offset of the
+        old one. An empty group left without offsets is deleted with them."""
+        result = Result()
+        for group in list(self.groups.values()):
+            if not self.owns(group.group_id) or group.is_(GroupState.DEAD):
+                continue
+            doomed = [tp for tp in group.offsets if tp[0] == topic]
+            if doomed:
+                result.add(Result(appends=[self._expire_append(group, doomed, f"of deleted topic {topic}")]))
+        return result
+
+    def _expire_append(self, group: Group, expired: list[TopicPartition], why: str = "expired") -> Append:
         records: list[tuple[RecordKey, RecordValue]] = [(OffsetKey(group.group_id, *tp), None) for tp in expired]
         deletes_group = group.is_(GroupState.EMPTY) and len(expired) == len(group.offsets)
         if deletes_group:
@@ -763,14 +777,15 @@ class GroupCoordinator:
 
         def complete(err: PymqError | None, now: int) -> Result:
             if err is not None:
-                log.warning("expiring %d offsets of group %s failed: %s", len(expired), group.group_id, err)
+                log.warning("removing %d offsets (%s) of group %s failed: %s", len(expired), why, group.group_id, err)
                 return Result()
             for tp in expired:
                 group.offsets.pop(tp, None)
             if deletes_group and not group.members and not group.offsets and self.groups.get(group.group_id) is group:
                 group.transition(GroupState.DEAD, now)
                 del self.groups[group.group_id]
-            log.info("group %s: %d offsets expired%s", group.group_id, len(expired), ", group removed" if deletes_group else "")
+            log.info("group %s: %d offsets removed (%s)%s", group.group_id, len(expired), why,
+                     ", group removed" if deletes_group else "")
             return Result()
 
         return Append(self.partition_of(group.group_id), records, complete)

@@ -90,6 +90,7 @@ class GroupHandler:
         self._waiting: set[asyncio.Future[Message]] = set()  # requests parked until a rebalance or an append
         self._loads: dict[int, asyncio.Task[None]] = {}  # replays of __consumer_offsets partitions in progress
         replicas.leadership_listeners.append(self.on_leadership_change)
+        replicas.deletion_listeners.append(self.on_topic_deleted)
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -173,6 +174,11 @@ class GroupHandler:
 
     def _expire_offsets(self) -> None:
         self._apply(self.coordinator.expire_offsets(now_ms()))
+
+    def on_topic_deleted(self, topic: str) -> None:
+        """Drop what this broker's groups committed for a deleted topic: a topic re-created under
+        the same name is another topic, and an old offset would make its consumers skip records."""
+        self._apply(self.coordinator.delete_topic_offsets(topic))
 
     # -- requests ----------------------------------------------------------------------------------
 

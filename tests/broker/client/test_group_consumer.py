@@ -18,6 +18,7 @@ import pytest
 from broker.client import Admin, Consumer, ConsumerRecord, Producer
 from broker.errors import NoOffsetForPartitionError, PartitionNotAssignedError
 from broker.topic_partition import TopicPartition
+from tests.e2e.conftest import wait_for
 
 BROKER_OVERRIDES = {"group.initial.rebalance.delay.ms": 0, "group.min.session.timeout.ms": 500,
                     "offsets.topic.num.partitions": 3}
@@ -636,8 +637,7 @@ def test_member_whose_subscribed_topic_is_recreated_gets_the_new_records(shared_
     then deleted and re-created (with 1 or 2 partitions) and given 8 new records: the member owns
     every partition of the new topic and receives exactly the 8 new records, each once, without
     waiting for metadata.max.age.ms (5 minutes here); the auto-commit before a rebalance does not
-    commit the old topic's positions for the new one. (Nothing is committed before the deletion:
-    the broker keeps a deleted topic's committed offsets, see the xfail test below.)"""
+    commit the old topic's positions for the new one."""
     topic = new_topic(1)
     old = produce(shared_broker.bootstrap, topic, 5)
     member = members("recreated", metadata_max_age_ms=300_000, auto_commit_interval_ms=300_000).subscribe([topic])
@@ -674,11 +674,11 @@ def test_member_whose_subscribed_topic_is_deleted_loses_it_and_gets_it_back_when
     assert values_of(member.records) == sorted(old + new)
 
 
-@pytest.mark.xfail(strict=True, reason="the broker keeps a deleted topic's committed offsets (Kafka's group "
-                   "coordinator deletes them with the topic): a re-created topic is read from the old offset")
 def test_deleting_a_topic_deletes_its_committed_offsets(shared_broker, new_topic, members):
-    """A group's committed offset of a topic that is deleted and re-created is gone: it belonged to
-    the old topic."""
+    """A group committed offset 5 of a topic that is then deleted and re-created with 3 records:
+    the old offset is gone (it belonged to the old topic, as Kafka's coordinator deletes it with
+    the topic), so the group's next consumer starts per auto_offset_reset and reads all 3, where
+    the old offset would have skipped them without an error."""
     topic = new_topic(1)
     produce(shared_broker.bootstrap, topic, 5)
     member = members("offsets-of-deleted", enable_auto_commit=False)
@@ -687,4 +687,13 @@ def test_deleting_a_topic_deletes_its_committed_offsets(shared_broker, new_topic
     with Admin(shared_broker.bootstrap) as admin:
         admin.delete_topics([topic])
         admin.create_topic(topic, partitions=1)
-    assert member.consumer.committed([(topic, 0)]) == {(topic, 0): None}
+    wait_for(lambda: member.consumer.committed([(topic, 0)]) == {(topic, 0): None}, 30,
+             "the deleted topic's committed offset removed")
+    new = produce(shared_broker.bootstrap, topic, 3)
+    reader = members("offsets-of-deleted", enable_auto_commit=False, auto_offset_reset="earliest")
+    reader.consumer.assign([(topic, 0)])
+    got: list[bytes] = []
+    deadline = time.monotonic() + 30
+    while len(got) < len(new) and time.monotonic() < deadline:
+        got += [r.value for r in reader.consumer.poll(timeout_ms=500)]
+    assert sorted(got) == sorted(new)

@@ -386,6 +386,30 @@ def test_offsets_of_an_empty_group_expire_after_the_retention_and_the_group_goes
     assert tombstones == [(OffsetKey("g", TOPIC, 0), None), (GroupKey("g"), None)]
 
 
+def test_deleting_a_topic_removes_its_offsets_from_every_group_and_an_empty_group_without_offsets() -> None:
+    """Offsets of a deleted topic go from every group: a stable group keeps its members, a
+    standalone group keeps its other topic's offset, and one whose only offsets were of the
+    deleted topic goes with them (tombstones for both)."""
+    h = Harness()
+    member, generation = h.stable_group_of_one()
+    h.commit(member, generation, {0: 3})
+
+    def standalone(group: str, topic: str, partition: int, offset: int) -> None:
+        h.call("commit_offsets", OffsetCommitRequest(group, -1, "", None, (TopicRequest(topic, (
+            OffsetCommitPartition(partition, offset),)),)), lambda t, p: True)
+
+    standalone("mixed", TOPIC, 0, 5)
+    standalone("mixed", "other", 0, 7)
+    standalone("idle", TOPIC, 1, 2)
+    h.apply(h.coordinator.delete_topic_offsets(TOPIC))
+    assert h.committed("g") == {} and h.coordinator.groups["g"].state is GroupState.STABLE
+    assert h.committed("mixed") == {("other", 0): 7}
+    assert "idle" not in h.coordinator.groups
+    written = [decode_record(k, v) for k, v in h.log[h.coordinator.partition_of("idle")]]
+    assert (OffsetKey("idle", TOPIC, 1), None) in written and (GroupKey("idle"), None) in written
+    assert h.coordinator.delete_topic_offsets(TOPIC).appends == []
+
+
 def test_delete_groups_refuses_unknown_and_active_groups_and_deletes_empty_ones() -> None:
     h = Harness()
     h.stable_group_of_one("active")
