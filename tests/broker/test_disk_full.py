@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-import time
 from pathlib import Path
-from typing import Any, Callable
 
 import pytest
 
@@ -21,23 +19,13 @@ from broker.protocol import ApiKey
 from segment_format import batch_body, record
 from tests.conftest import RawClient
 from tests.faults import full_disk
+from tests.waiting import wait_until
 
 DISK_BYTES = 8 << 20
 KAFKA_STORAGE_ERROR = 56
 TOPIC = "filling"
 
 pytestmark = pytest.mark.skipif(not full_disk.available(), reason="cannot mount a tmpfs in a namespace here")
-
-
-def wait_until(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        time.sleep(0.05)
 
 
 def produce(client: RawClient, batch: bytes) -> int:

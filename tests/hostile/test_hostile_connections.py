@@ -30,6 +30,7 @@ from broker.errors import NONE
 from broker.process import BrokerProcess
 from broker.protocol import ApiKey
 from segment_format import batch_body, record
+from tests.waiting import wait_until
 
 WELL_BEHAVED_S = 5.0  # a well-behaved client's produce + fetch round trip during a flood
 WAIT_S = 30.0  # generous bound for conditions the broker reaches by itself
@@ -39,14 +40,6 @@ MiB = 1 << 20
 
 
 # -- helpers ------------------------------------------------------------------------------------
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        time.sleep(0.05)
 
 
 def rss_bytes(pid: int) -> int:

@@ -22,6 +22,7 @@ import pytest
 from broker.process import BrokerProcess
 from broker.protocol import ApiKey
 from tests.conftest import RawClient
+from tests.waiting import wait_until
 
 PROBE_BOUND_S = 8.0
 GROUPS_MAX = 10  # metrics.groups.max for this module's broker
@@ -30,17 +31,6 @@ GROUP_ID_NOT_FOUND = 69
 MEMBER_ID_REQUIRED = 79
 UNKNOWN_TOPIC_OR_PARTITION = 3
 TOPIC = "hostile"
-
-
-def wait_until(condition: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")

@@ -3,19 +3,12 @@ before a reply is decoded, and small polls taking from every buffered partition 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import pytest
 
 from broker.client import Consumer, ConsumerRecord
 from tests.broker.client.test_consumer import poll_until, produce, values
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
+from tests.waiting import wait_until
 
 
 def test_buffer_fills_in_the_background_between_polls(shared_broker, new_topic, consumers):
