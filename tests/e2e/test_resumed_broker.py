@@ -31,11 +31,12 @@ def _produce_request() -> ProduceRequest:
     return ProduceRequest((TopicRequest(TOPIC, (ProducePartition(0, (bytes(record.encode_batch(body)),)),)),), acks=1)
 
 
-async def _queued_on_resume(victim, survivors: str, victim_id: int) -> tuple[list[MetadataResponse], int, object]:
+async def _queued_on_resume(victim, survivors: str,
+                            victim_id: int) -> tuple[list[MetadataResponse], int, object, float]:
     """Stop `victim`, wait until another broker leads partition 0 without it in the ISR, queue
     Metadata, an acks=1 Produce and more Metadata on a connection opened before the pause, then
-    resume it. Returns the Metadata answers, the produce's partition error code, and the state
-    the survivors reported."""
+    resume it. Returns the Metadata answers, the produce's partition error code, the state the
+    survivors reported, and when it resumed (time.monotonic)."""
     host, port = victim.bootstrap.rsplit(":", 1)
     connection = await BrokerConnection.open(host, int(port), timeout_s=REQUEST_TIMEOUT_S)
     try:
@@ -52,12 +53,13 @@ async def _queued_on_resume(victim, survivors: str, victim_id: int) -> tuple[lis
             pending = [connection.request(request, REQUEST_TIMEOUT_S) for request in requests]
         finally:
             victim.resume()
+            resumed_at = time.monotonic()
         replies = [decode_reply(request, *await reply) for request, reply in zip(requests, pending)]
     finally:
         connection.close()
     answers = [reply for reply in replies if isinstance(reply, MetadataResponse)]
     produced = next(reply for reply in replies if not isinstance(reply, MetadataResponse))
-    return answers, produced.topics[0].partitions[0].error_code, moved_state
+    return answers, produced.topics[0].partitions[0].error_code, moved_state, resumed_at
 
 
 def test_a_resumed_leader_neither_claims_nor_acknowledges_the_partition_that_moved(cluster):
@@ -68,7 +70,7 @@ def test_a_resumed_leader_neither_claims_nor_acknowledges_the_partition_that_mov
     victim = local.brokers[victim_id]
     survivors = ",".join(b.bootstrap for b in local.brokers if b is not victim)
 
-    answers, produce_error, moved = asyncio.run(_queued_on_resume(victim, survivors, victim_id))
+    answers, produce_error, moved, resumed_at = asyncio.run(_queued_on_resume(victim, survivors, victim_id))
 
     claims = [(p.leader, p.leader_epoch, p.isr) for answer in answers for t in answer.topics for p in t.partitions
               if p.leader == victim_id]
@@ -80,3 +82,4 @@ def test_a_resumed_leader_neither_claims_nor_acknowledges_the_partition_that_mov
     with Admin(victim.bootstrap, request_timeout_ms=5_000) as admin:
         wait_for(lambda: partitions_of(admin, TOPIC)[0].leader not in (-1, victim_id), 60,
                  "the resumed broker to answer the new leader")
+    print(f"the resumed broker answered the new leader {time.monotonic() - resumed_at:.2f} s after SIGCONT")
