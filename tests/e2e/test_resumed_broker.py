@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from broker.client import Admin
 from broker.client.connection import BrokerConnection, decode_reply
 from broker.errors import NotLeaderError
+from broker.process import BrokerProcess
 from broker.protocol import MetadataRequest, MetadataResponse, ProducePartition, ProduceRequest, TopicRequest
 from segment_format import batch_body, record
 from tests.e2e.conftest import partitions_of, wait_for, wait_for_full_isr
@@ -31,8 +33,8 @@ def _produce_request() -> ProduceRequest:
     return ProduceRequest((TopicRequest(TOPIC, (ProducePartition(0, (bytes(record.encode_batch(body)),)),)),), acks=1)
 
 
-async def _queued_on_resume(victim, survivors: str,
-                            victim_id: int) -> tuple[list[MetadataResponse], int, object, float]:
+async def _queued_on_resume(victim: BrokerProcess, survivors: str,
+                            victim_id: int) -> tuple[list[MetadataResponse], int, Any, float]:
     """Stop `victim`, wait until another broker leads partition 0 without it in the ISR, queue
     Metadata, an acks=1 Produce and more Metadata on a connection opened before the pause, then
     resume it. Returns the Metadata answers, the produce's partition error code, the state the
