@@ -416,8 +416,9 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("metrics.group.partitions.enable", bool, False,
                   "also a committed offset and a lag series per partition of those groups"),
         ConfigDef("max.partitions", int, 20_000,
-                  "partition replicas one broker may host; creating topics or adding partitions that would put "
-                  "more on any live broker is refused (POLICY_VIOLATION). Internal topics are exempt but count",
+                  "partition replicas one broker may host; creating topics, adding partitions or reassigning "
+                  "replicas that would put more on any live broker is refused (POLICY_VIOLATION). Internal "
+                  "topics are exempt but count",
                   1, 10_000_000),
     ]
 }

@@ -87,6 +87,14 @@ class NotLeaderError(PymqError, wire_name="NOT_LEADER"):
     retriable = True
 
 
+class LeaderNotAvailableError(PymqError, wire_name="LEADER_NOT_AVAILABLE"):
+    """A Metadata answer names no leader for the partition: the broker answering cannot vouch for
+    its leadership now (it is fenced: its session lapsed and it has not caught up since). Ask again."""
+
+    code = 5
+    retriable = True
+
+
 class RequestTimedOutError(PymqError, wire_name="REQUEST_TIMED_OUT"):
     code = 7
     retriable = True

@@ -54,6 +54,7 @@ from segment_format.batch_body import now_ms
 from broker.topic_partition import TopicPartition
 
 if TYPE_CHECKING:
+    from broker.cluster.session_fence import SessionFence
     from broker.remote_log.remote_log_manager import RemoteLogManager
 
 log = logging.getLogger("pymq.replica_manager")
@@ -94,6 +95,7 @@ class ReplicaManager:
         # or not (the group coordinators drop the offsets their groups committed for it).
         self.deletion_listeners: list[Callable[[str], None]] = []
         self.isr_writer: IsrWriter | None = None  # None: a single broker, whose ISR never changes
+        self.fence: SessionFence | None = None  # in a cluster: no appends as leader on a stale view
         self.replica_lag_time_max_ms = 30_000
         self.isr_shrinks = self.isr_expands = 0  # ISR changes stored (metrics)
 
@@ -248,6 +250,8 @@ class ReplicaManager:
         the flush or replication `acks` needs). Raises PymqError for what fails at once."""
         target = self.partition(topic, partition)
         target.check_leader(current_leader_epoch)
+        if self.fence is not None:  # a leader that may have been declared dead acknowledges nothing
+            self.fence.check_leader(target.topic, target.partition)
         if acks == -1:
             self._check_min_isr(target, NotEnoughReplicasError, "nothing was written")
         appended = self.writer.append(target.log, data, target.leader_epoch)

@@ -29,6 +29,7 @@ from broker.cluster.brokers import BrokerInfo, BrokerRegistration, LiveBrokers, 
 from broker.cluster.controller import Controller
 from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.metadata_listener import MetadataListener
+from broker.cluster.session_fence import SessionFence
 from broker.cluster.metadata_store import Compare, MetadataStore
 from broker.cluster.replica_fetcher import FetchSettings, ReplicaFetcherManager
 from broker.cluster.topics import MetadataChange, TopicRegistry
@@ -72,6 +73,10 @@ class Broker:
             self.listener = MetadataListener(self.store, self.registry, self.live_brokers, self._apply_metadata,
                                              self._brokers_changed)
             self.registration: BrokerRegistration | None = None
+            # In a cluster, no acting as leader on a view the others may have moved past
+            # (broker/cluster/session_fence.py); a single broker's view is the only one.
+            self.fence = SessionFence(config["broker.id"], lambda: self.listener.applied_revision) \
+                if self.clustered else None
             self.controller: Controller | None = None
             self.logs = LogManager(self.log_dir, max_open_files=config["log.max.open.files"],
                                    remote_storage=config["remote.log.storage.system.enable"])
@@ -106,7 +111,9 @@ class Broker:
                     self.logs.checkpoint, remote_manifest=None if self.replicas.remote_logs is None else self.replicas.remote_logs.current_manifest)
                 self.replicas.followers = self.fetchers
                 self.replicas.isr_writer = self._write_isr
-            self.handlers = RequestHandlers(config, self.registry, self.replicas, self.advertised, self.live_brokers)
+                self.replicas.fence = self.fence
+            self.handlers = RequestHandlers(config, self.registry, self.replicas, self.advertised, self.live_brokers,
+                                            self.fence)
             self.connections: set[Connection] = set()
             self.zero_copy = config["zero.copy"] and hasattr(os, "sendfile")
             self._server: asyncio.Server | None = None
@@ -149,7 +156,7 @@ class Broker:
         self.registration = BrokerRegistration(
             self.store, BrokerInfo(self.config["broker.id"], host, port, self.config["broker.rack"],
                                    incarnation=self.incarnation),
-            self.config["broker.session.timeout.ms"], self._registered)
+            self.config["broker.session.timeout.ms"], self._registered, self.fence)
         await self.registration.register()
         await self.listener.load()
         self._registered(self.registration.info)

@@ -5,4 +5,5 @@
   state machine, `watch_history` its bounded event history, `clock` its injectable time source
 - `topics`: the TopicRegistry, each topic change one store transaction
 - `partition`: partition state as the replication layer sees it
+- `session_fence`: whether the broker may act on its view of leadership (its session confirmed)
 """

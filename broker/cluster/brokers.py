@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from broker.cluster.metadata_store import Compare, Get, LeaseNotFoundError, MetadataStore, Put
+from broker.cluster.session_fence import SessionFence
 from broker.errors import MetadataStoreUnavailableError, PymqError
 
 log = logging.getLogger("pymq.cluster")
@@ -57,16 +58,19 @@ class BrokerInfo:
 class BrokerRegistration:
     """This broker's registration: the lease, its keep-alive loop, re-registration after a loss.
 
-    `on_lost` is called (on the loop) when the lease was found expired: the cluster has declared
-    this broker dead and moved leadership away; it registers again at once with a new epoch."""
+    A lease found expired means the cluster has declared this broker dead and moved leadership
+    away; it registers again at once with a new epoch. Every grant and acknowledged renewal, and
+    every loss, is reported to `fence` (broker/cluster/session_fence.py), which tells whether the
+    broker may act on its view of leadership meanwhile."""
 
     def __init__(self, store: MetadataStore, info: BrokerInfo, session_timeout_ms: int,
-                 on_registered: Callable[[BrokerInfo], None] | None = None) -> None:
+                 on_registered: Callable[[BrokerInfo], None] | None = None, fence: SessionFence | None = None) -> None:
         self.store = store
         self.info = info
         self.ttl_s = max(1, session_timeout_ms // 1000)
         self.lease = 0
         self._on_registered = on_registered
+        self.fence = fence or SessionFence(info.broker_id, lambda: 0)
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -79,11 +83,13 @@ class BrokerRegistration:
         key = broker_key(self.info.broker_id)
         deadline = asyncio.get_running_loop().time() + (self.ttl_s + 1 if wait_s is None else wait_s)
         while True:
+            sent_at = self.fence.clock.monotonic()
             lease = await self.store.grant_lease(self.ttl_s)
             result = await self.store.txn([Compare.version(key, "==", 0)], [Put(key, self.info.to_json(), lease)], [Get(key)])
             if result.succeeded:
                 self.lease = lease
                 self.info = replace(self.info, epoch=result.responses[0].create_revision)  # type: ignore[union-attr]
+                self.fence.registered(sent_at, result.revision, self.ttl_s)
                 log.info("broker %d registered (epoch %d, session %d s)", self.info.broker_id, self.epoch, self.ttl_s)
                 if self._on_registered is not None:
                     self._on_registered(self.info)
@@ -105,9 +111,12 @@ class BrokerRegistration:
         replaced by a new registration."""
         while True:
             await asyncio.sleep(self.ttl_s / 3)
+            sent_at = self.fence.clock.monotonic()
             try:
                 await self.store.keep_alive(self.lease)
+                self.fence.renewed(sent_at)
             except LeaseNotFoundError:
+                self.fence.expired()
                 log.warning("broker %d: registration expired (the cluster declared this broker dead); registering again",
                             self.info.broker_id)
                 try:

@@ -137,7 +137,10 @@ class Controller:
                 log.exception("controller: deciding partitions failed")
             self._wakeup.clear()
             try:
-                await asyncio.wait_for(self._wakeup.wait(), SWEEP_S)
+                # Not wait_for: on Python 3.11 it swallows a cancel that comes with a poke, and
+                # `stop` then waited for this task forever (the broker never finished stopping).
+                async with asyncio.timeout(SWEEP_S):
+                    await self._wakeup.wait()
             except TimeoutError:
                 pass
 

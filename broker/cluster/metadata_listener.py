@@ -7,6 +7,10 @@ the `controller` key says who controls. What changed is handed, in revision orde
 one transaction are applied to the caches together before that runs, so a new topic's partitions
 are never seen without their states.
 
+`applied_revision` is the revision up to which the broker has acted on what it read (every
+change up to it was handed to `on_changes` and done): what the session fence
+(broker/cluster/session_fence.py) waits for after the broker registers again.
+
 A change this broker made itself is in its caches already (the registry recognizes it by
 revision) and produces nothing. A watch that fell behind what the store keeps
 (CompactedRevisionError) reloads everything and treats every topic as changed.
@@ -39,6 +43,7 @@ class MetadataListener:
         # Which brokers registered, changed or left (an empty set: the controller key moved).
         self.on_brokers = on_brokers
         self.revision = 0  # the last revision applied to the caches
+        self.applied_revision = 0  # the last revision whose changes the broker has acted on
         self._pending: list[MetadataChange] = []
         self._dirty = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -58,6 +63,8 @@ class MetadataListener:
         return self.revision
 
     def start(self) -> None:
+        """Follow the store from the loaded revision (the broker acted on the load itself)."""
+        self.applied_revision = self.revision
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._watch(), name="metadata-watch"),
                        loop.create_task(self._apply_changes(), name="metadata-apply")]
@@ -96,6 +103,7 @@ class MetadataListener:
 
     def _apply(self, event: WatchEvent) -> None:
         self.revision = max(self.revision, event.revision)
+        self._dirty.set()  # applied_revision follows even when no change is for the broker
         if event.key.startswith(BROKERS_PREFIX):
             changed = self.brokers.apply(event.key, event.value, event.create_revision)
             if changed is not None:
@@ -119,8 +127,10 @@ class MetadataListener:
         while True:
             await self._dirty.wait()
             self._dirty.clear()
-            changes, self._pending = self._pending, []
-            try:
-                await self.on_changes(changes)
-            except Exception:  # a bug or a disk failure must not stop the broker following the cluster
-                log.exception("applying %d metadata changes failed", len(changes))
+            revision, changes, self._pending = self.revision, self._pending, []
+            if changes:
+                try:
+                    await self.on_changes(changes)
+                except Exception:  # a bug or a disk failure must not stop the broker following the cluster
+                    log.exception("applying %d metadata changes failed", len(changes))
+            self.applied_revision = max(self.applied_revision, revision)

@@ -241,7 +241,8 @@ class ReplicaFetcher:
     async def _pause(self, seconds: float) -> None:
         self._wakeup.clear()
         try:
-            await asyncio.wait_for(self._wakeup.wait(), seconds)
+            async with asyncio.timeout(seconds):  # not wait_for: on 3.11 it can swallow `stop`'s cancel
+                await self._wakeup.wait()
         except TimeoutError:
             pass
 

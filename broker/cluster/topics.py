@@ -232,11 +232,15 @@ class TopicRegistry:
             self.changed(name, partition)
         return True
 
-    async def reassign(self, name: str, partition: int, target: tuple[int, ...] | None) -> None:
+    async def reassign(self, name: str, partition: int, target: tuple[int, ...] | None,
+                       hosted: Counter[int] | None = None) -> None:
         """Start moving a partition to `target` replicas (None: cancel a move in progress, back to
         the original replicas). The controller completes it once every target is in sync.
         INVALID_REPLICA_ASSIGNMENT for an empty or duplicated target or a broker not alive;
-        CONCURRENT_METADATA_UPDATE if the state changed meanwhile (retry)."""
+        POLICY_VIOLATION if a broker that gains a replica would host more than max.partitions;
+        CONCURRENT_METADATA_UPDATE if the state changed meanwhile (retry). `hosted` is what each
+        broker hosts (`replica_counts`), counted once for the many moves of one request and
+        kept current by each (default: counted for this move alone)."""
         if target is not None:
             live = self.live_brokers()
             if not target or len(set(target)) != len(target):
@@ -249,7 +253,13 @@ class TopicRegistry:
             if state is None:
                 raise UnknownTopicOrPartitionError(f"unknown partition {name}-{partition}")
             new = state.reassigned(state.original_replicas if target is None else tuple(target))
+            # The brokers that gain a replica host it from now on (a move keeps the old ones until done).
+            gained = Counter(r for r in new.replicas if r not in state.replicas)
+            self._check_replica_limit(gained, f"reassigning {name}-{partition} to "
+                                              f"{list(new.target_replicas or new.replicas)}", hosted)
             if new == state or await self.alter_partition_state(name, partition, new):
+                if hosted is not None:
+                    hosted.update(gained)
                 return
             # The leader changed its ISR (or the controller its leader) meanwhile: once the watch
             # brings that state, start again from it.
@@ -385,11 +395,20 @@ class TopicRegistry:
         """POLICY_VIOLATION if the replicas of `new` partition states would put more than
         max.partitions partition replicas on any broker. What every broker hosts is counted from
         the cached states of every topic (internal ones included): O(partitions), per admin change."""
+        self._check_replica_limit(Counter(r for state in new.values() for r in state.replicas), what)
+
+    def replica_counts(self) -> Counter[int]:
+        """broker id -> partition replicas it hosts, from the cached states of every topic
+        (internal ones included): O(partitions)."""
+        return Counter(r for info in self.topics.values() for state in info.partitions.values() for r in state.replicas)
+
+    def _check_replica_limit(self, adding: Counter[int], what: str, hosted: Counter[int] | None = None) -> None:
+        """POLICY_VIOLATION if `adding` (broker -> partition replicas it would host in addition)
+        takes any broker past max.partitions; `hosted` as `replica_counts` (counted if None)."""
         limit = self.max_partitions
-        if limit is None or not new:
+        if limit is None or not adding:
             return
-        adding = Counter(r for state in new.values() for r in state.replicas)
-        hosted = Counter(r for info in self.topics.values() for state in info.partitions.values() for r in state.replicas)
+        hosted = self.replica_counts() if hosted is None else hosted
         over = sorted(b for b, n in adding.items() if hosted[b] + n > limit)
         if over:
             b = over[0]

@@ -29,6 +29,7 @@ from broker import protocol
 from broker.cluster.topics import TopicRegistry
 from broker.cluster.broker_identity import BrokerIdentity, Session
 from broker.cluster.brokers import LiveBrokers
+from broker.cluster.session_fence import SessionFence
 from broker.config import BrokerConfig
 from broker.errors import InvalidRequestError, PymqError, UnknownServerError, UnsupportedVersionError
 from broker.handlers.admin import AdminHandler
@@ -97,6 +98,7 @@ class RequestHandlers:
         replicas: ReplicaManager,
         advertised: Callable[[], tuple[str, int]],
         brokers: LiveBrokers | None = None,
+        fence: SessionFence | None = None,
     ) -> None:
         self.config = config
         self.registry = registry
@@ -106,7 +108,7 @@ class RequestHandlers:
         self.limits = RequestLimits(config["request.max.elements"], config["group.member.metadata.max.bytes"])
         self.traffic = TopicTraffic()  # bytes and messages in and out per topic (broker/metrics.py)
         self.brokers = brokers or LiveBrokers()
-        metadata = MetadataHandler(self.broker_id, registry, advertised, self.brokers)
+        metadata = MetadataHandler(self.broker_id, registry, advertised, self.brokers, fence)
         admin = self.admin = AdminHandler(config, registry, replicas)
         self._table: dict[int, Callable[[Any], Answer]] = {
             ApiKey.API_VERSIONS: metadata.api_versions,

@@ -4,7 +4,8 @@ Each answers per topic in request order; a topic whose entry was malformed (see 
 `error` fields) or whose change the registry refuses gets its own error and the others go on.
 Metadata changes go through the topic registry (compare-and-set in the metadata store); logs are
 created and removed through the ReplicaManager, off the event loop. Creating topics and adding
-partitions stop at `max.partitions` partition replicas on any broker (POLICY_VIOLATION), besides
+partitions, and reassignments that move replicas onto a broker, stop at `max.partitions`
+partition replicas on any broker (POLICY_VIOLATION), besides
 the per-topic MAX_PARTITIONS (INVALID_PARTITIONS): every partition costs files, memory, and time
 at each restart and clean stop (benchmarks/many_partitions.py).
 """
@@ -168,13 +169,14 @@ class AdminHandler:
         """Record each partition's target replicas (or cancel its move); per partition outcomes."""
         topics = []
         async with self._changes:
+            hosted = self.registry.replica_counts()  # once: max.partitions is checked for every move
             for topic in request.topics:
                 outcomes = []
                 for p in topic.partitions:
                     try:
                         if topic.error or p.error:
                             raise topic.error or p.error  # type: ignore[misc]
-                        await self.registry.reassign(topic.name, p.partition, p.replicas)
+                        await self.registry.reassign(topic.name, p.partition, p.replicas, hosted)
                     except PymqError as err:
                         outcomes.append(PartitionResponse(p.partition, *code_and_message(err)))
                     else:

@@ -4,8 +4,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 
 from broker.cluster.brokers import LiveBrokers
-from broker.cluster.topics import TopicRegistry
-from broker.errors import PymqError
+from broker.cluster.session_fence import SessionFence
+from broker.cluster.topics import NO_LEADER, PartitionState, TopicRegistry
+from broker.errors import LeaderNotAvailableError, PymqError
 from broker.handlers.slices import answer_in_slices
 from broker.protocol import (
     SUPPORTED_VERSIONS,
@@ -23,14 +24,20 @@ from broker.protocol import (
 
 class MetadataHandler:
     """Loop-local: reads the topic registry's in-memory state only; synchronous unless many
-    topics are answered in slices."""
+    topics are answered in slices.
+
+    While the session fence says this broker's view may be stale (it hung past its session, or
+    registered again and has not read the metadata since), the partitions it leads in that view
+    are answered LEADER_NOT_AVAILABLE with no leader: it must not tell clients it leads what the
+    cluster may have moved (they refresh, from another broker or from this one once it caught up)."""
 
     def __init__(self, broker_id: int, registry: TopicRegistry, advertised: Callable[[], tuple[str, int]],
-                 brokers: LiveBrokers) -> None:
+                 brokers: LiveBrokers, fence: SessionFence | None = None) -> None:
         self.broker_id = broker_id
         self.registry = registry
         self.advertised = advertised
         self.brokers = brokers
+        self.fence = fence
 
     def api_versions(self, request: ApiVersionsRequest) -> ApiVersionsResponse:
         return ApiVersionsResponse(tuple(ApiVersionRange(int(key), key.name, low, high)
@@ -55,8 +62,19 @@ class MetadataHandler:
             info = self.registry.get(name)
         except PymqError as err:
             return TopicMetadata(name, *code_and_message(err))
-        partitions = tuple(PartitionMetadata(p, s.leader, s.leader_epoch, tuple(s.replicas), tuple(s.isr),
-                                             target_replicas=s.target_replicas)
-                           for p, s in sorted(info.partitions.items()))
+        stale = None if self.fence is None else self.fence.reason()  # per topic: slices yield to the loop
+        partitions = tuple(self._partition(name, p, s, stale) for p, s in sorted(info.partitions.items()))
         return TopicMetadata(name, topic_id=info.topic_id, partitions=partitions,
                              key_partitioner=self.registry.log_config(name).key_partitioner)
+
+    def _partition(self, topic: str, partition: int, state: PartitionState, stale: str | None) -> PartitionMetadata:
+        """One partition as this broker knows it; with no leader while this broker is fenced
+        (`stale` says why) and its view has it leading."""
+        if stale is not None and state.leader == self.broker_id:
+            return PartitionMetadata(partition, NO_LEADER, state.leader_epoch, tuple(state.replicas), tuple(state.isr),
+                                     *code_and_message(LeaderNotAvailableError(
+                                         f"broker {self.broker_id} does not answer for the leader of {topic}-{partition}: "
+                                         f"{stale}")),
+                                     target_replicas=state.target_replicas)
+        return PartitionMetadata(partition, state.leader, state.leader_epoch, tuple(state.replicas), tuple(state.isr),
+                                 target_replicas=state.target_replicas)

@@ -1,12 +1,15 @@
 """Reassignment and decommission on a 4-broker cluster under load: replicas and leadership move
 to other brokers, the new replicas hold the leader's log byte for byte, the old ones delete
-theirs, and nothing acknowledged is lost."""
+theirs, and nothing acknowledged is lost. A move onto a broker at `max.partitions` is refused."""
 from __future__ import annotations
 
 import time
 
+import pytest
+
 from broker.cli.partition import decommission_plan
 from broker.client import Admin
+from broker.errors import PolicyViolationError
 from tests.e2e.checker import History
 from tests.e2e.conftest import Load, partitions_of, read_all, wait_for, wait_for_full_isr
 
@@ -60,3 +63,21 @@ def test_a_reassignment_and_a_decommission_move_data_and_leadership_losing_nothi
     report = history.check(allow_duplicates=True)
     print(f"reassignment: {report}")
     assert report.ok and report.acknowledged == load.sent, str(report)
+
+
+def test_a_reassignment_onto_a_broker_at_max_partitions_is_refused_with_policy_violation(cluster):
+    """max.partitions 20 on 3 brokers holding 20, 20 and 19 single-replica partitions: a move
+    onto the one with 19 is accepted, the next onto it is refused POLICY_VIOLATION (naming the
+    broker and the limit) and leaves the partition where it was."""
+    local = cluster(3, **{"max.partitions": 20})
+    with Admin(local.bootstrap) as admin:
+        admin.create_topic("limited", 59, replication_factor=1)
+        states = wait_for_full_isr(admin, "limited")
+        on = {b: [p for p, s in states.items() if s.replicas == (b,)] for b in range(3)}
+        roomy = next(b for b in range(3) if len(on[b]) == 19)
+        first, second = (b for b in range(3) if b != roomy)
+        admin.alter_partition_reassignments({("limited", on[first][0]): (roomy,)})
+        with pytest.raises(PolicyViolationError, match=f"21 partition replicas on broker {roomy}.*max.partitions is 20"):
+            admin.alter_partition_reassignments({("limited", on[second][0]): (roomy,)})
+        refused = partitions_of(admin, "limited")[on[second][0]]
+        assert refused.replicas == (second,) and not refused.target_replicas

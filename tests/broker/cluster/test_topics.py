@@ -149,3 +149,33 @@ def test_max_partitions_counts_the_replicas_each_broker_would_host(run):
         await registry.create("__internal", 3, 1, {}, limited=False)
 
     run(scenario)
+
+
+def test_max_partitions_refuses_a_reassignment_onto_a_broker_at_the_limit(run):
+    """max.partitions 20 over three live brokers, 20 + 20 + 19 replicas: a move onto the broker
+    with 19 is accepted (a move keeps its old replicas until done, so the source still counts);
+    the next onto it, or onto a full one, is refused POLICY_VIOLATION with nothing written; a
+    move among the brokers a partition already has (a leadership swap) adds nothing and passes."""
+
+    async def scenario(registry: TopicRegistry, store: LocalMetadataStore) -> None:
+        registry.live_brokers = lambda: {0: "", 1: "", 2: ""}
+        registry.max_partitions = 20
+        info = await registry.create("full", 59, 1, {})
+        on = {b: [p for p, s in info.partitions.items() if s.replicas == (b,)] for b in range(3)}
+        roomy = next(b for b in range(3) if len(on[b]) == 19)
+        full = [b for b in range(3) if b != roomy]
+        hosted = registry.replica_counts()
+        await registry.reassign("full", on[full[0]][0], (roomy,), hosted)
+        assert hosted[roomy] == 20
+        before = await store.revision()
+        with pytest.raises(PolicyViolationError, match=f"would put 21 partition replicas on broker {roomy}"):
+            await registry.reassign("full", on[full[1]][0], (roomy,), hosted)
+        with pytest.raises(PolicyViolationError, match=f"reassigning full-{on[roomy][0]} to \\[{full[0]}\\]"):
+            await registry.reassign("full", on[roomy][0], (full[0],))
+        assert await store.revision() == before
+        await registry.reassign("full", on[full[0]][0], None)  # a cancel adds no replica
+        await registry.create("pair", 1, 2, {}, limited=False)
+        pair = registry.get("pair").partitions[0].replicas
+        await registry.reassign("pair", 0, tuple(reversed(pair)))
+
+    run(scenario)
