@@ -59,8 +59,9 @@ class BrokerConnection(asyncio.BufferedProtocol):
         loop = asyncio.get_running_loop()
         local_addr = None if local_host is None else (local_host, 0)
         try:
-            _, conn = await asyncio.wait_for(loop.create_connection(lambda: cls(host, port, **kwargs), host, port,
-                                                                    local_addr=local_addr), timeout_s)
+            async with asyncio.timeout(timeout_s):  # not wait_for, which on 3.11 can swallow a cancel
+                _, conn = await loop.create_connection(lambda: cls(host, port, **kwargs), host, port,
+                                                       local_addr=local_addr)
         except (OSError, TimeoutError) as err:
             raise NetworkError(f"cannot connect to broker {host}:{port}: {err}") from err
         return conn

@@ -577,8 +577,9 @@ class ConsumerCoordinator:
             next_beat = self._next_heartbeat if self._can_heartbeat() else now + self.heartbeat_interval_s
             wait_s = min(next_beat, next_metadata, self._poll_deadline()) - now
             wake.clear()
-            try:
-                await asyncio.wait_for(wake.wait(), max(wait_s, 0.001))
+            try:  # asyncio.timeout, not wait_for, which on 3.11 can swallow close()'s cancel
+                async with asyncio.timeout(max(wait_s, 0.001)):
+                    await wake.wait()
             except TimeoutError:
                 pass
 

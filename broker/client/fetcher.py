@@ -128,7 +128,8 @@ class Fetcher:
         """Wait on the loop until records or an error are buffered (or the group needs the
         poller), up to `timeout_s`."""
         try:
-            await asyncio.wait_for(self.data_ready.wait(), timeout_s)
+            async with asyncio.timeout(timeout_s):
+                await self.data_ready.wait()
         except TimeoutError:
             pass
 

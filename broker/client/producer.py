@@ -237,7 +237,8 @@ class AsyncProducer:
         pending = list(self.accumulator.incomplete)
         self.sender.flush_requested = True
         self.sender.wake()
-        await asyncio.wait_for(asyncio.gather(*(r.wait_async() for r in pending)), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await asyncio.gather(*(r.wait_async() for r in pending))
 
     async def close(self, timeout_s: float | None = 60.0) -> None:
         """Flush, stop the sender, close connections. Records still unsent after `timeout_s` fail."""

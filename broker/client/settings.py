@@ -73,7 +73,7 @@ CONSUMER = {
     "auto_commit_interval_ms": ("how often auto-commit commits", None),
     "metadata_max_age_ms": ("metadata is refreshed at least this often (a pattern subscription finds new "
                             "topics)", None),
-    "max_poll_records": ("most records one poll() returns (None: all that are fetched)", "500"),
+    "max_poll_records": ("most records one poll() returns (None: all that are fetched), taken from the buffered partitions in turn", "500"),
 }
 ADMIN = {
     "request_timeout_ms": ("longest wait for one request's response", None),
