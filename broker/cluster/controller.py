@@ -36,6 +36,7 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
+from broker import background
 from broker.cluster.brokers import BrokerRegistration, LiveBrokers, broker_key
 from broker.cluster.metadata_listener import CONTROLLER_KEY
 from broker.cluster.metadata_store import Compare, Delete, Get, LeaseNotFoundError, MetadataStore, Put
@@ -158,10 +159,7 @@ class Controller:
             except PymqError:
                 log.exception("controller: deciding partitions failed")
             self._wakeup.clear()
-            try:
-                await asyncio.wait_for(self._wakeup.wait(), SWEEP_S)
-            except TimeoutError:
-                pass
+            await background.wait_event(self._wakeup, SWEEP_S)
 
     async def _campaign(self) -> None:
         """Take the controller key if it is free (under our registration lease: it goes with us)."""
