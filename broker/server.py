@@ -325,8 +325,8 @@ class Broker:
     async def _controlled_shutdown(self) -> None:
         """Kafka's controlled shutdown (step 0 of `stop`). Without it the partitions this broker
         led moved only once it deregistered, after it had stopped following the cluster: its
-        acks=all produces waited out shutdown.drain.timeout.ms for followers that had gone, and
-        producers got REQUEST_TIMED_OUT."""
+        acks=all produces waited out shutdown.drain.timeout.ms (or the producer's request timeout)
+        for followers that had gone, and their partitions had no acknowledgement meanwhile."""
         if self.controller is None or self.registration is None or not self.registration.lease:
             return  # a single broker, or one that never registered: nobody to hand over to
         await self.replicas.stop_following()
