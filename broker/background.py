@@ -48,3 +48,18 @@ async def every(task: str, interval_s: float, duty: Callable[[], Awaitable[objec
                 await outcome
         except Exception:
             report(task)
+
+
+async def wait_event(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait until `event` is set or `timeout_s` passes; True if it was set. Cancellation always
+    propagates: Python 3.11's `asyncio.wait_for(event.wait(), ...)` returns normally when the
+    event is set in the loop turn the task is cancelled in (gh-86296), and a loop built on it
+    (the controller's, a replica fetcher's) went on running, so a stop awaiting it hung until
+    the process was killed (a broker stopped with the rest of its cluster, whose departures set
+    the event, took the 30 s stop timeout)."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+        return True
+    except TimeoutError:
+        return False

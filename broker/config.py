@@ -259,7 +259,8 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("socket.request.max.bytes", int, 100 << 20, "largest request frame accepted", 1024, INT32_MAX),
         ConfigDef("connections.max.idle.ms", int, 600_000, "close connections idle this long", 100, INT64_MAX),
         ConfigDef("shutdown.drain.timeout.ms", int, 5_000,
-                  "on a clean stop, wait this long for requests already read to be answered before closing connections",
+                  "on a clean stop, wait this long for the controlled shutdown (leadership handed to other replicas), "
+                  "then this long for requests already read to be answered before closing connections",
                   0, 600_000),
         ConfigDef("max.connections", int, 1000, "connections accepted at once", 1, 1_000_000),
         ConfigDef("queued.max.requests", int, 500,

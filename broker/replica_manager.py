@@ -72,6 +72,9 @@ class Followers(Protocol):
     def unfollow(self, key: TopicPartition) -> Awaitable[None]:
         """Stop fetching `key`; done once no append or truncation of it runs any more."""
 
+    async def close(self) -> None:
+        """Stop fetching everything."""
+
 
 class ReplicaManager:
     def __init__(self, broker_id: int, logs: LogManager, writer: LogWriter, fetch_purgatory: DelayedOperationPurgatory,
@@ -200,6 +203,14 @@ class ReplicaManager:
         if was_leader:
             self._leadership_changed([], [target])
 
+    async def stop_following(self) -> None:
+        """A clean stop begins: close the replica fetchers, and fetch nothing from now on (not for
+        partitions this broker becomes a follower of later either). A leader would take a broker
+        that fetches back into its ISR, and its acks=all produces would wait for a broker that goes."""
+        followers, self.followers = self.followers, None
+        if followers is not None:
+            await followers.close()
+
     def _follow(self, target: Partition, state: LeaderAndIsr) -> None:
         """Become a follower: acks waiting here can no longer be given, consumers must go to the
         new leader, and the replica fetchers take the partition (truncating it first)."""
@@ -254,12 +265,13 @@ class ReplicaManager:
             self.fence.check_leader(target.topic, target.partition)
         if acks == -1:
             self._check_min_isr(target, NotEnoughReplicasError, "nothing was written")
-        appended = self.writer.append(target.log, data, target.leader_epoch)
+        epoch = target.leader_epoch
+        appended = self.writer.append(target.log, data, epoch)
         if isinstance(appended, AppendInfo):
-            return self._appended(target, appended, acks, timeout_ms)
-        return self._append_queued(target, appended, acks, timeout_ms)
+            return self._appended(target, epoch, appended, acks, timeout_ms)
+        return self._append_queued(target, epoch, appended, acks, timeout_ms)
 
-    async def _append_queued(self, target: Partition, pending: Awaitable[AppendInfo], acks: int,
+    async def _append_queued(self, target: Partition, epoch: int, pending: Awaitable[AppendInfo], acks: int,
                              timeout_ms: int) -> AppendInfo:
         try:
             info = await pending
@@ -270,11 +282,17 @@ class ReplicaManager:
                 raise UnknownTopicOrPartitionError(
                     f"{target.topic}-{target.partition} was deleted while the append was queued") from None
             raise
-        outcome = self._appended(target, info, acks, timeout_ms)
+        outcome = self._appended(target, epoch, info, acks, timeout_ms)
         return outcome if isinstance(outcome, AppendInfo) else await outcome
 
-    def _appended(self, target: Partition, info: AppendInfo, acks: int,
+    def _appended(self, target: Partition, epoch: int, info: AppendInfo, acks: int,
                   timeout_ms: int) -> AppendInfo | Awaitable[AppendInfo]:
+        if not target.is_leader or target.leader_epoch != epoch:
+            # Leadership moved while the append waited on the writer (a controlled shutdown, an
+            # election): the purgatory was failed before this produce could park in it, and the
+            # new leader's followers truncate what was written here. Parked, it waited for its timeout.
+            raise NotLeaderError(f"{target.topic}-{target.partition}: leadership moved to broker "
+                                 f"{target.state.leader} (epoch {target.leader_epoch}) before the records were acknowledged")
         if target.log.needs_flush(now_ms()):
             self._flush(target.log)
         self._advance(target)

@@ -34,6 +34,7 @@ from broker.cluster.metadata_store import Compare, MetadataStore
 from broker.cluster.replica_fetcher import FetchSettings, ReplicaFetcherManager
 from broker.cluster.topics import MetadataChange, TopicRegistry
 from broker.config import BrokerConfig
+from broker.errors import PymqError
 from broker.executors import BackgroundExecutors
 from broker.handlers import RequestHandlers
 from broker.cluster.partition import LeaderAndIsr, Partition
@@ -264,6 +265,10 @@ class Broker:
         """Clean shutdown, in this order. Every step runs even if one before it failed (the
         failure is logged), so the logs are always closed, the lock released and `serve()` returns:
 
+        0. controlled shutdown (in a cluster), while still serving: stop fetching, move the
+           leadership of what this broker leads to other in-sync replicas and leave every ISR,
+           and apply that here: the acks=all produces and fetches waiting here answer NOT_LEADER
+           at once, and clients go to the new leaders instead of waiting for this broker;
         1. stop accepting connections and reading requests; parked fetches answer with what they have;
         2. wait up to shutdown.drain.timeout.ms for the requests already read to be answered, then
            close every connection;
@@ -302,6 +307,7 @@ class Broker:
     def _stop_steps(self) -> list[tuple[str, Callable[[], Awaitable[object]]]]:
         remote_logs = self.replicas.remote_logs
         steps: list[tuple[str, Callable[[], Awaitable[object]]]] = [
+            ("controlled shutdown", self._controlled_shutdown),
             ("stop accepting", self._stop_accepting),
             ("leave the cluster", self._leave_cluster),
             ("drain requests", self._drain_requests),
@@ -322,6 +328,23 @@ class Broker:
             ("release log.dir", self._release_dir),
         ]
         return steps
+
+    async def _controlled_shutdown(self) -> None:
+        """Kafka's controlled shutdown (step 0 of `stop`). Without it the partitions this broker
+        led moved only once it deregistered, after it had stopped following the cluster: its
+        acks=all produces waited out shutdown.drain.timeout.ms (or the producer's request timeout)
+        for followers that had gone, and their partitions had no acknowledgement meanwhile."""
+        if self.controller is None or self.registration is None or not self.registration.lease:
+            return  # a single broker, or one that never registered: nobody to hand over to
+        await self.replicas.stop_following()
+        try:  # bounded: an unreachable metadata store must not hold the stop (the partitions move on deregistration)
+            moved = await asyncio.wait_for(self.controller.controlled_shutdown(),
+                                           self.config["shutdown.drain.timeout.ms"] / 1000)
+        except (PymqError, TimeoutError) as err:
+            log.warning("stopping: controlled shutdown did not complete (%s); the partitions led here move "
+                        "when this broker deregisters", err)
+            return
+        await self._apply_metadata([MetadataChange("partition", topic, p) for topic, p in moved])
 
     async def _stop_accepting(self) -> None:
         if self._server is not None:

@@ -18,6 +18,13 @@ What the controller decides, for every partition it finds needing it (`decide`, 
   `leader.imbalance.check.interval.seconds`, or on request): a partition whose first replica is
   alive and in sync but does not lead gets it back as leader, epoch + 1.
 
+Controlled shutdown (`Controller.controlled_shutdown`, Kafka's ControlledShutdown): a broker that
+stops cleanly moves the leadership of what it leads to another in-sync replica and leaves every
+ISR before it stops serving, with the same decision as if it were dead (`shutdown_decision`). The
+stopping broker writes that itself, fenced on its own registration (as a leader's ISR changes), so
+that it needs no round trip to the controller; the compare-and-set on each partition key orders it
+with the controller's and the leaders' writes.
+
 Every change is a compare-and-set on the partition key's mod revision, many partitions per
 transaction; a partition that changed meanwhile (its leader shrank the ISR) is decided again
 from its new state when the metadata listener brings it.
@@ -26,10 +33,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from broker.cluster.brokers import BrokerRegistration, LiveBrokers
+from broker import background
+from broker.cluster.brokers import BrokerRegistration, LiveBrokers, broker_key
 from broker.cluster.metadata_listener import CONTROLLER_KEY
 from broker.cluster.metadata_store import Compare, Delete, Get, LeaseNotFoundError, MetadataStore, Put
 from broker.cluster.topics import NO_LEADER, PartitionState, TopicRegistry, partition_key
@@ -39,6 +47,8 @@ log = logging.getLogger("pymq.controller")
 
 TXN_PARTITIONS = 1000  # partition states per transaction (each is a compare and a put)
 SWEEP_S = 10.0  # the controller also re-decides every partition this often (a safety net)
+SHUTDOWN_ATTEMPTS = 3  # controlled shutdown: rounds of moves (a round lost to a concurrent write is decided again)
+SHUTDOWN_RETRY_S = 0.1  # and the pause between them, for the metadata listener to bring the newer states
 
 
 def decide(state: PartitionState, live: set[int], unclean: bool, preferred: bool = False) -> PartitionState | None:
@@ -63,6 +73,19 @@ def decide(state: PartitionState, live: set[int], unclean: bool, preferred: bool
     if preferred and first != state.leader and first in live and first in state.isr:
         return replace(state, leader=first, leader_epoch=state.leader_epoch + 1)
     return None
+
+
+def shutdown_decision(state: PartitionState, stopping: int, live: set[int]) -> PartitionState | None:
+    """The state a partition should have before broker `stopping` shuts down cleanly: another
+    in-sync replica leads (epoch + 1) and `stopping` leaves the ISR. None if it needs no change,
+    or if no other live replica is in sync: then it keeps leading until it goes, as in Kafka
+    (the partition goes offline when it deregisters, not before)."""
+    if state.leader != stopping and stopping not in state.isr:
+        return None
+    decided = decide(state, live - {stopping}, unclean=False)
+    if decided is None or decided.leader == NO_LEADER:
+        return None
+    return decided
 
 
 def _complete_reassignment(state: PartitionState) -> PartitionState | None:
@@ -136,13 +159,7 @@ class Controller:
             except PymqError:
                 log.exception("controller: deciding partitions failed")
             self._wakeup.clear()
-            try:
-                # Not wait_for: on Python 3.11 it swallows a cancel that comes with a poke, and
-                # `stop` then waited for this task forever (the broker never finished stopping).
-                async with asyncio.timeout(SWEEP_S):
-                    await self._wakeup.wait()
-            except TimeoutError:
-                pass
+            await background.wait_event(self._wakeup, SWEEP_S)
 
     async def _campaign(self) -> None:
         """Take the controller key if it is free (under our registration lease: it goes with us)."""
@@ -184,9 +201,41 @@ class Controller:
             log.info("controller: changed %d partition states (live brokers %s)", written, sorted(live))
         return written
 
-    async def _write(self, changes: list[tuple[str, int, PartitionState]]) -> int:
-        """One transaction for the batch; if a partition in it changed meanwhile, each on its own."""
-        fence = [Compare.create_revision(CONTROLLER_KEY, "==", self.epoch)]
+    async def controlled_shutdown(self) -> list[tuple[str, int]]:
+        """This broker stops cleanly: move the leadership of every partition it leads to another
+        in-sync replica and take it out of every ISR (`shutdown_decision`), retrying what a
+        concurrent write got to first. Returns the partitions changed; the caller applies them
+        here at once (acks=all produces waiting here answer NOT_LEADER). The caller stops this
+        broker's replica fetchers first: a leader must not add it to an ISR again."""
+        me = self.broker_id
+        fence = [Compare.create_revision(broker_key(me), "==", self.registration.epoch)]
+        moved: list[tuple[str, int]] = []
+        for attempt in range(SHUTDOWN_ATTEMPTS):
+            live = set(self.brokers.brokers)
+            changes = [(name, p, decided) for name, info in list(self.registry.topics.items())
+                       for p, state in info.partitions.items()
+                       if (decided := shutdown_decision(state, me, live)) is not None]
+            if not changes:
+                break
+            if attempt:
+                log.info("controlled shutdown of broker %d: %d partitions left to move", me, len(changes))
+            written = 0
+            for start in range(0, len(changes), TXN_PARTITIONS):
+                batch = changes[start:start + TXN_PARTITIONS]
+                written += await self._write(batch, fence)
+                moved += [(name, p) for name, p, state in batch
+                          if name in self.registry.topics and self.registry.topics[name].partitions.get(p) == state]
+            if written == len(changes):
+                break
+            await asyncio.sleep(SHUTDOWN_RETRY_S)  # the listener brings what other writers changed
+        log.info("controlled shutdown of broker %d: moved %d partitions", me, len(moved))
+        return moved
+
+    async def _write(self, changes: list[tuple[str, int, PartitionState]], fence: Sequence[Compare] = ()) -> int:
+        """One transaction for the batch; if a partition in it changed meanwhile, each on its own.
+        Fenced on this controller's epoch unless another `fence` is given."""
+        as_controller = not fence
+        fence = list(fence) or [Compare.create_revision(CONTROLLER_KEY, "==", self.epoch)]
         compares, puts = list(fence), []
         for name, p, state in changes:
             key = partition_key(name, p)
@@ -200,7 +249,7 @@ class Controller:
                     info.partitions[p], info.revisions[p] = state, result.revision
                     self.registry.changed(name, p)
             return len(changes)
-        if not result.responses[0]:  # type: ignore[index]
+        if as_controller and not result.responses[0]:  # type: ignore[index]
             self.epoch = 0  # our controller key is gone: another broker controls now
             return 0
         written = 0

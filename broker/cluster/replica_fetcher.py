@@ -38,6 +38,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from broker import background
 from broker.client.connection import BrokerConnection
 from broker.cluster.partition import Partition
 from broker.errors import (
@@ -240,11 +241,7 @@ class ReplicaFetcher:
 
     async def _pause(self, seconds: float) -> None:
         self._wakeup.clear()
-        try:
-            async with asyncio.timeout(seconds):  # not wait_for: on 3.11 it can swallow `stop`'s cancel
-                await self._wakeup.wait()
-        except TimeoutError:
-            pass
+        await background.wait_event(self._wakeup, seconds)
 
     def _throttled(self, state: _Fetching) -> bool:
         """Out of sync while the replication throttle has no bytes left: sits this fetch out."""

@@ -3,6 +3,7 @@ under every kind of load ends in a bounded, clean stop whose data directory the 
 as it is (nothing to recover, nothing half written), with every acknowledged record in it."""
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 import threading
@@ -154,3 +155,39 @@ def test_sigterm_under_produce_fetch_cleaning_tiering_and_retention_stops_cleanl
     assert wanted <= seen, f"{len(wanted - seen)} acknowledged records missing"
     restarted.proc.send_signal(signal.SIGTERM)
     assert restarted.proc.wait(STOP_BOUND_S) == 0
+
+
+def test_the_loops_a_stop_cancels_end_even_when_woken_in_the_same_turn() -> None:
+    """A stop cancels the controller's loop and the replica fetchers and waits for them. Woken in
+    the loop turn of the cancel (the stop of the other brokers of a cluster pokes the controller),
+    a loop that waited with Python 3.11's `asyncio.wait_for` swallowed the cancel and ran on: the
+    broker never exited and was SIGKILLed after the 30 s stop timeout."""
+    from types import SimpleNamespace
+
+    from broker.cluster.brokers import BrokerInfo, LiveBrokers
+    from broker.cluster.controller import Controller
+    from broker.cluster.replica_fetcher import ReplicaFetcher
+
+    async def stop_while_woken() -> None:
+        registration = SimpleNamespace(info=BrokerInfo(1, "127.0.0.1", 9092), lease=0, epoch=0)
+        controller = Controller(None, None, LiveBrokers(), registration)  # type: ignore[arg-type]
+        controller.start()
+        await asyncio.sleep(0.05)  # waiting for a wake-up
+        controller.poke()
+        await asyncio.sleep(0)  # the wake-up is on its way to the loop
+        await asyncio.wait_for(controller.stop(), 10)
+
+        fetcher = ReplicaFetcher(SimpleNamespace(settings=None), leader=2)  # type: ignore[arg-type]
+
+        async def pausing() -> None:  # as the fetcher's loop pauses between rounds
+            while True:
+                await fetcher._pause(30)
+        loop = asyncio.ensure_future(pausing())
+        await asyncio.sleep(0.05)
+        fetcher._wakeup.set()
+        await asyncio.sleep(0)
+        loop.cancel()
+        await asyncio.wait([loop], timeout=10)
+        assert loop.cancelled()
+
+    asyncio.run(stop_while_woken())

@@ -1,12 +1,14 @@
 """The controller's decisions (broker/cluster/controller.py `decide`), as Kafka's: a dead leader
 is replaced by the first live in-sync replica under a new epoch; with none the partition goes
 offline keeping its ISR, unless unclean election is allowed; dead followers leave the ISR; the
-preferred replica gets leadership back when asked."""
+preferred replica gets leadership back when asked. A broker's controlled shutdown hands what it
+leads to another in-sync replica and leaves every ISR, and keeps what no other replica is in sync
+for (`shutdown_decision`)."""
 from __future__ import annotations
 
 import pytest
 
-from broker.cluster.controller import decide
+from broker.cluster.controller import decide, shutdown_decision
 from broker.cluster.topics import NO_LEADER, PartitionState
 
 S = PartitionState
@@ -58,3 +60,21 @@ def test_watched_changes_of_one_topic_are_applied_together():
     changes = [C("topic", "a"), C("partition", "a", 0), C("partition", "a", 1), C("partition", "b", 3),
                C("partition", "b", 4), C("topic_deleted", "b"), C("topic", "b"), C("partition", "b", 0)]
     assert _by_topic(changes) == [("a", True, set()), ("b", False, {3, 4}), ("b", None, set()), ("b", True, set())]
+
+
+@pytest.mark.parametrize("state, expected", [
+    (S(1, 4, (1, 2, 3), (1, 2, 3)), S(2, 5, (1, 2, 3), (2, 3))),
+    (S(1, 4, (1, 2, 3), (1, 3)), S(3, 5, (1, 2, 3), (3,))),
+    (S(2, 4, (1, 2, 3), (2, 1, 3)), S(2, 4, (1, 2, 3), (2, 3))),
+    (S(2, 4, (1, 2, 3), (2, 3)), None),
+    (S(1, 4, (1, 2, 3), (1,)), None),
+    (S(2, 4, (2, 3), (2, 3)), None),
+], ids=["leader-hands-over", "to-the-first-in-sync-replica", "follower-leaves-isr", "not-in-isr",
+        "no-other-in-sync-replica-keeps-leading", "not-a-replica"])
+def test_controlled_shutdown_of_broker_1(state, expected):
+    assert shutdown_decision(state, 1, {1, 2, 3}) == expected
+
+
+def test_controlled_shutdown_hands_over_only_to_a_live_replica():
+    assert shutdown_decision(S(1, 4, (1, 2, 3), (1, 2, 3)), 1, {1, 3}) == S(3, 5, (1, 2, 3), (3,))
+    assert shutdown_decision(S(1, 4, (1, 2, 3), (1, 2)), 1, {1, 3}) is None

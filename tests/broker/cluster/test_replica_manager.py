@@ -11,7 +11,7 @@ import pytest
 from segment_format import batch_body, record
 from broker.cluster.partition import LeaderAndIsr
 from broker.config import LogConfig
-from broker.errors import UnknownTopicOrPartitionError
+from broker.errors import NotLeaderError, UnknownTopicOrPartitionError
 from broker.log import LogManager, TopicLogSpec, UnifiedLog
 from broker.log_writer import LogWriter
 from broker.purgatory import DelayedOperationPurgatory
@@ -81,6 +81,36 @@ def test_an_acks_all_produce_answers_when_the_isr_shrinks_while_the_handler_awai
         infos = await asyncio.wait_for(answered, 3)  # before the 5 s produce timeout
         assert [info.first_offset for info in infos] == [0, 0]
         assert len(replicas.produce_purgatory) == 0
+        logs.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_acks_all_append_queued_when_leadership_moves_answers_not_leader_at_once(tmp_path: Path, monkeypatch):
+    """The append waits on the writer thread while the partition's leadership moves (a controlled
+    shutdown hands it over): the producer is told NOT_LEADER when the append is done, and retries
+    on the new leader. (Parked after the move had failed the purgatory, it waited for its request
+    timeout: followers fetch from the new leader, nothing would move the high watermark here.)"""
+    release = threading.Event()
+    real_append = UnifiedLog.append_as_leader
+
+    def held_append(self, payload, leader_epoch):
+        release.wait(10)
+        return real_append(self, payload, leader_epoch)
+
+    async def scenario() -> None:
+        logs = LogManager(tmp_path / "data")
+        replicas = ReplicaManager(0, logs, LogWriter(offload_bytes=0, max_queued_bytes=1 << 20), DelayedOperationPurgatory())
+        spec = TopicLogSpec(None, LogConfig(), 1)
+        await replicas.create_partitions("t", spec, [0], {("t", 0): LeaderAndIsr(0, 0, (0, 1, 2), (0, 1, 2))})
+        monkeypatch.setattr(UnifiedLog, "append_as_leader", held_append)
+        payload = memoryview(record.encode_batch(batch_body.make_body([b"v"], timestamps_ms=batch_body.now_ms())))
+        appended = asyncio.ensure_future(replicas.append("t", 0, payload, acks=-1, timeout_ms=30_000))
+        await asyncio.sleep(0)
+        await replicas.become("t", 0, spec, LeaderAndIsr(1, 1, (0, 1, 2), (1, 2)))  # broker 0 handed over
+        release.set()
+        with pytest.raises(NotLeaderError, match="leadership moved to broker 1"):
+            await asyncio.wait_for(appended, 10)
         logs.close()
 
     asyncio.run(scenario())
