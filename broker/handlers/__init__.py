@@ -84,6 +84,12 @@ def to_result(response: Message | None) -> Result:
     return None if response is None else (response.to_control(), response.payload())  # type: ignore[return-value]
 
 
+def _elements(request: protocol.Request) -> int:
+    """The request's element count: the frame decoder's, else counted here (up to past the
+    off-loop threshold)."""
+    return request.elements if request.elements >= 0 else count_elements(request.control, OFF_LOOP_ELEMENTS)
+
+
 async def _result_later(pending: Awaitable[Message | None]) -> Result:
     return to_result(await pending)
 
@@ -165,10 +171,9 @@ class RequestHandlers:
                 f"{ApiKey(request.api_key).name} version {request.api_version} not in {low}..{high}"
             )
         request_type = REQUEST_TYPES[request.api_key]
-        if handler is not None and request.api_key in OFF_LOOP_READS \
-                and count_elements(request.control, OFF_LOOP_ELEMENTS) > OFF_LOOP_ELEMENTS:
+        if handler is not None and request.api_key in OFF_LOOP_READS and _elements(request) > OFF_LOOP_ELEMENTS:
             return self._large_read(request_type, handler, request)
-        message = request_type.decode(request.control, request.payload, self.limits)
+        message = request_type.decode(request.control, request.payload, self.limits, request.elements)
         if session_handler is not None:
             answer = session_handler(message, session or Session())
         else:
@@ -183,7 +188,7 @@ class RequestHandlers:
                           request: protocol.Request) -> Result:
         """A large read: decoded and its response encoded on the `large_reads` pool, handled on the loop."""
         pool = self.replicas.executors.large_reads
-        message = await pool.run(request_type.decode, request.control, request.payload, self.limits)
+        message = await pool.run(request_type.decode, request.control, request.payload, self.limits, request.elements)
         answer = handler(message)
         assert not isinstance(answer, DelayedOperation), "reads answered off the loop never park in a purgatory"
         response = await answer if isinstance(answer, Awaitable) else answer

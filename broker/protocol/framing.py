@@ -72,13 +72,16 @@ SUPPORTED_VERSIONS: dict[ApiKey, tuple[int, int]] = {key: (0, 0) for key in ApiK
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """One decoded request frame. `payload` is a view into the frame's buffer."""
+    """One decoded request frame. `payload` is a view into the frame's buffer. `elements`: the
+    control map's list items and map entries (its own entries included), counted while it was
+    decoded within the decoder's bound; -1 when the decoder counted none."""
 
     api_key: int
     api_version: int
     correlation_id: int
     control: dict[str, Any]
     payload: memoryview
+    elements: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,13 +371,15 @@ class FrameDecoder(_FrameReader):
         super().__init__(max_frame_bytes, **kwargs)
         self.max_elements = max_elements
 
-    def _control(self, packed: memoryview) -> Any:
+    def _control(self, packed: memoryview) -> tuple[Any, int]:
+        """The decoded control and its element count (-1 without a bound)."""
         if self.max_elements is None:
-            return msgpack.unpackb(packed, raw=False, strict_map_key=True)
+            return msgpack.unpackb(packed, raw=False, strict_map_key=True), -1
         counter = _ElementCounter(self.max_elements)
-        return msgpack.unpackb(packed, raw=False, strict_map_key=True, max_array_len=self.max_elements,
-                               max_map_len=self.max_elements, list_hook=counter.list_hook,
-                               object_hook=counter.object_hook)
+        control = msgpack.unpackb(packed, raw=False, strict_map_key=True, max_array_len=self.max_elements,
+                                  max_map_len=self.max_elements, list_hook=counter.list_hook,
+                                  object_hook=counter.object_hook)
+        return control, counter.count
 
     def _oversize(self, header: tuple[int, ...]) -> OversizeRequest:
         size, api_key, _, correlation_id, _ = header
@@ -385,7 +390,7 @@ class FrameDecoder(_FrameReader):
         if control_length < 0 or control_length > len(body):
             return MalformedRequest(correlation_id, f"control_length {control_length} outside the frame")
         try:
-            control = self._control(body[:control_length])
+            control, elements = self._control(body[:control_length])
         except TooManyElementsError as err:
             return MalformedRequest(correlation_id, str(err))
         except ValueError as err:
@@ -397,7 +402,7 @@ class FrameDecoder(_FrameReader):
             return MalformedRequest(correlation_id, f"control fields are not valid msgpack: {err}")
         if not isinstance(control, dict):
             return MalformedRequest(correlation_id, "control fields must be a msgpack map")
-        return Request(api_key, api_version, correlation_id, control, body[control_length:])
+        return Request(api_key, api_version, correlation_id, control, body[control_length:], elements)
 
 
 class ResponseDecoder(_FrameReader):

@@ -86,11 +86,14 @@ class RequestMessage(Message, Generic[R]):
     response_type: ClassVar[type[Any]]
 
     @classmethod
-    def decode(cls, control: dict[str, Any], payload: memoryview, limits: RequestLimits) -> Self:
+    def decode(cls, control: dict[str, Any], payload: memoryview, limits: RequestLimits, elements: int = -1) -> Self:
         """Decode a received request within the broker's `limits`: its elements are counted before
-        any per-element work (TooManyElementsError), then `from_control` decodes it and
-        `check_bounds` checks its fields' sizes (InvalidRequestError), before any handler runs."""
-        limits.check_elements(control)
+        any per-element work (TooManyElementsError; `elements` >= 0 is the count the frame decoder
+        already made within the same bound, so they are not walked again), then `from_control`
+        decodes it and `check_bounds` checks its fields' sizes (InvalidRequestError), before any
+        handler runs."""
+        if elements < 0:
+            limits.check_elements(control)
         message = cls.from_control(control, payload)
         message.check_bounds(limits)
         return message
