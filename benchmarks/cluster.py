@@ -33,7 +33,7 @@ from benchmarks.produce_throughput import produce_worker
 
 MB = 1 << 20
 TOPIC_CONFIG = {"min.insync.replicas": 2}
-BROKER_SETTINGS = {"broker.session.timeout.ms": 3000, "metrics.port": -1, "log.flush.interval.ms": 1000}
+BROKER_SETTINGS = {"metrics.port": -1, "log.flush.interval.ms": 1000}
 
 
 def _cluster(root: Path) -> Any:
@@ -106,39 +106,47 @@ def ack_latency(local: Any, rate: int, duration_s: float) -> list[dict[str, Any]
     return rows
 
 
-def failover_times(local: Any, kills: int, rate: int = 2000) -> list[float]:
-    """Seconds from a leader's SIGKILL to the first acknowledged record sent after it."""
+def failover_times(local: Any, kills: int, fault: str = "kill", rate: int = 2000,
+                   request_timeout_ms: int = 30_000) -> list[float]:
+    """Seconds from a fault of a partition's leader (`kill`: SIGKILL; `pause`: SIGSTOP, resumed
+    once the partition has moved) to the first acknowledged record sent after it."""
     from broker.client import Producer
 
-    topic = _topic(local.bootstrap, f"failover-{int(time.time())}", 1)
+    topic = _topic(local.bootstrap, f"failover-{fault}-{int(time.time())}", 1)
     times = []
-    with Producer(local.bootstrap, acks="all", linger_ms=1, request_timeout_ms=5_000, delivery_timeout_ms=60_000) as producer:
+    with Producer(local.bootstrap, acks="all", linger_ms=1, request_timeout_ms=request_timeout_ms,
+                  delivery_timeout_ms=request_timeout_ms * 2 + 60_000) as producer:
         for _ in range(kills):
             leader = _wait_full_isr(local.bootstrap, topic)[0].leader
             victim = local.brokers[leader]
-            killed_at: list[float] = []
+            faulted_at: list[float] = []
             first_ack: list[float] = []
 
             def delivered(metadata: Any, error: BaseException | None, sent_after: bool) -> None:
                 if error is None and sent_after and not first_ack:
                     first_ack.append(time.monotonic())
 
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + request_timeout_ms / 1000 * 2 + 60
             for i in range(10 ** 9):
-                if i == rate:  # one second of steady traffic, then the kill
-                    victim.kill()
-                    killed_at.append(time.monotonic())
+                if i == rate:  # one second of steady traffic, then the fault
+                    victim.kill() if fault == "kill" else victim.pause()
+                    faulted_at.append(time.monotonic())
                 producer.send(topic, b"x" * 100, partition=0,
-                              on_delivery=lambda md, err, after=bool(killed_at): delivered(md, err, after))
+                              on_delivery=lambda md, err, after=bool(faulted_at): delivered(md, err, after))
                 time.sleep(1 / rate)
                 if first_ack or time.monotonic() > deadline:
                     break
-            producer.flush()
+            if fault == "kill":
+                producer.flush()
+            else:
+                victim.resume()
+                producer.flush()
             if not first_ack:
-                raise RuntimeError("no record was acknowledged within 60 s of the kill")
-            times.append(first_ack[0] - killed_at[0])
-            print(f"failover: {times[-1]:.2f} s", flush=True)
-            victim.start()
+                raise RuntimeError(f"no record was acknowledged within {deadline - faulted_at[0]:.0f} s of the {fault}")
+            times.append(first_ack[0] - faulted_at[0])
+            print(f"failover after {fault}: {times[-1]:.2f} s", flush=True)
+            if fault == "kill":
+                victim.start()
     return times
 
 
