@@ -29,6 +29,7 @@ from broker.cluster.brokers import BrokerInfo, BrokerRegistration, LiveBrokers, 
 from broker.cluster.controller import Controller
 from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.metadata_listener import MetadataListener
+from broker.cluster.peer_watch import PeerWatch
 from broker.cluster.session_fence import SessionFence
 from broker.cluster.metadata_store import Compare, MetadataStore
 from broker.cluster.replica_fetcher import FetchSettings, ReplicaFetcherManager
@@ -79,6 +80,9 @@ class Broker:
             self.fence = SessionFence(config["broker.id"], lambda: self.listener.applied_revision) \
                 if self.clustered else None
             self.controller: Controller | None = None
+            # In a cluster, a peer whose process died is declared dead at once (its port refuses).
+            self.peers = PeerWatch(self.store, self.live_brokers, lambda: config["broker.id"],
+                                   _bind_host(config["host"])) if self.clustered else None
             self.logs = LogManager(self.log_dir, max_open_files=config["log.max.open.files"],
                                    remote_storage=config["remote.log.storage.system.enable"])
             self.cleaner = LogCleaner.from_config(config, self.logs)
@@ -179,6 +183,8 @@ class Broker:
                                          self.config["auto.leader.rebalance.enable"],
                                          self.config["leader.imbalance.check.interval.seconds"])
             self.controller.start()
+        if self.peers is not None:
+            self.peers.sync()
         await self._server.start_serving()
         if self.config["metrics.port"] >= 0:
             coordinator = self.handlers.groups.coordinator
@@ -217,6 +223,8 @@ class Broker:
     def _brokers_changed(self, changed: set[int]) -> None:
         if self.controller is not None:
             self.controller.poke()
+        if self.peers is not None and not self._stopping:
+            self.peers.sync()
 
     async def _apply_metadata(self, changes: list[MetadataChange]) -> None:
         """Changes other brokers (or this one's controller) made: create, lead, follow or drop
@@ -356,6 +364,8 @@ class Broker:
     async def _leave_cluster(self) -> None:
         """Resign as controller, deregister (the controller moves leadership at once instead of
         after the session timeout), stop following the cluster and fetching."""
+        if self.peers is not None:
+            await self.peers.stop()
         if self.controller is not None:
             await self.controller.stop()
         if self.registration is not None:
