@@ -10,8 +10,12 @@ floor for real machines, and the ratio acks=all / acks=1 is the figure that carr
 - **ack latency**: per-record `send()` at 10,000 msg/s to one partition (RF 3), the time from
   `send()` to `on_delivery`, acks=1 against acks=all (p50 / p99);
 - **failover**: a producer sends to one partition at 2,000 msg/s with acks=all; the partition's
-  leader is SIGKILLed; the figure is the time from the kill to the acknowledgement of the first
-  record sent after it (the new leader serving), median of `--failovers` kills;
+  leader is SIGKILLed, or SIGSTOPped (request.timeout.ms 5 s and the default 30 s); the figure is
+  the time from the fault to the acknowledgement of the first record sent after it (the new
+  leader serving), median of `--failovers`; the SIGKILL again beside a CPU hog (one spinning
+  process per core);
+- **false failovers**: 60 s of acks=all traffic to 6 partitions beside the CPU hog: leader-epoch
+  changes and ISR shrinks seen (no broker failed: both must be 0);
 - **catch-up**: a follower is stopped, `--catchup-mb` of 1 KB records are produced (acks=1),
   the follower starts again; the figure is the time from its start until it is back in the ISR,
   and the bytes it fetched per second.
@@ -150,6 +154,43 @@ def failover_times(local: Any, kills: int, fault: str = "kill", rate: int = 2000
     return times
 
 
+def false_failovers(local: Any, seconds: float, rate: int = 2000) -> dict[str, Any]:
+    """acks=all traffic to 6 partitions for `seconds` beside a CPU hog (one spinning process per
+    core): leadership must not move and the ISR must not shrink, as no broker failed. Counts the
+    leader-epoch increments over the run and the polls (every 0.5 s) that saw an ISR short of
+    its replicas."""
+    from broker.client import Producer
+
+    topic = _topic(local.bootstrap, f"hog-{int(time.time())}", 6)
+    before = _wait_full_isr(local.bootstrap, topic)
+    failed: list[BaseException] = []
+    shrunk_polls = polls = sent = 0
+    with harness.cpu_hog(), _admin(local.bootstrap) as admin, \
+            Producer(local.bootstrap, acks="all", linger_ms=5) as producer:
+        started = next_poll = time.monotonic()
+        while time.monotonic() - started < seconds:
+            producer.send(topic, b"z" * 100, partition=sent % 6,
+                          on_delivery=lambda md, err: failed.append(err) if err is not None else None)
+            sent += 1
+            if time.monotonic() >= next_poll:
+                next_poll += 0.5
+                polls += 1
+                shrunk_polls += any(len(p.isr) < len(p.replicas) or p.leader < 0
+                                    for p in admin.describe_topics([topic])[0].partitions)
+            time.sleep(1 / rate)
+        producer.flush()
+    after = _wait_full_isr(local.bootstrap, topic)
+    row = {"seconds": seconds, "records": sent, "failed": len(failed), "polls": polls, "polls_with_isr_short": shrunk_polls,
+           "leader_epoch_changes": sum(after[p].leader_epoch - before[p].leader_epoch for p in before)}
+    harness.print_table("cluster beside a CPU hog", [row])
+    return row
+
+
+def _beside_hog(measure: Any, *args: Any) -> Any:
+    with harness.cpu_hog():
+        return measure(*args)
+
+
 def catch_up(local: Any, megabytes: int) -> dict[str, Any]:
     """A stopped follower returns behind `megabytes` of 1 KB records: time back into the ISR."""
     from broker.client import Producer
@@ -183,12 +224,17 @@ def run(quick: bool = False, records: int | None = None, failovers: int = 3, cat
             "throughput": throughput(local, records_100b, records_1k, 1 if quick else repeat),
             "ack_latency": ack_latency(local, 10_000, 3 if quick else 15),
             "failover_s": failover_times(local, 1 if quick else failovers),
+            "failover_pause_s": failover_times(local, 1 if quick else failovers, "pause", request_timeout_ms=5_000),
+            "failover_pause_default_s": failover_times(local, 1 if quick else failovers, "pause"),
+            "hog": false_failovers(local, 10 if quick else 60),
+            "failover_hog_s": _beside_hog(failover_times, local, 1 if quick else failovers),
             "catch_up": catch_up(local, harness.scaled(catchup_mb, quick, minimum=8)),
         }
     finally:
         local.stop()
         harness.remove_temp_dir(root)
-    result["failover_median_s"] = round(statistics.median(result["failover_s"]), 2)
+    for key in ("failover", "failover_pause", "failover_pause_default", "failover_hog"):
+        result[f"{key}_median_s"] = round(statistics.median(result[f"{key}_s"]), 2)
     harness.print_table("cluster failover", [{"kills": len(result["failover_s"]), "median_s": result["failover_median_s"],
                                               "all_s": [round(t, 2) for t in result["failover_s"]]}])
     harness.print_table("cluster catch-up", [result["catch_up"]])
@@ -206,8 +252,17 @@ def summary(result: dict[str, Any]) -> list[SummaryRow]:
     for row in result["ack_latency"]:
         rows.append(SummaryRow(f"cluster ack latency at {row['rate']:,} msg/s, acks={row['acks']}", "-",
                                f"p50 {row['p50_ms']} ms, p99 {row['p99_ms']} ms", None))
-    rows.append(SummaryRow("cluster failover (leader SIGKILL to first ack)", "-", f"{result['failover_median_s']} s",
-                           None, f"median of {len(result['failover_s'])}"))
+    for key, what, target in (("failover", "leader SIGKILL to first ack", 3.0),
+                              ("failover_pause", "leader SIGSTOP to first ack, request.timeout.ms 5 s", 8.0),
+                              ("failover_pause_default", "leader SIGSTOP to first ack, request.timeout.ms 30 s", 33.0),
+                              ("failover_hog", "leader SIGKILL to first ack, beside a CPU hog", 3.0)):
+        rows.append(SummaryRow(f"cluster failover ({what})", f"<= {target} s", f"{result[key + '_median_s']} s",
+                               result[key + "_median_s"] <= target, f"median of {len(result[key + '_s'])}"))
+    hog = result["hog"]
+    rows.append(SummaryRow("cluster beside a CPU hog: leader changes, ISR short", "0, 0",
+                           f"{hog['leader_epoch_changes']}, {hog['polls_with_isr_short']} of {hog['polls']} polls",
+                           hog["leader_epoch_changes"] == 0 and hog["polls_with_isr_short"] == 0,
+                           f"{hog['seconds']} s of acks=all traffic, {hog['failed']} records failed"))
     catch = result["catch_up"]
     rows.append(SummaryRow("cluster returning follower catch-up", "-", f"{catch['mb_per_s']} MB/s", None,
                            f"{catch['megabytes']} MB in {catch['rejoined_s']} s"))

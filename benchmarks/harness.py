@@ -152,6 +152,20 @@ def machine_busy_seconds() -> float:
     return (user + nice + system + irq + softirq + steal) / _CLK_TCK
 
 
+@contextlib.contextmanager
+def cpu_hog(processes: int | None = None) -> Any:
+    """One process spinning per core (default) while the block runs: the machine as loaded as a
+    busy neighbour leaves it. Stopped by PID on exit."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(processes or os.cpu_count() or 1)]
+    try:
+        yield hogs
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
 def dirty_mb() -> float:
     """Dirty + Writeback page cache (MiB): data written but not yet on disk."""
     total = 0

@@ -380,7 +380,8 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
                   "e.g. a proxy's", 0, 65535),
         ConfigDef("broker.session.timeout.ms", int, 6_000,
                   "a broker whose registration is not renewed this long is dead: its partitions get new leaders "
-                  "(the TTL of its etcd lease, whole seconds)", 1_000, 3_600_000),
+                  "(the TTL of its etcd lease, whole seconds). A hung broker or machine is found so; a crashed "
+                  "process at once, by its peers", 1_000, 3_600_000),
         ConfigDef("default.replication.factor", int, 1, "replicas of a topic created without a factor", 1, 32),
         ConfigDef("offsets.topic.replication.factor", int, 3,
                   "replicas of __consumer_offsets (fewer when the cluster has fewer brokers at its creation)", 1, 32),

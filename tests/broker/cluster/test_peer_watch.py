@@ -1,10 +1,12 @@
 """PeerWatch over the local store and loopback sockets: a peer registration ends when its watch
 connection drops and its port refuses, and only then (the end-to-end case, a SIGKILLed leader and
-controller replaced long before the session timeout, is tests/e2e/test_peer_watch.py)."""
+controller replaced long before the session timeout, is tests/e2e/test_crashed_broker.py)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 from broker.cluster.brokers import BrokerInfo, BrokerRegistration, LiveBrokers, broker_key
@@ -48,7 +50,9 @@ class Peer:
         await self.server.wait_closed()
 
 
-async def _watched(tmp_path: Path, port: int) -> tuple[LocalMetadataStore, BrokerRegistration, PeerWatch]:
+@contextlib.asynccontextmanager
+async def _watched(tmp_path: Path, port: int) -> AsyncIterator[tuple[LocalMetadataStore, BrokerRegistration]]:
+    """Broker PEER registered at 127.0.0.1:`port`, watched by broker ME."""
     store = LocalMetadataStore(tmp_path / "meta.json")
     registration = BrokerRegistration(store, BrokerInfo(PEER, "127.0.0.1", port), SESSION_MS)
     await registration.register()
@@ -56,7 +60,11 @@ async def _watched(tmp_path: Path, port: int) -> tuple[LocalMetadataStore, Broke
     brokers.brokers = {ME: BrokerInfo(ME, "127.0.0.1", 1), PEER: registration.info}
     watch = PeerWatch(store, brokers, lambda: ME, "127.0.0.1")
     watch.sync()
-    return store, registration, watch
+    try:
+        yield store, registration
+    finally:
+        await watch.stop()
+        await store.close()
 
 
 async def _registered(store: LocalMetadataStore, epoch: int) -> bool:
@@ -69,19 +77,20 @@ async def _until_gone(store: LocalMetadataStore) -> None:
         await asyncio.sleep(0.02)
 
 
+async def _die(peer: Peer) -> None:
+    """What the kernel does when the peer's process dies: its port refuses, its connections drop."""
+    await peer.stop_listening()
+    peer.drop_connections()
+
+
 def test_a_peer_whose_connection_drops_and_whose_port_refuses_is_deregistered(tmp_path: Path):
     async def main() -> None:
         peer = Peer()
         await peer.listen()
-        store, registration, watch = await _watched(tmp_path, peer.port)
-        try:
+        async with _watched(tmp_path, peer.port) as (store, registration):
             await peer.accepted.wait()
-            await peer.stop_listening()  # the process died: the kernel refuses its port and drops its connections
-            peer.drop_connections()
+            await _die(peer)
             await _until_gone(store)
-        finally:
-            await watch.stop()
-            await store.close()
 
     asyncio.run(asyncio.wait_for(main(), TIMEOUT_S))
 
@@ -93,19 +102,14 @@ def test_a_dropped_connection_to_a_port_that_still_listens_ends_nothing(tmp_path
     async def main() -> None:
         peer = Peer()
         await peer.listen()
-        store, registration, watch = await _watched(tmp_path, peer.port)
-        try:
+        async with _watched(tmp_path, peer.port) as (store, registration):
             for _ in range(3):
                 await peer.accepted.wait()
                 peer.drop_connections()
             await peer.accepted.wait()  # connected again after the third drop
             assert await _registered(store, registration.epoch)
-            await peer.stop_listening()
-            peer.drop_connections()
+            await _die(peer)
             await _until_gone(store)  # still watching: the real death is seen
-        finally:
-            await watch.stop()
-            await store.close()
 
     asyncio.run(asyncio.wait_for(main(), TIMEOUT_S))
 
@@ -117,20 +121,15 @@ def test_a_peer_never_reached_is_left_to_its_session_timeout(tmp_path: Path):
     async def main() -> None:
         with socket.socket() as bound:  # a port bound but not listening: connections are refused
             bound.bind(("127.0.0.1", 0))
-            store, registration, watch = await _watched(tmp_path, bound.getsockname()[1])
-            try:
+            async with _watched(tmp_path, bound.getsockname()[1]) as (store, registration):
                 await asyncio.sleep(1.0)  # many refused attempts' worth
                 assert await _registered(store, registration.epoch)
                 peer = Peer()
                 bound.close()
                 await peer.listen(registration.info.port)  # it starts serving: watched from now on
                 await peer.accepted.wait()
-                await peer.stop_listening()
-                peer.drop_connections()
+                await _die(peer)
                 await _until_gone(store)
-            finally:
-                await watch.stop()
-                await store.close()
 
     asyncio.run(asyncio.wait_for(main(), TIMEOUT_S))
 
@@ -142,18 +141,13 @@ def test_a_successor_registered_meanwhile_keeps_its_registration(tmp_path: Path)
     async def main() -> None:
         peer = Peer()
         await peer.listen()
-        store, registration, watch = await _watched(tmp_path, peer.port)
-        try:
+        async with _watched(tmp_path, peer.port) as (store, registration):
             await peer.accepted.wait()
             await registration.stop()  # the old registration ends, a successor takes the id
             successor = BrokerRegistration(store, BrokerInfo(PEER, "127.0.0.1", peer.port), SESSION_MS)
             await successor.register()
-            await peer.stop_listening()
-            peer.drop_connections()
+            await _die(peer)
             await asyncio.sleep(1.0)  # the watch saw refusals and found another epoch registered
             assert await _registered(store, successor.epoch)
-        finally:
-            await watch.stop()
-            await store.close()
 
     asyncio.run(asyncio.wait_for(main(), TIMEOUT_S))
