@@ -278,7 +278,7 @@ class Sender:
             if conn.unanswered(err):
                 if isinstance(err, RequestTimedOutError):
                     self.metrics.requests_timed_out += 1
-                if node not in self._unanswered:
+                if node not in self._unanswered and not self.closed:
                     self._unanswered[node] = []
                     self._spawn(self._await_answer_or_move(node))
             self._retry([b for parts in groups.values() for group in parts.values() for b in group], err)
@@ -376,7 +376,9 @@ class Sender:
     def _release_moved(self, node: int) -> bool:
         """After a metadata refresh: of the batches held for `node`, queue those whose partition
         has another leader (or none known: they are looked up) at the front, fail those past the
-        delivery timeout, keep the rest. True when none is left."""
+        delivery timeout, keep the rest. True when none is left and `node` leads no partition:
+        not merely none held now, as the batches of the request that timed out may still be
+        backing off, to be routed to it afterwards."""
         held = self._unanswered[node]
         now = time.monotonic()
         keep, moved = [], []
@@ -395,7 +397,7 @@ class Sender:
             self._unmark_busy(moved)
             self.accumulator.requeue(moved)
             self.wake()
-        return not keep
+        return not keep and not any(p.leader == node for parts in self.cluster.topics.values() for p in parts)
 
     def _mark_busy(self, batches: list[ProducerBatch]) -> None:
         """Count the batches' partitions busy while they wait out of the accumulator (a retry's

@@ -165,8 +165,8 @@ def test_a_produce_that_timed_out_is_resent_only_once_the_leader_answers_or_the_
     async def produce() -> tuple[int, int, int, int]:
         proxy = await HangingProxy(_target(shared_broker)).start()
         try:
-            async with AsyncProducer(shared_broker.bootstrap, linger_ms=0, request_timeout_ms=REQUEST_TIMEOUT_MS,
-                                     retry_backoff_ms=10) as producer:
+            # The default retry_backoff_ms: the retry backs off as long as the hold's refresh interval.
+            async with AsyncProducer(shared_broker.bootstrap, linger_ms=0, request_timeout_ms=REQUEST_TIMEOUT_MS) as producer:
                 cluster = producer.cluster
                 leader = LeaderOverride(cluster, proxy, topic)
                 await cluster.refresh()
