@@ -153,41 +153,53 @@ def _target(shared_broker) -> tuple[str, int]:
     return host, int(port)
 
 
+@pytest.mark.parametrize("max_in_flight", [5, 1], ids=["unordered", "in-order"])
 @pytest.mark.parametrize("outcome", ["partition-moves", "leader-answers"])
 def test_a_produce_that_timed_out_is_resent_only_once_the_leader_answers_or_the_partition_moves(
-        shared_broker, new_topic, outcome):
-    """The produce to the hung leader times out; the producer refreshes metadata (which still
-    names the hung broker) several times meanwhile and sends it no Produce. The record then goes
-    to the new leader once metadata names one, or to the old one once it answers a probe: one
-    request timed out, not two."""
+        shared_broker, new_topic, outcome, max_in_flight):
+    """The produce of a to the hung leader times out; the producer refreshes metadata (which
+    still names the hung broker) several times meanwhile and sends it no Produce, neither a nor
+    b and c sent since. They then go to the new leader once metadata names one, or to the old one
+    once it answers a probe: one request timed out, not two. Also with max_in_flight=1
+    (partitions muted while a batch is out), where a, b, c keep their order."""
     topic = new_topic(1)
 
-    async def produce() -> tuple[int, int, int, int]:
+    async def produce() -> tuple[int, int, int, list[int]]:
         proxy = await HangingProxy(_target(shared_broker)).start()
         try:
             # The default retry_backoff_ms: the retry backs off as long as the hold's refresh interval.
-            async with AsyncProducer(shared_broker.bootstrap, linger_ms=0, request_timeout_ms=REQUEST_TIMEOUT_MS) as producer:
+            async with AsyncProducer(shared_broker.bootstrap, linger_ms=0, request_timeout_ms=REQUEST_TIMEOUT_MS,
+                                     max_in_flight=max_in_flight) as producer:
                 cluster = producer.cluster
                 leader = LeaderOverride(cluster, proxy, topic)
                 await cluster.refresh()
                 proxy.hang()
-                future = await producer.send(topic, b"a", partition=0)
+                futures = [await producer.send(topic, b"a", partition=0)]
                 await wait_until(lambda: producer.sender.metrics.requests_timed_out, "the produce to time out")
+                for value in (b"b", b"c"):
+                    futures.append(await producer.send(topic, value, partition=0))
+                    await asyncio.sleep(0)  # the sender drains it
                 refreshed = leader.refreshes
                 await wait_until(lambda: leader.refreshes >= refreshed + 3, "metadata refreshes while it hangs")
                 produced_while_hung = proxy.count(ApiKey.PRODUCE, while_hung=True)
                 leader.move() if outcome == "partition-moves" else proxy.resume()
                 async with asyncio.timeout(WAIT_S):
-                    offset = (await future).offset
+                    offsets = [(await future).offset for future in futures]
                 return (produced_while_hung, proxy.count(ApiKey.PRODUCE), producer.metrics()["request-timeout-total"],
-                        offset)
+                        offsets)
         finally:
             await proxy.close()
 
-    produced_while_hung, produced, timed_out, offset = asyncio.run(produce())
+    produced_while_hung, produced, timed_out, offsets = asyncio.run(produce())
     assert produced_while_hung == 1, f"{produced_while_hung} Produce requests were written to the hung leader"
-    assert (produced, timed_out, offset) == (1 if outcome == "partition-moves" else 2, 1, 0)
-    assert [r.value for r in consume(shared_broker.bootstrap, topic, 1, 1)] == [b"a"]
+    assert timed_out == 1
+    if outcome == "partition-moves":
+        assert produced == 1  # the rest went to the new leader
+    values = [r.value for r in sorted(consume(shared_broker.bootstrap, topic, 1, 3), key=lambda r: r.offset)]
+    if max_in_flight == 1:
+        assert (offsets, values) == ([0, 1, 2], [b"a", b"b", b"c"])
+    else:
+        assert sorted(offsets) == [0, 1, 2] and sorted(values) == [b"a", b"b", b"c"]
 
 
 def test_a_fetch_that_timed_out_is_not_sent_again_to_the_hung_leader_before_its_partition_moves(shared_broker, new_topic):
