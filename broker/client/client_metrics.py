@@ -22,7 +22,7 @@ def _avg(total: float, count: int) -> float:
 class ProducerMetrics:
     __slots__ = ("started", "records_sent", "records_failed", "records_retried", "batches", "batch_bytes",
                  "batch_bytes_max", "queue_s", "queue_s_max", "requests", "request_s", "request_s_max",
-                 "request_records")
+                 "request_records", "requests_timed_out")
 
     def __init__(self) -> None:
         self.started = time.monotonic()
@@ -31,6 +31,7 @@ class ProducerMetrics:
         self.queue_s = self.queue_s_max = 0.0
         self.requests = self.request_records = 0
         self.request_s = self.request_s_max = 0.0
+        self.requests_timed_out = 0  # Produce requests the broker did not answer within request_timeout_ms
 
     def batch_sent(self, size: int, records: int, queued_s: float) -> None:
         """A batch's first attempt: its encoded size and how long its first record waited."""
@@ -61,6 +62,7 @@ class ProducerMetrics:
             "request-latency-avg": _avg(self.request_s, self.requests) * 1000,
             "request-latency-max": self.request_s_max * 1000,
             "records-per-request-avg": _avg(self.request_records, self.requests),
+            "request-timeout-total": self.requests_timed_out,
             "buffer-available-bytes": buffer_available_bytes,
         }
 

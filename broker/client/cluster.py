@@ -2,7 +2,10 @@
 
 Clients ask the cluster for a partition's leader and for the connection to it; after a retriable
 error (NOT_LEADER, UNKNOWN_TOPIC_OR_PARTITION, a lost connection) they call `refresh` and retry.
-Loop-local.
+After a request to a broker timed out (a hung broker: SIGSTOPped, or cut off), they send it nothing
+more until it answers a probe or metadata moves their partitions elsewhere (`await_answer_or_move`):
+the cluster needs a session timeout to move a hung leader's partitions, and a retry sent to it
+before then would wait out a second request timeout. Loop-local.
 """
 from __future__ import annotations
 
@@ -10,11 +13,18 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from broker.client.connection import BrokerConnection
-from broker.errors import BrokerNotAvailableError, NetworkError, PymqError, UnknownTopicOrPartitionError
-from broker.protocol import Message, MetadataRequest, RequestMessage, TopicMetadata
+from broker.errors import (
+    BrokerNotAvailableError,
+    NetworkError,
+    PymqError,
+    RequestTimedOutError,
+    UnknownTopicOrPartitionError,
+)
+from broker.protocol import ApiVersionsRequest, Message, MetadataRequest, RequestMessage, TopicMetadata
 
 log = logging.getLogger("pymq.client")
 R = TypeVar("R", bound=Message)
@@ -98,6 +108,7 @@ class Cluster:
         return await asyncio.shield(pending)
 
     async def _open(self, node: int) -> BrokerConnection:
+        self._forget_closed()  # the one replaced here may have closed on a timeout: any_connection avoids its broker
         if node not in self.brokers:
             await self.refresh()
         if node not in self.brokers:
@@ -108,23 +119,28 @@ class Cluster:
         return conn
 
     async def any_connection(self) -> BrokerConnection:
-        """A connection to any broker: the broker whose connection failed longest ago (refused,
-        lost, or closed after a request timed out: a hung broker), or never, first; its open
-        connection if it has one, else a new one. So a dead broker in the bootstrap list costs one
-        attempt, not one per request, and a hung broker's other connections (a metadata request
-        on the bootstrap connection to a leader whose produce just timed out) are not used while
-        another broker answers."""
-        now = time.monotonic()
+        """A connection to any broker (Kafka's least loaded node): the broker whose connection
+        failed longest ago (refused, lost, or closed after a request timed out: a hung broker),
+        or never, first; among those, an open connection with the fewest requests outstanding,
+        else a new one. So a dead broker in the bootstrap list costs one attempt, not one per
+        request, and a hung broker's other connections (a metadata request on the bootstrap
+        connection to a leader whose produce just timed out) are not used while another broker
+        answers; a broker still busy with earlier requests (hung, but not timed out yet) is asked
+        only when no idle one is open."""
+        self._forget_closed()
         open_at: dict[tuple[str, int], BrokerConnection] = {}
-        for key, conn in list(self._connections.items()):
-            if conn.closed:
-                self._failed[(conn.host, conn.port)] = now
-                del self._connections[key]
-            else:
-                open_at.setdefault((conn.host, conn.port), conn)
+        for conn in self._connections.values():
+            address = (conn.host, conn.port)
+            if address not in open_at or conn.outstanding < open_at[address].outstanding:
+                open_at[address] = conn
+
+        def preference(address: tuple[str, int]) -> tuple[float, bool, int]:
+            conn = open_at.get(address)
+            return self._failed.get(address, 0.0), conn is None, 0 if conn is None else conn.outstanding
+
         errors = []
         addresses = list(dict.fromkeys([*self.brokers.values(), *self.bootstrap, *open_at]))
-        for address in sorted(addresses, key=lambda a: self._failed.get(a, 0.0)):
+        for address in sorted(addresses, key=preference):
             if address in open_at and not open_at[address].closed:
                 return open_at[address]
             try:
@@ -136,6 +152,53 @@ class Cluster:
             self._connections[address] = conn
             return conn
         raise NetworkError("no broker reachable: " + "; ".join(errors))
+
+    def _forget_closed(self) -> None:
+        """Drop closed connections, noting their brokers as failed now (see any_connection)."""
+        now = time.monotonic()
+        for key, conn in list(self._connections.items()):
+            if conn.closed:
+                self._failed[(conn.host, conn.port)] = now
+                del self._connections[key]
+
+    async def await_answer_or_move(self, node: int, refresh: Callable[[], Awaitable[None]],
+                                   settled: Callable[[], bool], interval_s: float) -> bool:
+        """Broker `node` let a request go unanswered: wait until it answers a probe (True: it was
+        only slow, send to it again), or until `settled()` holds after one of the metadata
+        refreshes made every `interval_s` meanwhile (False: typically, the caller's partitions
+        have another leader now; `settled` may act on those that moved at each refresh).
+
+        The probe is an ApiVersions request over the node's connection, with the request
+        timeout, repeated until answered; the refreshes go to other brokers (any_connection
+        puts the node's, which closed on the timeout, last). Cancelling stops both."""
+        probe = asyncio.ensure_future(self._probe(node, interval_s))
+        try:
+            while True:
+                await asyncio.wait((probe,), timeout=interval_s)
+                if probe.done():
+                    probe.result()
+                    return True
+                try:
+                    await refresh()
+                except PymqError as err:
+                    log.info("metadata refresh while broker %d does not answer failed: %s", node, err)
+                if settled():
+                    return False
+        finally:
+            probe.cancel()
+
+    async def _probe(self, node: int, interval_s: float) -> None:
+        """Return once broker `node` answers an ApiVersions request (any answer, an error code
+        included); a probe that times out, or cannot connect, is repeated `interval_s` later."""
+        while True:
+            try:
+                await self.send(node, ApiVersionsRequest())
+                return
+            except (NetworkError, RequestTimedOutError, BrokerNotAvailableError) as err:
+                log.debug("probe of broker %d: %s", node, err)
+            except PymqError:
+                return
+            await asyncio.sleep(interval_s)
 
     async def refresh(self, topics: list[str] | None = None) -> None:
         """Reload broker addresses and partition leaders (all topics, or just `topics`)."""

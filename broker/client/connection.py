@@ -48,6 +48,10 @@ class BrokerConnection(asyncio.BufferedProtocol):
         self._slots = asyncio.Semaphore(max_in_flight)
         self._transport: asyncio.Transport | None = None
         self._closed_error: PymqError | None = None
+        # Closed because a request on it went unanswered (the broker hung or was cut off), not
+        # lost or refused: its callers wait for the broker to answer again before resending to it
+        # (the producer's sender, the consumer's fetcher: Cluster.await_answer_or_move).
+        self.timed_out = False
         self._drained = asyncio.Event()
         self._drained.set()
 
@@ -69,6 +73,17 @@ class BrokerConnection(asyncio.BufferedProtocol):
     @property
     def closed(self) -> bool:
         return self._transport is None or self._transport.is_closing()
+
+    @property
+    def outstanding(self) -> int:
+        """Requests written and not answered yet."""
+        return len(self._pending)
+
+    def unanswered(self, err: BaseException) -> bool:
+        """Whether `err`, which failed a request on this connection, means the broker did not
+        answer in time: the request's own timeout, or the connection closed when another
+        request on it timed out. Not a lost or refused connection, nor a broker's answer."""
+        return self.timed_out and isinstance(err, (RequestTimedOutError, NetworkError))
 
     # -- asyncio.Protocol ------------------------------------------------------------------------
 
@@ -157,9 +172,10 @@ class BrokerConnection(asyncio.BufferedProtocol):
         to that broker, or to "any broker", opens a fresh connection or picks another broker."""
         entry = self._pending.pop(correlation_id, None)
         if entry is not None and not entry[0].done():
+            self.timed_out = True
             entry[0].set_exception(RequestTimedOutError(f"no response from {self.host}:{self.port} within {timeout_s}s"))
-            self._closed_error = self._closed_error or NetworkError(
-                f"connection to {self.host}:{self.port} closed: a request got no response within {timeout_s}s")
+            self._fail_all(NetworkError(
+                f"connection to {self.host}:{self.port} closed: a request got no response within {timeout_s}s"))
             self.close()
 
     def close(self) -> None:

@@ -14,7 +14,9 @@ first, so a broker filling a reply up to `fetch_max_bytes` does not favour one p
 A batch that fails its checks, or a broker's non-retriable error for a partition, becomes a
 marker in the buffer after the partition's records fetched before it: the poll that reaches it
 raises it, and the partition fetches nothing more until then (or until a seek). An out-of-range
-fetch position is reset per the subscription's `auto_offset_reset`.
+fetch position is reset per the subscription's `auto_offset_reset`. A fetch that a leader let time
+out (hung) is not sent to it again until it answers a probe or metadata moves its partitions
+(Cluster.await_answer_or_move).
 
 A topic deleted and re-created under the consumer (KIP-516): every Fetch names the topic id its
 positions belong to (`topic_ids`), so the broker answers INCONSISTENT_TOPIC_ID rather than the
@@ -308,6 +310,13 @@ class Fetcher:
                         # The leader gone, hung, or not registered (yet, or any more: a failover
                         # in progress): new metadata moves the partition or the loop tries again.
                         log.info("fetch from broker %d failed: %s; retrying", node, err)
+                        if fetch is not None and fetch.conn.unanswered(err):
+                            # Hung: a fetch sent again before its partitions move (a session
+                            # timeout away) would wait out another request timeout.
+                            await self.cluster.await_answer_or_move(
+                                node, self._refresh_quietly, lambda: not self._leads_any(node),
+                                max(self.retry_backoff_s, 0.1))
+                            continue
                         await asyncio.sleep(self.retry_backoff_s)
                         await self._refresh_quietly()
                         continue
@@ -319,6 +328,9 @@ class Fetcher:
         finally:
             if ahead is not None:
                 ahead.reply.cancel()
+
+    def _leads_any(self, node: int) -> bool:
+        return any(self._leader(tp) == node for tp in self._subs.assigned)
 
     def _leader(self, tp: TopicPartition) -> int | None:
         parts = self.cluster.topics.get(tp[0])
@@ -420,7 +432,7 @@ class Fetcher:
         request = FetchRequest(tuple(TopicRequest(t, tuple(ps), self.topic_ids.get(t)) for t, ps in by_topic.items()),
                                self.fetch_max_wait_ms, self.fetch_min_bytes, self.fetch_max_bytes)
         reply = conn.request(request, self.request_timeout_s + self.fetch_max_wait_ms / 1000)
-        return _Fetch(request, reply, positions, self._epoch, self._plan, time.monotonic())
+        return _Fetch(request, conn, reply, positions, self._epoch, self._plan, time.monotonic())
 
     async def _complete_fetch(self, node: int, fetch: "_Fetch") -> "_Fetch | None":
         """Buffer one fetch's records; the next fetch if it could be sent ahead of decoding them.
@@ -557,10 +569,11 @@ class Fetcher:
 
 
 class _Fetch(NamedTuple):
-    """A Fetch in flight: the request, its raw reply, the positions it asked for, and the
-    epoch (of assign/seek) it was sent in."""
+    """A Fetch in flight: the request, its connection and raw reply, the positions it asked for,
+    and the epoch (of assign/seek) it was sent in."""
 
     request: FetchRequest
+    conn: BrokerConnection  # the connection it went on
     reply: asyncio.Future[Reply]
     requested: dict[TopicPartition, int]
     epoch: int

@@ -5,7 +5,14 @@ Callbacks on the producer's loop, not a task: a run drains what is ready, writes
 straight to the leaders' connections and returns; each reply's callback completes its batches and
 runs the sender again if anything waits. No coroutine, task or timeout wrapper per request: on the
 latency path (a handful of records per request) those were most of the producer's CPU. Slow paths
-(connecting, unknown leaders, retry back-off, metadata refresh) are tasks in `_tasks`.
+(connecting, unknown leaders, retry back-off, metadata refresh, a broker that does not answer)
+are tasks in `_tasks`.
+
+A broker that let a Produce request time out (hung, e.g. SIGSTOPped, or cut off) gets no more
+Produce requests until it answers a probe: batches routed to it wait (`_unanswered`), and those
+whose partition metadata moves to another leader go there at once. The cluster moves a hung
+leader's partitions only once its session times out, so resending to it after the back-off would
+wait out a second request timeout; Cluster.await_answer_or_move has the details.
 
 Loop-local, except `wake` (any thread) and reads of `busy` and `next_wake`, which appending
 threads do to decide whether a new batch needs a wake-up.
@@ -63,6 +70,9 @@ class Sender:
         self._awaiting_connection: dict[int, list[ProducerBatch]] = {}
         # Likewise batches whose partition is missing from the cached metadata: one lookup at a time.
         self._awaiting_leaders: list[ProducerBatch] | None = None
+        # Brokers that let a request time out: the batches routed to each since, oldest first,
+        # held until it answers a probe or their partition moves (_await_answer_or_move).
+        self._unanswered: dict[int, list[ProducerBatch]] = {}
         self._tasks: set[asyncio.Task[None]] = set()  # slow paths: connect, resolve, retry, refresh
         self._queued = False  # a `run` call is queued on the loop
         self._timer: asyncio.TimerHandle | None = None  # runs the sender when a batch lingers out
@@ -176,7 +186,12 @@ class Sender:
             self._awaiting_leaders = unknown
             self._spawn(self._resolve_leaders())
         for node, node_batches in by_node.items():
-            self._send_to(node, node_batches)
+            held = self._unanswered.get(node)
+            if held is None:
+                self._send_to(node, node_batches)
+            else:
+                held += node_batches
+                self._mark_busy(node_batches)
 
     def _send_to(self, node: int, batches: list[ProducerBatch]) -> None:
         """Requests of at most max_request_size to `node`, while it has fewer than max_in_flight
@@ -242,9 +257,9 @@ class Sender:
             busy[tp] = busy.get(tp, 0) + 1
         self._in_flight[node] = self._in_flight.get(node, 0) + 1
         self._replies.add(reply)
-        reply.add_done_callback(partial(self._on_reply, node, groups, partitions, now))
+        reply.add_done_callback(partial(self._on_reply, node, conn, groups, partitions, now))
 
-    def _on_reply(self, node: int, groups: dict[str, dict[int, list[ProducerBatch]]],
+    def _on_reply(self, node: int, conn: BrokerConnection, groups: dict[str, dict[int, list[ProducerBatch]]],
                   partitions: list[TopicPartition], sent: float, reply: asyncio.Future[Any]) -> None:
         self._replies.discard(reply)
         self.metrics.request_done(time.monotonic() - sent)
@@ -260,6 +275,12 @@ class Sender:
         try:
             response = ProduceResponse.from_control(*_checked_reply(reply))
         except (NetworkError, RequestTimedOutError) as err:
+            if conn.unanswered(err):
+                if isinstance(err, RequestTimedOutError):
+                    self.metrics.requests_timed_out += 1
+                if node not in self._unanswered and not self.closed:
+                    self._unanswered[node] = []
+                    self._spawn(self._await_answer_or_move(node))
             self._retry([b for parts in groups.values() for group in parts.values() for b in group], err)
         except PymqError as err:
             for parts in groups.values():
@@ -310,10 +331,7 @@ class Sender:
             self._spawn(self._refresh_in_background())
         for batch in batches:
             if now - batch.created >= self.delivery_timeout_s:
-                timeout = DeliveryTimeoutError(f"{batch.record_count} records to {batch.topic}-{batch.partition} not "
-                                               f"acknowledged within {self.delivery_timeout_s}s (last error: {err.name()})")
-                timeout.__cause__ = err
-                self._fail(batch, timeout)
+                self._fail_delivery_timeout(batch, err)
             elif err.retriable and batch.attempts <= self.retries:
                 retryable.append(batch)
                 self.metrics.records_retried += batch.record_count
@@ -323,10 +341,7 @@ class Sender:
             self._spawn(self._retry_after_backoff(retryable, err))
 
     async def _retry_after_backoff(self, batches: list[ProducerBatch], err: PymqError) -> None:
-        partitions = [(b.topic, b.partition) for b in batches]
-        busy = self.busy
-        for tp in partitions:
-            busy[tp] = busy.get(tp, 0) + 1
+        self._mark_busy(batches)
         try:
             attempts = max(b.attempts for b in batches)
             backoff = min(self.retry_backoff_s * 2 ** max(attempts - 1, 0), self.retry_backoff_max_s)
@@ -337,13 +352,69 @@ class Sender:
             except PymqError as refresh_err:
                 log.info("metadata refresh failed: %s", refresh_err)
         finally:
-            for tp in partitions:
-                if busy[tp] == 1:
-                    del busy[tp]
-                else:
-                    busy[tp] -= 1
+            self._unmark_busy(batches)
             self.accumulator.requeue(batches)
             self.wake()
+
+    async def _await_answer_or_move(self, node: int) -> None:
+        """`node` let a request time out: batches routed to it meanwhile wait in
+        `_unanswered[node]` (their partitions busy, as during a retry's back-off) until it
+        answers a probe, when they all go to it again, while those whose partition another
+        leader takes go there at each metadata refresh (every retry back-off, 0.1 s at least)."""
+        answered = False
+        try:
+            answered = await self.cluster.await_answer_or_move(
+                node, self.refresh_metadata, partial(self._release_moved, node), max(self.retry_backoff_s, 0.1))
+        finally:  # also when close() cancels it: the producer fails what is queued
+            held = self._unanswered.pop(node)
+            if answered:
+                log.info("broker %d answers again: %d batches held for it go to it", node, len(held))
+            self._unmark_busy(held)
+            self.accumulator.requeue(held)
+            self.wake()
+
+    def _release_moved(self, node: int) -> bool:
+        """After a metadata refresh: of the batches held for `node`, queue those whose partition
+        has another leader (or none known: they are looked up) at the front, fail those past the
+        delivery timeout, keep the rest. True when none is left and `node` leads no partition:
+        not merely none held now, as the batches of the request that timed out may still be
+        backing off, to be routed to it afterwards."""
+        held = self._unanswered[node]
+        now = time.monotonic()
+        keep, moved = [], []
+        for batch in held:
+            if now - batch.created >= self.delivery_timeout_s:
+                self._unmark_busy([batch])
+                self._fail_delivery_timeout(batch, RequestTimedOutError(f"broker {node} does not answer"))
+                continue
+            parts = self.cluster.topics.get(batch.topic)
+            led_by_node = parts is not None and batch.partition < len(parts) and parts[batch.partition].leader == node
+            (keep if led_by_node else moved).append(batch)
+        held[:] = keep
+        if moved:
+            log.info("%d batches held for broker %d, which does not answer, go to their partitions' new leaders",
+                     len(moved), node)
+            self._unmark_busy(moved)
+            self.accumulator.requeue(moved)
+            self.wake()
+        return not keep and not any(p.leader == node for parts in self.cluster.topics.values() for p in parts)
+
+    def _mark_busy(self, batches: list[ProducerBatch]) -> None:
+        """Count the batches' partitions busy while they wait out of the accumulator (a retry's
+        back-off, a broker that does not answer): their open batches keep filling meanwhile."""
+        busy = self.busy
+        for batch in batches:
+            tp = (batch.topic, batch.partition)
+            busy[tp] = busy.get(tp, 0) + 1
+
+    def _unmark_busy(self, batches: list[ProducerBatch]) -> None:
+        busy = self.busy
+        for batch in batches:
+            tp = (batch.topic, batch.partition)
+            if busy[tp] == 1:
+                del busy[tp]
+            else:
+                busy[tp] -= 1
 
     async def _resolve_leaders(self) -> None:
         """Batches whose partition is not in the cached metadata: look it up, then queue them
@@ -402,6 +473,12 @@ class Sender:
         self.metrics.records_sent += batch.record_count
         if self.accumulator.done(batch):
             self.wake()
+
+    def _fail_delivery_timeout(self, batch: ProducerBatch, err: PymqError) -> None:
+        timeout = DeliveryTimeoutError(f"{batch.record_count} records to {batch.topic}-{batch.partition} not "
+                                       f"acknowledged within {self.delivery_timeout_s}s (last error: {err.name()})")
+        timeout.__cause__ = err
+        self._fail(batch, timeout)
 
     def _fail(self, batch: ProducerBatch, err: BaseException) -> None:
         batch.result.complete(-1, error=err)

@@ -1,6 +1,7 @@
-"""Which broker a client asks for metadata: not a hung one. A hung broker (here a socket that the
-kernel accepts connections on but nobody reads: what a SIGSTOPped broker looks like) costs one
-request timeout, not one per connection the client happens to hold to it."""
+"""Which broker a client asks for metadata: not a hung one, and an idle connection before a busy
+one. A hung broker (here a socket that the kernel accepts connections on but nobody reads: what a
+SIGSTOPped broker looks like) costs one request timeout, not one per connection the client happens
+to hold to it."""
 from __future__ import annotations
 
 import asyncio
@@ -10,6 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from broker.client.cluster import Cluster
+from broker.client.connection import BrokerConnection
 from broker.errors import RequestTimedOutError
 from broker.protocol import MetadataRequest
 
@@ -40,3 +42,48 @@ def test_after_a_request_to_a_broker_times_out_metadata_comes_from_another_one(s
 
     host, port = shared_broker.bootstrap.rsplit(":", 1)
     assert list(asyncio.run(scenario()).values()) == [(host, int(port))]
+
+
+def test_a_broker_reconnected_to_after_a_timeout_is_still_asked_last(shared_broker, hung_broker):
+    """The request timeout closed the hung broker's connection, and a new one was opened to it
+    (as the producer's probe does) before metadata was next asked for: the broker still counts
+    as failed, and metadata comes from the live one."""
+    async def scenario() -> BrokerConnection:
+        cluster = Cluster(f"{hung_broker},{shared_broker.bootstrap}", request_timeout_ms=1_000)
+        try:
+            host, port = hung_broker.split(":")
+            cluster.brokers[7] = (host, int(port))
+            with pytest.raises(RequestTimedOutError):
+                await cluster.send(7, MetadataRequest(None))
+            reopened = await cluster.connection(7)
+            assert not reopened.closed
+            return await cluster.any_connection()
+        finally:
+            await cluster.close()
+
+    conn = asyncio.run(scenario())
+    assert f"{conn.host}:{conn.port}" == shared_broker.bootstrap
+
+
+def test_metadata_goes_over_an_idle_connection_rather_than_one_with_requests_outstanding(shared_broker, hung_broker):
+    """Neither broker failed yet: the one with a request outstanding (hung, but its request has
+    not timed out) is not asked while an idle connection to another is open (Kafka's least
+    loaded node)."""
+    async def scenario() -> tuple[BrokerConnection, BrokerConnection]:
+        cluster = Cluster(f"{hung_broker},{shared_broker.bootstrap}", request_timeout_ms=60_000)
+        try:
+            busy = await cluster.any_connection()  # the bootstrap list's first address
+            assert f"{busy.host}:{busy.port}" == hung_broker
+            waiting = busy.request(MetadataRequest(None), None)
+            for node, address in enumerate((hung_broker, shared_broker.bootstrap)):  # as metadata would list them
+                host, port = address.rsplit(":", 1)
+                cluster.brokers[node] = (host, int(port))
+            idle = await cluster.connection(1)
+            chosen = await cluster.any_connection()
+            waiting.cancel()
+            return chosen, idle
+        finally:
+            await cluster.close()
+
+    chosen, idle = asyncio.run(scenario())
+    assert chosen is idle

@@ -1,0 +1,68 @@
+"""A partition leader that hangs (SIGSTOP) under a steady acks=all producer (issue 38 item 2).
+
+The produce in flight to it times out after request_timeout_ms. The cluster moves the partition
+only once the hung broker's session times out (here 6 s, longer than the 3 s request timeout), so
+a retry sent to it after the back-off would wait out a second request timeout. The producer must
+instead hold the batches until the broker answers or the partition moves, then send them to the
+new leader: one Produce request times out, not two.
+"""
+from __future__ import annotations
+
+import time
+
+from broker.client import Admin, Producer
+from tests.e2e.conftest import partitions_of, wait_for, wait_for_full_isr
+
+TOPIC = "hung-leader"
+REQUEST_TIMEOUT_MS = 3_000
+SESSION_TIMEOUT_MS = 6_000  # the broker default: a hung leader's partitions move 4-6 s after the pause
+SEND_INTERVAL_S = 0.005
+DEADLINE_S = 60.0
+
+
+def test_a_hung_leader_costs_one_request_timeout_not_two(cluster):
+    local = cluster(3, **{"broker.session.timeout.ms": SESSION_TIMEOUT_MS})
+    with Admin(local.bootstrap) as admin:
+        admin.create_topic(TOPIC, 1, replication_factor=3, configs={"min.insync.replicas": 2})
+        victim_id = wait_for_full_isr(admin, TOPIC)[0].leader
+    victim = local.brokers[victim_id]
+    survivors = ",".join(b.bootstrap for b in local.brokers if b is not victim)
+
+    acked_after_pause: list[float] = []
+    errors: list[BaseException] = []
+
+    def delivered(metadata, error, after_pause: bool) -> None:
+        if error is not None:
+            errors.append(error)
+        elif after_pause and not acked_after_pause:
+            acked_after_pause.append(time.monotonic())
+
+    with Producer(local.bootstrap, acks="all", linger_ms=1, request_timeout_ms=REQUEST_TIMEOUT_MS,
+                  delivery_timeout_ms=120_000) as producer:
+        for _ in range(200):  # a second of steady traffic, every record acknowledged by the leader
+            producer.send(TOPIC, b"before", partition=0, on_delivery=lambda md, err: delivered(md, err, False))
+            time.sleep(SEND_INTERVAL_S)
+        producer.flush()
+        try:
+            victim.pause()
+            paused_at = time.monotonic()
+            while not acked_after_pause and time.monotonic() - paused_at < DEADLINE_S:
+                producer.send(TOPIC, b"after", partition=0, on_delivery=lambda md, err: delivered(md, err, True))
+                time.sleep(SEND_INTERVAL_S)
+            timed_out = producer.metrics()["request-timeout-total"]
+            with Admin(survivors, request_timeout_ms=5_000) as admin:
+                def moved():
+                    state = partitions_of(admin, TOPIC)[0]
+                    return state if state.leader not in (-1, victim_id) else None
+                new_leader = wait_for(moved, 60, "another broker to lead partition 0").leader
+        finally:
+            victim.resume()
+        producer.flush()
+
+    assert acked_after_pause, f"no record sent after the pause was acknowledged within {DEADLINE_S} s"
+    print(f"first acknowledgement {acked_after_pause[0] - paused_at:.2f} s after pausing broker {victim_id} "
+          f"(broker {new_leader} leads now); Produce requests timed out: {timed_out}")
+    # Acknowledged while the victim was stopped: by the new leader. The produce in flight at the
+    # pause timed out; nothing was resent to the hung broker to time out again.
+    assert timed_out == 1, f"{timed_out} Produce requests to the hung leader timed out (one request timeout each)"
+    assert not errors, errors[:3]
