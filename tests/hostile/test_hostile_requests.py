@@ -221,6 +221,15 @@ def _scrape(broker: BrokerProcess) -> str:
         return response.read().decode()
 
 
+def _scrape_when_served(broker: BrokerProcess) -> str:
+    """A scrape, or "" if the endpoint closed it unanswered: all its slots were still held (it
+    frees a slot once it sees the connection closed, later on a loaded machine)."""
+    try:
+        return _scrape(broker)
+    except OSError:
+        return ""
+
+
 def test_the_scrape_stays_bounded_with_2000_groups(broker: BrokerProcess) -> None:
     """2,000 groups with committed offsets: the scrape counts them by state and gives series of
     their own to metrics.groups.max of them only, so it stays small."""
@@ -275,4 +284,4 @@ def test_idle_metrics_connections_take_no_thread_each(broker: BrokerProcess) -> 
     finally:
         for sock in idle:
             sock.close()
-    wait_until(lambda: "pymq_connections" in _scrape(broker), 60, "a scrape once the idle connections closed")
+    wait_until(lambda: "pymq_connections" in _scrape_when_served(broker), 60, "a scrape once the idle connections closed")

@@ -192,7 +192,9 @@ def test_a_produce_that_timed_out_is_resent_only_once_the_leader_answers_or_the_
 
     produced_while_hung, produced, timed_out, offsets = asyncio.run(produce())
     assert produced_while_hung == 1, f"{produced_while_hung} Produce requests were written to the hung leader"
-    assert timed_out == 1
+    # The hung leader's; under load a produce to the real broker (1 s timeout) may time out too,
+    # which the counts of what reached the proxy tell apart.
+    assert timed_out >= 1
     if outcome == "partition-moves":
         assert produced == 1  # the rest went to the new leader
     values = [r.value for r in sorted(consume(shared_broker.bootstrap, topic, 1, 3), key=lambda r: r.offset)]
