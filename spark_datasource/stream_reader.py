@@ -1,10 +1,22 @@
 """`spark.readStream.format("pymq")`: micro-batches of offset ranges, checkpointed by Spark.
 
-Offsets are `{"topic": {"partition": next_offset, "topicId": id}}` (partition numbers as JSON
-keys; `topicId`, the incarnation of the topic the offsets belong to, is optional: checkpoints
-written before it are read as offsets of unknown incarnation, never compared). The reader
-lives in one long-running Python process on the driver, so it keeps what admission control needs
-between triggers (when the last batch was cut, the Trigger.AvailableNow target).
+Offsets are the Spark Kafka source's, exactly: `{"topic": {"partition": next_offset}}`, every
+inner key a partition number and every value an int, in the checkpoint's `offsets/N` files, in
+`StreamingQueryProgress.sources[].startOffset/endOffset/latestOffset`, and as `startingOffsets`
+JSON (a query's end fed to another query starts it there). Code that parses Kafka's offsets
+parses these.
+
+Which incarnation of a topic name the offsets belong to (its topic id) is kept out of them, by
+the reader (`TopicIdLedger`): Spark 4.2 gives a Python source no metadata log (PythonScan drops
+the checkpoint location) and no per-source state beside the offsets, and any entry inside them
+(an inner `topicId` key, as checkpoints written before this held; or a top-level entry that is
+not a topic) breaks Kafka's parsers or shows them a topic that does not exist. The reader is one
+long-running Python process on the driver, so it remembers the ids of the offsets it hands to
+Spark for as long as the query runs; a restarted query starts from the checkpoint's offsets and
+the topics as they are then (as Kafka's source does: a topic re-created while the query was
+stopped is told only by offsets that went back). Offsets checkpointed with the inline `topicId`
+keys resume, and their ids are still compared. The reader also keeps what admission control
+needs between triggers (when the last batch was cut, the Trigger.AvailableNow target).
 
 - `initialOffset`: the starting options (default `latest`) over the partitions that exist now.
 - `latestOffset(start, limit)`: the subscription is looked up again (new topics matching
@@ -23,16 +35,20 @@ between triggers (when the last batch was cut, the Trigger.AvailableNow target).
   where it is (no new data this trigger; the next trigger asks again), and planning reads a new
   partition whose start got no answer from offset 0, so the read finds what is gone. Whether a
   topic is gone is decided by the topic listing alone, and data loss follows failOnDataLoss.
-- A topic deleted and re-created since the query's position (its id in the offsets changed),
-  whatever its offsets now, is data loss too (failOnDataLoss=true fails naming both ids; false
-  reads the new topic from its earliest offset, as a new partition); each planned range carries
-  its topic id, so a task never reads another incarnation (`task.py`).
+- A topic deleted and re-created since the query's position (its id changed), whatever its
+  offsets now, is data loss too: the first trigger that sees it leaves the topic out of its end,
+  as for a deleted topic (its old and new offsets may be equal, and Kafka's form cannot tell
+  them apart), so planning reports the loss (failOnDataLoss=true fails naming both ids); the
+  next trigger finds it as a new topic, read from its earliest offset. Each planned range
+  carries its topic id, so a task never reads another incarnation (`task.py`).
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -56,29 +72,59 @@ from spark_datasource.task import read_offset_range
 
 log = logging.getLogger("pymq.spark.stream")
 
-Offsets = dict[str, dict[str, int | str]]  # what Spark checkpoints
+Offsets = dict[str, dict[str, int]]  # Spark Kafka's form, what Spark checkpoints and reports
 TopicIds = dict[str, str]
-TOPIC_ID = "topicId"  # a topic's key for its id in Offsets (never a partition number)
+# Where checkpoints written before the ids left the offsets kept a topic's id (beside its
+# partitions): read, never written.
+LEGACY_TOPIC_ID = "topicId"
 
 
-def to_json(offsets: PartitionOffsets, topic_ids: TopicIds | None = None) -> Offsets:
-    """Spark's form of `offsets`, with the id of each topic `topic_ids` knows."""
+def to_json(offsets: PartitionOffsets) -> Offsets:
+    """Spark Kafka's form of `offsets`: `{topic: {partition: offset}}`."""
     out: Offsets = {}
     for (topic, partition), offset in sorted(offsets.items()):
         out.setdefault(topic, {})[str(partition)] = offset
-    for topic, parts in out.items():
-        if topic_ids and topic in topic_ids:
-            parts[TOPIC_ID] = topic_ids[topic]
     return out
 
 
 def from_json(offsets: Offsets) -> PartitionOffsets:
-    return {(topic, int(p)): int(o) for topic, parts in offsets.items() for p, o in parts.items() if p != TOPIC_ID}
+    """The positions in `offsets`, Kafka's form or the legacy one with inline topic ids."""
+    return {(topic, int(p)): int(o) for topic, parts in offsets.items() for p, o in parts.items()
+            if p != LEGACY_TOPIC_ID}
 
 
-def topic_ids_of(offsets: Offsets) -> TopicIds:
-    """The topic ids `offsets` names (none in a checkpoint written before they were kept)."""
-    return {topic: str(parts[TOPIC_ID]) for topic, parts in offsets.items() if TOPIC_ID in parts}
+class TopicIdLedger:
+    """The topic ids of the offsets this reader handed to Spark: which incarnation of each topic
+    name their positions belong to, so a topic deleted and re-created between two triggers is
+    told from new records (the offsets alone cannot tell them apart).
+
+    Spark gives the reader back only offsets it handed out before (the start and end of the
+    batch it plans, the start of the next trigger), so the ledger keeps the last `capacity`
+    offsets it recorded, by their JSON, and forgets older ones (a query runs for months). Offsets
+    it never recorded (a restarted query's checkpoint) have the ids they carry inline (legacy
+    checkpoints) or none, and a topic without an id is not compared."""
+
+    def __init__(self, capacity: int = 16) -> None:
+        self._capacity = capacity
+        self._ids: OrderedDict[str, TopicIds] = OrderedDict()
+
+    def record(self, offsets: Offsets, ids: TopicIds) -> Offsets:
+        """Remember that `offsets` are positions in the topics `ids` names; returns `offsets`."""
+        key = _key(offsets)
+        self._ids[key] = {topic: ids[topic] for topic in offsets if topic in ids}
+        self._ids.move_to_end(key)
+        while len(self._ids) > self._capacity:
+            self._ids.popitem(last=False)
+        return offsets
+
+    def ids_of(self, offsets: Offsets) -> TopicIds:
+        """The topic ids `offsets` belong to, as far as known."""
+        inline = {topic: str(parts[LEGACY_TOPIC_ID]) for topic, parts in offsets.items() if LEGACY_TOPIC_ID in parts}
+        return {**inline, **self._ids.get(_key(offsets), {})}
+
+
+def _key(offsets: Offsets) -> str:
+    return json.dumps(offsets, sort_keys=True)
 
 
 def recreated(before: TopicIds, now: TopicIds) -> set[str]:
@@ -133,6 +179,7 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._latest: Offsets | None = None  # for reportLatestOffset
         self._target: Latest | None = None  # Trigger.AvailableNow: never read past these
         self._last_batch_s = -math.inf  # the first trigger never waits for minOffsetsPerTrigger (Kafka's rule)
+        self._topic_ids = TopicIdLedger()
         self._lag = (LagGroup(options.group_id_for_lag, options.bootstrap_servers)
                      if options.group_id_for_lag is not None else None)
 
@@ -140,7 +187,8 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> Offsets:
         tps = self._offsets.topic_partitions(missing_ok=True)
-        return to_json(self._offsets.resolve(self.options.starting, tps, starting=True), self._ids(tps))
+        return self._topic_ids.record(to_json(self._offsets.resolve(self.options.starting, tps, starting=True)),
+                                      self._ids(tps))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_offsets_per_trigger is not None:
@@ -158,12 +206,17 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # where the query starts), and this call also comes when no batch follows it.
         self._report_position(begin)
         target = self._target if self._target is not None else self._latest_now()
-        # A re-created topic's partitions are new ones: read from their start, never held at a
-        # position of the old topic (`partitions` reports the loss).
-        gone = recreated(topic_ids_of(start), target.topic_ids)
+        # A re-created topic leaves the offsets this trigger, as a deleted one does (`partitions`
+        # reports the loss), and comes back at the next as a new topic, read from its start: its
+        # new offsets, in Kafka's form, could equal the old ones and plan no batch at all.
+        gone = recreated(self._topic_ids.ids_of(start), target.topic_ids)
+        if gone:
+            log.info("%s deleted and re-created since the last trigger; read again from its start next trigger",
+                     ", ".join(sorted(gone)))
         begin = {tp: offset for tp, offset in begin.items() if tp[0] not in gone}
-        latest = target.ends(begin)
-        self._latest = to_json(latest, target.topic_ids)
+        available = target.ends(begin)
+        self._latest = to_json(available)
+        latest = {tp: offset for tp, offset in available.items() if tp[0] not in gone}
         if isinstance(limit, ReadAllAvailable):
             return self._advance(begin, latest, target.topic_ids)
         new = [tp for tp in latest if tp not in begin]
@@ -173,7 +226,7 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             backlog = sum(max(end - since.get(tp, end), 0) for tp, end in latest.items())
             waited_ms = (time.monotonic() - self._last_batch_s) * 1000
             if backlog < self.options.min_offsets_per_trigger and waited_ms < self.options.max_trigger_delay_ms:
-                return start
+                return start  # Spark gives it back next trigger; the ledger has its ids (or it has them inline)
         max_rows = self.options.max_offsets_per_trigger or (limit.max_rows if isinstance(limit, ReadMaxRows) else None)
         if max_rows is not None:
             latest = rate_limit(since, latest, max_rows)
@@ -195,14 +248,17 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _advance(self, begin: PartitionOffsets, end: PartitionOffsets, topic_ids: TopicIds) -> Offsets:
         if end != begin:
             self._last_batch_s = time.monotonic()
-        return to_json(end, topic_ids)
+        return self._topic_ids.record(to_json(end), topic_ids)
 
     # -- planning and reading ----------------------------------------------------------------
 
     def partitions(self, start: Offsets, end: Offsets) -> Sequence[InputPartition]:
         begin, stop = from_json(start), from_json(end)
-        ids = topic_ids_of(end)
-        self._forget_recreated(begin, topic_ids_of(start), ids)
+        existing = set(self._offsets.topic_partitions(missing_ok=True))
+        # The ids `end` was cut on; offsets this reader did not hand out (a restarted query
+        # re-planning a checkpointed batch) are read from the topics as they are now.
+        ids = {**self._ids(list(stop)), **self._topic_ids.ids_of(end)}
+        self._forget_recreated(begin, self._topic_ids.ids_of(start), {**self._offsets.topic_ids, **ids})
         new = [tp for tp in stop if tp not in begin]
         if new:  # discovered since the last batch (a new topic or partition): read from its start
             earliest = self._offsets.earliest(new)
@@ -211,7 +267,6 @@ class PymqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     self._lost(tp, f"new partition {tp[0]}-{tp[1]} starts at offset {offset}, not 0", 0, offset)
             # No answer (a metadata race): from offset 0, where the read finds any loss itself.
             begin.update({tp: earliest.get(tp, 0) for tp in new})
-        existing = set(self._offsets.topic_partitions(missing_ok=True))
         for tp in sorted(begin.keys() - stop.keys()):  # gone: latestOffset leaves deleted partitions out
             self._lost(tp, f"{tp[0]}-{tp[1]} no longer exists (topic deleted?) after offset {begin[tp]}",
                        begin[tp], begin[tp])

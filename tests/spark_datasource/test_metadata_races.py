@@ -24,7 +24,7 @@ from spark_datasource.batch_reader import PymqBatchReader
 from spark_datasource.offsets import OffsetReader
 from spark_datasource.options import SourceOptions
 from spark_datasource.ranges import OffsetRange
-from spark_datasource.stream_reader import TOPIC_ID, Offsets, PymqStreamReader
+from spark_datasource.stream_reader import LEGACY_TOPIC_ID, Offsets, PymqStreamReader
 from spark_datasource.task import read_offset_range
 
 
@@ -92,8 +92,16 @@ def offsets_race(bootstrap: str, topic: str, kind: str) -> Callable[..., Any]:
 
 
 def positions(offsets: Offsets) -> Offsets:
-    """`offsets` without the topic ids: the positions a test compares."""
-    return {topic: {p: o for p, o in parts.items() if p != TOPIC_ID} for topic, parts in offsets.items()}
+    """`offsets`, checked to be in Spark Kafka's form (every inner key a partition number, every
+    value an int: what code written for Kafka's offsets parses)."""
+    for parts in offsets.values():
+        assert all(p.isdigit() and type(o) is int for p, o in parts.items()), offsets
+    return offsets
+
+
+def topic_id(bootstrap: str, topic: str) -> str:
+    with Admin(bootstrap) as admin:
+        return admin.describe_topics([topic])[0].topic_id
 
 
 def stream_reader(bootstrap: str, fail_on_data_loss: bool, **options: str) -> PymqStreamReader:
@@ -133,7 +141,7 @@ def test_latest_offset_holds_a_partition_whose_offsets_lookup_races(bootstrap, t
             assert positions(later) == {a: {"0": 4}, b: {"0": 3}}
             assert rows(reader, reader.partitions(end, later)) == {(b, 0): 1}
             return
-        assert positions(later) == {a: {"0": 4}, b: {"0": 0}}  # re-created, empty
+        assert positions(later) == {a: {"0": 4}}  # re-created: out for a trigger, as if deleted
         if fail_on_data_loss:
             with pytest.raises(DataLossError, match=f"{b}-0: the topic was deleted and re-created after offset 2"):
                 reader.partitions(end, later)
@@ -257,42 +265,71 @@ def test_a_stream_range_planned_before_its_topic_was_recreated_is_not_read(boots
         reader.stop()
 
 
+@pytest.mark.parametrize("records", [2, 4], ids=["at", "above"])
 @pytest.mark.parametrize("fail_on_data_loss", [True, False])
-def test_stream_notices_a_topic_recreated_at_or_above_its_position(bootstrap, topics, fail_on_data_loss):
-    """A topic re-created between two triggers with more records than the query had read (offsets
-    above its position, which offsets alone cannot tell from new data) is data loss naming both ids
-    (failOnDataLoss=true), or read from the new topic's start (false)."""
+def test_stream_notices_a_topic_recreated_at_or_above_its_position(bootstrap, topics, fail_on_data_loss, records):
+    """A topic re-created between two triggers with as many or more records than the query had
+    read (offsets at or above its position, which offsets alone cannot tell from no or new data)
+    leaves the offsets for a trigger: data loss naming both ids (failOnDataLoss=true), or read
+    from the new topic's start at the next trigger (false)."""
     a, b = topics
     reader = stream_reader(bootstrap, fail_on_data_loss, subscribe=f"{a},{b}")
     try:
         start = reader.initialOffset()
         first = reader.latestOffset(start, ReadAllAvailable())
         assert rows(reader, reader.partitions(start, first)) == {(a, 0): 3, (b, 0): 2}
-        old_id = first[b][TOPIC_ID]
-        new_id = recreate(bootstrap, b, 4)
-        produce(bootstrap, a, 1)
+        old_id = topic_id(bootstrap, b)
+        new_id = recreate(bootstrap, b, records)
         end = reader.latestOffset(first, ReadAllAvailable())
-        assert positions(end) == {a: {"0": 4}, b: {"0": 4}} and end[b][TOPIC_ID] == new_id
+        assert positions(end) == {a: {"0": 3}}
         if fail_on_data_loss:
             with pytest.raises(DataLossError, match=f"{b}-0: the topic was deleted and re-created after offset 2 "
                                                     f"\\(topic id {old_id}, now {new_id}\\)"):
                 reader.partitions(first, end)
             return
-        assert rows(reader, reader.partitions(first, end)) == {(a, 0): 1, (b, 0): 4}
+        assert rows(reader, reader.partitions(first, end)) == {}
+        again = reader.latestOffset(end, ReadAllAvailable())
+        assert positions(again) == {a: {"0": 3}, b: {"0": records}}
+        [planned] = reader.partitions(end, again)
+        assert (planned.range.start, planned.range.end, planned.range.topic_id) == (0, records, new_id)
+        assert rows(reader, [planned]) == {(b, 0): records}
     finally:
         reader.stop()
 
 
-def test_stream_reads_offsets_checkpointed_without_topic_ids(bootstrap, topics):
-    """Offsets from a checkpoint written before topic ids were kept plan and read as before, and
-    the next offsets carry the ids."""
+@pytest.mark.parametrize("form", ["kafka", "legacy"])
+def test_stream_resumes_from_offsets_it_did_not_hand_out(bootstrap, topics, form):
+    """Offsets a restarted query gives back from its checkpoint, in Kafka's form or the legacy one
+    with inline topic ids, plan and read as before; the next offsets are in Kafka's form and
+    each planned range names the topic id its planning saw."""
     a, b = topics
+    checkpointed = {a: {"0": 1}, b: {"0": 0}}
+    if form == "legacy":
+        checkpointed = {t: {**parts, LEGACY_TOPIC_ID: topic_id(bootstrap, t)} for t, parts in checkpointed.items()}
     reader = stream_reader(bootstrap, True, subscribe=f"{a},{b}")
     try:
-        old = {a: {"0": 1}, b: {"0": 0}}
-        end = reader.latestOffset(old, ReadAllAvailable())
-        assert positions(end) == {a: {"0": 3}, b: {"0": 2}} and TOPIC_ID in end[a] and TOPIC_ID in end[b]
-        assert rows(reader, reader.partitions(old, end)) == {(a, 0): 2, (b, 0): 2}
+        end = reader.latestOffset(checkpointed, ReadAllAvailable())
+        assert positions(end) == {a: {"0": 3}, b: {"0": 2}}
+        planned = reader.partitions(checkpointed, end)
+        assert {p.range.topic: p.range.topic_id for p in planned} == {t: topic_id(bootstrap, t) for t in (a, b)}
+        assert rows(reader, planned) == {(a, 0): 2, (b, 0): 2}
+    finally:
+        reader.stop()
+
+
+def test_legacy_checkpoint_ids_tell_a_topic_recreated_while_the_query_was_stopped(bootstrap, topics):
+    """Offsets checkpointed with inline topic ids keep telling a topic deleted and re-created while
+    the query was stopped (with more records than its position) from new records."""
+    _, b = topics
+    checkpointed = {b: {"0": 2, LEGACY_TOPIC_ID: topic_id(bootstrap, b)}}
+    new_id = recreate(bootstrap, b, 4)
+    reader = stream_reader(bootstrap, True, subscribe=b)
+    try:
+        end = reader.latestOffset(checkpointed, ReadAllAvailable())
+        assert positions(end) == {}
+        with pytest.raises(DataLossError, match=f"{b}-0: the topic was deleted and re-created after offset 2 "
+                                                f"\\(topic id {checkpointed[b][LEGACY_TOPIC_ID]}, now {new_id}\\)"):
+            reader.partitions(checkpointed, end)
     finally:
         reader.stop()
 

@@ -238,3 +238,23 @@ def test_spark_json_offsets_leaving_out_a_partition_fail_naming_it(spark, source
         spark_read(spark, source_broker.bootstrap, subscribe=topic_name,
                    startingOffsets=json.dumps({topic_name: {"0": 0}})).collect()
     assert "startingOffsets" in str(raised.value)
+
+
+SPARK_FORMS = {  # one set of offsets as Spark and its users write it
+    "compact": '{"orders.v1":{"0":23,"1":-2,"2":-1},"t-b":{"0":9223372036854775807}}',
+    "spaced": '{"orders.v1": {"0": 23, "1": -2, "2": -1}, "t-b": {"0": 9223372036854775807}}',
+    "pretty": '{\n  "orders.v1" : {\n    "0" : 23,\n    "1" : -2,\n    "2" : -1\n  },\n  "t-b" : {\n    "0" : 9223372036854775807\n  }\n}',
+}
+
+
+@pytest.mark.parametrize("text", SPARK_FORMS.values(), ids=SPARK_FORMS.keys())
+def test_offsets_json_in_sparks_exact_forms(text):
+    """startingOffsets (streaming: -2 earliest, -1 latest per partition) and endingOffsets (batch:
+    -1 latest) accept the JSON Spark's Kafka source writes and its progress reports, compact,
+    spaced or pretty-printed, any topic name, any offset a long holds."""
+    offsets = {"orders.v1": {0: 23, 1: -2, 2: -1}, "t-b": {0: 9223372036854775807}}
+    options = {**BOOT, "subscribe": "orders.v1,t-b"}
+    streaming = SourceOptions.parse({**options, "startingOffsets": text}, streaming=True)
+    assert streaming.starting == OffsetSpec("offsets", offsets, option="startingOffsets")
+    batch = SourceOptions.parse({**options, "endingOffsets": text.replace("-2", "5")}, streaming=False)
+    assert batch.ending == OffsetSpec("offsets", {**offsets, "orders.v1": {0: 23, 1: 5, 2: -1}}, option="endingOffsets")

@@ -92,7 +92,7 @@ def memory_rows(spark, name: str) -> list:
 
 
 def positions(offsets: str) -> dict[str, dict[str, int]]:
-    """A reported offset JSON's positions (without the topic ids it carries)."""
+    """A reported offset JSON's positions, in Kafka's form."""
     return to_json(from_json(json.loads(offsets)))
 
 
