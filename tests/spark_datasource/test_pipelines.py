@@ -122,7 +122,8 @@ def test_pipeline_tables_hold_what_the_topic_holds(source_broker, tmp_path: Path
             producer.send_batch(topic, events(batch))
         producer.flush()
     with Admin(bootstrap) as admin:
-        log_end = {tp[1]: offset for tp, (offset, _) in admin.list_offsets({(topic, p): -1 for p in range(PARTITIONS)}).items()}
+        ends = admin.list_offsets({(topic, p): -1 for p in range(PARTITIONS)})
+    log_end = {tp[1]: offset for tp, (offset, _) in ends.items()}
     assert sum(log_end.values()) == produced.num_rows
 
     warehouse = tmp_path / "warehouse"

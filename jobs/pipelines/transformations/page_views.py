@@ -11,12 +11,12 @@ from pyspark.sql import functions as F
 from jobs.pipelines import event_stream
 from spark_datasource import register
 
-spark: SparkSession  # set by spark-pipelines before this module runs
+spark: SparkSession = globals()["spark"]  # put here by spark-pipelines before it runs this module
 
 # Until pymq registers `format("pymq")` statically (a `pyspark_pymq` package), the session must be
 # told; registering again is harmless.
 register(spark)
-event_stream.tolerate_metrics(spark)
+event_stream.tolerate_metrics(spark)  # or pyspark 4.2.0's CLI fails the finished run (SPARK-59135)
 
 
 @dp.table(comment="Every event of the topic, each once: its position, time, user (the key) and page (from the JSON value)")
