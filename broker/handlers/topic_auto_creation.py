@@ -37,7 +37,7 @@ class TopicAutoCreation:
         if not self.enabled:
             return {name: UnknownTopicOrPartitionError(
                 f"unknown topic {name!r}: auto.create.topics.enable is false on broker {self.broker_id}; "
-                f"create the topic first (CreateTopics: Admin.create_topic, `pymq topics create`)") for name in names}
+                f"create the topic first (CreateTopics: Admin.create_topic, `pymq topic create`)") for name in names}
         allowed, refused = names[:self.max_per_request], names[self.max_per_request:]
         errors: dict[str, PymqError] = {name: PolicyViolationError(
             f"topic {name!r} not created: one Metadata request creates at most {self.max_per_request} unknown "
