@@ -7,9 +7,14 @@ of the suite runs on the static registration.
 """
 from __future__ import annotations
 
+import os
 import pkgutil
+import site
 import threading
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource
@@ -63,6 +68,20 @@ def test_static_import_is_on_unless_switched_off():
     assert static_import_enabled({key: "true"})
     assert not static_import_enabled({key: "false"})
     assert not static_import_enabled({key: " FALSE "})
+
+
+def test_local_spark_hands_the_source_tree_to_spark_workers(monkeypatch):
+    """An editable install is invisible to Spark's lookup: local_spark puts the tree holding pyspark_pymq on PYTHONPATH."""
+    from spark_datasource.session import _expose_to_static_lookup
+
+    root = Path(__import__("pyspark_pymq").__file__).resolve().parent.parent
+    if str(root) in {str(Path(path).resolve()) for path in site.getsitepackages()}:
+        pytest.skip("pymq is installed in site-packages, where Spark's lookup finds it")
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    assert _expose_to_static_lookup()
+    assert os.environ["PYTHONPATH"].split(os.pathsep) == ["/elsewhere", str(root)]
+    assert _expose_to_static_lookup() and os.environ["PYTHONPATH"].split(os.pathsep) == ["/elsewhere", str(root)]
+    assert "pyspark_pymq" in {info.name for info in pkgutil.iter_modules([str(root)])}
 
 
 def test_write_and_read_from_a_new_thread_in_an_unregistered_session(spark, source_broker, topic_name):
