@@ -1,35 +1,27 @@
 """`auto.create.topics.enable` against real brokers: a Metadata request that allows it (a producer's
 lookups; a consumer's only with `allow_auto_create_topics`) creates unknown topics with
 num.partitions; off (pymq's default) the producer gets UNKNOWN_TOPIC_OR_PARTITION saying so and
-nothing is created; a hostile request creates no invalid or internal topic and at most
-auto.create.topics.max.per.request topics, within max.partitions.
+nothing is created. Hostile requests: tests/hostile/test_hostile_auto_create.py.
 """
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 
 import pytest
 
 from broker.client import Admin, Consumer, Producer
 from broker.client.cluster import Cluster
 from broker.config import BROKER_CONFIGS
-from broker.errors import (
-    InvalidTopicError,
-    PolicyViolationError,
-    UnknownTopicOrPartitionError,
-)
+from broker.errors import UnknownTopicOrPartitionError
 from broker.process import BrokerProcess
 from broker.protocol import MetadataRequest, MetadataResponse
 
 PARTITIONS = 3
-PER_REQUEST = 4
 
 
 @pytest.fixture(scope="module")
 def enabled(module_broker_factory) -> BrokerProcess:
-    return module_broker_factory("auto-create-on", **{"auto.create.topics.enable": True, "num.partitions": PARTITIONS,
-                                                       "auto.create.topics.max.per.request": PER_REQUEST}).start()
+    return module_broker_factory("auto-create-on", **{"auto.create.topics.enable": True, "num.partitions": PARTITIONS}).start()
 
 
 @pytest.fixture(scope="module")
@@ -97,45 +89,3 @@ def test_metadata_without_the_flag_creates_nothing(enabled):
     reply = metadata(enabled, ["never-asked"], allow=False)
     assert isinstance(reply.topics[0].error(), UnknownTopicOrPartitionError)
     assert "never-asked" not in topics_of(enabled)
-
-
-def test_hostile_request_creates_only_valid_topics_up_to_the_bound(enabled):
-    """Invalid and internal names get INVALID_TOPIC_EXCEPTION; past max.per.request unknown topics, POLICY_VIOLATION."""
-    names = ["h-0", "bad name!", "__consumer_offsets", "h-1", "h-0", "h-2", "h-3"]
-    before = topics_of(enabled)
-    reply = metadata(enabled, names, allow=True)
-    answers = {topic.name: topic for topic in reply.topics}
-    assert [topic.name for topic in reply.topics] == names
-    assert answers["h-0"].error() is None and len(answers["h-0"].partitions) == PARTITIONS
-    assert answers["h-1"].error() is None
-    assert isinstance(answers["bad name!"].error(), InvalidTopicError)
-    if "__consumer_offsets" not in before:  # created by the broker only, for groups
-        assert isinstance(answers["__consumer_offsets"].error(), InvalidTopicError)
-    for refused in ("h-2", "h-3"):
-        assert isinstance(answers[refused].error(), PolicyViolationError)
-        assert "auto.create.topics.max.per.request" in answers[refused].error_message
-    assert topics_of(enabled) - before == {"h-0", "h-1"}
-
-
-def test_disabled_broker_ignores_a_flood_of_names(disabled):
-    """A request allowing creation of many names on a broker with it off creates none and answers each."""
-    names = [f"flood-{i}" for i in range(500)]
-    reply = metadata(disabled, names, allow=True)
-    assert all(isinstance(topic.error(), UnknownTopicOrPartitionError) for topic in reply.topics)
-    assert not {name for name in topics_of(disabled) if name.startswith("flood-")}
-
-
-@pytest.fixture
-def small_broker(broker_factory) -> Iterator[BrokerProcess]:
-    yield broker_factory("auto-create-small", **{"auto.create.topics.enable": True, "num.partitions": 2,
-                                                 "max.partitions": 4}).start()
-
-
-def test_auto_created_topics_stop_at_max_partitions(small_broker):
-    """Auto-created topics count against max.partitions: past it, a producer's send is refused POLICY_VIOLATION."""
-    with Producer(small_broker.bootstrap, linger_ms=0) as producer:
-        producer.send("small-1", b"v").result(timeout=30)
-        producer.send("small-2", b"v").result(timeout=30)
-        with pytest.raises(PolicyViolationError, match="max.partitions"):
-            producer.send("small-3", b"v")
-    assert {"small-1", "small-2"} <= topics_of(small_broker) and "small-3" not in topics_of(small_broker)
