@@ -78,9 +78,9 @@ def _append_only(overwrite: bool) -> None:
 def register(spark: SparkSession) -> None:
     """Make `format("pymq")` available in `spark` when Spark's static registration is off
     (`spark.sql.pyspark.dataSource.staticImport.enabled=false`). Idempotent, and harmless where the
-    static registration already made it available: the same class under the same name. Spark
-    refuses a second registration where the session inherited the first from the one it was made
-    from (`newSession()`): that one is the same source, and is kept."""
+    static registration already made it available: the same class under the same name. Spark 4.2
+    refused DATA_SOURCE_ALREADY_EXISTS in a `newSession()` of a session that had registered it,
+    with the static registration not finding pymq: that registration is this same source, kept."""
     try:
         spark.dataSource.register(PymqDataSource)
     except AnalysisException as err:
