@@ -12,10 +12,12 @@ import pkgutil
 import site
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource
 
@@ -158,3 +160,26 @@ def test_register_is_idempotent_beside_the_static_registration(spark, source_bro
     register(child)
     assert read_text(parent, bootstrap, topic_name) == [("k", "v")]
     assert read_text(child, bootstrap, topic_name) == [("k", "v")]
+
+
+class _RefusingDataSources:
+    """A session's `dataSource` that refuses every registration with `condition` (what Spark 4.2 did
+    in a `newSession()` of a session that had registered pymq, static registration not finding it)."""
+
+    def __init__(self, condition: str) -> None:
+        self.condition = condition
+
+    def register(self, source: type) -> None:
+        raise AnalysisException(message=f"[{self.condition}] refused", errorClass=self.condition, messageParameters={})
+
+
+@pytest.mark.parametrize("condition, kept", [("DATA_SOURCE_ALREADY_EXISTS", True), ("SOMETHING_ELSE", False)],
+                         ids=["already-registered", "other-error"])
+def test_register_keeps_an_existing_registration_and_raises_the_rest(condition, kept):
+    """register() treats DATA_SOURCE_ALREADY_EXISTS as done (the same source) and raises any other refusal."""
+    session = SimpleNamespace(dataSource=_RefusingDataSources(condition))
+    if kept:
+        register(session)  # type: ignore[arg-type]
+    else:
+        with pytest.raises(AnalysisException, match="SOMETHING_ELSE"):
+            register(session)  # type: ignore[arg-type]
