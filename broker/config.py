@@ -422,6 +422,15 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
                   "replicas that would put more on any live broker is refused (POLICY_VIOLATION). Internal "
                   "topics are exempt but count",
                   1, 10_000_000),
+        # Kafka's default is true; pymq's is false: any client may be hostile, and a typo or a
+        # hostile client must not create topics (broker/handlers/metadata.py).
+        ConfigDef("auto.create.topics.enable", bool, False,
+                  "a Metadata request that allows it (a producer's lookups) creates the unknown topics it "
+                  "names, with num.partitions and default.replication.factor, validated as CreateTopics "
+                  "(name, internal topics, max.partitions); off: they are UNKNOWN_TOPIC_OR_PARTITION"),
+        ConfigDef("auto.create.topics.max.per.request", int, 10,
+                  "unknown topics one Metadata request may create (more are refused POLICY_VIOLATION): one "
+                  "request cannot hold the admin changes for long", 1, 100_000),
     ]
 }
 for _d, _broker_key in TOPIC_CONFIGS.values():

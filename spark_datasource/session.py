@@ -1,5 +1,12 @@
-"""A local Spark session with the `pymq` source registered and Delta Lake enabled: what the main
-job, the jobs, the tests, the benchmarks and notebooks start from.
+"""A local Spark session with the `pymq` source and Delta Lake enabled: what the main job, the jobs,
+the tests, the benchmarks and notebooks start from.
+
+`format("pymq")` comes from Spark's static registration of the installed `pyspark_pymq` package
+(see its docstring), as in any session a user starts; `register()` runs only when the caller
+switches that off or the package is missing (an install older than it). Spark lists `sys.path`
+directories to find the package, and an editable install's import hook is invisible to that
+listing, so the package's directory is handed to the JVM's Python workers on `PYTHONPATH` when it
+is not installed in site-packages.
 
 Settings come in three layers, later ones winning: `conf/spark-defaults.conf` (Delta's session
 extension and catalog, s3a), the local defaults below (with `conf/log4j2.properties` for the JVM's
@@ -11,7 +18,9 @@ installed; `PYSPARK_PYTHON` tells Spark which, and is set here before the JVM st
 """
 from __future__ import annotations
 
+import importlib.util
 import os
+import site
 import sys
 import warnings
 from pathlib import Path
@@ -61,9 +70,39 @@ def local_spark(app_name: str, cores: int = 2, **conf: str) -> SparkSession:
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
     local = {**LOCAL_DEFAULTS, "spark.databricks.delta.snapshotPartitions": str(cores)}
-    for key, value in {**spark_defaults(), **jars.spark_conf(), **local, **conf}.items():
+    settings = {**spark_defaults(), **jars.spark_conf(), **local, **conf}
+    for key, value in settings.items():
         builder = builder.config(key, value)
+    static = static_import_enabled(settings) and _expose_to_static_lookup()
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("ERROR")
-    register(session)
+    if not static:
+        register(session)
     return session
+
+
+STATIC_IMPORT = "spark.sql.pyspark.dataSource.staticImport.enabled"
+
+
+def static_import_enabled(settings: dict[str, str]) -> bool:
+    """Whether Spark registers installed `pyspark_*` data sources itself (on unless set to false)."""
+    return settings.get(STATIC_IMPORT, "true").strip().lower() != "false"
+
+
+def _expose_to_static_lookup() -> bool:
+    """Whether Spark's lookup will find `pyspark_pymq`: False if it is not installed. Puts the
+    directory holding it on the PYTHONPATH the JVM (started after this) gives its Python workers,
+    unless pymq is installed in site-packages, where the lookup (`pkgutil.iter_modules()` over
+    `sys.path`) finds it anyway. An editable install maps packages with an import hook that listing
+    cannot see: without this, a session started outside the source tree (a notebook's kernel, whose
+    working directory is `notebooks/`) would not find `format("pymq")`."""
+    spec = importlib.util.find_spec("pyspark_pymq")
+    if spec is None or spec.origin is None:
+        return False
+    root = str(Path(spec.origin).resolve().parent.parent)
+    if root in {str(Path(path).resolve()) for path in site.getsitepackages()}:
+        return True
+    paths = [path for path in os.environ.get("PYTHONPATH", "").split(os.pathsep) if path]
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([*paths, root])
+    return True

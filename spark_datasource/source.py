@@ -1,9 +1,8 @@
 """The `pymq` Spark data source.
 
-Name: `pymq`
+Name: `pymq`, registered in every session by Spark itself once pymq is installed (`pyspark_pymq`);
+`register(spark)` does it for a session that switches Spark's static registration off.
 
-    from spark_datasource import register
-    register(spark)
     df = (spark.read.format("pymq")
           .option("kafka.bootstrap.servers", "127.0.0.1:9092")   # or "bootstrap.servers"
           .option("subscribe", "orders")
@@ -15,6 +14,7 @@ per topic-partition offset range, split by size (`ranges.py`). No filter is push
 """
 from __future__ import annotations
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import (
     DataSource,
@@ -76,5 +76,13 @@ def _append_only(overwrite: bool) -> None:
 
 
 def register(spark: SparkSession) -> None:
-    """Make `format("pymq")` available in `spark`."""
-    spark.dataSource.register(PymqDataSource)
+    """Make `format("pymq")` available in `spark` when Spark's static registration is off
+    (`spark.sql.pyspark.dataSource.staticImport.enabled=false`). Idempotent, and harmless where the
+    static registration already made it available: the same class under the same name. Spark 4.2
+    refused DATA_SOURCE_ALREADY_EXISTS in a `newSession()` of a session that had registered it,
+    with the static registration not finding pymq: that registration is this same source, kept."""
+    try:
+        spark.dataSource.register(PymqDataSource)
+    except AnalysisException as err:
+        if err.getCondition() != "DATA_SOURCE_ALREADY_EXISTS":
+            raise

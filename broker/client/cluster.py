@@ -63,8 +63,11 @@ def partition_infos(topic: TopicMetadata) -> list[PartitionInfo]:
 
 class Cluster:
     def __init__(self, bootstrap_servers: str | list[str], *, request_timeout_ms: int = 30_000,
-                 max_in_flight: int = 64) -> None:
+                 max_in_flight: int = 64, auto_create_topics: bool = False) -> None:
+        """`auto_create_topics`: lookups of named topics ask the broker to create those it does not
+        know (Kafka's allow_auto_topic_creation; the broker's auto.create.topics.enable decides)."""
         self.bootstrap = parse_bootstrap(bootstrap_servers)
+        self.auto_create_topics = auto_create_topics
         self.request_timeout_s = request_timeout_ms / 1000
         self.max_in_flight = max_in_flight
         self.brokers: dict[int, tuple[str, int]] = {}
@@ -201,9 +204,11 @@ class Cluster:
             await asyncio.sleep(interval_s)
 
     async def refresh(self, topics: list[str] | None = None) -> None:
-        """Reload broker addresses and partition leaders (all topics, or just `topics`)."""
+        """Reload broker addresses and partition leaders (all topics, or just `topics`, which the
+        broker creates if unknown where this cluster's `auto_create_topics` and the broker allow)."""
+        request = MetadataRequest(None) if topics is None else MetadataRequest(tuple(topics), self.auto_create_topics)
         async with self._lock:
-            reply = await self.send(None, MetadataRequest(None if topics is None else tuple(topics)))
+            reply = await self.send(None, request)
             self.brokers = {b.node_id: (b.host, b.port) for b in reply.brokers}
             if topics is None:  # a full listing: forget topics that are gone
                 self.topics, self.topic_errors, self.topic_ids = {}, {}, {}

@@ -107,7 +107,9 @@ class AsyncConsumer:
     rebalance timeout the coordinator waits for members to rejoin), `partition_assignment_strategy`
     (assignor names in preference order, or Kafka's class names), `enable_auto_commit` (default:
     True with a group), `auto_commit_interval_ms`, `metadata_max_age_ms` (how often a pattern
-    subscription looks for new topics), `client_id`. Every setting: docs/client-settings.md."""
+    subscription looks for new topics), `client_id`, `allow_auto_create_topics` (a lookup of a named
+    topic asks the broker to create it; off unlike Kafka's consumer: a reader's typo creates nothing).
+    Every setting: docs/client-settings.md."""
 
     def __init__(self, bootstrap_servers: str | list[str], *, auto_offset_reset: str = "latest",
                  fetch_max_wait_ms: int = 500, fetch_min_bytes: int = 1, fetch_max_bytes: int = 50 << 20,
@@ -118,7 +120,8 @@ class AsyncConsumer:
                  max_poll_interval_ms: int = 300_000,
                  partition_assignment_strategy: str | Sequence[str] = DEFAULT_ASSIGNORS,
                  enable_auto_commit: bool | str | None = None, auto_commit_interval_ms: int = 5_000,
-                 metadata_max_age_ms: int = 300_000, max_poll_records: int | None = None) -> None:
+                 metadata_max_age_ms: int = 300_000, max_poll_records: int | None = None,
+                 allow_auto_create_topics: bool = False) -> None:
         auto_offset_reset = RESET_ALIASES.get(auto_offset_reset, auto_offset_reset)
         if auto_offset_reset not in RESET_STRATEGIES:
             raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none' (or Kafka's older "
@@ -142,7 +145,8 @@ class AsyncConsumer:
                 raise ValueError(f"{name} must be positive, got {value}")
         strategies = assignor_names(partition_assignment_strategy, ASSIGNORS)
         self.enable_auto_commit = auto_commit
-        self.cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms)
+        self.cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms,
+                               auto_create_topics=as_bool("allow.auto.create.topics", allow_auto_create_topics))
         self._subs = SubscriptionState(auto_offset_reset)
         self._fetcher = Fetcher(self.cluster, self._subs, fetch_max_wait_ms=fetch_max_wait_ms,
                                 fetch_min_bytes=fetch_min_bytes, fetch_max_bytes=fetch_max_bytes,

@@ -82,7 +82,9 @@ class AsyncProducer:
         # send() makes two method calls per record on this object: keep its attributes few
         # (on CPython 3.11 past 29 an instance gets a dict of its own and each call is ~15 ns
         # slower, measured). New state goes on a member object.
-        self.cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms, max_in_flight=max_in_flight)
+        # Lookups of a topic ask for its creation, as Kafka's producer's do (the broker decides).
+        self.cluster = Cluster(bootstrap_servers, request_timeout_ms=request_timeout_ms, max_in_flight=max_in_flight,
+                               auto_create_topics=True)
         # max_in_flight=1 guarantees each partition's order (Kafka's guaranteeMessageOrder).
         self.accumulator = RecordAccumulator(batch_size, linger_ms, buffer_memory, self._on_batch,
                                              in_order=max_in_flight == 1)

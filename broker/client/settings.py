@@ -74,6 +74,8 @@ CONSUMER = {
     "metadata_max_age_ms": ("metadata is refreshed at least this often (a pattern subscription finds new "
                             "topics)", None),
     "max_poll_records": ("most records one poll() returns (None: all that are fetched), taken from the buffered partitions in turn", "500"),
+    "allow_auto_create_topics": ("a lookup of a named topic asks the broker to create it if unknown (the broker's "
+                                 "auto.create.topics.enable decides); off: a reader's typo creates nothing", "true"),
 }
 ADMIN = {
     "request_timeout_ms": ("longest wait for one request's response", None),

@@ -37,6 +37,7 @@ from broker.handlers.fetch import FetchHandler
 from broker.handlers.group import GroupHandler
 from broker.handlers.list_offsets import ListOffsetsHandler
 from broker.handlers.metadata import MetadataHandler
+from broker.handlers.topic_auto_creation import TopicAutoCreation
 from broker.handlers.produce import ProduceHandler
 from broker.handlers.replication import ReplicationHandler
 from broker.request_metrics import TopicTraffic
@@ -114,8 +115,9 @@ class RequestHandlers:
         self.limits = RequestLimits(config["request.max.elements"], config["group.member.metadata.max.bytes"])
         self.traffic = TopicTraffic()  # bytes and messages in and out per topic (broker/metrics.py)
         self.brokers = brokers or LiveBrokers()
-        metadata = MetadataHandler(self.broker_id, registry, advertised, self.brokers, fence)
         admin = self.admin = AdminHandler(config, registry, replicas)
+        metadata = MetadataHandler(self.broker_id, registry, advertised, self.brokers, fence,
+                                   TopicAutoCreation(config, admin.create_topics))
         self._table: dict[int, Callable[[Any], Answer]] = {
             ApiKey.API_VERSIONS: metadata.api_versions,
             ApiKey.METADATA: metadata.metadata,

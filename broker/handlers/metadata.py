@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from inspect import isawaitable
 
 from broker.cluster.brokers import LiveBrokers
 from broker.cluster.session_fence import SessionFence
 from broker.cluster.topics import NO_LEADER, PartitionState, TopicRegistry
 from broker.errors import LeaderNotAvailableError, PymqError
 from broker.handlers.slices import answer_in_slices
+from broker.handlers.topic_auto_creation import TopicAutoCreation
 from broker.protocol import (
     SUPPORTED_VERSIONS,
     ApiVersionRange,
@@ -29,15 +31,21 @@ class MetadataHandler:
     While the session fence says this broker's view may be stale (it hung past its session, or
     registered again and has not read the metadata since), the partitions it leads in that view
     are answered LEADER_NOT_AVAILABLE with no leader: it must not tell clients it leads what the
-    cluster may have moved (they refresh, from another broker or from this one once it caught up)."""
+    cluster may have moved (they refresh, from another broker or from this one once it caught up).
+
+    A request that allows topic creation (`allow_auto_topic_creation`) and names topics the
+    registry does not know waits for `auto_create` to create them (or to say why not, per topic);
+    without `auto_create` they are unknown, as for any other request."""
 
     def __init__(self, broker_id: int, registry: TopicRegistry, advertised: Callable[[], tuple[str, int]],
-                 brokers: LiveBrokers, fence: SessionFence | None = None) -> None:
+                 brokers: LiveBrokers, fence: SessionFence | None = None,
+                 auto_create: TopicAutoCreation | None = None) -> None:
         self.broker_id = broker_id
         self.registry = registry
         self.advertised = advertised
         self.brokers = brokers
         self.fence = fence
+        self.auto_create = auto_create
 
     def api_versions(self, request: ApiVersionsRequest) -> ApiVersionsResponse:
         return ApiVersionsResponse(tuple(ApiVersionRange(int(key), key.name, low, high)
@@ -47,7 +55,23 @@ class MetadataHandler:
         """The brokers and the topics asked for (every topic for None); many topics are answered
         in slices (`answer_in_slices`), the brokers and controller as of the last slice."""
         names = sorted(self.registry.topics) if request.topics is None else request.topics
+        if request.topics is not None and request.allow_auto_topic_creation and self.auto_create is not None:
+            unknown = [name for name in dict.fromkeys(request.topics) if name not in self.registry.topics]
+            if unknown:
+                return self._created_then_answered(names, unknown, self.auto_create)
         return answer_in_slices(names, self._topic, self._response)
+
+    async def _created_then_answered(self, names: tuple[str, ...], unknown: list[str],
+                                     auto_create: TopicAutoCreation) -> MetadataResponse:
+        """The answer once the unknown topics are created: each one that was not answers why."""
+        errors = await auto_create.create(unknown)
+
+        def topic(name: str) -> TopicMetadata:
+            error = errors.get(name)
+            return self._topic(name) if error is None else TopicMetadata(name, *code_and_message(error))
+
+        answer = answer_in_slices(names, topic, self._response)
+        return await answer if isawaitable(answer) else answer
 
     def _response(self, topics: list[TopicMetadata]) -> MetadataResponse:
         host, port = self.advertised()

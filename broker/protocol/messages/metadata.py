@@ -1,6 +1,6 @@
 """Metadata (API key 3) and ApiVersions (API key 18): what the cluster looks like and what it speaks.
 
-    Metadata request     control = {topics: [name] | None (every topic)}
+    Metadata request     control = {topics: [name] | None (every topic), allow_auto_topic_creation?}
     Metadata response    control = {error_code, brokers: [{node_id, host, port}], controller_id,
                                     topics: [{name, error_code, error_message?, topic_id, key_partitioner,
                                     partitions: [{partition, error_code, leader, leader_epoch,
@@ -10,6 +10,9 @@
 
 `key_partitioner` is the topic's `key.partitioner` config (murmur2 or murmur3; murmur3 when
 absent), so every producer places a key where the others do.
+
+`allow_auto_topic_creation` (Kafka's field; absent: false) asks the broker to create the named
+topics it does not know, where its `auto.create.topics.enable` allows it (broker/handlers/metadata.py).
 
 A Metadata topic name that is not a string fails the whole request (there is nothing to answer
 per topic without a name to look up).
@@ -108,24 +111,30 @@ class MetadataResponse(Message):
 
 @dataclass(frozen=True, slots=True)
 class MetadataRequest(RequestMessage[MetadataResponse]):
-    """`topics` None: every topic."""
+    """`topics` None: every topic. `allow_auto_topic_creation`: create the named topics the broker
+    does not know (a producer's lookups ask for it, as Kafka's do)."""
 
     api_key: ClassVar[ApiKey] = ApiKey.METADATA
     response_type: ClassVar[type[MetadataResponse]] = MetadataResponse
     topics: tuple[str, ...] | None = None
+    allow_auto_topic_creation: bool = False
 
     def to_control(self) -> dict[str, Any]:
-        return {"topics": None if self.topics is None else list(self.topics)}
+        control: dict[str, Any] = {"topics": None if self.topics is None else list(self.topics)}
+        if self.allow_auto_topic_creation:
+            control["allow_auto_topic_creation"] = True
+        return control
 
     @classmethod
     def from_control(cls, control: dict[str, Any], payload: memoryview) -> "MetadataRequest":
         names = field(control, "topics", list, None)
+        auto_create = field(control, "allow_auto_topic_creation", bool, False)
         if names is None:
-            return cls(None)
+            return cls(None, auto_create)
         for name in names:
             if not isinstance(name, str):
                 raise InvalidRequestError(f"topic names must be strings, got {type(name).__name__}")
-        return cls(tuple(names))
+        return cls(tuple(names), auto_create)
 
 
 @dataclass(frozen=True, slots=True)
