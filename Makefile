@@ -14,7 +14,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml conf/spark-jars.pom.xml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test]' --config-settings editable_mode=compat
 	command -v mvn >/dev/null || (apt-get update -q && apt-get install -y -q maven)
 	command -v etcd >/dev/null || (apt-get update -q && apt-get install -y -q etcd-server)
 	$(BIN)/python -c 'from spark_datasource import jars; jars.main()'

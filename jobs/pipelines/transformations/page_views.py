@@ -9,13 +9,9 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from jobs.pipelines import event_stream
-from spark_datasource import register
 
 spark: SparkSession = globals()["spark"]  # put here by spark-pipelines before it runs this module
 
-# Until pymq registers `format("pymq")` statically (a `pyspark_pymq` package), the session must be
-# told; registering again is harmless.
-register(spark)
 event_stream.tolerate_metrics(spark)  # or pyspark 4.2.0's CLI fails the finished run (SPARK-59135)
 
 
