@@ -32,6 +32,7 @@ from spark_datasource import jars
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 REPO = Path(__file__).resolve().parent.parent
 SPARK_DEFAULTS = REPO / "conf" / "spark-defaults.conf"
+LOG4J = REPO / "conf" / "log4j2.properties"  # warnings and errors only: for drivers, not the daemons (their ready lines are INFO)
 CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 MASTER_READY = re.compile(r"Starting Spark master at (spark://[\d.]+:\d+)")

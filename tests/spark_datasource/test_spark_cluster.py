@@ -25,14 +25,13 @@ import pytest
 
 from broker.client import Admin, Producer
 from broker.process import die_with_parent
-from spark_datasource.spark_daemons import REPO, ConnectServer, StandaloneCluster, spark_env
+from spark_datasource.spark_daemons import LOG4J, ConnectServer, StandaloneCluster, spark_env
 from tests.waiting import wait_until
 
 DRIVER = Path(__file__).resolve().parent / "cluster_driver.py"
-LOG4J = REPO / "conf" / "log4j2.properties"
 PARTITIONS = 2
 RECORDS = 600
-PER_TRIGGER = 60  # about ten micro-batches: the executor dies with most of them still to run
+PER_TRIGGER = 150  # four micro-batches: the executor dies after the first, with three still to run
 SINK_ROWS = 300
 DRIVER_TIMEOUT_S = 420.0
 
