@@ -83,18 +83,18 @@ def deployment(name: str, spec: dict[str, Any], work: Path) -> dict[str, Any]:
     from spark_datasource.spark_daemons import LOG4J, ConnectServer, StandaloneCluster, spark_env, submit_args
 
     script = str(Path(__file__).resolve())
-    conf = {"spark.driver.memory": "2g", "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile={LOG4J.as_uri()}",
-            "spark.sql.shuffle.partitions": "4"}
+    conf = {"spark.driver.memory": "2g", "spark.sql.shuffle.partitions": "4"}
+    quiet = {**conf, "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile={LOG4J.as_uri()}"}
     env = spark_env(work)
     if name == "local":
-        return run_driver([*submit_args("local[2]", conf), script], spec, work, env)
+        return run_driver([*submit_args("local[2]", quiet), script], spec, work, env)
     if name == "standalone":
         cluster = StandaloneCluster(work / "cluster", cores=2, memory="3g").start()
         try:
-            return run_driver([*cluster.submit_args({**conf, "spark.executor.memory": "2g"}), script], spec, work, env)
+            return run_driver([*cluster.submit_args({**quiet, "spark.executor.memory": "2g"}), script], spec, work, env)
         finally:
             cluster.stop()
-    server = ConnectServer(work / "server", conf=conf).start_server()
+    server = ConnectServer(work / "server", conf=conf).start_server()  # at Spark's INFO log: its ready line
     try:
         return run_driver([sys.executable, script], {**spec, "remote": server.url}, work, env)
     finally:

@@ -150,7 +150,8 @@ class StandaloneCluster:
 class ConnectServer(SparkDaemon):
     """A Spark Connect server (its own driver, `master`), with the project's Spark defaults and
     jars, and pymq importable by its Python workers. `url` is what `SparkSession.builder.remote`
-    takes once started."""
+    takes once started. Its log stays at Spark's default INFO level (no LOG4J in `conf`): the
+    line that gives the port is an INFO line."""
 
     def __init__(self, work: Path, master: str = "local[2]", conf: Mapping[str, str] | None = None) -> None:
         settings = {"spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": "0",
