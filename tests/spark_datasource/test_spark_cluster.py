@@ -87,7 +87,7 @@ def kill_executor_mid_stream(cluster: StandaloneCluster, driver: subprocess.Pope
     """SIGKILL the executor JVM once the stream has committed its first micro-batch; the number of
     micro-batches committed at that moment."""
     wait_until(lambda: commits(out) > 0 or driver.poll() is not None, DRIVER_TIMEOUT_S, "the stream's first commit")
-    assert driver.poll() is None, "the driver exited before its stream committed a micro-batch"
+    assert driver.poll() is None, f"the driver exited before its stream committed a micro-batch; log {out.parent / 'driver.log'}"
     executor = wait_until(cluster.executor_pids, 60, "an executor JVM under the worker")[0]
     committed = commits(out)
     os.kill(executor, signal.SIGKILL)
