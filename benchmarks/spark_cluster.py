@@ -18,7 +18,7 @@ Deployments:
               this program as its remote client (`SparkSession.builder.remote`): the cost of the
               client/server hop over local.
 
-    python -m benchmarks.spark_cluster [--records 2000000] [--partitions 4] [--quick] [--only local standalone connect]
+    python -m benchmarks.spark_cluster [--records 10000000] [--partitions 4] [--quick] [--only local standalone connect]
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ if __name__ == "__main__" and sys.path and Path(sys.path[0]).resolve() == Path(_
 from benchmarks import harness
 from benchmarks.harness import SummaryRow
 
-DEFAULT_RECORDS = 2_000_000
+DEFAULT_RECORDS = 10_000_000
 DEPLOYMENTS = ["local", "standalone", "connect"]
 DRIVER_TIMEOUT_S = 1800
 
