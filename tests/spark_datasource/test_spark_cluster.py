@@ -31,7 +31,7 @@ from tests.waiting import wait_until
 DRIVER = Path(__file__).resolve().parent / "cluster_driver.py"
 PARTITIONS = 2
 RECORDS = 600
-PER_TRIGGER = 150  # four micro-batches: the executor dies after the first, with three still to run
+PER_TRIGGER = 100  # six micro-batches: the executor dies after the first, with five still to run
 SINK_ROWS = 300
 DRIVER_TIMEOUT_S = 420.0
 
