@@ -34,6 +34,9 @@ RECORDS = 600
 PER_TRIGGER = 100  # six micro-batches: the executor dies after the first, with five still to run
 SINK_ROWS = 300
 DRIVER_TIMEOUT_S = 420.0
+# Each deployment's first test also sets up its JVMs and runs the driver (1.5-3 min at a load
+# average of 5-14 on 2 cores): more than the suite's 300 s per test would allow on a worse day.
+pytestmark = pytest.mark.timeout(900)
 
 
 @dataclass
