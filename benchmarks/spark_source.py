@@ -71,7 +71,7 @@ def stream_noop(spark: Any, bootstrap: str, topic: str, work: Path, per_trigger:
     running = query.start()
     running.awaitTermination()
     elapsed = time.perf_counter() - started
-    batches = [p["numInputRows"] for p in running.recentProgress]
+    batches = [p.numInputRows for p in running.recentProgress]  # over Spark Connect p["numInputRows"] is None
     return {"records": sum(batches), "seconds": round(elapsed, 2), "rows_per_s": round(sum(batches) / elapsed),
             "batches": len(batches), "max_batch_rows": max(batches, default=0), "max_offsets_per_trigger": per_trigger}
 
