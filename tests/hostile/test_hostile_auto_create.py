@@ -7,8 +7,6 @@ within PROBE_BOUND_S (the one timing assert: generous, for a loaded machine).
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -18,7 +16,7 @@ from broker.client.cluster import Cluster
 from broker.errors import InvalidTopicError, PolicyViolationError, UnknownTopicOrPartitionError
 from broker.process import BrokerProcess
 from broker.protocol import MetadataRequest, MetadataResponse
-from tests.waiting import wait_until
+from tests.hostile.probe import Probe
 
 PARTITIONS = 3
 PER_REQUEST = 4
@@ -91,48 +89,6 @@ def capped(broker_factory) -> Iterator[BrokerProcess]:
         "auto.create.topics.max.per.request": 10}).start()
 
 
-class MetadataProbe:
-    """Another client: Metadata for one existing topic on its own connection until stopped;
-    `worst_s` is its slowest answer."""
-
-    def __init__(self, broker: BrokerProcess, topic: str) -> None:
-        self.broker, self.topic = broker, topic
-        self.worst_s = 0.0
-        self.answers = 0
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="probe", daemon=True)
-
-    def _run(self) -> None:
-        async def loop() -> None:
-            cluster = Cluster(self.broker.bootstrap)
-            try:
-                while not self._stop.is_set():
-                    started = time.monotonic()
-                    reply = await _ask(cluster, [self.topic], allow=False)
-                    assert reply.topics[0].error() is None
-                    self.worst_s = max(self.worst_s, time.monotonic() - started)
-                    self.answers += 1
-                    await asyncio.sleep(0.01)
-            finally:
-                await cluster.close()
-
-        try:
-            asyncio.run(loop())
-        except BaseException as err:  # noqa: BLE001 - reported by stop()
-            self.error = err
-
-    def __enter__(self) -> "MetadataProbe":
-        """Started, and answered once (so that it is answered during what follows)."""
-        self._thread.start()
-        wait_until(lambda: self.answers > 0 or self.error is not None, 60, "the probe's first answer")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(60)
-
-
 def test_flood_of_creating_requests_stops_at_max_partitions(capped):
     """Many pipelined requests, each naming 50 new topics, create exactly max.partitions topics; another client is answered meanwhile."""
     with Producer(capped.bootstrap, linger_ms=0) as producer:
@@ -146,7 +102,7 @@ def test_flood_of_creating_requests_stops_at_max_partitions(capped):
         finally:
             await cluster.close()
 
-    with MetadataProbe(capped, "probe-topic") as probe:
+    with Probe(capped.port, "probe-topic") as probe:
         replies = asyncio.run(flood())
     assert probe.error is None and probe.answers > 0
     assert probe.worst_s < PROBE_BOUND_S, f"another client waited {probe.worst_s:.1f} s"

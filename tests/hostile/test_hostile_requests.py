@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import socket
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -22,6 +21,7 @@ import pytest
 from broker.process import BrokerProcess
 from broker.protocol import ApiKey
 from tests.conftest import RawClient
+from tests.hostile.probe import Probe
 from tests.waiting import wait_until
 
 PROBE_BOUND_S = 8.0
@@ -43,43 +43,6 @@ def broker(module_broker_factory) -> BrokerProcess:
         admin.create_topic(TOPIC, partitions=1)
         admin.find_coordinator("warm-up")  # creates __consumer_offsets once, for every group test
     return process
-
-
-class Probe:
-    """Another client: Metadata for one topic on its own connection, again and again, until
-    stopped; `worst_s` is its slowest answer."""
-
-    def __init__(self, port: int) -> None:
-        self.client = RawClient(port, timeout_s=120)
-        self.worst_s = 0.0
-        self.answers = 0
-        self.error: BaseException | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="probe", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                started = time.monotonic()
-                control, _ = self.client.request(ApiKey.METADATA, {"topics": [TOPIC]})
-                assert control["topics"][0]["error_code"] == 0, control
-                self.worst_s = max(self.worst_s, time.monotonic() - started)
-                self.answers += 1
-                self._stop.wait(0.01)  # a request every 10 ms, not a busy loop
-        except BaseException as err:  # re-raised by __exit__: a probe that died proves nothing
-            self.error = err
-
-    def __enter__(self) -> "Probe":
-        self._thread.start()
-        wait_until(lambda: self.answers > 0 or self.error, 30, "the probe's first answer")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(130)
-        self.client.close()
-        if self.error is not None:
-            raise AssertionError("the probe client failed") from self.error
 
 
 def _metadata(count: int) -> dict[str, Any]:
@@ -108,7 +71,7 @@ def test_a_request_past_request_max_elements_is_refused_while_others_are_served(
     """A request with more elements than request.max.elements gets INVALID_REQUEST naming the
     config, and another client's metadata requests are answered meanwhile."""
     control = make(count)
-    with RawClient(broker.port, timeout_s=120) as flooder, Probe(broker.port) as probe:
+    with RawClient(broker.port, timeout_s=120) as flooder, Probe(broker.port, TOPIC) as probe:
         answer, _ = flooder.request(api_key, control)
     assert answer["error_code"] == INVALID_REQUEST, answer.get("error_message")
     assert "request.max.elements" in answer["error_message"]
@@ -123,7 +86,7 @@ def test_large_allowed_requests_are_answered_while_others_are_served(broker: Bro
               (ApiKey.LIST_OFFSETS, _list_offsets(45_000))]
     flooders = [RawClient(broker.port, timeout_s=120)]
     try:
-        with Probe(broker.port) as probe:
+        with Probe(broker.port, TOPIC) as probe:
             sent = [{flooder.send_frame(api_key, control): api_key for api_key, control in floods}
                     for flooder in flooders]
             answers = []  # (api key, response): responses come in any order, matched by correlation id
