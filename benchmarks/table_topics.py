@@ -72,7 +72,7 @@ def read_all(spark: Any, tiered: TieredTopic, table: str, repeat: int) -> dict[s
         "pymq_s3": lambda: spark.read.format("pymq").options(**base, **{"remoteStorage.url": tiered.url},
                                                              **tiered.moto.spark_options()).load(),
     }
-    from jobs.table_topic import TableTopic
+    from spark_datasource.table_topic import TableTopic
 
     mirrored = TableTopic(spark, table)
     files = mirrored.log.snapshot_files(mirrored.position().version, None)

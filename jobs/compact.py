@@ -38,7 +38,7 @@ import click
 from pyspark.sql import SparkSession
 from rich.table import Table
 
-from broker.cli.common import bootstrap, bootstrap_option, console as cli_console, KeyValue, spark_conf_option
+from broker.cli_options import bootstrap, bootstrap_option, console as cli_console, KeyValue, spark_conf_option
 from broker.client import Admin
 from broker.errors import PymqError, StaleManifestError
 from jobs.job_config import job_defaults

@@ -191,7 +191,7 @@ def table_topic_history(spark, bootstrap: str, out: Path, start_json: str) -> di
     views over both with one history() query."""
     from pyspark.sql import functions as F
 
-    from jobs.table_topic import TableTopic, ValueFormat
+    from spark_datasource.table_topic import TableTopic, ValueFormat
     from jobs.topic_table import SyncOptions, sync
     from pymq import history
 

@@ -35,8 +35,8 @@ from pyspark.sql import SparkSession
 
 from broker.client import Admin, Producer
 from broker.process import BrokerProcess
-from jobs.table_topic import ValueFormat
 from jobs.topic_table import SyncOptions, sync
+from spark_datasource.table_topic import ValueFormat
 
 NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
 TOPIC = "shop.clicks"

@@ -25,11 +25,11 @@ from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 from rich.table import Table
 
-from broker.cli.common import bootstrap, bootstrap_option, console as cli_console, spark_conf_option
+from broker.cli_options import bootstrap, bootstrap_option, console as cli_console, spark_conf_option
 from broker.client import Admin
 from jobs.job_config import job_defaults
-from jobs.table_topic import TableTopic
 from spark_datasource.session import local_spark
+from spark_datasource.table_topic import TableTopic
 
 DELTA_RETENTION_CHECK = "spark.databricks.delta.retentionDurationCheck.enabled"
 DELTA_MIN_HORIZON_HOURS = 168

@@ -12,10 +12,10 @@ import click
 from pyspark.sql import SparkSession
 from rich.table import Table
 
-from broker.cli.common import bootstrap, bootstrap_option, console as cli_console, spark_conf_option
+from broker.cli_options import bootstrap, bootstrap_option, console as cli_console, spark_conf_option
 from broker.client import Admin
-from jobs.table_topic import TableTopic
 from spark_datasource.session import local_spark
+from spark_datasource.table_topic import TableTopic
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """`pymq table sync TOPIC --table PATH_OR_URL`: mirror a topic into a Delta Lake table, exactly once.
 
 A Structured Streaming query reads the topic with `format("pymq")` and hands each micro-batch to
-`BatchWriter`, which appends it to the table (jobs/table_topic.py for the table's layout):
+`BatchWriter`, which appends it to the table (spark_datasource/table_topic.py for the table's layout):
 
 - **Exactly once.** The append is one Delta commit made idempotent by Delta's own transaction
   ids: `txnAppId` is the query's id (stable across restarts of one checkpoint, new for a new
@@ -33,10 +33,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from rich.table import Table
 
-from broker.cli.common import bootstrap, bootstrap_option, console as cli_console, KeyValue, spark_conf_option
+from broker.cli_options import bootstrap, bootstrap_option, console as cli_console, KeyValue, spark_conf_option
 from broker.client import Admin
-from jobs.table_topic import OFFSETS_KEY, TableTopic, ValueFormat, sync_metadata, to_table_rows
 from spark_datasource.session import local_spark
+from spark_datasource.table_topic import OFFSETS_KEY, TableTopic, ValueFormat, sync_metadata, to_table_rows
 
 console = cli_console(stderr=True)
 

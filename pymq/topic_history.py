@@ -3,7 +3,7 @@
 A table topic (`pymq table sync`) holds the history people query often as a Delta table that
 Spark reads natively, at Parquet speed; the records the table has not caught up with yet are on
 the brokers (and in the tier). `history` joins the two at the table's position, the offsets its
-newest sync commit reached in each partition (jobs/table_topic.py):
+newest sync commit reached in each partition (spark_datasource/table_topic.py):
 
     table snapshot (version V)        offsets [log start, position)   read by Spark (Delta or Parquet)
     UNION ALL format("pymq") tail     offsets [position, latest)       read from brokers (and the tier)
@@ -32,7 +32,7 @@ import os
 from pyspark.sql import DataFrame, SparkSession
 
 from broker.client import Admin
-from jobs.table_topic import TableTopic, TableTopicError, ValueFormat, to_table_rows, with_date
+from spark_datasource.table_topic import TableTopic, TableTopicError, ValueFormat, to_table_rows, with_date
 from spark_datasource.options import EARLIEST
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"

@@ -37,7 +37,8 @@ import click
 
 from broker.cli.broker import broker_group
 from broker.cli.cluster import cluster_group
-from broker.cli.common import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, PymqGroup, remember_bootstrap
+from broker.cli.common import PymqGroup
+from broker.cli_options import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, remember_bootstrap
 from broker.cli.consume import consume
 from broker.cli.group import group_group
 from broker.cli.partition import partition_group

@@ -6,7 +6,8 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from broker.cli.common import KEY_VALUE, admin_client, bootstrap_option, console
+from broker.cli.common import admin_client
+from broker.cli_options import KEY_VALUE, bootstrap_option, console
 from broker.errors import LogDirInUseError
 from broker.config import BROKER_CONFIGS, BrokerConfig, ConfigDef
 from segment_format.limits import INT32_MAX, INT64_MAX

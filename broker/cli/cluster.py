@@ -15,7 +15,8 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from broker.cli.common import KEY_VALUE, admin_client, bootstrap_option, console
+from broker.cli.common import admin_client
+from broker.cli_options import KEY_VALUE, bootstrap_option, console
 
 DEFAULT_CLUSTER_CONFIG = Path("conf/cluster-3.toml")
 

@@ -1,5 +1,6 @@
-"""Shared pieces of the `pymq` CLI: error reporting, KEY=VALUE options, the bootstrap address,
-client construction, producer options, consoles and progress bars.
+"""Shared pieces of the `pymq` CLI: error reporting, lazily loaded command groups, client
+construction, producer options, progress and Ctrl-C. The options and console that the Spark jobs'
+commands share with the CLI are in broker/cli_options.py.
 
 Clients are imported inside the functions that build them so that `pymq --help` and
 `pymq broker start` do not pay for (or depend on) the client stack.
@@ -13,16 +14,12 @@ import sys
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import click
-from rich.console import Console
 
+from broker.cli_options import bootstrap, console
 from broker.errors import PymqError
 
 if TYPE_CHECKING:
     from broker.client import Admin, Consumer, Producer
-
-DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
-BOOTSTRAP_ENV = "PYMQ_BOOTSTRAP"
-_BOOTSTRAP_KEY = "pymq.bootstrap"
 
 # Errors the world causes (bad input, unreachable or refusing broker, missing file): reported in
 # one red line instead of a traceback. Anything else is a bug and keeps its traceback.
@@ -87,54 +84,7 @@ def _silence_stdout() -> None:
         sys.stdout = open("/dev/null", "w")  # noqa: SIM115 - lives until exit
 
 
-# -- KEY=VALUE options -------------------------------------------------------------------------
-
-
-class KeyValue(click.ParamType):
-    """`key=value` -> ("key", "value"); the value may be empty and may contain '='."""
-
-    name = "KEY=VALUE"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> tuple[str, str]:
-        if isinstance(value, tuple):
-            return value
-        key, sep, rest = str(value).partition("=")
-        if not sep or not key.strip():
-            self.fail(f"{value!r} is not KEY=VALUE", param, ctx)
-        return key.strip(), rest
-
-
-KEY_VALUE = KeyValue()
-
-
 # -- bootstrap address and clients -------------------------------------------------------------
-
-
-def remember_bootstrap(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    """Option callback: the last `-b` given (root group or command) wins for this invocation."""
-    if value is not None:
-        ctx.meta[_BOOTSTRAP_KEY] = value
-    return value
-
-
-def bootstrap_option(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Let a client command take `-b/--bootstrap-server` after its name too, as Kafka's tools do."""
-    return click.option(
-        "-b", "--bootstrap-server", default=None, expose_value=False, callback=remember_bootstrap,
-        help=f"broker address host:port[,host:port...] [default: ${BOOTSTRAP_ENV} or {DEFAULT_BOOTSTRAP}]",
-    )(command)
-
-
-def spark_conf_option(command: Callable[..., Any]) -> Callable[..., Any]:
-    """`-c/--conf KEY=VALUE` (repeatable) for the commands that run Spark jobs."""
-    return click.option(
-        "-c", "--conf", "spark_conf", multiple=True, type=KeyValue(), metavar="KEY=VALUE",
-        help="a Spark setting, e.g. spark.hadoop.fs.s3a.endpoint=http://... or spark.driver.memory=4g",
-    )(command)
-
-
-def bootstrap() -> str:
-    return click.get_current_context().meta.get(_BOOTSTRAP_KEY, DEFAULT_BOOTSTRAP)
 
 
 @contextlib.contextmanager
@@ -223,20 +173,6 @@ def _number_or_text(value: str) -> int | float | str:
 
 
 # -- output ------------------------------------------------------------------------------------
-
-
-# The width of output that goes to a file or a pipe: wide enough that no table cell is ever folded
-# or cut with an ellipsis (rich would otherwise take 80 columns, or COLUMNS), since what reads it
-# (grep, awk, a file) has no screen to fit.
-UNBOUNDED_WIDTH = 1 << 20
-
-
-def console(stderr: bool = False) -> Console:
-    """A rich console that never interprets markup in user data (values may contain '[...]'), as
-    wide as the terminal, or unbounded when the output is piped or redirected."""
-    stream = sys.stderr if stderr else sys.stdout
-    return Console(stderr=stderr, markup=False, emoji=False, highlight=False,
-                   width=None if stream.isatty() else UNBOUNDED_WIDTH)
 
 
 def write_stdout(data: bytes) -> None:

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
-from broker.cli.common import Interrupts, bootstrap_option, console, consumer_client, topic_partitions, write_stdout
+from broker.cli.common import Interrupts, consumer_client, topic_partitions, write_stdout
+from broker.cli_options import bootstrap_option, console
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 import click
 from rich.table import Table
 
-from broker.cli.common import admin_client, bootstrap_option, console, steps
+from broker.cli.common import admin_client, steps
+from broker.cli_options import bootstrap_option, console
 from broker.cli.consume import Timestamp
 from broker.errors import GroupIdNotFoundError, NonEmptyGroupError, PymqError
 from broker.topic_partition import TopicPartition

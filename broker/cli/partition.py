@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Iterable
 
 import click
 
-from broker.cli.common import admin_client, bootstrap_option, console, steps
+from broker.cli.common import admin_client, steps
+from broker.cli_options import bootstrap_option, console
 
 if TYPE_CHECKING:
     from broker.client import Admin

@@ -18,9 +18,6 @@ import click
 from rich.table import Table
 
 from broker.cli.common import (
-    KEY_VALUE,
-    bootstrap_option,
-    console,
     consumer_client,
     producer_client,
     producer_config,
@@ -28,6 +25,7 @@ from broker.cli.common import (
     progress_bar,
     topic_partitions,
 )
+from broker.cli_options import KEY_VALUE, bootstrap_option, console
 
 if TYPE_CHECKING:
     from broker.cli.loadgen import AckTimer, PayloadPool, Throttle

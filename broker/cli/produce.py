@@ -15,15 +15,8 @@ from typing import IO, Any, Iterable, Iterator
 
 import click
 
-from broker.cli.common import (
-    KEY_VALUE,
-    Interrupts,
-    bootstrap_option,
-    producer_client,
-    producer_config,
-    producer_options,
-    progress_bar,
-)
+from broker.cli.common import Interrupts, producer_client, producer_config, producer_options, progress_bar
+from broker.cli_options import KEY_VALUE, bootstrap_option
 
 # Futures kept before checking the oldest for failures; bounds memory on endless input.
 PENDING_WINDOW = 10_000

@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 import click
 from rich.table import Table
 
-from broker.cli.common import admin_client, bootstrap_option, console
+from broker.cli.common import admin_client
+from broker.cli_options import bootstrap_option, console
 
 if TYPE_CHECKING:
     from broker.client.admin import PartitionTiering

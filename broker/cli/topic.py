@@ -6,7 +6,8 @@ from typing import Any
 import click
 from rich.table import Table
 
-from broker.cli.common import KEY_VALUE, admin_client, bootstrap_option, console
+from broker.cli.common import admin_client
+from broker.cli_options import KEY_VALUE, bootstrap_option, console
 from broker.config import TOPIC_CONFIGS, parse_topic_configs
 from segment_format.layout import validate_topic_name
 from broker.errors import InvalidConfigError

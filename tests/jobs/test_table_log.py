@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from jobs.table_log import TableLog, TableTopicError, s3a_storage_options
+from spark_datasource.table_log import TableLog, TableTopicError, s3a_storage_options
 
 
 def test_s3a_settings_become_storage_options_the_buckets_own_first() -> None:

@@ -18,8 +18,8 @@ import pytest
 
 from broker.client import Admin, Producer
 from broker.process import BrokerProcess
-from jobs.table_topic import TableTopic
 from jobs.topic_table import SyncOptions, sync
+from spark_datasource.table_topic import TableTopic
 
 TOPIC = "table-kill"
 PARTITIONS = 3

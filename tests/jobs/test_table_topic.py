@@ -29,9 +29,9 @@ import pytest
 from broker.client import Admin, Producer
 from broker.process import BrokerProcess
 from jobs.table_status import table_status
-from jobs.table_topic import TableTopic, TableTopicError, ValueFormat
 from jobs.topic_table import SyncOptions, sync
 from pymq import history
+from spark_datasource.table_topic import TableTopic, TableTopicError, ValueFormat
 
 PARTITIONS = 2
 

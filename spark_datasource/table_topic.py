@@ -35,8 +35,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BinaryType, DataType, StringType, StructField, StructType
 
-from jobs.table_log import SnapshotFiles, TableLog, TableTopicError
 from spark_datasource.schema import spark_schema
+from spark_datasource.table_log import SnapshotFiles, TableLog, TableTopicError
 
 VALUE_FORMATS = ("binary", "json", "arrow")
 SNAPSHOT_READERS = ("auto", "delta", "parquet")
