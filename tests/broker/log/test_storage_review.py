@@ -19,6 +19,7 @@ from broker.log_writer import LogWriter
 from broker.purgatory import DelayedOperationPurgatory
 from broker.replica_manager import ReplicaManager
 from segment_format.layout import SegmentFiles
+from broker.log.index_file import IndexFile
 from segment_format.index_file import HEADER_SIZE, OFFSET_INDEX, TIME_INDEX
 
 from tests.broker.log.appends import append
@@ -164,7 +165,7 @@ def test_a_crash_before_the_first_flush_recovers_the_log_quietly(logs, batch, ca
     assert [r.getMessage() for r in caplog.records] == []
     assert append(partition_log, batch(R)).first_offset == 0
     logs.close()
-    assert len(OFFSET_INDEX.load(SegmentFiles(logs.directory / "topic-0", 0).index, 0)) == 0
+    assert len(IndexFile.load(OFFSET_INDEX, SegmentFiles(logs.directory / "topic-0", 0).index, 0)) == 0
 
 
 def fail_nth_creation_of(monkeypatch, suffix: str, n: int) -> None:
