@@ -152,7 +152,7 @@ def test_a_new_segment_creates_its_index_files_at_their_first_write(unified_log,
     partition_log.flush()
     for kind, path in ((OFFSET_INDEX, active.files.index), (TIME_INDEX, active.files.time_index)):
         assert path.read_bytes()[:HEADER_SIZE] == kind.header(3 * R)
-        kind.load(path, 3 * R).sanity_check(active.size)
+        IndexFile.load(kind, path, 3 * R).sanity_check(active.size)
 
 
 def test_a_crash_before_the_first_flush_recovers_the_log_quietly(logs, batch, caplog):
