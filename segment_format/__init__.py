@@ -9,7 +9,8 @@ tiered storage and Spark executors share it and none of them imports another's i
                     small bodies fast); record and body_template build on batch_body
     layout          topic names, segment file names and states (`{base_offset:020d}.log` ...)
     limits          integer limits of the fixed-width fields
-    index_file      the sparse index files: SparseIndex of kind OFFSET_INDEX (.index) or TIME_INDEX (.timeindex)
+    index_file      the sparse index files' codec: SparseIndex (in memory) of kind OFFSET_INDEX (.index)
+                    or TIME_INDEX (.timeindex); broker.log.index_file keeps a local segment's in its file
     index_builder   which batches the two indexes name (Kafka's rule), for every segment writer
     segment_reader  reading a segment's batches from any pread (a local file or an object store)
     segment_writer  writing a sealed segment (log and indexes) to any binary files, without a broker

@@ -1,4 +1,4 @@
-"""Sparse index files `.index` and `.timeindex`: one class, SparseIndex, of two kinds (Kafka's AbstractIndex).
+"""The codec of the sparse index files `.index` and `.timeindex`: one class, SparseIndex, of two kinds.
 
 An index file is a 16-byte header followed by a flat array of fixed-size entries, little-endian:
 
@@ -36,20 +36,14 @@ has exactly one valid value for a given kind and segment, so `parse` detects any
 file without a valid header (an index written before headers existed, a torn creation) raises
 CorruptIndexError, and the log's recovery rebuilds it from the `.log`.
 
-Entries live in memory (two arrays, for bisect) and reach the file lazily:
-`append` only queues packed bytes, `write_pending` writes them with one pwrite, `prepare_sync` /
-`flush` make them durable. Keeping index writes off the append path leaves one write syscall per
-append; a crash that loses queued entries is harmless because recovery rebuilds the indexes of
-every segment it scans, and a sparser index is still a correct one.
-
-The write fd is opened on first need, so loading a sealed segment's index costs no descriptor;
-a new index (`IndexKind.create`) writes its file, header and queued entries in one pwrite, at its
-first `write_pending`. Until then no file exists, which recovery treats like any missing index: the
-segment is past the recovery point (nothing flushed it) and its indexes are rebuilt from the `.log`.
+Pure, as the rest of the format: `IndexKind.parse` reads an index from a file's bytes (read from
+disk or from object storage by the caller), `SparseIndex` holds its entries in memory (two arrays,
+for bisect) and `image` gives the bytes of the whole file. Keeping the entries of a local segment
+in their file (lazy writes, truncation, fsync, renames) is the broker's: broker/log/index_file.py
+(IndexFile, a SparseIndex mirrored to its file).
 """
 from __future__ import annotations
 
-import os
 import struct
 from array import array
 from bisect import bisect_left, bisect_right
@@ -105,27 +99,16 @@ class IndexKind:
         """The 16 bytes that open an index of this kind for the segment at `base_offset`."""
         return HEADER.pack(self.magic, VERSION, self.entry.size, base_offset)
 
-    def create(self, path: Path, base_offset: int) -> SparseIndex:
-        """A new empty index whose file is created, or emptied if one exists at `path`, with its
-        first write (`write_pending`, `prepare_sync`): creating a segment costs no index I/O,
-        which is most of what creating a 10,000-partition topic would otherwise cost."""
-        return SparseIndex(self, path, base_offset, file_made=False)
-
-    def load(self, path: Path, base_offset: int) -> SparseIndex:
-        """Read the entries of an existing file. Raises CorruptIndexError if it is missing or
-        `parse` rejects it; the caller must still call `sanity_check` against the segment."""
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError as err:
-            raise CorruptIndexError(f"{path.name} is missing") from err
-        except OSError as err:
-            raise KafkaStorageError(f"cannot read {path}: {err}") from err
-        return self.parse(data, path, base_offset)
-
     def parse(self, data: bytes | bytearray | memoryview, path: Path, base_offset: int) -> SparseIndex:
         """An index from the bytes of a whole file (read from disk or from object storage; `path`
-        names it in errors and is where writes would go). Raises CorruptIndexError unless the
-        header is this kind's, of a known version, for `base_offset`, followed by whole entries."""
+        names it in errors). Raises CorruptIndexError as `entries`."""
+        index = SparseIndex(self, path, base_offset)
+        index._load_entries(self.entries(data, path, base_offset))
+        return index
+
+    def entries(self, data: bytes | bytearray | memoryview, path: Path, base_offset: int) -> memoryview:
+        """The entry bytes of a whole file's `data`. Raises CorruptIndexError unless the header is
+        this kind's, of a known version, for `base_offset`, followed by whole entries."""
         data = memoryview(data).cast("B")
         if len(data) < HEADER_SIZE:
             raise CorruptIndexError(f"{path.name}: {len(data)} bytes, too short for the {HEADER_SIZE}-byte header")
@@ -141,9 +124,7 @@ class IndexKind:
         entries = data[HEADER_SIZE:]
         if len(entries) % entry_size:
             raise CorruptIndexError(f"{path.name}: {len(entries)} bytes of entries is not a whole number of entries")
-        index = SparseIndex(self, path, base_offset)
-        index._load_entries(entries)
-        return index
+        return entries
 
 
 OFFSET_INDEX = IndexKind("offset index", b"PMQI", "i", "offset", "position", offset_in_key=True,
@@ -153,23 +134,20 @@ TIME_INDEX = IndexKind("time index", b"PMQT", "q", "timestamp", "offset", offset
 
 
 class SparseIndex:
-    """One index file of either kind: its entries in two arrays (keys, values) for bisect,
-    mirrored to the file at `path`. Offsets in and out are absolute; the entries hold them
-    relative to `base_offset`.
+    """One index of either kind, in memory: its entries in two arrays (keys, values) for bisect.
+    Offsets in and out are absolute; the entries hold them relative to `base_offset`. `path` is
+    the file the index is (or will be) stored as, named in errors; this class never touches it
+    (a local segment's indexes are IndexFiles, broker/log/index_file.py).
 
     Not thread-safe on its own: the owning segment serializes calls.
     """
 
-    def __init__(self, kind: IndexKind, path: Path, base_offset: int, file_made: bool = True) -> None:
+    def __init__(self, kind: IndexKind, path: Path, base_offset: int) -> None:
         self.kind = kind
         self.path = path
         self.base_offset = base_offset
         self._keys = array(kind.key_type)
         self._values = array("i")
-        self._fd: int | None = None
-        self._written = 0  # entries already in the file
-        self._pending = bytearray()  # packed entries queued for the file
-        self._header_written = file_made  # False: a created index whose file is still to be (re)made
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -178,7 +156,6 @@ class SparseIndex:
         entries = np.frombuffer(data, dtype=self.kind.dtype)
         self._keys.frombytes(entries[self.kind.key_name].tobytes())
         self._values.frombytes(entries[self.kind.value_name].tobytes())
-        self._written = len(self)
 
     # --- entries in domain terms ---------------------------------------------------------------
 
@@ -233,7 +210,6 @@ class SparseIndex:
             raise IndexOrderError(self._out_of_order(key, value))
         self._keys.append(relative_key)
         self._values.append(relative_value)
-        self._pending += kind.entry.pack(relative_key, relative_value)
 
     def _out_of_order(self, key: int, value: int) -> str:
         last_key, last_value = self.last_entry
@@ -265,121 +241,20 @@ class SparseIndex:
 
     def image(self) -> bytes:
         """The whole file as bytes, from memory: the header and every entry (for writers that put
-        an index built in memory somewhere other than `path`: SegmentWriter)."""
+        an index built in memory anywhere: SegmentWriter)."""
         entries = np.empty(len(self), dtype=self.kind.dtype)
         entries[self.kind.key_name] = self._keys
         entries[self.kind.value_name] = self._values
         return self.kind.header(self.base_offset) + entries.tobytes()
 
-    # --- the file ------------------------------------------------------------------------------
-
-    @property
-    def file_made(self) -> bool:
-        """Whether the file exists with this index's header (False for a created index before its
-        first write)."""
-        return self._header_written
-
-    def _writer(self) -> int:
-        if self._fd is None:
-            flags = os.O_RDWR | os.O_CREAT | (0 if self._header_written else os.O_TRUNC)
-            try:
-                self._fd = os.open(self.path, flags, 0o644)
-            except OSError as err:
-                raise KafkaStorageError(f"cannot open {self.path}: {err}") from err
-        return self._fd
-
-    def _write_header(self) -> None:
-        """Make the file hold the header and nothing else."""
-        self._ftruncate(0)
-        self._pwrite(self.kind.header(self.base_offset), 0)
-        self._header_written = True
-
-    def _pwrite(self, data: bytes, position: int) -> None:
-        try:
-            written = os.pwrite(self._writer(), data, position)
-            while written < len(data):
-                written += os.pwrite(self._writer(), data[written:], position + written)
-        except OSError as err:
-            raise KafkaStorageError(f"cannot write {self.path}: {err}") from err
-
-    def _ftruncate(self, size: int) -> None:
-        try:
-            os.ftruncate(self._writer(), size)
-        except OSError as err:
-            raise KafkaStorageError(f"cannot truncate {self.path}: {err}") from err
-
-    def write_pending(self) -> None:
-        """Write queued entries to the file (no fsync); a created index's first call creates the
-        file with its header."""
-        if not self._header_written:
-            self._pwrite(self.kind.header(self.base_offset) + self._pending, 0)  # the fd opens with O_TRUNC
-            self._header_written = True
-        elif self._pending:
-            self._pwrite(bytes(self._pending), HEADER_SIZE + self._written * self.kind.entry.size)
-        else:
-            return
-        self._written += len(self._pending) // self.kind.entry.size
-        self._pending.clear()
-
-    def prepare_sync(self) -> int:
-        """Write queued entries and return a new fd (owned by the caller) whose fsync makes them
-        durable. Lets a flush thread fsync without holding the log lock or sharing our fd; a
-        sealed index gets a read-only fd, which Linux fsyncs just as well."""
-        self.write_pending()
-        try:
-            return os.dup(self._fd) if self._fd is not None else os.open(self.path, os.O_RDONLY)
-        except OSError as err:
-            raise KafkaStorageError(f"cannot open {self.path}: {err}") from err
-
-    def flush(self) -> None:
-        """Write queued entries and fsync the file."""
-        fd = self.prepare_sync()
-        try:
-            os.fsync(fd)
-        except OSError as err:
-            raise KafkaStorageError(f"cannot fsync {self.path}: {err}") from err
-        finally:
-            os.close(fd)
-
     def truncate_entries(self, count: int) -> None:
-        """Keep only the first `count` entries, in memory and on file."""
+        """Keep only the first `count` entries."""
         if not 0 <= count <= len(self):
             raise CorruptIndexError(f"{self.path.name}: cannot keep {count} of its {len(self)} entries")
         del self._keys[count:]
         del self._values[count:]
-        if count < self._written:
-            self._ftruncate(HEADER_SIZE + count * self.kind.entry.size)
-            self._written = count
-            self._pending.clear()
-        else:
-            del self._pending[(count - self._written) * self.kind.entry.size :]
 
     def reset(self) -> None:
-        """Drop every entry (before a rebuild); the file keeps (or gets) a valid header."""
+        """Drop every entry (before a rebuild)."""
         del self._keys[:]
         del self._values[:]
-        self._pending.clear()
-        self._written = 0
-        self._write_header()
-
-    def close(self) -> None:
-        """Close the write fd; queued entries not yet written are dropped (call write_pending first)."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def rename(self, path: Path) -> None:
-        try:
-            os.rename(self.path, path)
-        except FileNotFoundError:
-            pass  # never written: nothing to rename
-        except OSError as err:
-            raise KafkaStorageError(f"cannot rename {self.path}: {err}") from err
-        self.path = path
-
-    def delete(self) -> None:
-        self.close()
-        try:
-            self.path.unlink(missing_ok=True)
-        except OSError as err:
-            raise KafkaStorageError(f"cannot delete {self.path}: {err}") from err

@@ -2,8 +2,8 @@
 
     {base_offset:020d}.log        batch | batch | ...   record.py's format, base offsets strictly
                                                         increasing, the first >= base_offset
-    {base_offset:020d}.index      OFFSET_INDEX (index_file.py)
-    {base_offset:020d}.timeindex  TIME_INDEX (index_file.py)
+    {base_offset:020d}.index      OFFSET_INDEX (segment_format/index_file.py), kept by an IndexFile
+    {base_offset:020d}.timeindex  TIME_INDEX (segment_format/index_file.py), kept by an IndexFile
     *.deleted                     the same files after retention or the log cleaner removed the
                                   segment from its log, waiting for in-flight reads to finish
                                   before they are unlinked
@@ -35,9 +35,10 @@ from segment_format.limits import INT32_MAX
 from broker.errors import CorruptMessageError, KafkaStorageError, LogInvariantError, MessageTooLargeError
 from broker.log.checkpoint import fsync_and_close
 from broker.log.file_cache import FileCache
+from broker.log.index_file import IndexFile
 from segment_format.layout import DELETED_SUFFIX, SegmentFiles
 from segment_format.index_builder import IndexBuilder
-from segment_format.index_file import CorruptIndexError, OFFSET_INDEX, SparseIndex, TIME_INDEX
+from segment_format.index_file import CorruptIndexError, OFFSET_INDEX, TIME_INDEX
 from segment_format.segment_reader import FRAME_ONLY, SegmentReader
 
 log = logging.getLogger(__name__)
@@ -115,8 +116,8 @@ class Segment:
         self.files = files
         self.base_offset = files.base_offset
         self._cache = cache
-        self._indexes = IndexBuilder(SparseIndex(OFFSET_INDEX, files.index, self.base_offset),
-                                     SparseIndex(TIME_INDEX, files.time_index, self.base_offset))
+        self._indexes = IndexBuilder(IndexFile(OFFSET_INDEX, files.index, self.base_offset),
+                                     IndexFile(TIME_INDEX, files.time_index, self.base_offset))
         self._size = 0
         self._next_offset = self.base_offset
         self._first_append_ms: int | None = None
@@ -131,15 +132,15 @@ class Segment:
     def create(cls, directory: Path, base_offset: int, cache: FileCache, state: str = "") -> Segment:
         """A new empty active segment (named for `state`: the log cleaner writes `.cleaned` ones).
         Raises KafkaStorageError if its `.log` already exists or cannot be created. Only the `.log`
-        is created here: the index files are made by their first write (IndexKind.create)."""
+        is created here: the index files are made by their first write (IndexFile.create)."""
         files = SegmentFiles(directory, base_offset, state)
         try:
             os.close(os.open(files.log, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         except OSError as err:
             raise KafkaStorageError(f"cannot create {files.log}: {err}") from err
         segment = cls(files, cache)
-        segment._indexes = IndexBuilder(OFFSET_INDEX.create(files.index, base_offset),
-                                        TIME_INDEX.create(files.time_index, base_offset))
+        segment._indexes = IndexBuilder(IndexFile.create(OFFSET_INDEX, files.index, base_offset),
+                                        IndexFile.create(TIME_INDEX, files.time_index, base_offset))
         return segment
 
     @classmethod
@@ -151,11 +152,11 @@ class Segment:
     # --- state -------------------------------------------------------------------------------
 
     @property
-    def offset_index(self) -> SparseIndex:
+    def offset_index(self) -> IndexFile:
         return self._indexes.offset_index
 
     @property
-    def time_index(self) -> SparseIndex:
+    def time_index(self) -> IndexFile:
         return self._indexes.time_index
 
     @property
@@ -344,11 +345,11 @@ class Segment:
         if not file_size and not self.files.index.exists() and not self.files.time_index.exists():
             # Empty, and closed before any index write (`write_indexes`): nothing to index. The
             # files are made by the first write, as for a created segment.
-            self._indexes = IndexBuilder(OFFSET_INDEX.create(self.files.index, self.base_offset),
-                                         TIME_INDEX.create(self.files.time_index, self.base_offset))
+            self._indexes = IndexBuilder(IndexFile.create(OFFSET_INDEX, self.files.index, self.base_offset),
+                                         IndexFile.create(TIME_INDEX, self.files.time_index, self.base_offset))
             return
-        self._indexes = IndexBuilder(OFFSET_INDEX.load(self.files.index, self.base_offset),
-                                     TIME_INDEX.load(self.files.time_index, self.base_offset))
+        self._indexes = IndexBuilder(IndexFile.load(OFFSET_INDEX, self.files.index, self.base_offset),
+                                     IndexFile.load(TIME_INDEX, self.files.time_index, self.base_offset))
         self.offset_index.sanity_check(file_size)
         last_offset, last_position = self.offset_index.last_entry
         if len(self.offset_index) and self._header_at(last_position).base_offset != last_offset:

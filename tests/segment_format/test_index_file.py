@@ -1,4 +1,4 @@
-"""The versioned header both index kinds share (IndexFile): any corruption of it is detected."""
+"""The versioned header both index kinds share (IndexKind): any corruption of it is detected."""
 from __future__ import annotations
 
 import struct

@@ -74,3 +74,29 @@ def test_no_format_module_imports_inside_a_function() -> None:
     to dodge a cycle) would hide an edge from it."""
     found = [hit for path in sorted(PACKAGE_DIR.glob("*.py")) for hit in _imports_inside_functions(path)]
     assert found == []
+
+
+_IO_MODULES = {"os", "shutil", "tempfile", "mmap", "socket", "selectors", "asyncio", "subprocess", "fsspec"}
+_FILE_CALLS = {"open", "read_bytes", "read_text", "write_bytes", "write_text", "unlink", "rename", "mkdir", "touch",
+               "exists", "stat", "iterdir", "glob", "rglob", "rmdir"}
+
+
+def _io_in(path: Path) -> list[str]:
+    """Imports of I/O modules and calls that open or touch files (`open(...)`, `Path.read_bytes()`, ...)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else \
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        found += [f"{path.name}:{node.lineno}: import {name}" for name in names if name.split(".")[0] in _IO_MODULES]
+        if isinstance(node, ast.Call) and (isinstance(node.func, ast.Name) and node.func.id == "open"
+                                           or isinstance(node.func, ast.Attribute) and node.func.attr in _FILE_CALLS):
+            found.append(f"{path.name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_format_module_opens_or_touches_a_file() -> None:
+    """Pure, as the package says: bytes in, values out. Opening, writing, truncating, fsyncing and
+    renaming files is the callers' (broker.log's IndexFile keeps a local segment's indexes in their
+    files); the format reads and writes only file objects it is handed."""
+    found = [hit for path in sorted(PACKAGE_DIR.glob("*.py")) for hit in _io_in(path)]
+    assert found == []

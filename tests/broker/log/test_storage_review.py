@@ -19,6 +19,7 @@ from broker.log_writer import LogWriter
 from broker.purgatory import DelayedOperationPurgatory
 from broker.replica_manager import ReplicaManager
 from segment_format.layout import SegmentFiles
+from broker.log.index_file import IndexFile
 from segment_format.index_file import HEADER_SIZE, OFFSET_INDEX, TIME_INDEX
 
 from tests.broker.log.appends import append
@@ -151,7 +152,7 @@ def test_a_new_segment_creates_its_index_files_at_their_first_write(unified_log,
     partition_log.flush()
     for kind, path in ((OFFSET_INDEX, active.files.index), (TIME_INDEX, active.files.time_index)):
         assert path.read_bytes()[:HEADER_SIZE] == kind.header(3 * R)
-        kind.load(path, 3 * R).sanity_check(active.size)
+        IndexFile.load(kind, path, 3 * R).sanity_check(active.size)
 
 
 def test_a_crash_before_the_first_flush_recovers_the_log_quietly(logs, batch, caplog):
@@ -164,7 +165,7 @@ def test_a_crash_before_the_first_flush_recovers_the_log_quietly(logs, batch, ca
     assert [r.getMessage() for r in caplog.records] == []
     assert append(partition_log, batch(R)).first_offset == 0
     logs.close()
-    assert len(OFFSET_INDEX.load(SegmentFiles(logs.directory / "topic-0", 0).index, 0)) == 0
+    assert len(IndexFile.load(OFFSET_INDEX, SegmentFiles(logs.directory / "topic-0", 0).index, 0)) == 0
 
 
 def fail_nth_creation_of(monkeypatch, suffix: str, n: int) -> None:

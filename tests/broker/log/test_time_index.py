@@ -5,6 +5,7 @@ import struct
 
 import pytest
 
+from broker.log.index_file import IndexFile
 from segment_format.index_file import CorruptIndexError, HEADER_SIZE, NO_TIMESTAMP, TIME_INDEX, IndexOrderError
 
 BASE = 50
@@ -23,7 +24,7 @@ def index_file(tmp_path, entries, base=BASE, header=None):
 
 @pytest.fixture
 def index(tmp_path):
-    index = TIME_INDEX.create(tmp_path / f"{BASE:020d}.timeindex", BASE)
+    index = IndexFile.create(TIME_INDEX, tmp_path / f"{BASE:020d}.timeindex", BASE)
     for timestamp, offset in [(100, 55), (200, 60), (300, 70)]:
         index.append(timestamp, offset)
     yield index
@@ -47,7 +48,7 @@ def test_maybe_append_refuses_an_offset_that_goes_back(index):
 
 
 def test_empty_index_has_no_timestamp(tmp_path):
-    index = TIME_INDEX.create(tmp_path / "t.timeindex", 7)
+    index = IndexFile.create(TIME_INDEX, tmp_path / "t.timeindex", 7)
     assert index.last_entry == (NO_TIMESTAMP, 7)
     assert index.offset_for_time(12345) == 7
 
@@ -72,12 +73,12 @@ def test_truncate_to_removes_entries_at_and_above(index, offset, remaining):
     index.write_pending()
     index.truncate_to(offset)
     assert len(index) == remaining
-    assert len(TIME_INDEX.load(index.path, BASE)) == remaining
+    assert len(IndexFile.load(TIME_INDEX, index.path, BASE)) == remaining
 
 
 def test_create_writes_the_versioned_header(tmp_path):
     """A new time index file is exactly the 16 known header bytes."""
-    index = TIME_INDEX.create(tmp_path / f"{BASE:020d}.timeindex", BASE)
+    index = IndexFile.create(TIME_INDEX, tmp_path / f"{BASE:020d}.timeindex", BASE)
     index.flush()
     assert index.path.read_bytes() == HEADER
     assert TIME_INDEX.header(BASE) == HEADER
@@ -87,7 +88,7 @@ def test_flushed_entries_load_back(index):
     """Entries follow the header: (timestamp int64, relative offset int32), 12 bytes each."""
     index.flush()
     assert index.path.read_bytes()[:HEADER_SIZE + 12] == HEADER + struct.pack("<qi", 100, 5)
-    loaded = TIME_INDEX.load(index.path, BASE)
+    loaded = IndexFile.load(TIME_INDEX, index.path, BASE)
     assert loaded.last_entry == (300, 70)
     assert loaded.offset_for_time(250) == 60
 
@@ -105,7 +106,7 @@ def test_flushed_entries_load_back(index):
 def test_sanity_check_rejects_inconsistent_index(tmp_path, entries, next_offset):
     path = index_file(tmp_path, entries, base=0)
     with pytest.raises(CorruptIndexError):
-        TIME_INDEX.load(path, 0).sanity_check(next_offset)
+        IndexFile.load(TIME_INDEX, path, 0).sanity_check(next_offset)
 
 
 def test_load_rejects_partial_entry(tmp_path):
@@ -113,7 +114,7 @@ def test_load_rejects_partial_entry(tmp_path):
     path = index_file(tmp_path, [])
     path.write_bytes(path.read_bytes() + struct.pack("<qi", 100, 1)[:7])
     with pytest.raises(CorruptIndexError, match="whole number"):
-        TIME_INDEX.load(path, BASE)
+        IndexFile.load(TIME_INDEX, path, BASE)
 
 
 def test_reset_keeps_a_valid_header(index):
@@ -121,7 +122,7 @@ def test_reset_keeps_a_valid_header(index):
     index.write_pending()
     index.reset()
     assert index.path.read_bytes() == HEADER
-    assert TIME_INDEX.load(index.path, BASE).last_entry == (NO_TIMESTAMP, BASE)
+    assert IndexFile.load(TIME_INDEX, index.path, BASE).last_entry == (NO_TIMESTAMP, BASE)
 
 
 @pytest.mark.parametrize(
@@ -139,7 +140,7 @@ def test_load_rejects_a_bad_header(tmp_path, header, match):
     """A file that is not a version-1 time index of this segment is rebuilt, never trusted."""
     entries = [(100, 5)] if len(header) == HEADER_SIZE else []
     with pytest.raises(CorruptIndexError, match=match):
-        TIME_INDEX.load(index_file(tmp_path, entries, header=header), BASE)
+        IndexFile.load(TIME_INDEX, index_file(tmp_path, entries, header=header), BASE)
 
 
 def test_load_rejects_a_file_written_before_headers_existed(tmp_path):
@@ -147,4 +148,4 @@ def test_load_rejects_a_file_written_before_headers_existed(tmp_path):
     path = tmp_path / f"{BASE:020d}.timeindex"
     path.write_bytes(struct.pack("<qi", 100, 5) + struct.pack("<qi", 200, 10))
     with pytest.raises(CorruptIndexError, match="magic"):
-        TIME_INDEX.load(path, BASE)
+        IndexFile.load(TIME_INDEX, path, BASE)

@@ -7,6 +7,7 @@ import pytest
 
 from broker.config import LogConfig
 from broker.log import LogManager, TopicLogSpec
+from broker.log.index_file import IndexFile
 from segment_format.index_file import CorruptIndexError, HEADER_SIZE, OFFSET_INDEX, TIME_INDEX, IndexOrderError
 from segment_format.record import encode_batch
 from segment_format.batch_body import make_body
@@ -31,7 +32,7 @@ def index_file(tmp_path, entries, base=BASE, header=None):
 
 @pytest.fixture
 def index(tmp_path):
-    index = OFFSET_INDEX.create(tmp_path / f"{BASE:020d}.index", BASE)
+    index = IndexFile.create(OFFSET_INDEX, tmp_path / f"{BASE:020d}.index", BASE)
     for offset, position in ENTRIES:
         index.append(offset, position)
     yield index
@@ -77,7 +78,7 @@ def test_append_refuses_a_relative_offset_beyond_int32(index):
 def test_create_writes_the_versioned_header_at_the_first_write(tmp_path):
     """A new index costs no I/O until it is written; then its file is exactly the 16 known
     header bytes."""
-    index = OFFSET_INDEX.create(tmp_path / f"{BASE:020d}.index", BASE)
+    index = IndexFile.create(OFFSET_INDEX, tmp_path / f"{BASE:020d}.index", BASE)
     assert not index.path.exists()
     index.write_pending()
     index.close()
@@ -101,7 +102,7 @@ def test_entries_reach_the_file_only_when_written(index):
 def test_flushed_entries_load_back(index):
     """A flushed index loads with the same entries and lookups."""
     index.flush()
-    loaded = OFFSET_INDEX.load(index.path, BASE)
+    loaded = IndexFile.load(OFFSET_INDEX, index.path, BASE)
     assert len(loaded) == 3
     assert (loaded.last_entry) == (130, 3000)
     assert loaded.position_of(125) == (120, 2000)
@@ -120,7 +121,7 @@ def test_truncate_to_removes_entries_at_and_above(index, offset, remaining, writ
     index.truncate_to(offset)
     index.write_pending()
     assert len(index) == remaining
-    assert len(OFFSET_INDEX.load(index.path, BASE)) == remaining
+    assert len(IndexFile.load(OFFSET_INDEX, index.path, BASE)) == remaining
 
 
 def test_reset_empties_memory_and_file_but_keeps_the_header(index):
@@ -129,13 +130,13 @@ def test_reset_empties_memory_and_file_but_keeps_the_header(index):
     index.reset()
     assert len(index) == 0 and index.path.read_bytes() == HEADER
     assert index.position_of(130) == (BASE, 0)
-    assert len(OFFSET_INDEX.load(index.path, BASE)) == 0
+    assert len(IndexFile.load(OFFSET_INDEX, index.path, BASE)) == 0
 
 
 def test_create_over_an_old_file_leaves_only_the_header(tmp_path):
     """An index re-created at a path that held entries of old data starts empty."""
     path = index_file(tmp_path, RELATIVE_ENTRIES)
-    index = OFFSET_INDEX.create(path, BASE)
+    index = IndexFile.create(OFFSET_INDEX, path, BASE)
     index.flush()
     assert path.read_bytes() == HEADER
 
@@ -149,7 +150,7 @@ def test_parse_reads_the_bytes_of_a_whole_file(tmp_path):
 
 def test_load_rejects_missing_file(tmp_path):
     with pytest.raises(CorruptIndexError, match="missing"):
-        OFFSET_INDEX.load(tmp_path / "nope.index", 0)
+        IndexFile.load(OFFSET_INDEX, tmp_path / "nope.index", 0)
 
 
 def test_load_rejects_partial_entry(tmp_path):
@@ -157,7 +158,7 @@ def test_load_rejects_partial_entry(tmp_path):
     path = index_file(tmp_path, [(1, 100)])
     path.write_bytes(path.read_bytes() + b"\x01\x02\x03")
     with pytest.raises(CorruptIndexError, match="whole number"):
-        OFFSET_INDEX.load(path, BASE)
+        IndexFile.load(OFFSET_INDEX, path, BASE)
 
 
 @pytest.mark.parametrize(
@@ -177,7 +178,7 @@ def test_load_rejects_a_bad_header(tmp_path, header, match):
     """A file that is not a version-1 offset index of this segment is rebuilt, never trusted."""
     entries = RELATIVE_ENTRIES if len(header) == HEADER_SIZE else []  # a torn header ends the file
     with pytest.raises(CorruptIndexError, match=match):
-        OFFSET_INDEX.load(index_file(tmp_path, entries, header=header), BASE)
+        IndexFile.load(OFFSET_INDEX, index_file(tmp_path, entries, header=header), BASE)
 
 
 def test_load_rejects_a_file_written_before_headers_existed(tmp_path):
@@ -185,7 +186,7 @@ def test_load_rejects_a_file_written_before_headers_existed(tmp_path):
     path = tmp_path / f"{BASE:020d}.index"
     path.write_bytes(b"".join(struct.pack("<ii", o - BASE, p) for o, p in ENTRIES[:2]))  # 16 bytes
     with pytest.raises(CorruptIndexError, match="magic"):
-        OFFSET_INDEX.load(path, BASE)
+        IndexFile.load(OFFSET_INDEX, path, BASE)
 
 
 @pytest.mark.parametrize(
@@ -203,7 +204,7 @@ def test_sanity_check_rejects_inconsistent_index(tmp_path, entries, log_size):
     """Garbage index files are caught at load so the segment rebuilds them."""
     path = index_file(tmp_path, entries, base=0)
     with pytest.raises(CorruptIndexError):
-        OFFSET_INDEX.load(path, 0).sanity_check(log_size)
+        IndexFile.load(OFFSET_INDEX, path, 0).sanity_check(log_size)
 
 
 def test_sanity_check_accepts_valid_index(index):
@@ -233,8 +234,8 @@ def test_a_log_with_headerless_indexes_opens_and_rebuilds_them(tmp_path):
         log.update_high_watermark(20)
         assert [log.offset_for_timestamp(100 + i)[0] for i in range(20)] == list(range(20))
         for path in sorted(directory.glob("*.index")):
-            assert OFFSET_INDEX.load(path, int(path.stem)).path == path
+            assert IndexFile.load(OFFSET_INDEX, path, int(path.stem)).path == path
         for path in sorted(directory.glob("*.timeindex")):
-            assert TIME_INDEX.load(path, int(path.stem)).last_entry[0] >= 100
+            assert IndexFile.load(TIME_INDEX, path, int(path.stem)).last_entry[0] >= 100
     finally:
         manager.close()
