@@ -1,10 +1,11 @@
-# Everything a fresh machine needs: `make run` (the main job) and `make test` (the suite).
+# Everything a fresh machine needs: `make run` (the main job), `make test` (the suite) and
+# `make test-fast` (the suite without Spark, clusters and slow tests).
 PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv run test bench clean
+.PHONY: venv run test test-fast bench clean
 
 venv: $(STAMP)
 
@@ -25,6 +26,11 @@ run: venv
 
 test: venv
 	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+
+# The edit-run loop: no Spark JVM, no multi-broker cluster or etcd, nothing `slow` (the marks
+# tests/conftest.py sets from the fixtures a test uses).
+test-fast: venv
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not spark and not cluster and not slow"
 
 bench: venv
 	$(BIN)/python -m benchmarks.run_all

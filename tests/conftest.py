@@ -47,17 +47,32 @@ def _consume_all(bootstrap: str, topic: str, partitions: int, expected: int, tim
 
 SPARK_GROUP = "spark"
 
+# Tests that start Spark JVMs without the `spark` fixture (in a subprocess or a notebook kernel),
+# outside tests/spark_datasource/ (all of which needs Spark): node id prefixes.
+STARTS_SPARK_ITSELF = ("tests/spark_datasource/", "tests/jobs/test_notebooks.py",
+                       "tests/jobs/test_compact.py::test_sigkill_mid_write")
+# Fixtures of a multi-broker cluster and its etcd.
+CLUSTER_FIXTURES = {"cluster", "etcd"}
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the test ids
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's hook (it reads the marks into the test ids) and -m's
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Groups for `make test`'s parallel run (pytest-xdist, `--dist loadgroup`): each module runs
     whole on one worker, so its module fixtures (brokers, data) are set up once, and every module
     that uses the `spark` fixture runs on one and the same worker, so a run still starts one
-    Spark session. Without xdist the marks do nothing."""
+    Spark session. Without xdist the marks do nothing.
+
+    Also the marks `spark` (the test starts a Spark JVM) and `cluster` (a multi-broker cluster or
+    etcd), from the fixtures a test uses, so `make test-fast` can leave them out as tests are added."""
     spark_modules = {item.nodeid.split("::")[0] for item in items if "spark" in getattr(item, "fixturenames", ())}
     for item in items:
         module = item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(SPARK_GROUP if module in spark_modules else module))
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "spark" in fixtures or item.nodeid.startswith(STARTS_SPARK_ITSELF):
+            item.add_marker(pytest.mark.spark)
+        if fixtures & CLUSTER_FIXTURES:
+            item.add_marker(pytest.mark.cluster)
 
 
 @pytest.fixture(scope="session")

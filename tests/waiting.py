@@ -6,14 +6,23 @@ from collections.abc import Callable
 from typing import Any
 
 
-def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
+def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.05, *,
+               tolerate: tuple[type[BaseException], ...] = ()) -> Any:
     """The first truthy value of `condition()`, polled every `interval_s`; AssertionError naming
-    `what` if none comes within `timeout_s`. Exceptions from `condition` propagate."""
+    `what` if none comes within `timeout_s`.
+
+    Exceptions from `condition` propagate, except those of a type in `tolerate`: they count as
+    "not yet" (a broker restarting answers errors meanwhile), and the last one is named on timeout."""
     deadline = time.monotonic() + timeout_s
+    last_error: BaseException | None = None
     while True:
-        value = condition()
+        try:
+            value = condition()
+        except tolerate as err:
+            value, last_error = None, err
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
+            cause = f" (last error: {last_error!r})" if last_error is not None else ""
+            raise AssertionError(f"not within {timeout_s} s: {what}{cause}")
         time.sleep(interval_s)

@@ -51,6 +51,7 @@ from broker.errors import (
 )
 from broker.protocol import ApiKey
 from tests.broker.forged_batches import FORGED_BATCHES, compacted
+from tests.waiting import wait_until
 
 INT64_MAX = 2**63 - 1
 SOCKET_REQUEST_MAX_BYTES = 65536
@@ -1070,10 +1071,7 @@ def assert_compacted_updates(records: list[tuple[int, bytes]], rounds: int) -> N
 
 
 def wait_for_log(broker, words: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while words not in broker.log_tail(200_000):
-        assert time.monotonic() < deadline, f"the broker did not log {words!r}"
-        time.sleep(0.05)
+    wait_until(lambda: words in broker.log_tail(200_000), timeout_s, f"the broker logs {words!r}")
 
 
 def test_forged_offset_range_on_a_compacted_topic_is_refused_and_the_cleaner_keeps_working(broker_factory, raw_client):

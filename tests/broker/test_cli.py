@@ -26,6 +26,7 @@ from broker.cli.loadgen import PayloadPool, latency_summary
 from broker.cli.produce import MissingSeparatorError, lines_without_separator, split_lines
 from broker.client import RECORD_SCHEMA
 from broker.config import BROKER_CONFIGS
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 READY = re.compile(r"listening on ([\d.]+):(\d+)")
@@ -459,13 +460,6 @@ def _cli_process(*args: str, stdin: Any = subprocess.DEVNULL, stdout: Any = subp
                             stderr=subprocess.PIPE, bufsize=0)
 
 
-def _wait_for(predicate: Any, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 def test_consume_interrupted_reports_exactly_the_records_it_printed(cli_broker: str) -> None:
     """Ctrl-C while a batch is being written to a full pipe: the batch is written whole, then
     consume stops, and the count on stderr is the number of lines printed (it reported 135,631
@@ -502,7 +496,7 @@ def test_consume_as_a_group_member_commits_what_it_printed_and_leaves_on_ctrl_c(
     out = tmp_path / "group.txt"
     with out.open("wb") as sink:
         proc = _cli_process("-b", cli_broker, "consume", "grouped", "--group", "console", "--from-beginning", stdout=sink)
-        _wait_for(lambda: out.read_bytes().count(b"\n") == 40, "the member did not print the 40 records")
+        wait_until(lambda: out.read_bytes().count(b"\n") == 40, 60, "the member prints the 40 records")
         proc.send_signal(signal.SIGINT)
         _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 0 and "consumed 40 records" in stderr.decode(), stderr
@@ -524,7 +518,7 @@ def test_produce_interrupted_says_which_lines_were_stored(cli_broker: str) -> No
     assert proc.stdin is not None
     proc.stdin.write(b"".join(b"line-%d\n" % i for i in range(1, 6)))
     proc.stdin.flush()
-    _wait_for(lambda: len(_stored(cli_broker, "cut-short")) == 5, "the five lines were not stored")
+    wait_until(lambda: len(_stored(cli_broker, "cut-short")) == 5, 60, "the five lines are stored")
     proc.send_signal(signal.SIGINT)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130, stderr

@@ -9,6 +9,7 @@ windows of the two commit orders."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -27,6 +28,7 @@ from broker.errors import PymqError
 from broker.process import die_with_parent
 from tests.broker.group_member import MemberLog
 from broker.topic_partition import TopicPartition
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 # Fast groups: no initial delay, short sessions allowed, a small offsets topic.
@@ -104,17 +106,8 @@ def processes(tmp_path: Path) -> Iterator[Callable[[Any], Processes]]:
 # -- waiting and reading ---------------------------------------------------------------------------
 
 
-def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
-    """Poll `condition` until it returns something truthy; fail naming `what` after timeout_s."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        with contextlib.suppress(PymqError, OSError):
-            last = condition()
-            if last:
-                return last
-        time.sleep(interval_s)
-    pytest.fail(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")
+# A member or broker being restarted answers errors meanwhile: those count as "not yet".
+wait_for = functools.partial(wait_until, interval_s=0.1, tolerate=(PymqError, OSError))
 
 
 def describe(admin: Admin, group: str) -> GroupDescription:

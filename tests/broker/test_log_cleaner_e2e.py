@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from broker.client import Admin, Consumer, Producer
+from tests.waiting import wait_until
 
 TOPIC = "compacted"
 FAST_CLEANER = {"log.cleaner.backoff.ms": 20, "file.delete.delay.ms": 0, "log.retention.check.interval.ms": 100}
@@ -63,13 +64,6 @@ def partition_bytes(log_dir: Path) -> int:
             if path.is_file():
                 total += path.stat().st_size
     return total
-
-
-def wait_until(condition, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.005)
 
 
 def read_everything(bootstrap: str, end_offset: int) -> pa.Table:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import re
 import struct
-import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +25,7 @@ from broker.log.checkpoint import read_offsets
 from broker.log.log_manager import RECOVERY_POINT_CHECKPOINT
 from broker.protocol import ApiKey
 from broker.server import METADATA_FILE
+from tests.waiting import wait_until
 
 TOPIC = "recovering"
 BATCHES = 60
@@ -64,10 +64,8 @@ def segment_files(log_dir: Path) -> list[Path]:
 
 def wait_for_recovery_point(log_dir: Path, offset: int, timeout_s: float = 30.0) -> None:
     """The recovery point is checkpointed right after each rolled segment is flushed."""
-    deadline = time.monotonic() + timeout_s
-    while read_offsets(log_dir / RECOVERY_POINT_CHECKPOINT).get((TOPIC, 0), 0) < offset:
-        assert time.monotonic() < deadline, "the recovery point did not follow the rolled segments"
-        time.sleep(0.02)
+    wait_until(lambda: read_offsets(log_dir / RECOVERY_POINT_CHECKPOINT).get((TOPIC, 0), 0) >= offset, timeout_s,
+               "the recovery point follows the rolled segments", 0.02)
 
 
 def fetch(client, offset: int) -> tuple[dict, bytes]:

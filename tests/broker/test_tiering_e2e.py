@@ -16,6 +16,7 @@ from broker.client import Admin, Consumer, Producer
 from broker.errors import OffsetOutOfRangeError
 from tiered_storage import RemoteSegmentStore
 from segment_format.manifest import PartitionManifest
+from tests.waiting import wait_until
 
 TOPIC = "tiered"
 VALUE_BYTES = 100
@@ -57,13 +58,12 @@ def manifest_of(store: RemoteSegmentStore) -> PartitionManifest:
     return store.load_manifest(TOPIC, 0)
 
 
-def wait_until(condition, timeout_s: float, what: str, every=None) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if every is not None:
-            every()
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.02)
+def all_sealed_tiered(broker, store: RemoteSegmentStore, local_at_most: int) -> bool:  # type: ignore[no-untyped-def]
+    """Whether the manifest reaches the active segment with at most `local_at_most` segments left
+    local; checks on each call that no local segment went before the manifest named it."""
+    check_nothing_local_lost(broker.log_dir, store)
+    bases = local_bases(broker.log_dir)
+    return manifest_of(store).log_end_offset == bases[-1] and len(bases) <= local_at_most
 
 
 def check_nothing_local_lost(log_dir: Path, store: RemoteSegmentStore) -> None:
@@ -138,9 +138,7 @@ def test_sealed_segments_tier_and_leave_the_local_disk(broker_factory, tmp_path)
     create_topic(broker.bootstrap, 16 << 10, 32 << 10)
     produced = 20_000
     produce(broker.bootstrap, 0, produced)
-    check = lambda: check_nothing_local_lost(broker.log_dir, store)  # noqa: E731
-    wait_until(lambda: manifest_of(store).log_end_offset == local_bases(broker.log_dir)[-1]
-               and len(local_bases(broker.log_dir)) <= 4, 60, "every sealed segment is tiered", every=check)
+    wait_until(lambda: all_sealed_tiered(broker, store, 4), 60, "every sealed segment is tiered")
     manifest = manifest_of(store)
     assert len(manifest.segments) >= 30  # 40 batches of 500 records, each past a 16 KiB segment
     check_complete(broker.bootstrap, broker.log_dir, store, produced)
@@ -197,9 +195,7 @@ def test_sigkill_during_uploads_keeps_the_manifest_consistent(broker_factory, tm
         broker.kill()
         check_nothing_local_lost(broker.log_dir, store)
         broker.start()
-    wait_until(lambda: manifest_of(store).log_end_offset == local_bases(broker.log_dir)[-1]
-               and len(local_bases(broker.log_dir)) <= 3, 120, "every sealed segment is tiered",
-               every=lambda: check_nothing_local_lost(broker.log_dir, store))
+    wait_until(lambda: all_sealed_tiered(broker, store, 3), 120, "every sealed segment is tiered")
     check_complete(broker.bootstrap, broker.log_dir, store, produced)
 
 

@@ -38,8 +38,8 @@ from tests.broker.test_tiering_e2e import (
     local_bases,
     manifest_of,
     value,
-    wait_until,
 )
+from tests.waiting import wait_until
 from tests.tiered_storage.backends import REGION, MotoServer, free_port, make_bucket, s3_options
 from tiered_storage import RemoteSegmentStore
 from segment_format.manifest import PartitionManifest
@@ -364,12 +364,12 @@ def tier_some(scenario: Scenario, batches: int) -> PartitionManifest:
 def recover(scenario: Scenario, down_manifest: PartitionManifest) -> None:
     """The store is back: tiering catches up with every sealed segment and local retention trims
     the local log; then every record produced is there once, in order, remote plus local."""
-    def nothing_local_lost() -> None:  # a local segment goes only once a committed manifest names it
+    def caught_up_and_nothing_local_lost() -> bool:  # a local segment goes only once a committed manifest names it
         bases = local_bases(scenario.log_dir)
         assert bases[0] <= scenario.manifest().log_end_offset
+        return scenario.tiered_and_trimmed()
 
-    wait_until(scenario.tiered_and_trimmed, 45, "tiering caught up and local retention trimmed the disk",
-               every=nothing_local_lost)
+    wait_until(caught_up_and_nothing_local_lost, 45, "tiering caught up and local retention trimmed the disk")
     manifest = scenario.manifest()
     assert manifest.version > down_manifest.version
     assert manifest.log_end_offset > down_manifest.log_end_offset
@@ -474,8 +474,7 @@ def test_store_resetting_connections_tiering_waits_its_backoff(scenario, proxy):
         for _ in range(4):
             scenario.produce_batch()
             time.sleep(0.2)
-        wait_until(tried_after_second_failure, 40, "two failed runs and a try after the second",
-                   every=lambda: time.sleep(0.1))
+        wait_until(tried_after_second_failure, 40, "two failed runs and a try after the second", 0.1)
     assert not watch.violations, f"{len(watch.violations)} violations, the first: {watch.violations[:3]}"
     assert scenario.manifest().version == down_manifest.version
     assert all(attempt is not None for _, attempt, _ in proxy.reset_requests), proxy.reset_requests

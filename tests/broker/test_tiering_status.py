@@ -20,6 +20,7 @@ from broker.client import Admin, Consumer, Producer
 from broker.client.admin import PartitionTiering
 from broker.errors import UnknownTopicOrPartitionError
 from tiered_storage import RemoteSegmentStore
+from tests.waiting import wait_until
 
 TOPIC = "tiered"
 PLAIN = "plain"
@@ -55,14 +56,6 @@ def produce(bootstrap: str, topic: str, count: int) -> None:
             producer.send_batch(topic, pa.table({"key": [None] * n, "value": [b"v" * VALUE_BYTES] * n}, schema=schema),
                                 partition=0)
         producer.flush()
-
-
-def wait_until(condition, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not (result := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting until {what}"
-        time.sleep(0.05)
-    return result
 
 
 def local_logs(log_dir: Path, topic: str) -> dict[int, int]:

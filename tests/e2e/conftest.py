@@ -9,20 +9,12 @@ from typing import Any
 
 from broker.client import Admin, Consumer, Producer
 from tests.e2e.checker import History
+from tests.waiting import wait_until
 
 def wait_for(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.2) -> Any:
-    deadline = time.monotonic() + timeout_s
-    last_error: Exception | None = None
-    while True:
-        try:
-            found = condition()
-        except Exception as err:  # noqa: BLE001 - a broker restarting answers errors meanwhile
-            found, last_error = None, err
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last error: {last_error!r})")
-        time.sleep(interval_s)
+    """tests/waiting.py's wait_until, tolerating errors from `condition`: in these scenarios a
+    broker restarting answers errors meanwhile."""
+    return wait_until(condition, timeout_s, what, interval_s, tolerate=(Exception,))
 
 
 def partitions_of(admin: Admin, topic: str) -> dict[int, Any]:

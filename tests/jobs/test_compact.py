@@ -29,6 +29,7 @@ from broker.process import BrokerProcess
 from tests.tiered_storage.backends import s3_tiering
 from jobs.compact import compact, compact_partition, plan_topic, swap
 from tiered_storage import RemoteSegmentStore
+from tests.waiting import wait_until
 
 KEYS = 40
 
@@ -83,15 +84,13 @@ def make_topic(broker: BrokerProcess, topic: str) -> Model:
 def wait_tiered(broker: BrokerProcess, topic: str, store: RemoteSegmentStore, min_segments: int = 4,
                 timeout_s: float = 60.0) -> None:
     """Until the tier holds at least `min_segments` segments and everything but the active segment."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def caught_up() -> bool:
         manifest = store.load_manifest(topic, 0)
         with Admin(broker.bootstrap) as admin:
             (row,) = admin.describe_tiering([topic])
-        if len(manifest.segments) >= min_segments and row.upload_lag_bytes <= 8 << 10 and not row.failures:
-            return
-        assert time.monotonic() < deadline, f"tiering of {topic} did not catch up: {row}"
-        time.sleep(0.1)
+        return len(manifest.segments) >= min_segments and row.upload_lag_bytes <= 8 << 10 and not row.failures
+
+    wait_until(caught_up, timeout_s, f"tiering of {topic} catches up", 0.1)
 
 
 def read_all(bootstrap: str, topic: str) -> list[tuple[int, bytes | None, bytes | None]]:

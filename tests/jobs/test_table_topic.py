@@ -32,6 +32,7 @@ from jobs.table_status import table_status
 from jobs.topic_table import SyncOptions, sync
 from pymq import history
 from spark_datasource.table_topic import TableTopic, TableTopicError, ValueFormat
+from tests.waiting import wait_until
 
 PARTITIONS = 2
 
@@ -154,16 +155,13 @@ def file_indexes(rows) -> set[str]:  # noqa: ANN001 - a DataFrame
 
 def wait_for_local_trim(broker: BrokerProcess, topic: str, above: int, timeout_s: float = 60.0) -> None:
     """Until every partition's oldest local segment starts past `above` (older ones only in the tier)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        starts = []
-        for p in range(PARTITIONS):
-            bases = sorted(int(f.name[:20]) for f in (broker.log_dir / f"{topic}-{p}").glob("*.log"))
-            starts.append(bases[0] if bases else 0)
-        if all(start > above for start in starts):
-            return
-        assert time.monotonic() < deadline, f"local logs of {topic} still start at {starts}"
-        time.sleep(0.1)
+    def starts() -> list[int]:
+        bases = [sorted(int(f.name[:20]) for f in (broker.log_dir / f"{topic}-{p}").glob("*.log"))
+                 for p in range(PARTITIONS)]
+        return [b[0] if b else 0 for b in bases]
+
+    wait_until(lambda: all(start > above for start in starts()), timeout_s,
+               f"local logs of {topic} start past {above}", 0.1)
 
 
 def test_tombstones_of_a_compacted_topic_delete_earlier_rows(spark, broker: BrokerProcess, tmp_path: Path) -> None:

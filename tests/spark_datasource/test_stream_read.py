@@ -24,6 +24,7 @@ from pyspark.errors import StreamingQueryException
 
 from broker.client import EARLIEST, Admin, Producer
 from spark_datasource.stream_reader import from_json, rate_limit, to_json
+from tests.waiting import wait_until
 
 _queries = itertools.count()
 
@@ -108,16 +109,14 @@ def batch_starts(query) -> list[float]:
             for p in query.recentProgress if p["numInputRows"]]
 
 
-def wait_until(condition, timeout_s: float, query=None, what: str = "condition") -> float:
-    """Poll `condition` until true; returns when (monotonic). Fails on timeout or a failed query."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if query is not None and query.exception() is not None:
+def while_running(query, condition):  # type: ignore[no-untyped-def]
+    """`condition` for wait_until, failing at once if the streaming query has failed (it would
+    never hold then)."""
+    def check():  # type: ignore[no-untyped-def]
+        if query.exception() is not None:
             raise AssertionError(f"query failed: {query.exception()}")
-        if condition():
-            return time.monotonic()
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        return condition()
+    return check
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int, configs: dict[str, object] | None = None) -> None:
@@ -253,11 +252,11 @@ def test_min_offsets_per_trigger_waits_for_max_trigger_delay(spark, bootstrap, t
                 minOffsetsPerTrigger=50, maxTriggerDelay=f"{delay_s}s")
     query, table = to_memory(df, {"processingTime": "200 milliseconds"})
     try:
-        wait_until(lambda: sum(batches(query)) >= 3, 120, query, "the first backlog")
+        wait_until(while_running(query, lambda: sum(batches(query)) >= 3), 120, "the first backlog")
         assert batches(query) == [3]  # no batch before it: nothing to wait for
 
         produce(bootstrap, topic_name, {0: 3})
-        wait_until(lambda: sum(batches(query)) >= 6, 120, query, "the small backlog")
+        wait_until(while_running(query, lambda: sum(batches(query)) >= 6), 120, "the small backlog")
         first, second = batch_starts(query)
         # The delay counts from the first batch's trigger (its offsets were decided then); how long
         # that batch ran (seconds, for a session's first streaming query) does not matter.
@@ -266,7 +265,7 @@ def test_min_offsets_per_trigger_waits_for_max_trigger_delay(spark, bootstrap, t
 
         produced_at = time.time()
         produce(bootstrap, topic_name, {0: 60})
-        wait_until(lambda: sum(batches(query)) >= 66, 120, query, "the large backlog")
+        wait_until(while_running(query, lambda: sum(batches(query)) >= 66), 120, "the large backlog")
         # When its batch was triggered (how long the batch then ran, on a loaded machine, does not matter).
         assert batch_starts(query)[2] - produced_at < delay_s - 1, \
             "a backlog over minOffsetsPerTrigger waited for maxTriggerDelay"
@@ -410,7 +409,7 @@ def test_fail_on_data_loss(spark, retention_broker, topic_name, tmp_path):
         # will, so the log start it leaves is final (set before, a pass between two produced
         # records left a start the next pass moved on).
         admin.alter_configs(topic_name, {"retention.bytes": 4096})
-        wait_until(lambda: log_start() > 4, 120, what="retention to delete offset 4")
+        wait_until(lambda: log_start() > 4, 120, "retention to delete offset 4")
         start_after = log_start()
 
     error = run(True)
@@ -435,7 +434,7 @@ def test_deleted_topic_fails_the_query(spark, bootstrap, topic_name):
         query.processAllAvailable()
         with Admin(bootstrap) as admin:
             admin.delete_topics([topic_name])
-        wait_until(lambda: query.exception() is not None, 120, what="the query to fail")
+        wait_until(lambda: query.exception() is not None, 120, "the query to fail")
         message = str(query.exception())
     finally:
         query.stop()
@@ -453,11 +452,11 @@ def test_deleted_and_recreated_topic_without_fail_on_data_loss(spark, bootstrap,
         query.processAllAvailable()
         with Admin(bootstrap) as admin:
             admin.delete_topics([topic_name])
-        wait_until(lambda: json.loads(query.lastProgress["sources"][0]["endOffset"]) == {}, 120, query,
+        wait_until(while_running(query, lambda: json.loads(query.lastProgress["sources"][0]["endOffset"]) == {}), 120,
                    "the query to drop the deleted topic")
         create_topic(bootstrap, topic_name, 1)
         produce(bootstrap, topic_name, {0: 2})
-        wait_until(lambda: len(memory_rows(spark, table)) >= 5, 120, query, "the re-created topic's records")
+        wait_until(while_running(query, lambda: len(memory_rows(spark, table)) >= 5), 120, "the re-created topic's records")
         query.processAllAvailable()
         rows = memory_rows(spark, table)
     finally:
@@ -476,12 +475,13 @@ def test_a_broker_restart_under_a_running_query_is_survived(spark, broker_factor
     df = stream(spark, restarting.bootstrap, subscribe=topic_name, startingOffsets="earliest")
     query, name = to_memory(df, {"processingTime": "200 milliseconds"})
     try:
-        wait_until(lambda: len(memory_rows(spark, name)) == 100, 120, query, "the first 100 records")
+        wait_until(while_running(query, lambda: len(memory_rows(spark, name)) == 100), 120, "the first 100 records")
         restarting.stop()
         time.sleep(3)  # several triggers find no broker
         restarting.start()
         produce(restarting.bootstrap, topic_name, {0: 20, 1: 20})
-        wait_until(lambda: len(memory_rows(spark, name)) == 140, 120, query, "the records produced after the restart")
+        wait_until(while_running(query, lambda: len(memory_rows(spark, name)) == 140), 120,
+                   "the records produced after the restart")
         assert query.exception() is None
         assert offsets_by_partition(memory_rows(spark, name)) == expected(topic_name, {0: range(70), 1: range(70)})
     finally:

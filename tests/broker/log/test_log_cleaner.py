@@ -21,6 +21,7 @@ from broker.log.log_cleaner import group_segments, max_keys_for
 from broker.log.log_manager import CLEANER_CHECKPOINT
 from tests.broker.log.appends import append
 from tests.broker.log.conftest import FakeClock
+from tests.waiting import wait_until
 
 NOW_MS = 1_000_000
 DAY_MS = 86_400_000
@@ -80,16 +81,6 @@ def read_all(partition_log: UnifiedLog, start: int | None = None) -> list[Entry]
             offset = header.next_offset
             position += size
     return out
-
-
-def wait_for(condition, timeout_s: float = 30.0) -> None:  # type: ignore[no-untyped-def]
-    """Until `condition()` holds (a deadline for a hung thread, not a timing assertion)."""
-    done = threading.Event()
-    for _ in range(int(timeout_s / 0.005)):
-        if condition():
-            return
-        done.wait(0.005)
-    raise AssertionError("timed out")
 
 
 @pytest.fixture
@@ -481,7 +472,7 @@ def test_appends_and_fetches_carry_on_while_the_cleaner_runs(compacted, cleaner_
             for i in range(100):
                 written.extend(produce(partition_log, updates(10, 10, b"p%03d" % i), per_batch=5))
                 if i == 50:  # half way, the cleaner must have swapped segments under the readers
-                    wait_for(lambda: cleaner.logs_cleaned > 0)
+                    wait_until(lambda: cleaner.logs_cleaned > 0, 30, "the cleaner cleans a log", 0.005)
         except BaseException as err:  # reported by the main thread
             errors.append(err)
         finally:
@@ -557,6 +548,6 @@ def test_the_thread_starts_wakes_and_stops(compacted):
     cleaner.start()
     produce(partition_log, updates(200, 6))
     cleaner.wake()
-    wait_for(lambda: cleaner.logs_cleaned > 0)
+    wait_until(lambda: cleaner.logs_cleaned > 0, 30, "the cleaner cleans a log", 0.005)
     cleaner.stop()
     assert cleaner.logs_cleaned == 1 and cleaner._thread is None

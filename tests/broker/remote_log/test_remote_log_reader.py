@@ -28,6 +28,7 @@ from tests.broker.log.appends import append
 from tests.broker.log.conftest import SMALL, TOPIC_ID, FakeClock
 from tiered_storage import RemoteObjectNotFoundError, RemoteSegmentStore, RemoteStorageError
 from segment_format.manifest import PartitionManifest, RemoteSegment
+from tests.waiting import wait_until
 
 TOPIC, PARTITION = "topic", 0
 KIB = 1 << 10
@@ -195,19 +196,10 @@ class Ready:
         self.event.clear()
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float = WAIT_S) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.005)
-    return predicate()
-
-
 def settle(reader: RemoteLogReader) -> None:
     """Wait until no chunk or index is being loaded (prefetches finished)."""
     time.sleep(0.05)
-    assert wait_until(lambda: not reader._loading)
+    wait_until(lambda: not reader._loading, WAIT_S, "no chunk or index loading", 0.005)
     time.sleep(0.05)
 
 
@@ -513,7 +505,7 @@ def test_a_read_near_a_segments_start_prefetches_the_next_chunk(tiered, store, m
     reader = make_reader(store, chunk_bytes=CHUNK, prefetch_chunks=1)
     segment = tiered.manifest.segments[0]
     assert reader.read_blocking(TOPIC, PARTITION, tiered.manifest, 0, 1) == expected(tiered, 0, 1)
-    assert wait_until(lambda: chunk_key(segment, 1) in reader.cache)
+    wait_until(lambda: chunk_key(segment, 1) in reader.cache, WAIT_S, "the next chunk cached", 0.005)
     settle(reader)
     assert chunk_key(segment, 2) not in reader.cache
     assert counter.calls == [(0, 0, CHUNK), (0, CHUNK, CHUNK)]
@@ -526,8 +518,9 @@ def test_a_read_ending_a_segment_prefetches_the_next_segments_start(tiered, stor
     segment, following = tiered.manifest.segments[1], tiered.manifest.segments[2]
     last = [b for b, n, _ in tiered.batches if n == segment.next_offset][0]
     assert reader.read_blocking(TOPIC, PARTITION, tiered.manifest, last, 1 << 20) == expected(tiered, last, 1)
-    assert wait_until(lambda: chunk_key(following, 0) in reader.cache
-                      and reader._indexes_key(TOPIC, PARTITION, following) in reader.cache)
+    wait_until(lambda: chunk_key(following, 0) in reader.cache
+               and reader._indexes_key(TOPIC, PARTITION, following) in reader.cache,
+               WAIT_S, "the following segment's first chunk and indexes cached", 0.005)
     found, (offset_index, time_index) = reader.cache.get(reader._indexes_key(TOPIC, PARTITION, following))
     assert offset_index is not None and time_index is not None
 
@@ -839,7 +832,7 @@ def test_reads_past_max_pending_tasks_answer_work_queue_full(tiered, store, make
     counter.gate.set()
     ready.wait()
     assert reader.read(TOPIC, PARTITION, tiered.manifest, first, 30_000) == expected(tiered, first, 30_000)
-    assert wait_until(lambda: reader._executor.depth == 0)  # the read-ahead it could submit finished
+    wait_until(lambda: reader._executor.depth == 0, WAIT_S, "the read-ahead it could submit finished", 0.005)
     try:
         answer = reader.read(TOPIC, PARTITION, tiered.manifest, second, 5_000)
     except RemoteReadPending:
