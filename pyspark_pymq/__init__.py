@@ -4,7 +4,8 @@ Spark 4 looks for installed top-level packages named `pyspark_<anything>` that d
 `DefaultSource` subclassing `pyspark.sql.datasource.DataSource` (SPARK-45917,
 `pyspark/sql/worker/lookup_data_sources.py`), once per JVM, when a query first names a Python data
 source, and registers each under its `name()` for every session of that JVM: `spark-submit` jobs,
-notebooks, Spark SQL's `CREATE TABLE ... USING pymq`, threads with no active session.
+notebooks, Spark SQL's `CREATE TEMPORARY VIEW ... USING pymq`, threads with no active session.
+(A catalog table, `CREATE TABLE ... USING pymq`, is not readable in Spark 4.2: docs/spark.md.)
 `spark.sql.pyspark.dataSource.staticImport.enabled` (on by default) switches it off; sessions
 that do so call `spark_datasource.register(spark)` instead.
 
