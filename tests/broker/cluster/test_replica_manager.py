@@ -18,9 +18,8 @@ from broker.purgatory import DelayedOperationPurgatory
 from broker.replica_manager import ReplicaManager
 
 
-def test_an_append_queued_when_its_topic_is_deleted_is_unknown_topic(tmp_path: Path, monkeypatch):
-    """The append waits on the writer thread while the topic is deleted: the producer is told
-    UNKNOWN_TOPIC_OR_PARTITION (the partition is gone), not KAFKA_STORAGE_ERROR (a failed disk)."""
+def hold_appends(monkeypatch) -> threading.Event:
+    """Appends on the writer thread wait, from now on, until the returned event is set (10 s at most)."""
     release = threading.Event()
     real_append = UnifiedLog.append_as_leader
 
@@ -28,13 +27,25 @@ def test_an_append_queued_when_its_topic_is_deleted_is_unknown_topic(tmp_path: P
         release.wait(10)
         return real_append(self, payload, leader_epoch)
 
+    monkeypatch.setattr(UnifiedLog, "append_as_leader", held_append)
+    return release
+
+
+def _one_record() -> memoryview:
+    return memoryview(record.encode_batch(batch_body.make_body([b"v"], timestamps_ms=batch_body.now_ms())))
+
+
+
+def test_an_append_queued_when_its_topic_is_deleted_is_unknown_topic(tmp_path: Path, monkeypatch):
+    """The append waits on the writer thread while the topic is deleted: the producer is told
+    UNKNOWN_TOPIC_OR_PARTITION (the partition is gone), not KAFKA_STORAGE_ERROR (a failed disk)."""
     async def scenario() -> None:
         logs = LogManager(tmp_path / "data")
         replicas = ReplicaManager(0, logs, LogWriter(offload_bytes=0, max_queued_bytes=1 << 20), DelayedOperationPurgatory())
         await replicas.create_partitions("t", TopicLogSpec(None, LogConfig(), 1), [0],
                                          {("t", 0): LeaderAndIsr(0, 0, (0,), (0,))})
-        monkeypatch.setattr(UnifiedLog, "append_as_leader", held_append)
-        payload = memoryview(record.encode_batch(batch_body.make_body([b"v"], timestamps_ms=batch_body.now_ms())))
+        release = hold_appends(monkeypatch)
+        payload = _one_record()
         pending = replicas.append("t", 0, payload, acks=1, timeout_ms=1000)
         assert not isinstance(pending, tuple) and asyncio.iscoroutine(pending)
         appended = asyncio.ensure_future(pending)
@@ -63,7 +74,7 @@ def test_an_acks_all_produce_answers_when_the_isr_shrinks_while_the_handler_awai
         full = LeaderAndIsr(0, 0, (0, 1, 2), (0, 1, 2))
         spec = TopicLogSpec(None, LogConfig(), 1)
         await replicas.create_partitions("t", spec, [0, 1], {("t", 0): full, ("t", 1): full})
-        payload = memoryview(record.encode_batch(batch_body.make_body([b"v"], timestamps_ms=batch_body.now_ms())))
+        payload = _one_record()
         first = replicas.append("t", 0, payload, acks=-1, timeout_ms=5_000)
         second = replicas.append("t", 1, payload, acks=-1, timeout_ms=5_000)
         assert asyncio.iscoroutine(first) and asyncio.iscoroutine(second)  # both wait for their followers
@@ -91,20 +102,13 @@ def test_an_acks_all_append_queued_when_leadership_moves_answers_not_leader_at_o
     shutdown hands it over): the producer is told NOT_LEADER when the append is done, and retries
     on the new leader. (Parked after the move had failed the purgatory, it waited for its request
     timeout: followers fetch from the new leader, nothing would move the high watermark here.)"""
-    release = threading.Event()
-    real_append = UnifiedLog.append_as_leader
-
-    def held_append(self, payload, leader_epoch):
-        release.wait(10)
-        return real_append(self, payload, leader_epoch)
-
     async def scenario() -> None:
         logs = LogManager(tmp_path / "data")
         replicas = ReplicaManager(0, logs, LogWriter(offload_bytes=0, max_queued_bytes=1 << 20), DelayedOperationPurgatory())
         spec = TopicLogSpec(None, LogConfig(), 1)
         await replicas.create_partitions("t", spec, [0], {("t", 0): LeaderAndIsr(0, 0, (0, 1, 2), (0, 1, 2))})
-        monkeypatch.setattr(UnifiedLog, "append_as_leader", held_append)
-        payload = memoryview(record.encode_batch(batch_body.make_body([b"v"], timestamps_ms=batch_body.now_ms())))
+        release = hold_appends(monkeypatch)
+        payload = _one_record()
         appended = asyncio.ensure_future(replicas.append("t", 0, payload, acks=-1, timeout_ms=30_000))
         await asyncio.sleep(0)
         await replicas.become("t", 0, spec, LeaderAndIsr(1, 1, (0, 1, 2), (1, 2)))  # broker 0 handed over
