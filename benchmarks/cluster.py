@@ -47,7 +47,7 @@ def _cluster(root: Path) -> Any:
 
 
 def _admin(bootstrap: str) -> Any:
-    from broker.client import Admin
+    from client import Admin
 
     return Admin(bootstrap, request_timeout_ms=5_000)
 
@@ -114,7 +114,7 @@ def failover_times(local: Any, kills: int, fault: str = "kill", rate: int = 2000
                    request_timeout_ms: int = 30_000) -> list[float]:
     """Seconds from a fault of a partition's leader (`kill`: SIGKILL; `pause`: SIGSTOP, resumed
     once the partition has moved) to the first acknowledged record sent after it."""
-    from broker.client import Producer
+    from client import Producer
 
     topic = _topic(local.bootstrap, f"failover-{fault}-{int(time.time())}", 1)
     times = []
@@ -159,7 +159,7 @@ def false_failovers(local: Any, seconds: float, rate: int = 2000) -> dict[str, A
     core): leadership must not move and the ISR must not shrink, as no broker failed. Counts the
     leader-epoch increments over the run and the polls (every 0.5 s) that saw an ISR short of
     its replicas."""
-    from broker.client import Producer
+    from client import Producer
 
     topic = _topic(local.bootstrap, f"hog-{int(time.time())}", 6)
     before = _wait_full_isr(local.bootstrap, topic)
@@ -193,7 +193,7 @@ def _beside_hog(measure: Any, *args: Any) -> Any:
 
 def catch_up(local: Any, megabytes: int) -> dict[str, Any]:
     """A stopped follower returns behind `megabytes` of 1 KB records: time back into the ISR."""
-    from broker.client import Producer
+    from client import Producer
 
     topic = _topic(local.bootstrap, f"catchup-{int(time.time())}", 1, {"min.insync.replicas": 1})
     state = _wait_full_isr(local.bootstrap, topic)[0]

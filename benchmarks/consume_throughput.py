@@ -33,7 +33,7 @@ from typing import Any
 
 from benchmarks import harness
 from benchmarks.harness import KB, MB, SummaryRow
-from broker import protocol
+import protocol
 
 DEFAULT_RECORDS = 5_000_000
 RECORD_SIZE = 100
@@ -45,7 +45,7 @@ def consume_worker(bootstrap: str, topic: str, partitions: int, expected: int, m
                    broker_pid: int | None = None, idle_timeout_s: float = 10.0,
                    consumer_config: dict[str, Any] | None = None, ready: Any = None, go: Any = None) -> dict[str, Any]:
     """Runs in the consumer process: read `expected` records from the beginning of every partition."""
-    from broker.client import Consumer
+    from client import Consumer
 
     harness.warm_up_arrow()
     consumer = Consumer(bootstrap, auto_offset_reset="earliest", **(consumer_config or {}))

@@ -49,7 +49,7 @@ STRATEGIES = ["range", "cooperative-sticky"]
 def rebalance_member(bootstrap: str, group: str, topic: str, strategy: str, heartbeat_interval_ms: int,
                      ready: Any, go: Any, stop: Any) -> dict[str, Any]:
     """A member that logs its assignment callbacks (time, kind, partitions) until `stop`."""
-    from broker.client import Consumer
+    from client import Consumer
 
     events: list[tuple[float, str, list[int]]] = []
 
@@ -77,7 +77,7 @@ def rebalance_member(bootstrap: str, group: str, topic: str, strategy: str, hear
 def group_consume_member(bootstrap: str, group: str, topic: str, counter: Any, ready: Any, go: Any,
                          stop: Any) -> dict[str, Any]:
     """A group member reading with poll_arrow() until `stop`; `counter` (shared) counts its records."""
-    from broker.client import Consumer
+    from client import Consumer
 
     harness.warm_up_arrow()
     consumer = Consumer(bootstrap, group_id=group, auto_offset_reset="earliest")
@@ -104,7 +104,7 @@ def commit_member(bootstrap: str, group: str, topic: str, partitions: int, secon
                   go: Any, broker_pid: int | None = None) -> dict[str, Any]:
     """The only member of a group: once it owns every partition, sync-commit them all, offsets
     growing, for `seconds`."""
-    from broker.client import Consumer
+    from client import Consumer
 
     consumer = Consumer(bootstrap, group_id=group, enable_auto_commit=False, auto_offset_reset="earliest")
     try:
@@ -145,8 +145,8 @@ def commit_member(bootstrap: str, group: str, topic: str, partitions: int, secon
 
 def _wait_group(bootstrap: str, group: str, members: int, partitions: int, timeout_s: float = 60.0) -> None:
     """Wait until `group` is Stable with `members` members owning all `partitions` between them."""
-    from broker.client import Admin
-    from broker.errors import PymqError
+    from client import Admin
+    from common.errors import PymqError
 
     deadline = time.monotonic() + timeout_s
     with Admin(bootstrap) as admin:

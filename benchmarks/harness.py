@@ -1,7 +1,7 @@
 """Benchmark harness: broker processes, worker processes, RSS / CPU sampling, profiling, results.
 
 Everything here is self-contained (no pytest): a broker is started exactly like
-`tests/conftest.py` does it (`python -m broker.cli broker start -o key=value ...`, port learned
+`tests/conftest.py` does it (`python -m cli broker start -o key=value ...`, port learned
 from the "listening on" line), in a temporary data directory that is removed afterwards. Every
 broker and worker this module starts is remembered and killed by PID at interpreter exit, on
 Ctrl-C and on SIGTERM; brokers also get PR_SET_PDEATHSIG so they die with the harness even if it
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from broker import process
+from common.child_process import die_with_parent
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH_DIR = REPO / "benchmarks"
@@ -378,22 +379,22 @@ def broker_overrides(event_loop: str = "uvloop", **extra: Any) -> dict[str, Any]
 
 
 def create_topic(bootstrap: str, name: str, partitions: int, configs: dict[str, Any] | None = None) -> None:
-    from broker.client import Admin
+    from client import Admin
 
     with Admin(bootstrap) as admin:
         admin.create_topic(name, partitions=partitions, configs=configs or {})
 
 
 def delete_topic(bootstrap: str, name: str) -> None:
-    from broker.client import Admin
+    from client import Admin
 
     with Admin(bootstrap) as admin:
         admin.delete_topics([name])
 
 
 def topic_end_offsets(bootstrap: str, name: str, partitions: int) -> dict[int, int]:
-    from broker.client import Admin
-    from broker.client.admin import LATEST
+    from client import Admin
+    from client.admin import LATEST
 
     with Admin(bootstrap) as admin:
         found = admin.list_offsets({(name, p): LATEST for p in range(partitions)})
@@ -557,7 +558,7 @@ class Profiler:
         if duration_s is not None:
             args += ["--duration", str(int(duration_s))]
         proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                preexec_fn=process.die_with_parent)
+                                preexec_fn=die_with_parent)
         _live_profilers[proc.pid] = proc
         self.procs[name] = (proc, path, time.perf_counter())
         return path
@@ -590,7 +591,7 @@ _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^()]*?)(?::(?P<line>\d+))?\)$")
 # kernel (a --native check shows epoll_pwait under them), so they are set apart: the event-loop
 # lines mix epoll waiting with real work inside uvloop's C code (socket reads and writes,
 # callbacks' C parts), which py-spy cannot tell apart without --native.
-_LOOP_LEAVES = re.compile(r"^(LoopThread\._run \(broker/client/loop_thread\.py|Runner\.run \(asyncio/runners\.py"
+_LOOP_LEAVES = re.compile(r"^(LoopThread\._run \(client/loop_thread\.py|Runner\.run \(asyncio/runners\.py"
                           r"|run_forever \(asyncio/base_events\.py)")
 _WAIT_LEAVES = re.compile(r"^(\w+\.)?(select \(selectors\.py|wait \(threading\.py|wait \(multiprocessing/"
                           r"|_worker \(concurrent/futures/thread\.py|_wait_for_tstate_lock \(|get \(queue\.py)")

@@ -50,8 +50,8 @@ def latency_producer(bootstrap: str, topic: str, rate: int, duration_s: float, r
     request-written and delivery stamps and the offset the broker gave it."""
     import numpy as np
 
-    from broker.client import Producer
-    from broker.client.sender import Sender
+    from client import Producer
+    from client.sender import Sender
 
     harness.warm_up_arrow()
     pad = b"x" * max(0, record_size - 8)
@@ -118,8 +118,8 @@ def latency_consumer(bootstrap: str, topic: str, expected: int, ready: Any = Non
     the fetch-handled and poll-returned stamps."""
     import numpy as np
 
-    from broker.client import Consumer
-    from broker.client.fetcher import Fetcher
+    from client import Consumer
+    from client.fetcher import Fetcher
 
     harness.warm_up_arrow()
     now_ns = time.time_ns

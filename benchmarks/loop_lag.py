@@ -51,7 +51,7 @@ FLOOD_S = 20.0
 
 class RawConnection:
     def __init__(self, bootstrap: str, timeout_s: float = 120.0) -> None:
-        from broker import protocol
+        import protocol
 
         host, port = bootstrap.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=timeout_s)
@@ -89,7 +89,7 @@ class RawConnection:
 def flood_worker(bootstrap: str, topic: str, partition: int, in_flight: int, duration_s: float) -> dict[str, Any]:
     """Runs in a producer process: pipelined produces of one ~1 MiB batch, `in_flight` at a time."""
     from segment_format import batch_body, record
-    from broker.protocol import ApiKey
+    from protocol import ApiKey
 
     values = [bytes([65 + i % 26]) * 1024 for i in range(BATCH_VALUES)]
     data = bytes(record.encode_batch(batch_body.make_body(values, timestamps_ms=int(time.time() * 1000))))
@@ -148,7 +148,7 @@ class Pinger:
             thread.join(300)
 
     def _metadata(self) -> None:
-        from broker.protocol import ApiKey
+        from protocol import ApiKey
 
         conn = RawConnection(self.bootstrap)
         while not self._stop.is_set():
@@ -158,7 +158,7 @@ class Pinger:
             time.sleep(PING_INTERVAL_S)
 
     def _create_topics(self) -> None:
-        from broker.protocol import ApiKey
+        from protocol import ApiKey
 
         conn = RawConnection(self.bootstrap)
         n = 0

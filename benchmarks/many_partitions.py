@@ -35,7 +35,7 @@ def timed_stop(broker: harness.BrokerProcess, timeout_s: float) -> float:
 
 
 def run(partitions: int, per_topic: int, profile: bool, timeout_s: float) -> dict[str, Any]:
-    from broker.client import Admin
+    from client import Admin
 
     overrides = harness.broker_overrides(**{"max.partitions": max(partitions, 1)})
     broker = harness.BrokerProcess(overrides).start(timeout_s)

@@ -31,7 +31,7 @@ RECORD_SIZE = 1024
 def tail_worker(bootstrap: str, topic: str, partitions: int, stop: Any, ready: Any = None,
                 broker_pid: int | None = None) -> dict[str, Any]:
     """Consumer process: poll_arrow from the log end until `stop` is set and nothing is left."""
-    from broker.client import Consumer
+    from client import Consumer
 
     harness.warm_up_arrow()
     count = 0

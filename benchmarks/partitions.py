@@ -38,7 +38,7 @@ class Probe:
     """Metadata round trips on a connection of its own, every PROBE_INTERVAL_S, in a thread."""
 
     def __init__(self, bootstrap: str, topic: str) -> None:
-        from broker.client import Admin
+        from client import Admin
 
         self.admin = Admin(bootstrap)
         self.topic = topic
@@ -73,7 +73,7 @@ def open_fds(pid: int) -> int:
 
 
 def create_partitions(counts: list[int]) -> list[dict[str, Any]]:
-    from broker.client import Admin, Producer
+    from client import Admin, Producer
 
     broker = harness.BrokerProcess(harness.broker_overrides()).start()
     rows = []

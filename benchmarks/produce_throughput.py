@@ -83,7 +83,7 @@ def produce_worker(bootstrap: str, topic: str, mode: str, records: int, record_s
                    broker_pid: int | None = None, rows_per_call: int | None = None,
                    warmup_records: int = 200_000, ready: Any = None, go: Any = None) -> dict[str, Any]:
     """Runs in the producer process. Returns throughput and CPU use of this process and the broker."""
-    from broker.client import Producer
+    from client import Producer
 
     harness.warm_up_arrow()
     rows = rows_per_call or max(1, min(65_536, (4 * MB) // max(record_size, 1)))

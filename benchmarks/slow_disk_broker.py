@@ -1,4 +1,4 @@
-"""`python -m benchmarks.slow_disk_broker broker start ...`: `python -m broker.cli` on a slow disk.
+"""`python -m benchmarks.slow_disk_broker broker start ...`: `python -m cli` on a slow disk.
 
 A test double for the disk, for the loop-lag benchmark (benchmarks/loop_lag.py) and the
 backpressure tests: every write of a segment's records (`os.pwrite` of at least
@@ -41,7 +41,7 @@ os.pwrite = pwrite
 os.fsync = fsync
 
 if __name__ == "__main__":
-    from broker.cli import main
+    from cli import main
 
     sys.argv[0] = "pymq"
     main()

@@ -33,7 +33,7 @@ CHUNK = 1_000_000
 
 def load_topic(bootstrap: str, topic: str, records: int) -> float:
     """Fill `topic` with `records` 100-byte values; seconds taken."""
-    from broker.client import Producer
+    from client import Producer
 
     buffer = harness.payload_buffer(RECORD_SIZE, CHUNK)
     started = time.perf_counter()
@@ -78,7 +78,7 @@ def stream_noop(spark: Any, bootstrap: str, topic: str, work: Path, per_trigger:
 
 def paced_producer(bootstrap: str, topic: str, rate: int, duration_s: float) -> dict[str, Any]:
     """Runs in its own process: `rate` records/s of 100 bytes for `duration_s`, linger 0."""
-    from broker.client import Producer
+    from client import Producer
 
     value = b"x" * RECORD_SIZE
     total = int(rate * duration_s)

@@ -143,7 +143,7 @@ def tiering_overrides(url: str, **extra: Any) -> dict[str, Any]:
 
 
 def describe(bootstrap: str, topic: str) -> list[Any]:
-    from broker.client import Admin
+    from client import Admin
 
     with Admin(bootstrap) as admin:
         return admin.describe_tiering([topic])
@@ -152,7 +152,7 @@ def describe(bootstrap: str, topic: str) -> list[Any]:
 def produce_chunks(bootstrap: str, topic: str, records: int, record_size: int, partitions: int,
                    chunk: int) -> float:
     """`records` values of `record_size` bytes, chunk i to partition i % partitions; seconds."""
-    from broker.client import Producer
+    from client import Producer
 
     buffer = harness.payload_buffer(record_size, chunk)
     started = time.perf_counter()
@@ -349,7 +349,7 @@ class TieredTopic:
     def _one_more_record(self) -> None:
         import pyarrow as pa
 
-        from broker.client import Producer
+        from client import Producer
 
         with Producer(self.broker.bootstrap, linger_ms=0) as producer:
             for p in range(self.partitions):

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from broker.connection_quotas import parse_overrides
-from broker.errors import InvalidConfigError
+from common.errors import InvalidConfigError
+from protocol.messages.metadata import KEY_PARTITIONERS, LEGACY_KEY_PARTITIONER
 from segment_format.limits import INT32_MAX, INT64_MAX
 
 
@@ -79,10 +80,6 @@ def normalize_cleanup_policy(value: str) -> str:
 
 
 CLEANUP_POLICIES = ("delete", "compact", "compact,delete")
-# How producers place keyed records (broker/client/partitioner.py): Kafka's murmur2 placement, or
-# murmur3, that of topics created before the `key.partitioner` config, which they keep.
-KEY_PARTITIONERS = ("murmur2", "murmur3")
-LEGACY_KEY_PARTITIONER = "murmur3"
 
 
 # Topic-level configs and the broker key that holds each one's default.
@@ -405,7 +402,7 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("remote.fetch.max.wait.ms", int, 500,
                   "longest a fetch waits for a remote read (beyond its own max wait) before answering without it",
                   1, 300_000),
-        # Hostile requests (broker/protocol/messages/limits.py, broker/metrics.py).
+        # Hostile requests (protocol/messages/limits.py, broker/metrics.py).
         ConfigDef("request.max.elements", int, 500_000,
                   "list items and map entries one request may hold (any depth; a fetched or listed partition "
                   "counts 4-5): more is refused INVALID_REQUEST before any per-element work", 1, INT32_MAX),

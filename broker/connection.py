@@ -54,15 +54,15 @@ from collections.abc import Awaitable, Iterator
 from functools import partial
 from typing import Any, NamedTuple, Protocol
 
-from broker import protocol
+import protocol
 from broker.backpressure import ByteBudget
 from broker.cluster.broker_identity import Session
 from broker.config import BrokerConfig
 from broker.connection_quotas import ConnectionQuotas, normalize_address
-from broker.errors import InvalidRequestError, KafkaStorageError, MessageTooLargeError, PymqError
+from common.errors import InvalidRequestError, KafkaStorageError, MessageTooLargeError, PymqError
 from broker.handlers import Part, RequestHandlers, Result, error_fields, error_result, to_result
 from broker.log import FetchSlice
-from broker.protocol import ApiKey
+from protocol import ApiKey
 from broker.purgatory import DelayedOperation
 from broker.log_writer import LogWriter
 from broker.request_metrics import RequestMetrics, RequestTimer

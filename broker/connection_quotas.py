@@ -16,7 +16,7 @@ import ipaddress
 from collections import Counter
 from typing import Any
 
-from broker.errors import InvalidConfigError
+from common.errors import InvalidConfigError
 
 
 def parse_overrides(text: str) -> dict[str, int]:

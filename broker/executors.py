@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from broker.errors import WorkQueueFullError
+from common.errors import WorkQueueFullError
 
 if TYPE_CHECKING:
     from broker.config import BrokerConfig

@@ -278,7 +278,7 @@ class BrokerCollector(Collector):
         yield from families
 
     def _tiering(self) -> Iterator[Metric]:
-        from broker.errors import PymqError
+        from common.errors import PymqError
         from broker.handlers.tiering import describe_partition
 
         remote_logs = self.replicas.remote_logs

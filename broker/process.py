@@ -1,19 +1,14 @@
 """BrokerProcess: a broker run as a child process, for tests, benchmarks and the demo job
-(ChildProcess: what it shares with the etcd child of a local cluster, broker/cluster/etcd_process.py).
+(common/child_process.py: what it shares with etcd and Spark's daemons).
 
-It runs `python -m broker.cli broker start [--config FILE] -o key=value ...`, waits for the
+It runs `python -m cli broker start [--config FILE] -o key=value ...` and waits for the
 "listening on HOST:PORT" line to learn the port (port 0 by default, so any number of brokers can
-run side by side), and stops the child by PID: SIGTERM for a clean stop, SIGKILL for a crash. The
-child gets SIGKILL if its parent dies (Linux PR_SET_PDEATHSIG), so no test or benchmark leaves a
-broker behind. Its output goes to a file so a failure can show it.
+run side by side).
 """
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -22,86 +17,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Mapping
 
+from common.child_process import ChildProcess, die_with_parent
+
 READY = re.compile(r"listening on ([\d.]+):(\d+)")
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with_parent() -> None:
-    """preexec_fn: the kernel SIGKILLs the child when the parent dies (Linux only; no-op elsewhere)."""
-    with contextlib.suppress(Exception):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-class ChildProcess:
-    """A child process stopped by PID: `proc` while it runs, its output in the file `output`."""
-
-    what = "process"
-    stop_timeout_s = 30.0
-    proc: "subprocess.Popen[Any] | None"
-    output: Path
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None, f"{self.what} not started"
-        return self.proc.pid
-
-    def stop(self, timeout_s: float | None = None) -> int:
-        """Clean stop (SIGTERM), SIGKILL after `timeout_s`; returns the exit code."""
-        return stop_all([self], timeout_s)[0]
-
-    def pause(self) -> None:
-        """Hang: SIGSTOP (the process keeps its sockets but answers nothing); `resume` continues it."""
-        assert self.proc is not None, f"{self.what} not started"
-        self.proc.send_signal(signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None, f"{self.what} not started"
-        self.proc.send_signal(signal.SIGCONT)
-
-    def kill(self) -> None:
-        """Crash: SIGKILL, no chance to flush or checkpoint."""
-        if self.proc is None:
-            return
-        proc, self.proc = self.proc, None
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(10)
-
-    def log_tail(self, chars: int = 4000) -> str:
-        with contextlib.suppress(OSError):
-            return self.output.read_text(errors="replace")[-chars:]
-        return ""
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
-
-def stop_all(processes: "list[ChildProcess]", timeout_s: float | None = None) -> list[int]:
-    """Stop several processes cleanly at once: SIGTERM to every one, then wait for each, and
-    SIGKILL those still running `timeout_s` (default: each one's `stop_timeout_s`) after the
-    signal. Returns the exit codes (0 for a process not running). At once, so that stopping N
-    processes takes as long as the slowest, not the sum."""
-    running = []
-    for process in processes:
-        proc, process.proc = process.proc, None
-        if proc is not None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-        running.append((process, proc))
-    codes = []
-    start = time.monotonic()
-    for process, proc in running:
-        if proc is None:
-            codes.append(0)
-            continue
-        limit = process.stop_timeout_s if timeout_s is None else timeout_s
-        try:
-            codes.append(proc.wait(max(0.0, start + limit - time.monotonic())))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            codes.append(proc.wait())
-    return codes
 
 
 class BrokerProcess(ChildProcess):
@@ -113,7 +31,7 @@ class BrokerProcess(ChildProcess):
 
     def __init__(self, log_dir: Path, overrides: Mapping[str, Any] | None = None, *,
                  config_file: Path | None = None, output: Path | None = None, cwd: Path | None = None,
-                 module: str = "broker.cli", env: Mapping[str, str] | None = None) -> None:
+                 module: str = "cli", env: Mapping[str, str] | None = None) -> None:
         self.log_dir = Path(log_dir)
         # Free ports (the broker's and its metrics endpoint's) unless asked otherwise: a config file
         # (conf/broker.toml, which `broker start` reads from the working directory) names fixed ones.

@@ -21,7 +21,7 @@ import abc
 import asyncio
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
-from broker.topic_partition import TopicPartition
+from common.topic_partition import TopicPartition
 
 # Called once with (answer, None) or (None, error).
 Completion = Callable[[Any, "BaseException | None"], None]

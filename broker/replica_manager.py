@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.cluster.partition import NO_EPOCH, LeaderAndIsr, Partition
 from broker.config import LogConfig
-from broker.errors import (
+from common.errors import (
     InvalidRequestError,
     KafkaStorageError,
     NotEnoughReplicasAfterAppendError,
@@ -51,7 +51,7 @@ from broker.log import AppendInfo, LogManager, TopicLogSpec, UnifiedLog
 from broker.log_writer import LogWriter
 from broker.purgatory import DelayedOperation, DelayedOperationPurgatory, ProducePurgatory
 from segment_format.batch_body import now_ms
-from broker.topic_partition import TopicPartition
+from common.topic_partition import TopicPartition
 
 if TYPE_CHECKING:
     from broker.cluster.session_fence import SessionFence

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from collections.abc import Iterator
 from typing import Any
 
-from broker.errors import error_for_code
+from common.errors import error_for_code
 from broker.histogram import Histogram
-from broker.protocol import ApiKey
+from protocol import ApiKey
 
 PHASES = ("queue", "local", "remote", "response_send", "total")
 

@@ -20,7 +20,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
-from broker import background, protocol
+import protocol
+from broker import background
 from broker.backpressure import ByteBudget
 from broker.cluster.broker_identity import new_incarnation
 from broker.connection import Connection
@@ -35,7 +36,7 @@ from broker.cluster.metadata_store import Compare, MetadataStore
 from broker.cluster.replica_fetcher import FetchSettings, ReplicaFetcherManager
 from broker.cluster.topics import MetadataChange, TopicRegistry
 from broker.config import BrokerConfig
-from broker.errors import PymqError
+from common.errors import PymqError
 from broker.executors import BackgroundExecutors
 from broker.handlers import RequestHandlers
 from broker.cluster.partition import LeaderAndIsr, Partition

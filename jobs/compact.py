@@ -38,9 +38,9 @@ import click
 from pyspark.sql import SparkSession
 from rich.table import Table
 
-from broker.cli_options import bootstrap, bootstrap_option, console as cli_console, KeyValue, spark_conf_option
-from broker.client import Admin
-from broker.errors import PymqError, StaleManifestError
+from common.cli_options import bootstrap, bootstrap_option, console as cli_console, KeyValue, spark_conf_option
+from client import Admin
+from common.errors import PymqError, StaleManifestError
 from jobs.job_config import job_defaults
 from segment_format import batch_body, record
 from segment_format.compaction import CompactionStats, build_offset_map, compact_batches

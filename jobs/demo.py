@@ -31,9 +31,9 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.table import Table
 
-from broker.client import Admin, PartitionLag, Producer
+from client import Admin, PartitionLag, Producer
 from broker.config import BrokerConfig
-from broker.errors import TopicAlreadyExistsError
+from common.errors import TopicAlreadyExistsError
 from broker.process import BrokerProcess
 
 CONFIG = Path(__file__).resolve().parent.parent / "conf" / "broker.toml"

@@ -33,7 +33,7 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from pyspark.sql import SparkSession
 
-from broker.client import Admin, Producer
+from client import Admin, Producer
 from broker.process import BrokerProcess
 from jobs.topic_table import SyncOptions, sync
 from spark_datasource.table_topic import ValueFormat

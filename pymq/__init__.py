@@ -1,12 +1,13 @@
 """pymq: `from pymq import Producer, Consumer, Admin`.
 
-The client lives in `broker.client` (with the broker that speaks the same protocol); this package
-is the name applications import, as they import `kafka` or `confluent_kafka`. `history(spark, ...)`
+The client lives in the `client` package, a layer below the broker and the Spark source; this
+package is the name applications import, as they import `kafka` or `confluent_kafka`, and sits
+above the Spark source because `history()` reads through it. `history(spark, ...)`
 (pymq/topic_history.py) is loaded on first use: importing pymq does not start importing Spark.
 """
 from typing import Any
 
-from broker.client import (
+from client import (
     EARLIEST,
     LATEST,
     RECORD_SCHEMA,
@@ -28,7 +29,7 @@ from broker.client import (
     RecordMetadata,
     TopicDescription,
 )
-from broker.errors import PymqError
+from common.errors import PymqError
 
 __all__ = [
     "Admin", "AdminError", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "Consumer", "ConsumerRecord",

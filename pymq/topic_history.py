@@ -31,7 +31,7 @@ import os
 
 from pyspark.sql import DataFrame, SparkSession
 
-from broker.client import Admin
+from client import Admin
 from spark_datasource.table_topic import TableTopic, TableTopicError, ValueFormat, to_table_rows, with_date
 from spark_datasource.options import EARLIEST
 

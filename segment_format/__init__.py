@@ -20,5 +20,5 @@ tiered storage and Spark executors share it and none of them imports another's i
 
 Pure: bytes in, values out. File and network I/O belong to the callers (broker.log,
 tiered_storage); the only imports from outside are pyarrow, numpy, crc32c, flatbuffers and the
-error taxonomy (broker.errors), so a Spark job can read and write segments and manifests without the broker.
+error taxonomy (common.errors), so a Spark job can read and write segments and manifests without the broker.
 """

@@ -56,7 +56,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from segment_format import arrow_ipc, batch_body, record
-from broker.errors import CorruptMessageError
+from common.errors import CorruptMessageError
 from segment_format.segment_reader import StoredBatch
 
 BatchBytes = bytes | bytearray | memoryview

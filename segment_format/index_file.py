@@ -52,7 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
-from broker.errors import KafkaStorageError
+from common.errors import KafkaStorageError
 from segment_format.limits import INT32_MAX
 
 HEADER = struct.Struct("<4sHHq")  # magic, version, entry_size, base_offset

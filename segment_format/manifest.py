@@ -49,7 +49,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from segment_format.layout import validate_topic_name
-from broker.errors import InvalidTopicError, KafkaStorageError, PymqError
+from common.errors import InvalidTopicError, KafkaStorageError, PymqError
 from segment_format.segment_metadata import CorruptSegmentMetadataError, SegmentMetadata
 
 

@@ -57,7 +57,7 @@ from segment_format.batch_body import (
     encode_body,
 )
 from segment_format.limits import INT64_MAX
-from broker.errors import CorruptMessageError, InvalidRecordError, InvalidTimestampError, MessageTooLargeError
+from common.errors import CorruptMessageError, InvalidRecordError, InvalidTimestampError, MessageTooLargeError
 
 HEADER = struct.Struct("<qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size

@@ -25,7 +25,7 @@ from typing import Any
 
 import crc32c
 
-from broker.errors import CorruptMessageError, KafkaStorageError
+from common.errors import CorruptMessageError, KafkaStorageError
 from segment_format import record
 from segment_format.segment_reader import SegmentReader
 from segment_format.index_file import NO_TIMESTAMP

@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from segment_format import record
 from segment_format.limits import INT32_MAX, INT64_MAX
-from broker.errors import CorruptMessageError, KafkaStorageError
+from common.errors import CorruptMessageError, KafkaStorageError
 from segment_format.index_file import CorruptIndexError, OFFSET_INDEX, SparseIndex, TIME_INDEX
 
 PRead = Callable[[int, int], bytes]
@@ -360,7 +360,7 @@ class SegmentReader:
         (`header.is_control`). Timestamps are the body's column, as the producer wrote them; for
         a LogAppendTime batch (`header.log_append_time`) every record's timestamp is really
         header.max_timestamp, the broker's append time, which the body does not carry (pymq's
-        consumer substitutes it: `broker.client.decoder.to_record_batch`)."""
+        consumer substitutes it: `client.decoder.to_record_batch`)."""
         for batch in self._range(start_offset, end_offset, validate):
             yield batch.header, self._decode(batch.position, batch.header, batch.data)
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import BinaryIO
 
-from broker.errors import CorruptMessageError, KafkaStorageError, LogInvariantError
+from common.errors import CorruptMessageError, KafkaStorageError, LogInvariantError
 from segment_format import record
 from segment_format.index_builder import IndexBuilder
 from segment_format.layout import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_file

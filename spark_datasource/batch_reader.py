@@ -37,10 +37,10 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
-from broker.errors import DataLossError
+from common.errors import DataLossError
 
 from spark_datasource.offsets import OffsetReader
-from broker.topic_partition import TopicPartition
+from common.topic_partition import TopicPartition
 from spark_datasource.options import InvalidOptionError, SourceOptions
 from spark_datasource.ranges import OffsetRange, RangePartition, split_ranges
 from spark_datasource.remote_ranges import (

@@ -30,10 +30,10 @@ import time
 import uuid
 from collections.abc import Callable
 
-from broker.client import AsyncAdmin
-from broker.client.loop_thread import LoopThread
-from broker.errors import NonEmptyGroupError
-from broker.topic_partition import TopicPartition
+from client import AsyncAdmin
+from client.loop_thread import LoopThread
+from common.errors import NonEmptyGroupError
+from common.topic_partition import TopicPartition
 
 PartitionOffsets = dict[TopicPartition, int]
 

@@ -19,11 +19,11 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import TypeVar
 
-from broker.client import EARLIEST, LATEST, Admin
-from broker.client.admin import AdminError
-from broker.errors import BrokerNotAvailableError, NotLeaderError, UnknownTopicOrPartitionError
+from client import EARLIEST, LATEST, Admin
+from client.admin import AdminError
+from common.errors import BrokerNotAvailableError, NotLeaderError, UnknownTopicOrPartitionError
 from spark_datasource.options import STRATEGY_ERROR, InvalidOptionError, OffsetSpec, SourceOptions
-from broker.topic_partition import TopicPartition
+from common.topic_partition import TopicPartition
 
 PartitionOffsets = dict[TopicPartition, int]
 A = TypeVar("A")

@@ -66,7 +66,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.client.config import check_kafka_only, is_kafka_only
+from client.config import check_kafka_only, is_kafka_only
 
 EARLIEST = -2
 LATEST = -1

@@ -44,13 +44,13 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from broker.client.decoder import decode_fetched
+from client.decoder import decode_fetched
 from segment_format.segment_reader import FRAME_ONLY
 from spark_datasource.offsets import OffsetReader
 from spark_datasource.options import EARLIEST, LATEST, InvalidOptionError
 from spark_datasource.ranges import OffsetRange, RangePartition, split_each
 from spark_datasource.schema import arrow_schema, to_rows
-from broker.topic_partition import TopicPartition
+from common.topic_partition import TopicPartition
 
 if TYPE_CHECKING:
     from segment_format.segment_reader import SegmentReader
@@ -247,7 +247,7 @@ class RemoteOffsetReader(OffsetReader):
 def check_remote_start(options: "SourceOptions", offset_range: OffsetRange, log_start: int) -> OffsetRange:
     """remoteStorage.only: a range starting below the remote log start wants deleted offsets:
     DataLossError (failOnDataLoss=true), or the range from the log start on (false)."""
-    from broker.errors import DataLossError
+    from common.errors import DataLossError
 
     r = offset_range
     if r.start >= min(log_start, r.end):

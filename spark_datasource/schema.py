@@ -26,7 +26,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from broker.client.decoder import FetchedBatch, to_record_batch
+from client.decoder import FetchedBatch, to_record_batch
 
 HEADER_TYPE = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
 COLUMNS = StructType([

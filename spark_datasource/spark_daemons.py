@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 
 import pyspark
 
-from broker.process import ChildProcess, die_with_parent, stop_all
+from common.child_process import ChildProcess, die_with_parent, stop_all
 from spark_datasource import jars
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent

@@ -22,9 +22,9 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 
-from broker.client.cluster import Cluster
-from broker.client.range_reader import RangeStats, read_range
-from broker.errors import DataLossError, InconsistentTopicIdError, PymqError, UnknownTopicOrPartitionError
+from client.cluster import Cluster
+from client.range_reader import RangeStats, read_range
+from common.errors import DataLossError, InconsistentTopicIdError, PymqError, UnknownTopicOrPartitionError
 from spark_datasource.options import SourceOptions
 from spark_datasource.ranges import OffsetRange
 from spark_datasource.schema import arrow_schema, to_rows

@@ -36,9 +36,9 @@ import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, StructType
 
-from broker.client import Producer
-from broker.client.config import client_settings
-from broker.client.producer import AsyncProducer
+from client import Producer
+from client.config import client_settings
+from client.producer import AsyncProducer
 from spark_datasource.options import InvalidOptionError, boolean_option, bootstrap_servers
 from spark_datasource.schema import HEADER_TYPE
 

@@ -27,7 +27,7 @@ def _consume_all(bootstrap: str, topic: str, partitions: int, expected: int, tim
     records arrive (a further poll must come back empty)."""
     import pyarrow as pa
 
-    from broker.client import Consumer
+    from client import Consumer
 
     consumer = Consumer(bootstrap, auto_offset_reset="earliest")
     try:
@@ -292,10 +292,10 @@ RAW_MEMBER_SESSION_MS = 60_000  # a raw member sends no heartbeats: it must outl
 
 async def _join_and_sync(bootstrap: str, group: str, topic: str, partitions: list[int]) -> str:
     """A consumer-protocol member owning `partitions` of `topic` (the group becomes Stable)."""
-    from broker.client import AsyncAdmin
-    from broker.errors import MemberIdRequiredError
-    from broker.protocol import JoinGroupProtocol, JoinGroupRequest, SyncGroupAssignment, SyncGroupRequest
-    from broker.protocol.consumer_protocol import Assignment, Subscription
+    from client import AsyncAdmin
+    from common.errors import MemberIdRequiredError
+    from protocol import JoinGroupProtocol, JoinGroupRequest, SyncGroupAssignment, SyncGroupRequest
+    from protocol.consumer_protocol import Assignment, Subscription
 
     admin = AsyncAdmin(bootstrap)
     try:
@@ -321,8 +321,8 @@ async def _join_and_sync(bootstrap: str, group: str, topic: str, partitions: lis
 
 
 async def _leave(bootstrap: str, group: str, member_id: str) -> None:
-    from broker.client import AsyncAdmin
-    from broker.protocol import LeaveGroupRequest, MemberIdentity
+    from client import AsyncAdmin
+    from protocol import LeaveGroupRequest, MemberIdentity
 
     admin = AsyncAdmin(bootstrap)
     try:

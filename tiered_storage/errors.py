@@ -9,7 +9,7 @@ do that. Bad bytes read back from the store are the broker's CorruptMessageError
 """
 from __future__ import annotations
 
-from broker.errors import KafkaStorageError, PymqError
+from common.errors import KafkaStorageError, PymqError
 
 
 class RemoteStorageError(PymqError):

@@ -41,7 +41,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from segment_format import record
 from segment_format.layout import validate_topic_name
-from broker.errors import CorruptMessageError, KafkaStorageError, PymqError
+from common.errors import CorruptMessageError, KafkaStorageError, PymqError
 from segment_format.index_file import CorruptIndexError, OFFSET_INDEX, SparseIndex, TIME_INDEX
 from segment_format.layout import SegmentFiles
 from segment_format.segment_metadata import SegmentMetadata

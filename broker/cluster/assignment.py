@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 
-from broker.errors import InvalidReplicationFactorError
+from common.errors import InvalidReplicationFactorError
 
 
 def assign_replicas(brokers: Mapping[int, str], partitions: int, replication_factor: int, *,

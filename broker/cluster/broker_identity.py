@@ -28,7 +28,7 @@ import secrets
 from dataclasses import dataclass
 
 from broker.cluster.brokers import LiveBrokers
-from broker.errors import ClusterAuthorizationFailedError
+from common.errors import ClusterAuthorizationFailedError
 
 CONSUMER = -1  # the replica_id of every request that is not a replica's
 

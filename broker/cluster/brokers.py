@@ -21,7 +21,7 @@ from typing import Any
 
 from broker.cluster.metadata_store import Compare, Get, LeaseNotFoundError, MetadataStore, Put
 from broker.cluster.session_fence import SessionFence
-from broker.errors import MetadataStoreUnavailableError, PymqError
+from common.errors import MetadataStoreUnavailableError, PymqError
 
 log = logging.getLogger("pymq.cluster")
 

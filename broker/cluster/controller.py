@@ -41,7 +41,7 @@ from broker.cluster.brokers import BrokerRegistration, LiveBrokers, broker_key
 from broker.cluster.metadata_listener import CONTROLLER_KEY
 from broker.cluster.metadata_store import Compare, Delete, Get, LeaseNotFoundError, MetadataStore, Put
 from broker.cluster.topics import NO_LEADER, PartitionState, TopicRegistry, partition_key
-from broker.errors import MetadataStoreUnavailableError, PymqError
+from common.errors import MetadataStoreUnavailableError, PymqError
 
 log = logging.getLogger("pymq.controller")
 

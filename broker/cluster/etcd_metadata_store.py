@@ -51,7 +51,7 @@ from broker.cluster.metadata_store import (
     WatchEvent,
     validate_txn,
 )
-from broker.errors import InvalidRequestError, MetadataStoreLimitError, MetadataStoreUnavailableError, PymqError
+from common.errors import InvalidRequestError, MetadataStoreLimitError, MetadataStoreUnavailableError, PymqError
 
 log = logging.getLogger("pymq.metadata.etcd")
 

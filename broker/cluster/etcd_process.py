@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from broker.cluster.metadata_store import MAX_TXN_OPS
-from broker.process import ChildProcess, die_with_parent
+from common.child_process import ChildProcess, die_with_parent
 
 # One etcd request carries a transaction of MAX_TXN_OPS puts of partition states (~120 bytes each).
 MAX_REQUEST_BYTES = 16 * 1024 * 1024

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from broker.cluster.etcd_process import EtcdProcess
-from broker.process import BrokerProcess, stop_all
+from broker.process import BrokerProcess
+from common.child_process import stop_all
 
 
 def broker_host(broker_id: int) -> str:

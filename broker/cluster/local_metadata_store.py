@@ -41,7 +41,7 @@ from broker.cluster.metadata_store import (
     validate_txn,
 )
 from broker.cluster.watch_history import LocalWatch, WatchHistory
-from broker.errors import InvalidRequestError
+from common.errors import InvalidRequestError
 from broker.executors import BoundedExecutor
 
 log = logging.getLogger("pymq.metadata")

@@ -24,7 +24,7 @@ from collections.abc import Awaitable, Callable
 from broker.cluster.brokers import BROKERS_PREFIX, LiveBrokers
 from broker.cluster.metadata_store import CompactedRevisionError, Get, MetadataStore, WatchEvent
 from broker.cluster.topics import MetadataChange, TopicRegistry
-from broker.errors import PymqError
+from common.errors import PymqError
 
 log = logging.getLogger("pymq.cluster")
 

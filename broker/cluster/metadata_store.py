@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Union
 
-from broker.errors import InvalidRequestError, PymqError, VersionConflictError
+from common.errors import InvalidRequestError, PymqError, VersionConflictError
 
 __all__ = [
     "CompactedRevisionError", "Compare", "Delete", "Get", "LeaseNotFoundError",

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 
 from typing import TYPE_CHECKING
 
-from broker.errors import (
+from common.errors import (
     FencedLeaderEpochError,
     NotLeaderError,
     OffsetOutOfRangeError,

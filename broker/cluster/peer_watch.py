@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 from broker.cluster.brokers import BrokerInfo, LiveBrokers, broker_key
 from broker.cluster.metadata_store import LeaseNotFoundError, MetadataStore
-from broker.errors import PymqError
+from common.errors import PymqError
 
 log = logging.getLogger("pymq.cluster")
 

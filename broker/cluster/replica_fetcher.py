@@ -39,9 +39,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker import background
-from broker.client.connection import BrokerConnection
+from client.connection import BrokerConnection
 from broker.cluster.partition import Partition
-from broker.errors import (
+from common.errors import (
     NetworkError,
     OffsetOutOfRangeError,
     PymqError,
@@ -50,7 +50,7 @@ from broker.errors import (
 from broker.executors import BoundedExecutor
 from broker.log import UnifiedLog
 from segment_format.manifest import PartitionManifest
-from broker.protocol import (
+from protocol import (
     UNDEFINED_EPOCH_OFFSET,
     BrokerHandshakeRequest,
     FetchPartition,
@@ -60,7 +60,7 @@ from broker.protocol import (
     OffsetForLeaderPartition,
     TopicRequest,
 )
-from broker.topic_partition import TopicPartition
+from common.topic_partition import TopicPartition
 from segment_format import record
 
 log = logging.getLogger("pymq.replication")

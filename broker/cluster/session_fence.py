@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from broker.cluster.clock import Clock, SystemClock
-from broker.errors import NotLeaderError
+from common.errors import NotLeaderError
 
 
 class SessionFence:

@@ -27,10 +27,11 @@ from typing import Any, Iterable
 from broker.cluster.assignment import assign_replicas
 from broker.cluster.metadata_store import Compare, Delete, Get, MetadataStore, Put, TxnResult, WatchEvent
 from broker.coordinator.group_records import OFFSETS_TOPIC
-from broker.config import LEGACY_KEY_PARTITIONER, TOPIC_CONFIGS, LogConfig, parse_topic_configs
+from broker.config import TOPIC_CONFIGS, LogConfig, parse_topic_configs
 from segment_format.layout import TOPIC_NAME_MAX, validate_topic_name
 from broker.log.log_manager import NAME_MAX
-from broker.errors import (
+from protocol.messages.metadata import LEGACY_KEY_PARTITIONER
+from common.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
     InvalidRequestError,

@@ -39,7 +39,7 @@ from typing import Any
 
 from broker.config import BrokerConfig
 from broker.coordinator.group_metadata import Group, GroupState, Member, owned_partitions
-from broker.topic_partition import TopicPartition
+from common.topic_partition import TopicPartition
 from broker.coordinator.group_records import (
     CommittedOffset,
     GroupKey,
@@ -51,7 +51,7 @@ from broker.coordinator.group_records import (
     partition_for,
 )
 from broker.coordinator.results import Append, Result
-from broker.errors import (
+from common.errors import (
     CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
     FencedInstanceIdError,
@@ -72,8 +72,8 @@ from broker.errors import (
     UnknownMemberIdError,
     UnknownTopicOrPartitionError,
 )
-from broker.protocol.messages.base import PartitionResponse, TopicResponse, code_and_message
-from broker.protocol.messages.group import (
+from protocol.messages.base import PartitionResponse, TopicResponse, code_and_message
+from protocol.messages.group import (
     DeletedGroupResult,
     DeleteGroupsRequest,
     DeleteGroupsResponse,

@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.coordinator.group_records import CommittedOffset, StoredGroup, StoredMember
-from broker.errors import InvalidRequestError
-from broker.protocol.consumer_protocol import PROTOCOL_TYPE, Assignment, Subscription
-from broker.topic_partition import TopicPartition
+from common.errors import InvalidRequestError
+from protocol.consumer_protocol import PROTOCOL_TYPE, Assignment, Subscription
+from common.topic_partition import TopicPartition
 
 
 class GroupState(enum.Enum):

@@ -28,7 +28,7 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from broker.errors import CorruptMessageError, InvalidGroupIdError
+from common.errors import CorruptMessageError, InvalidGroupIdError
 
 OFFSETS_TOPIC = "__consumer_offsets"
 OFFSET_KIND = "o"

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from broker.coordinator.group_records import RecordKey, RecordValue
-from broker.errors import PymqError
-from broker.protocol.messages.base import Message
+from common.errors import PymqError
+from protocol.messages.base import Message
 
 Reply = tuple[Any, Message]
 

@@ -2,8 +2,8 @@
 
 Handlers never see frames or sockets: the server decodes a `Request` frame and calls
 `RequestHandlers.handle`, which decodes and validates the typed request message
-(`broker.protocol.messages`) within the broker's request limits (`request.max.elements`, the
-group fields' bounds: `broker.protocol.messages.limits`; large reads are decoded and their
+(`protocol.messages`) within the broker's request limits (`request.max.elements`, the
+group fields' bounds: `protocol.messages.limits`; large reads are decoded and their
 responses encoded on a worker pool, `OFF_LOOP_READS`), runs the family's handler, and turns the
 typed response into what the server writes: `(control, parts)`, where parts are bytes-like objects or `FetchSlice`s
 (segment byte ranges the server sends with sendfile), or None for "no response" (produce with
@@ -25,13 +25,13 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Union
 
-from broker import protocol
+import protocol
 from broker.cluster.topics import TopicRegistry
 from broker.cluster.broker_identity import BrokerIdentity, Session
 from broker.cluster.brokers import LiveBrokers
 from broker.cluster.session_fence import SessionFence
 from broker.config import BrokerConfig
-from broker.errors import InvalidRequestError, PymqError, UnknownServerError, UnsupportedVersionError
+from common.errors import InvalidRequestError, PymqError, UnknownServerError, UnsupportedVersionError
 from broker.handlers.admin import AdminHandler
 from broker.handlers.fetch import FetchHandler
 from broker.handlers.group import GroupHandler
@@ -43,8 +43,8 @@ from broker.handlers.replication import ReplicationHandler
 from broker.request_metrics import TopicTraffic
 from broker.handlers.tiering import TieringHandler
 from broker.log import FetchSlice, UnifiedLog
-from broker.protocol import REQUEST_TYPES, ApiKey, Message, RequestMessage
-from broker.protocol.messages.limits import RequestLimits, count_elements
+from protocol import REQUEST_TYPES, ApiKey, Message, RequestMessage
+from protocol.messages.limits import RequestLimits, count_elements
 from broker.purgatory import DelayedOperation
 from broker.replica_manager import ReplicaManager
 

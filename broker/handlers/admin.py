@@ -19,9 +19,9 @@ from typing import Any, TypeVar
 from broker.cluster.partition import LeaderAndIsr
 from broker.cluster.topics import INTERNAL_TOPICS, TopicInfo, TopicRegistry
 from broker.config import BrokerConfig
-from broker.errors import CoordinatorNotAvailableError, InvalidTopicError, KafkaStorageError, PymqError
+from common.errors import CoordinatorNotAvailableError, InvalidTopicError, KafkaStorageError, PymqError
 from broker.log import TopicLogSpec
-from broker.protocol import (
+from protocol import (
     AlterConfigsRequest,
     AlterPartitionReassignmentsRequest,
     AlterPartitionReassignmentsResponse,

@@ -20,11 +20,11 @@ from collections.abc import Callable
 
 from broker.cluster.broker_identity import BrokerIdentity, Session
 from broker.config import BrokerConfig
-from broker.errors import InconsistentTopicIdError, PymqError
+from common.errors import InconsistentTopicIdError, PymqError
 from broker.log import FetchSlice, UnifiedLog
 from broker.log.unified_log import OffsetMovedToTieredStorageError
 from broker.remote_log.remote_log_reader import RemoteReadPending
-from broker.protocol import (
+from protocol import (
     CONSUMER_REPLICA_ID,
     FetchPartition,
     FetchPartitionResponse,

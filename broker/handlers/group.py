@@ -27,7 +27,7 @@ from broker.config import BrokerConfig
 from broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
 from broker.coordinator.group_records import OFFSETS_TOPIC, RecordKey, check_group_id, RecordValue, decode_record, encode_key, encode_value
 from broker.coordinator.results import Append, Result
-from broker.errors import (
+from common.errors import (
     CoordinatorNotAvailableError,
     CorruptMessageError,
     FencedLeaderEpochError,
@@ -41,8 +41,8 @@ from broker.errors import (
 )
 from broker.handlers.slices import answer_in_slices
 from broker.log import UnifiedLog
-from broker.protocol.messages.base import Message, code_and_message
-from broker.protocol.messages.group import (
+from protocol.messages.base import Message, code_and_message
+from protocol.messages.group import (
     GROUP_KEY_TYPE,
     DeleteGroupsRequest,
     DescribeGroupsRequest,

@@ -10,11 +10,11 @@ import asyncio
 from collections.abc import Awaitable
 from concurrent.futures import Future
 
-from broker.errors import InvalidRequestError, PymqError
+from common.errors import InvalidRequestError, PymqError
 from broker.handlers.fetch import LeaderLog
 from broker.handlers.slices import answer_in_slices
 from broker.log import UnifiedLog
-from broker.protocol import (
+from protocol import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
     ListOffsetsPartition,

@@ -12,9 +12,9 @@ from collections.abc import Awaitable
 from typing import Union
 
 from broker.cluster.topics import INTERNAL_TOPICS
-from broker.errors import InvalidTopicError, PymqError
+from common.errors import InvalidTopicError, PymqError
 from broker.log import AppendInfo
-from broker.protocol import (
+from protocol import (
     ProducePartition,
     ProducePartitionResponse,
     ProduceRequest,

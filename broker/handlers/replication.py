@@ -9,8 +9,8 @@ the leader-epoch cache and the log end, all in memory.
 from __future__ import annotations
 
 from broker.cluster.broker_identity import BrokerIdentity, Session
-from broker.errors import PymqError
-from broker.protocol import (
+from common.errors import PymqError
+from protocol import (
     BrokerHandshakeRequest,
     BrokerHandshakeResponse,
     EpochEndOffset,

@@ -12,10 +12,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from broker.cluster.topics import TopicRegistry
-from broker.errors import InconsistentTopicIdError, InvalidRequestError, PymqError
+from common.errors import InconsistentTopicIdError, InvalidRequestError, PymqError
 from broker.log import UnifiedLog
-from broker.protocol.messages.base import code_and_message
-from broker.protocol.messages.tiering import (
+from protocol.messages.base import code_and_message
+from protocol.messages.tiering import (
     DescribeTieringRequest,
     DescribeTieringResponse,
     ReplaceRemoteSegmentsRequest,

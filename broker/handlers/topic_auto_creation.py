@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 
 from broker.config import BrokerConfig
-from broker.errors import PolicyViolationError, PymqError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
-from broker.protocol import CreateTopicsRequest, CreateTopicsResponse, NewTopic
+from common.errors import PolicyViolationError, PymqError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
+from protocol import CreateTopicsRequest, CreateTopicsResponse, NewTopic
 
 CreateTopics = Callable[[CreateTopicsRequest], Awaitable[CreateTopicsResponse]]
 

@@ -19,7 +19,7 @@ import logging
 import os
 from pathlib import Path
 
-from broker.errors import KafkaStorageError
+from common.errors import KafkaStorageError
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from broker.errors import KafkaStorageError
+from common.errors import KafkaStorageError
 
 
 class _Entry:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from broker.errors import KafkaStorageError
+from common.errors import KafkaStorageError
 from segment_format.index_file import HEADER_SIZE, CorruptIndexError, IndexKind, SparseIndex
 
 

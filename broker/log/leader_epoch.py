@@ -14,7 +14,7 @@ import logging
 import threading
 from pathlib import Path
 
-from broker.errors import KafkaStorageError
+from common.errors import KafkaStorageError
 from broker.log.checkpoint import write_atomically
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from broker.config import LogConfig
 from segment_format.limits import INT32_MAX
-from broker.errors import KafkaStorageError, LogInvariantError, OffsetOutOfRangeError
+from common.errors import KafkaStorageError, LogInvariantError, OffsetOutOfRangeError
 from broker.log.checkpoint import fsync_and_close, fsync_directory
 from broker.log.file_cache import FileCache
 from broker.log.log_segments import LogSegments

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, fields
 from segment_format import batch_body, record
 from broker.config import BrokerConfig, LogConfig
 from segment_format.limits import INT32_MAX, INT64_MAX
-from broker.errors import CorruptMessageError, KafkaStorageError
+from common.errors import CorruptMessageError, KafkaStorageError
 from segment_format.compaction import BatchBytes, CompactionStats, OffsetMap, build_offset_map, compact_batches
 from broker.log.log_manager import LogManager
 from broker.log.segment import BatchInfo, Segment

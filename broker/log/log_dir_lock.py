@@ -17,7 +17,7 @@ import fcntl
 import os
 from pathlib import Path
 
-from broker.errors import LogDirInUseError
+from common.errors import LogDirInUseError
 
 LOCK_FILE = ".lock"
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from segment_format import record
 from broker.config import LogConfig
-from broker.errors import CorruptMessageError, KafkaStorageError
+from common.errors import CorruptMessageError, KafkaStorageError
 from broker.log.checkpoint import TMP_SUFFIX
 from broker.log.file_cache import FileCache
 from segment_format.index_file import CorruptIndexError

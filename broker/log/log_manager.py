@@ -38,13 +38,13 @@ from pathlib import Path
 from segment_format import batch_body
 from broker.config import LogConfig
 from segment_format.layout import validate_topic_name
-from broker.errors import InconsistentTopicIdError, InvalidTopicError, KafkaStorageError
+from common.errors import InconsistentTopicIdError, InvalidTopicError, KafkaStorageError
 from broker.log.checkpoint import read_offsets, sync_filesystem, write_offsets
 from broker.log.file_cache import FileCache
 from broker.log.local_log import SegmentsRemovedError
 from broker.log.segment import Segment
 from broker.log.unified_log import LogDirFailure, UnifiedLog
-from broker.topic_partition import TopicPartition
+from common.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 

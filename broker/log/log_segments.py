@@ -8,7 +8,7 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 
-from broker.errors import LogInvariantError
+from common.errors import LogInvariantError
 from broker.log.segment import Segment
 
 

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from segment_format import record
 from segment_format.limits import INT32_MAX
-from broker.errors import CorruptMessageError, KafkaStorageError, LogInvariantError, MessageTooLargeError
+from common.errors import CorruptMessageError, KafkaStorageError, LogInvariantError, MessageTooLargeError
 from broker.log.checkpoint import fsync_and_close
 from broker.log.file_cache import FileCache
 from broker.log.index_file import IndexFile

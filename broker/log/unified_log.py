@@ -83,7 +83,7 @@ from pathlib import Path
 from segment_format import batch_body, record
 from broker.config import LogConfig
 from broker.histogram import Histogram
-from broker.errors import (
+from common.errors import (
     CorruptMessageError,
     InconsistentTopicIdError,
     KafkaStorageError,

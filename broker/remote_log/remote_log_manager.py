@@ -58,7 +58,7 @@ from pathlib import Path
 from segment_format import batch_body
 from broker.config import BrokerConfig
 from segment_format.limits import INT64_MAX
-from broker.errors import InvalidRequestError, KafkaStorageError, NotLeaderError, PymqError, StaleManifestError
+from common.errors import InvalidRequestError, KafkaStorageError, NotLeaderError, PymqError, StaleManifestError
 from broker.remote_log.remote_log_reader import RemoteLogReader
 from broker.log.segment import Segment
 from broker.log.unified_log import UnifiedLog

@@ -47,7 +47,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
-from broker.topic_partition import TopicPartition
+from common.topic_partition import TopicPartition
 
 
 # -- the member ------------------------------------------------------------------------------------
@@ -69,7 +69,7 @@ class Member:
         self.out.flush()
 
     def run(self) -> None:
-        from broker.client import Consumer
+        from client import Consumer
 
         self.event("start", str(os.getpid()))
         args = self.args
@@ -165,7 +165,7 @@ def produce(args: argparse.Namespace) -> None:
     """Send `records` small values (their index as text; null keys, so the sticky partitioner
     spreads them, or partition i % `partitions`) at about `rate` records/s, then flush; exits
     non-zero if any failed."""
-    from broker.client import Producer
+    from client import Producer
 
     failed: list[BaseException] = []
 

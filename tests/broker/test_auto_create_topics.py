@@ -9,12 +9,12 @@ import asyncio
 
 import pytest
 
-from broker.client import Admin, Consumer, Producer
-from broker.client.cluster import Cluster
+from client import Admin, Consumer, Producer
+from client.cluster import Cluster
 from broker.config import BROKER_CONFIGS
-from broker.errors import UnknownTopicOrPartitionError
+from common.errors import UnknownTopicOrPartitionError
 from broker.process import BrokerProcess
-from broker.protocol import MetadataRequest, MetadataResponse
+from protocol import MetadataRequest, MetadataResponse
 
 PARTITIONS = 3
 

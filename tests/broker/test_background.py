@@ -15,7 +15,7 @@ import pytest
 
 from broker import background
 from broker.config import BrokerConfig
-from broker.errors import LogDirInUseError, UnknownServerError
+from common.errors import LogDirInUseError, UnknownServerError
 from broker.handlers.group import append_error
 from broker.log.log_dir_lock import LogDirLock
 from broker.remote_log.remote_log_manager import CopyThrottle

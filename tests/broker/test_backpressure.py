@@ -19,9 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from broker.errors import NONE
+from common.errors import NONE
 from broker.process import BrokerProcess
-from broker.protocol import ApiKey
+from protocol import ApiKey
 from tests.broker.test_log_writer import batch, create_topic, produce_frame, send_pipelined, values_of
 
 REPO = Path(__file__).resolve().parents[2]

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pytest
 
 from segment_format import batch_body, record
-from broker.errors import (
+from common.errors import (
     NONE,
     CorruptMessageError,
     InvalidConfigError,
@@ -49,7 +49,7 @@ from broker.errors import (
     UnsupportedVersionError,
     error_for_code,
 )
-from broker.protocol import ApiKey
+from protocol import ApiKey
 from tests.broker.forged_batches import FORGED_BATCHES, compacted
 from tests.waiting import wait_until
 

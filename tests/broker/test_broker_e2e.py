@@ -10,8 +10,8 @@ import pyarrow.compute as pc
 import pytest
 
 from segment_format import batch_body, record
-from broker.client import EARLIEST, LATEST, Admin, Consumer, Producer
-from broker.errors import OffsetOutOfRangeError
+from client import EARLIEST, LATEST, Admin, Consumer, Producer
+from common.errors import OffsetOutOfRangeError
 
 
 def values_table(n: int, start: int = 0) -> pa.Table:

@@ -9,7 +9,7 @@ import pytest
 from broker.config import BROKER_CONFIGS, TOPIC_CONFIGS, BrokerConfig, ConfigDef, LogConfig, parse_topic_configs
 from segment_format.layout import TOPIC_NAME_MAX, validate_topic_name
 from segment_format.limits import INT32_MAX, INT64_MAX
-from broker.errors import InvalidConfigError, InvalidTopicError
+from common.errors import InvalidConfigError, InvalidTopicError
 
 INT_DEF = ConfigDef("test.bytes", int, 10, "an int", minimum=1, maximum=100)
 FLOAT_DEF = ConfigDef("test.ratio", float, 0.5, "a float", minimum=0.0, maximum=1.0)

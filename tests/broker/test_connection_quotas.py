@@ -7,7 +7,7 @@ import pytest
 
 from broker.config import BrokerConfig
 from broker.connection_quotas import ConnectionQuotas, parse_overrides
-from broker.errors import InvalidConfigError
+from common.errors import InvalidConfigError
 
 
 def test_one_address_is_refused_past_its_limit_and_others_still_connect():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from broker.process import BrokerProcess
-from broker.protocol import ApiKey
+from protocol import ApiKey
 from segment_format import batch_body, record
 from tests.conftest import RawClient
 from tests.faults import full_disk
@@ -49,7 +49,7 @@ def test_a_full_disk_is_logged_once_per_change_and_exported(tmp_path: Path) -> N
     broker = BrokerProcess(log_dir, module="tests.faults.full_disk", env={"PYMQ_DISK_BYTES": str(DISK_BYTES)})
     broker.start()
     try:
-        from broker.client import Admin
+        from client import Admin
 
         with Admin(broker.bootstrap) as admin:
             admin.create_topic(TOPIC, partitions=1)

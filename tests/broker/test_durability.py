@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 
 from segment_format import batch_body, record
-from broker.errors import NONE, KafkaStorageError, RequestTimedOutError
+from common.errors import NONE, KafkaStorageError, RequestTimedOutError
 from broker.process import BrokerProcess
-from broker.protocol import ApiKey
+from protocol import ApiKey
 
 REPO = Path(__file__).resolve().parents[2]
 _names = itertools.count()

@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from broker.backpressure import ByteBudget
-from broker.errors import WorkQueueFullError
+from common.errors import WorkQueueFullError
 from broker.executors import BackgroundExecutors, BoundedExecutor
 
 

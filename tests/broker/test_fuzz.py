@@ -39,11 +39,11 @@ import msgpack
 import pyarrow as pa
 import pytest
 
-from broker import protocol
+import protocol
 from segment_format import batch_body, record
-from broker.client import Admin, Producer
+from client import Admin, Producer
 from broker.config import TOPIC_CONFIGS
-from broker.errors import (
+from common.errors import (
     NONE,
     CorruptMessageError,
     InvalidRecordError,
@@ -53,7 +53,7 @@ from broker.errors import (
     error_for_code,
     error_name,
 )
-from broker.protocol import ApiKey
+from protocol import ApiKey
 from tests.broker.forged_batches import FORGED_BATCHES
 
 SEED = int(os.environ.get("PYMQ_FUZZ_SEED", "20260611"))

@@ -10,19 +10,19 @@ from typing import Any
 import pytest
 
 from segment_format import batch_body, record
-from broker.client import Admin
+from client import Admin
 from broker.coordinator.group_records import OFFSETS_TOPIC, partition_for
-from broker.errors import NONE, InvalidTopicError, MemberIdRequiredError, error_for_code
-from broker.protocol import Message, RequestMessage
-from broker.protocol.consumer_protocol import Assignment, Subscription
-from broker.protocol.messages import (
+from common.errors import NONE, InvalidTopicError, MemberIdRequiredError, error_for_code
+from protocol import Message, RequestMessage
+from protocol.consumer_protocol import Assignment, Subscription
+from protocol.messages import (
     DeleteTopicsRequest,
     ProducePartition,
     ProduceRequest,
     TopicRef,
     TopicRequest,
 )
-from broker.protocol.messages.group import (
+from protocol.messages.group import (
     DescribeGroupsRequest,
     FindCoordinatorRequest,
     HeartbeatRequest,

@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from broker.client import Admin, Producer
-from broker.client.admin import LATEST, GroupDescription
-from broker.errors import PymqError
-from broker.process import die_with_parent
+from client import Admin, Producer
+from client.admin import LATEST, GroupDescription
+from common.errors import PymqError
+from common.child_process import die_with_parent
 from tests.broker.group_member import MemberLog
-from broker.topic_partition import TopicPartition
+from common.topic_partition import TopicPartition
 from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]

@@ -8,8 +8,8 @@ import json
 
 import pyarrow as pa
 
-from broker.client import Admin, Consumer, Producer
-from broker.client.partitioner import partition_for_key
+from client import Admin, Consumer, Producer
+from client.partitioner import partition_for_key
 from broker.server import METADATA_FILE
 
 KEYS = [b"customer-%d" % i for i in range(40)]

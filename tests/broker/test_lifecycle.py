@@ -13,9 +13,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from broker.client import Admin, Consumer, Producer
+from client import Admin, Consumer, Producer
 from broker.process import BrokerProcess
-from broker.protocol import ApiKey
+from protocol import ApiKey
 
 TABLE_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
 STOP_BOUND_S = 60.0  # generous for a loaded 2-core machine; the drain itself is bounded by config

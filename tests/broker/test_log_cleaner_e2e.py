@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from broker.client import Admin, Consumer, Producer
+from client import Admin, Consumer, Producer
 from tests.waiting import wait_until
 
 TOPIC = "compacted"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from segment_format import batch_body, record
-from broker.errors import NONE, CorruptMessageError
-from broker.protocol import ApiKey
+from common.errors import NONE, CorruptMessageError
+from protocol import ApiKey
 
 OFFLOAD_BYTES = 4096
 TS = 1_700_000_000_000

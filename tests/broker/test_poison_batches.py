@@ -14,8 +14,8 @@ import time
 
 import pytest
 
-from broker.client import Consumer
-from broker.errors import NONE, CorruptMessageError, InvalidTimestampError, MessageTooLargeError
+from client import Consumer
+from common.errors import NONE, CorruptMessageError, InvalidTimestampError, MessageTooLargeError
 from segment_format import batch_body, record
 from tests.broker.forged_batches import BODY_TIMESTAMP_BATCHES, POISON_BATCHES, TS, with_int32, VALUE_OFFSETS
 from tests.broker.test_bad_input import (

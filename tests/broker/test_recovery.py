@@ -20,10 +20,10 @@ from segment_format import batch_body, record
 from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
-from broker.errors import NONE, CorruptMessageError
+from common.errors import NONE, CorruptMessageError
 from broker.log.checkpoint import read_offsets
 from broker.log.log_manager import RECOVERY_POINT_CHECKPOINT
-from broker.protocol import ApiKey
+from protocol import ApiKey
 from broker.server import METADATA_FILE
 from tests.waiting import wait_until
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from broker.client import Admin, Consumer, Producer
+from client import Admin, Consumer, Producer
 from broker.process import BrokerProcess
 
 TOPIC = "metered"

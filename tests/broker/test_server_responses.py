@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from broker import protocol
+import protocol
 from broker.config import BrokerConfig
-from broker.errors import MessageTooLargeError
+from common.errors import MessageTooLargeError
 from broker.log import FetchSlice
 from broker.connection import Connection
 from broker.server import Broker

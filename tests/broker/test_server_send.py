@@ -20,11 +20,11 @@ import pytest
 
 import uvloop
 
-from broker import protocol
-from broker.client import Admin, Producer
+import protocol
+from client import Admin, Producer
 from broker.config import BrokerConfig
 from broker.log import FetchSlice
-from broker.protocol import ApiKey
+from protocol import ApiKey
 from broker.connection import Connection
 from broker.server import Broker
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pyarrow as pa
 
 from segment_format import record
-from broker.client import Admin, Consumer, Producer
-from broker.errors import OffsetOutOfRangeError
+from client import Admin, Consumer, Producer
+from common.errors import OffsetOutOfRangeError
 from tiered_storage import RemoteSegmentStore
 from segment_format.manifest import PartitionManifest
 from tests.waiting import wait_until
@@ -267,7 +267,7 @@ def test_a_tampered_remote_segment_answers_corrupt_message(broker_factory, tmp_p
     """A byte flipped in a tiered segment's `.log` object: a consumer reading there gets
     CORRUPT_MESSAGE (CorruptMessageError) naming the object, never the bad bytes, after every
     record before the bad batch, while the topic's other partition is consumed in full."""
-    from broker.errors import CorruptMessageError
+    from common.errors import CorruptMessageError
 
     broker = tiering_broker(broker_factory, tmp_path).start()
     store = RemoteSegmentStore.from_url(f"file://{tmp_path}/remote")

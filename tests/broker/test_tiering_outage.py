@@ -29,7 +29,7 @@ from typing import Iterator
 import pyarrow as pa
 import pytest
 
-from broker.client import Admin, Consumer, Producer
+from client import Admin, Consumer, Producer
 from tests.broker.test_tiering_e2e import (
     TOPIC,
     check_complete,
@@ -496,8 +496,8 @@ def test_a_range_read_waits_out_a_hung_store(scenario, proxy):
     back it returns every record once, in order."""
     import asyncio
 
-    from broker.client.cluster import Cluster
-    from broker.client.range_reader import read_range
+    from client.cluster import Cluster
+    from client.range_reader import read_range
 
     tier_some(scenario, 6)
     end = scenario.produced

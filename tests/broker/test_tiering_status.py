@@ -14,11 +14,11 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner, Result
 
-from broker.cli import cli
-from broker.cli.tier import human_bytes, offset_range
-from broker.client import Admin, Consumer, Producer
-from broker.client.admin import PartitionTiering
-from broker.errors import UnknownTopicOrPartitionError
+from cli import cli
+from cli.tier import human_bytes, offset_range
+from client import Admin, Consumer, Producer
+from client.admin import PartitionTiering
+from common.errors import UnknownTopicOrPartitionError
 from tiered_storage import RemoteSegmentStore
 from tests.waiting import wait_until
 

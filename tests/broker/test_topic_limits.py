@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from broker.client import Admin, Consumer, Producer
-from broker.errors import PolicyViolationError
+from client import Admin, Consumer, Producer
+from common.errors import PolicyViolationError
 from segment_format.layout import TOPIC_NAME_MAX
 
 LONGEST = "L" * (TOPIC_NAME_MAX - 2) + "-x"  # a dash inside, as a partition directory's name has

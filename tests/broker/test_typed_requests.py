@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from broker import protocol
+import protocol
 from segment_format import batch_body, record
-from broker.client import Admin
-from broker.errors import NONE, InconsistentTopicIdError, UnknownLeaderEpochError
-from broker.protocol import (
+from client import Admin
+from common.errors import NONE, InconsistentTopicIdError, UnknownLeaderEpochError
+from protocol import (
     FetchPartition,
     FetchRequest,
     FetchResponse,

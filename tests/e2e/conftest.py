@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from broker.client import Admin, Consumer, Producer
+from client import Admin, Consumer, Producer
 from tests.e2e.checker import History
 from tests.waiting import wait_until
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from broker.cli import cli
-from broker.client import Admin
+from cli import cli
+from client import Admin
 from tests.e2e.conftest import partitions_of, wait_for, wait_for_full_isr
 
 
@@ -35,7 +35,7 @@ def signal_masks(pid: int) -> str:
 
 def test_cluster_start_runs_etcd_and_three_brokers_until_ctrl_c(tmp_path: Path):
     process = subprocess.Popen(
-        [sys.executable, "-m", "broker.cli", "cluster", "start", "--dir", str(tmp_path / "cluster"), "--port", "0",
+        [sys.executable, "-m", "cli", "cluster", "start", "--dir", str(tmp_path / "cluster"), "--port", "0",
          "--etcd-port", "0", "-o", "metrics.port=0"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 
-from broker.client import Admin, Producer
+from client import Admin, Producer
 from tests.e2e.checker import History
 from tests.e2e.conftest import read_all, wait_for, wait_for_full_isr
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from broker.client import Admin, Producer
+from client import Admin, Producer
 from tests.e2e.conftest import partitions_of, wait_for, wait_for_full_isr
 
 TOPIC = "crashed"

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from broker.client import Admin, Producer
+from client import Admin, Producer
 from broker.cluster.etcd_process import endpoints, start_members
-from broker.errors import MetadataStoreUnavailableError
+from common.errors import MetadataStoreUnavailableError
 from tests.e2e.conftest import partitions_of, read_all, wait_for, wait_for_full_isr
 from tests.e2e.checker import History
 

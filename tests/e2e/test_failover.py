@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from broker.client import Admin, Consumer, Producer
+from client import Admin, Consumer, Producer
 from tests.e2e.checker import History
 from tests.e2e.conftest import partitions_of, read_all, wait_for, wait_for_full_isr
 
@@ -133,8 +133,8 @@ def test_a_range_read_that_meets_a_failover_goes_on_inside_the_read(cluster):
     order: the task does not fail."""
     import asyncio
 
-    from broker.client.cluster import Cluster
-    from broker.client.range_reader import read_range
+    from client.cluster import Cluster
+    from client.range_reader import read_range
 
     local = cluster(3)
     with Admin(local.bootstrap) as admin:

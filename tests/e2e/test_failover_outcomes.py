@@ -18,7 +18,7 @@ import contextlib
 import threading
 import time
 
-from broker.client import Admin, Producer
+from client import Admin, Producer
 from tests.e2e.conftest import wait_for, wait_for_full_isr
 
 TOPIC = "outcomes"

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from broker.cli.partition import decommission_plan
-from broker.client import Admin
-from broker.errors import PolicyViolationError
+from cli.partition import decommission_plan
+from client import Admin
+from common.errors import PolicyViolationError
 from tests.e2e.checker import History
 from tests.e2e.conftest import Load, partitions_of, read_all, wait_for, wait_for_full_isr
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import Admin, Consumer, Producer
-from broker.errors import NotEnoughReplicasError
+from client import Admin, Consumer, Producer
+from common.errors import NotEnoughReplicasError
 from tests.e2e.checker import History
 from tests.e2e.conftest import partitions_of, read_all, wait_for, wait_for_full_isr
 
@@ -141,8 +141,8 @@ def test_a_replica_fetch_from_a_broker_that_is_not_a_replica_is_refused(cluster)
     whole), one naming an old leader epoch FENCED_LEADER_EPOCH and a newer one UNKNOWN_LEADER_EPOCH."""
     import asyncio
 
-    from broker.client.connection import BrokerConnection
-    from broker.protocol import BrokerHandshakeRequest, FetchPartition, FetchRequest, TopicRequest
+    from client.connection import BrokerConnection
+    from protocol import BrokerHandshakeRequest, FetchPartition, FetchRequest, TopicRequest
 
     local = cluster(3)
     with Admin(local.bootstrap) as admin:

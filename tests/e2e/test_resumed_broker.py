@@ -14,11 +14,11 @@ import asyncio
 import time
 from typing import Any
 
-from broker.client import Admin
-from broker.client.connection import BrokerConnection, decode_reply
-from broker.errors import NotLeaderError
+from client import Admin
+from client.connection import BrokerConnection, decode_reply
+from common.errors import NotLeaderError
 from broker.process import BrokerProcess
-from broker.protocol import MetadataRequest, MetadataResponse, ProducePartition, ProduceRequest, TopicRequest
+from protocol import MetadataRequest, MetadataResponse, ProducePartition, ProduceRequest, TopicRequest
 from segment_format import batch_body, record
 from tests.e2e.conftest import partitions_of, wait_for, wait_for_full_isr
 

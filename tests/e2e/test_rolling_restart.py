@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
-from broker.client import Admin, Consumer
+from client import Admin, Consumer
 from tests.e2e.checker import History
 from tests.e2e.conftest import Load, read_all, wait_for, wait_for_full_isr
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.client import Admin, Producer
+from client import Admin, Producer
 from segment_format.manifest import PartitionManifest
 from tests.e2e.checker import History
 from tests.e2e.conftest import partitions_of, read_all, wait_for, wait_for_full_isr

@@ -1,5 +1,5 @@
 """A real broker process with fault points, for durability tests: `python -m tests.faults.broker`
-takes the same arguments as `python -m broker.cli` and runs it after installing hooks that a
+takes the same arguments as `python -m cli` and runs it after installing hooks that a
 test drives through files in the directory named by PYMQ_FAULT_DIR:
 
     fsync.block     while it exists, every fsync (and syncfs) waits
@@ -72,7 +72,7 @@ os.rename = rename
 checkpoint.sync_filesystem = log_manager.sync_filesystem = sync_filesystem
 
 if __name__ == "__main__":
-    from broker.cli import main
+    from cli import main
 
     sys.argv[0] = "pymq"
     main()

@@ -1,5 +1,5 @@
 """A real broker process whose log.dir is a small filesystem of its own, for disk-full tests:
-`python -m tests.faults.full_disk` takes the arguments of `python -m broker.cli` and runs it in a
+`python -m tests.faults.full_disk` takes the arguments of `python -m cli` and runs it in a
 mount namespace of its own, where a tmpfs of PYMQ_DISK_BYTES bytes is mounted on the `log.dir`
 given with `-o log.dir=...` (the directory must exist). Appends then fail with ENOSPC as on a
 real full disk; no write of the broker is faked.
@@ -64,7 +64,7 @@ if __name__ == "__main__":
     log_dir = _log_dir(sys.argv[1:])
     enter_private_mounts()
     mount_tmpfs(log_dir, int(os.environ["PYMQ_DISK_BYTES"]))
-    from broker.cli import main
+    from cli import main
 
     sys.argv[0] = "pymq"
     main()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from broker.protocol import ApiKey
+from protocol import ApiKey
 from tests.conftest import RawClient
 from tests.waiting import wait_until
 

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.client import Admin, Producer
-from broker.client.cluster import Cluster
-from broker.errors import InvalidTopicError, PolicyViolationError, UnknownTopicOrPartitionError
+from client import Admin, Producer
+from client.cluster import Cluster
+from common.errors import InvalidTopicError, PolicyViolationError, UnknownTopicOrPartitionError
 from broker.process import BrokerProcess
-from broker.protocol import MetadataRequest, MetadataResponse
+from protocol import MetadataRequest, MetadataResponse
 from tests.hostile.probe import Probe
 
 PARTITIONS = 3

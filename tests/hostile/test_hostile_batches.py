@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from broker.errors import NONE, CorruptMessageError, MessageTooLargeError
-from broker.protocol import ApiKey
+from common.errors import NONE, CorruptMessageError, MessageTooLargeError
+from protocol import ApiKey
 from segment_format import batch_body, record
 from tests.broker.forged_batches import POISON_BATCHES, TS, decompression_bomb
 

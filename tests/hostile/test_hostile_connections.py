@@ -26,9 +26,9 @@ from collections.abc import Callable, Iterator
 import msgpack
 import pytest
 
-from broker.errors import NONE
+from common.errors import NONE
 from broker.process import BrokerProcess
-from broker.protocol import ApiKey
+from protocol import ApiKey
 from segment_format import batch_body, record
 from tests.waiting import wait_until
 

@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from broker.client import Admin, Producer
-from broker.client.connection import BrokerConnection
-from broker.errors import ClusterAuthorizationFailedError, NotEnoughReplicasAfterAppendError, NotEnoughReplicasError
-from broker.protocol import (
+from client import Admin, Producer
+from client.connection import BrokerConnection
+from common.errors import ClusterAuthorizationFailedError, NotEnoughReplicasAfterAppendError, NotEnoughReplicasError
+from protocol import (
     BrokerHandshakeRequest,
     FetchPartition,
     FetchRequest,

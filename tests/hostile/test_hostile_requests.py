@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from broker.process import BrokerProcess
-from broker.protocol import ApiKey
+from protocol import ApiKey
 from tests.conftest import RawClient
 from tests.hostile.probe import Probe
 from tests.waiting import wait_until
@@ -37,7 +37,7 @@ TOPIC = "hostile"
 def broker(module_broker_factory) -> BrokerProcess:
     process = module_broker_factory("hostile", **{"offsets.topic.num.partitions": 1,
                                                   "metrics.groups.max": GROUPS_MAX}).start()
-    from broker.client import Admin
+    from client import Admin
 
     with Admin(process.bootstrap) as admin:
         admin.create_topic(TOPIC, partitions=1)

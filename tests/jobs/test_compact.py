@@ -23,8 +23,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from broker.client import Admin, Consumer, Producer
-from broker.errors import StaleManifestError
+from client import Admin, Consumer, Producer
+from common.errors import StaleManifestError
 from broker.process import BrokerProcess
 from tests.tiered_storage.backends import s3_tiering
 from jobs.compact import compact, compact_partition, plan_topic, swap
@@ -233,7 +233,7 @@ def test_sigkill_mid_write_leaves_every_manifest_valid_and_the_history_unchanged
 
 
 def test_a_swap_that_does_not_fit_the_manifest_is_refused_by_name(broker: BrokerProcess, s3) -> None:
-    from broker.errors import InvalidRequestError, UnknownTopicOrPartitionError
+    from common.errors import InvalidRequestError, UnknownTopicOrPartitionError
 
     url, options = s3
     topic = "compact-refused"

@@ -16,7 +16,7 @@ import pytest
 
 import nbformat
 
-from broker.client import Admin
+from client import Admin
 from broker.process import BrokerProcess
 from jobs.notebooks import (
     PARTITIONS,

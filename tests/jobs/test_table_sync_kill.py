@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from broker.client import Admin, Producer
+from client import Admin, Producer
 from broker.process import BrokerProcess
 from jobs.topic_table import SyncOptions, sync
 from spark_datasource.table_topic import TableTopic

@@ -26,7 +26,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from broker.client import Admin, Producer
+from client import Admin, Producer
 from broker.process import BrokerProcess
 from jobs.table_status import table_status
 from jobs.topic_table import SyncOptions, sync
@@ -280,7 +280,7 @@ def test_the_sync_command_takes_a_json_value_schema(broker: BrokerProcess, spark
         admin.create_topic(topic, partitions=PARTITIONS)
     produce(broker.bootstrap, topic, 0, 10)
     table = tmp_path / "cli"
-    done = subprocess.run([sys.executable, "-m", "broker.cli", "table", "sync", topic, "--table", str(table),
+    done = subprocess.run([sys.executable, "-m", "cli", "table", "sync", topic, "--table", str(table),
                            "-b", broker.bootstrap, "--value-format", "json", "--value-schema", "p INT, n INT, page STRING"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from segment_format import arrow_ipc, batch_body, body_template, record
-from broker.client.producer_batch import ProducerBatch
+from client.producer_batch import ProducerBatch
 
 values_st = st.lists(st.binary(max_size=300), min_size=1, max_size=body_template.MAX_RECORDS)
 

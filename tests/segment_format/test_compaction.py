@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from segment_format import batch_body, record
-from broker.client.decoder import FetchedBatch
+from client.decoder import FetchedBatch
 from broker.config import LogConfig
-from broker.errors import CorruptMessageError
+from common.errors import CorruptMessageError
 from broker.log import LogManager, TopicLogSpec
 from segment_format.compaction import CompactionStats, OffsetMap, _codec, build_offset_map, compact_batches
 from segment_format.segment_reader import SegmentReader

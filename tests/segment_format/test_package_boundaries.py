@@ -27,9 +27,9 @@ def _modules_loaded_by(imports: str) -> set[str]:
     "import tiered_storage, tiered_storage.remote_store, tiered_storage.read_ahead",
 ], ids=["segment_format", "tiered_storage"])
 def test_format_and_remote_store_load_no_broker_module_but_the_error_taxonomy(imports: str) -> None:
-    """Importing the format or the remote store loads broker.errors and nothing else of broker."""
+    """Importing the format or the remote store loads common.errors and nothing else of broker."""
     broker_modules = {m for m in _modules_loaded_by(imports) if m == "broker" or m.startswith("broker.")}
-    assert broker_modules == {"broker", "broker.errors"}
+    assert broker_modules == {"broker", "common.errors"}
 
 
 def test_writing_a_segment_loads_no_broker_module_but_the_error_taxonomy() -> None:
@@ -45,7 +45,7 @@ def test_writing_a_segment_loads_no_broker_module_but_the_error_taxonomy() -> No
         "    writer.append(batch)\n"
         "assert writer.close().next_offset == 30 and len(files[1].getvalue()) == 16 + 8 * 9\n"  # each batch but the first (at byte 0)
     )
-    assert {m for m in loaded if m == "broker" or m.startswith("broker.")} == {"broker", "broker.errors"}
+    assert {m for m in loaded if m == "broker" or m.startswith("broker.")} == {"broker", "common.errors"}
 
 
 def test_log_layer_does_not_load_the_remote_store() -> None:

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.errors import CorruptMessageError, InvalidRecordError, InvalidTimestampError, MessageTooLargeError
+from common.errors import CorruptMessageError, InvalidRecordError, InvalidTimestampError, MessageTooLargeError
 from segment_format.record import (
     CONTROL_BIT,
     HEADER_SIZE,

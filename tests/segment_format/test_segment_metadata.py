@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from segment_format import batch_body, record
 from broker.config import LogConfig
-from broker.errors import CorruptMessageError
+from common.errors import CorruptMessageError
 from broker.log import LogManager, TopicLogSpec
 from broker.log.leader_epoch import LeaderEpochCache
 from segment_format.segment_metadata import FORMAT_VERSION, CorruptSegmentMetadataError, SegmentMetadata

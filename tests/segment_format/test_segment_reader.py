@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from segment_format import batch_body, record
 from broker.config import LogConfig
-from broker.errors import CorruptMessageError, KafkaStorageError
+from common.errors import CorruptMessageError, KafkaStorageError
 from broker.log import LogManager, TopicLogSpec
 from segment_format.index_file import CorruptIndexError, OFFSET_INDEX
 from segment_format.segment_reader import FRAME_ONLY, SegmentReader

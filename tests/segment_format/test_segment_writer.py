@@ -9,7 +9,7 @@ import random
 import fsspec
 import pytest
 
-from broker.errors import CorruptMessageError, LogInvariantError
+from common.errors import CorruptMessageError, LogInvariantError
 from broker.log.file_cache import FileCache
 from broker.log.segment import BatchInfo, Segment
 from segment_format import batch_body, record

@@ -22,8 +22,8 @@ from chispa import assert_basic_rows_equality, assert_df_equality
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
 
-from broker.client import EARLIEST, LATEST, Admin, Producer
-from broker.client.range_reader import RangeStats
+from client import EARLIEST, LATEST, Admin, Producer
+from client.range_reader import RangeStats
 from broker.process import BrokerProcess
 from spark_datasource.batch_reader import PymqBatchReader
 from spark_datasource.options import SourceOptions

@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 from pyspark.sql import functions as F
 
-from broker.client import Admin, Producer
+from client import Admin, Producer
 from tests.e2e.conftest import wait_for, wait_for_full_isr
 
 TOPIC = "failover"

@@ -23,8 +23,8 @@ import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
-from broker.cli import cli
-from broker.client import Admin, Producer
+from cli import cli
+from client import Admin, Producer
 from broker.process import BrokerProcess
 from spark_datasource.lag_group import METADATA_MAX_BYTES, RETRY_AFTER_FAILURE_S, LagGroup, commit_metadata
 from spark_datasource.options import InvalidOptionError, SourceOptions
@@ -115,7 +115,7 @@ def rows_read(spark, out: Path) -> int:
 
 def cli_lag(bootstrap: str, group: str, topic: str) -> dict[int, str]:
     """LAG per partition of `topic` in `pymq group describe GROUP`'s table (run in-process, as
-    tests/broker/test_cli.py runs the CLI)."""
+    tests/cli/test_cli.py runs the CLI)."""
     result = CliRunner().invoke(cli, ["group", "describe", group, "-b", bootstrap], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()

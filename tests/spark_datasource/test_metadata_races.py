@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
-from broker.client import Admin, Producer
-from broker.errors import DataLossError, NotLeaderError, TopicAlreadyExistsError
+from client import Admin, Producer
+from common.errors import DataLossError, NotLeaderError, TopicAlreadyExistsError
 from spark_datasource.batch_reader import PymqBatchReader
 from spark_datasource.offsets import OffsetReader
 from spark_datasource.options import SourceOptions

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from broker.client import Admin
+from client import Admin
 from broker.process import BrokerProcess
 from spark_datasource.options import InvalidOptionError, OffsetSpec, SourceOptions
 

@@ -25,7 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from broker.client import Admin, Producer
+from client import Admin, Producer
 from tests.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

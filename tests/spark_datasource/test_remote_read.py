@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql import functions as F
 
-from broker.client import Admin, Producer
+from client import Admin, Producer
 from segment_format.layout import SegmentFiles
 from broker.process import BrokerProcess
 from spark_datasource.batch_reader import PymqBatchReader
@@ -393,7 +393,7 @@ def test_remote_only_start_below_the_remote_log_start_is_data_loss(tiered, broke
     new start; an explicit start below it fails (failOnDataLoss=true) or starts there (false)."""
     import shutil
 
-    from broker.errors import DataLossError
+    from common.errors import DataLossError
 
     root = tmp_path / "trimmed"
     shutil.copytree(remote_url().removeprefix("file://"), root)

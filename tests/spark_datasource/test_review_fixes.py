@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import pytest
 from pyspark.sql.types import BinaryType, StructField, StructType
 
-from broker.client import Admin, Producer
+from client import Admin, Producer
 from broker.process import BrokerProcess
 from spark_datasource.batch_reader import PymqBatchReader
 from spark_datasource.options import InvalidOptionError, SourceOptions

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from broker.client import Admin
+from client import Admin
 from broker.process import BrokerProcess
 
 PARTITIONS = 2

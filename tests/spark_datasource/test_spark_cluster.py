@@ -23,8 +23,8 @@ from typing import Any, Iterator
 
 import pytest
 
-from broker.client import Admin, Producer
-from broker.process import die_with_parent
+from client import Admin, Producer
+from common.child_process import die_with_parent
 from spark_datasource.spark_daemons import LOG4J, ConnectServer, StandaloneCluster, spark_env
 from tests.waiting import wait_until
 

@@ -21,7 +21,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource
 
-from broker.client import Admin, Producer
+from client import Admin, Producer
 from spark_datasource import PymqDataSource, register
 
 THREAD_JOIN_S = 240

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from broker.client import LATEST, Admin, Producer
+from client import LATEST, Admin, Producer
 from spark_datasource.stream_reader import LEGACY_TOPIC_ID, TopicIdLedger, from_json, to_json
 
 KafkaOffsets = dict[tuple[str, int], int]

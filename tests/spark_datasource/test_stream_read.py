@@ -22,7 +22,7 @@ import pyarrow as pa
 import pytest
 from pyspark.errors import StreamingQueryException
 
-from broker.client import EARLIEST, Admin, Producer
+from client import EARLIEST, Admin, Producer
 from spark_datasource.stream_reader import from_json, rate_limit, to_json
 from tests.waiting import wait_until
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from broker.client import Admin, Producer
+from client import Admin, Producer
 from broker.process import BrokerProcess
 from tests.tiered_storage.backends import s3_tiering
 from tiered_storage import RemoteSegmentStore

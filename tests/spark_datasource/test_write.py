@@ -11,8 +11,8 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql import functions as F
 
-from broker.client import Admin
-from broker.client.partitioner import partition_for_key
+from client import Admin
+from client.partitioner import partition_for_key
 
 HEADERS = "array<struct<key:string,value:binary>>"
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from segment_format import batch_body, record
 from broker.config import LogConfig
 from broker.log import LogManager, TopicLogSpec
-from broker.process import die_with_parent
+from common.child_process import die_with_parent
 from tiered_storage import RemoteSegmentStore
 
 TOPIC = "events"

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.errors import CorruptMessageError
+from common.errors import CorruptMessageError
 from tiered_storage.read_ahead import ReadAhead
 
 DATA = bytes(range(256)) * 40  # 10,240 bytes

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 
 from segment_format import record
-from broker.errors import CorruptMessageError
+from common.errors import CorruptMessageError
 from segment_format.layout import SegmentFiles
 from segment_format.index_file import CorruptIndexError
 from segment_format.segment_metadata import SegmentMetadata

@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from broker.cluster.assignment import assign_replicas
-from broker.errors import InvalidReplicationFactorError
+from common.errors import InvalidReplicationFactorError
 
 
 @pytest.mark.parametrize("brokers, partitions, factor", [(3, 30, 3), (5, 50, 3), (4, 8, 2), (1, 4, 1), (6, 600, 3)])

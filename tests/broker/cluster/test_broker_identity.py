@@ -6,7 +6,7 @@ import pytest
 
 from broker.cluster.broker_identity import BrokerIdentity, Session, new_incarnation
 from broker.cluster.brokers import BrokerInfo, LiveBrokers
-from broker.errors import ClusterAuthorizationFailedError
+from common.errors import ClusterAuthorizationFailedError
 
 PROOF = new_incarnation()
 

@@ -30,7 +30,7 @@ from broker.cluster.metadata_store import (
     Watch,
     WatchEvent,
 )
-from broker.errors import InvalidRequestError, MetadataStoreLimitError, MetadataStoreUnavailableError
+from common.errors import InvalidRequestError, MetadataStoreLimitError, MetadataStoreUnavailableError
 
 Scenario = Callable[[MetadataStore], Awaitable[None]]
 OpenStore = Callable[[], Awaitable[MetadataStore]]

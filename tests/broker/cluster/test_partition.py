@@ -10,7 +10,7 @@ import pytest
 from segment_format import batch_body, record
 from broker.cluster.partition import NO_EPOCH, LeaderAndIsr, Partition
 from broker.config import LogConfig
-from broker.errors import (
+from common.errors import (
     FencedLeaderEpochError,
     NotLeaderError,
     OffsetOutOfRangeError,

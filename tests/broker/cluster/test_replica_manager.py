@@ -11,7 +11,7 @@ import pytest
 from segment_format import batch_body, record
 from broker.cluster.partition import LeaderAndIsr
 from broker.config import LogConfig
-from broker.errors import NotLeaderError, UnknownTopicOrPartitionError
+from common.errors import NotLeaderError, UnknownTopicOrPartitionError
 from broker.log import LogManager, TopicLogSpec, UnifiedLog
 from broker.log_writer import LogWriter
 from broker.purgatory import DelayedOperationPurgatory

@@ -11,7 +11,7 @@ import pytest
 from broker.cluster.brokers import BrokerInfo, BrokerRegistration
 from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.session_fence import SessionFence
-from broker.errors import NotLeaderError
+from common.errors import NotLeaderError
 from tests.broker.cluster.test_metadata_store import ManualClock
 
 TIMEOUT_S = 20

@@ -11,7 +11,7 @@ import pytest
 from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
-from broker.errors import PolicyViolationError, TopicAlreadyExistsError, VersionConflictError
+from common.errors import PolicyViolationError, TopicAlreadyExistsError, VersionConflictError
 
 TIMEOUT_S = 10
 Scenario = Callable[[TopicRegistry, LocalMetadataStore], Awaitable[None]]

@@ -10,7 +10,7 @@ from broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
 from broker.coordinator.group_metadata import GroupState
 from broker.coordinator.group_records import GroupKey, OffsetKey, decode_record, encode_key, encode_value
 from broker.coordinator.results import Result
-from broker.errors import (
+from common.errors import (
     CoordinatorLoadInProgressError,
     FencedInstanceIdError,
     GroupIdNotFoundError,
@@ -28,9 +28,9 @@ from broker.errors import (
     UnknownTopicOrPartitionError,
     error_for_code,
 )
-from broker.protocol.consumer_protocol import Assignment, Subscription
-from broker.protocol.messages.base import TopicRequest
-from broker.protocol.messages.group import (
+from protocol.consumer_protocol import Assignment, Subscription
+from protocol.messages.base import TopicRequest
+from protocol.messages.group import (
     DeleteGroupsRequest,
     DescribeGroupsRequest,
     HeartbeatRequest,

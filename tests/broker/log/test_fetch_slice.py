@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from segment_format import record
-from broker.errors import KafkaStorageError
+from common.errors import KafkaStorageError
 from broker.log import FileCache, UnifiedLog
 
 from tests.broker.log.conftest import SMALL

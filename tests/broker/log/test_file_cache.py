@@ -8,7 +8,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from broker.errors import KafkaStorageError
+from common.errors import KafkaStorageError
 from broker.log import FileCache
 
 

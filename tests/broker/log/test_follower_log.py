@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from segment_format import batch_body, record
-from broker.errors import CorruptMessageError
+from common.errors import CorruptMessageError
 
 R = 3  # records per test batch; three batches fill a 4 KiB segment
 

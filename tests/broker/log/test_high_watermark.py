@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from broker.errors import OffsetOutOfRangeError
+from common.errors import OffsetOutOfRangeError
 
 R = 3  # records per test batch; three batches fill a 4 KiB segment
 

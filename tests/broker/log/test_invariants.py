@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from segment_format import batch_body, record
-from broker.errors import CorruptMessageError, InvalidRequestError, LogInvariantError
+from common.errors import CorruptMessageError, InvalidRequestError, LogInvariantError
 from broker.handlers.list_offsets import _offset_for
 from broker.log.file_cache import FileCache
 from segment_format.index_file import CorruptIndexError
@@ -126,7 +126,7 @@ def test_an_out_of_order_append_is_caught_under_python_O(tmp_path):
     script = textwrap.dedent(f"""
         import sys
         from pathlib import Path
-        from broker.errors import LogInvariantError
+        from common.errors import LogInvariantError
         from broker.log.file_cache import FileCache
         from segment_format.index_file import CorruptIndexError
         from broker.log.segment import BatchInfo, Segment

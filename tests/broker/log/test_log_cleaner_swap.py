@@ -10,7 +10,7 @@ import os
 import pytest
 
 from segment_format import record
-from broker.errors import KafkaStorageError
+from common.errors import KafkaStorageError
 from broker.log import LogCleaner, Segment, UnifiedLog
 from segment_format.compaction import build_offset_map, compact_batches
 from broker.log.segment import BatchInfo

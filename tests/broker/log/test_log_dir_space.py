@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.errors import KafkaStorageError
+from common.errors import KafkaStorageError
 from broker.log.log_dir_space import LogDirSpace, is_no_space
 
 

@@ -13,7 +13,7 @@ import struct
 import pytest
 
 from segment_format import record
-from broker.errors import CorruptMessageError
+from common.errors import CorruptMessageError
 from broker.log import Segment
 
 from tests.broker.log.appends import append

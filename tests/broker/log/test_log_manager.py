@@ -8,7 +8,7 @@ import pytest
 
 from segment_format import record
 from broker.config import LogConfig
-from broker.errors import KafkaStorageError, OffsetOutOfRangeError
+from common.errors import KafkaStorageError, OffsetOutOfRangeError
 from broker.log import LogManager, Segment, TopicLogSpec, UnifiedLog
 from broker.log.checkpoint import PARTITION_METADATA_FILE, read_offsets, read_partition_metadata, write_offsets
 from broker.log import log_manager

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from broker.config import LogConfig
-from broker.errors import KafkaStorageError, OffsetOutOfRangeError
+from common.errors import KafkaStorageError, OffsetOutOfRangeError
 from broker.log import LogManager, TopicLogSpec
 from broker.log.checkpoint import write_offsets
 from broker.log.log_manager import LOG_START_OFFSET_CHECKPOINT

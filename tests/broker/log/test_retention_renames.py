@@ -6,7 +6,7 @@ import errno
 import os
 
 from broker.config import LogConfig
-from broker.errors import KafkaStorageError
+from common.errors import KafkaStorageError
 from broker.log import LogManager, TopicLogSpec, UnifiedLog
 from tests.broker.log.appends import append
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from segment_format import batch_body, record
-from broker.errors import CorruptMessageError, KafkaStorageError, LogInvariantError
+from common.errors import CorruptMessageError, KafkaStorageError, LogInvariantError
 from segment_format.index_file import CorruptIndexError, NO_TIMESTAMP
 from broker.log.file_cache import FileCache
 from broker.log.segment import BatchInfo, Segment

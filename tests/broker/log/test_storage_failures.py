@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.errors import KafkaStorageError
+from common.errors import KafkaStorageError
 from broker.log import LogManager, Segment, TopicLogSpec
 from broker.log.checkpoint import read_offsets
 from broker.log.log_manager import RECOVERY_POINT_CHECKPOINT

@@ -13,7 +13,7 @@ import pytest
 
 from broker.cluster.partition import LeaderAndIsr
 from broker.config import LogConfig
-from broker.errors import KafkaStorageError
+from common.errors import KafkaStorageError
 from broker.log import LogManager, TopicLogSpec, leader_epoch
 from broker.log_writer import LogWriter
 from broker.purgatory import DelayedOperationPurgatory

@@ -8,7 +8,7 @@ import pytest
 
 from segment_format import record
 from broker.config import LogConfig
-from broker.errors import CorruptMessageError, MessageTooLargeError, OffsetOutOfRangeError
+from common.errors import CorruptMessageError, MessageTooLargeError, OffsetOutOfRangeError
 from broker.log import Segment, UnifiedLog
 from broker.log.checkpoint import read_offsets
 from broker.log.unified_log import LEADER_EPOCH_FILE

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.errors import OffsetOutOfRangeError
+from common.errors import OffsetOutOfRangeError
 from broker.log import FileCache, UnifiedLog
 from broker.remote_log.remote_log_manager import CopyThrottle, RemoteLogManager
 from segment_format import record

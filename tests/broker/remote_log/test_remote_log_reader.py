@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from segment_format import batch_body, record
-from broker.errors import CorruptMessageError, OffsetOutOfRangeError, WorkQueueFullError
+from common.errors import CorruptMessageError, OffsetOutOfRangeError, WorkQueueFullError
 from broker.log import FileCache, UnifiedLog
 from segment_format.index_file import OFFSET_INDEX, SparseIndex
 from broker.remote_log.remote_log_manager import RemoteLogManager

@@ -1,0 +1,4 @@
+"""`python -m cli ...` runs the pymq CLI."""
+from cli import main
+
+main()

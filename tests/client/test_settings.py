@@ -1,0 +1,67 @@
+"""Client settings as Kafka users paste them: the reference page is the code's (generated, compared
+here), Kafka's names and values are accepted where pymq has the setting, and the ones it has not
+are refused with what pymq does instead, or as not yet supported."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from client import Admin, Consumer, Producer
+from client.config import client_settings
+from client.consumer import AsyncConsumer
+from client.producer import AsyncProducer
+from client.settings import render
+
+PAGE = Path(__file__).resolve().parents[2] / "docs" / "client-settings.md"
+
+
+def test_the_settings_page_is_generated_from_the_code():
+    """docs/client-settings.md is what `python -m client.settings` prints now: a setting
+    added, removed or given another default without regenerating it fails here."""
+    assert PAGE.read_text() == render(), "regenerate: python -m client.settings > docs/client-settings.md"
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"key.serializer": "org.apache.kafka.common.serialization.StringSerializer"}, "pymq sends bytes: encode keys"),
+    ({"value_deserializer": "x"}, "pymq returns bytes: decode record.value"),
+    ({"partitioner.class": "x"}, "key.partitioner config"),
+    ({"security.protocol": "SSL"}, "plaintext TCP today"),
+    ({"enable.idempotence": True}, "enable.idempotence=True is not yet supported: idempotent producers"),
+    ({"enable.idempotence": "true"}, "is not yet supported"),
+    ({"transactional.id": "tx-1"}, "transactional.id='tx-1' is not yet supported: transactions"),
+])
+def test_kafka_settings_without_a_pymq_counterpart_say_why(settings, message):
+    with pytest.raises(ValueError, match=message):
+        client_settings(AsyncProducer.__init__, "127.0.0.1:9", settings, {})
+
+
+def test_the_values_that_mean_what_pymq_does_are_accepted():
+    _, kwargs = client_settings(AsyncConsumer.__init__, {"bootstrap.servers": "h:1", "isolation.level": "read_uncommitted",
+                                                         "max.poll.records": 7, "client.id": "c"}, None, {})
+    assert kwargs == {"max_poll_records": 7, "client_id": "c"}
+    _, kwargs = client_settings(AsyncProducer.__init__, "h:1", {"enable.idempotence": "false"}, {})
+    assert kwargs == {}
+    with pytest.raises(ValueError, match="isolation.level='read_committed' is not yet supported"):
+        client_settings(AsyncConsumer.__init__, "h:1", {"isolation.level": "read_committed"}, {})
+
+
+def test_pasted_kafka_configs_work_against_a_broker(shared_broker, new_topic, caplog):
+    """client.id, compression.type=gzip (zstd here, said in the log), auto.offset.reset=smallest,
+    max.poll.records."""
+    topic = new_topic(1)
+    with Producer({"bootstrap.servers": shared_broker.bootstrap, "client.id": "orders-service",
+                   "compression.type": "gzip", "linger.ms": 0}) as producer:
+        producer.send_batch(topic, pa.table({"value": [b"x" * 100] * 20}))
+        producer.flush()
+    assert "compression 'gzip' is 'zstd' here" in caplog.text
+    with Consumer({"bootstrap.servers": shared_broker.bootstrap, "auto.offset.reset": "smallest",
+                   "max.poll.records": 3, "client.id": "reader"}) as consumer:
+        consumer.assign([(topic, 0)])
+        polls = []
+        while sum(polls) < 20:
+            polls.append(len(consumer.poll(2000)))
+        assert max(polls) == 3
+    with Admin({"bootstrap.servers": shared_broker.bootstrap, "client.id": "ops", "default.api.timeout.ms": 5000}) as admin:
+        assert topic in admin.list_topics()
