@@ -31,9 +31,9 @@ import threading
 import time
 from typing import Any
 
+import protocol
 from benchmarks import harness
 from benchmarks.harness import KB, MB, SummaryRow
-import protocol
 
 DEFAULT_RECORDS = 5_000_000
 RECORD_SIZE = 100

@@ -88,8 +88,8 @@ class RawConnection:
 
 def flood_worker(bootstrap: str, topic: str, partition: int, in_flight: int, duration_s: float) -> dict[str, Any]:
     """Runs in a producer process: pipelined produces of one ~1 MiB batch, `in_flight` at a time."""
-    from segment_format import batch_body, record
     from protocol import ApiKey
+    from segment_format import batch_body, record
 
     values = [bytes([65 + i % 26]) * 1024 for i in range(BATCH_VALUES)]
     data = bytes(record.encode_batch(batch_body.make_body(values, timestamps_ms=int(time.time() * 1000))))

@@ -14,8 +14,21 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from benchmarks import (cluster, consume_throughput, groups, harness, latency, log_cleaner, loop_lag, memory,
-                        partitions, produce_throughput, spark_source, table_topics, tiered_storage)
+from benchmarks import (
+    cluster,
+    consume_throughput,
+    groups,
+    harness,
+    latency,
+    log_cleaner,
+    loop_lag,
+    memory,
+    partitions,
+    produce_throughput,
+    spark_source,
+    table_topics,
+    tiered_storage,
+)
 from benchmarks.harness import SummaryRow
 
 ORDER = ["produce", "consume", "latency", "partitions", "cluster", "spark", "tiered", "tables", "groups", "cleaner", "looplag",

@@ -49,9 +49,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import harness
+from benchmarks.harness import MB, SummaryRow
 from tests.tiered_storage import backends
 from tests.tiered_storage.backends import REGION, free_port
-from benchmarks.harness import MB, SummaryRow
 
 DEFAULT_RECORDS = 10_000_000
 RECORD_SIZE = 100

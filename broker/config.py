@@ -23,7 +23,6 @@ from protocol.messages.metadata import KEY_PARTITIONERS, LEGACY_KEY_PARTITIONER
 from segment_format.limits import INT32_MAX, INT64_MAX
 
 
-
 @dataclass(frozen=True)
 class ConfigDef:
     """One config key: its type, default, bounds and meaning. `normalize`, for a str config,

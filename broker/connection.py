@@ -59,13 +59,13 @@ from broker.backpressure import ByteBudget
 from broker.cluster.broker_identity import Session
 from broker.config import BrokerConfig
 from broker.connection_quotas import ConnectionQuotas, normalize_address
-from common.errors import InvalidRequestError, KafkaStorageError, MessageTooLargeError, PymqError
 from broker.handlers import Part, RequestHandlers, Result, error_fields, error_result, to_result
 from broker.log import FetchSlice
-from protocol import ApiKey
-from broker.purgatory import DelayedOperation
 from broker.log_writer import LogWriter
+from broker.purgatory import DelayedOperation
 from broker.request_metrics import RequestMetrics, RequestTimer
+from common.errors import InvalidRequestError, KafkaStorageError, MessageTooLargeError, PymqError
+from protocol import ApiKey
 
 log = logging.getLogger("pymq.connection")
 MSG_MORE = getattr(socket, "MSG_MORE", 0)  # Linux: a header and the range after it share packets

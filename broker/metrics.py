@@ -278,8 +278,8 @@ class BrokerCollector(Collector):
         yield from families
 
     def _tiering(self) -> Iterator[Metric]:
-        from common.errors import PymqError
         from broker.handlers.tiering import describe_partition
+        from common.errors import PymqError
 
         remote_logs = self.replicas.remote_logs
         assert remote_logs is not None

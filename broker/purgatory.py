@@ -21,6 +21,7 @@ import abc
 import asyncio
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
+
 from common.topic_partition import TopicPartition
 
 # Called once with (answer, None) or (None, error).

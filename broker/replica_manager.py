@@ -36,6 +36,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from broker.cluster.partition import NO_EPOCH, LeaderAndIsr, Partition
 from broker.config import LogConfig
+from broker.executors import BackgroundExecutors
+from broker.log import AppendInfo, LogManager, TopicLogSpec, UnifiedLog
+from broker.log_writer import LogWriter
+from broker.purgatory import DelayedOperation, DelayedOperationPurgatory, ProducePurgatory
 from common.errors import (
     InvalidRequestError,
     KafkaStorageError,
@@ -46,12 +50,8 @@ from common.errors import (
     RequestTimedOutError,
     UnknownTopicOrPartitionError,
 )
-from broker.executors import BackgroundExecutors
-from broker.log import AppendInfo, LogManager, TopicLogSpec, UnifiedLog
-from broker.log_writer import LogWriter
-from broker.purgatory import DelayedOperation, DelayedOperationPurgatory, ProducePurgatory
-from segment_format.batch_body import now_ms
 from common.topic_partition import TopicPartition
+from segment_format.batch_body import now_ms
 
 if TYPE_CHECKING:
     from broker.cluster.session_fence import SessionFence

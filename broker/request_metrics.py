@@ -21,12 +21,12 @@ the counts at scrape time.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-from common.errors import error_for_code
 from broker.histogram import Histogram
+from common.errors import error_for_code
 from protocol import ApiKey
 
 PHASES = ("queue", "local", "remote", "response_send", "total")

@@ -24,31 +24,31 @@ import protocol
 from broker import background
 from broker.backpressure import ByteBudget
 from broker.cluster.broker_identity import new_incarnation
-from broker.connection import Connection
-from broker.connection_quotas import ConnectionQuotas
 from broker.cluster.brokers import BrokerInfo, BrokerRegistration, LiveBrokers, broker_key
 from broker.cluster.controller import Controller
 from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.metadata_listener import MetadataListener
-from broker.cluster.peer_watch import PeerWatch
-from broker.cluster.session_fence import SessionFence
 from broker.cluster.metadata_store import Compare, MetadataStore
+from broker.cluster.partition import LeaderAndIsr, Partition
+from broker.cluster.peer_watch import PeerWatch
 from broker.cluster.replica_fetcher import FetchSettings, ReplicaFetcherManager
+from broker.cluster.session_fence import SessionFence
 from broker.cluster.topics import MetadataChange, TopicRegistry
 from broker.config import BrokerConfig
-from common.errors import PymqError
+from broker.connection import Connection
+from broker.connection_quotas import ConnectionQuotas
+from broker.coordinator.group_metadata import GroupState
 from broker.executors import BackgroundExecutors
 from broker.handlers import RequestHandlers
-from broker.cluster.partition import LeaderAndIsr, Partition
 from broker.log import LogCleaner, LogManager, TopicLogSpec
-from broker.log_writer import LogWriter
-from broker.coordinator.group_metadata import GroupState
-from broker.loop_lag import LoopLagProbe
-from broker.request_metrics import RequestMetrics
 from broker.log.log_dir_lock import LogDirLock
+from broker.log_writer import LogWriter
+from broker.loop_lag import LoopLagProbe
 from broker.metrics import serve_metrics
 from broker.purgatory import DelayedOperationPurgatory
 from broker.replica_manager import ReplicaManager
+from broker.request_metrics import RequestMetrics
+from common.errors import PymqError
 
 log = logging.getLogger("pymq.server")
 

@@ -38,7 +38,6 @@ import click
 from cli.broker import broker_group
 from cli.cluster import cluster_group
 from cli.common import PymqGroup
-from common.cli_options import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, remember_bootstrap
 from cli.consume import consume
 from cli.group import group_group
 from cli.partition import partition_group
@@ -47,6 +46,7 @@ from cli.produce import produce
 from cli.table import job_group, table_group
 from cli.tier import tier_group
 from cli.topic import topic_group
+from common.cli_options import BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP, remember_bootstrap
 
 __all__ = ["cli", "main"]
 

@@ -6,10 +6,10 @@ from pathlib import Path
 import click
 from rich.table import Table
 
+from broker.config import BROKER_CONFIGS, BrokerConfig, ConfigDef
 from cli.common import admin_client
 from common.cli_options import KEY_VALUE, bootstrap_option, console
 from common.errors import LogDirInUseError
-from broker.config import BROKER_CONFIGS, BrokerConfig, ConfigDef
 from segment_format.limits import INT32_MAX, INT64_MAX
 
 DEFAULT_CONFIG = Path("conf/broker.toml")

@@ -17,8 +17,8 @@ import click
 from rich.table import Table
 
 from cli.common import admin_client, steps
-from common.cli_options import bootstrap_option, console
 from cli.consume import Timestamp
+from common.cli_options import bootstrap_option, console
 from common.errors import GroupIdNotFoundError, NonEmptyGroupError, PymqError
 from common.topic_partition import TopicPartition
 

@@ -14,9 +14,9 @@ from typing import Any, Awaitable
 import numpy as np
 import pyarrow as pa
 
-from segment_format import batch_body
 from client.loop_thread import LoopThread
 from common.errors import PymqError
+from segment_format import batch_body
 
 SPREAD = 4096            # distinct start positions in the pool, so values are not all identical
 DISTINCT_VALUES = 1024   # bytes objects cycled through by the per-record path

@@ -6,11 +6,11 @@ from typing import Any
 import click
 from rich.table import Table
 
+from broker.config import TOPIC_CONFIGS, parse_topic_configs
 from cli.common import admin_client
 from common.cli_options import KEY_VALUE, bootstrap_option, console
-from broker.config import TOPIC_CONFIGS, parse_topic_configs
-from segment_format.layout import validate_topic_name
 from common.errors import InvalidConfigError
+from segment_format.layout import validate_topic_name
 
 
 @click.group("topic")

@@ -19,7 +19,6 @@ from typing import Callable
 
 import pyarrow as pa
 
-from common.topic_partition import TopicPartition
 from client.producer_batch import (
     BatchResult,
     DeliveryCallback,
@@ -29,6 +28,7 @@ from client.producer_batch import (
     new_future,
 )
 from common.errors import DeliveryTimeoutError
+from common.topic_partition import TopicPartition
 
 RECORD_OVERHEAD = 16  # bytes counted per record on top of key + value when sizing batches
 TIMER_SLACK_S = 0.0005  # half of uvloop's timer resolution

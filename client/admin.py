@@ -22,8 +22,6 @@ from typing import Any, Iterable, TypeVar
 
 import protocol
 from client.cluster import Cluster, PartitionInfo, partition_infos
-from common.topic_partition import TopicPartition
-from segment_format.manifest import RemoteSegment
 from client.config import RETRY_BACKOFF_MAX_S, BootstrapServers, client_settings
 from client.loop_thread import LoopThread
 from client.offset_fetcher import list_offsets
@@ -41,12 +39,12 @@ from common.errors import (
     UnknownMemberIdError,
     error_for_code,
 )
+from common.topic_partition import TopicPartition
 from protocol import (
-    AlterPartitionReassignmentsRequest,
-    ReassignedPartition,
     NO_GENERATION_ID,
     NO_LEADER_EPOCH,
     AlterConfigsRequest,
+    AlterPartitionReassignmentsRequest,
     ApiVersionsRequest,
     BrokerAddress,
     ConfigChange,
@@ -59,7 +57,6 @@ from protocol import (
     DescribedGroup,
     DescribeGroupsRequest,
     DescribeTieringRequest,
-    ReplaceRemoteSegmentsRequest,
     FindCoordinatorRequest,
     ListGroupsRequest,
     Message,
@@ -71,6 +68,8 @@ from protocol import (
     OffsetFetchRequest,
     Outcome,
     PartitionCount,
+    ReassignedPartition,
+    ReplaceRemoteSegmentsRequest,
     RequestMessage,
     TieringPartition,
     TopicConfigs,
@@ -81,6 +80,7 @@ from protocol import (
 )
 from protocol.consumer_protocol import PROTOCOL_TYPE as CONSUMER_PROTOCOL_TYPE
 from protocol.consumer_protocol import Assignment
+from segment_format.manifest import RemoteSegment
 
 R = TypeVar("R", bound=Message)
 log = logging.getLogger("pymq.admin")

@@ -25,8 +25,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Set
 from typing import ClassVar, Literal
 
-from protocol.consumer_protocol import NO_GENERATION, Assignment, Subscription
 from common.topic_partition import TopicPartition
+from protocol.consumer_protocol import NO_GENERATION, Assignment, Subscription
 
 RebalanceProtocol = Literal["eager", "cooperative"]
 

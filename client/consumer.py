@@ -74,10 +74,8 @@ from typing import Any, Iterable, Iterator
 import pyarrow as pa
 
 import protocol
-from segment_format import batch_body
 from client.assignors import ASSIGNORS, DEFAULT_ASSIGNORS
 from client.cluster import Cluster
-from common.topic_partition import TopicPartition
 from client.config import BootstrapServers, as_bool, assignor_names, client_settings
 from client.consumer_coordinator import (
     CommitCallback,
@@ -95,6 +93,8 @@ from client.loop_thread import LoopThread
 from client.offset_fetcher import list_offsets
 from client.subscription_state import RESET_ALIASES, RESET_STRATEGIES, SubscriptionState, reset_timestamp
 from common.errors import ConsumerStoppedError, OffsetOutOfRangeError
+from common.topic_partition import TopicPartition
+from segment_format import batch_body
 
 log = logging.getLogger("pymq.consumer")
 

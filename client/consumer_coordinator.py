@@ -67,7 +67,6 @@ from typing import Any, Literal, NamedTuple, TypeVar
 
 from client.assignors import ASSIGNORS, PartitionAssignor, revocations
 from client.cluster import Cluster
-from common.topic_partition import TopicPartition
 from client.connection import BrokerConnection
 from client.fetcher import METADATA_BACKOFF_MAX_S, Fetcher
 from client.loop_thread import LoopThread
@@ -86,6 +85,7 @@ from common.errors import (
     RequestTimedOutError,
     UnknownMemberIdError,
 )
+from common.topic_partition import TopicPartition
 from protocol.consumer_protocol import NO_GENERATION, PROTOCOL_TYPE, Assignment, Subscription
 from protocol.messages.base import TopicRequest
 from protocol.messages.group import (

@@ -19,9 +19,9 @@ from typing import Any, Iterable, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from segment_format import batch_body, record
-from common.topic_partition import TopicPartition
 from common.errors import CorruptMessageError, CorruptRecordError
+from common.topic_partition import TopicPartition
+from segment_format import batch_body, record
 
 RECORD_SCHEMA = pa.schema([
     pa.field("topic", pa.string(), nullable=False),

@@ -40,10 +40,8 @@ import time
 from collections.abc import Callable
 from typing import NamedTuple
 
-from segment_format import record
 from client.client_metrics import ConsumerMetrics
 from client.cluster import Cluster
-from common.topic_partition import TopicPartition
 from client.connection import BrokerConnection, Reply, decode_reply
 from client.decoder import FetchedBatch, decode_fetched
 from client.fetch_buffer import Entry, FetchBuffer
@@ -57,7 +55,9 @@ from common.errors import (
     OffsetOutOfRangeError,
     PymqError,
 )
+from common.topic_partition import TopicPartition
 from protocol import FetchPartition, FetchRequest, FetchResponse, TopicRequest
+from segment_format import record
 
 log = logging.getLogger("pymq.consumer")
 

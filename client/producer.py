@@ -35,16 +35,16 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from segment_format import batch_body
 from client.accumulator import RecordAccumulator
 from client.cluster import Cluster
 from client.config import BootstrapServers, client_settings
 from client.loop_thread import LoopThread
 from client.partitioner import StickyPartitioner, partition_for_key, partitions_for_keys
-from protocol.messages.metadata import LEGACY_KEY_PARTITIONER
 from client.producer_batch import BatchResult, DeliveryCallback, Headers, RecordFuture
 from client.sender import Sender
 from common.errors import DeliveryTimeoutError, ProducerClosedError
+from protocol.messages.metadata import LEGACY_KEY_PARTITIONER
+from segment_format import batch_body
 
 log = logging.getLogger("pymq.producer")
 

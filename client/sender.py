@@ -30,10 +30,10 @@ from typing import Any
 from client.accumulator import RecordAccumulator
 from client.client_metrics import ProducerMetrics
 from client.cluster import Cluster
-from common.topic_partition import TopicPartition
 from client.connection import BrokerConnection, raise_for_error
 from client.producer_batch import ProducerBatch
 from common.errors import DeliveryTimeoutError, NetworkError, PymqError, RequestTimedOutError
+from common.topic_partition import TopicPartition
 from protocol import ProducePartition, ProduceRequest, ProduceResponse, TopicRequest
 
 log = logging.getLogger("pymq.producer")

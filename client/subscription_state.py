@@ -19,8 +19,8 @@ import threading
 from collections.abc import Iterable
 
 import protocol
-from common.topic_partition import TopicPartition
 from common.errors import NoOffsetForPartitionError
+from common.topic_partition import TopicPartition
 
 RESET_STRATEGIES = ("earliest", "latest", "none")
 # auto.offset.reset values of Kafka's old consumer, which users still paste.

@@ -38,8 +38,10 @@ import click
 from pyspark.sql import SparkSession
 from rich.table import Table
 
-from common.cli_options import bootstrap, bootstrap_option, console as cli_console, KeyValue, spark_conf_option
 from client import Admin
+from common.cli_options import KeyValue, bootstrap, bootstrap_option
+from common.cli_options import console as cli_console
+from common.cli_options import spark_conf_option
 from common.errors import PymqError, StaleManifestError
 from jobs.job_config import job_defaults
 from segment_format import batch_body, record

@@ -31,10 +31,10 @@ import pyarrow.compute as pc
 from rich.console import Console
 from rich.table import Table
 
-from client import Admin, PartitionLag, Producer
 from broker.config import BrokerConfig
-from common.errors import TopicAlreadyExistsError
 from broker.process import BrokerProcess
+from client import Admin, PartitionLag, Producer
+from common.errors import TopicAlreadyExistsError
 
 CONFIG = Path(__file__).resolve().parent.parent / "conf" / "broker.toml"
 TOPIC = "demo.events"
@@ -191,9 +191,9 @@ def table_topic_history(spark, bootstrap: str, out: Path, start_json: str) -> di
     views over both with one history() query."""
     from pyspark.sql import functions as F
 
-    from spark_datasource.table_topic import TableTopic, ValueFormat
     from jobs.topic_table import SyncOptions, sync
     from pymq import history
+    from spark_datasource.table_topic import TableTopic, ValueFormat
 
     options = SyncOptions(TOPIC, str(out / "table"), bootstrap, ValueFormat.parse("json", "page STRING, user STRING"),
                           starting_offsets=f'{{"{TOPIC}": {start_json}}}')

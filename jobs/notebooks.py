@@ -33,8 +33,8 @@ from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 from pyspark.sql import SparkSession
 
-from client import Admin, Producer
 from broker.process import BrokerProcess
+from client import Admin, Producer
 from jobs.topic_table import SyncOptions, sync
 from spark_datasource.table_topic import ValueFormat
 

@@ -25,8 +25,10 @@ from pyspark.sql import Column, SparkSession
 from pyspark.sql import functions as F
 from rich.table import Table
 
-from common.cli_options import bootstrap, bootstrap_option, console as cli_console, spark_conf_option
 from client import Admin
+from common.cli_options import bootstrap, bootstrap_option
+from common.cli_options import console as cli_console
+from common.cli_options import spark_conf_option
 from jobs.job_config import job_defaults
 from spark_datasource.session import local_spark
 from spark_datasource.table_topic import TableTopic

@@ -12,8 +12,10 @@ import click
 from pyspark.sql import SparkSession
 from rich.table import Table
 
-from common.cli_options import bootstrap, bootstrap_option, console as cli_console, spark_conf_option
 from client import Admin
+from common.cli_options import bootstrap, bootstrap_option
+from common.cli_options import console as cli_console
+from common.cli_options import spark_conf_option
 from spark_datasource.session import local_spark
 from spark_datasource.table_topic import TableTopic
 

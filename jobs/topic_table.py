@@ -33,8 +33,10 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from rich.table import Table
 
-from common.cli_options import bootstrap, bootstrap_option, console as cli_console, KeyValue, spark_conf_option
 from client import Admin
+from common.cli_options import KeyValue, bootstrap, bootstrap_option
+from common.cli_options import console as cli_console
+from common.cli_options import spark_conf_option
 from spark_datasource.session import local_spark
 from spark_datasource.table_topic import OFFSETS_KEY, TableTopic, ValueFormat, sync_metadata, to_table_rows
 

@@ -34,8 +34,8 @@ from typing import Any
 import msgpack
 
 from common.errors import InvalidRequestError
-from protocol.fields import field, non_negative, string_keys
 from common.topic_partition import TopicPartition
+from protocol.fields import field, non_negative, string_keys
 
 PROTOCOL_TYPE = "consumer"
 VERSION = 0  # the version this module writes; see the module docstring for reading later ones

@@ -32,8 +32,8 @@ import os
 from pyspark.sql import DataFrame, SparkSession
 
 from client import Admin
-from spark_datasource.table_topic import TableTopic, TableTopicError, ValueFormat, to_table_rows, with_date
 from spark_datasource.options import EARLIEST
+from spark_datasource.table_topic import TableTopic, TableTopicError, ValueFormat, to_table_rows, with_date
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 

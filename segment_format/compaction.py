@@ -55,8 +55,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from segment_format import arrow_ipc, batch_body, record
 from common.errors import CorruptMessageError
+from segment_format import arrow_ipc, batch_body, record
 from segment_format.segment_reader import StoredBatch
 
 BatchBytes = bytes | bytearray | memoryview

@@ -48,8 +48,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from segment_format.layout import validate_topic_name
 from common.errors import InvalidTopicError, KafkaStorageError, PymqError
+from segment_format.layout import validate_topic_name
 from segment_format.segment_metadata import CorruptSegmentMetadataError, SegmentMetadata
 
 

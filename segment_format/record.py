@@ -46,18 +46,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from common.errors import CorruptMessageError, InvalidRecordError, InvalidTimestampError, MessageTooLargeError
 from segment_format import arrow_ipc, body_template
 from segment_format.batch_body import (
     BODY_SCHEMA,
-    BodyLayout,
     COMPACTED_BODY_SCHEMA,
     COMPACTED_LAYOUT,
     OFFSET_DELTA_FIELD,
     STANDARD_LAYOUT,
+    BodyLayout,
     encode_body,
 )
 from segment_format.limits import INT64_MAX
-from common.errors import CorruptMessageError, InvalidRecordError, InvalidTimestampError, MessageTooLargeError
 
 HEADER = struct.Struct("<qiibIhiqqqhii")
 HEADER_SIZE = HEADER.size

@@ -27,8 +27,8 @@ import crc32c
 
 from common.errors import CorruptMessageError, KafkaStorageError
 from segment_format import record
-from segment_format.segment_reader import SegmentReader
 from segment_format.index_file import NO_TIMESTAMP
+from segment_format.segment_reader import SegmentReader
 
 FORMAT_VERSION = 1
 UINT32_MAX = 2**32 - 1

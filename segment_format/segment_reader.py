@@ -30,10 +30,10 @@ from typing import BinaryIO, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from segment_format import record
-from segment_format.limits import INT32_MAX, INT64_MAX
 from common.errors import CorruptMessageError, KafkaStorageError
-from segment_format.index_file import CorruptIndexError, OFFSET_INDEX, SparseIndex, TIME_INDEX
+from segment_format import record
+from segment_format.index_file import OFFSET_INDEX, TIME_INDEX, CorruptIndexError, SparseIndex
+from segment_format.limits import INT32_MAX, INT64_MAX
 
 PRead = Callable[[int, int], bytes]
 """pread(size, position): up to `size` bytes of the segment from byte `position` (fewer only at EOF)."""

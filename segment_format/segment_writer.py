@@ -21,9 +21,9 @@ from typing import BinaryIO
 from common.errors import CorruptMessageError, KafkaStorageError, LogInvariantError
 from segment_format import record
 from segment_format.index_builder import IndexBuilder
+from segment_format.index_file import OFFSET_INDEX, TIME_INDEX, SparseIndex
 from segment_format.layout import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_file
 from segment_format.limits import INT32_MAX
-from segment_format.index_file import OFFSET_INDEX, SparseIndex, TIME_INDEX
 from segment_format.segment_metadata import SegmentMetadata, SegmentMetadataBuilder
 
 DEFAULT_INDEX_INTERVAL_BYTES = 4096  # index.interval.bytes' default

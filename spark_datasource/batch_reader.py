@@ -38,9 +38,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
 
 from common.errors import DataLossError
-
-from spark_datasource.offsets import OffsetReader
 from common.topic_partition import TopicPartition
+from spark_datasource.offsets import OffsetReader
 from spark_datasource.options import InvalidOptionError, SourceOptions
 from spark_datasource.ranges import OffsetRange, RangePartition, split_ranges
 from spark_datasource.remote_ranges import (

@@ -22,8 +22,8 @@ from typing import TypeVar
 from client import EARLIEST, LATEST, Admin
 from client.admin import AdminError
 from common.errors import BrokerNotAvailableError, NotLeaderError, UnknownTopicOrPartitionError
-from spark_datasource.options import STRATEGY_ERROR, InvalidOptionError, OffsetSpec, SourceOptions
 from common.topic_partition import TopicPartition
+from spark_datasource.options import STRATEGY_ERROR, InvalidOptionError, OffsetSpec, SourceOptions
 
 PartitionOffsets = dict[TopicPartition, int]
 A = TypeVar("A")

@@ -45,18 +45,18 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from client.decoder import decode_fetched
+from common.topic_partition import TopicPartition
 from segment_format.segment_reader import FRAME_ONLY
 from spark_datasource.offsets import OffsetReader
 from spark_datasource.options import EARLIEST, LATEST, InvalidOptionError
 from spark_datasource.ranges import OffsetRange, RangePartition, split_each
 from spark_datasource.schema import arrow_schema, to_rows
-from common.topic_partition import TopicPartition
 
 if TYPE_CHECKING:
+    from segment_format.manifest import PartitionManifest, RemoteSegment
     from segment_format.segment_reader import SegmentReader
     from spark_datasource.options import SourceOptions
     from tiered_storage import RemoteSegmentStore
-    from segment_format.manifest import PartitionManifest, RemoteSegment
 
 log = logging.getLogger(__name__)
 

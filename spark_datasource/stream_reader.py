@@ -63,9 +63,9 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from common.errors import DataLossError
+from common.topic_partition import TopicPartition
 from spark_datasource.lag_group import LagGroup
 from spark_datasource.offsets import OffsetReader, PartitionOffsets
-from common.topic_partition import TopicPartition
 from spark_datasource.options import SourceOptions
 from spark_datasource.ranges import OffsetRange, RangePartition, split_ranges
 from spark_datasource.task import read_offset_range

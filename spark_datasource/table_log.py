@@ -16,7 +16,6 @@ table is reached the same way by both readers; without keys, both use the AWS de
 from __future__ import annotations
 
 import json
-
 from dataclasses import dataclass
 from typing import Any, Callable
 from urllib.parse import urlparse

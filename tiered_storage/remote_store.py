@@ -39,11 +39,21 @@ import fsspec
 from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
-from segment_format import record
-from segment_format.layout import validate_topic_name
 from common.errors import CorruptMessageError, KafkaStorageError, PymqError
-from segment_format.index_file import CorruptIndexError, OFFSET_INDEX, SparseIndex, TIME_INDEX
-from segment_format.layout import SegmentFiles
+from segment_format import record
+from segment_format.index_file import OFFSET_INDEX, TIME_INDEX, CorruptIndexError, SparseIndex
+from segment_format.layout import SegmentFiles, validate_topic_name
+from segment_format.manifest import (
+    MANIFEST_OBJECT_NAME,
+    MANIFESTS_FOLDER,
+    SEGMENT_OBJECT_NAME,
+    UPLOAD_ID_HEX_DIGITS,
+    CorruptManifestError,
+    PartitionManifest,
+    RemoteObject,
+    RemoteSegment,
+    manifest_object_name,
+)
 from segment_format.segment_metadata import SegmentMetadata
 from segment_format.segment_reader import FRAME_ONLY, PRead, SegmentReader
 from tiered_storage.errors import (
@@ -53,17 +63,6 @@ from tiered_storage.errors import (
     RemoteStorageError,
     RemoteTopicIdMismatchError,
     UploadVerificationError,
-)
-from segment_format.manifest import (
-    CorruptManifestError,
-    MANIFEST_OBJECT_NAME,
-    MANIFESTS_FOLDER,
-    SEGMENT_OBJECT_NAME,
-    UPLOAD_ID_HEX_DIGITS,
-    PartitionManifest,
-    RemoteObject,
-    RemoteSegment,
-    manifest_object_name,
 )
 
 log = logging.getLogger(__name__)

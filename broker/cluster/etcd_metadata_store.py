@@ -37,8 +37,8 @@ from aetcd import rpc
 from aetcd.utils import prefix_range_end
 
 from broker.cluster.metadata_store import (
-    Compare,
     CompactedRevisionError,
+    Compare,
     Get,
     LeaseNotFoundError,
     MetadataStore,

@@ -41,8 +41,8 @@ from broker.cluster.metadata_store import (
     validate_txn,
 )
 from broker.cluster.watch_history import LocalWatch, WatchHistory
-from common.errors import InvalidRequestError
 from broker.executors import BoundedExecutor
+from common.errors import InvalidRequestError
 
 log = logging.getLogger("pymq.metadata")
 

@@ -24,9 +24,9 @@ Loop-local: call from the event-loop thread (the log itself is thread-safe).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-
 from typing import TYPE_CHECKING
 
+from broker.log import UnifiedLog
 from common.errors import (
     FencedLeaderEpochError,
     NotLeaderError,
@@ -34,7 +34,6 @@ from common.errors import (
     ReplicaNotAvailableError,
     UnknownLeaderEpochError,
 )
-from broker.log import UnifiedLog
 
 if TYPE_CHECKING:
     from broker.cluster.topics import PartitionState

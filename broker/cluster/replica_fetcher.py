@@ -39,17 +39,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker import background
-from client.connection import BrokerConnection
 from broker.cluster.partition import Partition
+from broker.executors import BoundedExecutor
+from broker.log import UnifiedLog
+from client.connection import BrokerConnection
 from common.errors import (
     NetworkError,
     OffsetOutOfRangeError,
     PymqError,
     error_for_code,
 )
-from broker.executors import BoundedExecutor
-from broker.log import UnifiedLog
-from segment_format.manifest import PartitionManifest
+from common.topic_partition import TopicPartition
 from protocol import (
     UNDEFINED_EPOCH_OFFSET,
     BrokerHandshakeRequest,
@@ -60,8 +60,8 @@ from protocol import (
     OffsetForLeaderPartition,
     TopicRequest,
 )
-from common.topic_partition import TopicPartition
 from segment_format import record
+from segment_format.manifest import PartitionManifest
 
 log = logging.getLogger("pymq.replication")
 

@@ -26,22 +26,22 @@ from typing import Any, Iterable
 
 from broker.cluster.assignment import assign_replicas
 from broker.cluster.metadata_store import Compare, Delete, Get, MetadataStore, Put, TxnResult, WatchEvent
-from broker.coordinator.group_records import OFFSETS_TOPIC
 from broker.config import TOPIC_CONFIGS, LogConfig, parse_topic_configs
-from segment_format.layout import TOPIC_NAME_MAX, validate_topic_name
+from broker.coordinator.group_records import OFFSETS_TOPIC
 from broker.log.log_manager import NAME_MAX
-from protocol.messages.metadata import LEGACY_KEY_PARTITIONER
 from common.errors import (
     InvalidConfigError,
     InvalidPartitionsError,
-    InvalidRequestError,
     InvalidReplicaAssignmentError,
     InvalidReplicationFactorError,
+    InvalidRequestError,
     PolicyViolationError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
     VersionConflictError,
 )
+from protocol.messages.metadata import LEGACY_KEY_PARTITIONER
+from segment_format.layout import TOPIC_NAME_MAX, validate_topic_name
 
 MAX_PARTITIONS = 10_000  # per topic: each partition holds open files
 # Every creatable partition's directory name fits a file name (its delete name is cut to fit:

@@ -39,7 +39,6 @@ from typing import Any
 
 from broker.config import BrokerConfig
 from broker.coordinator.group_metadata import Group, GroupState, Member, owned_partitions
-from common.topic_partition import TopicPartition
 from broker.coordinator.group_records import (
     CommittedOffset,
     GroupKey,
@@ -72,6 +71,7 @@ from common.errors import (
     UnknownMemberIdError,
     UnknownTopicOrPartitionError,
 )
+from common.topic_partition import TopicPartition
 from protocol.messages.base import PartitionResponse, TopicResponse, code_and_message
 from protocol.messages.group import (
     DeletedGroupResult,

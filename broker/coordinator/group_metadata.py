@@ -23,8 +23,8 @@ from typing import Any
 
 from broker.coordinator.group_records import CommittedOffset, StoredGroup, StoredMember
 from common.errors import InvalidRequestError
-from protocol.consumer_protocol import PROTOCOL_TYPE, Assignment, Subscription
 from common.topic_partition import TopicPartition
+from protocol.consumer_protocol import PROTOCOL_TYPE, Assignment, Subscription
 
 
 class GroupState(enum.Enum):

@@ -26,27 +26,27 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Union
 
 import protocol
-from broker.cluster.topics import TopicRegistry
 from broker.cluster.broker_identity import BrokerIdentity, Session
 from broker.cluster.brokers import LiveBrokers
 from broker.cluster.session_fence import SessionFence
+from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
-from common.errors import InvalidRequestError, PymqError, UnknownServerError, UnsupportedVersionError
 from broker.handlers.admin import AdminHandler
 from broker.handlers.fetch import FetchHandler
 from broker.handlers.group import GroupHandler
 from broker.handlers.list_offsets import ListOffsetsHandler
 from broker.handlers.metadata import MetadataHandler
-from broker.handlers.topic_auto_creation import TopicAutoCreation
 from broker.handlers.produce import ProduceHandler
 from broker.handlers.replication import ReplicationHandler
-from broker.request_metrics import TopicTraffic
 from broker.handlers.tiering import TieringHandler
+from broker.handlers.topic_auto_creation import TopicAutoCreation
 from broker.log import FetchSlice, UnifiedLog
-from protocol import REQUEST_TYPES, ApiKey, Message, RequestMessage
-from protocol.messages.limits import RequestLimits, count_elements
 from broker.purgatory import DelayedOperation
 from broker.replica_manager import ReplicaManager
+from broker.request_metrics import TopicTraffic
+from common.errors import InvalidRequestError, PymqError, UnknownServerError, UnsupportedVersionError
+from protocol import REQUEST_TYPES, ApiKey, Message, RequestMessage
+from protocol.messages.limits import RequestLimits, count_elements
 
 log = logging.getLogger("pymq.handlers")
 

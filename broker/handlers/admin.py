@@ -19,15 +19,14 @@ from typing import Any, TypeVar
 from broker.cluster.partition import LeaderAndIsr
 from broker.cluster.topics import INTERNAL_TOPICS, TopicInfo, TopicRegistry
 from broker.config import BrokerConfig
-from common.errors import CoordinatorNotAvailableError, InvalidTopicError, KafkaStorageError, PymqError
 from broker.log import TopicLogSpec
+from broker.replica_manager import ReplicaManager
+from common.errors import CoordinatorNotAvailableError, InvalidTopicError, KafkaStorageError, PymqError
 from protocol import (
     AlterConfigsRequest,
+    AlterConfigsResponse,
     AlterPartitionReassignmentsRequest,
     AlterPartitionReassignmentsResponse,
-    PartitionResponse,
-    TopicResponse,
-    AlterConfigsResponse,
     ConfigChange,
     ConfigEntry,
     CreatePartitionsRequest,
@@ -40,12 +39,13 @@ from protocol import (
     DescribeConfigsResponse,
     NewTopic,
     PartitionCount,
+    PartitionResponse,
     TopicConfigs,
     TopicRef,
+    TopicResponse,
     TopicResult,
     code_and_message,
 )
-from broker.replica_manager import ReplicaManager
 
 log = logging.getLogger("pymq.handlers")
 

@@ -20,10 +20,13 @@ from collections.abc import Callable
 
 from broker.cluster.broker_identity import BrokerIdentity, Session
 from broker.config import BrokerConfig
-from common.errors import InconsistentTopicIdError, PymqError
 from broker.log import FetchSlice, UnifiedLog
 from broker.log.unified_log import OffsetMovedToTieredStorageError
+from broker.purgatory import DelayedOperation
 from broker.remote_log.remote_log_reader import RemoteReadPending
+from broker.replica_manager import ReplicaManager
+from broker.request_metrics import TopicTraffic
+from common.errors import InconsistentTopicIdError, PymqError
 from protocol import (
     CONSUMER_REPLICA_ID,
     FetchPartition,
@@ -35,9 +38,6 @@ from protocol import (
     code_and_message,
     part_size,
 )
-from broker.purgatory import DelayedOperation
-from broker.replica_manager import ReplicaManager
-from broker.request_metrics import TopicTraffic
 
 MAX_WAIT_MS_LIMIT = 300_000
 LeaderLog = Callable[[str, int, int], UnifiedLog]

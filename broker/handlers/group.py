@@ -19,14 +19,24 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
-from segment_format import batch_body, record
 from broker import background
 from broker.cluster.partition import Partition
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
 from broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
-from broker.coordinator.group_records import OFFSETS_TOPIC, RecordKey, check_group_id, RecordValue, decode_record, encode_key, encode_value
+from broker.coordinator.group_records import (
+    OFFSETS_TOPIC,
+    RecordKey,
+    RecordValue,
+    check_group_id,
+    decode_record,
+    encode_key,
+    encode_value,
+)
 from broker.coordinator.results import Append, Result
+from broker.handlers.slices import answer_in_slices
+from broker.log import UnifiedLog
+from broker.replica_manager import ReplicaManager
 from common.errors import (
     CoordinatorNotAvailableError,
     CorruptMessageError,
@@ -39,8 +49,6 @@ from common.errors import (
     UnknownServerError,
     UnknownTopicOrPartitionError,
 )
-from broker.handlers.slices import answer_in_slices
-from broker.log import UnifiedLog
 from protocol.messages.base import Message, code_and_message
 from protocol.messages.group import (
     GROUP_KEY_TYPE,
@@ -62,8 +70,8 @@ from protocol.messages.group import (
     OffsetFetchResponse,
     SyncGroupRequest,
 )
+from segment_format import batch_body, record
 from segment_format.batch_body import now_ms
-from broker.replica_manager import ReplicaManager
 
 log = logging.getLogger("pymq.group_handler")
 

@@ -10,10 +10,11 @@ import asyncio
 from collections.abc import Awaitable
 from concurrent.futures import Future
 
-from common.errors import InvalidRequestError, PymqError
 from broker.handlers.fetch import LeaderLog
 from broker.handlers.slices import answer_in_slices
 from broker.log import UnifiedLog
+from broker.replica_manager import ReplicaManager
+from common.errors import InvalidRequestError, PymqError
 from protocol import (
     EARLIEST_TIMESTAMP,
     LATEST_TIMESTAMP,
@@ -25,7 +26,6 @@ from protocol import (
     TopicResponse,
     code_and_message,
 )
-from broker.replica_manager import ReplicaManager
 
 Answer = ListOffsetsPartitionResponse | Future[ListOffsetsPartitionResponse]  # a remote lookup's answer comes later
 

@@ -7,9 +7,9 @@ from inspect import isawaitable
 from broker.cluster.brokers import LiveBrokers
 from broker.cluster.session_fence import SessionFence
 from broker.cluster.topics import NO_LEADER, PartitionState, TopicRegistry
-from common.errors import LeaderNotAvailableError, PymqError
 from broker.handlers.slices import answer_in_slices
 from broker.handlers.topic_auto_creation import TopicAutoCreation
+from common.errors import LeaderNotAvailableError, PymqError
 from protocol import (
     SUPPORTED_VERSIONS,
     ApiVersionRange,

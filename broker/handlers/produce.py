@@ -12,8 +12,10 @@ from collections.abc import Awaitable
 from typing import Union
 
 from broker.cluster.topics import INTERNAL_TOPICS
-from common.errors import InvalidTopicError, PymqError
 from broker.log import AppendInfo
+from broker.replica_manager import ReplicaManager
+from broker.request_metrics import TopicTraffic
+from common.errors import InvalidTopicError, PymqError
 from protocol import (
     ProducePartition,
     ProducePartitionResponse,
@@ -23,8 +25,6 @@ from protocol import (
     TopicResponse,
     code_and_message,
 )
-from broker.replica_manager import ReplicaManager
-from broker.request_metrics import TopicTraffic
 
 Outcome = Union[ProducePartitionResponse, Awaitable[ProducePartitionResponse]]
 

@@ -9,6 +9,7 @@ the leader-epoch cache and the log end, all in memory.
 from __future__ import annotations
 
 from broker.cluster.broker_identity import BrokerIdentity, Session
+from broker.replica_manager import ReplicaManager
 from common.errors import PymqError
 from protocol import (
     BrokerHandshakeRequest,
@@ -19,7 +20,6 @@ from protocol import (
     TopicResponse,
     code_and_message,
 )
-from broker.replica_manager import ReplicaManager
 
 
 class ReplicationHandler:

@@ -12,8 +12,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from broker.cluster.topics import TopicRegistry
-from common.errors import InconsistentTopicIdError, InvalidRequestError, PymqError
 from broker.log import UnifiedLog
+from broker.replica_manager import ReplicaManager
+from common.errors import InconsistentTopicIdError, InvalidRequestError, PymqError
 from protocol.messages.base import code_and_message
 from protocol.messages.tiering import (
     DescribeTieringRequest,
@@ -23,7 +24,6 @@ from protocol.messages.tiering import (
     TieringPartition,
     TieringTopic,
 )
-from broker.replica_manager import ReplicaManager
 
 if TYPE_CHECKING:
     from broker.remote_log.remote_log_manager import RemoteLogManager

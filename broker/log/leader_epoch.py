@@ -14,8 +14,8 @@ import logging
 import threading
 from pathlib import Path
 
-from common.errors import KafkaStorageError
 from broker.log.checkpoint import write_atomically
+from common.errors import KafkaStorageError
 
 log = logging.getLogger(__name__)
 

@@ -26,13 +26,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from broker.config import LogConfig
-from segment_format.limits import INT32_MAX
-from common.errors import KafkaStorageError, LogInvariantError, OffsetOutOfRangeError
 from broker.log.checkpoint import fsync_and_close, fsync_directory
 from broker.log.file_cache import FileCache
 from broker.log.log_segments import LogSegments
 from broker.log.segment import BatchInfo, FetchSlice, Segment
+from common.errors import KafkaStorageError, LogInvariantError, OffsetOutOfRangeError
 from segment_format.layout import SWAP_SUFFIX
+from segment_format.limits import INT32_MAX
 
 log = logging.getLogger(__name__)
 

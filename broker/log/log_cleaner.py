@@ -39,16 +39,16 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, fields
 
-from segment_format import batch_body, record
 from broker.config import BrokerConfig, LogConfig
-from segment_format.limits import INT32_MAX, INT64_MAX
-from common.errors import CorruptMessageError, KafkaStorageError
-from segment_format.compaction import BatchBytes, CompactionStats, OffsetMap, build_offset_map, compact_batches
 from broker.log.log_manager import LogManager
 from broker.log.segment import BatchInfo, Segment
-from segment_format.layout import CLEANED_SUFFIX
-from segment_format.segment_reader import FRAME_ONLY, StoredBatch
 from broker.log.unified_log import UnifiedLog
+from common.errors import CorruptMessageError, KafkaStorageError
+from segment_format import batch_body, record
+from segment_format.compaction import BatchBytes, CompactionStats, OffsetMap, build_offset_map, compact_batches
+from segment_format.layout import CLEANED_SUFFIX
+from segment_format.limits import INT32_MAX, INT64_MAX
+from segment_format.segment_reader import FRAME_ONLY, StoredBatch
 
 log = logging.getLogger(__name__)
 

@@ -30,15 +30,22 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from segment_format import record
 from broker.config import LogConfig
-from common.errors import CorruptMessageError, KafkaStorageError
 from broker.log.checkpoint import TMP_SUFFIX
 from broker.log.file_cache import FileCache
-from segment_format.index_file import CorruptIndexError
 from broker.log.log_segments import LogSegments
 from broker.log.segment import Segment
-from segment_format.layout import CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, SWAP_SUFFIX, TIME_INDEX_SUFFIX
+from common.errors import CorruptMessageError, KafkaStorageError
+from segment_format import record
+from segment_format.index_file import CorruptIndexError
+from segment_format.layout import (
+    CLEANED_SUFFIX,
+    DELETED_SUFFIX,
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    SWAP_SUFFIX,
+    TIME_INDEX_SUFFIX,
+)
 from segment_format.segment_reader import FRAME_ONLY, SegmentReader
 
 log = logging.getLogger(__name__)

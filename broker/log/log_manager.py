@@ -35,16 +35,16 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from segment_format import batch_body
 from broker.config import LogConfig
-from segment_format.layout import validate_topic_name
-from common.errors import InconsistentTopicIdError, InvalidTopicError, KafkaStorageError
 from broker.log.checkpoint import read_offsets, sync_filesystem, write_offsets
 from broker.log.file_cache import FileCache
 from broker.log.local_log import SegmentsRemovedError
 from broker.log.segment import Segment
 from broker.log.unified_log import LogDirFailure, UnifiedLog
+from common.errors import InconsistentTopicIdError, InvalidTopicError, KafkaStorageError
 from common.topic_partition import TopicPartition
+from segment_format import batch_body
+from segment_format.layout import validate_topic_name
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 
-from common.errors import LogInvariantError
 from broker.log.segment import Segment
+from common.errors import LogInvariantError
 
 
 class LogSegments:

@@ -29,16 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-
-from segment_format import record
-from segment_format.limits import INT32_MAX
-from common.errors import CorruptMessageError, KafkaStorageError, LogInvariantError, MessageTooLargeError
 from broker.log.checkpoint import fsync_and_close
 from broker.log.file_cache import FileCache
 from broker.log.index_file import IndexFile
-from segment_format.layout import DELETED_SUFFIX, SegmentFiles
+from common.errors import CorruptMessageError, KafkaStorageError, LogInvariantError, MessageTooLargeError
+from segment_format import record
 from segment_format.index_builder import IndexBuilder
-from segment_format.index_file import CorruptIndexError, OFFSET_INDEX, TIME_INDEX
+from segment_format.index_file import OFFSET_INDEX, TIME_INDEX, CorruptIndexError
+from segment_format.layout import DELETED_SUFFIX, SegmentFiles
+from segment_format.limits import INT32_MAX
 from segment_format.segment_reader import FRAME_ONLY, SegmentReader
 
 log = logging.getLogger(__name__)

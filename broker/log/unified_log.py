@@ -80,15 +80,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from segment_format import batch_body, record
 from broker.config import LogConfig
 from broker.histogram import Histogram
-from common.errors import (
-    CorruptMessageError,
-    InconsistentTopicIdError,
-    KafkaStorageError,
-    OffsetOutOfRangeError,
-)
 from broker.log.checkpoint import read_partition_metadata, write_partition_metadata
 from broker.log.file_cache import FileCache
 from broker.log.leader_epoch import LeaderEpochCache
@@ -96,6 +89,13 @@ from broker.log.local_log import LocalLog, SegmentsRemovedError, SwapFailedError
 from broker.log.log_dir_space import LogDirSpace
 from broker.log.log_loader import LogLoader
 from broker.log.segment import BatchInfo, FetchSlice, Segment
+from common.errors import (
+    CorruptMessageError,
+    InconsistentTopicIdError,
+    KafkaStorageError,
+    OffsetOutOfRangeError,
+)
+from segment_format import batch_body, record
 
 log = logging.getLogger(__name__)
 

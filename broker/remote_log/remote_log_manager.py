@@ -55,19 +55,19 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from segment_format import batch_body
 from broker.config import BrokerConfig
-from segment_format.limits import INT64_MAX
-from common.errors import InvalidRequestError, KafkaStorageError, NotLeaderError, PymqError, StaleManifestError
-from broker.remote_log.remote_log_reader import RemoteLogReader
 from broker.log.segment import Segment
 from broker.log.unified_log import UnifiedLog
-from tiered_storage import DEFAULT_ORPHAN_GRACE_MS, ManifestConflictError, ManifestFencedError, RemoteSegmentStore
+from broker.remote_log.remote_log_reader import RemoteLogReader
+from common.errors import InvalidRequestError, KafkaStorageError, NotLeaderError, PymqError, StaleManifestError
+from segment_format import batch_body
 from segment_format.layout import SegmentFiles
+from segment_format.limits import INT64_MAX
 from segment_format.manifest import CorruptManifestError, PartitionManifest, RemoteSegment
 from segment_format.segment_metadata import SegmentMetadata
 from segment_format.segment_reader import FRAME_ONLY
 from segment_format.segment_writer import SegmentWriter
+from tiered_storage import DEFAULT_ORPHAN_GRACE_MS, ManifestConflictError, ManifestFencedError, RemoteSegmentStore
 
 log = logging.getLogger(__name__)
 

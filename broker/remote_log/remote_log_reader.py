@@ -34,15 +34,15 @@ from collections.abc import Callable, Hashable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
-from segment_format import record
-from common.errors import PymqError, UnknownServerError, WorkQueueFullError
 from broker.executors import BoundedExecutor
+from common.errors import PymqError, UnknownServerError, WorkQueueFullError
+from common.topic_partition import TopicPartition
+from segment_format import record
 from segment_format.index_file import CorruptIndexError, SparseIndex
+from segment_format.manifest import PartitionManifest, RemoteSegment
 from segment_format.segment_reader import SegmentReader
 from tiered_storage import RemoteSegmentStore
-from segment_format.manifest import PartitionManifest, RemoteSegment
 from tiered_storage.remote_store import offset_for_timestamp, validated_range
-from common.topic_partition import TopicPartition
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ registry's call (INVALID_CONFIG).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field as dataclass_field
+from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any, ClassVar, Union
 
 from common.errors import InvalidConfigError, InvalidRequestError, InvalidTopicError, PymqError

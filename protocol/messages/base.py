@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from dataclasses import field as dataclass_field
+from dataclasses import fields
 from functools import cache
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar, Union
 

@@ -73,13 +73,6 @@ from typing import Any, Callable, ClassVar, TypeVar
 from common.errors import NONE, InvalidRequestError, PymqError
 from protocol.fields import entries, entry_field, field
 from protocol.framing import ApiKey
-from segment_format.limits import INT64_MAX
-from protocol.messages.limits import (
-    RequestLimits,
-    check_group_instance_id,
-    check_group_string,
-    check_member_id,
-)
 from protocol.messages.base import (
     NO_LEADER_EPOCH,
     Message,
@@ -95,6 +88,13 @@ from protocol.messages.base import (
     own_field,
     put_error,
 )
+from protocol.messages.limits import (
+    RequestLimits,
+    check_group_instance_id,
+    check_group_string,
+    check_member_id,
+)
+from segment_format.limits import INT64_MAX
 
 GROUP_KEY_TYPE = 0  # FindCoordinator: the key is a group id
 TRANSACTION_KEY_TYPE = 1  # FindCoordinator: the key is a transactional id

@@ -30,7 +30,15 @@ from typing import Any, ClassVar
 from common.errors import NONE, InvalidRequestError
 from protocol.fields import entries, field
 from protocol.framing import ApiKey
-from protocol.messages.base import Message, Outcome, PartitionResponse, RequestMessage, decode_error, own_field, put_error
+from protocol.messages.base import (
+    Message,
+    Outcome,
+    PartitionResponse,
+    RequestMessage,
+    decode_error,
+    own_field,
+    put_error,
+)
 from segment_format.manifest import CorruptManifestError, RemoteSegment
 
 
