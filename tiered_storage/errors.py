@@ -3,9 +3,9 @@
 Every failure of the object store (connection refused, timeout, throttling, a 5xx, a permission
 error, a missing object) surfaces as a RemoteStorageError: botocore, aiohttp and OSError
 exceptions never leak out of `tiered_storage`. On the wire they are KAFKA_STORAGE_ERROR (code 56,
-retriable), but they deliberately do not subclass the broker's KafkaStorageError: the log layer
+retriable), but they deliberately do not subclass KafkaStorageError: the broker's log layer
 takes a local log directory offline on a KafkaStorageError, and an object store outage must never
-do that. Bad bytes read back from the store are the broker's CorruptMessageError (CORRUPT_MESSAGE).
+do that. Bad bytes read back from the store are a CorruptMessageError (CORRUPT_MESSAGE).
 """
 from __future__ import annotations
 
