@@ -152,8 +152,12 @@ class CoordinatorRuntime(Generic[K, V]):
         the timers and periodic duties."""
         await self.loaded()
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(background.every(task, interval_s, lambda step=step: self.apply(step(self.clock()))))
+        self._tasks = [loop.create_task(background.every(task, interval_s, self._run(step)))
                        for task, interval_s, step in self._duties]
+
+    def _run(self, step: Callable[[int], Result]) -> Callable[[], None]:
+        """A duty's round: the step at the time now, its Result carried out."""
+        return lambda: self.apply(step(self.clock()))
 
     async def stop(self) -> None:
         """Stop the timers, let the appends in flight finish (their requests are answered), then

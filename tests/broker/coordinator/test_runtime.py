@@ -154,7 +154,8 @@ class Harness:
     spec: TopicLogSpec
 
     def put(self, partition: int, key: str, value: str) -> Answer | Awaitable[Answer]:
-        return self.runtime.call(lambda token, now: self.register.put(partition, key, value, token))  # type: ignore[return-value]
+        return self.runtime.call(  # type: ignore[return-value]
+            lambda token, now: self.register.put(partition, key, value, token))
 
     async def become(self, partition: int, state: LeaderAndIsr) -> None:
         await self.replicas.become(TOPIC, partition, self.spec, state)
@@ -168,7 +169,8 @@ async def harness(tmp_path: Path, isr: tuple[int, ...] = (0,)) -> AsyncIterator[
     """TOPIC's partitions 0 and 1 led here (ISR `isr`), with a started runtime on them; replays
     run one at a time (one thread)."""
     logs = LogManager(tmp_path / "data")
-    replicas = ReplicaManager(0, logs, LogWriter(offload_bytes=0, max_queued_bytes=1 << 20), DelayedOperationPurgatory())
+    writer = LogWriter(offload_bytes=0, max_queued_bytes=1 << 20)
+    replicas = ReplicaManager(0, logs, writer, DelayedOperationPurgatory())
     register, serde, clock = Register(), TextSerde(), Clock()
     pool = BoundedExecutor("toy-load", 1, 100)
     runtime = CoordinatorRuntime("toy", TOPIC, register, serde, replicas, pool, clock=clock)
@@ -180,7 +182,7 @@ async def harness(tmp_path: Path, isr: tuple[int, ...] = (0,)) -> AsyncIterator[
         yield Harness(replicas, runtime, register, serde, clock, spec)
     finally:
         await runtime.stop()
-        await replicas.writer.close()
+        await writer.close()
         pool.shutdown()
         logs.close()
 
