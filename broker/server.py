@@ -37,7 +37,6 @@ from broker.cluster.topics import MetadataChange, TopicRegistry
 from broker.config import BrokerConfig
 from broker.connection import Connection
 from broker.connection_quotas import ConnectionQuotas
-from broker.coordinator.group_metadata import GroupState
 from broker.executors import BackgroundExecutors
 from broker.handlers import RequestHandlers
 from broker.log import LogCleaner, LogManager, TopicLogSpec
@@ -176,7 +175,8 @@ class Broker:
         await self.replicas.load(specs, states)
         if self.config["log.cleaner.enable"]:
             self.cleaner.start()
-        await self.handlers.groups.start(self.advertised)
+        for runtime in self.handlers.coordinators:
+            await runtime.start()
         self.listener.start()
         self.registration.start()
         if self.clustered:
@@ -188,14 +188,12 @@ class Broker:
             self.peers.sync()
         await self._server.start_serving()
         if self.config["metrics.port"] >= 0:
-            coordinator = self.handlers.groups.coordinator
             self._metrics = serve_metrics(self.config["host"], self.config["metrics.port"], self.replicas,
                                           lambda: len(self.connections), self.config, loop_lag=self.loop_lag,
                                           executors=self.executors.all(),
                                           budgets=[self.request_memory, self.writer.queue],
                                           requests=self.request_metrics, traffic=self.handlers.traffic,
-                                          groups=lambda: [g for g in list(coordinator.groups.values())
-                                                          if g.state is not GroupState.DEAD],
+                                          groups=self.handlers.groups.live_groups,
                                           controller=(lambda: self.controller is not None and self.controller.active)
                                           if self.clustered else None)
         self.loop_lag.start()
@@ -281,8 +279,8 @@ class Broker:
         1. stop accepting connections and reading requests; parked fetches answer with what they have;
         2. wait up to shutdown.drain.timeout.ms for the requests already read to be answered, then
            close every connection;
-        3. cancel the periodic duties and the group coordinator's timers, and wait for the group
-           appends in flight;
+        3. cancel the periodic duties and the coordinators' timers, and wait for their appends in
+           flight;
         4. drain the log writer (its queued appends are acknowledged writes) and the flushes;
         5. close the metadata store, then stop the background pools once the work they run
            (retention, flushes, checkpoints a cancelled duty handed them) is done;
@@ -321,7 +319,7 @@ class Broker:
             ("leave the cluster", self._leave_cluster),
             ("drain requests", self._drain_requests),
             ("cancel periodic duties", self._cancel_duties),
-            ("stop the group coordinator", self.handlers.groups.stop),
+            *((f"stop the {runtime.name} coordinator", runtime.stop) for runtime in self.handlers.coordinators),
             ("drain the log writer", self.writer.close),
             ("wait for flushes", self.replicas.wait_idle),
             ("close the metadata store", self.store.close),

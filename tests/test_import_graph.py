@@ -151,9 +151,12 @@ def test_a_package_imports_only_lower_layers() -> None:
 
 @pytest.mark.parametrize("lower, upper", [
     ("broker.log", "tiered_storage"), ("broker.log", "broker.remote_log"), ("broker.log", "broker.cluster"),
+    ("broker.coordinator.group_coordinator", "broker.coordinator.runtime"),
+    ("broker.coordinator.group_coordinator", "broker.replica_manager"),
 ], ids=lambda s: s)
 def test_a_lower_layer_of_the_broker_never_imports_a_higher_one(lower: str, upper: str) -> None:
-    """Inside the server: the local log knows neither the remote tier nor the cluster."""
+    """Inside the server: the local log knows neither the remote tier nor the cluster; the group
+    coordinator, a pure state machine, neither its runtime nor the replica manager."""
     modules = _modules()
     offending = {name: sorted(t for t in _edges(name, path, modules) if t == upper or t.startswith(upper + "."))
                  for name, path in modules.items() if name == lower or name.startswith(lower + ".")}

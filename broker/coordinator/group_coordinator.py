@@ -2,9 +2,9 @@
 
 Requests and timer ticks go in with the time; `Result`s come out (`results`): replies to send,
 and records for `__consumer_offsets` (`group_records`) with what to do once they are stored. No
-I/O, no clock, no event loop: the runtime (`broker.handlers.group`) appends the records and
-replays them when it takes over a partition of the topic, so state survives restarts and moves
-with partition leadership in a cluster unchanged.
+I/O, no clock, no event loop: it is a `runtime.StateMachine`, and the `CoordinatorRuntime`
+appends the records and replays them when it takes over a partition of the topic, so state
+survives restarts and moves with partition leadership in a cluster unchanged.
 
 Membership (see `group_metadata` for the states):
 - JoinGroup. A new dynamic member first gets MEMBER_ID_REQUIRED with an id to rejoin with
@@ -193,6 +193,11 @@ class GroupCoordinator:
             for member in group.members.values():
                 result.add(self._fail_parked(member, err))
         return result
+
+    def live_groups(self) -> list[Group]:
+        """The groups of the partitions this broker leads, but those being deleted. Safe to call
+        from another thread (the metrics server's): it iterates over a copy."""
+        return [g for g in list(self.groups.values()) if not g.is_(GroupState.DEAD)]
 
     def owns(self, group_id: str) -> bool:
         return self._partitions.get(self.partition_of(group_id)) is True

@@ -157,6 +157,18 @@ def decode_record(key: bytes | None, value: bytes | None) -> tuple[RecordKey, Re
         raise CorruptMessageError(f"{OFFSETS_TOPIC} record cannot be read: {err}") from err
 
 
+class GroupRecordSerde:
+    """The bytes of `__consumer_offsets` records, for the coordinator runtime (`runtime.RecordSerde`)."""
+
+    @staticmethod
+    def serialize(key: RecordKey, value: RecordValue) -> tuple[bytes, bytes | None]:
+        return encode_key(key), encode_value(value)
+
+    @staticmethod
+    def deserialize(key: bytes | None, value: bytes | None) -> tuple[RecordKey, RecordValue]:
+        return decode_record(key, value)
+
+
 def _decode_key(key: bytes | None) -> RecordKey:
     if key is None:
         raise ValueError("record without a key")

@@ -1,13 +1,15 @@
 """What the coordinators return: replies to send now, and records to append first.
 
-The group coordinator is a pure state machine (docs/architecture.md, Layers): a request or a timer tick goes in, a
-`Result` comes out. `replies` are (token, response) pairs the runtime answers at once; a token is
-whatever the runtime handed in with the request (a future), so a JoinGroup parked until the
-rebalance completes is answered by a later call's Result. An `Append` asks the runtime to append
-records to a partition of `__consumer_offsets` and then to call `complete(error, now_ms)`: the
-coordinator changes its state only there, once it knows whether the records are stored, so a
-failed append leaves the group as it was, and the Result of `complete` carries the replies that
-waited for it.
+A coordinator is a pure state machine (docs/architecture.md, Coordinator): a request or a timer
+tick goes in, a `Result` comes out, and the `CoordinatorRuntime` (`runtime.py`) carries it out.
+`replies` are (token, response) pairs the runtime answers at once; a token is whatever the
+runtime handed in with the request (a future), so a JoinGroup parked until the rebalance
+completes is answered by a later call's Result. An `Append` asks the runtime to append records
+(the coordinator's own (key, value) types; its `RecordSerde` makes the bytes) to a partition of
+the coordinator's internal topic (`__consumer_offsets` for groups) and then to call
+`complete(error, now_ms)`: the coordinator changes its state only there, once it knows whether
+the records are stored, so a failed append leaves the state as it was, and the Result of
+`complete` carries the replies that waited for it.
 """
 from __future__ import annotations
 
@@ -15,17 +17,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from broker.coordinator.group_records import RecordKey, RecordValue
 from common.errors import PymqError
 from protocol.messages.base import Message
 
 Reply = tuple[Any, Message]
+Record = tuple[Any, Any]  # (key, value); a None value is a tombstone
 
 
 @dataclass(slots=True)
 class Append:
     partition: int
-    records: list[tuple[RecordKey, RecordValue]]
+    records: list[Record]
     complete: Callable[[PymqError | None, int], "Result"]
 
 

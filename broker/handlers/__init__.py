@@ -31,6 +31,7 @@ from broker.cluster.brokers import LiveBrokers
 from broker.cluster.session_fence import SessionFence
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
+from broker.coordinator.runtime import CoordinatorRuntime
 from broker.handlers.admin import AdminHandler
 from broker.handlers.fetch import FetchHandler
 from broker.handlers.group import GroupHandler
@@ -130,7 +131,10 @@ class RequestHandlers:
             ApiKey.PRODUCE: ProduceHandler(replicas, self.traffic).produce,
             ApiKey.LIST_OFFSETS: ListOffsetsHandler(self._leader_log, replicas).list_offsets,
         }
-        self.groups = GroupHandler(config, registry, replicas, admin.create_internal_topic, self.brokers.address)
+        self.groups = GroupHandler(config, registry, replicas, admin.create_internal_topic, advertised,
+                                   self.brokers.address)
+        # The coordinator runtimes, each on its internal topic; the server starts and stops them.
+        self.coordinators: list[CoordinatorRuntime[Any, Any]] = [self.groups.runtime]
         groups = self.groups
         self._table.update({
             ApiKey.FIND_COORDINATOR: groups.find_coordinator,

@@ -15,8 +15,8 @@ import pytest
 
 from broker import background
 from broker.config import BrokerConfig
+from broker.coordinator.runtime import append_error
 from common.errors import LogDirInUseError, UnknownServerError
-from broker.handlers.group import append_error
 from broker.log.log_dir_lock import LogDirLock
 from broker.remote_log.remote_log_manager import CopyThrottle
 from broker.server import Broker
@@ -68,7 +68,7 @@ def test_a_bug_below_a_group_append_answers_unknown_server_error() -> None:
     try:
         raise KeyError("bug")
     except KeyError as err:
-        answer = append_error(err)
+        answer = append_error(err, "group")
     assert isinstance(answer, UnknownServerError) and "KeyError" in str(answer)
 
 
@@ -98,7 +98,7 @@ def test_a_failing_stop_step_still_closes_the_logs_and_unlocks_the_dir(tmp_path:
         async def broken_stop() -> None:
             raise RuntimeError("coordinator stop bug")
 
-        monkeypatch.setattr(broker.handlers.groups, "stop", broken_stop)
+        monkeypatch.setattr(broker.handlers.groups.runtime, "stop", broken_stop)
         closed: list[bool] = []
         real_close = broker.logs.close
         monkeypatch.setattr(broker.logs, "close", lambda: (closed.append(True), real_close())[1])
