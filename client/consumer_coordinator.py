@@ -199,11 +199,6 @@ def rebalance_protocol(assignors: Iterable[str]) -> RebalanceProtocol:
     return "cooperative" if all(ASSIGNORS[name].rebalance_protocol == "cooperative" for name in names) else "eager"
 
 
-def is_internal_topic(topic: str) -> bool:
-    """Topics the broker keeps for itself (`__consumer_offsets`): a pattern never matches them."""
-    return topic.startswith("__")
-
-
 class ConsumerCoordinator:
     """One consumer's group membership; see the module docstring. Lost partitions leave the
     `subscriptions`' assignment (and the `fetcher`'s buffer) on the loop the moment they are
@@ -244,9 +239,7 @@ class ConsumerCoordinator:
         self.needs_rejoin = False
         self.fatal: PymqError | None = None  # FENCED_INSTANCE_ID: every poll raises it
         self.events: deque[LostEvent | CommitEvent] = deque()  # for the application's thread
-        # Subscription.
-        self.topics: frozenset[str] | None = None  # explicit topics, or None
-        self.pattern: re.Pattern[str] | None = None
+        # Subscription (the topics or pattern are the SubscriptionState's).
         self.listener = RebalanceListener()
         self._joined_topics: frozenset[str] = frozenset()  # the topics of the last JoinGroup
         self._leader_counts: dict[str, int] = {}  # as the leader: the partition counts it assigned from
@@ -268,7 +261,7 @@ class ConsumerCoordinator:
 
     @property
     def subscribed(self) -> bool:
-        return self.topics is not None or self.pattern is not None
+        return self._subs.is_subscribed
 
     @property
     def joining(self) -> bool:
@@ -281,12 +274,6 @@ class ConsumerCoordinator:
 
     def metadata(self) -> GroupMetadata:
         return GroupMetadata(self.group_id, self.generation, self.member_id, self.group_instance_id)
-
-    def wants_topic(self, topic: str) -> bool:
-        """Whether the subscription covers `topic`."""
-        if self.topics is not None:
-            return topic in self.topics
-        return self.pattern is not None and not is_internal_topic(topic) and self.pattern.fullmatch(topic) is not None
 
     # -- the poll timer (any thread) ---------------------------------------------------------------
 
@@ -313,10 +300,8 @@ class ConsumerCoordinator:
                   listener: RebalanceListener) -> None:
         """Set the subscription and its listener (loop); the next poll joins, or rejoins if the
         subscription changed."""
+        changed = self._subs.subscribe(topics, pattern)
         self.listener = listener
-        new_topics = frozenset(topics) if topics is not None else None
-        changed = (new_topics, pattern and pattern.pattern) != (self.topics, self.pattern and self.pattern.pattern)
-        self.topics, self.pattern = new_topics, pattern
         if changed or not self._in_group():
             self.request_rejoin("the subscription changed")
         self._last_poll = time.monotonic()
@@ -327,9 +312,7 @@ class ConsumerCoordinator:
     def subscribed_topics(self) -> frozenset[str]:
         """The topics to subscribe to now: the explicit ones, or the pattern's matches among the
         topics the cluster metadata knows."""
-        if self.topics is not None:
-            return self.topics
-        return frozenset(t for t in self.cluster.topics if self.wants_topic(t))
+        return self._subs.subscribed_topics(self.cluster.topics)
 
     def request_rejoin(self, reason: str) -> None:
         if not self.needs_rejoin:
@@ -413,7 +396,7 @@ class ConsumerCoordinator:
 
     async def _join(self, conn: BrokerConnection) -> JoinGroupResponse | None:
         """One JoinGroup; its answer, or None to join again (after acting on its error)."""
-        if self.pattern is not None:
+        if self._subs.has_pattern_subscription:
             await self.cluster.refresh()  # resolve the pattern against current metadata
         metadata = self._subscription().encode()
         request = JoinGroupRequest(self.group_id, self.session_timeout_ms, int(self.max_poll_interval_s * 1000),
@@ -533,7 +516,7 @@ class ConsumerCoordinator:
         if lost:
             self.events.append(LostEvent(lost, reason))
             gone = set(lost)
-            self._keep_assigned([tp for tp in self._subs.assigned if tp not in gone])
+            self._keep_assigned([tp for tp in self._subs.assigned_partitions() if tp not in gone])
         self._fetcher.wake_poller()
 
     # -- background: heartbeats, the poll timer, metadata ---------------------------------------------------
@@ -634,7 +617,7 @@ class ConsumerCoordinator:
         """Rejoin if the pattern now matches other topics, or (as the leader) a subscribed topic's
         partition count changed since the assignment."""
         try:
-            if self.pattern is not None:
+            if self._subs.has_pattern_subscription:
                 await self.cluster.refresh()
                 if self._in_group() and self.subscribed_topics() != self._joined_topics:
                     self.request_rejoin("the topics matching the subscribed pattern changed")
@@ -828,7 +811,8 @@ class ConsumerCoordinator:
 
     async def unsubscribe(self) -> None:
         """Forget the subscription and stop the background task (the caller left the group)."""
-        self.topics, self.pattern = None, None
+        with self._subs.lock:
+            self._fetcher.assignment_changed(self._subs.unsubscribe())
         self.needs_rejoin = False
         self._leader_counts = {}
         for task in (self._join_task, self._background):
@@ -870,10 +854,10 @@ class ConsumerCoordinator:
                 yield from self._prepare_rejoin(errors)
                 yield self._start_join()
             if self.joining:
-                wait_s = 0.0 if self._subs.assigned else max(deadline - time.monotonic(), 0.0)
+                wait_s = 0.0 if self._subs.assigned_partitions() else max(deadline - time.monotonic(), 0.0)
                 if (yield self.wait_join(wait_s)):
                     yield from self._complete_rejoin(errors)
-        if self._subs.needs_position:
+        if self._subs.initializing_partitions():
             yield self._init_pending_positions()
         if errors:
             raise errors[0]
@@ -891,7 +875,7 @@ class ConsumerCoordinator:
                 yield self._commit_quietly(offsets)
         yield from self._run_events(errors)
         if self.subscribed:
-            owned = sorted(self._subs.assigned)
+            owned = sorted(self._subs.assigned_partitions())
             if owned:
                 listener = self.listener
                 callback = listener.on_revoke if self.generation >= 0 else (listener.on_lost or listener.on_revoke)
@@ -931,10 +915,11 @@ class ConsumerCoordinator:
             if offsets:
                 yield self._commit_quietly(offsets)
         if self.protocol == "eager":
-            revoked = sorted(self._subs.assigned)
+            revoked = sorted(self._subs.assigned_partitions())
         else:
-            revoked = sorted(tp for tp in self._subs.assigned if not self.wants_topic(tp[0]))
+            revoked = sorted(tp for tp in self._subs.assigned_partitions() if not self._subs.matches(tp[0]))
         if revoked:
+            yield self._mark_pending_revocation(revoked)
             yield from self._invoke(self.listener.on_revoke, revoked, errors)
             yield self._revoke(revoked)
 
@@ -946,8 +931,9 @@ class ConsumerCoordinator:
         if assignment is None:
             return
         assigned = list(assignment.partitions)
-        revoked, added = revocations(set(self._subs.assigned), set(assigned))
+        revoked, added = revocations(set(self._subs.assigned_partitions()), set(assigned))
         if revoked:
+            yield self._mark_pending_revocation(revoked)
             yield from self._invoke(self.listener.on_revoke, sorted(revoked), errors)
         yield self._apply_assignment(assigned, rejoin=bool(revoked) and self.protocol == "cooperative")
         yield from self._invoke(self.listener.on_assign, sorted(added) if self.protocol == "cooperative" else assigned,
@@ -958,16 +944,23 @@ class ConsumerCoordinator:
 
     def _keep_assigned(self, partitions: list[TopicPartition]) -> None:
         """Shrink the assignment to `partitions` (loop); while subscribed, they are what it owns."""
-        self._fetcher.assign(partitions, needs_position=False)
+        with self._subs.lock:
+            self._fetcher.assignment_changed(self._subs.assign_from_subscribed(partitions))
         if self.subscribed:
             self.owned = frozenset(partitions)
 
+    async def _mark_pending_revocation(self, partitions: Iterable[TopicPartition]) -> None:
+        """Fetch no more of partitions about to be revoked while on_revoke runs (Kafka's markPendingRevocation)."""
+        self._subs.mark_pending_revocation(partitions)
+        self._fetcher.replan()
+
     async def _revoke(self, partitions: list[TopicPartition]) -> None:
         gone = set(partitions)
-        self._keep_assigned([tp for tp in self._subs.assigned if tp not in gone])
+        self._keep_assigned([tp for tp in self._subs.assigned_partitions() if tp not in gone])
 
     async def _apply_assignment(self, partitions: list[TopicPartition], rejoin: bool) -> None:
-        self._fetcher.assign(partitions, needs_position=True)
+        with self._subs.lock:
+            self._fetcher.assignment_changed(self._subs.assign_from_subscribed(partitions))
         self.assignment_applied(partitions)
         if rejoin:
             self.request_rejoin("partitions were revoked: the follow-up rebalance places them")
@@ -976,18 +969,18 @@ class ConsumerCoordinator:
         """Start positions of newly assigned partitions; a retriable failure (the coordinator
         moved, a leader is unknown) is retried at the next poll."""
         try:
-            await self._init_positions(sorted(self._subs.needs_position))
+            await self._init_positions(self._subs.initializing_partitions())
         except PymqError as err:
             if not err.retriable:
                 raise
             log.info("start positions of %d partitions not known yet (%s); the next poll retries",
-                     len(self._subs.needs_position), err)
+                     len(self._subs.initializing_partitions()), err)
 
     def _uncommitted_positions(self) -> dict[TopicPartition, int]:
         """Positions that differ from what this member last committed: what auto-commit sends. Not
         those of a topic that metadata shows deleted or re-created since they were fetched: an
         offset of the old topic committed for the new one would skip its records."""
-        return {tp: offset for tp, offset in self._subs.positions().items()
+        return {tp: offset for tp, offset in self._subs.all_consumed().items()
                 if self.committed_offsets.get(tp) != offset and self._fetcher.positions_are_current(tp[0])}
 
     async def _commit_in_background(self, offsets: dict[TopicPartition, int]) -> None:
