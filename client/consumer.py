@@ -3,8 +3,10 @@
 The work is split as Kafka's consumer splits it: `subscription_state` (SubscriptionState: the
 assignment, consumed and fetch positions, paused partitions, the reset strategy), `fetcher`
 (Fetcher: prefetching long polls per leader into a bounded buffer, decoded by `decoder`),
-`consumer_coordinator` (ConsumerCoordinator: group membership, heartbeats, commits, and the
-rebalance choreography with its callbacks) and `offset_fetcher` (ListOffsets). This module wires
+`consumer_coordinator` (ConsumerCoordinator: subscription, assignors, commits, and the rebalance
+choreography with its callbacks, over `group_membership`'s GroupMembership: join, sync,
+heartbeats, leave) and `offset_fetcher` (OffsetFetcher: ListOffsets, and committed offsets or
+resets turned into positions). This module wires
 them through their constructors and drives a poll: the coordinator's steps on the application's
 thread (rebalance callbacks), then the records the fetcher buffered.
 

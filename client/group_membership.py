@@ -260,7 +260,7 @@ class GroupMembership:
             if self.current(sent):
                 self.request_rejoin("the group is rebalancing")
         elif self.membership_error(err, sent):
-            pass
+            return  # the generation is lost, or the member fenced
         elif isinstance(err, COORDINATOR_ERRORS):
             self._coordinator_dead(err)
             self._next_heartbeat = time.monotonic() + self.retry_backoff_s
