@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time `__getattr__` loads
         TopicDescription,
     )
     from client.consumer import AsyncConsumer, Consumer
-    from client.consumer_coordinator import GroupMetadata
+    from client.group_membership import GroupMetadata
     from client.decoder import RECORD_SCHEMA, ConsumerRecord
     from client.producer import AsyncProducer, Producer
     from client.producer_batch import RecordFuture, RecordMetadata
@@ -38,7 +38,7 @@ _MODULES = {
                      "MemberDescription", "OffsetAndMetadata", "PartitionLag", "TopicDescription"),
                     "client.admin"),
     **dict.fromkeys(("AsyncConsumer", "Consumer"), "client.consumer"),
-    "GroupMetadata": "client.consumer_coordinator",
+    "GroupMetadata": "client.group_membership",
     **dict.fromkeys(("RECORD_SCHEMA", "ConsumerRecord"), "client.decoder"),
     **dict.fromkeys(("AsyncProducer", "Producer"), "client.producer"),
     **dict.fromkeys(("RecordFuture", "RecordMetadata"), "client.producer_batch"),

@@ -3,8 +3,10 @@
 The work is split as Kafka's consumer splits it: `subscription_state` (SubscriptionState: the
 assignment, consumed and fetch positions, paused partitions, the reset strategy), `fetcher`
 (Fetcher: prefetching long polls per leader into a bounded buffer, decoded by `decoder`),
-`consumer_coordinator` (ConsumerCoordinator: group membership, heartbeats, commits, and the
-rebalance choreography with its callbacks) and `offset_fetcher` (ListOffsets). This module wires
+`consumer_coordinator` (ConsumerCoordinator: subscription, assignors, commits, and the rebalance
+choreography with its callbacks, over `group_membership`'s GroupMembership: join, sync,
+heartbeats, leave) and `offset_fetcher` (OffsetFetcher: ListOffsets, and committed offsets or
+resets turned into positions). This module wires
 them through their constructors and drives a poll: the coordinator's steps on the application's
 thread (rebalance callbacks), then the records the fetcher buffered.
 
@@ -73,7 +75,6 @@ from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 
-import protocol
 from client.assignors import ASSIGNORS, DEFAULT_ASSIGNORS
 from client.cluster import Cluster
 from client.config import BootstrapServers, as_bool, assignor_names, client_settings
@@ -90,8 +91,8 @@ from client.consumer_coordinator import (
 from client.decoder import RECORD_SCHEMA, ConsumerRecord, FetchedBatch, fetched_to_records, to_record_batch
 from client.fetcher import Fetcher
 from client.loop_thread import LoopThread
-from client.offset_fetcher import list_offsets
-from client.subscription_state import RESET_ALIASES, RESET_STRATEGIES, SubscriptionState, reset_timestamp
+from client.offset_fetcher import OffsetFetcher
+from client.subscription_state import RESET_ALIASES, RESET_STRATEGIES, SubscriptionState
 from common.errors import ConsumerStoppedError, OffsetOutOfRangeError
 from common.topic_partition import TopicPartition
 from segment_format import batch_body
@@ -163,6 +164,8 @@ class AsyncConsumer:
                 retry_backoff_ms=retry_backoff_ms, metadata_max_age_ms=metadata_max_age_ms,
                 enable_auto_commit=auto_commit, auto_commit_interval_ms=auto_commit_interval_ms,
                 init_positions=self._init_positions)
+        self._offsets = OffsetFetcher(self.cluster, self._subs,
+                                      self._coordinator.fetch_committed if self._coordinator is not None else None)
 
     async def start(self) -> "AsyncConsumer":
         self._fetcher.start(asyncio.get_running_loop())
@@ -176,60 +179,50 @@ class AsyncConsumer:
         """Consume exactly these partitions (no group rebalancing; `assign([])` stops). New ones
         start at the group's committed offset (with a group_id), else per auto_offset_reset,
         unless sought. Raises ValueError while subscribed."""
-        if self._coordinator is not None and self._coordinator.subscribed:
-            raise ValueError("assign() and subscribe() are mutually exclusive: this consumer is subscribed; "
-                             "call unsubscribe() first")
         wanted = list(dict.fromkeys((t, int(p)) for t, p in partitions))
         for topic, partition in wanted:
             await self.cluster.leader(topic, partition)  # raises for unknown topics/partitions
-        self._subs.manual = bool(wanted)
-        self._fetcher.assign(wanted, needs_position=False)
-        await self._init_positions([tp for tp in wanted if tp not in self._subs.consumed])
+        with self._subs.lock:  # raises ValueError while subscribed
+            self._fetcher.assignment_changed(self._subs.assign_from_user(wanted))
+        await self._init_positions([tp for tp in wanted if not self._subs.has_valid_position(tp)])
         self._fetcher.invalidate()
 
     def assignment(self) -> list[TopicPartition]:
         """The partitions this consumer reads now (assigned by hand or by its group)."""
-        return list(self._subs.assigned)
+        return self._subs.assigned_partitions()
 
     async def seek(self, tp: TopicPartition, offset: int) -> None:
         """Make `offset` the next record `poll` returns for `tp`."""
         self._subs.require_assigned(tp)
         if offset < 0:
             raise OffsetOutOfRangeError(f"offset {offset} is negative")
-        with self._subs.lock:
-            self._subs.consumed[tp] = offset
-            self._subs.needs_position.discard(tp)
+        self._subs.seek(tp, offset)
         self._fetcher.invalidate()
 
     async def pause(self, *tps: TopicPartition) -> None:
         """Stop fetching these partitions and returning their records (they stay assigned, and
         in the group, and keep their positions) until `resume`. Buffered records of them are
         dropped and fetched again after resume."""
-        for tp in tps:
-            self._subs.require_assigned(tp)
         with self._subs.lock:
-            self._subs.paused.update(tps)
+            self._subs.pause(tps)
             self._fetcher.drop_buffered(set(tps))
-            for tp in tps:
-                if tp in self._subs.consumed:
-                    self._subs.fetch_positions[tp] = self._subs.consumed[tp]
         self._fetcher.replan()
 
     async def resume(self, *tps: TopicPartition) -> None:
         """Fetch and return these paused partitions again."""
-        self._subs.paused.difference_update(tps)
+        self._subs.resume(tps)
         self._fetcher.ensure_fetchers()
         self._fetcher.replan()
 
     def paused(self) -> list[TopicPartition]:
-        return sorted(self._subs.paused)
+        return self._subs.paused_partitions()
 
     async def seek_to_beginning(self, *tps: TopicPartition) -> None:
-        await self._reset(list(tps) or self._subs.assigned, "earliest")
+        await self._offsets.reset_positions(list(tps) or self._subs.assigned_partitions(), "earliest")
         self._fetcher.invalidate()
 
     async def seek_to_end(self, *tps: TopicPartition) -> None:
-        await self._reset(list(tps) or self._subs.assigned, "latest")
+        await self._offsets.reset_positions(list(tps) or self._subs.assigned_partitions(), "latest")
         self._fetcher.invalidate()
 
     def position(self, tp: TopicPartition) -> int:
@@ -241,56 +234,24 @@ class AsyncConsumer:
 
     async def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int] | None]:
         """For each partition, (offset, timestamp) of the first record at or after the time, or None."""
-        found = await self.list_offsets(timestamps)
-        return {tp: (off, ts) if off >= 0 else None for tp, (off, ts) in found.items()}
+        return await self._offsets.offsets_for_times(timestamps)
 
     async def beginning_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        return {tp: o for tp, (o, _) in (await self.list_offsets({tp: protocol.EARLIEST_TIMESTAMP for tp in tps})).items()}
+        return await self._offsets.beginning_offsets(tps)
 
     async def end_offsets(self, tps: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
-        return {tp: o for tp, (o, _) in (await self.list_offsets({tp: protocol.LATEST_TIMESTAMP for tp in tps})).items()}
+        return await self._offsets.end_offsets(tps)
 
     async def list_offsets(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
-        return await list_offsets(self.cluster, timestamps)
-
-    async def _reset(self, tps: list[TopicPartition], where: str) -> None:
-        """Set the consumed positions of `tps` to the log's start or end."""
-        for tp in tps:
-            self._subs.require_assigned(tp)
-        target = reset_timestamp(where)
-        found = await self.list_offsets({tp: target for tp in tps})
-        with self._subs.lock:
-            for tp, (offset, _) in found.items():
-                self._subs.consumed[tp] = offset
-                self._subs.needs_position.discard(tp)
+        return await self._offsets.list_offsets(timestamps)
 
     async def _init_positions(self, tps: list[TopicPartition]) -> None:
-        """Start positions for assigned partitions without one: the group's committed offset,
-        else per auto_offset_reset; with "none", none (poll raises NoOffsetForPartitionError
-        until a seek). A position set meanwhile (a seek inside on_assign) wins."""
-        assigned = set(self._subs.assigned)
-        wanted = [tp for tp in tps if tp in assigned and tp not in self._subs.consumed]
-        found: dict[TopicPartition, int] = {}
-        if wanted:
-            for topic in sorted({t for t, _ in wanted}):
-                await self.cluster.partitions(topic)  # the fetchers need the leaders
-            if self._coordinator is not None:
-                committed = await self._coordinator.fetch_committed(wanted)
-                found = {tp: offset for tp, offset in committed.items() if offset is not None}
-            rest = [tp for tp in wanted if tp not in found]
-            if rest and self._subs.auto_offset_reset != "none":
-                target = reset_timestamp(self._subs.auto_offset_reset)
-                found.update({tp: offset for tp, (offset, _) in (await self.list_offsets({tp: target for tp in rest})).items()})
-        assigned = set(self._subs.assigned)
-        with self._subs.lock:
-            for tp, offset in found.items():
-                if tp in assigned and tp not in self._subs.consumed:
-                    self._subs.consumed[tp] = offset
-                    self._subs.fetch_positions[tp] = offset
-            self._subs.needs_position.difference_update(tps)
+        """Start positions for assigned partitions without one (`OffsetFetcher.initialize_positions`:
+        the group's committed offset, else per auto_offset_reset; with "none", none: poll raises
+        NoOffsetForPartitionError until a seek), then fetch them."""
+        await self._offsets.initialize_positions(tps)
         self._fetcher.ensure_fetchers()
         self._fetcher.replan()
-
 
     # -- polling ---------------------------------------------------------------------------------
 
@@ -340,9 +301,8 @@ class AsyncConsumer:
         fetch-latency-avg / -max (ms, long polls included), records-lag-max, and records-lag: per
         assigned partition, the last fetched high watermark less the position."""
         fetcher, subs = self._fetcher, self._subs
-        with subs.lock:
-            lags = {tp: max(0, fetcher.high_watermarks[tp] - subs.consumed[tp]) for tp in subs.assigned
-                    if tp in fetcher.high_watermarks and tp in subs.consumed}
+        lags = {tp: max(0, fetcher.high_watermarks[tp] - position) for tp, position in subs.all_consumed().items()
+                if tp in fetcher.high_watermarks}
         return fetcher.metrics.snapshot(lags)
 
     @staticmethod
@@ -389,9 +349,6 @@ class AsyncConsumer:
             raise ValueError("subscribe to either a list of topics or a pattern")
         if isinstance(topics, str):
             raise ValueError(f"topics must be a list of topic names, got the string {topics!r}")
-        if self._subs.manual:
-            raise ValueError("assign() and subscribe() are mutually exclusive: this consumer has assigned "
-                             "partitions; call unsubscribe() (or assign([])) first")
         try:
             compiled = re.compile(pattern) if pattern is not None else None
         except re.error as err:
@@ -411,14 +368,14 @@ class AsyncConsumer:
         finishes it), IllegalGenerationError / UnknownMemberIdError when the membership was
         lost (the next poll rejoins)."""
         group = self._group()
-        await group.commit(self._subs.positions() if offsets is None else _checked_offsets(offsets), metadata)
+        await group.commit(self._subs.all_consumed() if offsets is None else _checked_offsets(offsets), metadata)
 
     def commit_async(self, offsets: Mapping[TopicPartition, int] | None = None,
                      callback: CommitCallback | None = None, metadata: str | None = None) -> None:
         """Commit without waiting (call on the consumer's loop); `callback(offsets, error)` runs
         inside a later poll (or close). Never retried."""
         group = self._group()
-        group.commit_in_background(self._subs.positions() if offsets is None else _checked_offsets(offsets), metadata, callback)
+        group.commit_in_background(self._subs.all_consumed() if offsets is None else _checked_offsets(offsets), metadata, callback)
 
     async def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         """The group's committed offset of each partition (None: nothing committed)."""
@@ -435,12 +392,12 @@ class AsyncConsumer:
         if self._coordinator is not None:
             errors = yield from self._coordinator.leave_steps(reason)
         yield self._unassign_all()
-        self._subs.manual = False
         if errors:
             raise errors[0]
 
     async def _unassign_all(self) -> None:
-        self._fetcher.assign([], needs_position=False)
+        with self._subs.lock:
+            self._fetcher.assignment_changed(self._subs.unsubscribe())
 
 
 def _checked_offsets(offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
@@ -518,7 +475,7 @@ class Consumer:
         on this thread inside a later poll (or close)."""
         core = self._core
         core._group()
-        snapshot = core._subs.positions() if offsets is None else _checked_offsets(offsets)
+        snapshot = core._subs.all_consumed() if offsets is None else _checked_offsets(offsets)
         self._thread.call_soon(core.commit_async, snapshot, callback, metadata)
 
     def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
@@ -549,7 +506,7 @@ class Consumer:
         """See AsyncConsumer.position; a partition just assigned by the group whose committed
         offset is not known yet (inside on_assign) has it looked up first, as Kafka does."""
         core = self._core
-        if tp in core._subs.needs_position:
+        if core._subs.is_initializing(tp):
             self._run(core._init_positions([tp]))
         return core.position(tp)
 
@@ -631,7 +588,7 @@ class Consumer:
         for item in unconsumed:
             first.setdefault((item.topic, item.partition), item.offset)
         for tp, offset in first.items():
-            if tp in core._subs.assigned and core._subs.consumed.get(tp, -1) > offset:
+            if core._subs.has_valid_position(tp) and core._subs.position(tp) > offset:
                 self.seek(tp, offset)
 
     def __iter__(self) -> Iterator[ConsumerRecord]:

@@ -45,8 +45,8 @@ from client.cluster import Cluster
 from client.connection import BrokerConnection, Reply, decode_reply
 from client.decoder import FetchedBatch, decode_fetched
 from client.fetch_buffer import Entry, FetchBuffer
-from client.offset_fetcher import list_offsets
-from client.subscription_state import SubscriptionState, reset_timestamp
+from client.offset_fetcher import reset_offsets
+from client.subscription_state import SubscriptionState
 from common.errors import (
     CorruptMessageError,
     CorruptRecordError,
@@ -140,14 +140,12 @@ class Fetcher:
         self._plan += 1
         self._changed.set()
 
-    def assign(self, partitions: list[TopicPartition], *, needs_position: bool) -> None:
-        """Make `partitions` the subscription's assignment (loop): partitions that go lose their
-        positions and buffered records at once (no poll returns a record of a partition it no
-        longer has); those that stay keep theirs. With `needs_position`, new partitions wait for
-        their start position, and no poll complains about them meanwhile."""
-        with self._subs.lock:
-            self.drop_buffered(self._subs.set_assigned(partitions, needs_position=needs_position))
-        kept = {topic for topic, _ in partitions}
+    def assignment_changed(self, removed: set[TopicPartition]) -> None:
+        """The subscription's assignment changed and `removed` went (loop; the caller holds the
+        subscription's `lock` around the change and this call): their buffered records go in
+        the same step, so no poll returns a record of a partition it no longer has."""
+        self.drop_buffered(removed)
+        kept = {topic for topic, _ in self._subs.assigned_partitions()}
         self.topic_ids = {topic: topic_id for topic, topic_id in self.topic_ids.items() if topic in kept}
         self.replan()
 
@@ -164,7 +162,7 @@ class Fetcher:
         with self._subs.lock:
             self._buffer.clear()
             self.data_ready.clear()
-            self._subs.fetch_positions = dict(self._subs.consumed)
+            self._subs.rewind_fetch_positions()
         for task in self._fetchers.values():
             task.cancel()
         self._fetchers = {}
@@ -235,11 +233,11 @@ class Fetcher:
         for tp, batch, size in self._buffer.take(limit):
             batches.append((tp, batch))
             self.metrics.consumed(batch.num_rows, size)
-            self._subs.consumed[tp] = batch.next_offset
+            self._subs.update_position(tp, batch.next_offset)
         self._subs.move_to_end(dict.fromkeys(tp for tp, _ in batches))
         for tp, err in self._buffer.blocked():
             if isinstance(err, CorruptRecordError):  # nothing of tp follows it: its fetching stopped there
-                self._subs.consumed[tp] = err.offset
+                self._subs.update_position(tp, err.offset)
         return batches
 
     def _partition_error_reached(self) -> PymqError:
@@ -249,15 +247,15 @@ class Fetcher:
         tp, _ = self._buffer.blocked()[0]
         err = self._buffer.pop_error(tp)
         if isinstance(err, InconsistentTopicIdError):
-            self._subs.consumed.pop(tp, None)  # an offset of the deleted topic means nothing in the new one: seek
+            self._subs.clear_position(tp)  # an offset of the deleted topic means nothing in the new one: seek
         else:
-            self._subs.fetch_positions[tp] = self._subs.consumed[tp]
+            self._subs.set_fetch_position(tp, self._subs.position(tp))
         self._waiting_for_room = True  # the partition's fetcher has it back: wake it
         return err
 
     def ensure_fetchers(self) -> None:
         loop = asyncio.get_running_loop()
-        for node in {p.leader for t, ps in self.cluster.topics.items() for p in ps if (t, p.partition) in self._subs.assigned}:
+        for node in {p.leader for t, ps in self.cluster.topics.items() for p in ps if self._subs.is_assigned((t, p.partition))}:
             task = self._fetchers.get(node)
             if task is None or task.done():
                 self._fetchers[node] = loop.create_task(self._fetch_loop(node))
@@ -265,7 +263,7 @@ class Fetcher:
             self._leaderless = loop.create_task(self._await_leaders())
 
     def _any_leaderless(self) -> bool:
-        return any(self._leader(tp) is None for tp in self._subs.assigned)
+        return any(self._leader(tp) is None for tp in self._subs.assigned_partitions())
 
     async def _await_leaders(self) -> None:
         """Refresh metadata until every assigned partition has a leader again, waiting
@@ -291,8 +289,7 @@ class Fetcher:
                 if fetch is None:
                     self._changed.clear()
                     mine = self._subs.in_fetch_order(
-                        tp for tp in self._subs.assigned if tp in self._subs.fetch_positions and tp not in self._subs.paused
-                        and self._leader(tp) == node)
+                        tp for tp in self._subs.fetchable_partitions() if self._leader(tp) == node)
                     with self._subs.lock:  # checked and flagged at once: a poll in between would not wake us
                         idle = not mine or self._buffer.bytes >= self.max_buffer_bytes
                         if idle:
@@ -303,7 +300,7 @@ class Fetcher:
                 try:
                     if fetch is None:
                         conn = await self.cluster.connection(node)
-                        fetch = self._send_fetch(conn, {tp: self._subs.fetch_positions[tp] for tp in mine})
+                        fetch = self._send_fetch(conn, {tp: self._subs.fetch_position(tp) for tp in mine})
                     ahead = await self._complete_fetch(node, fetch)
                 except PymqError as err:
                     if err.retriable:  # NetworkError and RequestTimedOutError included
@@ -330,7 +327,7 @@ class Fetcher:
                 ahead.reply.cancel()
 
     def _leads_any(self, node: int) -> bool:
-        return any(self._leader(tp) == node for tp in self._subs.assigned)
+        return any(self._leader(tp) == node for tp in self._subs.assigned_partitions())
 
     def _leader(self, tp: TopicPartition) -> int | None:
         parts = self.cluster.topics.get(tp[0])
@@ -370,7 +367,7 @@ class Fetcher:
         """Log once when an assigned topic disappears from metadata (deleted: its partitions get
         no records, and metadata is refreshed with backoff until it is back) and once when it is
         back, rather than retrying silently (Kafka's consumer warns UNKNOWN_TOPIC_OR_PARTITION)."""
-        assigned = {topic for topic, _ in self._subs.assigned}
+        assigned = {topic for topic, _ in self._subs.assigned_partitions()}
         gone = {topic for topic in assigned if topic not in self.cluster.topics}
         for topic in sorted(gone - self._gone_topics):
             log.warning("assigned topic %s is gone (UNKNOWN_TOPIC_OR_PARTITION: deleted?): its partitions get no "
@@ -389,7 +386,7 @@ class Fetcher:
         ListOffsets fails (the new topic's leaders not elected yet) is tried again at the next
         metadata refresh: the old id is kept until it succeeds."""
         old = self.topic_ids[topic]
-        tps = [tp for tp in self._subs.assigned if tp[0] == topic]
+        tps = [tp for tp in self._subs.assigned_partitions() if tp[0] == topic]
         strategy = self._subs.auto_offset_reset
         log.warning("topic %s was deleted and re-created (topic id %s, was %s): %s", topic, topic_id, old,
                     "resetting its positions to " + strategy if strategy != "none" else "no reset (auto_offset_reset=none)")
@@ -403,7 +400,7 @@ class Fetcher:
             return
         epoch = self._epoch
         try:
-            found = await list_offsets(self.cluster, {tp: reset_timestamp(strategy) for tp in tps})
+            found = await reset_offsets(self.cluster, tps, strategy)
         except PymqError as err:
             log.info("resetting the positions of re-created topic %s failed: %s; retrying", topic, err)
             return
@@ -412,15 +409,13 @@ class Fetcher:
             return
         with self._subs.lock:
             buffered = self._buffer.partitions()
-            for tp, (offset, _) in found.items():
-                if tp in self._subs.assigned:
-                    self._subs.fetch_positions[tp] = offset
-                    if tp not in buffered:
-                        self._subs.consumed[tp] = offset
+            for tp, offset in found.items():
+                if self._subs.is_assigned(tp):
+                    self._subs.reset_fetch_position(tp, offset, with_position=tp not in buffered)
         self.replan()
 
     def _leaders(self) -> dict[TopicPartition, int | None]:
-        return {tp: self._leader(tp) for tp in self._subs.assigned}
+        return {tp: self._leader(tp) for tp in self._subs.assigned_partitions()}
 
     def _send_fetch(self, conn: BrokerConnection, positions: dict[TopicPartition, int]) -> "_Fetch":
         """Write a Fetch for `positions` now (no await between deciding and writing)."""
@@ -460,11 +455,11 @@ class Fetcher:
                             # INCONSISTENT_TOPIC_ID: re-created; metadata has the new id (_follow_recreated)
                             await self._refresh_quietly()
                             continue
-                        if self._subs.fetch_positions.get(tp) == fetch.requested.get(tp):
+                        if self._subs.fetch_position(tp) == fetch.requested.get(tp):
                             self._hold_error(tp, err)
                         continue
                     self.high_watermarks[tp] = p.high_watermark
-                    if self._subs.fetch_positions.get(tp) == fetch.requested.get(tp) and tp not in self._subs.paused:
+                    if self._subs.fetch_position(tp) == fetch.requested.get(tp) and self._subs.is_fetchable(tp):
                         self._absorb(tp, p.records)  # type: ignore[arg-type]
             if reset:
                 await self._reset_fetch_positions({tp: fetch.requested[tp] for tp in reset}, fetch.epoch)
@@ -472,7 +467,7 @@ class Fetcher:
             if ahead is not None:
                 ahead.reply.cancel()
             raise
-        if ahead is not None and any(self._subs.fetch_positions.get(tp) != at for tp, at in ahead.requested.items()):
+        if ahead is not None and any(self._subs.fetch_position(tp) != at for tp, at in ahead.requested.items()):
             ahead.reply.cancel()  # decoding stopped short of where the headers said (a corrupt batch)
             return None
         return ahead
@@ -487,7 +482,7 @@ class Fetcher:
         case goes ahead: every partition answered without error and the buffer has room for
         what this reply brings; anything else waits for the reply to be handled first."""
         conn = self.cluster.open_connection(node)
-        if conn is None or fetch.plan != self._plan or any(self._subs.fetch_positions.get(tp) != at
+        if conn is None or fetch.plan != self._plan or any(self._subs.fetch_position(tp) != at
                                                            for tp, at in fetch.requested.items()):
             return None
         positions = {tp: fetch.requested[tp] for tp in self._subs.in_fetch_order(fetch.requested)}
@@ -512,18 +507,14 @@ class Fetcher:
         position follows unless records before the jump are still buffered for poll. Nothing
         moves if the position changed meanwhile (a seek, or another answer already applied)."""
         log.warning("offsets out of range for %s; resetting to %s", list(out_of_range), self._subs.auto_offset_reset)
-        target = reset_timestamp(self._subs.auto_offset_reset)
-        found = await list_offsets(self.cluster, {tp: target for tp in out_of_range})
+        found = await reset_offsets(self.cluster, out_of_range, self._subs.auto_offset_reset)
         if epoch != self._epoch:
             return
         with self._subs.lock:
             buffered = self._buffer.partitions()
-            for tp, (offset, _) in found.items():
-                if self._subs.fetch_positions.get(tp) != out_of_range[tp]:
-                    continue
-                self._subs.fetch_positions[tp] = offset
-                if tp not in buffered:
-                    self._subs.consumed[tp] = offset
+            for tp, offset in found.items():
+                if self._subs.fetch_position(tp) == out_of_range[tp]:
+                    self._subs.reset_fetch_position(tp, offset, with_position=tp not in buffered)
 
     def _hold_error(self, tp: TopicPartition, err: PymqError) -> None:
         """A broker's non-retriable error for `tp`: a marker after its buffered records, raised
@@ -531,7 +522,7 @@ class Fetcher:
         log.warning("fetch of %s-%d failed: %s", tp[0], tp[1], err)
         with self._subs.lock:
             self._buffer.extend(tp, [(err, 0)])
-            self._subs.fetch_positions.pop(tp, None)
+            self._subs.stop_fetching(tp)
             self._signal()
 
     def _absorb(self, tp: TopicPartition, data: memoryview) -> None:
@@ -539,7 +530,7 @@ class Fetcher:
         corrupt batch, what came before it stays buffered, a marker for it follows, and the
         partition fetches nothing more until the marker was raised (or the caller seeks).
         Decoding happens outside `_lock`; the buffer is extended under it in one step."""
-        decoded = decode_fetched(tp, data, self._subs.fetch_positions[tp], self.high_watermarks.get(tp, -1), self.check_crcs)
+        decoded = decode_fetched(tp, data, self._subs.fetch_position(tp), self.high_watermarks.get(tp, -1), self.check_crcs)
         fresh: list[Entry] = list(decoded.batches)
         corrupt, position = decoded.corrupt, decoded.position
         if corrupt is not None:
@@ -550,9 +541,9 @@ class Fetcher:
         with self._subs.lock:
             self._buffer.extend(tp, fresh)
             if corrupt is not None:
-                del self._subs.fetch_positions[tp]
+                self._subs.stop_fetching(tp)
             else:
-                self._subs.fetch_positions[tp] = position
+                self._subs.set_fetch_position(tp, position)
             self._signal()
 
     def clear_attention(self) -> None:

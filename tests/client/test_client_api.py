@@ -122,7 +122,7 @@ def test_a_peer_that_is_not_a_pymq_broker_is_named_as_such_at_once():
 
 # What the package facade would drag in if it imported its public names eagerly.
 CLIENT_CORES = ("client.accumulator", "client.admin", "client.consumer",
-                "client.consumer_coordinator", "client.fetcher", "client.producer",
+                "client.consumer_coordinator", "client.fetcher", "client.group_membership", "client.producer",
                 "client.sender")
 
 
