@@ -128,7 +128,9 @@ class Fetcher:
 
     async def wait_for_data_async(self, timeout_s: float) -> None:
         """Wait on the loop until records or an error are buffered (or the group needs the
-        poller), up to `timeout_s`."""
+        poller, or the consumer closes), up to `timeout_s`."""
+        if self.attention or self.closed:
+            return
         try:
             async with asyncio.timeout(timeout_s):
                 await self.data_ready.wait()
