@@ -256,7 +256,10 @@ class Fetcher:
             self._subs.consumed.pop(tp, None)  # an offset of the deleted topic means nothing in the new one: seek
         else:
             self._subs.fetch_positions[tp] = self._subs.consumed[tp]
-        self._waiting_for_room = True  # the partition's fetcher has it back: wake it
+        # The partition's fetcher has it back: wake it, and let it plan afresh (a fetch sent
+        # ahead for the leader's other partitions would otherwise keep leaving it out).
+        self._plan += 1
+        self._waiting_for_room = True
         return err
 
     def ensure_fetchers(self) -> None:

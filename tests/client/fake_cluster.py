@@ -11,10 +11,12 @@ its own Cluster and connections unchanged, and a test scripts what the brokers a
     ... read with a client bootstrapped on cluster.bootstrap ...
     cluster.requests                                     # (node, request message) as they came
 
-APIs answered: Metadata, Fetch, ListOffsets (earliest, latest). A partition answers per its
-leader (NOT_LEADER on any other node) unless a scripted fault matches first. Each fetched
-partition gets every batch from the one holding its offset, up to its max_bytes (the first batch
-whole, as KIP-74 says).
+APIs answered: Metadata, ApiVersions, Fetch, ListOffsets (earliest, latest), Produce (appended
+at the log's end). A partition answers per its leader (NOT_LEADER on any other node) unless a
+scripted fault matches first. Each fetched partition gets every batch from the one holding its
+offset, up to its max_bytes (the first batch whole, as KIP-74 says). `hold(api)` keeps that API's
+answers back until `release()` (in-flight limits; a fault with `error=None` is never answered: a
+hung broker).
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ from protocol import (
     EARLIEST_TIMESTAMP,
     REQUEST_TYPES,
     ApiKey,
+    ApiVersionsRequest,
+    ApiVersionsResponse,
     BrokerAddress,
     FetchPartitionResponse,
     FetchRequest,
@@ -39,6 +43,9 @@ from protocol import (
     MetadataRequest,
     MetadataResponse,
     PartitionMetadata,
+    ProducePartitionResponse,
+    ProduceRequest,
+    ProduceResponse,
     Request,
     TopicMetadata,
     TopicResponse,
@@ -50,15 +57,15 @@ from segment_format import record
 @dataclass
 class Fault:
     """Answer `error` for `api` (for `partition` only, on `node` only, when given), `times` times
-    (None: for ever)."""
+    (None: for ever); `error` None: leave the request unanswered."""
 
     api: ApiKey
-    error: type[PymqError]
+    error: type[PymqError] | None
     partition: TopicPartition | None = None
     node: int | None = None
     times: int | None = 1
 
-    def matches(self, api: ApiKey, node: int, tp: TopicPartition) -> bool:
+    def matches(self, api: ApiKey, node: int, tp: TopicPartition | None) -> bool:
         return (self.api == api and (self.times is None or self.times > 0) and self.partition in (None, tp)
                 and self.node in (None, node))
 
@@ -70,6 +77,8 @@ class FakeCluster:
         self.logs: dict[TopicPartition, list[tuple[int, int, bytes]]] = {}  # (base, next offset, batch bytes)
         self.faults: list[Fault] = []
         self.requests: list[tuple[int, Message]] = []
+        self.held: list[tuple[_FakeBroker, int, Message]] = []  # answers kept back (hold), in order
+        self.holding: set[ApiKey] = set()
         self.defects: list[Exception] = []  # exceptions the fake raised answering (close() raises the first)
         self._servers: list[asyncio.Server] = []
         self._transports: list[asyncio.BaseTransport] = []  # connections, closed by close()
@@ -111,7 +120,19 @@ class FakeCluster:
     def move_leader(self, topic: str, partition: int, node: int) -> None:
         self.leaders[topic][partition] = node
 
-    def fail(self, api: ApiKey, error: type[PymqError], *, partition: TopicPartition | None = None,
+    def hold(self, api: ApiKey) -> None:
+        """Keep `api`'s answers back (they wait in `held`) until `release`."""
+        self.holding.add(api)
+
+    def release(self, count: int | None = None) -> None:
+        """Send the first `count` answers held (None: all, and stop holding)."""
+        if count is None:
+            self.holding.clear()
+        released, self.held = self.held[:count], self.held[len(self.held) if count is None else count:]
+        for broker, correlation_id, response in released:
+            broker.write(correlation_id, response)
+
+    def fail(self, api: ApiKey, error: type[PymqError] | None, *, partition: TopicPartition | None = None,
              node: int | None = None, times: int | None = 1) -> None:
         self.faults.append(Fault(api, error, partition, node, times))
 
@@ -121,8 +142,18 @@ class FakeCluster:
 
     # -- answers -----------------------------------------------------------------------------------
 
-    def answer(self, node: int, request: Message) -> Message:
+    def answer(self, node: int, request: Message) -> Message | None:
+        """The response to `request` at `node`; None: none (a hung broker's)."""
         self.requests.append((node, request))
+        for fault in self.faults:
+            if fault.error is None and fault.matches(request.api_key, node, None):  # type: ignore[arg-type]
+                if fault.times is not None:
+                    fault.times -= 1
+                return None
+        if isinstance(request, ApiVersionsRequest):
+            return ApiVersionsResponse(())
+        if isinstance(request, ProduceRequest):
+            return self._produce(node, request)
         if isinstance(request, MetadataRequest):
             return self._metadata()
         if isinstance(request, FetchRequest):
@@ -134,7 +165,7 @@ class FakeCluster:
     def _error(self, api: ApiKey, node: int, tp: TopicPartition) -> int:
         """The error code a scripted fault or the partition's leadership gives (0: none)."""
         for fault in self.faults:
-            if fault.matches(api, node, tp):
+            if fault.error is not None and fault.matches(api, node, tp):
                 if fault.times is not None:
                     fault.times -= 1
                 return fault.error.code
@@ -173,6 +204,23 @@ class FakeCluster:
             topics.append(TopicResponse(t.name, tuple(answers)))
         return FetchResponse(tuple(topics))
 
+    def _produce(self, node: int, request: ProduceRequest) -> ProduceResponse:
+        topics = []
+        for t in request.topics:
+            answers = []
+            for p in t.partitions:
+                tp = (t.name, p.partition)
+                error = self._error(ApiKey.PRODUCE, node, tp)
+                base = self._end(tp)
+                if not error:
+                    for data in p.records:
+                        for _, header in record.iter_batches(bytes(data), verify=False):
+                            start = self._end(tp)
+                            self.logs[tp].append((start, start + header.record_count, bytes(data)))
+                answers.append(ProducePartitionResponse(p.partition, error, base_offset=-1 if error else base))
+            topics.append(TopicResponse(t.name, tuple(answers)))
+        return ProduceResponse(tuple(topics))
+
     def _list_offsets(self, node: int, request: ListOffsetsRequest) -> ListOffsetsResponse:
         topics = []
         for t in request.topics:
@@ -209,7 +257,25 @@ class _FakeBroker(asyncio.Protocol):
                 assert self.transport is not None
                 self.transport.close()
                 return
-            parts = [bytes(part) for part in response.payload()]  # type: ignore[arg-type]
-            assert self.transport is not None
-            self.transport.write(encode_response(frame.correlation_id, response.to_control(), sum(map(len, parts)))
-                                 + b"".join(parts))
+            if response is None:
+                continue
+            if isinstance(message, FetchRequest) and _empty(response):  # a long poll: answer after max_wait_ms
+                asyncio.get_running_loop().call_later(message.max_wait_ms / 1000, self.write, frame.correlation_id,
+                                                      response)
+                continue
+            if message.api_key in self.cluster.holding:
+                self.cluster.held.append((self, frame.correlation_id, response))
+                continue
+            self.write(frame.correlation_id, response)
+
+    def write(self, correlation_id: int, response: Message) -> None:
+        assert self.transport is not None
+        if self.transport.is_closing():
+            return
+        parts = [bytes(part) for part in response.payload()]  # type: ignore[arg-type]
+        self.transport.write(encode_response(correlation_id, response.to_control(), sum(map(len, parts))) + b"".join(parts))
+
+
+def _empty(response: Message) -> bool:
+    """A fetch answer without records or errors (the broker would wait for data up to max_wait_ms)."""
+    return all(not p.error_code and not len(p.records) for t in response.topics for p in t.partitions)  # type: ignore[attr-defined]
