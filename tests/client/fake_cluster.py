@@ -21,7 +21,9 @@ hung broker).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from common.errors import NotLeaderError, PymqError
 from common.topic_partition import TopicPartition
@@ -65,9 +67,14 @@ class Fault:
     node: int | None = None
     times: int | None = 1
 
-    def matches(self, api: ApiKey, node: int, tp: TopicPartition | None) -> bool:
-        return (self.api == api and (self.times is None or self.times > 0) and self.partition in (None, tp)
-                and self.node in (None, node))
+    def take(self, api: ApiKey, node: int, tp: TopicPartition | None) -> bool:
+        """Whether this fault answers `api` at `node` for `tp` (None: the whole request); counts it."""
+        if (self.api != api or (self.times is not None and self.times <= 0) or self.partition not in (None, tp)
+                or self.node not in (None, node)):
+            return False
+        if self.times is not None:
+            self.times -= 1
+        return True
 
 
 class FakeCluster:
@@ -145,11 +152,8 @@ class FakeCluster:
     def answer(self, node: int, request: Message) -> Message | None:
         """The response to `request` at `node`; None: none (a hung broker's)."""
         self.requests.append((node, request))
-        for fault in self.faults:
-            if fault.error is None and fault.matches(request.api_key, node, None):  # type: ignore[arg-type]
-                if fault.times is not None:
-                    fault.times -= 1
-                return None
+        if any(fault.error is None and fault.take(request.api_key, node, None) for fault in self.faults):
+            return None
         if isinstance(request, ApiVersionsRequest):
             return ApiVersionsResponse(())
         if isinstance(request, ProduceRequest):
@@ -165,9 +169,7 @@ class FakeCluster:
     def _error(self, api: ApiKey, node: int, tp: TopicPartition) -> int:
         """The error code a scripted fault or the partition's leadership gives (0: none)."""
         for fault in self.faults:
-            if fault.error is not None and fault.matches(api, node, tp):
-                if fault.times is not None:
-                    fault.times -= 1
+            if fault.error is not None and fault.take(api, node, tp):
                 return fault.error.code
         return 0 if self.leaders[tp[0]][tp[1]] == node else NotLeaderError.code
 
@@ -185,53 +187,49 @@ class FakeCluster:
     def _fetch(self, node: int, request: FetchRequest) -> FetchResponse:
         """Every batch from the one holding the fetch offset, within the partition's and the
         request's max_bytes, the first batch whole."""
-        topics = []
-        for t in request.topics:
-            answers = []
-            for p in t.partitions:
-                tp = (t.name, p.partition)
-                error = self._error(ApiKey.FETCH, node, tp)
-                if error:
-                    answers.append(FetchPartitionResponse(p.partition, error))
-                    continue
-                limit = min(p.max_bytes or request.max_bytes or 1 << 30, request.max_bytes or 1 << 30)
-                records = b""
-                for _, next_offset, data in self.logs[tp]:
-                    if next_offset > p.fetch_offset and (not records or len(records) + len(data) <= limit):
-                        records += data
-                answers.append(FetchPartitionResponse(p.partition, high_watermark=self._end(tp), log_start_offset=0,
-                                                      records=records))
-            topics.append(TopicResponse(t.name, tuple(answers)))
-        return FetchResponse(tuple(topics))
+
+        def answer(tp: TopicPartition, p: Any) -> FetchPartitionResponse:
+            error = self._error(ApiKey.FETCH, node, tp)
+            if error:
+                return FetchPartitionResponse(p.partition, error)
+            limit = min(p.max_bytes or request.max_bytes or 1 << 30, request.max_bytes or 1 << 30)
+            records = b""
+            for _, next_offset, data in self.logs[tp]:
+                if next_offset > p.fetch_offset and (not records or len(records) + len(data) <= limit):
+                    records += data
+            return FetchPartitionResponse(p.partition, high_watermark=self._end(tp), log_start_offset=0, records=records)
+
+        return FetchResponse(_per_partition(request, answer))
 
     def _produce(self, node: int, request: ProduceRequest) -> ProduceResponse:
-        topics = []
-        for t in request.topics:
-            answers = []
-            for p in t.partitions:
-                tp = (t.name, p.partition)
-                error = self._error(ApiKey.PRODUCE, node, tp)
-                base = self._end(tp)
-                if not error:
-                    for data in p.records:
-                        for _, header in record.iter_batches(bytes(data), verify=False):
-                            start = self._end(tp)
-                            self.logs[tp].append((start, start + header.record_count, bytes(data)))
-                answers.append(ProducePartitionResponse(p.partition, error, base_offset=-1 if error else base))
-            topics.append(TopicResponse(t.name, tuple(answers)))
-        return ProduceResponse(tuple(topics))
+        """Appends every batch at the log's end (the base offsets in the stored bytes are the producer's)."""
+
+        def answer(tp: TopicPartition, p: Any) -> ProducePartitionResponse:
+            error = self._error(ApiKey.PRODUCE, node, tp)
+            base = self._end(tp)
+            if not error:
+                for data in map(bytes, p.records):
+                    for position, header in record.iter_batches(data, verify=False):
+                        start = self._end(tp)
+                        self.logs[tp].append((start, start + header.record_count,
+                                              data[position:position + record.LENGTH_PREFIX + header.batch_length]))
+            return ProducePartitionResponse(p.partition, error, base_offset=-1 if error else base)
+
+        return ProduceResponse(_per_partition(request, answer))
 
     def _list_offsets(self, node: int, request: ListOffsetsRequest) -> ListOffsetsResponse:
-        topics = []
-        for t in request.topics:
-            answers = []
-            for p in t.partitions:
-                tp = (t.name, p.partition)
-                error = self._error(ApiKey.LIST_OFFSETS, node, tp)
-                offset = 0 if p.timestamp == EARLIEST_TIMESTAMP else self._end(tp)
-                answers.append(ListOffsetsPartitionResponse(p.partition, error, offset=-1 if error else offset))
-            topics.append(TopicResponse(t.name, tuple(answers)))
-        return ListOffsetsResponse(tuple(topics))
+        def answer(tp: TopicPartition, p: Any) -> ListOffsetsPartitionResponse:
+            error = self._error(ApiKey.LIST_OFFSETS, node, tp)
+            offset = 0 if p.timestamp == EARLIEST_TIMESTAMP else self._end(tp)
+            return ListOffsetsPartitionResponse(p.partition, error, offset=-1 if error else offset)
+
+        return ListOffsetsResponse(_per_partition(request, answer))
+
+
+def _per_partition(request: Any, answer: Callable[[TopicPartition, Any], Any]) -> tuple[TopicResponse[Any], ...]:
+    """A response's topics: `answer(tp, entry)` for each partition entry of the request, in order."""
+    return tuple(TopicResponse(t.name, tuple(answer((t.name, p.partition), p) for p in t.partitions))
+                 for t in request.topics)
 
 
 class _FakeBroker(asyncio.Protocol):

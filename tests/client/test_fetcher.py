@@ -111,7 +111,7 @@ def batch(base_offset: int, n: int, partition: int = 0) -> bytes:
     return bytes(record.encode_batch(body, base_offset=base_offset))
 
 
-async def poll_until(consumer: AsyncConsumer, count: int, errors: list[Exception] | None = None) -> list[tuple[int, int]]:
+async def poll_async(consumer: AsyncConsumer, count: int, errors: list[Exception] | None = None) -> list[tuple[int, int]]:
     """(partition, offset) of `count` records polled (within a generous 30 s); a poll's error is
     collected in `errors` when given, raised otherwise."""
     got: list[tuple[int, int]] = []
@@ -151,11 +151,11 @@ def test_a_leader_change_is_followed_to_the_new_leader_after_a_metadata_refresh(
         fake.add_topic("t", 1, leader=0)
         fake.append("t", 0, batch(0, 3))
         await consumer.assign([("t", 0)])
-        got = await poll_until(consumer, 3)
+        got = await poll_async(consumer, 3)
         metadata_before = len(fake.sent(MetadataRequest))
         fake.move_leader("t", 0, 1)
         fake.append("t", 0, batch(3, 3))
-        got += await poll_until(consumer, 3)
+        got += await poll_async(consumer, 3)
         assert got == [(0, offset) for offset in range(6)]
         assert len(fake.sent(MetadataRequest)) > metadata_before
         assert fake.sent(FetchRequest, node=1)
@@ -172,7 +172,7 @@ def test_a_retriable_partition_error_is_retried_and_its_records_then_arrive():
         fake.append("t", 0, batch(0, 4))
         fake.fail(ApiKey.FETCH, NotLeaderError, partition=("t", 0), times=2)
         await consumer.assign([("t", 0)])
-        assert await poll_until(consumer, 4) == [(0, offset) for offset in range(4)]
+        assert await poll_async(consumer, 4) == [(0, offset) for offset in range(4)]
         assert fake.faults[0].times == 0
 
     with_fake(test)
@@ -190,7 +190,7 @@ def test_one_failing_partition_of_a_fetch_does_not_hold_back_the_others():
         fake.fail(ApiKey.FETCH, CorruptMessageError, partition=("t", 1), times=1)
         await consumer.assign([("t", 0), ("t", 1)])
         errors: list[Exception] = []
-        got = await poll_until(consumer, 6, errors)
+        got = await poll_async(consumer, 6, errors)
         assert sorted(got) == [(p, o) for p in (0, 1) for o in range(3)]
         assert [type(err) for err in errors] == [CorruptMessageError]
         assert got.index((1, 0)) > got.index((0, 0))  # partition 0 was not held back behind partition 1's error
@@ -207,7 +207,7 @@ def test_a_fetch_the_leader_does_not_answer_times_out_and_is_sent_again_once_it_
         fake.append("t", 0, batch(0, 3))
         fake.fail(ApiKey.FETCH, None, times=1)
         await consumer.assign([("t", 0)])
-        assert await poll_until(consumer, 3) == [(0, offset) for offset in range(3)]
+        assert await poll_async(consumer, 3) == [(0, offset) for offset in range(3)]
         assert len(fake.sent(FetchRequest)) >= 2 and fake.sent(ApiVersionsRequest)
 
     with_fake(test, request_timeout_ms=1000)

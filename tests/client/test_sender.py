@@ -225,27 +225,19 @@ def test_not_leader_is_retried_on_the_new_leader_after_a_metadata_refresh():
     with_fake(test)
 
 
-def test_a_non_retriable_error_fails_the_batch_at_once():
-    """CORRUPT_MESSAGE is not retried: one request, and the record's future raises it."""
+@pytest.mark.parametrize("error, raised, settings", [
+    (CorruptMessageError, CorruptMessageError, {}),
+    (NotLeaderError, DeliveryTimeoutError, {"delivery_timeout_ms": 1000, "request_timeout_ms": 500}),
+], ids=["non-retriable-at-once", "retriable-until-the-delivery-timeout"])
+def test_an_error_for_ever_fails_the_batch_with_its_named_error(error, raised, settings):
+    """CORRUPT_MESSAGE is not retried: one request, and the record's future raises it. NOT_LEADER
+    is retried with back-off, then DeliveryTimeoutError at delivery_timeout_ms."""
 
     async def test(fake: FakeCluster, producer: AsyncProducer) -> None:
-        fake.fail(ApiKey.PRODUCE, CorruptMessageError, times=None)
+        fake.fail(ApiKey.PRODUCE, error, times=None)
         future = await producer.send("t", b"a", partition=0)
-        with pytest.raises(CorruptMessageError):
+        with pytest.raises(raised):
             await future
-        assert len(fake.sent(ProduceRequest)) == 1
+        assert (len(fake.sent(ProduceRequest)) > 1) == error.retriable
 
-    with_fake(test)
-
-
-def test_a_retriable_error_that_persists_gives_up_at_the_delivery_timeout():
-    """NOT_LEADER for ever: retried with back-off, then DeliveryTimeoutError at delivery_timeout_ms."""
-
-    async def test(fake: FakeCluster, producer: AsyncProducer) -> None:
-        fake.fail(ApiKey.PRODUCE, NotLeaderError, times=None)
-        future = await producer.send("t", b"a", partition=0)
-        with pytest.raises(DeliveryTimeoutError):
-            await future
-        assert len(fake.sent(ProduceRequest)) >= 2
-
-    with_fake(test, delivery_timeout_ms=1000, request_timeout_ms=500)
+    with_fake(test, **settings)
