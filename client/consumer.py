@@ -84,14 +84,12 @@ from client.consumer_coordinator import (
     GroupMetadata,
     RebalanceCallback,
     RebalanceListener,
-    Steps,
-    run_steps,
-    run_steps_async,
 )
 from client.decoder import RECORD_SCHEMA, ConsumerRecord, FetchedBatch, fetched_to_records, to_record_batch
 from client.fetcher import Fetcher
 from client.loop_thread import LoopThread
 from client.offset_fetcher import OffsetFetcher
+from client.steps import OnLoop, OnThread, Poller, Steps, run_blocking, run_steps
 from client.subscription_state import RESET_ALIASES, RESET_STRATEGIES, SubscriptionState
 from common.errors import ConsumerStoppedError, OffsetOutOfRangeError
 from common.topic_partition import TopicPartition
@@ -155,6 +153,7 @@ class AsyncConsumer:
                                 check_crcs=check_crcs, request_timeout_s=request_timeout_ms / 1000,
                                 retry_backoff_s=retry_backoff_ms / 1000)
         self._closed = False
+        self._poller: Poller = OnLoop()
         self._coordinator: ConsumerCoordinator | None = None
         if group_id is not None:
             self._coordinator = ConsumerCoordinator(
@@ -172,6 +171,17 @@ class AsyncConsumer:
         batch_body.warm_up()
         await self.cluster.refresh()
         return self
+
+    def poll_from(self, poller: Poller) -> None:
+        """Who polls: by default a coroutine on this consumer's loop; the sync Consumer makes it
+        its application thread (`steps.OnThread`), and then runs `poll_batches`, `unsubscribe`,
+        `lookup_position` and `close` on that thread with `steps.run_blocking`: rebalance and
+        commit callbacks run there, the loop's part of the work goes through its LoopThread."""
+        self._poller = poller
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     # -- assignment and positions ----------------------------------------------------------------
 
@@ -232,6 +242,21 @@ class AsyncConsumer:
         Consumer's `position` looks it up instead)."""
         return self._subs.position(tp)
 
+    async def lookup_position(self, tp: TopicPartition) -> int:
+        """`position(tp)`, looking up first the start position of a partition the group just
+        assigned whose committed offset is not known yet (asked inside on_assign), as Kafka's
+        position() does."""
+        if self._subs.is_initializing(tp):
+            await self._poller.run(self._init_positions([tp]))
+        return self.position(tp)
+
+    async def rewind(self, offsets: Mapping[TopicPartition, int]) -> None:
+        """Move the position of each assigned partition in `offsets` back to its offset where the
+        position is past it: records a poll returned that the application did not consume."""
+        for tp, offset in offsets.items():
+            if self._subs.has_valid_position(tp) and self._subs.position(tp) > offset:
+                await self.seek(tp, offset)
+
     async def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int] | None]:
         """For each partition, (offset, timestamp) of the first record at or after the time, or None."""
         return await self._offsets.offsets_for_times(timestamps)
@@ -263,37 +288,39 @@ class AsyncConsumer:
         CorruptRecordError naming topic, partition, offset and last_offset (a call that has no records to
         return raises it at once). Until the caller seeks, the partition is fetched again and
         raises again."""
-        return self._as_table(await self._poll_batches(timeout_ms, max_records))
+        return as_table(await self.poll_batches(timeout_ms, max_records))
 
     async def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
         """Like poll_arrow, as ConsumerRecords (built from the batches' columns, no table)."""
-        return fetched_to_records(await self._poll_batches(timeout_ms, max_records))
+        return fetched_to_records(await self.poll_batches(timeout_ms, max_records))
 
-    async def _poll_batches(self, timeout_ms: int, max_records: int | None) -> list[tuple[TopicPartition, FetchedBatch]]:
-        """What a poll returns, after waiting up to `timeout_ms` for records when none are buffered.
-        In a group, the poll first does the group's work (`ConsumerCoordinator.poll_steps`)."""
+    async def poll_batches(self, timeout_ms: int, max_records: int | None = None) -> list[tuple[TopicPartition, FetchedBatch]]:
+        """What a poll returns (the batches poll and poll_arrow build from), after waiting up to
+        `timeout_ms` for records when none are buffered. In a group, the poll first does the
+        group's work (`ConsumerCoordinator.poll_steps`), again after each wake-up the group asks
+        for. The one poll loop of both consumers: the sync Consumer runs it on its application
+        thread (`poll_from`), where the wait blocks on the fetcher's condition, so a record costs
+        no hop through the event loop to be returned; a steady-state poll touches only flags."""
         if self._closed:
             raise ConsumerStoppedError("consumer is closed")
         if max_records is None:
             max_records = self.max_poll_records
-        group = self._coordinator
-        if group is None:
-            if timeout_ms > 0:
-                await self._fetcher.wait_for_data_async(timeout_ms / 1000)
-            return self._fetcher.take_ready(max_records)
+        fetcher, group = self._fetcher, self._coordinator
         deadline = time.monotonic() + timeout_ms / 1000
-        group.note_poll_start()
+        if group is not None:
+            group.note_poll_start()
         try:
             while True:
-                await run_steps_async(group.poll_steps(deadline))
-                batches = self._fetcher.take_ready(max_records)
+                if group is not None:
+                    await run_steps(group.poll_steps(deadline), self._poller)
+                batches = fetcher.take_ready(max_records)
                 remaining = deadline - time.monotonic()
-                if batches or remaining <= 0 or max_records == 0:
+                if batches or remaining <= 0 or max_records == 0 or fetcher.closed:
                     return batches
-                if not self._fetcher.attention:
-                    await self._fetcher.wait_for_data_async(remaining)
+                await self._poller.wait(fetcher.wait_for_data, fetcher.wait_for_data_async, remaining)
         finally:
-            group.note_poll_end()
+            if group is not None:
+                group.note_poll_end()
 
     def metrics(self) -> dict[str, Any]:
         """This consumer's metrics, with Kafka's names (client/client_metrics.py):
@@ -305,10 +332,6 @@ class AsyncConsumer:
                 if tp in fetcher.high_watermarks}
         return fetcher.metrics.snapshot(lags)
 
-    @staticmethod
-    def _as_table(taken: list[tuple[TopicPartition, FetchedBatch]]) -> pa.Table:
-        return pa.Table.from_batches([to_record_batch(tp[0], tp[1], f) for tp, f in taken], schema=RECORD_SCHEMA)
-
 
     # -- closing ---------------------------------------------------------------------------------
 
@@ -318,9 +341,9 @@ class AsyncConsumer:
         if self._closed:
             return
         try:
-            await run_steps_async(self._leave_steps("the consumer is closing"))
+            await run_steps(self._leave_steps("the consumer is closing"), self._poller)
         finally:
-            await self._shutdown()
+            await self._poller.run(self._shutdown())
 
     async def _shutdown(self) -> None:
         self._closed = True
@@ -359,7 +382,7 @@ class AsyncConsumer:
     async def unsubscribe(self) -> None:
         """Give up the subscription (commit if auto-commit, on_revoke, LeaveGroup unless static)
         or the manual assignment."""
-        await run_steps_async(self._leave_steps("the consumer unsubscribed"))
+        await run_steps(self._leave_steps("the consumer unsubscribed"), self._poller)
 
     async def commit(self, offsets: Mapping[TopicPartition, int] | None = None, metadata: str | None = None) -> None:
         """Commit `offsets` (each the next record to consume; default: the current positions of
@@ -367,15 +390,19 @@ class AsyncConsumer:
         group did not give this member, RebalanceInProgressError during a rebalance (poll
         finishes it), IllegalGenerationError / UnknownMemberIdError when the membership was
         lost (the next poll rejoins)."""
-        group = self._group()
-        await group.commit(self._subs.all_consumed() if offsets is None else _checked_offsets(offsets), metadata)
+        await self._group().commit(self.offsets_to_commit(offsets), metadata)
 
     def commit_async(self, offsets: Mapping[TopicPartition, int] | None = None,
                      callback: CommitCallback | None = None, metadata: str | None = None) -> None:
         """Commit without waiting (call on the consumer's loop); `callback(offsets, error)` runs
         inside a later poll (or close). Never retried."""
-        group = self._group()
-        group.commit_in_background(self._subs.all_consumed() if offsets is None else _checked_offsets(offsets), metadata, callback)
+        self._group().commit_in_background(self.offsets_to_commit(offsets), metadata, callback)
+
+    def offsets_to_commit(self, offsets: Mapping[TopicPartition, int] | None = None) -> dict[TopicPartition, int]:
+        """What a commit of `offsets` commits (any thread): the offsets given, checked, else the
+        position of every assigned partition now. Raises ValueError without a group_id."""
+        self._group()
+        return self._subs.all_consumed() if offsets is None else _checked_offsets(offsets)
 
     async def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         """The group's committed offset of each partition (None: nothing committed)."""
@@ -398,6 +425,11 @@ class AsyncConsumer:
     async def _unassign_all(self) -> None:
         with self._subs.lock:
             self._fetcher.assignment_changed(self._subs.unsubscribe())
+
+
+def as_table(taken: list[tuple[TopicPartition, FetchedBatch]]) -> pa.Table:
+    """A poll's batches as one table of RECORD_SCHEMA."""
+    return pa.Table.from_batches([to_record_batch(tp[0], tp[1], f) for tp, f in taken], schema=RECORD_SCHEMA)
 
 
 def _checked_offsets(offsets: Mapping[TopicPartition, int]) -> dict[TopicPartition, int]:
@@ -440,6 +472,7 @@ class Consumer:
         except BaseException:
             self._thread.stop()
             raise
+        self._core.poll_from(OnThread(self._thread))
 
     def _run(self, coro: Any) -> Any:
         return self._thread.run(coro)
@@ -463,7 +496,7 @@ class Consumer:
 
     def unsubscribe(self) -> None:
         """See AsyncConsumer.unsubscribe; on_revoke runs on this thread."""
-        run_steps(self._thread, self._core._leave_steps("the consumer unsubscribed"))
+        run_blocking(self._core.unsubscribe())
 
     def commit(self, offsets: Mapping[TopicPartition, int] | None = None, metadata: str | None = None) -> None:
         """See AsyncConsumer.commit: waits for the coordinator's answer."""
@@ -474,9 +507,7 @@ class Consumer:
         """Commit without waiting (default: the positions now); `callback(offsets, error)` runs
         on this thread inside a later poll (or close)."""
         core = self._core
-        core._group()
-        snapshot = core._subs.all_consumed() if offsets is None else _checked_offsets(offsets)
-        self._thread.call_soon(core.commit_async, snapshot, callback, metadata)
+        self._thread.call_soon(core.commit_async, core.offsets_to_commit(offsets), callback, metadata)
 
     def committed(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int | None]:
         return self._run(self._core.committed(list(partitions)))
@@ -505,10 +536,7 @@ class Consumer:
     def position(self, tp: TopicPartition) -> int:
         """See AsyncConsumer.position; a partition just assigned by the group whose committed
         offset is not known yet (inside on_assign) has it looked up first, as Kafka does."""
-        core = self._core
-        if core._subs.is_initializing(tp):
-            self._run(core._init_positions([tp]))
-        return core.position(tp)
+        return run_blocking(self._core.lookup_position(tp))
 
     def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int] | None]:
         return self._run(self._core.offsets_for_times(timestamps))
@@ -522,37 +550,11 @@ class Consumer:
     def poll_arrow(self, timeout_ms: int = 1000, max_records: int | None = None) -> pa.Table:
         """See AsyncConsumer.poll_arrow. Runs on the calling thread: it waits for the background
         fetcher's data directly, so a record costs no hop through the event loop to be returned."""
-        return self._core._as_table(self._poll_batches(timeout_ms, max_records))
+        return as_table(run_blocking(self._core.poll_batches(timeout_ms, max_records)))
 
     def poll(self, timeout_ms: int = 1000, max_records: int | None = None) -> list[ConsumerRecord]:
         """See AsyncConsumer.poll; on the calling thread, like poll_arrow."""
-        return fetched_to_records(self._poll_batches(timeout_ms, max_records))
-
-    def _poll_batches(self, timeout_ms: int, max_records: int | None) -> list[tuple[TopicPartition, FetchedBatch]]:
-        core = self._core
-        if core._closed:
-            raise ConsumerStoppedError("consumer is closed")
-        if max_records is None:
-            max_records = core.max_poll_records
-        group = core._coordinator
-        if group is None:
-            if timeout_ms > 0:
-                core._fetcher.wait_for_data(timeout_ms / 1000)
-            return core._fetcher.take_ready(max_records)
-        # In a group: the group's work first, on this thread (callbacks) and the loop (requests).
-        # A steady-state poll touches only flags and never waits for the loop.
-        deadline = time.monotonic() + timeout_ms / 1000
-        group.note_poll_start()
-        try:
-            while True:
-                run_steps(self._thread, group.poll_steps(deadline))
-                batches = core._fetcher.take_ready(max_records)
-                remaining = deadline - time.monotonic()
-                if batches or remaining <= 0 or max_records == 0:
-                    return batches
-                core._fetcher.wait_for_data(remaining)
-        finally:
-            group.note_poll_end()
+        return fetched_to_records(run_blocking(self._core.poll_batches(timeout_ms, max_records)))
 
     def records(self, idle_timeout_ms: int | None = None) -> Iterator[ConsumerRecord]:
         """Every record of the assigned partitions as it arrives, for `for record in ...` loops.
@@ -564,7 +566,7 @@ class Consumer:
         exception) leaves the rest of the polled batch unconsumed: the positions move back to the
         first record not yielded, so the next poll returns it and no commit covers it."""
         idle_since = time.monotonic()
-        while not self._core._closed:
+        while not self._core.closed:
             batch = self.poll(timeout_ms=200 if idle_timeout_ms is None else min(200, idle_timeout_ms))
             if batch:
                 yielded = 0
@@ -581,30 +583,24 @@ class Consumer:
 
     def _rewind(self, unconsumed: list[ConsumerRecord]) -> None:
         """Move each partition's position back to its first record in `unconsumed`."""
-        core = self._core
-        if core._closed:
+        if self._core.closed:
             return
         first: dict[TopicPartition, int] = {}
         for item in unconsumed:
             first.setdefault((item.topic, item.partition), item.offset)
-        for tp, offset in first.items():
-            if core._subs.has_valid_position(tp) and core._subs.position(tp) > offset:
-                self.seek(tp, offset)
+        self._run(self._core.rewind(first))
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
         return self.records()
 
     def close(self) -> None:
         """See AsyncConsumer.close (on_revoke runs on this thread); calling it again does nothing."""
-        if self._core._closed:
+        if self._core.closed:
             return
         try:
-            run_steps(self._thread, self._core._leave_steps("the consumer is closing"))
+            run_blocking(self._core.close())
         finally:
-            try:
-                self._run(self._core._shutdown())
-            finally:
-                self._thread.stop()
+            self._thread.stop()
 
     def __enter__(self) -> "Consumer":
         return self

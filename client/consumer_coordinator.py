@@ -10,8 +10,8 @@ generation, heartbeats, the poll timer, LeaveGroup. This class is the consumer's
   - offsets: commit (sync and async), fetch committed offsets, auto-commit;
   - the choreography around a rebalance (Kafka's ConsumerCoordinator.poll, onJoinPrepare,
     onJoinComplete, close): `poll_steps` and `leave_steps` are generators that the consumer
-    drives from its `poll`, `unsubscribe` and `close` with `run_steps` (sync Consumer) or
-    `run_steps_async` (AsyncConsumer). Application code (the rebalance listener, commit
+    drives from its `poll`, `unsubscribe` and `close` with `client.steps.run_steps` (the sync
+    Consumer too, on its application thread). Application code (the rebalance listener, commit
     callbacks) runs in the generator, on the application's thread as in Kafka; each coroutine
     the generator yields runs on the consumer's loop. What the background task found (a lost
     generation, a completed commit, a fatal error) waits in `events` and the membership's
@@ -41,7 +41,7 @@ import logging
 import re
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from functools import partial
 from typing import Any, Literal, NamedTuple, TypeVar
 
@@ -49,7 +49,7 @@ from client.assignors import ASSIGNORS, PartitionAssignor, revocations
 from client.cluster import Cluster
 from client.fetcher import METADATA_BACKOFF_MAX_S, Fetcher
 from client.group_membership import GroupMembership, GroupMetadata
-from client.loop_thread import LoopThread
+from client.steps import Steps
 from client.subscription_state import SubscriptionState
 from common.errors import InvalidRequestError, PymqError
 from common.topic_partition import TopicPartition
@@ -73,9 +73,6 @@ CommitCallback = Callable[[dict[TopicPartition, int], PymqError | None], Any]
 RebalanceCallback = Callable[[list[TopicPartition]], Any]
 
 T = TypeVar("T")
-# Work the application's thread drives: it runs the generator (and so the application's
-# callbacks) itself and hands every coroutine the generator yields to the consumer's loop.
-Steps = Generator[Coroutine[Any, Any, Any], Any, T]
 
 
 class LostEvent(NamedTuple):
@@ -105,38 +102,6 @@ class RebalanceListener(NamedTuple):
 
 async def _awaited(awaitable: Awaitable[T]) -> T:
     return await awaitable
-
-
-async def run_steps_async(steps: Steps[T]) -> T:
-    """Drive `steps` on the current loop (the AsyncConsumer: the application's coroutine)."""
-    value: Any = None
-    error: Exception | None = None
-    while True:
-        try:
-            step = steps.send(value) if error is None else steps.throw(error)
-        except StopIteration as done:
-            return done.value
-        value, error = None, None
-        try:
-            value = await step
-        except Exception as err:  # handed back to the generator, which decides
-            error = err
-
-
-def run_steps(thread: LoopThread, steps: Steps[T]) -> T:
-    """Drive `steps` from the application's thread, each yielded coroutine on the loop thread."""
-    value: Any = None
-    error: Exception | None = None
-    while True:
-        try:
-            step = steps.send(value) if error is None else steps.throw(error)
-        except StopIteration as done:
-            return done.value
-        value, error = None, None
-        try:
-            value = thread.run(step)
-        except Exception as err:  # handed back to the generator, which decides
-            error = err
 
 
 def rebalance_protocol(assignors: Iterable[str]) -> RebalanceProtocol:
@@ -464,7 +429,7 @@ class ConsumerCoordinator:
     #
     # Kafka's ConsumerCoordinator.poll, onJoinPrepare, onJoinComplete and close. Each generator
     # runs on the application's thread (so the listener and commit callbacks do); the coroutines
-    # it yields do the loop's part. `run_steps` / `run_steps_async` drive them.
+    # it yields do the loop's part. `client.steps.run_steps` drives them.
 
     def poll_steps(self, deadline: float) -> Steps[None]:
         """A poll's group work: queued events (on_lost, commit callbacks), the fatal error of a

@@ -41,11 +41,13 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from client.client_metrics import ConsumerMetrics
+from client.config import RETRY_BACKOFF_MAX_S
 from client.cluster import Cluster
 from client.connection import BrokerConnection, Reply, decode_reply
 from client.decoder import FetchedBatch, decode_fetched
 from client.fetch_buffer import Entry, FetchBuffer
 from client.offset_fetcher import reset_offsets
+from client.retry import Retry, retriable
 from client.subscription_state import SubscriptionState
 from common.errors import (
     CorruptMessageError,
@@ -61,7 +63,7 @@ from segment_format import record
 
 log = logging.getLogger("pymq.consumer")
 
-METADATA_BACKOFF_MAX_S = 1.0  # Kafka's retry.backoff.max.ms: the longest wait between metadata refreshes for a leader
+METADATA_BACKOFF_MAX_S = RETRY_BACKOFF_MAX_S  # the longest wait between metadata refreshes for a leader
 
 
 class Fetcher:
@@ -128,7 +130,9 @@ class Fetcher:
 
     async def wait_for_data_async(self, timeout_s: float) -> None:
         """Wait on the loop until records or an error are buffered (or the group needs the
-        poller), up to `timeout_s`."""
+        poller, or the consumer closes), up to `timeout_s`."""
+        if self.attention or self.closed:
+            return
         try:
             async with asyncio.timeout(timeout_s):
                 await self.data_ready.wait()
@@ -250,7 +254,10 @@ class Fetcher:
             self._subs.clear_position(tp)  # an offset of the deleted topic means nothing in the new one: seek
         else:
             self._subs.set_fetch_position(tp, self._subs.position(tp))
-        self._waiting_for_room = True  # the partition's fetcher has it back: wake it
+        # The partition's fetcher has it back: wake it, and let it plan afresh (a fetch sent
+        # ahead for the leader's other partitions would otherwise keep leaving it out).
+        self._plan += 1
+        self._waiting_for_room = True
         return err
 
     def ensure_fetchers(self) -> None:
@@ -270,15 +277,15 @@ class Fetcher:
         retry_backoff_s, doubling up to METADATA_BACKOFF_MAX_S. No fetch loop asks for a partition
         whose topic is gone (deleted): without this it would never be fetched again, not even
         once the topic is re-created."""
-        backoff = self.retry_backoff_s
+        retry = Retry(self.retry_backoff_s)
         while not self.closed and self._any_leaderless():
-            await asyncio.sleep(backoff)
-            backoff = min(2 * backoff, max(METADATA_BACKOFF_MAX_S, self.retry_backoff_s))
+            await asyncio.sleep(retry.next_delay_s())
             await self._refresh_quietly()
 
     async def _fetch_loop(self, node: int) -> None:
         me = asyncio.current_task()
         ahead: _Fetch | None = None  # the next fetch, sent before the last reply was decoded
+        retry = Retry(self.retry_backoff_s)  # the client.retry policy: back-off, refresh, again
         try:
             # A loop replaced by _invalidate ends even if its cancellation was lost (asyncio.wait_for
             # can swallow one whose inner future completed at the same moment): two loops fetching
@@ -302,8 +309,9 @@ class Fetcher:
                         conn = await self.cluster.connection(node)
                         fetch = self._send_fetch(conn, {tp: self._subs.fetch_position(tp) for tp in mine})
                     ahead = await self._complete_fetch(node, fetch)
+                    retry.reset()
                 except PymqError as err:
-                    if err.retriable:  # NetworkError and RequestTimedOutError included
+                    if retriable(err):
                         # The leader gone, hung, or not registered (yet, or any more: a failover
                         # in progress): new metadata moves the partition or the loop tries again.
                         log.info("fetch from broker %d failed: %s; retrying", node, err)
@@ -314,7 +322,7 @@ class Fetcher:
                                 node, self._refresh_quietly, lambda: not self._leads_any(node),
                                 max(self.retry_backoff_s, 0.1))
                             continue
-                        await asyncio.sleep(self.retry_backoff_s)
+                        await retry.back_off(err)
                         await self._refresh_quietly()
                         continue
                     with self._subs.lock:
@@ -451,7 +459,7 @@ class Fetcher:
                         if isinstance(err, OffsetOutOfRangeError) and self._subs.auto_offset_reset != "none":
                             reset.append(tp)
                             continue
-                        if err.retriable or isinstance(err, InconsistentTopicIdError):
+                        if retriable(err) or isinstance(err, InconsistentTopicIdError):
                             # INCONSISTENT_TOPIC_ID: re-created; metadata has the new id (_follow_recreated)
                             await self._refresh_quietly()
                             continue

@@ -18,16 +18,15 @@ start and reports how many offsets it skipped in `lost`.
 With `topic_id` (the incarnation the range was planned on, KIP-516), every Fetch names it, and
 the broker answers INCONSISTENT_TOPIC_ID (`InconsistentTopicIdError`, raised at once) when the
 topic was deleted and re-created since: the new topic's records at the old offsets are never
-read, however quickly the re-creation happened. Retriable errors (a leader not known yet or
-moving, a timeout, a topic missing for a moment) are retried, refreshing metadata, for up to
-`retry_timeout_s` without progress: a time bound, the same however fast the failures come.
+read, however quickly the re-creation happened. Errors are retried by the consumer's policy
+(`client.retry`: the error class decides; back-off, refresh metadata, try the leader it names)
+for up to `retry_timeout_s` without progress: a time bound, the same however fast the failures
+come. A peer that is not a pymq broker fails the read at once (NotAPymqBrokerError).
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -35,16 +34,10 @@ import numpy as np
 
 import protocol
 from client.cluster import Cluster
-from client.config import RETRY_BACKOFF_MAX_S
 from client.decoder import FetchedBatch, decode_fetched
 from client.offset_fetcher import list_offsets
-from common.errors import (
-    DataLossError,
-    NetworkError,
-    OffsetOutOfRangeError,
-    PymqError,
-    RequestTimedOutError,
-)
+from client.retry import Retry, retriable
+from common.errors import DataLossError, OffsetOutOfRangeError, PymqError, RequestTimedOutError
 from protocol import FetchPartition, FetchRequest, TopicRequest
 
 log = logging.getLogger("pymq.range_reader")
@@ -76,7 +69,7 @@ async def read_range(cluster: Cluster, topic: str, partition: int, start: int, e
     retriable."""
     stats = stats if stats is not None else RangeStats()
     position = start
-    retry = _Retry(cluster, topic, partition, retry_backoff_s, retry_timeout_s)
+    retry = _RangeRetry(cluster, topic, partition, retry_backoff_s, retry_timeout_s)
     seen_bytes = seen_offsets = 0  # what fetches so far returned and how far they moved
     while position < end:
         size = 1 if not seen_offsets else min(max_bytes, math.ceil((end - position) * seen_bytes / seen_offsets
@@ -94,7 +87,7 @@ async def read_range(cluster: Cluster, topic: str, partition: int, start: int, e
             position = await _lost(cluster, topic, partition, position, end, fail_on_data_loss, stats)
             continue
         except PymqError as err:
-            if not (err.retriable or isinstance(err, (NetworkError, RequestTimedOutError))):
+            if not retriable(err):
                 raise
             await retry.after(err)
             continue
@@ -169,34 +162,18 @@ async def _lost(cluster: Cluster, topic: str, partition: int, position: int, end
     return gone_to
 
 
-class _Retry:
-    """When a read that makes no progress stops retrying: `timeout_s` after the first failure
-    since its last progress (a time bound, not a count, so that a burst of fast failures does
-    not end a read a slower one would not). Backoffs double from `backoff_s` up to
-    RETRY_BACKOFF_MAX_S; each retry refreshes the topic's metadata first."""
+class _RangeRetry(Retry):
+    """The read's retries (`client.retry.Retry`, bounded by `timeout_s`), each after a refresh
+    of the topic's metadata."""
 
     def __init__(self, cluster: Cluster, topic: str, partition: int, backoff_s: float, timeout_s: float) -> None:
+        super().__init__(backoff_s, timeout_s)
         self.cluster, self.topic, self.partition = cluster, topic, partition
-        self.backoff_s = backoff_s
-        self.timeout_s = timeout_s
-        self.reset()
-
-    def reset(self) -> None:
-        """The read moved: the next failure starts a new time bound."""
-        self.failures = 0
-        self.since_s: float | None = None
 
     async def after(self, err: PymqError) -> None:
         """Wait and refresh metadata before the next attempt, or raise `err` when time is up."""
-        now = time.monotonic()
-        if self.since_s is None:
-            self.since_s = now
-        left_s = self.since_s + self.timeout_s - now
-        if left_s <= 0:
-            raise err
         log.info("%s-%d: fetch failed (%s); retrying", self.topic, self.partition, err)
-        await asyncio.sleep(min(self.backoff_s * 2 ** self.failures, RETRY_BACKOFF_MAX_S, left_s))
-        self.failures += 1
+        await self.back_off(err)
         try:
             await self.cluster.refresh([self.topic])
         except PymqError as refresh_err:

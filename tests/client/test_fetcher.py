@@ -1,12 +1,20 @@
 """Fetcher against a real broker process: prefetching between polls, the next fetch going out
-before a reply is decoded, and small polls taking from every buffered partition in turn."""
+before a reply is decoded, and small polls taking from every buffered partition in turn; and
+against the fake cluster: leader changes, retriable and non-retriable partition errors, timeouts."""
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
-from client import Consumer, ConsumerRecord
+from client import AsyncConsumer, Consumer, ConsumerRecord
+from common.errors import CorruptMessageError, NotLeaderError, PymqError
+from protocol import ApiKey, ApiVersionsRequest, FetchRequest, MetadataRequest
+from segment_format import batch_body, record
+from tests.client.fake_cluster import FakeCluster
 from tests.client.test_consumer import poll_until, produce, values
 from tests.waiting import wait_until
 
@@ -92,3 +100,114 @@ def test_small_polls_take_from_every_buffered_partition_in_turn(shared_broker, n
         got = [(offset, value) for rows in polls for p, offset, value in rows if p == partition]
         assert got == list(enumerate(vals)), partition
     assert polled(consumer, method) == []
+
+
+# -- against the fake cluster (tests/client/fake_cluster.py): leader changes, errors, timeouts --
+
+
+def batch(base_offset: int, n: int, partition: int = 0) -> bytes:
+    body = batch_body.make_body([b"p%d-%d" % (partition, base_offset + i) for i in range(n)],
+                                timestamps_ms=1_700_000_000_000)
+    return bytes(record.encode_batch(body, base_offset=base_offset))
+
+
+async def poll_async(consumer: AsyncConsumer, count: int, errors: list[Exception] | None = None) -> list[tuple[int, int]]:
+    """(partition, offset) of `count` records polled (within a generous 30 s); a poll's error is
+    collected in `errors` when given, raised otherwise."""
+    got: list[tuple[int, int]] = []
+    deadline = time.monotonic() + 30
+    while len(got) < count and time.monotonic() < deadline:
+        try:
+            got += [(r.partition, r.offset) for r in await consumer.poll(timeout_ms=100)]
+        except PymqError as err:
+            if errors is None:
+                raise
+            errors.append(err)
+    assert len(got) == count, got
+    return got
+
+
+def with_fake(test: Callable[[FakeCluster, AsyncConsumer], Awaitable[None]], **settings: Any) -> None:
+    """Run `test` with a fake cluster of 2 nodes and a consumer on it (short back-offs)."""
+
+    async def run() -> None:
+        fake = await FakeCluster(nodes=2).start()
+        consumer = await AsyncConsumer(fake.bootstrap, auto_offset_reset="earliest", retry_backoff_ms=10,
+                                       fetch_max_wait_ms=50, **settings).start()
+        try:
+            await test(fake, consumer)
+        finally:
+            await consumer.close()
+            await fake.close()
+
+    asyncio.run(run())
+
+
+def test_a_leader_change_is_followed_to_the_new_leader_after_a_metadata_refresh():
+    """The partition's leader moves from node 0 to node 1 while the consumer reads: node 0
+    answers NOT_LEADER, metadata is refreshed, and the rest is fetched from node 1 in order."""
+
+    async def test(fake: FakeCluster, consumer: AsyncConsumer) -> None:
+        fake.add_topic("t", 1, leader=0)
+        fake.append("t", 0, batch(0, 3))
+        await consumer.assign([("t", 0)])
+        got = await poll_async(consumer, 3)
+        metadata_before = len(fake.sent(MetadataRequest))
+        fake.move_leader("t", 0, 1)
+        fake.append("t", 0, batch(3, 3))
+        got += await poll_async(consumer, 3)
+        assert got == [(0, offset) for offset in range(6)]
+        assert len(fake.sent(MetadataRequest)) > metadata_before
+        assert fake.sent(FetchRequest, node=1)
+
+    with_fake(test)
+
+
+def test_a_retriable_partition_error_is_retried_and_its_records_then_arrive():
+    """NOT_LEADER twice for a partition whose leader did not move (a leader election settling):
+    retried after metadata refreshes, no error reaches poll."""
+
+    async def test(fake: FakeCluster, consumer: AsyncConsumer) -> None:
+        fake.add_topic("t", 1, leader=0)
+        fake.append("t", 0, batch(0, 4))
+        fake.fail(ApiKey.FETCH, NotLeaderError, partition=("t", 0), times=2)
+        await consumer.assign([("t", 0)])
+        assert await poll_async(consumer, 4) == [(0, offset) for offset in range(4)]
+        assert fake.faults[0].times == 0
+
+    with_fake(test)
+
+
+def test_one_failing_partition_of_a_fetch_does_not_hold_back_the_others():
+    """A fetch of two partitions where the broker answers CORRUPT_MESSAGE (not retriable) for
+    one: the other's records are polled, the error is raised by a poll once, naming it, and the
+    failed partition is then read from its position."""
+
+    async def test(fake: FakeCluster, consumer: AsyncConsumer) -> None:
+        fake.add_topic("t", 2, leader=0)
+        fake.append("t", 0, batch(0, 3, partition=0))
+        fake.append("t", 1, batch(0, 3, partition=1))
+        fake.fail(ApiKey.FETCH, CorruptMessageError, partition=("t", 1), times=1)
+        await consumer.assign([("t", 0), ("t", 1)])
+        errors: list[Exception] = []
+        got = await poll_async(consumer, 6, errors)
+        assert sorted(got) == [(p, o) for p in (0, 1) for o in range(3)]
+        assert [type(err) for err in errors] == [CorruptMessageError]
+        assert got.index((1, 0)) > got.index((0, 0))  # partition 0 was not held back behind partition 1's error
+
+    with_fake(test)
+
+
+def test_a_fetch_the_leader_does_not_answer_times_out_and_is_sent_again_once_it_answers():
+    """The first Fetch is never answered (a hung broker): it times out after the request timeout,
+    the leader is probed (ApiVersions) and, once it answers, fetched again: every record arrives."""
+
+    async def test(fake: FakeCluster, consumer: AsyncConsumer) -> None:
+        fake.add_topic("t", 1, leader=0)
+        fake.append("t", 0, batch(0, 3))
+        fake.fail(ApiKey.FETCH, None, times=1)
+        await consumer.assign([("t", 0)])
+        assert await poll_async(consumer, 3) == [(0, offset) for offset in range(3)]
+        assert len(fake.sent(FetchRequest)) >= 2 and fake.sent(ApiVersionsRequest)
+
+    with_fake(test, request_timeout_ms=1000)

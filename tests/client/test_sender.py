@@ -1,14 +1,20 @@
 """Sender against a real broker process: batches of a partition keep their order while a slow
-path (connection opening, leader lookup) waits and while a retried batch backs off."""
+path (connection opening, leader lookup) waits and while a retried batch backs off; and against
+the fake cluster: in-flight limits, batching per leader, retries, give-up."""
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
 from client import AsyncProducer
-from common.errors import NetworkError, NotLeaderError
-from protocol import ProducePartitionResponse, ProduceResponse, TopicResponse
+from common.errors import CorruptMessageError, DeliveryTimeoutError, NetworkError, NotLeaderError
+from protocol import ApiKey, MetadataRequest, ProducePartitionResponse, ProduceRequest, ProduceResponse, TopicResponse
+from segment_format import record
+from tests.client.fake_cluster import FakeCluster
 from tests.client.test_producer import consume
 
 
@@ -114,3 +120,124 @@ def test_max_in_flight_one_sends_a_retried_batch_before_newer_batches_of_its_par
         return [r.value for r in sorted(consume(shared_broker.bootstrap, topic, 1, 4), key=lambda r: r.offset)]
 
     assert asyncio.run(asyncio.wait_for(produce(), 30)) == [b"a", b"b", b"c", b"d"]
+
+
+# -- against the fake cluster (tests/client/fake_cluster.py): in-flight limits, batching, errors --
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Wait on the loop until `condition()` holds (a generous 30 s, then fail naming `what`)."""
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+def with_fake(test: Callable[[FakeCluster, AsyncProducer], Awaitable[None]], leaders: tuple[int, ...] = (0,),
+              **settings: Any) -> FakeCluster:
+    """Run `test` with a 2-node fake cluster holding topic t (partition i led by node leaders[i])
+    and a producer on it."""
+
+    async def run() -> FakeCluster:
+        fake = await FakeCluster(nodes=2).start()
+        fake.add_topic("t", len(leaders))
+        for partition, node in enumerate(leaders):
+            fake.move_leader("t", partition, node)
+        try:
+            async with AsyncProducer(fake.bootstrap, linger_ms=0, retry_backoff_ms=10, **settings) as producer:
+                await test(fake, producer)
+        finally:
+            await fake.close()
+        return fake
+
+    return asyncio.run(run())
+
+
+def produced(fake: FakeCluster) -> list[tuple[str, int, list[int]]]:
+    """Each Produce request as (node, partitions, record count of each batch) tuples, in order."""
+    rows = []
+    for node, request in fake.requests:
+        if isinstance(request, ProduceRequest):
+            for t in request.topics:
+                for p in t.partitions:
+                    counts = [h.record_count for data in p.records for _, h in record.iter_batches(bytes(data), verify=False)]
+                    rows.append((node, p.partition, counts))
+    return rows
+
+
+def test_no_more_than_max_in_flight_produce_requests_wait_for_a_broker():
+    """max_in_flight=2, answers held back: a and b go out in a request each; c and d, sent while
+    both slots are taken, wait (e, sent after them to another leader, goes out meanwhile) and go
+    out together in one request once an answer frees a slot. Every record lands in send order."""
+
+    async def test(fake: FakeCluster, producer: AsyncProducer) -> None:
+        fake.hold(ApiKey.PRODUCE)
+        futures = []
+        for value in (b"a", b"b"):
+            futures.append(await producer.send("t", value, partition=0))
+            await until(lambda: len(fake.held) == len(futures), f"the request of {value!r}")
+        futures += [await producer.send("t", value, partition=0) for value in (b"c", b"d")]
+        other = await producer.send("t", b"e", partition=1)
+        await until(lambda: fake.sent(ProduceRequest, node=1), "the request of e")  # the sender drained c and d too
+        assert len(fake.sent(ProduceRequest, node=0)) == 2
+        fake.release(1)
+        await until(lambda: len(fake.sent(ProduceRequest, node=0)) == 3, "the request of c and d")
+        fake.release()
+        assert [(await f).offset for f in futures] == [0, 1, 2, 3] and (await other).offset == 0
+        assert [row for row in produced(fake) if row[1] == 0] == [(0, 0, [1]), (0, 0, [1]), (0, 0, [1, 1])]
+
+    with_fake(test, leaders=(0, 1), max_in_flight=2, batch_size=1)
+
+
+def test_records_that_wait_for_a_slot_go_out_batched_in_one_request_per_leader():
+    """While the only in-flight slot is taken, records for two partitions of the same leader
+    accumulate: the next request carries both partitions, partition 0's three records as one batch."""
+
+    async def test(fake: FakeCluster, producer: AsyncProducer) -> None:
+        fake.hold(ApiKey.PRODUCE)
+        first = await producer.send("t", b"a", partition=0)
+        await until(lambda: fake.held, "the first produce request")
+        later = [await producer.send("t", value, partition=p) for value, p in ((b"b", 0), (b"c", 0), (b"d", 0), (b"e", 1))]
+        fake.release()
+        await producer.flush()
+        assert (await first).offset == 0
+        assert [(await f).offset for f in later] == [1, 2, 3, 0]
+        assert produced(fake) == [(0, 0, [1]), (0, 0, [3]), (0, 1, [1])]
+        assert len(fake.sent(ProduceRequest)) == 2
+
+    with_fake(test, leaders=(0, 0), max_in_flight=1)
+
+
+def test_not_leader_is_retried_on_the_new_leader_after_a_metadata_refresh():
+    """The leader moved to node 1: node 0 answers NOT_LEADER, the producer refreshes metadata
+    and the batch lands on node 1."""
+
+    async def test(fake: FakeCluster, producer: AsyncProducer) -> None:
+        await producer.send("t", b"warm-up", partition=0)
+        await producer.flush()
+        metadata_before = len(fake.sent(MetadataRequest))
+        fake.move_leader("t", 0, 1)
+        future = await producer.send("t", b"a", partition=0)
+        assert (await future).offset == 1
+        assert [node for node, _, _ in produced(fake)] == [0, 0, 1]
+        assert len(fake.sent(MetadataRequest)) > metadata_before
+
+    with_fake(test)
+
+
+@pytest.mark.parametrize("error, raised, settings", [
+    (CorruptMessageError, CorruptMessageError, {}),
+    (NotLeaderError, DeliveryTimeoutError, {"delivery_timeout_ms": 1000, "request_timeout_ms": 500}),
+], ids=["non-retriable-at-once", "retriable-until-the-delivery-timeout"])
+def test_an_error_for_ever_fails_the_batch_with_its_named_error(error, raised, settings):
+    """CORRUPT_MESSAGE is not retried: one request, and the record's future raises it. NOT_LEADER
+    is retried with back-off, then DeliveryTimeoutError at delivery_timeout_ms."""
+
+    async def test(fake: FakeCluster, producer: AsyncProducer) -> None:
+        fake.fail(ApiKey.PRODUCE, error, times=None)
+        future = await producer.send("t", b"a", partition=0)
+        with pytest.raises(raised):
+            await future
+        assert (len(fake.sent(ProduceRequest)) > 1) == error.retriable
+
+    with_fake(test, **settings)
