@@ -361,7 +361,7 @@ def test_random_interleavings_of_send_and_send_batch_keep_call_order(shared_brok
     """Random runs of send()/send_batch() calls over three partitions, flushed at random points,
     either API, linger 0 or 5 ms: a partition's records take offsets in call order."""
 
-    @settings(max_examples=20, deadline=None)
+    @settings(max_examples=20)
     @given(ops=st.lists(st.lists(ORDER_OP, min_size=1, max_size=6), min_size=1, max_size=3),
            api=st.sampled_from(["sync", "async"]), linger_ms=st.sampled_from([0, 5]))
     def calls_keep_order(ops: list[list[tuple[str, int, int]]], api: str, linger_ms: int) -> None:
