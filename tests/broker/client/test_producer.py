@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from broker.client import Admin, AsyncProducer, Consumer, ConsumerRecord, Producer
 from broker.client.partitioner import partition_for_key
+from tests.waiting import wait_until
 from broker.errors import (
     DeliveryTimeoutError,
     MessageTooLargeError,
@@ -527,7 +528,8 @@ def test_records_sent_during_an_outage_are_delivered_after_restart(broker_factor
         assert producer.send("outage", b"before").result(10).offset == 0
         broker.stop()
         futures = [producer.send("outage", b"during-%d" % i) for i in range(10)]
-        time.sleep(0.7)  # let the sender fail and retry a few times
+        wait_until(lambda: producer.metrics()["record-retry-total"] >= 30, 30,
+                   "the sender fails and retries the 10 records three times")
         assert not any(f.done() for f in futures)
         broker.start()
         metadata = [f.result(30) for f in futures]
@@ -589,17 +591,26 @@ def test_max_in_flight_one_keeps_each_partitions_order_across_broker_restarts(br
                 i = len(futures)
                 futures.append(producer.send("ordered", b"%d" % i, partition=i % 3))
                 if i % 20 == 19:
-                    time.sleep(0.002)
+                    time.sleep(0.002)  # pacing, not a wait: a steady sender, not a flood filling buffer_memory
+
+        def acknowledged() -> int:
+            return sum(f.done() and f.exception(0) is None for f in list(futures))
+
+        def more_acknowledged() -> None:
+            before = acknowledged()
+            wait_until(lambda: acknowledged() >= before + 100, 30, "100 more records acknowledged")
 
         sender = threading.Thread(target=send_numbered)
         sender.start()
         try:
             for _ in range(2):
-                time.sleep(0.4)
+                more_acknowledged()
                 broker.kill() if crash else broker.stop()
-                time.sleep(0.4)  # records sent meanwhile are retried against a closed port
+                retried = producer.metrics()["record-retry-total"]
+                wait_until(lambda: producer.metrics()["record-retry-total"] > retried, 30,
+                           "records sent meanwhile are retried against a closed port")
                 broker.start()
-            time.sleep(0.4)
+            more_acknowledged()
         finally:
             stop.set()
             sender.join(10)
@@ -635,6 +646,7 @@ def test_send_blocks_while_buffer_memory_is_full_and_resumes_when_records_comple
         blocked = threading.Thread(target=lambda: unblocked.append(producer.send("full", b"late")))
         producer._core.max_block_s = 30
         blocked.start()
+        # What must not happen cannot be waited for: the send stays blocked for 0.3 s of a full buffer.
         time.sleep(0.3)
         assert blocked.is_alive() and not unblocked
         broker.start()
