@@ -31,6 +31,7 @@ from broker.cluster.metadata_store import (
     WatchEvent,
 )
 from broker.errors import InvalidRequestError, MetadataStoreLimitError, MetadataStoreUnavailableError
+from tests.waiting import wait_until_async
 
 Scenario = Callable[[MetadataStore], Awaitable[None]]
 OpenStore = Callable[[], Awaitable[MetadataStore]]
@@ -501,8 +502,7 @@ class MetadataStoreContract:
 
             consumer = asyncio.create_task(consume())
             await store.put("k/a", {})
-            while not received:
-                await asyncio.sleep(0.01)
+            await wait_until_async(lambda: received, TIMEOUT_S, "the watch delivers the put")
             watch.cancel()
             await consumer
             assert changes(received) == [("put", "k/a", {})]
@@ -850,7 +850,7 @@ class TestLocalMetadataStore(MetadataStoreContract):
             watch = store.watch("")
             waiting = asyncio.create_task(anext(watch, None))
             lease = await store.grant_lease(60)
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # a loop turn, not a wait on time: the waiting task starts its iteration
             await store.close()
             assert await waiting is None
             with pytest.raises(LeaseNotFoundError):
@@ -916,12 +916,11 @@ class TestEtcdMetadataStore(MetadataStoreContract):
                 with pytest.raises(MetadataStoreUnavailableError):
                     await store.put("k/during", {})
                 await asyncio.to_thread(server.start)
-                for _ in range(50):  # the client's channel reconnects after its backoff: retriable until then
-                    try:
-                        await store.revision()
-                        break
-                    except MetadataStoreUnavailableError:
-                        await asyncio.sleep(0.1)
+                async def answers() -> bool:  # the channel reconnects after its backoff: retriable until then
+                    await store.revision()
+                    return True
+
+                await wait_until_async(answers, 10, "the store answers again", 0.1, tolerate=(MetadataStoreUnavailableError,))
                 await store.put("k/after", {"n": 1})
                 await store.delete("k/before")
                 assert changes(await take(watch, 2)) == [("put", "k/after", {"n": 1}), ("delete", "k/before", None)]
