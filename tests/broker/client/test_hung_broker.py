@@ -18,7 +18,7 @@ import pytest
 from broker.client import AsyncConsumer, AsyncProducer
 from broker.client.cluster import Cluster
 from broker.protocol.framing import REQUEST_HEADER, ApiKey
-from tests.broker.client.test_producer import consume
+from tests.helpers.client_records import consume
 from tests.waiting import wait_until_async
 
 PROXY_NODE = 7

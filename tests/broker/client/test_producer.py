@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from broker.client import Admin, AsyncProducer, Consumer, ConsumerRecord, Producer
 from broker.client.partitioner import partition_for_key
+from tests.helpers.client_records import consume
 from tests.waiting import wait_until
 from broker.errors import (
     DeliveryTimeoutError,
@@ -24,19 +25,6 @@ from broker.errors import (
     ProducerClosedError,
     UnknownTopicOrPartitionError,
 )
-
-
-def consume(bootstrap: str, topic: str, partitions: int, expected: int, timeout_s: float = 20.0) -> list[ConsumerRecord]:
-    """Every record of the topic from the beginning; fails unless exactly `expected` arrive."""
-    with Consumer(bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=100) as consumer:
-        consumer.assign([(topic, p) for p in range(partitions)])
-        records: list[ConsumerRecord] = []
-        deadline = time.monotonic() + timeout_s
-        while len(records) < expected and time.monotonic() < deadline:
-            records += consumer.poll(timeout_ms=200)
-        assert len(records) == expected, f"received {len(records)} of {expected} records"
-        assert consumer.poll(timeout_ms=100) == [], "more records than produced"
-    return records
 
 
 # -- offsets and partitions --------------------------------------------------------------------

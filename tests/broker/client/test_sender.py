@@ -9,7 +9,7 @@ import pytest
 from broker.client import AsyncProducer
 from broker.errors import NetworkError, NotLeaderError
 from broker.protocol import ProducePartitionResponse, ProduceResponse, TopicResponse
-from tests.broker.client.test_producer import consume
+from tests.helpers.client_records import consume
 
 
 @pytest.mark.parametrize("slow_path", ["_open", "refresh"], ids=["connection-opening", "leader-lookup"])
