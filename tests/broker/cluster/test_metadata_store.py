@@ -31,6 +31,7 @@ from broker.cluster.metadata_store import (
     WatchEvent,
 )
 from broker.errors import InvalidRequestError, MetadataStoreLimitError, MetadataStoreUnavailableError
+from tests.helpers.clocks import ManualClock
 from tests.waiting import wait_until_async
 
 Scenario = Callable[[MetadataStore], Awaitable[None]]
@@ -608,36 +609,6 @@ class MetadataStoreContract:
                 await store.grant_lease(ttl_s)
 
         run_with(open_store, scenario)
-
-
-class ManualClock:
-    """A Clock that moves only when told: `advance` fires the timers that fall due, in order."""
-
-    class _Timer:
-        def __init__(self, due: float, callback: Callable[[], None]) -> None:
-            self.due, self.callback, self.cancelled = due, callback, False
-
-        def cancel(self) -> None:
-            self.cancelled = True
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self._timers: list[ManualClock._Timer] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def call_later(self, delay_s: float, callback: Callable[[], None]) -> "ManualClock._Timer":
-        timer = self._Timer(self.now + max(delay_s, 0.0), callback)
-        self._timers.append(timer)
-        return timer
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-        due = sorted((t for t in self._timers if t.due <= self.now and not t.cancelled), key=lambda t: t.due)
-        self._timers = [t for t in self._timers if t not in due and not t.cancelled]
-        for timer in due:
-            timer.callback()
 
 
 class TestLocalMetadataStore(MetadataStoreContract):

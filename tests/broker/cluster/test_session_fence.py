@@ -12,7 +12,7 @@ from broker.cluster.brokers import BrokerInfo, BrokerRegistration
 from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.session_fence import SessionFence
 from broker.errors import NotLeaderError
-from tests.broker.cluster.test_metadata_store import ManualClock
+from tests.helpers.clocks import ManualClock
 
 TIMEOUT_S = 20
 

@@ -15,23 +15,11 @@ from broker.config import LogConfig
 from broker.log import FileCache, LogManager, TopicLogSpec, UnifiedLog
 from segment_format.record import encode_batch
 from segment_format.batch_body import make_body
+from tests.helpers.clocks import FakeClock
 
 # Small limits so that a handful of ~1 KiB batches fill a segment.
 SMALL = LogConfig(segment_bytes=4096, max_message_bytes=4096, index_interval_bytes=0, retention_ms=-1)
 TOPIC_ID = "0123456789abcdef0123456789abcdef"
-
-
-class FakeClock:
-    """Kafka's MockTime: milliseconds that move only when a test says so."""
-
-    def __init__(self, now_ms: int = 1_000_000) -> None:
-        self.now_ms = now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-    def advance(self, ms: int) -> None:
-        self.now_ms += ms
 
 
 def build_batch(

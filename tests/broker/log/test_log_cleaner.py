@@ -20,7 +20,7 @@ from broker.log.checkpoint import read_offsets
 from broker.log.log_cleaner import group_segments, max_keys_for
 from broker.log.log_manager import CLEANER_CHECKPOINT
 from tests.broker.log.appends import append
-from tests.broker.log.conftest import FakeClock
+from tests.helpers.clocks import FakeClock
 from tests.waiting import wait_until
 
 NOW_MS = 1_000_000
