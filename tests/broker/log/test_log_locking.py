@@ -17,7 +17,7 @@ import pytest
 from broker.log import UnifiedLog
 from tests.broker.log.appends import append
 from tests.broker.log.conftest import build_batch
-from tests.broker.log.test_log_cleaner_swap import build, write_cleaned
+from tests.helpers.log_cleaning import build, write_cleaned
 
 DELAY_S = 1.0  # each injected pwrite / fsync stalls this long
 MAX_READER_WAIT_S = DELAY_S / 2  # a reader waits for no stall: anything near DELAY_S is one
