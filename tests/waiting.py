@@ -31,18 +31,24 @@ def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interv
         time.sleep(interval_s)
 
 
-async def wait_until_async(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.01) -> Any:
+async def wait_until_async(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.01, *,
+                           tolerate: tuple[type[BaseException], ...] = ()) -> Any:
     """`wait_until` on an event loop: the first truthy value of `condition()` (awaited if it returns
     an awaitable), polled every `interval_s` with the loop running meanwhile; AssertionError
-    naming `what` if none comes within `timeout_s` of loop time."""
+    naming `what` if none comes within `timeout_s` of loop time. `tolerate` as for `wait_until`."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
+    last_error: BaseException | None = None
     while True:
-        value = condition()
-        if inspect.isawaitable(value):
-            value = await value
+        try:
+            value = condition()
+            if inspect.isawaitable(value):
+                value = await value
+        except tolerate as err:
+            value, last_error = None, err
         if value:
             return value
         if loop.time() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
+            cause = f" (last error: {last_error!r})" if last_error is not None else ""
+            raise AssertionError(f"not within {timeout_s} s: {what}{cause}")
         await asyncio.sleep(interval_s)
