@@ -30,7 +30,7 @@ import pyarrow as pa
 import pytest
 
 from broker.client import Admin, Consumer, Producer
-from tests.broker.test_tiering_e2e import (
+from tests.helpers.tiering import (
     TOPIC,
     check_complete,
     consume_from,
