@@ -5,7 +5,7 @@ either (the next open recovers from the files alone), and a UnifiedLog opened di
 where the manager is not the point (the caller passes the offsets a manager would)."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -45,6 +45,14 @@ def clock() -> FakeClock:
 @pytest.fixture
 def small_config() -> LogConfig:
     return SMALL
+
+
+@pytest.fixture
+def cache() -> Iterator[FileCache]:
+    """The descriptor cache segments share (its size is exercised in test_file_cache.py)."""
+    files = FileCache()
+    yield files
+    files.close()
 
 
 def crash(manager: LogManager) -> None:

@@ -36,14 +36,6 @@ def append(segment: Segment, data: bytearray, interval: int = 0, now_ms: int = 0
 
 
 @pytest.fixture
-def cache():
-    """The descriptor cache segments share (its size is exercised in test_file_cache.py)."""
-    files = FileCache()
-    yield files
-    files.close()
-
-
-@pytest.fixture
 def segment(tmp_path, cache):
     segment = Segment.create(tmp_path, 0, cache)
     yield segment
