@@ -47,7 +47,7 @@ class SlowDisk:
 
     def _stall(self) -> None:
         self.stalled.set()
-        time.sleep(DELAY_S)
+        time.sleep(DELAY_S)  # not a wait: the injected slow disk
 
 
 def worst_reader_wait(partition_log: UnifiedLog, disk: SlowDisk, writer: Callable[[], object]) -> float:
@@ -63,7 +63,7 @@ def worst_reader_wait(partition_log: UnifiedLog, disk: SlowDisk, writer: Callabl
             partition_log.read(0, 1024).close()
             partition_log.update_high_watermark(partition_log.high_watermark)
             worst = max(worst, time.monotonic() - start)
-            time.sleep(0.005)
+            time.sleep(0.005)  # pacing, not a wait: a probe every 5 ms while the writer stalls
         done.result()
     print(f"worst reader wait {worst * 1000:.1f} ms (injected stall {DELAY_S * 1000:.0f} ms)")
     return worst
