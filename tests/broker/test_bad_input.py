@@ -461,7 +461,7 @@ def test_broker_serves_others_while_one_client_trickles_garbage(server, raw_clie
                     if stop.is_set():
                         return
                     slow.send_raw(data[i : i + 1])
-                    time.sleep(0.002)
+                    time.sleep(0.002)  # not a wait: the deliberately slow peer, a byte every 2 ms
             except OSError:
                 return  # the broker may close a connection fed noise: that is allowed
             except BaseException as err:  # pragma: no cover - reported below
