@@ -235,3 +235,26 @@ def test_packages_import_each_other_one_way_only() -> None:
         graph.setdefault(_package(name), set()).update(
             _package(t) for t in targets if _package(t) != _package(name))
     assert _cycles(graph) == []
+
+
+def _test_module_imports(tests_dir: Path) -> list[str]:
+    """`file: module` for each import, anywhere in a file under `tests_dir`, of a test module
+    (`test_*`) or of the root tests/conftest.py: the helpers several modules share live in
+    tests/helpers/ (or are fixtures of a conftest.py), so a test module is never imported twice
+    under two names or run for its helpers."""
+    found = []
+    for path in sorted(tests_dir.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            else:
+                continue
+            found += [f"{path.relative_to(tests_dir.parent)}: {name}" for name in names
+                      if name.rpartition(".")[2].startswith("test_") or name == "tests.conftest"]
+    return found
+
+
+def test_test_modules_do_not_import_each_other() -> None:
+    assert _test_module_imports(ROOT / "tests") == []

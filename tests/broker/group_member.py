@@ -109,7 +109,7 @@ class Member:
                 self.crash()
             self.commit(offsets)
         if self.args.poll_delay_ms:
-            time.sleep(self.args.poll_delay_ms / 1000)
+            time.sleep(self.args.poll_delay_ms / 1000)  # not a wait: the member's "processing" time
 
     def process(self, records: list[Any]) -> None:
         self.out.write("".join(f"{r.topic} {r.partition} {r.offset}\n" for r in records))
@@ -181,7 +181,7 @@ def produce(args: argparse.Namespace) -> None:
             if args.rate and i % 1000 == 999:
                 ahead_s = (i + 1) / args.rate - (time.monotonic() - started)
                 if ahead_s > 0:
-                    time.sleep(ahead_s)
+                    time.sleep(ahead_s)  # pacing, not a wait: produce at args.rate
         producer.flush()
     if failed:
         sys.exit(f"{len(failed)} records failed, first: {failed[0]!r}")

@@ -20,6 +20,7 @@ from common.errors import LogDirInUseError, UnknownServerError
 from broker.log.log_dir_lock import LogDirLock
 from broker.remote_log.remote_log_manager import CopyThrottle
 from broker.server import Broker
+from tests.waiting import wait_until_async
 
 
 def test_a_periodic_duty_that_raises_is_reported_and_runs_again(caplog) -> None:
@@ -33,8 +34,7 @@ def test_a_periodic_duty_that_raises_is_reported_and_runs_again(caplog) -> None:
 
     async def run() -> None:
         task = asyncio.create_task(background.every("test-duty", 0.001, duty))
-        while len(rounds) < 4:
-            await asyncio.sleep(0.001)
+        await wait_until_async(lambda: len(rounds) >= 4, 10, "four rounds of the duty", 0.001)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -55,8 +55,7 @@ def test_an_async_duty_is_awaited_and_its_error_reported() -> None:
 
     async def run() -> None:
         task = asyncio.create_task(background.every("test-async-duty", 0.001, duty))
-        while len(calls) < 3:
-            await asyncio.sleep(0.001)
+        await wait_until_async(lambda: len(calls) >= 3, 10, "three calls of the duty", 0.001)
         task.cancel()
 
     asyncio.run(run())
@@ -79,6 +78,8 @@ def test_closing_the_throttle_ends_a_wait_at_once() -> None:
     waited: list[float] = []
     waiter = threading.Thread(target=lambda: waited.append(throttle.acquire(1 << 30)))
     waiter.start()
+    # Not a condition: no sign shows that the thread is inside acquire. Had it not got there yet,
+    # acquire after close returns at once too, so a slow machine weakens the test, never fails it.
     time.sleep(0.1)
     started = time.monotonic()
     throttle.close()

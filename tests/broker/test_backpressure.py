@@ -22,7 +22,8 @@ import pytest
 from common.errors import NONE
 from broker.process import BrokerProcess
 from protocol import ApiKey
-from tests.broker.test_log_writer import batch, create_topic, produce_frame, send_pipelined, values_of
+from tests.helpers.raw_produce import batch, create_topic, produce_frame, send_pipelined, values_of
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 SLOW_S = 2.0  # how long the slow disk takes for one segment write or .log fsync
@@ -78,13 +79,14 @@ def test_full_writer_queue_mutes_the_producer_and_serves_other_connections(slow_
     replies: dict[int, dict] = {}
     sender = threading.Thread(target=lambda: replies.update(send_pipelined(producer, frames)))
     sender.start()
-    time.sleep(0.5)  # the first write is under way and the queue is spent
+    wait_until(lambda: metric(metrics_port, "pymq_backpressure_used_bytes", 'budget="log writer queue"') > 0, 30,
+               "the first write under way and the writer queue spent")
     latencies = []
     for api_key, control in [(ApiKey.METADATA, {"topics": None}), (ApiKey.API_VERSIONS, {})] * 3:
         reply, elapsed = timed_request(other, api_key, control)
         assert reply.get("error_code", NONE) == NONE, reply
         latencies.append(elapsed)
-        time.sleep(0.3)
+        time.sleep(0.3)  # not a wait: the six probes are spread over the slow writes
     sender.join(timeout=60)
     assert not sender.is_alive(), "the producer was never resumed"
     assert max(latencies) < SLOW_S / 2, f"other connections waited for the disk: {latencies}"
@@ -112,7 +114,8 @@ def test_queued_max_request_bytes_stops_reading_every_connection_until_answered(
     cid, data = produce_frame(producer, [("synced", 0, batch("big", 128, 1024))])
     assert len(data) > limit
     producer.send_raw(data)
-    time.sleep(0.5)  # the produce is read and waits for its fsync
+    wait_until(lambda: metric(metrics_port, "pymq_backpressure_used_bytes", 'budget="queued.max.request.bytes"') > 0,
+               30, "the produce read and waiting for its fsync")
     answered: dict[str, float] = {}
 
     def produce_answer() -> None:

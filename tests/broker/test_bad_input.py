@@ -51,13 +51,24 @@ from common.errors import (
 )
 from protocol import ApiKey
 from tests.broker.forged_batches import FORGED_BATCHES, compacted
+from tests.helpers.raw_produce import (
+    INT64_MAX,
+    SEED_VALUES,
+    TS,
+    assert_metadata,
+    assert_serving,
+    create_topic,
+    fetch_records,
+    fetch_request,
+    make_batch,
+    produce,
+    produce_request,
+    stored_files,
+)
 from tests.waiting import wait_until
 
-INT64_MAX = 2**63 - 1
 SOCKET_REQUEST_MAX_BYTES = 65536
 MESSAGE_MAX_BYTES = 32768  # socket.request.max.bytes must exceed it by 1024
-TS = 1_700_000_000_000
-SEED_VALUES = [b"seed-0", b"seed-1", b"seed-2"]
 _names = itertools.count()
 
 
@@ -111,19 +122,6 @@ def topic(server, client) -> Seeded:
 # -- helpers ------------------------------------------------------------------------------------
 
 
-def stored_files(log_dir: Path, topic: str) -> dict[str, tuple[int, str]]:
-    """(size, sha256) of every file in every partition dir of `topic`, by path under log_dir."""
-    out = {}
-    for directory in sorted(log_dir.iterdir()):
-        match = re.fullmatch(r"(.+)-(\d+)", directory.name)
-        if not directory.is_dir() or match is None or match.group(1) != topic:
-            continue
-        for path in sorted(p for p in directory.rglob("*") if p.is_file()):
-            data = path.read_bytes()
-            out[str(path.relative_to(log_dir))] = (len(data), hashlib.sha256(data).hexdigest())
-    return out
-
-
 def log_dir_state(log_dir: Path) -> tuple[list[str], str]:
     """The log dir's entries and the metadata file's sha256: what a failed admin call must not change."""
     entries = sorted(p.name for p in log_dir.iterdir())
@@ -132,69 +130,10 @@ def log_dir_state(log_dir: Path) -> tuple[list[str], str]:
     return entries, digest
 
 
-def make_batch(values: list[bytes], ts: int = TS) -> bytearray:
-    return record.encode_batch(batch_body.make_body(values, timestamps_ms=ts))
-
-
 def recrc(buf: bytearray) -> bytearray:
     """Recompute the CRC after a header change, so that the check under test (not the CRC) fires."""
     struct.pack_into("<I", buf, 17, crc32c.crc32c(bytes(buf[record.CRC_START :])))
     return buf
-
-
-def create_topic(client, name: str, partitions: int = 1, configs: dict[str, Any] | None = None) -> None:
-    reply, _ = client.request(ApiKey.CREATE_TOPICS, {"topics": [
-        {"name": name, "num_partitions": partitions, "replication_factor": 1, "configs": configs or {}}]})
-    assert reply["topics"][0]["error_code"] == NONE, reply
-
-
-def produce_request(topic: Any, partition: Any, payload: bytes, acks: Any = 1) -> dict[str, Any]:
-    return {"acks": acks, "topics": [{"name": topic, "partitions": [{"partition": partition, "size": len(payload)}]}]}
-
-
-def produce(client, topic: Any, partition: Any, payload: bytes) -> dict[str, Any]:
-    """One partition's produce result."""
-    reply, _ = client.request(ApiKey.PRODUCE, produce_request(topic, partition, payload), bytes(payload))
-    assert reply["error_code"] == NONE, reply
-    return reply["topics"][0]["partitions"][0]
-
-
-def fetch_request(topic: Any, partition: Any, offset: Any) -> dict[str, Any]:
-    return {"max_wait_ms": 0, "min_bytes": 0,
-            "topics": [{"name": topic, "partitions": [{"partition": partition, "fetch_offset": offset}]}]}
-
-
-def fetch_records(client, topic: str, partition: int = 0) -> list[tuple[int, bytes]]:
-    """Every (offset, value) of one partition, decoded from raw fetches (one segment's bytes
-    each) until one returns nothing."""
-    out: list[tuple[int, bytes]] = []
-    offset = 0
-    while True:
-        reply, payload = client.request(ApiKey.FETCH, fetch_request(topic, partition, offset))
-        entry = reply["topics"][0]["partitions"][0]
-        assert entry["error_code"] == NONE, reply
-        data = payload[: entry["size"]]
-        batches = list(record.iter_batches(data))
-        if not batches:
-            return out
-        for pos, header in batches:
-            body = record.decode_body(data, header, pos)
-            out += zip(record.record_offsets(header, body).to_pylist(), body.column("value").to_pylist())
-        offset = batches[-1][1].next_offset
-
-
-def assert_metadata(client) -> None:
-    reply, _ = client.request(ApiKey.METADATA, {})
-    assert reply["error_code"] == NONE and reply["brokers"], reply
-
-
-def assert_serving(server, raw_client, same=None) -> None:
-    """The broker process is alive and answers Metadata on a fresh connection (and on `same`)."""
-    assert server.proc is not None and server.proc.poll() is None, "broker process died"
-    with raw_client(server.port) as fresh:
-        assert_metadata(fresh)
-    if same is not None:
-        assert_metadata(same)
 
 
 def topic_error(reply: dict[str, Any]) -> int:
@@ -522,7 +461,7 @@ def test_broker_serves_others_while_one_client_trickles_garbage(server, raw_clie
                     if stop.is_set():
                         return
                     slow.send_raw(data[i : i + 1])
-                    time.sleep(0.002)
+                    time.sleep(0.002)  # not a wait: the deliberately slow peer, a byte every 2 ms
             except OSError:
                 return  # the broker may close a connection fed noise: that is allowed
             except BaseException as err:  # pragma: no cover - reported below
@@ -572,7 +511,7 @@ def test_client_that_pipelines_fetches_and_never_reads_does_not_grow_broker_memo
     before = broker_rss_bytes(server)
     slow.send_raw(b"".join(slow.frame(ApiKey.FETCH, fetch)[1] for _ in range(100)))
     deadline, growth = time.monotonic() + 5, 0
-    while time.monotonic() < deadline and growth < 64 << 20:
+    while time.monotonic() < deadline and growth < 64 << 20:  # sampled for 5 s: what must not happen
         time.sleep(0.1)
         growth = broker_rss_bytes(server) - before
     slow.close()

@@ -17,7 +17,7 @@ import pytest
 from broker.process import BrokerProcess
 from protocol import ApiKey
 from segment_format import batch_body, record
-from tests.conftest import RawClient
+from tests.helpers.raw_client import RawClient
 from tests.faults import full_disk
 from tests.waiting import wait_until
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import itertools
 import socket
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from segment_format import batch_body, record
 from common.errors import NONE, KafkaStorageError, RequestTimedOutError
 from broker.process import BrokerProcess
 from protocol import ApiKey
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 _names = itertools.count()
@@ -264,12 +264,12 @@ def test_sigkill_with_produces_in_flight_keeps_every_acknowledged_record(faulty,
 
     thread = threading.Thread(target=produce_until_killed)
     thread.start()
-    deadline = time.monotonic() + 30
-    while len(acknowledged) < 50 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    faulty.kill()
-    stop.set()
-    thread.join(30)
+    try:
+        wait_until(lambda: len(acknowledged) >= 50, 30, "50 acknowledged produces", 0.01)
+    finally:
+        faulty.kill()
+        stop.set()
+        thread.join(30)
     assert len(acknowledged) >= 50
 
     faulty.start()
@@ -324,17 +324,12 @@ def test_retention_failing_for_one_partition_goes_on_for_the_others(tmp_path, ra
         for i in range(12):
             for topic in (stuck, flowing):
                 produce(client, topic, batch(b"%04d" % i + b"x" * 1500))
-        deadline = time.monotonic() + 30
-        while earliest_offset(client, flowing) == 0:
-            assert time.monotonic() < deadline, "retention stopped for every partition"
-            time.sleep(0.05)
+        wait_until(lambda: earliest_offset(client, flowing) > 0, 30, "retention goes on for the other partition")
         assert earliest_offset(client, stuck) == 0
         assert len(fetched_values(client, stuck)) > 0
         assert "retention failed" in broker.log_tail(100_000)
         (broker.faults / "rename.fail").unlink()
-        while earliest_offset(client, stuck) == 0:
-            assert time.monotonic() < deadline, "retention did not resume once the renames worked"
-            time.sleep(0.05)
+        wait_until(lambda: earliest_offset(client, stuck) > 0, 30, "retention resumes once the renames work")
         assert produce(client, stuck, batch(b"after"))["base_offset"] == 12
     finally:
         broker.kill()

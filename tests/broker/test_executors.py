@@ -10,6 +10,7 @@ import pytest
 from broker.backpressure import ByteBudget
 from common.errors import WorkQueueFullError
 from broker.executors import BackgroundExecutors, BoundedExecutor
+from tests.waiting import wait_until_async
 
 
 @pytest.fixture
@@ -40,10 +41,10 @@ def test_run_waits_for_room_without_blocking_the_loop(gate):
 
     async def scenario() -> list[int]:
         first = asyncio.ensure_future(executor.run(gate.wait, 10))
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: executor.depth == 1, 10, "the first task holds the one thread")
         second = asyncio.ensure_future(executor.run(lambda: 2))
         ticks = 0
-        for _ in range(10):  # the loop keeps running while `second` waits for room
+        for _ in range(10):  # the loop keeps running while `second` waits for room: ticks, not a wait
             await asyncio.sleep(0.01)
             ticks += 1
         assert not second.done() and executor.depth == 1 and ticks == 10

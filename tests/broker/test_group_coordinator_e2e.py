@@ -4,7 +4,6 @@ restarted broker replays `__consumer_offsets`: the group is Stable in the same g
 member keeps heartbeating without a rebalance, and the committed offsets read back."""
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -35,6 +34,7 @@ from protocol.messages.group import (
     SyncGroupAssignment,
     SyncGroupRequest,
 )
+from tests.waiting import wait_until
 
 TOPIC = "events"
 GROUP_SETTINGS = {"offsets.topic.num.partitions": 3, "group.initial.rebalance.delay.ms": 0,
@@ -146,10 +146,7 @@ def test_the_log_cleaner_keeps_the_offsets_topic_bounded(broker_factory, raw_cli
         member, generation = form_group(client)
         for offset in range(2400):  # ~300 KiB of records: many 16 KiB segments
             commit(client, member, generation, {0: offset, 1: offset + 1})
-    deadline = time.monotonic() + 20
-    while partition_bytes(server, partition) > 64 << 10 and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert partition_bytes(server, partition) <= 64 << 10
+    wait_until(lambda: partition_bytes(server, partition) <= 64 << 10, 20, "the cleaner compacts the offsets partition")
     server.kill()
     server.start()
     with raw_client(server.port) as client:

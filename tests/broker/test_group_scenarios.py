@@ -152,12 +152,10 @@ def processed_all(paths: list[Path], ends: dict[TopicPartition, int]) -> list[Me
 def wait_processed(paths: list[Path], ends: dict[TopicPartition, int], timeout_s: float) -> list[MemberLog]:
     """The logs once every record below `ends` is in one of them; on timeout, fail with what is
     missing per partition and what each member last saw."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        logs = processed_all(paths, ends)
-        if logs:
-            return logs
-        time.sleep(0.1)
+    try:
+        return wait_until(lambda: processed_all(paths, ends), timeout_s, "every record processed", 0.1)
+    except AssertionError:
+        pass  # fail below with what is missing
     logs = [MemberLog.read(p) for p in paths]
     seen = {((t, p), o) for log in logs for t, p, o, _ in log.records}
     missing = {tp: [o for o in range(end) if (tp, o) not in seen] for tp, end in ends.items()}

@@ -25,10 +25,10 @@ def test_many_entries_let_other_tasks_run_between_slices() -> None:
             nonlocal turns
             while not stop.is_set():
                 turns += 1
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # a loop turn, not a wait: counts the turns the slices leave to others
 
         task = asyncio.get_running_loop().create_task(other())
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a loop turn: the other task starts
         pending = answer_in_slices(entries, lambda e: -e, list)
         assert inspect.isawaitable(pending)
         answers = await pending
@@ -43,7 +43,7 @@ def test_many_entries_let_other_tasks_run_between_slices() -> None:
 
 def test_an_awaitable_response_is_awaited() -> None:
     async def later(answers: list[int]) -> int:
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a loop turn: a response that really suspends
         return len(answers)
 
     assert asyncio.run(answer_in_slices(list(range(SLICE_ENTRIES + 1)), abs, later)) == SLICE_ENTRIES + 1

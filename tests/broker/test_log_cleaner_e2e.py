@@ -128,9 +128,10 @@ def test_sigkill_while_the_cleaner_works_loses_no_latest_value(broker_factory):
         broker.start()
     latest.update(produce_filler(broker.bootstrap, produced, 12_000, value_bytes))  # > segment.bytes: a roll
     produced += 12_000
-    deadline = time.monotonic() + 60
-    while len(set((table := read_everything(broker.bootstrap, produced))["key"].to_pylist())) < table.num_rows:
-        assert time.monotonic() < deadline, "the cleaner did not finish"
-        time.sleep(0.1)
+    def cleaned() -> pa.Table | None:
+        table = read_everything(broker.bootstrap, produced)
+        return table if len(set(table["key"].to_pylist())) == table.num_rows else None
+
+    table = wait_until(cleaned, 60, "the cleaner finishes (one record a key)", 0.1)
     assert_latest_values_at_their_offsets(table, latest)
     assert partition_bytes(broker.log_dir) < produced * value_bytes / 10

@@ -18,7 +18,8 @@ from client import Consumer
 from common.errors import NONE, CorruptMessageError, InvalidTimestampError, MessageTooLargeError
 from segment_format import batch_body, record
 from tests.broker.forged_batches import BODY_TIMESTAMP_BATCHES, POISON_BATCHES, TS, with_int32, VALUE_OFFSETS
-from tests.broker.test_bad_input import (
+from tests.waiting import wait_until
+from tests.helpers.raw_produce import (
     INT64_MAX,
     SEED_VALUES,
     assert_serving,
@@ -136,10 +137,7 @@ def test_a_compacted_topic_refuses_poison_so_its_cleaner_keeps_cleaning(server, 
         latest.update(zip(keys, values))
         _, make, _ = POISON_BATCHES[i % len(POISON_BATCHES)]
         assert produce(client, topic, 0, bytes(make()))["error_code"] == CorruptMessageError.code
-    deadline = time.monotonic() + 60
-    while f"cleaned {topic}-0" not in server.log_tail(200_000):
-        assert time.monotonic() < deadline, "the cleaner did not clean the partition"
-        time.sleep(0.05)
+    wait_until(lambda: f"cleaned {topic}-0" in server.log_tail(200_000), 60, "the cleaner cleans the partition")
     assert f"cannot clean {topic}-0" not in server.log_tail(200_000)
     with Consumer(f"127.0.0.1:{server.port}", auto_offset_reset="earliest") as consumer:
         consumer.assign([(topic, 0)])

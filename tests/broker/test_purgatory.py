@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from broker.purgatory import DelayedOperation, DelayedOperationPurgatory, ProducePurgatory
+from tests.waiting import wait_until_async
 
 
 class Counter(DelayedOperation):
@@ -38,7 +39,8 @@ class Counter(DelayedOperation):
 
 
 async def turn() -> None:
-    """Let callbacks scheduled with call_soon run."""
+    """Let callbacks scheduled with call_soon run: two loop turns, not a wait on time (one thread,
+    one loop: what call_soon scheduled runs within them)."""
     await asyncio.sleep(0)
     await asyncio.sleep(0)
 
@@ -85,8 +87,7 @@ def test_deadline_answers_with_what_there_is() -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         purgatory.watch(op, 0.05)
-        while not op.done:
-            await asyncio.sleep(0.01)
+        await wait_until_async(lambda: op.done, 10, "the operation expires")
         assert op.answers == [("expired", None)]
         assert loop.time() - started >= 0.04
         assert len(purgatory) == 0
@@ -102,6 +103,7 @@ def test_cancelled_operation_never_answers() -> None:
         op.cancel()
         op.ready = True
         purgatory.notify(("t", 0))
+        # What must not happen cannot be waited for: the notify's turn and the 20 ms deadline pass.
         await asyncio.sleep(0.05)
         assert op.answers == [] and op.attempts == 0
         assert len(purgatory) == 0
@@ -149,7 +151,7 @@ def test_finished_operation_is_freed_by_reference_counting(ending: str) -> None:
             purgatory.notify(("t", 0))
             await turn()
         elif ending == "expire":
-            await asyncio.sleep(0.03)
+            await wait_until_async(lambda: op.done, 10, "the operation expires")
         else:
             op.cancel()
         assert op.done

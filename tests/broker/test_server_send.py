@@ -6,10 +6,12 @@ for the bytes the transport still holds."""
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import io
 import os
 import socket
 import struct
+import termios
 import threading
 import time
 from pathlib import Path
@@ -27,6 +29,7 @@ from broker.log import FetchSlice
 from protocol import ApiKey
 from broker.connection import Connection
 from broker.server import Broker
+from tests.waiting import wait_until
 
 LOOPS = pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
 TOPIC = "wide"
@@ -64,6 +67,15 @@ def small_receive_buffer(raw_client, port: int):
     return client
 
 
+def wait_filled(client) -> None:
+    """Wait until the broker's responses fill `client`'s small receive buffer (2 KB of the 4 KB
+    unread): from then on the broker's sends to it wait, which is what the tests need."""
+    def unread() -> int:
+        return struct.unpack("i", fcntl.ioctl(client.sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+
+    wait_until(lambda: unread() >= 2048, 30, "the broker's responses fill the slow reader's receive buffer")
+
+
 def check_fetch(client, sent: int, file_bytes: bytes, at_least: int) -> None:
     """The next response answers `sent` with a prefix of the segment file of `at_least` bytes or more."""
     correlation_id, control, payload = client.recv_response()
@@ -91,7 +103,7 @@ def test_pipelined_large_fetches_and_metadata_come_back_in_order_byte_exact(brok
         frames += [frame, metadata]
         expected += [(fetch_id, size), (metadata_id, None)]
     client.send_raw(b"".join(frames))
-    time.sleep(0.5)  # the broker fills the socket and waits for it
+    wait_filled(client)
     for sent, size in expected:
         if size is None:
             correlation_id, control, _ = client.recv_response()
@@ -110,7 +122,7 @@ def test_a_slow_reader_does_not_stall_other_connections(broker_factory, raw_clie
     file_bytes = (broker.log_dir / f"{TOPIC}-0" / FIRST_SEGMENT).read_bytes()
     slow = small_receive_buffer(raw_client, broker.port)
     sent = [slow.send_frame(ApiKey.FETCH, fetch(8 << 20)) for _ in range(8)]
-    time.sleep(0.5)
+    wait_filled(slow)
     other = raw_client(broker.port, timeout_s=5.0)
     for _ in range(5):
         started = time.monotonic()
@@ -134,14 +146,11 @@ def test_retention_deleting_a_segment_under_a_pending_send_still_sends_it_whole(
     file_bytes = first.read_bytes()
     slow = small_receive_buffer(raw_client, broker.port)
     sent = [slow.send_frame(ApiKey.FETCH, fetch(1 << 20)) for _ in range(6)]
-    time.sleep(0.5)
+    wait_filled(slow)
     loader = threading.Thread(target=load, args=(broker.bootstrap, 20_000, 10_000))
     loader.start()
     loader.join(60)
-    deadline = time.monotonic() + 30
-    while first.exists() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert not first.exists(), "retention did not delete the first segment"
+    wait_until(lambda: not first.exists(), 30, "retention deletes the first segment")
     for correlation_id in sent:
         check_fetch(slow, correlation_id, file_bytes, min(len(file_bytes), 1 << 20) - 256 * 1024)
     reply, _ = slow.request(ApiKey.METADATA, {"topics": [TOPIC]})
@@ -166,14 +175,12 @@ def test_a_connection_lost_mid_send_releases_its_ranges_and_socket(broker_factor
     slow = small_receive_buffer(raw_client, broker.port)
     for _ in range(8):
         slow.send_frame(ApiKey.FETCH, fetch(8 << 20))
-    time.sleep(0.5)
+    wait_filled(slow)
     assert open_descriptors(broker.pid) > baseline  # the connection, its pending ranges
     slow._read_exactly(100_000)
     slow.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset, not a FIN
     slow.close()
-    deadline = time.monotonic() + 10
-    while open_descriptors(broker.pid) > baseline and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until(lambda: open_descriptors(broker.pid) <= baseline, 10, "the broker closes the lost connection's descriptors")
     assert open_descriptors(broker.pid) == baseline
     check_fetch(other, other.send_frame(ApiKey.FETCH, fetch(8 << 20)), file_bytes, len(file_bytes))
 

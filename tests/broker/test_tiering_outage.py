@@ -30,7 +30,7 @@ import pyarrow as pa
 import pytest
 
 from client import Admin, Consumer, Producer
-from tests.broker.test_tiering_e2e import (
+from tests.helpers.tiering import (
     TOPIC,
     check_complete,
     consume_from,
@@ -350,12 +350,16 @@ class LocalWatch:
 
 
 def tier_some(scenario: Scenario, batches: int) -> PartitionManifest:
-    """Produce `batches` batches and wait until every sealed segment is tiered and local retention
-    deleted some uploaded ones."""
+    """Produce `batches` batches and wait until every sealed segment is tiered, local retention
+    deleted some uploaded ones, and the broker holds the answer to its last commit (the manifest
+    version it reports is the store's): no request to the store is left in flight, so an outage
+    from here on cannot be half-seen by a commit moto had whole."""
     for _ in range(batches):
         scenario.produce_batch()
     wait_until(lambda: scenario.tiered_and_trimmed() and local_bases(scenario.log_dir)[0] > 0, 30,
                "the first segments are tiered and gone from the local disk")
+    wait_until(lambda: scenario.tiering()[0].manifest_version == scenario.manifest().version, 30,
+               "the broker has the answer to its last manifest commit")
     manifest = scenario.manifest()
     assert len(manifest.segments) >= batches - 2
     return manifest
@@ -394,19 +398,23 @@ def test_store_down_produce_continues_tiering_backs_off_and_catches_up(scenario,
     disk, and remote plus local hold each record produced once, in order."""
     tier_some(scenario, 8)
     proxy.down()
-    time.sleep(0.3)  # a request moto had whole when its connection went is done
     down_manifest = scenario.manifest()  # straight from moto: the last commit before the outage
+
+    def failed_three_runs_in_a_row() -> bool:
+        assert scenario.manifest().version == down_manifest.version, "a manifest committed with the store down"
+        return any(count >= 3 for _, count, _, _ in scenario.failures())
+
     with LocalWatch(scenario.log_dir, down_manifest.log_end_offset) as watch:
         sealed_before = len(local_bases(scenario.log_dir))
-        batches = 0
         # Several segments seal while the store is down, and tiering fails at least three runs in a row.
-        while batches < 8 or not any(count >= 3 for _, count, _, _ in scenario.failures()):
-            assert batches < 200, f"tiering did not fail three runs in a row: {scenario.failures()}"
+        for _ in range(8):
             scenario.produce_batch()
-            batches += 1
             assert scenario.manifest().version == down_manifest.version, "a manifest committed with the store down"
-            time.sleep(0.25 if batches < 8 else 1.0)  # then fewer: less to upload once the store is back
-        time.sleep(0.5)  # local retention had its chances
+        wait_until(failed_three_runs_in_a_row, 60, "tiering fails three runs in a row", 0.25)
+        scenario.produce_batch()  # still acknowledged after three failed runs
+        # What must not happen cannot be waited for: local retention (every 50 ms) has ten chances
+        # to delete a segment the store does not hold, while the watch samples every 5 ms.
+        time.sleep(0.5)
         piled_up = len(local_bases(scenario.log_dir))
     assert watch.samples > 20
     assert not watch.violations, f"{len(watch.violations)} violations, the first: {watch.violations[:3]}"
@@ -433,16 +441,16 @@ def test_store_hung_produce_continues_and_tiering_catches_up(scenario, proxy):
     reset), tiering catches up and every record is there once, in order."""
     tier_some(scenario, 6)
     proxy.hang()
-    time.sleep(0.3)
     down_manifest = scenario.manifest()
     with LocalWatch(scenario.log_dir, down_manifest.log_end_offset) as watch:
         for _ in range(8):
             scenario.produce_batch()
-            time.sleep(0.1)
         wait_until(lambda: proxy.held_total > 0, 20, "the broker asks the hung store")
         for _ in range(4):
             scenario.produce_batch()
             assert scenario.manifest().version == down_manifest.version, "a manifest committed with the store hung"
+            # What must not happen cannot be waited for: produce goes on over 0.8 s of a hung
+            # store while the watch checks that no local segment goes and the manifest stays put.
             time.sleep(0.2)
     assert watch.samples > 20
     assert not watch.violations, f"{len(watch.violations)} violations, the first: {watch.violations[:3]}"
@@ -458,7 +466,6 @@ def test_store_resetting_connections_tiering_waits_its_backoff(scenario, proxy):
     move. Back up, it catches up."""
     tier_some(scenario, 4)
     proxy.reset_all()
-    time.sleep(0.3)
     down_manifest = scenario.manifest()
 
     def first_tries_after(at: datetime) -> list[float]:
@@ -473,7 +480,6 @@ def test_store_resetting_connections_tiering_waits_its_backoff(scenario, proxy):
     with LocalWatch(scenario.log_dir, down_manifest.log_end_offset) as watch:
         for _ in range(4):
             scenario.produce_batch()
-            time.sleep(0.2)
         wait_until(tried_after_second_failure, 40, "two failed runs and a try after the second", 0.1)
     assert not watch.violations, f"{len(watch.violations)} violations, the first: {watch.violations[:3]}"
     assert scenario.manifest().version == down_manifest.version

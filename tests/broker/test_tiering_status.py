@@ -121,7 +121,7 @@ def test_status_matches_the_manifest_and_the_local_files(broker_factory, tmp_pat
             (first,) = admin.describe_tiering([TOPIC])
             if first.remote_log_end_offset != max(local_logs(broker.log_dir, TOPIC)) or len(local_logs(broker.log_dir, TOPIC)) > 3:
                 return None
-            time.sleep(0.3)
+            time.sleep(0.3)  # not a wait: "settled" is two reads 0.3 s apart that agree
             (second,) = admin.describe_tiering([TOPIC])
             return first if first == second else None
 

@@ -77,7 +77,7 @@ def test_a_record_appended_after_linger_seals_its_batch(linger_ms, sealed_by_age
     accumulator = RecordAccumulator(batch_size=1 << 20, linger_ms=linger_ms, buffer_memory=1 << 30,
                                     on_batch=lambda topic, partition, sealed: calls.append(sealed))
     accumulator.append("t", 0, None, b"a", 1, None)
-    time.sleep(0.03)
+    time.sleep(0.03)  # not a condition, the point: the first record lingers 30 ms
     accumulator.append("t", 0, None, b"b", 1, None)
     assert calls == ([False, True] if sealed_by_age else [False])
     assert [b.record_count for b in accumulator.sealed] == ([2] if sealed_by_age else [])

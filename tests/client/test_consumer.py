@@ -11,6 +11,8 @@ import pytest
 from segment_format import batch_body, record
 from tests.broker.forged_batches import poison_stored_batch
 from client import RECORD_SCHEMA, Admin, Consumer, ConsumerRecord, Producer
+from tests.helpers.client_records import poll_until, produce, values
+from tests.waiting import wait_until
 from common.errors import (
     CorruptMessageError,
     CorruptRecordError,
@@ -19,40 +21,6 @@ from common.errors import (
     OffsetOutOfRangeError,
     UnknownTopicOrPartitionError,
 )
-
-
-def produce(bootstrap: str, topic: str, values: list[bytes], *, partition: int | None = None,
-            timestamps: list[int] | None = None, one_batch: bool = False) -> None:
-    """Send `values` and wait for every acknowledgement; `one_batch` sends them as one record batch."""
-    with Producer(bootstrap, linger_ms=1) as producer:
-        if one_batch:
-            columns = {"value": pa.array(values, pa.binary())}
-            if timestamps is not None:
-                columns["timestamp"] = pa.array(timestamps, pa.int64())
-            results = producer.send_batch(topic, pa.table(columns), partition=0 if partition is None else partition)
-            producer.flush()
-            assert all(r.error is None for r in results)
-            return
-        futures = [producer.send(topic, v, key=b"k%d" % i, partition=partition,
-                                 timestamp_ms=None if timestamps is None else timestamps[i])
-                   for i, v in enumerate(values)]
-        producer.flush()
-        for future in futures:
-            future.result(10)
-
-
-def poll_until(consumer: Consumer, expected: int, timeout_s: float = 20.0) -> list[ConsumerRecord]:
-    """Poll until `expected` records arrived (fails on timeout)."""
-    records: list[ConsumerRecord] = []
-    deadline = time.monotonic() + timeout_s
-    while len(records) < expected and time.monotonic() < deadline:
-        records += consumer.poll(timeout_ms=200)
-    assert len(records) == expected, f"received {len(records)} of {expected}"
-    return records
-
-
-def values(n: int, prefix: bytes = b"v") -> list[bytes]:
-    return [prefix + b"%d" % i for i in range(n)]
 
 
 # -- assignment and polling --------------------------------------------------------------------
@@ -153,7 +121,8 @@ def test_position_is_the_next_record_poll_will_return(shared_broker, new_topic, 
     produce(shared_broker.bootstrap, topic, values(10), one_batch=True)
     consumer = consumers(shared_broker.bootstrap, auto_offset_reset="earliest")
     consumer.assign([(topic, 0)])
-    time.sleep(0.5)  # the background fetcher has buffered the batch by now
+    wait_until(lambda: consumer.metrics()["records-lag"].get((topic, 0)) == 10, 10,
+               "the background fetcher fetched the batch (its high watermark 10 known)")
     assert consumer.position((topic, 0)) == 0
     assert len(consumer.poll(timeout_ms=5000, max_records=4)) == 4
     assert consumer.position((topic, 0)) == 4

@@ -15,7 +15,7 @@ from common.errors import CorruptMessageError, NotLeaderError, PymqError
 from protocol import ApiKey, ApiVersionsRequest, FetchRequest, MetadataRequest
 from segment_format import batch_body, record
 from tests.client.fake_cluster import FakeCluster
-from tests.client.test_consumer import poll_until, produce, values
+from tests.helpers.client_records import poll_until, produce, values
 from tests.waiting import wait_until
 
 
@@ -28,10 +28,12 @@ def test_buffer_fills_in_the_background_between_polls(shared_broker, new_topic, 
     poll_until(consumer, 3)
     produce(shared_broker.bootstrap, topic, values(4, b"later"))
     records: list[ConsumerRecord] = []
-    deadline = time.monotonic() + 10
-    while len(records) < 4 and time.monotonic() < deadline:
-        time.sleep(0.05)
-        records += consumer.poll(timeout_ms=0)
+
+    def prefetched() -> bool:
+        records.extend(consumer.poll(timeout_ms=0))
+        return len(records) >= 4
+
+    wait_until(prefetched, 10, "the later records, prefetched", 0.05)
     assert [r.value for r in records] == values(4, b"later")
 
 

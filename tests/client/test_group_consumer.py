@@ -18,7 +18,7 @@ import pytest
 from client import Admin, Consumer, ConsumerRecord, Producer
 from common.errors import NoOffsetForPartitionError, PartitionNotAssignedError
 from common.topic_partition import TopicPartition
-from tests.e2e.conftest import wait_for
+from tests.waiting import wait_until
 
 BROKER_OVERRIDES = {"group.initial.rebalance.delay.ms": 0, "group.min.session.timeout.ms": 500,
                     "offsets.topic.num.partitions": 3}
@@ -187,13 +187,10 @@ def test_the_next_poll_auto_commits_what_the_previous_poll_returned(shared_broke
     produce(shared_broker.bootstrap, topic, 10)
     doomed = members("alo2", session_timeout_ms=1000, auto_commit_interval_ms=50).subscribe([topic])
     first = poll_first(doomed, max_records=5)
-    time.sleep(0.1)  # the auto-commit interval passes: the next poll commits
+    time.sleep(0.1)  # not a condition, the point: the auto-commit interval (50 ms) passes, so the next poll commits
     second = doomed.consumer.poll(timeout_ms=200, max_records=5)
     assert [r.offset for r in first + second] == list(range(10))
-    deadline = time.monotonic() + 10
-    while doomed.consumer.committed([(topic, 0)])[(topic, 0)] != 5 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert doomed.consumer.committed([(topic, 0)])[(topic, 0)] == 5
+    wait_until(lambda: doomed.consumer.committed([(topic, 0)])[(topic, 0)] == 5, 10, "the auto-commit of offset 5")
     crash(doomed)
     survivor = members("alo2").subscribe([topic])
     poll_until([survivor], lambda: len(survivor.records) >= 5, what="5 records")
@@ -360,7 +357,7 @@ def test_slow_processing_keeps_membership_while_heartbeats_run_in_the_background
     poll_until([member], lambda: len(member.assignment()) == 2, what="assignment")
     generation = member.consumer.group_metadata().generation_id
     for _ in range(2):
-        time.sleep(1.5)  # "processing"
+        time.sleep(1.5)  # not a condition, the point: "processing" for longer than the session timeout
         member.poll()
     assert member.consumer.group_metadata().generation_id == generation
     assert member.kinds() == ["assign"]
@@ -560,7 +557,7 @@ def test_async_consumer_joins_commits_and_awaits_coroutine_callbacks(shared_brok
         consumer = await AsyncConsumer(shared_broker.bootstrap, group_id="async", **FAST).start()
         try:
             async def on_assign(partitions: list[TopicPartition]) -> None:
-                await asyncio.sleep(0)
+                await asyncio.sleep(0)  # a loop turn: the callback really suspends, as a coroutine may
                 events.append(("assign", partitions))
 
             await consumer.subscribe([topic], on_assign=on_assign, on_revoke=lambda ps: events.append(("revoke", ps)))
@@ -687,8 +684,8 @@ def test_deleting_a_topic_deletes_its_committed_offsets(shared_broker, new_topic
     with Admin(shared_broker.bootstrap) as admin:
         admin.delete_topics([topic])
         admin.create_topic(topic, partitions=1)
-    wait_for(lambda: member.consumer.committed([(topic, 0)]) == {(topic, 0): None}, 30,
-             "the deleted topic's committed offset removed")
+    wait_until(lambda: member.consumer.committed([(topic, 0)]) == {(topic, 0): None}, 30,
+               "the deleted topic's committed offset removed", 0.2, tolerate=(Exception,))
     new = produce(shared_broker.bootstrap, topic, 3)
     reader = members("offsets-of-deleted", enable_auto_commit=False, auto_offset_reset="earliest")
     reader.consumer.assign([(topic, 0)])

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
 
 import pytest
 
 from client import AsyncConsumer, AsyncProducer
 from client.cluster import Cluster
 from protocol.framing import REQUEST_HEADER, ApiKey
-from tests.client.test_producer import consume
+from tests.helpers.client_records import consume
+from tests.waiting import wait_until_async
 
 PROXY_NODE = 7
 REQUEST_TIMEOUT_MS = 1_000
@@ -142,12 +142,6 @@ class LeaderOverride:
         self.moved = True
 
 
-async def wait_until(condition: Callable[[], object], what: str) -> None:
-    async with asyncio.timeout(WAIT_S):
-        while not condition():
-            await asyncio.sleep(0.01)
-
-
 def _target(shared_broker) -> tuple[str, int]:
     host, port = shared_broker.bootstrap.rsplit(":", 1)
     return host, int(port)
@@ -175,12 +169,12 @@ def test_a_produce_that_timed_out_is_resent_only_once_the_leader_answers_or_the_
                 await cluster.refresh()
                 proxy.hang()
                 futures = [await producer.send(topic, b"a", partition=0)]
-                await wait_until(lambda: producer.sender.metrics.requests_timed_out, "the produce to time out")
+                await wait_until_async(lambda: producer.sender.metrics.requests_timed_out, WAIT_S, "the produce to time out")
                 for value in (b"b", b"c"):
                     futures.append(await producer.send(topic, value, partition=0))
                     await asyncio.sleep(0)  # the sender drains it
                 refreshed = leader.refreshes
-                await wait_until(lambda: leader.refreshes >= refreshed + 3, "metadata refreshes while it hangs")
+                await wait_until_async(lambda: leader.refreshes >= refreshed + 3, WAIT_S, "metadata refreshes while it hangs")
                 produced_while_hung = proxy.count(ApiKey.PRODUCE, while_hung=True)
                 leader.move() if outcome == "partition-moves" else proxy.resume()
                 async with asyncio.timeout(WAIT_S):
@@ -220,14 +214,14 @@ def test_a_fetch_that_timed_out_is_not_sent_again_to_the_hung_leader_before_its_
             leader = LeaderOverride(cluster, proxy, topic)
             await cluster.refresh()
             await consumer.assign([(topic, 0)])  # from offset 0 (the end): long polls through the proxy
-            await wait_until(lambda: proxy.count(ApiKey.FETCH), "a fetch from the proxy")
+            await wait_until_async(lambda: proxy.count(ApiKey.FETCH), WAIT_S, "a fetch from the proxy")
             proxy.hang()
             refreshed = leader.refreshes
             async with AsyncProducer(shared_broker.bootstrap) as producer:  # to the real leader
                 await (await producer.send(topic, b"a", partition=0))
             # None until the fetch in flight times out; without the hold, each would be followed
             # by a fetch to the hung leader, timing out in turn.
-            await wait_until(lambda: leader.refreshes >= refreshed + 3, "metadata refreshes while it hangs")
+            await wait_until_async(lambda: leader.refreshes >= refreshed + 3, WAIT_S, "metadata refreshes while it hangs")
             fetched_while_hung = proxy.count(ApiKey.FETCH, while_hung=True)
             leader.move()
             records: list = []

@@ -12,7 +12,7 @@ from client.offset_fetcher import OffsetFetcher
 from client.subscription_state import SubscriptionState
 from common.errors import NoOffsetForPartitionError, UnknownTopicOrPartitionError
 from common.topic_partition import TopicPartition
-from tests.client.test_consumer import produce, values
+from tests.helpers.client_records import produce, values
 
 Committed = Callable[[list[TopicPartition]], Awaitable[dict[TopicPartition, int | None]]]
 

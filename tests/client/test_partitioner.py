@@ -27,7 +27,7 @@ def expected_hashes(keys: list[bytes | None]) -> list[int]:
     return [mmh3.hash(b"" if k is None else k, 0, signed=False) for k in keys]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(keys=keys_strategy)
 def test_murmur3_of_binary_array_matches_mmh3_for_every_key(keys):
     """Any list of binary keys (empty, short, long) hashes exactly as mmh3 hashes each key."""
@@ -36,7 +36,7 @@ def test_murmur3_of_binary_array_matches_mmh3_for_every_key(keys):
     assert hashes.tolist() == expected_hashes(keys)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(keys=keys_strategy, data=st.data())
 def test_murmur3_of_sliced_array_hashes_only_the_slice(keys, data):
     """A slice with offset != 0 (binary and large_binary) hashes its own rows, not the parent's."""
@@ -47,7 +47,7 @@ def test_murmur3_of_sliced_array_hashes_only_the_slice(keys, data):
         assert murmur3_32(sliced).tolist() == expected_hashes(keys[start : start + length])
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(keys=st.lists(st.text(max_size=30), max_size=30), start=st.integers(0, 5))
 def test_murmur3_of_string_array_matches_mmh3_of_utf8(keys, start):
     """string and large_string arrays hash their UTF-8 bytes, sliced or not."""
@@ -58,7 +58,7 @@ def test_murmur3_of_string_array_matches_mmh3_of_utf8(keys, start):
         assert murmur3_32(array.slice(start)).tolist() == expected[start:]
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(keys=st.lists(st.one_of(st.none(), st.binary(max_size=20)), max_size=40), partitions=st.integers(1, 50))
 def test_partitions_for_keys_matches_partition_for_key_and_marks_nulls(keys, partitions):
     """Each non-null key gets partition_for_key's partition; each null key gets -1."""
@@ -135,7 +135,7 @@ def test_murmur2_is_kafkas():
     assert partition_for_key(b"foobar", 7, "murmur2") == ((-790332482 & 0x7FFFFFFF) % 7)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(keys=st.lists(st.one_of(st.none(), st.binary(max_size=40), st.binary(min_size=100, max_size=300)), max_size=40),
        partitions=st.integers(1, 50), start=st.integers(0, 5))
 def test_murmur2_of_an_array_matches_the_scalar_for_every_key(keys, partitions, start):

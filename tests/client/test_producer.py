@@ -17,25 +17,14 @@ from hypothesis import strategies as st
 
 from client import Admin, AsyncProducer, Consumer, ConsumerRecord, Producer
 from client.partitioner import partition_for_key
+from tests.helpers.client_records import consume
+from tests.waiting import wait_until
 from common.errors import (
     DeliveryTimeoutError,
     MessageTooLargeError,
     ProducerClosedError,
     UnknownTopicOrPartitionError,
 )
-
-
-def consume(bootstrap: str, topic: str, partitions: int, expected: int, timeout_s: float = 20.0) -> list[ConsumerRecord]:
-    """Every record of the topic from the beginning; fails unless exactly `expected` arrive."""
-    with Consumer(bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=100) as consumer:
-        consumer.assign([(topic, p) for p in range(partitions)])
-        records: list[ConsumerRecord] = []
-        deadline = time.monotonic() + timeout_s
-        while len(records) < expected and time.monotonic() < deadline:
-            records += consumer.poll(timeout_ms=200)
-        assert len(records) == expected, f"received {len(records)} of {expected} records"
-        assert consumer.poll(timeout_ms=100) == [], "more records than produced"
-    return records
 
 
 # -- offsets and partitions --------------------------------------------------------------------
@@ -361,7 +350,7 @@ def test_random_interleavings_of_send_and_send_batch_keep_call_order(shared_brok
     """Random runs of send()/send_batch() calls over three partitions, flushed at random points,
     either API, linger 0 or 5 ms: a partition's records take offsets in call order."""
 
-    @settings(max_examples=20, deadline=None)
+    @settings(max_examples=20)
     @given(ops=st.lists(st.lists(ORDER_OP, min_size=1, max_size=6), min_size=1, max_size=3),
            api=st.sampled_from(["sync", "async"]), linger_ms=st.sampled_from([0, 5]))
     def calls_keep_order(ops: list[list[tuple[str, int, int]]], api: str, linger_ms: int) -> None:
@@ -527,7 +516,8 @@ def test_records_sent_during_an_outage_are_delivered_after_restart(broker_factor
         assert producer.send("outage", b"before").result(10).offset == 0
         broker.stop()
         futures = [producer.send("outage", b"during-%d" % i) for i in range(10)]
-        time.sleep(0.7)  # let the sender fail and retry a few times
+        wait_until(lambda: producer.metrics()["record-retry-total"] >= 30, 30,
+                   "the sender fails and retries the 10 records three times")
         assert not any(f.done() for f in futures)
         broker.start()
         metadata = [f.result(30) for f in futures]
@@ -589,17 +579,26 @@ def test_max_in_flight_one_keeps_each_partitions_order_across_broker_restarts(br
                 i = len(futures)
                 futures.append(producer.send("ordered", b"%d" % i, partition=i % 3))
                 if i % 20 == 19:
-                    time.sleep(0.002)
+                    time.sleep(0.002)  # pacing, not a wait: a steady sender, not a flood filling buffer_memory
+
+        def acknowledged() -> int:
+            return sum(f.done() and f.exception(0) is None for f in list(futures))
+
+        def more_acknowledged() -> None:
+            before = acknowledged()
+            wait_until(lambda: acknowledged() >= before + 100, 30, "100 more records acknowledged")
 
         sender = threading.Thread(target=send_numbered)
         sender.start()
         try:
             for _ in range(2):
-                time.sleep(0.4)
+                more_acknowledged()
                 broker.kill() if crash else broker.stop()
-                time.sleep(0.4)  # records sent meanwhile are retried against a closed port
+                retried = producer.metrics()["record-retry-total"]
+                wait_until(lambda: producer.metrics()["record-retry-total"] > retried, 30,
+                           "records sent meanwhile are retried against a closed port")
                 broker.start()
-            time.sleep(0.4)
+            more_acknowledged()
         finally:
             stop.set()
             sender.join(10)
@@ -635,6 +634,7 @@ def test_send_blocks_while_buffer_memory_is_full_and_resumes_when_records_comple
         blocked = threading.Thread(target=lambda: unblocked.append(producer.send("full", b"late")))
         producer._core.max_block_s = 30
         blocked.start()
+        # What must not happen cannot be waited for: the send stays blocked for 0.3 s of a full buffer.
         time.sleep(0.3)
         assert blocked.is_alive() and not unblocked
         broker.start()

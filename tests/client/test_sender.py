@@ -15,7 +15,7 @@ from common.errors import CorruptMessageError, DeliveryTimeoutError, NetworkErro
 from protocol import ApiKey, MetadataRequest, ProducePartitionResponse, ProduceRequest, ProduceResponse, TopicResponse
 from segment_format import record
 from tests.client.fake_cluster import FakeCluster
-from tests.client.test_producer import consume
+from tests.helpers.client_records import consume
 
 
 @pytest.mark.parametrize("slow_path", ["_open", "refresh"], ids=["connection-opening", "leader-lookup"])
@@ -113,7 +113,8 @@ def test_max_in_flight_one_sends_a_retried_batch_before_newer_batches_of_its_par
                 first_reply.set_exception(NetworkError("injected: connection lost"))
             elif failure == "not-leader":
                 first_reply.set_result(not_leader_reply(topic))
-            await asyncio.sleep(0.3)  # a backs off: were b, c, d let go, they would be written now
+            # What must not happen cannot be waited for: a backs off; were b, c, d let go, they would be written now.
+            await asyncio.sleep(0.3)
             retry_may_go.set()
             await producer.flush()
             assert [(await f).offset for f in futures] == [0, 1, 2, 3]

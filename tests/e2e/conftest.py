@@ -72,7 +72,12 @@ class Load(threading.Thread):
                     self.history.sending(value)
                     producer.send(self.topic, value, on_delivery=lambda md, err, value=value: self.history.delivered(
                         value, md.partition, md.offset, err))
-                time.sleep(0.02)
+                time.sleep(0.02)  # pacing, not a wait: a steady load (at most 10k records/s), not a flood
+
+    def wait_acked(self, count: int, timeout_s: float = 60) -> None:
+        """Until `count` more sends than now are acknowledged: the load flows."""
+        target = len(self.history.acked) + count
+        wait_for(lambda: len(self.history.acked) >= target, timeout_s, f"{count} more acknowledged sends")
 
     def finish(self, timeout_s: float = 60) -> None:
         """Stop sending and wait until every send has its outcome."""

@@ -53,7 +53,7 @@ class TimedLoad(threading.Thread):
                     producer.send(TOPIC, value, key=b"k%d" % (self.sent % 997),
                                   on_delivery=lambda md, err, value=value: self._delivered(value, md, err))
                     self.sent += 1
-                time.sleep(0.02)
+                time.sleep(0.02)  # pacing, not a wait: a steady load, not a flood
 
     def _delivered(self, value: bytes, md, err: BaseException | None) -> None:
         self.history.delivered(value, md.partition, md.offset, err)
@@ -100,7 +100,9 @@ def test_sigterm_to_a_leader_under_acks_all_load_moves_its_partitions_without_a_
     try:
         wait_for(lambda: all(load.acked_after(p, 0) for p in range(PARTITIONS)), 60,
                  "acknowledgements on every partition before the stop")
-        time.sleep(1)  # a steady flow of acks=all produces in flight on the victim
+        flowing_at = time.monotonic()  # a steady flow of acks=all produces in flight on the victim
+        wait_for(lambda: all(load.acked_after(p, flowing_at) for p in led), 60,
+                 "further acknowledgements on the partitions the victim leads")
         stopped_at = time.monotonic()
         code = victim.stop()
         stop_s = time.monotonic() - stopped_at

@@ -83,7 +83,7 @@ def produce(bootstrap: str, history: History, fault_after: int, fault, acked_aft
                 fault()
                 first_after_fault[0] = i + 1
             if i % 2000 == 0:
-                time.sleep(0.15)  # ~13k records/s: the run spans the fault and the failover, as a steady producer's would
+                time.sleep(0.15)  # pacing, not a wait: ~13k records/s: the run spans the fault and the failover, as a steady producer's would
         producer.flush()
     return fault_at[0] if fault_at else time.monotonic()
 
@@ -114,7 +114,8 @@ def test_leader_failure_under_acks_all_loses_no_acknowledged_record(cluster, fau
         else:
             victim.resume()
         wait_for_full_isr(admin, TOPIC)  # the old leader truncated, caught up and rejoined
-    time.sleep(1)
+    wait_for(lambda: tail.error is not None or tail.count >= len(history.acked), 60,
+             "the tail to read as many records as were acknowledged")
     tail.stopping.set()
     tail.join(30)
     assert tail.error is None, tail.error

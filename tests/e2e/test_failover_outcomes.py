@@ -75,7 +75,7 @@ def test_every_record_sent_through_a_failover_is_acknowledged_soon_after_the_las
             if not killed and time.monotonic() - start >= KILL_AFTER_S:
                 victim.kill()
                 killed = True
-            time.sleep(0.01)
+            time.sleep(0.01)  # pacing, not a wait: a steady load over SEND_S
         stopped = time.monotonic()
         try:
             wait_for(lambda: not outcomes.unanswered, ANSWERED_WITHIN_S, "every record's outcome", interval_s=0.5)

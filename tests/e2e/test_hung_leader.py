@@ -41,14 +41,14 @@ def test_a_hung_leader_costs_one_request_timeout_not_two(cluster):
                   delivery_timeout_ms=120_000) as producer:
         for _ in range(200):  # a second of steady traffic, every record acknowledged by the leader
             producer.send(TOPIC, b"before", partition=0, on_delivery=lambda md, err: delivered(md, err, False))
-            time.sleep(SEND_INTERVAL_S)
+            time.sleep(SEND_INTERVAL_S)  # pacing, not a wait: steady traffic
         producer.flush()
         try:
             victim.pause()
             paused_at = time.monotonic()
             while not acked_after_pause and time.monotonic() - paused_at < DEADLINE_S:
                 producer.send(TOPIC, b"after", partition=0, on_delivery=lambda md, err: delivered(md, err, True))
-                time.sleep(SEND_INTERVAL_S)
+                time.sleep(SEND_INTERVAL_S)  # pacing, not a wait: steady traffic until one is acknowledged
             timed_out = producer.metrics()["request-timeout-total"]
             with Admin(survivors, request_timeout_ms=5_000) as admin:
                 def moved():

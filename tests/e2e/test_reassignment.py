@@ -3,8 +3,6 @@ to other brokers, the new replicas hold the leader's log byte for byte, the old 
 theirs, and nothing acknowledged is lost. A move onto a broker at `max.partitions` is refused."""
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from cli.partition import decommission_plan
@@ -31,7 +29,7 @@ def test_a_reassignment_and_a_decommission_move_data_and_leadership_losing_nothi
         before = wait_for_full_isr(admin, TOPIC)
         load = Load(local.bootstrap, history, TOPIC)
         load.start()
-        time.sleep(2)
+        load.wait_acked(2000)
 
         # Move partition 0 entirely to the two brokers that do not hold it: leadership follows.
         old = before[0].replicas

@@ -65,7 +65,7 @@ def test_a_divergent_tail_is_never_read_and_is_truncated_when_its_leader_returns
         # (paused) socket, but no follower asks for the next ones.
         for batch in range(5):
             send(old_leader.bootstrap, history, [b"b%04d" % i for i in range(batch * 100, batch * 100 + 100)], 1)
-            time.sleep(0.1)
+            time.sleep(0.1)  # spacing, not a wait: five requests apart, each after the followers' last fetch
         assert sum(1 for v in history.acked if v.startswith(b"b")) == 500
         assert visible(old_leader.bootstrap, 1000) == 1000, "records above the high watermark were served"
         old_leader.kill()
@@ -207,7 +207,7 @@ def test_a_follower_cut_off_from_its_leader_leaves_the_isr_and_rejoins_when_heal
                     producer.send(TOPIC, b"%d" % i, partition=partition)
                     if i % 20 == 0:
                         producer.flush()
-                        time.sleep(0.1)
+                        time.sleep(0.1)  # pacing, not a wait: produce spread over the cut follower's lag window
             shrunk = wait_for(lambda: (lambda s: s if 1 not in s.isr else None)(partitions_of(admin, TOPIC)[partition]),
                               60, "broker 1 to leave the ISR")
             assert set(shrunk.isr) == {0, 2} and shrunk.leader == 0

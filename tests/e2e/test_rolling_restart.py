@@ -48,14 +48,14 @@ def test_a_rolling_restart_under_load_loses_nothing_acknowledged(cluster):
     load, reader = Load(local.bootstrap, history, TOPIC), GroupReader(local.bootstrap, history)
     load.start()
     reader.start()
-    time.sleep(2)
+    load.wait_acked(2000)
     with Admin(local.bootstrap) as admin:
         for broker in local.brokers:
             broker.stop()
-            time.sleep(1)
+            time.sleep(1)  # not a condition, the point: the load runs on while the broker is down
             broker.start()
             wait_for_full_isr(admin, TOPIC, timeout_s=60)
-            time.sleep(1)
+            load.wait_acked(1000)
     load.finish()
     assert not history.failed, f"{len(history.failed)} sends failed, e.g. {list(history.failed.items())[:3]}"
     read_all(local.bootstrap, TOPIC, PARTITIONS, history, "final")

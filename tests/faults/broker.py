@@ -31,7 +31,7 @@ _real_sync_filesystem = checkpoint.sync_filesystem
 
 
 def _fault_point() -> None:
-    while (FAULT_DIR / "fsync.block").exists():
+    while (FAULT_DIR / "fsync.block").exists():  # the injected hang (in the broker), until the test lifts it
         time.sleep(0.005)
     if (FAULT_DIR / "fsync.fail").exists():
         raise OSError(errno.EIO, "injected fsync failure")

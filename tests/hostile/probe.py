@@ -6,7 +6,7 @@ import threading
 import time
 
 from protocol import ApiKey
-from tests.conftest import RawClient
+from tests.helpers.raw_client import RawClient
 from tests.waiting import wait_until
 
 

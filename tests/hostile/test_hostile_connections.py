@@ -359,7 +359,7 @@ def test_a_request_that_does_not_arrive_whole_within_request_read_timeout_closes
             served = True
         if len(closed) == len(slow) or time.monotonic() > deadline:
             break
-        time.sleep(0.2)
+        time.sleep(0.2)  # not a wait: the slow peers send a byte every 200 ms
     still_open = [i for i, sock in enumerate(slow) if i not in closed and not is_closed(sock, 0.5)]
     assert not still_open, f"{len(still_open)} slow connections still open after {WAIT_S} s"
     request(idle, ApiKey.API_VERSIONS, {})  # the idle one was not closed

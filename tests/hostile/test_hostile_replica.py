@@ -86,7 +86,7 @@ class Forger(threading.Thread):
                                                              forged_fetch(replica)))
                 self.sent += 1
                 self.refused += isinstance(answer, ClusterAuthorizationFailedError)
-            time.sleep(0.05)
+            time.sleep(0.05)  # pacing, not a wait: a forger's steady fetches
 
 
 def test_a_forged_follower_cannot_keep_stopped_followers_in_sync_or_lose_acks_all_records(cluster):

@@ -20,7 +20,7 @@ import pytest
 
 from broker.process import BrokerProcess
 from protocol import ApiKey
-from tests.conftest import RawClient
+from tests.helpers.raw_client import RawClient
 from tests.hostile.probe import Probe
 from tests.waiting import wait_until
 

@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import msgpack
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import protocol
@@ -74,7 +74,7 @@ from protocol import (
 from segment_format.manifest import RemoteSegment
 from segment_format.segment_metadata import SegmentMetadata
 
-PROPERTY = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=60)
 
 
 def wire(message: Message) -> tuple[dict[str, Any], memoryview]:

@@ -6,7 +6,7 @@ import struct
 
 import msgpack
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.backpressure import ByteBudget
@@ -26,7 +26,7 @@ from protocol import (
     field,
 )
 
-PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=150)
 
 
 def _request(correlation_id: int, control: dict | None = None, payload: bytes = b"", api_key: int = ApiKey.PRODUCE,

@@ -14,7 +14,7 @@ from client.producer_batch import ProducerBatch
 values_st = st.lists(st.binary(max_size=300), min_size=1, max_size=body_template.MAX_RECORDS)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(values=values_st, keyed=st.booleans(), data=st.data())
 def test_template_bytes_equal_pyarrows(values, keyed, data):
     n = len(values)
@@ -68,7 +68,7 @@ def body_of(keys, values):
     return bytearray(bytes(encoded.header) + bytes(encoded.body))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(keyed=st.booleans(), slot=st.integers(0, 3), index=st.integers(0, 33), value=st.integers(-2**63, 2**63 - 1))
 def test_the_validator_reads_a_known_shape_exactly_as_it_walks_any_other(keyed, slot, index, value):
     """Whatever number a known-shape body carries (row count, bodyLength, a node or buffer

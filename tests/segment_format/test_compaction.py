@@ -285,7 +285,7 @@ records_strategy = st.lists(
 )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(records=records_strategy, data=st.data())
 def test_compaction_matches_the_reference_model(records, data):
     """Random keys, values, tombstone ages and batch sizes: survivors equal the model's."""

@@ -24,7 +24,7 @@ BASE = 100
 @pytest.mark.parametrize("kind, entry, suffix", [(OFFSET_INDEX, struct.pack("<ii", 10, 1000), ".index"),
                                                  (TIME_INDEX, struct.pack("<qi", 100, 5), ".timeindex")],
                          ids=["offset-index", "time-index"])
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200)
 @given(data=st.data())
 def test_any_header_corruption_is_detected(kind: IndexKind, entry: bytes, suffix: str, data):
     """Flipping any bits of any header byte, or cutting the header short, makes parsing fail."""

@@ -8,7 +8,7 @@ import struct
 import crc32c
 import pyarrow as pa
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.errors import CorruptMessageError, InvalidRecordError, InvalidTimestampError, MessageTooLargeError
@@ -46,7 +46,7 @@ from tests.broker.forged_batches import (
     with_gap,
 )
 
-PROPERTY = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+PROPERTY = settings(max_examples=150)
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 INT32 = st.integers(-(2**31), 2**31 - 1)
@@ -236,7 +236,7 @@ def test_null_headers_encode_without_hidden_child_rows(n):
 _OUTSIDE_CRC = set(range(0, 8)) | set(range(12, 16))  # base_offset, partition_leader_epoch
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200)
 @given(records=RECORDS, compression=st.sampled_from(COMPRESSIONS), data=st.data())
 def test_any_single_bit_flip_is_detected_except_in_offset_and_epoch(records, compression, data):
     """Flipping one bit anywhere fails validation with CORRUPT_MESSAGE, unless it lies in the
@@ -892,7 +892,7 @@ def test_the_hostile_body_is_valid_and_compressed_with_zstd():
     validate_batch(_framed(_HOSTILE, record_count=HOSTILE_ROWS))
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400)
 @given(data=st.data(), name=st.sampled_from(sorted(_HOSTILE_FIELDS)))
 def test_any_single_field_corruption_of_the_metadata_is_rejected(data, name):
     """Setting any one checked field of the schema or record batch message to a value its rule
@@ -905,7 +905,7 @@ def test_any_single_field_corruption_of_the_metadata_is_rejected(data, name):
         validate_batch(_framed(bytes(ipc), record_count=HOSTILE_ROWS))
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=500)
 @given(data=st.data(), count=st.integers(1, 6))
 def test_any_bytes_in_the_metadata_raise_nothing_but_corrupt_message(data, count):
     """Overwriting up to six bytes anywhere in the two messages' metadata (re-CRC'd) either leaves

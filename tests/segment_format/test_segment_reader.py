@@ -344,7 +344,7 @@ def segment_bytes(written: Written) -> tuple[bytes, list[tuple[int, record.Batch
 UNCOVERED_BY_CRC = (*range(0, 8), *range(12, 16))  # base_offset, partition_leader_epoch
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150)
 @given(data=st.data())
 def test_a_corrupted_byte_raises_and_nothing_invalid_is_yielded(written, data):
     """Flip any byte: iteration raises CorruptMessageError at the damaged batch (or, for the
@@ -372,7 +372,7 @@ def test_a_corrupted_byte_raises_and_nothing_invalid_is_yielded(written, data):
     assert [(b.position, b.header) for b in yielded[:damaged]] == batches[:damaged]
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(data=st.data())
 def test_a_truncated_segment_yields_its_whole_batches_then_raises(written, data):
     """Cut the `.log` anywhere: the whole batches before the cut come out, then CorruptMessageError
@@ -392,7 +392,7 @@ def test_a_truncated_segment_yields_its_whole_batches_then_raises(written, data)
     assert yielded == whole
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100)
 @given(garbage=st.binary(max_size=300), frame_only=st.booleans())
 def test_garbage_raises_only_corrupt_message(garbage, frame_only):
     """Arbitrary bytes never surface as struct.error or IndexError, whatever the scan mode."""

@@ -48,7 +48,7 @@ class MotoServer:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
                 raise RuntimeError(f"moto server did not start:\n{self.log_path.read_text()[-2000:]}")
-            time.sleep(0.02)
+            time.sleep(0.02)  # a poll of the condition above (the process and its port), with its own error
 
     def stop(self) -> None:
         if self.proc is None:

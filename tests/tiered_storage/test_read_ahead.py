@@ -104,7 +104,7 @@ def test_a_window_must_be_positive(executor):
         ReadAhead(Store(), len(DATA), 0, executor)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=60)
 @given(window=st.integers(1, 3000),
        reads=st.lists(st.tuples(st.integers(0, len(DATA)), st.integers(1, 4000), st.booleans()), max_size=12))
 def test_any_reads_return_exactly_the_objects_bytes(window, reads):

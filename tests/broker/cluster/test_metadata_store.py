@@ -31,6 +31,8 @@ from broker.cluster.metadata_store import (
     WatchEvent,
 )
 from common.errors import InvalidRequestError, MetadataStoreLimitError, MetadataStoreUnavailableError
+from tests.helpers.clocks import ManualClock
+from tests.waiting import wait_until_async
 
 Scenario = Callable[[MetadataStore], Awaitable[None]]
 OpenStore = Callable[[], Awaitable[MetadataStore]]
@@ -501,8 +503,7 @@ class MetadataStoreContract:
 
             consumer = asyncio.create_task(consume())
             await store.put("k/a", {})
-            while not received:
-                await asyncio.sleep(0.01)
+            await wait_until_async(lambda: received, TIMEOUT_S, "the watch delivers the put")
             watch.cancel()
             await consumer
             assert changes(received) == [("put", "k/a", {})]
@@ -608,36 +609,6 @@ class MetadataStoreContract:
                 await store.grant_lease(ttl_s)
 
         run_with(open_store, scenario)
-
-
-class ManualClock:
-    """A Clock that moves only when told: `advance` fires the timers that fall due, in order."""
-
-    class _Timer:
-        def __init__(self, due: float, callback: Callable[[], None]) -> None:
-            self.due, self.callback, self.cancelled = due, callback, False
-
-        def cancel(self) -> None:
-            self.cancelled = True
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-        self._timers: list[ManualClock._Timer] = []
-
-    def monotonic(self) -> float:
-        return self.now
-
-    def call_later(self, delay_s: float, callback: Callable[[], None]) -> "ManualClock._Timer":
-        timer = self._Timer(self.now + max(delay_s, 0.0), callback)
-        self._timers.append(timer)
-        return timer
-
-    def advance(self, seconds: float) -> None:
-        self.now += seconds
-        due = sorted((t for t in self._timers if t.due <= self.now and not t.cancelled), key=lambda t: t.due)
-        self._timers = [t for t in self._timers if t not in due and not t.cancelled]
-        for timer in due:
-            timer.callback()
 
 
 class TestLocalMetadataStore(MetadataStoreContract):
@@ -850,7 +821,7 @@ class TestLocalMetadataStore(MetadataStoreContract):
             watch = store.watch("")
             waiting = asyncio.create_task(anext(watch, None))
             lease = await store.grant_lease(60)
-            await asyncio.sleep(0)
+            await asyncio.sleep(0)  # a loop turn, not a wait on time: the waiting task starts its iteration
             await store.close()
             assert await waiting is None
             with pytest.raises(LeaseNotFoundError):
@@ -916,12 +887,11 @@ class TestEtcdMetadataStore(MetadataStoreContract):
                 with pytest.raises(MetadataStoreUnavailableError):
                     await store.put("k/during", {})
                 await asyncio.to_thread(server.start)
-                for _ in range(50):  # the client's channel reconnects after its backoff: retriable until then
-                    try:
-                        await store.revision()
-                        break
-                    except MetadataStoreUnavailableError:
-                        await asyncio.sleep(0.1)
+                async def answers() -> bool:  # the channel reconnects after its backoff: retriable until then
+                    await store.revision()
+                    return True
+
+                await wait_until_async(answers, 10, "the store answers again", 0.1, tolerate=(MetadataStoreUnavailableError,))
                 await store.put("k/after", {"n": 1})
                 await store.delete("k/before")
                 assert changes(await take(watch, 2)) == [("put", "k/after", {"n": 1}), ("delete", "k/before", None)]

@@ -12,6 +12,7 @@ from pathlib import Path
 from broker.cluster.brokers import BrokerInfo, BrokerRegistration, LiveBrokers, broker_key
 from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.peer_watch import PeerWatch
+from tests.waiting import wait_until_async
 
 TIMEOUT_S = 30
 ME, PEER = 0, 1
@@ -73,8 +74,10 @@ async def _registered(store: LocalMetadataStore, epoch: int) -> bool:
 
 
 async def _until_gone(store: LocalMetadataStore) -> None:
-    while await store.get(broker_key(PEER)) is not None:
-        await asyncio.sleep(0.02)
+    async def gone() -> bool:
+        return await store.get(broker_key(PEER)) is None
+
+    await wait_until_async(gone, 30, "the peer's registration gone", 0.02)
 
 
 async def _die(peer: Peer) -> None:

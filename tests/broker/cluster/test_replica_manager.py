@@ -16,6 +16,7 @@ from broker.log import LogManager, TopicLogSpec, UnifiedLog
 from broker.log_writer import LogWriter
 from broker.purgatory import DelayedOperationPurgatory
 from broker.replica_manager import ReplicaManager
+from tests.waiting import wait_until_async
 
 
 def hold_appends(monkeypatch) -> threading.Event:
@@ -49,7 +50,7 @@ def test_an_append_queued_when_its_topic_is_deleted_is_unknown_topic(tmp_path: P
         pending = replicas.append("t", 0, payload, acks=1, timeout_ms=1000)
         assert not isinstance(pending, tuple) and asyncio.iscoroutine(pending)
         appended = asyncio.ensure_future(pending)
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a loop turn, not a wait on time: the append is handed to the (held) writer
         await replicas.delete_topic("t")
         release.set()
         with pytest.raises(UnknownTopicOrPartitionError, match="deleted while the append was queued"):
@@ -83,10 +84,11 @@ def test_an_acks_all_produce_answers_when_the_isr_shrinks_while_the_handler_awai
             return [await first, await second]  # as ProduceHandler awaits a request's partitions
 
         answered = asyncio.ensure_future(handler())
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a loop turn, not a wait on time: the handler awaits the first partition
         shrunk = LeaderAndIsr(0, 0, (0, 1, 2), (0,))  # brokers 1 and 2 died: the controller's new ISR
         await replicas.become("t", 1, spec, shrunk)
-        await asyncio.sleep(0.05)
+        await wait_until_async(lambda: len(replicas.produce_purgatory) == 1, 10,
+                               "the ISR change completes the second partition's parked append")
         assert not answered.done()  # the first partition still waits for its followers
         await replicas.become("t", 0, spec, shrunk)
         infos = await asyncio.wait_for(answered, 3)  # before the 5 s produce timeout
@@ -110,7 +112,7 @@ def test_an_acks_all_append_queued_when_leadership_moves_answers_not_leader_at_o
         release = hold_appends(monkeypatch)
         payload = _one_record()
         appended = asyncio.ensure_future(replicas.append("t", 0, payload, acks=-1, timeout_ms=30_000))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # a loop turn, not a wait on time: the append is handed to the (held) writer
         await replicas.become("t", 0, spec, LeaderAndIsr(1, 1, (0, 1, 2), (1, 2)))  # broker 0 handed over
         release.set()
         with pytest.raises(NotLeaderError, match="leadership moved to broker 1"):

@@ -12,7 +12,8 @@ from broker.cluster.brokers import BrokerInfo, BrokerRegistration
 from broker.cluster.local_metadata_store import LocalMetadataStore
 from broker.cluster.session_fence import SessionFence
 from common.errors import NotLeaderError
-from tests.broker.cluster.test_metadata_store import ManualClock
+from tests.helpers.clocks import ManualClock
+from tests.waiting import wait_until_async
 
 TIMEOUT_S = 20
 
@@ -68,8 +69,8 @@ def test_a_registration_reports_its_lease_so_a_lapsed_broker_is_fenced_until_reg
             registration.start()
             clock.advance(1.5)  # the lease (1 s) expires in the store, unrenewed
             assert "last confirmed 1.5 s ago" in fence.reason()
-            while registration.epoch == first:  # the keep-alive (every 1/3 s) registers again
-                await asyncio.sleep(0.05)
+            await wait_until_async(lambda: registration.epoch != first, 10,
+                                   "the keep-alive (every 1/3 s) registers again", 0.05)
             assert f"has read the metadata up to revision {applied[0]}" in fence.reason()
             applied[0] = await store.revision()
             assert fence.reason() is None

@@ -5,7 +5,7 @@ either (the next open recovers from the files alone), and a UnifiedLog opened di
 where the manager is not the point (the caller passes the offsets a manager would)."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import fields, replace
 from pathlib import Path
 
@@ -15,23 +15,11 @@ from broker.config import LogConfig
 from broker.log import FileCache, LogManager, TopicLogSpec, UnifiedLog
 from segment_format.record import encode_batch
 from segment_format.batch_body import make_body
+from tests.helpers.clocks import FakeClock
 
 # Small limits so that a handful of ~1 KiB batches fill a segment.
 SMALL = LogConfig(segment_bytes=4096, max_message_bytes=4096, index_interval_bytes=0, retention_ms=-1)
 TOPIC_ID = "0123456789abcdef0123456789abcdef"
-
-
-class FakeClock:
-    """Kafka's MockTime: milliseconds that move only when a test says so."""
-
-    def __init__(self, now_ms: int = 1_000_000) -> None:
-        self.now_ms = now_ms
-
-    def __call__(self) -> int:
-        return self.now_ms
-
-    def advance(self, ms: int) -> None:
-        self.now_ms += ms
 
 
 def build_batch(
@@ -57,6 +45,14 @@ def clock() -> FakeClock:
 @pytest.fixture
 def small_config() -> LogConfig:
     return SMALL
+
+
+@pytest.fixture
+def cache() -> Iterator[FileCache]:
+    """The descriptor cache segments share (its size is exercised in test_file_cache.py)."""
+    files = FileCache()
+    yield files
+    files.close()
 
 
 def crash(manager: LogManager) -> None:

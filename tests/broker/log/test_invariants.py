@@ -12,7 +12,6 @@ import pytest
 from segment_format import batch_body, record
 from common.errors import CorruptMessageError, InvalidRequestError, LogInvariantError
 from broker.handlers.list_offsets import _offset_for
-from broker.log.file_cache import FileCache
 from segment_format.index_file import CorruptIndexError
 from broker.log.log_segments import LogSegments
 from broker.log.segment import BatchInfo, Segment
@@ -26,13 +25,6 @@ REPO = Path(__file__).resolve().parents[3]
 
 def batch(records: int = 3) -> bytearray:
     return record.encode_batch(batch_body.make_body([b"v"] * records, timestamps_ms=1_000))
-
-
-@pytest.fixture
-def cache():
-    files = FileCache()
-    yield files
-    files.close()
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from segment_format import batch_body, record
 from broker.config import LogConfig
 from segment_format.limits import INT32_MAX
 from broker.log import LogCleaner, LogManager, TopicLogSpec, UnifiedLog
@@ -20,67 +19,16 @@ from broker.log.checkpoint import read_offsets
 from broker.log.log_cleaner import group_segments, max_keys_for
 from broker.log.log_manager import CLEANER_CHECKPOINT
 from tests.broker.log.appends import append
-from tests.broker.log.conftest import FakeClock
+from tests.helpers.clocks import FakeClock
+from tests.helpers.log_cleaning import DAY_MS, NOW_MS, keyed_batch, latest, produce, read_all
 from tests.waiting import wait_until
 
-NOW_MS = 1_000_000
-DAY_MS = 86_400_000
 COMPACT = LogConfig(segment_bytes=4096, max_message_bytes=4096, index_interval_bytes=0, retention_ms=-1,
                     cleanup_policy="compact", min_cleanable_dirty_ratio=0.01)
-
-Entry = tuple[int, bytes | None, bytes | None]  # (offset, key, value)
-
-
-def keyed_batch(records: list[tuple[bytes | None, bytes | None]], timestamp_ms: int = NOW_MS) -> bytearray:
-    body = batch_body.make_body([value for _, value in records], keys=[key for key, _ in records], timestamps_ms=timestamp_ms)
-    return record.encode_batch(body)
-
-
-def produce(partition_log: UnifiedLog, records: list[tuple[bytes | None, bytes | None]], per_batch: int = 5,
-            timestamp_ms: int = NOW_MS) -> list[Entry]:
-    """Append `records` in batches of `per_batch` and make them cleanable (high watermark and
-    recovery point at the LEO); returns them with their offsets."""
-    written = []
-    for i in range(0, len(records), per_batch):
-        chunk = records[i:i + per_batch]
-        info = append(partition_log, keyed_batch(chunk, timestamp_ms))
-        written += [(info.first_offset + j, key, value) for j, (key, value) in enumerate(chunk)]
-    partition_log.flush()
-    return written
-
 
 def updates(count: int, keys: int, tag: bytes = b"v", value_bytes: int = 40) -> list[tuple[bytes, bytes]]:
     """`count` records over `keys` keys, each value naming its round (so the latest is knowable)."""
     return [(b"key-%03d" % (i % keys), tag + b"-%05d-" % i + b"x" * value_bytes) for i in range(count)]
-
-
-def latest(entries: list[Entry]) -> list[Entry]:
-    """The model: null keys kept, and each key's last record."""
-    last = {key: offset for offset, key, _ in entries if key is not None}
-    return [(offset, key, value) for offset, key, value in entries if key is None or last[key] == offset]
-
-
-def read_all(partition_log: UnifiedLog, start: int | None = None) -> list[Entry]:
-    """Every record a consumer fetching from `start` (default: the log start) to the LEO sees."""
-    out: list[Entry] = []
-    offset = partition_log.log_start_offset if start is None else start
-    while offset < partition_log.log_end_offset:
-        fetched = partition_log.read(offset, 1 << 20, max_offset=partition_log.log_end_offset)
-        data = fetched.read_bytes()
-        fetched.close()
-        assert data, f"nothing fetched at {offset} below the LEO {partition_log.log_end_offset}"
-        position = 0
-        while position + record.HEADER_SIZE <= len(data):
-            size = record.read_header(data, position).size
-            if position + size > len(data):
-                break
-            header, body = record.decode_batch(data, position)
-            offsets = record.record_offsets(header, body).to_pylist()
-            out += [entry for entry in zip(offsets, body.column("key").to_pylist(), body.column("value").to_pylist())
-                    if entry[0] >= offset]
-            offset = header.next_offset
-            position += size
-    return out
 
 
 @pytest.fixture

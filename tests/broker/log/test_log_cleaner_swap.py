@@ -12,60 +12,14 @@ import pytest
 from segment_format import record
 from common.errors import KafkaStorageError
 from broker.log import LogCleaner, Segment, UnifiedLog
-from segment_format.compaction import build_offset_map, compact_batches
-from broker.log.segment import BatchInfo
 from segment_format.layout import CLEANED_SUFFIX
-from tests.broker.log.test_log_cleaner import DAY_MS, NOW_MS, Entry, latest, produce, read_all
+from tests.helpers.log_cleaning import GROUP, NOW_MS, Entry, build, latest, read_all, write_cleaned
 
-VALUE = b"x" * 200  # three records a batch, two batches a 4 KiB segment
-GROUP = 3  # segments in the swapped group: renames 0-2 commit it, 3-11 retire the old ones, 12-14 finish
 RENAMES = 3 + 3 * GROUP + 3
 
 
 class Crash(BaseException):
     """SIGKILL at a rename: nothing after it runs, no cleanup, no except clause catches it."""
-
-
-def records_for(scenario: str) -> list[tuple[bytes, bytes]]:
-    """Six records a segment. "survivors": the group's last segment keeps its records (the first
-    two are superseded by it). "emptied": only the group's first segment keeps records; the next
-    two are superseded by the segment after the group, so the cleaned segment ends before them."""
-    if scenario == "survivors":
-        return [(b"k%d" % (i % 6), VALUE) for i in range(18)] + [(b"tail%d" % i, VALUE) for i in range(20)]
-    return ([(b"u%d" % i, VALUE) for i in range(6)] + [(b"k%d" % (i % 6), VALUE) for i in range(18)]
-            + [(b"tail%d" % i, VALUE) for i in range(14)])
-
-
-def build(open_log, scenario: str) -> tuple[UnifiedLog, list[Entry]]:
-    partition_log = open_log(cleanup_policy="compact", min_cleanable_dirty_ratio=0.0)
-    written = produce(partition_log, records_for(scenario), per_batch=3)
-    assert [s.next_offset - s.base_offset for s in partition_log.segments()[:GROUP + 1]] == [6] * (GROUP + 1)
-    return partition_log, written
-
-
-def write_cleaned(partition_log: UnifiedLog, cache) -> tuple[Segment, list[Segment]]:
-    """What the cleaner writes for the first GROUP segments with a map of every sealed segment:
-    their survivors in one sealed, fsynced `.cleaned` segment."""
-    sealed = partition_log.segments()[:-1]
-    group = sealed[:GROUP]
-
-    def batches(segments: list[Segment]):
-        for segment in segments:
-            with segment.detached_reader() as reader:
-                yield from reader.stored_batches()
-
-    offset_map = build_offset_map(batches(sealed), 1000)
-    cleaned = Segment.create(partition_log.directory, group[0].base_offset, cache, CLEANED_SUFFIX)
-    data, infos = bytearray(), []
-    for out in compact_batches(batches(group), offset_map, NOW_MS, DAY_MS):
-        header = record.read_header(out)
-        infos.append(BatchInfo(header.base_offset, header.next_offset, header.size, header.max_timestamp))
-        data += out
-    if infos:
-        cleaned.append(memoryview(data), infos, 0, NOW_MS)
-    cleaned.seal()
-    cleaned.flush()
-    return cleaned, group
 
 
 def records_of(segment: Segment) -> list[Entry]:

@@ -17,7 +17,7 @@ import pytest
 from broker.log import UnifiedLog
 from tests.broker.log.appends import append
 from tests.broker.log.conftest import build_batch
-from tests.broker.log.test_log_cleaner_swap import build, write_cleaned
+from tests.helpers.log_cleaning import build, write_cleaned
 
 DELAY_S = 1.0  # each injected pwrite / fsync stalls this long
 MAX_READER_WAIT_S = DELAY_S / 2  # a reader waits for no stall: anything near DELAY_S is one
@@ -47,7 +47,7 @@ class SlowDisk:
 
     def _stall(self) -> None:
         self.stalled.set()
-        time.sleep(DELAY_S)
+        time.sleep(DELAY_S)  # not a wait: the injected slow disk
 
 
 def worst_reader_wait(partition_log: UnifiedLog, disk: SlowDisk, writer: Callable[[], object]) -> float:
@@ -63,7 +63,7 @@ def worst_reader_wait(partition_log: UnifiedLog, disk: SlowDisk, writer: Callabl
             partition_log.read(0, 1024).close()
             partition_log.update_high_watermark(partition_log.high_watermark)
             worst = max(worst, time.monotonic() - start)
-            time.sleep(0.005)
+            time.sleep(0.005)  # pacing, not a wait: a probe every 5 ms while the writer stalls
         done.result()
     print(f"worst reader wait {worst * 1000:.1f} ms (injected stall {DELAY_S * 1000:.0f} ms)")
     return worst

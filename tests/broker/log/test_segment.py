@@ -36,14 +36,6 @@ def append(segment: Segment, data: bytearray, interval: int = 0, now_ms: int = 0
 
 
 @pytest.fixture
-def cache():
-    """The descriptor cache segments share (its size is exercised in test_file_cache.py)."""
-    files = FileCache()
-    yield files
-    files.close()
-
-
-@pytest.fixture
 def segment(tmp_path, cache):
     segment = Segment.create(tmp_path, 0, cache)
     yield segment
@@ -407,7 +399,7 @@ def _segment_with(directory, record_counts: list[int]) -> tuple[Segment, list[in
     return segment, sizes
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(record_counts=st.lists(st.integers(1, 4), min_size=1, max_size=6), cut=st.floats(0, 1))
 def test_recover_keeps_exactly_the_whole_batches_before_any_cut(record_counts, cut):
     """Property: truncating the file anywhere leaves exactly the batches that are still complete."""
@@ -424,7 +416,7 @@ def test_recover_keeps_exactly_the_whole_batches_before_any_cut(record_counts, c
             recovered.close()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40)
 @given(
     record_counts=st.lists(st.integers(1, 4), min_size=1, max_size=6),
     batch_choice=st.integers(0, 5),

@@ -24,6 +24,7 @@ from segment_format.index_file import HEADER_SIZE, OFFSET_INDEX, TIME_INDEX
 
 from tests.broker.log.appends import append
 from tests.broker.log.conftest import crash
+from tests.waiting import wait_until_async
 
 R = 3  # records per test batch; three batches fill a 4 KiB segment
 OLD_ID, NEW_ID = "a" * 32, "b" * 32
@@ -123,10 +124,7 @@ def test_a_log_deleted_with_a_flush_due_is_not_flushed_again_and_again(tmp_path,
             assert partition_log.needs_flush(clock())
             await replicas.delete_topic("t")
             replicas._flush(partition_log)  # as the done callback of a flush in flight asks again
-            for _ in range(200):
-                if not replicas.flushes_in_flight:
-                    break
-                await asyncio.sleep(0.01)
+            await wait_until_async(lambda: not replicas.flushes_in_flight, 10, "no flush in flight")
             assert replicas.flushes_in_flight == 0
             assert not partition_log.needs_flush(clock())
         finally:

@@ -25,7 +25,8 @@ from segment_format.index_file import OFFSET_INDEX, SparseIndex
 from broker.remote_log.remote_log_manager import RemoteLogManager
 from broker.remote_log.remote_log_reader import ChunkCache, RemoteLogReader, RemoteReadPending
 from tests.broker.log.appends import append
-from tests.broker.log.conftest import SMALL, TOPIC_ID, FakeClock
+from tests.broker.log.conftest import SMALL, TOPIC_ID
+from tests.helpers.clocks import FakeClock
 from tiered_storage import RemoteObjectNotFoundError, RemoteSegmentStore, RemoteStorageError
 from segment_format.manifest import PartitionManifest, RemoteSegment
 from tests.waiting import wait_until
@@ -197,10 +198,11 @@ class Ready:
 
 
 def settle(reader: RemoteLogReader) -> None:
-    """Wait until no chunk or index is being loaded (prefetches finished)."""
-    time.sleep(0.05)
-    wait_until(lambda: not reader._loading, WAIT_S, "no chunk or index loading", 0.005)
-    time.sleep(0.05)
+    """Wait until the reader's workers are idle: no worker read or prefetch queued or running, and
+    no chunk or index loading. A read submits its prefetches before it returns, and a worker task
+    counts until it has finished (cache puts and on_ready included), so nothing more happens after."""
+    wait_until(lambda: reader._executor.depth == 0 and not reader._loading, WAIT_S,
+               "no worker read or prefetch queued or running", 0.005)
 
 
 def expected(tiered: Tiered, offset: int, max_bytes: int) -> bytes:
@@ -269,7 +271,7 @@ def test_read_hands_a_miss_to_a_worker_and_the_retry_claims_its_answer(tiered, s
     with pytest.raises(RemoteReadPending):
         reader.read(TOPIC, PARTITION, tiered.manifest, offset, 30_000)
     ready.wait()
-    time.sleep(0.1)
+    settle(reader)
     assert ready.calls == [(TOPIC, PARTITION)]
     assert reader.worker_reads == 1
     answer = reader.read(TOPIC, PARTITION, tiered.manifest, offset, 30_000)
@@ -309,7 +311,7 @@ def test_two_identical_pending_reads_share_one_worker_read(tiered, store, make_r
         reader.read(TOPIC, PARTITION, tiered.manifest, offset, 5_000)
     counter.gate.set()
     ready.wait()
-    time.sleep(0.1)
+    settle(reader)
     assert reader.worker_reads == 1 and ready.calls == [(TOPIC, PARTITION)]
     want = expected(tiered, offset, 5_000)
     assert reader.read(TOPIC, PARTITION, tiered.manifest, offset, 5_000) == want
@@ -535,7 +537,7 @@ def test_prefetch_chunks_zero_loads_only_what_reads_need(tiered, store, make_rea
     last = [b for b, n, _ in tiered.batches if n == segment.next_offset][0]
     reader.read_blocking(TOPIC, PARTITION, tiered.manifest, last, 1 << 20)
     gets, entries = len(counter), len(reader.cache)
-    time.sleep(0.3)
+    settle(reader)
     assert len(counter) == gets and len(reader.cache) == entries
     assert chunk_key(segment, 1) not in reader.cache
     assert chunk_key(following, 0) not in reader.cache
@@ -810,7 +812,7 @@ def test_close_drops_the_answers_of_reads_in_progress(tiered, store, make_reader
             pass
     assert time.monotonic() - started < 1.0
     assert reader.worker_reads == 1 and not reader._pending
-    time.sleep(0.1)
+    settle(reader)
     assert ready.calls == []
 
 
