@@ -6,7 +6,7 @@ import time
 
 import pyarrow as pa
 
-from broker.client import Consumer, ConsumerRecord, Producer
+from client import Consumer, ConsumerRecord, Producer
 
 
 def produce(bootstrap: str, topic: str, values: list[bytes], *, partition: int | None = None,

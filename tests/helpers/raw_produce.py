@@ -9,8 +9,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from broker.errors import NONE
-from broker.protocol import ApiKey
+from common.errors import NONE
+from protocol import ApiKey
 from segment_format import batch_body, record
 
 INT64_MAX = 2**63 - 1

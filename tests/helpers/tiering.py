@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from broker.client import Admin, Consumer, Producer
-from broker.errors import OffsetOutOfRangeError
+from client import Admin, Consumer, Producer
+from common.errors import OffsetOutOfRangeError
 from segment_format import record
 from segment_format.manifest import PartitionManifest
 from tiered_storage import RemoteSegmentStore
