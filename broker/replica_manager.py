@@ -420,7 +420,8 @@ class ReplicaManager:
                 self._follower_fetched(target, replica, fetch_offset)
             partition_log = target.log
             _check_topic_id(partition_log, topic_id)
-            result.high_watermark, result.log_start_offset = partition_log.high_watermark, partition_log.log_start_offset
+            result.high_watermark = partition_log.high_watermark
+            result.log_start_offset = partition_log.log_start_offset
             if max_bytes <= 0 and not min_one:
                 return result
             max_bytes = max(max_bytes, 1)

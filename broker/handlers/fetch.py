@@ -102,10 +102,10 @@ class FetchHandler:
         malformed = topic.error or p.error
         if malformed is not None:
             return FetchPartitionResponse(p.partition, *code_and_message(malformed))
-        result = self.replicas.read(
-            topic.name, p.partition, p.fetch_offset, min(max(max_bytes if p.max_bytes is None else p.max_bytes, 1), budget),
-            min_one=not read.size, current_leader_epoch=p.current_leader_epoch, topic_id=topic.topic_id,
-            replica=None if replica_id == CONSUMER_REPLICA_ID else replica_id)
+        limit = min(max(max_bytes if p.max_bytes is None else p.max_bytes, 1), budget)
+        result = self.replicas.read(topic.name, p.partition, p.fetch_offset, limit, min_one=not read.size,
+                                    current_leader_epoch=p.current_leader_epoch, topic_id=topic.topic_id,
+                                    replica=None if replica_id == CONSUMER_REPLICA_ID else replica_id)
         if result.error is not None:
             return FetchPartitionResponse(p.partition, *code_and_message(result.error), result.high_watermark,
                                           result.log_start_offset)
