@@ -278,7 +278,7 @@ class BrokerCollector(Collector):
         yield from families
 
     def _tiering(self) -> Iterator[Metric]:
-        from broker.handlers.tiering import describe_partition
+        from broker.remote_log.tiering_status import describe_partition
         from common.errors import PymqError
 
         remote_logs = self.replicas.remote_logs

@@ -10,8 +10,12 @@ watermark, and parks requests that must wait in the purgatories:
   (`flush.messages` reached, `flush.ms=0`), the ack waits for the flush that covers it. Flushes
   are group commits: one fsync covers every append that arrived before it started; appends that
   arrive during it are covered by the next one, which starts as soon as it ends.
-- fetch: reads stop at the high watermark; a fetch waiting for data wakes when it moves.
-- replication (docs/cluster.md): a follower's fetch (`replica_log`) reads up to the log end and
+- fetch (`read`, Kafka's readFromLog): a consumer's read stops at the high watermark; an offset
+  below a tiered log's local start is read from the remote tier through the remote log manager's
+  reader; the handler gets a typed LogReadResult per partition. A fetch waiting for data wakes
+  when the high watermark moves. ListOffsets (`offset_for_timestamp`) chooses local or remote
+  the same way.
+- replication (docs/cluster.md): a follower's fetch (`read` with its `replica`) reads up to the log end and
   tells the partition how far the follower got, which moves the high watermark (acks=all
   produces complete) and may add it to the ISR; `check_isr` drops followers that lag. ISR changes
   are written to the metadata store by `isr_writer` (compare-and-set) before they count. acks=all
@@ -30,17 +34,23 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from dataclasses import replace
-from typing import TYPE_CHECKING, Any, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from broker.cluster.partition import NO_EPOCH, LeaderAndIsr, Partition
+from broker.cluster.replica_fetcher import Address, FetchSettings, ReplicaFetcherManager
 from broker.config import LogConfig
 from broker.executors import BackgroundExecutors
-from broker.log import AppendInfo, LogManager, TopicLogSpec, UnifiedLog
+from broker.log import AppendInfo, FetchSlice, LogManager, TopicLogSpec, UnifiedLog
+from broker.log.unified_log import OffsetMovedToTieredStorageError
 from broker.log_writer import LogWriter
 from broker.purgatory import DelayedOperation, DelayedOperationPurgatory, ProducePurgatory
+from broker.remote_log.remote_log_reader import RemoteReadPending
+from broker.remote_log.tiering_status import describe_partition
 from common.errors import (
+    InconsistentTopicIdError,
     InvalidRequestError,
     KafkaStorageError,
     NotEnoughReplicasAfterAppendError,
@@ -51,7 +61,10 @@ from common.errors import (
     UnknownTopicOrPartitionError,
 )
 from common.topic_partition import TopicPartition
+from protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, code_and_message
+from protocol.messages.tiering import TieringPartition
 from segment_format.batch_body import now_ms
+from segment_format.manifest import RemoteSegment
 
 if TYPE_CHECKING:
     from broker.cluster.session_fence import SessionFence
@@ -64,21 +77,50 @@ log = logging.getLogger("pymq.replica_manager")
 IsrWriter = Callable[[Partition, LeaderAndIsr], Awaitable[bool]]
 
 
-class Followers(Protocol):
-    """The replica fetchers (broker/cluster/replica_fetcher.py), as the replica manager drives them."""
+@dataclass(frozen=True)
+class ClusterReplication:
+    """What a broker in a cluster gives its replica manager to replicate: how its replica fetchers
+    fetch (`fetch`) and find a leader (`address`), how an ISR change is stored (`isr_writer`),
+    the session fence that stops appends as leader on a stale view, and how long a follower may
+    lag before it leaves the ISR (replica.lag.time.max.ms). A single broker has none of these:
+    it follows nobody and its ISR never changes."""
 
-    def follow(self, partition: Partition) -> None: ...
+    fetch: FetchSettings
+    address: Address
+    isr_writer: IsrWriter
+    fence: SessionFence
+    replica_lag_time_max_ms: int = 30_000
 
-    def unfollow(self, key: TopicPartition) -> Awaitable[None]:
-        """Stop fetching `key`; done once no append or truncation of it runs any more."""
 
-    async def close(self) -> None:
-        """Stop fetching everything."""
+@dataclass(slots=True)
+class LogReadResult:
+    """One partition's read for a fetch (Kafka's LogReadResult), which the fetch handler turns
+    into the partition's response: the records found (a segment range the server sends with
+    sendfile, or bytes read from the remote tier; b"" if none), or the error to answer; the
+    high watermark and log start offset (-1 if the partition was not found); `remote_pending`:
+    a remote reader worker is loading the offset, and the fetch waits for it."""
+
+    high_watermark: int = -1
+    log_start_offset: int = -1
+    records: FetchSlice | bytes = b""
+    error: PymqError | None = None
+    remote_pending: bool = False
+
+    @property
+    def size(self) -> int:
+        records = self.records
+        return len(records) if isinstance(records, bytes) else records.size
+
+    def close(self) -> None:
+        """Release the segment range (a read that will not be sent)."""
+        if isinstance(self.records, FetchSlice):
+            self.records.close()
 
 
 class ReplicaManager:
     def __init__(self, broker_id: int, logs: LogManager, writer: LogWriter, fetch_purgatory: DelayedOperationPurgatory,
-                 executors: BackgroundExecutors | None = None, remote_logs: RemoteLogManager | None = None) -> None:
+                 executors: BackgroundExecutors | None = None, remote_logs: RemoteLogManager | None = None,
+                 cluster: ClusterReplication | None = None) -> None:
         self.broker_id = broker_id
         self.executors = executors or BackgroundExecutors.create()
         self.logs = logs
@@ -90,17 +132,26 @@ class ReplicaManager:
         self._checkpoint_wanted = False
         self._checkpointing: asyncio.Task[None] | None = None
         self.remote_logs = remote_logs  # tiered storage, when the broker runs it
-        self.followers: Followers | None = None  # the replica fetchers, in a cluster
         self._isr_writes: set[asyncio.Task[None]] = set()
         # Called with (partitions now led, partitions no longer led) after every leadership change.
         self.leadership_listeners: list[Callable[[list[Partition], list[Partition]], None]] = []
         # Called with a topic's name once it is deleted, on every broker, whether it hosted the topic
         # or not (the group coordinators drop the offsets their groups committed for it).
         self.deletion_listeners: list[Callable[[str], None]] = []
-        self.isr_writer: IsrWriter | None = None  # None: a single broker, whose ISR never changes
-        self.fence: SessionFence | None = None  # in a cluster: no appends as leader on a stale view
-        self.replica_lag_time_max_ms = 30_000
         self.isr_shrinks = self.isr_expands = 0  # ISR changes stored (metrics)
+        # In a cluster: the replica fetchers; the ISR writer (None: a single broker, whose ISR never
+        # changes); the fence (no appends as leader on a stale view).
+        self.followers: ReplicaFetcherManager | None = None
+        self.isr_writer: IsrWriter | None = None
+        self.fence: SessionFence | None = None
+        self.replica_lag_time_max_ms = 30_000
+        if cluster is not None:
+            self.followers = ReplicaFetcherManager(
+                cluster.fetch, self.executors.replication, cluster.address, self.flush_if_needed, logs.checkpoint,
+                remote_manifest=None if remote_logs is None else remote_logs.current_manifest)
+            self.isr_writer = cluster.isr_writer
+            self.fence = cluster.fence
+            self.replica_lag_time_max_ms = cluster.replica_lag_time_max_ms
 
     # --- partitions ------------------------------------------------------------------------
 
@@ -348,22 +399,155 @@ class ReplicaManager:
             self.fetch_purgatory.notify(key)
         self.produce_purgatory.complete(key, lambda offset, acks: self._satisfied(target, offset, acks))
 
-    # --- fetch -----------------------------------------------------------------------------
+    # --- fetch and offset lookups: the read path ---------------------------------------------
 
-    def replica_log(self, topic: Any, partition: Any, current_leader_epoch: int, replica: int,
-                    fetch_offset: int) -> UnifiedLog:
-        """The log of a partition this broker leads, for follower `replica`'s fetch from
-        `fetch_offset` (which it reads to the log end). Records how far the follower got: the high
-        watermark may move and the follower may join the ISR. NOT_LEADER / epoch errors, and
-        REPLICA_NOT_AVAILABLE for a broker that is not a replica."""
-        target = self.partition(topic, partition)
-        target.check_leader(current_leader_epoch)
+    def read(self, topic: Any, partition: Any, fetch_offset: int, max_bytes: int, *, min_one: bool = True,
+             current_leader_epoch: int = NO_EPOCH, topic_id: str | None = None,
+             replica: int | None = None) -> LogReadResult:
+        """One partition's read for a fetch (Kafka's `readFromLog`), never raising: a consumer's
+        (`replica` None) stops at the high watermark; follower `replica`'s reads to the log end
+        and records how far the follower got (`_follower_fetched`). Up to `max_bytes`, or the
+        first whole batch when `min_one` (KIP-74: the first partition with data may exceed its
+        budget); nothing when `max_bytes` <= 0 and not `min_one`. An offset below the local log
+        start is read from the remote tier for a consumer (a follower that far behind starts
+        from the local log start, replica_fetcher.py). A topic id names one incarnation of the
+        topic: INCONSISTENT_TOPIC_ID when the log is another one."""
+        result = LogReadResult()
+        try:
+            target = self.partition(topic, partition)
+            target.check_leader(current_leader_epoch)
+            if replica is not None:
+                self._follower_fetched(target, replica, fetch_offset)
+            partition_log = target.log
+            _check_topic_id(partition_log, topic_id)
+            result.high_watermark = partition_log.high_watermark
+            result.log_start_offset = partition_log.log_start_offset
+            if max_bytes <= 0 and not min_one:
+                return result
+            max_bytes = max(max_bytes, 1)
+            try:
+                records: FetchSlice | bytes = partition_log.read(
+                    fetch_offset, max_bytes, partition_log.log_end_offset if replica is not None else None)
+            except OffsetMovedToTieredStorageError:
+                if replica is not None:
+                    raise
+                records = self._read_remote(partition_log, fetch_offset, max_bytes)
+        except RemoteReadPending:
+            result.remote_pending = True
+            return result
+        except PymqError as err:
+            result.error = err
+            return result
+        if len(records) if isinstance(records, bytes) else records.size:
+            result.records = records
+        elif isinstance(records, FetchSlice):
+            records.close()
+        return result
+
+    def _read_remote(self, partition_log: UnifiedLog, offset: int, max_bytes: int) -> FetchSlice | bytes:
+        """`offset` (below the local log start) from the remote tier; past the remote log's end
+        (a compaction gap up to the local start), the local log from its start. RemoteReadPending
+        while a remote reader worker loads it (the fetch waits; `remote_read_ready` wakes it)."""
+        remote = self.remote_logs
+        if remote is None:
+            raise OffsetMovedToTieredStorageError(f"{partition_log}: offset {offset} is below the local log start "
+                                                  "and this broker does not run tiered storage")
+        data = remote.reader.read(partition_log.topic, partition_log.partition,
+                                  remote.manifest(partition_log.topic, partition_log.partition), offset, max_bytes)
+        return data if data else partition_log.read(partition_log.local_log_start_offset, max_bytes)
+
+    def _follower_fetched(self, target: Partition, replica: int, fetch_offset: int) -> None:
+        """Follower `replica` fetches from `fetch_offset`, so it has everything below it: the
+        high watermark may move and the follower may join the ISR."""
         if target.update_follower_fetch_state(replica, fetch_offset, now_ms()):
             self._advance(target, moved=True)
         expanded = target.isr_to_expand(replica)
         if expanded is not None:
             self._write_isr(target, expanded, f"broker {replica} caught up")
+
+    def offset_for_timestamp(self, topic: Any, partition: Any, timestamp: int,
+                             current_leader_epoch: int = NO_EPOCH) -> tuple[int, int] | Future[tuple[int, int]]:
+        """ListOffsets (Kafka's `fetchOffsetForTimestamp`): (offset, timestamp) of LATEST_TIMESTAMP
+        (the high watermark: what a consumer can read), EARLIEST_TIMESTAMP (the log start, the
+        remote log's for a tiered log) or the first record at or after `timestamp` ((-1, -1) if
+        none). A time the remote segments may hold (their manifest's max timestamps tell without a
+        read) is looked up there by a remote reader worker: a Future of the answer (or of its
+        PymqError). Raises PymqError (NOT_LEADER, UNKNOWN_TOPIC_OR_PARTITION, ...) at once."""
+        target = self.partition(topic, partition)
+        target.check_leader(current_leader_epoch)
+        partition_log = target.log
+        remote = self.remote_logs
+        if timestamp < 0 or remote is None or not partition_log.tiered:
+            return _local_offset_for(partition_log, timestamp)
+        manifest = remote.manifest(partition_log.topic, partition_log.partition)
+        if manifest is None or not manifest.prune(partition_log.log_start_offset, None, timestamp, None):
+            return _local_offset_for(partition_log, timestamp)
+        answer: Future[tuple[int, int]] = Future()
+
+        def found(lookup: Future[tuple[int, int] | None]) -> None:
+            try:
+                hit = lookup.result()
+                # None: the manifest's max timestamp was a record below the log start
+                answer.set_result(hit if hit is not None else _local_offset_for(partition_log, timestamp))
+            except BaseException as err:
+                answer.set_exception(err)
+
+        remote.reader.offset_for_timestamp(partition_log.topic, partition_log.partition, manifest,
+                                           timestamp).add_done_callback(found)
+        return answer
+
+    def end_offset_for_epoch(self, topic: Any, partition: Any, current_leader_epoch: int,
+                             leader_epoch: int) -> tuple[int, int]:
+        """OffsetForLeaderEpoch (a follower truncating): the largest epoch <= `leader_epoch` this
+        leader's log knows and the end offset of it."""
+        target = self.partition(topic, partition)
+        target.check_leader(current_leader_epoch)
+        return target.log.end_offset_for_epoch(leader_epoch)
+
+    def leader_log(self, topic: Any, partition: Any, current_leader_epoch: int = NO_EPOCH) -> UnifiedLog:
+        """The log of a partition this broker leads (the group coordinator replays
+        __consumer_offsets from it); NOT_LEADER / epoch errors otherwise."""
+        target = self.partition(topic, partition)
+        target.check_leader(current_leader_epoch)
         return target.log
+
+    def park_fetch(self, fetch: DelayedOperation, timeout_s: float) -> None:
+        """Park a fetch that wants more than there is; it retries when one of its partitions'
+        high watermark moves (or the partition goes away) and answers at `timeout_s` regardless."""
+        self.fetch_purgatory.watch(fetch, timeout_s)
+
+    # --- tiering -------------------------------------------------------------------------
+
+    def describe_tiering(self) -> dict[str, list[TieringPartition]]:
+        """DescribeTiering: per topic led here, its partitions' local and remote ranges (or the
+        error of a log closed under us, e.g. its directory offline), in partition order."""
+        found: dict[str, list[TieringPartition]] = {}
+        for target in sorted(self._partitions.values(), key=lambda p: p.partition):
+            if not target.is_leader:
+                continue
+            try:
+                status = describe_partition(target.log, self.remote_logs)
+            except PymqError as err:
+                status = TieringPartition(target.partition, *code_and_message(err))
+            found.setdefault(target.topic, []).append(status)
+        return found
+
+    async def replace_remote_segments(self, topic: Any, partition: Any, topic_id: str | None, expected_version: int,
+                                      replaced: Sequence[tuple[int, str]], segments: Sequence[RemoteSegment]) -> int:
+        """The compaction job's swap of remote segments, committed by this partition's leader
+        (RemoteLogManager.replace_segments, on a worker thread: it reads the new objects back);
+        the manifest version committed. INVALID_REQUEST for a partition that is not tiered."""
+        target = self.partition(topic, partition)
+        target.check_leader(NO_EPOCH)
+        partition_log = target.log
+        _check_topic_id(partition_log, topic_id)
+        if self.remote_logs is None or not partition_log.tiered:
+            raise InvalidRequestError(f"{partition_log} is not tiered: it has no remote segments to replace")
+        manifest = await self.executors.logs.run(self.remote_logs.replace_segments, partition_log, expected_version,
+                                                 replaced, segments)
+        return manifest.version
+
+    # --- the ISR ---------------------------------------------------------------------------
 
     def check_isr(self) -> None:
         """The ISR check (every replica.lag.time.max.ms / 2): drop followers that lag."""
@@ -404,18 +588,6 @@ class ReplicaManager:
         else:
             self.isr_expands += 1
         self._advance(target, moved=target.committed_state(state))
-
-    def leader_log(self, topic: Any, partition: Any, current_leader_epoch: int = NO_EPOCH) -> UnifiedLog:
-        """The log of a partition this broker leads, for a consumer's read (which stops at the
-        high watermark) or an offset lookup; NOT_LEADER / epoch errors otherwise."""
-        target = self.partition(topic, partition)
-        target.check_leader(current_leader_epoch)
-        return target.log
-
-    def park_fetch(self, fetch: DelayedOperation, timeout_s: float) -> None:
-        """Park a fetch that wants more than there is; it retries when one of its partitions'
-        high watermark moves (or the partition goes away) and answers at `timeout_s` regardless."""
-        self.fetch_purgatory.watch(fetch, timeout_s)
 
     # --- flushes ---------------------------------------------------------------------------
 
@@ -501,3 +673,25 @@ class ReplicaManager:
         """Until no flush or checkpoint is running (before a clean stop closes the logs)."""
         while self._flushing or self._checkpointing is not None:
             await asyncio.sleep(0.005)
+
+
+def _check_topic_id(partition_log: UnifiedLog, topic_id: str | None) -> None:
+    """A request naming a topic id acts only on that incarnation of the topic: the same name's
+    log of a re-created topic holds other records at the same offsets (Kafka's Fetch v13). A log
+    without an id (written before topics had ids) is not checked."""
+    if topic_id is None or partition_log.topic_id is None or topic_id == partition_log.topic_id:
+        return
+    raise InconsistentTopicIdError(f"{partition_log.topic}-{partition_log.partition} is topic id "
+                                   f"{partition_log.topic_id}, not {topic_id}: the topic was deleted and re-created")
+
+
+def _local_offset_for(partition_log: UnifiedLog, timestamp: int) -> tuple[int, int]:
+    """ListOffsets from the local log (the log start offset is the remote log's for a tiered log)."""
+    if timestamp == LATEST_TIMESTAMP:
+        return partition_log.high_watermark, -1
+    if timestamp == EARLIEST_TIMESTAMP:
+        return partition_log.log_start_offset, -1
+    if timestamp < 0:  # ListOffsetsRequest.from_control refuses these: a caller that skipped it
+        raise InvalidRequestError(f"ListOffsets timestamp {timestamp}: -1 (latest), -2 (earliest) or a time in ms >= 0")
+    found = partition_log.offset_for_timestamp(timestamp)
+    return found if found is not None else (-1, -1)

@@ -31,7 +31,7 @@ from broker.cluster.metadata_listener import MetadataListener
 from broker.cluster.metadata_store import Compare, MetadataStore
 from broker.cluster.partition import LeaderAndIsr, Partition
 from broker.cluster.peer_watch import PeerWatch
-from broker.cluster.replica_fetcher import FetchSettings, ReplicaFetcherManager
+from broker.cluster.replica_fetcher import FetchSettings
 from broker.cluster.session_fence import SessionFence
 from broker.cluster.topics import MetadataChange, TopicRegistry
 from broker.config import BrokerConfig
@@ -45,7 +45,7 @@ from broker.log_writer import LogWriter
 from broker.loop_lag import LoopLagProbe
 from broker.metrics import serve_metrics
 from broker.purgatory import DelayedOperationPurgatory
-from broker.replica_manager import ReplicaManager
+from broker.replica_manager import ClusterReplication, ReplicaManager
 from broker.request_metrics import RequestMetrics
 from common.errors import PymqError
 
@@ -101,22 +101,16 @@ class Broker:
             if config["remote.log.storage.system.enable"]:
                 from broker.remote_log.remote_log_manager import RemoteLogManager  # fsspec: only when tiering
                 remote_logs = RemoteLogManager.from_config(config, self._remote_read_ready)
+            cluster = ClusterReplication(
+                FetchSettings(config["broker.id"], config["replica.fetch.wait.max.ms"],
+                              config["replica.fetch.max.bytes"], config["replica.fetch.response.max.bytes"],
+                              config["replica.fetch.backoff.ms"], local_host=_bind_host(config["host"]),
+                              throttle_bytes_per_s=_rate_limit(config["replica.throttle.bytes.per.second"]),
+                              incarnation=self.incarnation),
+                self.live_brokers.address, self._write_isr, self.fence, config["replica.lag.time.max.ms"],
+            ) if self.fence is not None else None  # the fence: a broker in a cluster
             self.replicas = ReplicaManager(config["broker.id"], self.logs, self.writer, self.purgatory, self.executors,
-                                           remote_logs)
-            self.replicas.replica_lag_time_max_ms = config["replica.lag.time.max.ms"]
-            self.fetchers: ReplicaFetcherManager | None = None
-            if self.clustered:
-                self.fetchers = ReplicaFetcherManager(
-                    FetchSettings(config["broker.id"], config["replica.fetch.wait.max.ms"],
-                                  config["replica.fetch.max.bytes"], config["replica.fetch.response.max.bytes"],
-                                  config["replica.fetch.backoff.ms"], local_host=_bind_host(config["host"]),
-                                  throttle_bytes_per_s=_rate_limit(config["replica.throttle.bytes.per.second"]),
-                                  incarnation=self.incarnation),
-                    self.executors.replication, self.live_brokers.address, self.replicas.flush_if_needed,
-                    self.logs.checkpoint, remote_manifest=None if self.replicas.remote_logs is None else self.replicas.remote_logs.current_manifest)
-                self.replicas.followers = self.fetchers
-                self.replicas.isr_writer = self._write_isr
-                self.replicas.fence = self.fence
+                                           remote_logs, cluster)
             self.handlers = RequestHandlers(config, self.registry, self.replicas, self.advertised, self.live_brokers,
                                             self.fence)
             self.connections: set[Connection] = set()
@@ -370,8 +364,7 @@ class Broker:
         if self.registration is not None:
             await self.registration.stop()
         await self.listener.stop()
-        if self.fetchers is not None:
-            await self.fetchers.close()
+        await self.replicas.stop_following()
 
     async def _drain_requests(self) -> None:
         deadline = asyncio.get_running_loop().time() + self.config["shutdown.drain.timeout.ms"] / 1000

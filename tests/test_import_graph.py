@@ -163,6 +163,38 @@ def test_a_lower_layer_of_the_broker_never_imports_a_higher_one(lower: str, uppe
     assert {k: v for k, v in offending.items() if v} == {}
 
 
+# What a request handler may import from the log (broker.log): the value types the replica
+# manager's API speaks in (what an append returns, what a topic's logs are created with, the file
+# range a fetch sends), never a log or the log manager. The group coordinator replays
+# __consumer_offsets from the log the replica manager hands it (Kafka's coordinator loader does the same).
+HANDLER_LOG_TYPES = {"AppendInfo", "TopicLogSpec", "FetchSlice"}
+HANDLERS_REPLAYING_A_LOG = {"broker.handlers.group": {"UnifiedLog"}}
+
+
+def test_the_request_handlers_reach_logs_only_through_the_replica_manager() -> None:
+    """Every import counted (deferred, under TYPE_CHECKING too): no handler imports the remote tier
+    (broker.remote_log) or a module of the log, and from broker.log only HANDLER_LOG_TYPES. The
+    replica manager chooses between the local log and the remote tier (docs/architecture.md)."""
+    modules = _modules()
+    offending: dict[str, list[str]] = {}
+    for name, path in modules.items():
+        if not (name == "broker.handlers" or name.startswith("broker.handlers.")):
+            continue
+        allowed = HANDLER_LOG_TYPES | HANDLERS_REPLAYING_A_LOG.get(name, set())
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                module = node.module or ""
+                imported = [f"{module}.{alias.name}" for alias in node.names
+                            if module != "broker.log" or alias.name not in allowed]
+            else:
+                continue
+            offending.setdefault(name, []).extend(
+                i for i in imported if i.startswith(("broker.log.", "broker.remote_log")) or i == "broker.log")
+    assert {k: v for k, v in offending.items() if v} == {}
+
+
 def _string_imports(node: ast.AST, modules: dict[str, Path]) -> set[str]:
     """The modules `node` loads by name: `import_module("a.b")` (plain or `importlib.`), or a
     `"a.b:attribute"` reference (an entry point, a lazily loaded command) naming one of ours."""

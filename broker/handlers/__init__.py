@@ -11,8 +11,9 @@ acks=0). Handlers that may wait return awaitables (admin writes to the metadata 
 whose acknowledgement waits) or a `DelayedOperation` parked in a purgatory (a fetch long poll:
 no task per request) whose answer the server turns into a Result with `to_result`; the rest
 answer synchronously. Every partition
-access goes through the `ReplicaManager`; reads resolve their log through the one seam
-`RequestHandlers._leader_log`.
+access goes through the `ReplicaManager`: handlers never import the log (broker.log) beyond the
+value types its API speaks in, nor the remote tier (broker.remote_log); the replica manager
+chooses between them (tests/test_import_graph.py holds them to it).
 
 Errors: a PymqError raised while decoding or for the whole request becomes the response's
 top-level `error_code`; one that concerns a single entry (a partition, a topic) becomes that
@@ -41,7 +42,7 @@ from broker.handlers.produce import ProduceHandler
 from broker.handlers.replication import ReplicationHandler
 from broker.handlers.tiering import TieringHandler
 from broker.handlers.topic_auto_creation import TopicAutoCreation
-from broker.log import FetchSlice, UnifiedLog
+from broker.log import FetchSlice
 from broker.purgatory import DelayedOperation
 from broker.replica_manager import ReplicaManager
 from broker.request_metrics import TopicTraffic
@@ -129,7 +130,7 @@ class RequestHandlers:
             ApiKey.ALTER_CONFIGS: admin.alter_configs,
             ApiKey.ALTER_PARTITION_REASSIGNMENTS: admin.alter_partition_reassignments,
             ApiKey.PRODUCE: ProduceHandler(replicas, self.traffic).produce,
-            ApiKey.LIST_OFFSETS: ListOffsetsHandler(self._leader_log, replicas).list_offsets,
+            ApiKey.LIST_OFFSETS: ListOffsetsHandler(replicas).list_offsets,
         }
         self.groups = GroupHandler(config, registry, replicas, admin.create_internal_topic, advertised,
                                    self.brokers.address)
@@ -153,7 +154,7 @@ class RequestHandlers:
         identity = BrokerIdentity(self.brokers)
         replication = ReplicationHandler(replicas, identity)
         self._session_table: dict[int, Callable[[Any, Session], Answer]] = {
-            ApiKey.FETCH: FetchHandler(config, replicas, self._leader_log, self.traffic, identity).fetch,
+            ApiKey.FETCH: FetchHandler(config, replicas, self.traffic, identity).fetch,
             ApiKey.OFFSET_FOR_LEADER_EPOCH: replication.offset_for_leader_epoch,
             ApiKey.BROKER_HANDSHAKE: replication.broker_handshake,
         }
@@ -199,7 +200,3 @@ class RequestHandlers:
         assert not isinstance(answer, DelayedOperation), "reads answered off the loop never park in a purgatory"
         response = await answer if isinstance(answer, Awaitable) else answer
         return await pool.run(to_result, response)
-
-    def _leader_log(self, topic: str, partition: int, current_leader_epoch: int) -> UnifiedLog:
-        """The log of a partition this broker leads; the single seam between handlers and logs."""
-        return self.replicas.leader_log(topic, partition, current_leader_epoch)

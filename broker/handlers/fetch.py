@@ -8,25 +8,20 @@ The response mirrors the request's entries. Each partition's bytes are a segment
 data yet) closes them. The broker bounds the request: waits to MAX_WAIT_MS_LIMIT, sizes to
 `fetch.max.bytes`; the first partition with data may exceed the budget by one batch (KIP-74).
 
-Offsets below a tiered log's local start are read from the remote tier
-(broker/remote_log/remote_log_reader.py): from its cache at once when it holds the bytes; otherwise a
-worker loads them and the fetch waits as a DelayedFetch (even with min_bytes 0: an empty answer
-would only bring the same fetch back), woken on the partition when the answer is ready. Their
-bytes go out as a buffer, not a file range.
+Each partition is read by the replica manager (`ReplicaManager.read`, Kafka's readFromLog), which
+checks leadership and chooses the local log or, for an offset below a tiered log's local start,
+the remote tier: from its cache at once when it holds the bytes; otherwise a worker loads them and
+the fetch waits as a DelayedFetch (even with min_bytes 0: an empty answer would only bring the same
+fetch back), woken on the partition when the answer is ready. Their bytes go out as a buffer, not
+a file range. This handler turns each typed read result into the partition's response.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from broker.cluster.broker_identity import BrokerIdentity, Session
 from broker.config import BrokerConfig
-from broker.log import FetchSlice, UnifiedLog
-from broker.log.unified_log import OffsetMovedToTieredStorageError
 from broker.purgatory import DelayedOperation
-from broker.remote_log.remote_log_reader import RemoteReadPending
-from broker.replica_manager import ReplicaManager
+from broker.replica_manager import LogReadResult, ReplicaManager
 from broker.request_metrics import TopicTraffic
-from common.errors import InconsistentTopicIdError, PymqError
 from protocol import (
     CONSUMER_REPLICA_ID,
     FetchPartition,
@@ -40,18 +35,15 @@ from protocol import (
 )
 
 MAX_WAIT_MS_LIMIT = 300_000
-LeaderLog = Callable[[str, int, int], UnifiedLog]
 
 
 class FetchHandler:
-    """Loop-local. `leader_log(topic, partition, current_leader_epoch)` is the dispatcher's seam to
-    the logs this broker leads."""
+    """Loop-local."""
 
-    def __init__(self, config: BrokerConfig, replicas: ReplicaManager, leader_log: LeaderLog,
-                 traffic: TopicTraffic, identity: BrokerIdentity) -> None:
+    def __init__(self, config: BrokerConfig, replicas: ReplicaManager, traffic: TopicTraffic,
+                 identity: BrokerIdentity) -> None:
         self.config = config
         self.replicas = replicas
-        self.leader_log = leader_log
         self.traffic = traffic
         self.identity = identity
 
@@ -110,80 +102,36 @@ class FetchHandler:
         malformed = topic.error or p.error
         if malformed is not None:
             return FetchPartitionResponse(p.partition, *code_and_message(malformed))
-        high_watermark = log_start_offset = -1
-        follower = replica_id != CONSUMER_REPLICA_ID
-        try:
-            if follower:
-                partition_log = self.replicas.replica_log(topic.name, p.partition, p.current_leader_epoch, replica_id,
-                                                          p.fetch_offset)
-            else:
-                partition_log = self.leader_log(topic.name, p.partition, p.current_leader_epoch)
-            _check_topic_id(topic, partition_log)
-            high_watermark, log_start_offset = partition_log.high_watermark, partition_log.log_start_offset
-            limit = min(max(max_bytes if p.max_bytes is None else p.max_bytes, 1), budget)
-            if limit <= 0 and read.size:
-                return FetchPartitionResponse(p.partition, high_watermark=high_watermark,
-                                              log_start_offset=log_start_offset)
-            try:
-                # A follower reads to the log end: what it replicates is what moves the high watermark.
-                records: FetchSlice | bytes = partition_log.read(
-                    p.fetch_offset, max(limit, 1), partition_log.log_end_offset if follower else None)
-            except OffsetMovedToTieredStorageError:
-                if follower:
-                    raise  # a follower that far behind starts from the leader's local log (replica_fetcher.py)
-                records = self._read_remote(partition_log, p.fetch_offset, max(limit, 1))
-        except RemoteReadPending:
-            read.pending = True
-            return FetchPartitionResponse(p.partition, high_watermark=high_watermark, log_start_offset=log_start_offset)
-        except PymqError as err:
-            return FetchPartitionResponse(p.partition, *code_and_message(err), high_watermark, log_start_offset)
-        size = len(records) if isinstance(records, bytes) else records.size
-        if not size:
-            if isinstance(records, FetchSlice):
-                records.close()
-            return FetchPartitionResponse(p.partition, high_watermark=high_watermark, log_start_offset=log_start_offset)
-        read.add(records, size)
-        return FetchPartitionResponse(p.partition, high_watermark=high_watermark, log_start_offset=log_start_offset,
-                                      records=records)
-
-    def _read_remote(self, partition_log: UnifiedLog, offset: int, max_bytes: int) -> FetchSlice | bytes:
-        """`offset` (below the local log start) from the remote tier; past the remote log's end
-        (a compaction gap up to the local start), the local log from its start."""
-        remote = self.replicas.remote_logs
-        if remote is None:
-            raise OffsetMovedToTieredStorageError(f"{partition_log}: offset {offset} is below the local log start "
-                                                  "and this broker does not run tiered storage")
-        data = remote.reader.read(partition_log.topic, partition_log.partition,
-                                  remote.manifest(partition_log.topic, partition_log.partition), offset, max_bytes)
-        return data if data else partition_log.read(partition_log.local_log_start_offset, max_bytes)
-
-
-def _check_topic_id(topic: TopicRequest[FetchPartition], partition_log: UnifiedLog) -> None:
-    """A fetch naming a topic id reads only that incarnation of the topic: the same name's log
-    of a re-created topic holds other records at the same offsets (Kafka's Fetch v13). A log
-    without an id (written before topics had ids) is not checked."""
-    if topic.topic_id is None or partition_log.topic_id is None or topic.topic_id == partition_log.topic_id:
-        return
-    raise InconsistentTopicIdError(f"{topic.name}-{partition_log.partition} is topic id {partition_log.topic_id}, "
-                                   f"not {topic.topic_id}: the topic was deleted and re-created")
+        limit = min(max(max_bytes if p.max_bytes is None else p.max_bytes, 1), budget)
+        result = self.replicas.read(topic.name, p.partition, p.fetch_offset, limit, min_one=not read.size,
+                                    current_leader_epoch=p.current_leader_epoch, topic_id=topic.topic_id,
+                                    replica=None if replica_id == CONSUMER_REPLICA_ID else replica_id)
+        if result.error is not None:
+            return FetchPartitionResponse(p.partition, *code_and_message(result.error), result.high_watermark,
+                                          result.log_start_offset)
+        read.add(result)
+        return FetchPartitionResponse(p.partition, high_watermark=result.high_watermark,
+                                      log_start_offset=result.log_start_offset, records=result.records)
 
 
 class _Read:
     """What one pass over a fetch's partitions read: its size, the file ranges to close if it is
     not sent, whether a partition failed and whether one waits for a remote read."""
 
-    __slots__ = ("size", "slices", "failed", "pending")
+    __slots__ = ("size", "results", "failed", "pending")
 
     def __init__(self) -> None:
         self.size = 0
-        self.slices: list[FetchSlice] = []
+        self.results: list[LogReadResult] = []
         self.failed = False
         self.pending = False
 
-    def add(self, records: FetchSlice | bytes, size: int) -> None:
-        self.size += size
-        if isinstance(records, FetchSlice):
-            self.slices.append(records)
+    def add(self, result: LogReadResult) -> None:
+        self.pending = self.pending or result.remote_pending
+        size = result.size
+        if size:
+            self.size += size
+            self.results.append(result)
 
     def enough(self, min_bytes: int) -> bool:
         """Whether to answer now: a partition failed, or there are `min_bytes`, and at least
@@ -192,8 +140,8 @@ class _Read:
         return self.failed or self.size >= max(min_bytes, 1 if self.pending else 0)
 
     def close(self) -> None:
-        for piece in self.slices:
-            piece.close()
+        for result in self.results:
+            result.close()
 
 
 class DelayedFetch(DelayedOperation):

@@ -2,7 +2,8 @@
 
 Earliest is the log start offset, the remote log's for a tiered log. A time lookup on a tiered log
 whose remote segments hold records at or after the time is answered from them (by a remote reader
-worker: the response then waits for it); otherwise from the local log.
+worker: the response then waits for it); otherwise from the local log. The replica manager makes
+that choice (`ReplicaManager.offset_for_timestamp`); this handler turns its answers into the response.
 """
 from __future__ import annotations
 
@@ -10,14 +11,10 @@ import asyncio
 from collections.abc import Awaitable
 from concurrent.futures import Future
 
-from broker.handlers.fetch import LeaderLog
 from broker.handlers.slices import answer_in_slices
-from broker.log import UnifiedLog
 from broker.replica_manager import ReplicaManager
-from common.errors import InvalidRequestError, PymqError
+from common.errors import PymqError
 from protocol import (
-    EARLIEST_TIMESTAMP,
-    LATEST_TIMESTAMP,
     ListOffsetsPartition,
     ListOffsetsPartitionResponse,
     ListOffsetsRequest,
@@ -34,8 +31,7 @@ class ListOffsetsHandler:
     """Loop-local. Latest is the high watermark: what a consumer can read. Synchronous unless a
     time lookup needs the remote tier or many partitions are answered in slices."""
 
-    def __init__(self, leader_log: LeaderLog, replicas: ReplicaManager) -> None:
-        self.leader_log = leader_log
+    def __init__(self, replicas: ReplicaManager) -> None:
         self.replicas = replicas
 
     def list_offsets(self, request: ListOffsetsRequest) -> ListOffsetsResponse | Awaitable[ListOffsetsResponse]:
@@ -69,49 +65,21 @@ class ListOffsetsHandler:
         if malformed is not None:
             return ListOffsetsPartitionResponse(p.partition, *code_and_message(malformed))
         try:
-            partition_log = self.leader_log(topic.name, p.partition, p.current_leader_epoch)
-            if p.timestamp >= 0:
-                lookup = self._remote_lookup(partition_log, p.partition, p.timestamp)
-                if lookup is not None:
-                    return lookup
-            offset, timestamp = _offset_for(partition_log, p.timestamp)
+            found = self.replicas.offset_for_timestamp(topic.name, p.partition, p.timestamp, p.current_leader_epoch)
         except PymqError as err:
             return ListOffsetsPartitionResponse(p.partition, *code_and_message(err))
-        return ListOffsetsPartitionResponse(p.partition, offset=offset, timestamp=timestamp)
-
-    def _remote_lookup(self, partition_log: UnifiedLog, partition: int,
-                       timestamp: int) -> Future[ListOffsetsPartitionResponse] | None:
-        """The remote tier's answer to come, if its segments may hold a record at or after
-        `timestamp` (the manifest's max timestamps tell without a read); None: ask the local log."""
-        remote = self.replicas.remote_logs
-        if remote is None or not partition_log.tiered:
-            return None
-        manifest = remote.manifest(partition_log.topic, partition_log.partition)
-        if manifest is None or not manifest.prune(partition_log.log_start_offset, None, timestamp, None):
-            return None
+        if not isinstance(found, Future):
+            return ListOffsetsPartitionResponse(p.partition, offset=found[0], timestamp=found[1])
         answer: Future[ListOffsetsPartitionResponse] = Future()
 
-        def found(lookup: Future[tuple[int, int] | None]) -> None:
+        def looked_up(lookup: Future[tuple[int, int]]) -> None:
             try:
-                hit = lookup.result()
-                if hit is None:  # the manifest's max timestamp was a record below the log start
-                    hit = _offset_for(partition_log, timestamp)
-                answer.set_result(ListOffsetsPartitionResponse(partition, offset=hit[0], timestamp=hit[1]))
+                offset, timestamp = lookup.result()
+                answer.set_result(ListOffsetsPartitionResponse(p.partition, offset=offset, timestamp=timestamp))
             except PymqError as err:
-                answer.set_result(ListOffsetsPartitionResponse(partition, *code_and_message(err)))
+                answer.set_result(ListOffsetsPartitionResponse(p.partition, *code_and_message(err)))
             except BaseException as err:
                 answer.set_exception(err)
 
-        remote.reader.offset_for_timestamp(partition_log.topic, partition, manifest, timestamp).add_done_callback(found)
+        found.add_done_callback(looked_up)
         return answer
-
-
-def _offset_for(partition_log: UnifiedLog, timestamp: int) -> tuple[int, int]:
-    if timestamp == LATEST_TIMESTAMP:
-        return partition_log.high_watermark, -1
-    if timestamp == EARLIEST_TIMESTAMP:
-        return partition_log.log_start_offset, -1
-    if timestamp < 0:  # ListOffsetsRequest.from_control refuses these: a caller that skipped it
-        raise InvalidRequestError(f"ListOffsets timestamp {timestamp}: -1 (latest), -2 (earliest) or a time in ms >= 0")
-    found = partition_log.offset_for_timestamp(timestamp)
-    return found if found is not None else (-1, -1)

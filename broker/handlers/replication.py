@@ -42,8 +42,8 @@ class ReplicationHandler:
                 try:
                     if topic.error or p.error:
                         raise topic.error or p.error  # type: ignore[misc]
-                    log = self.replicas.leader_log(topic.name, p.partition, p.current_leader_epoch)
-                    epoch, end_offset = log.end_offset_for_epoch(p.leader_epoch)
+                    epoch, end_offset = self.replicas.end_offset_for_epoch(topic.name, p.partition,
+                                                                           p.current_leader_epoch, p.leader_epoch)
                     answers.append(EpochEndOffset(p.partition, leader_epoch=epoch, end_offset=end_offset))
                 except PymqError as err:
                     answers.append(EpochEndOffset(p.partition, *code_and_message(err)))

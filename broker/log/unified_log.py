@@ -105,7 +105,7 @@ INT64_END = 2**63  # past every offset
 
 class OffsetMovedToTieredStorageError(OffsetOutOfRangeError):
     """The offset is in the log but below the local log start: only the remote tier holds it
-    (Kafka's OffsetMovedToTieredStorageException). The fetch handler reads it from there; any
+    (Kafka's OffsetMovedToTieredStorageException). The replica manager reads it from there; any
     other reader sees OFFSET_OUT_OF_RANGE (not a wire code of its own)."""
 
     @classmethod

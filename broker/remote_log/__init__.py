@@ -7,4 +7,5 @@ imports the other.
                       brokers with remote.log.storage.system.enable need it)
     RemoteLogReader   serves fetches and time lookups below the local log start from the store
                       through a bounded chunk cache (remote_log_reader.py)
+    describe_partition  a tiered partition's local and remote ranges and upload lag (tiering_status.py)
 """

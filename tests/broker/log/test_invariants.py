@@ -11,7 +11,7 @@ import pytest
 
 from segment_format import batch_body, record
 from common.errors import CorruptMessageError, InvalidRequestError, LogInvariantError
-from broker.handlers.list_offsets import _offset_for
+from broker.replica_manager import _local_offset_for
 from segment_format.index_file import CorruptIndexError
 from broker.log.log_segments import LogSegments
 from broker.log.segment import BatchInfo, Segment
@@ -110,7 +110,7 @@ def test_impossible_segment_metadata_and_manifests_are_named_errors():
 
 def test_list_offsets_for_an_unknown_negative_timestamp_is_invalid_request(open_log):
     with pytest.raises(InvalidRequestError, match="ListOffsets timestamp -3"):
-        _offset_for(open_log(), -3)
+        _local_offset_for(open_log(), -3)
 
 
 def test_an_out_of_order_append_is_caught_under_python_O(tmp_path):
