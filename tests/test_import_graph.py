@@ -165,10 +165,9 @@ def test_a_lower_layer_of_the_broker_never_imports_a_higher_one(lower: str, uppe
 
 # What a request handler may import from the log (broker.log): the value types the replica
 # manager's API speaks in (what an append returns, what a topic's logs are created with, the file
-# range a fetch sends), never a log or the log manager. The group coordinator replays
-# __consumer_offsets from the log the replica manager hands it (Kafka's coordinator loader does the same).
+# range a fetch sends), never a log or the log manager. (The coordinators' internal topics are
+# replayed by their runtime, broker/coordinator/runtime.py, not by a handler.)
 HANDLER_LOG_TYPES = {"AppendInfo", "TopicLogSpec", "FetchSlice"}
-HANDLERS_REPLAYING_A_LOG = {"broker.handlers.group": {"UnifiedLog"}}
 
 
 def test_the_request_handlers_reach_logs_only_through_the_replica_manager() -> None:
@@ -180,7 +179,7 @@ def test_the_request_handlers_reach_logs_only_through_the_replica_manager() -> N
     for name, path in modules.items():
         if not (name == "broker.handlers" or name.startswith("broker.handlers.")):
             continue
-        allowed = HANDLER_LOG_TYPES | HANDLERS_REPLAYING_A_LOG.get(name, set())
+        allowed = HANDLER_LOG_TYPES
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 imported = [alias.name for alias in node.names]
