@@ -370,13 +370,15 @@ class PayloadCursor:
 
 
 class PayloadTopics(Kind):
-    """`topics` whose partition entries carry payload bytes: each `parse(cursor)` entry takes its
-    slice of the payload (special per API, so hand-written); together they must claim all of it."""
+    """`topics` whose `partition_type` entries carry payload bytes: `parse(cursor)` decodes an
+    entry with its slice of the payload (special per API, so hand-written); together they must
+    claim all of it."""
 
     uses_payload = True
 
-    def __init__(self, topic_type: type, parse: Callable[[PayloadCursor], Callable[[dict[str, Any]], Any]]) -> None:
-        self.topic_type, self.parse = topic_type, parse
+    def __init__(self, topic_type: type, partition_type: type,
+                 parse: Callable[[PayloadCursor], Callable[[dict[str, Any]], Any]]) -> None:
+        self.topic_type, self.partition_type, self.parse = topic_type, partition_type, parse
 
     def encode_expr(self, v: str, names: dict[str, Any]) -> str:
         return f"[t.to_control() for t in {v}]"
