@@ -13,13 +13,14 @@ A field's declaration says how it travels and what a peer may send in it:
 - `check`: a `Check` the decoded value must pass (non-negative, one of, a bound), raising its
   named error;
 - `entry=True`: a fault in this field belongs to the entry alone (Kafka answers per partition):
-  it is kept on the entry's `error` field instead of raised, the field taking `placeholder`
-  when its value is unusable;
+  it is kept on the entry's `error` field instead of raised (the first faulty field's, in wire
+  order), the field taking `placeholder` when its value is unusable (missing or mistyped) and
+  keeping a well-typed value that fails its check;
 - `omit`: a value sent as absence (an optional field, e.g. added in a later version): senders
   that never set it send the bytes they always did;
-- `payload=True`: the value travels in the payload, not the control map; the message decodes it
-  with hand-written code (`from_control(control, name=value)`) and encodes only its `key`,
-  the size.
+- `payload=True`: the value travels in the payload, not the control map, which carries only its
+  size under `key` (`PayloadSize`); the entry's `from_control(control, name=value)` takes the
+  value from the message's `PayloadTopics`, whose hand-written parser splits the payload.
 
 The control map's key order is part of the wire format (msgpack keeps it): fields travel in
 declaration order, or in the class's `wire_order` (field names) when that differs; an
@@ -205,8 +206,9 @@ MESSAGE_TYPES: list[type] = []
 
 
 def message(cls: type) -> type:
-    """Make `cls` a frozen slotted dataclass whose `to_control` / `from_control` (and, with
-    payload fields, nothing more: those stay hand-written) are generated from its declared fields."""
+    """Make `cls` a frozen slotted dataclass whose `to_control` and `from_control` are generated
+    from its declared fields, and list it in MESSAGE_TYPES. (`payload()` and the splitting of a
+    received payload stay hand-written where a message has one.)"""
     cls = dataclasses.dataclass(frozen=True, slots=True)(cls)
     _generate(cls)
     abc.update_abstractmethods(cls)  # `Message`'s abstract codec is now implemented
@@ -221,13 +223,14 @@ def declared(cls: type) -> list[tuple[dataclasses.Field[Any], Wire]]:
     if getattr(cls, "errors_last", False):
         order = [n for n in order if n not in ("error_code", "error_message")] + \
                 [n for n in order if n in ("error_code", "error_message")]
-    assert set(order) == set(specs), f"{cls.__name__}.wire_order must name every declared field"
+    if sorted(order) != sorted(specs):
+        raise TypeError(f"{cls.__name__}.wire_order must name every declared field once")
     return [specs[name] for name in order]
 
 
 def _generate(cls: type) -> None:
     fields = declared(cls)
-    names: dict[str, Any] = {"_MISSING": _MISSING, "NONE": NONE}
+    names: dict[str, Any] = {"_NOTHING": object(), "NONE": NONE}
     keys = [spec.key or f.name for f, spec in fields]
     is_message = isinstance(getattr(cls, "api_key", None), ApiKey)  # a Message, not an entry of one
     prefix = ""
@@ -265,7 +268,8 @@ def _encoder_source(fields: list[tuple[dataclasses.Field[Any], Wire]], keys: lis
 
 def _decoder_source(cls: type, fields: list[tuple[dataclasses.Field[Any], Wire]], keys: list[str],
                     is_message: bool, names: dict[str, Any]) -> str:
-    lines = ["def from_control(cls, control, payload=None):" if is_message else "def from_control(cls, control, **given):"]
+    signature = "cls, control, payload=None" if is_message else "cls, control, **given"
+    lines = [f"def from_control({signature}):"]
     errors, uses_payload = [], False
     for i, ((f, spec), key) in enumerate(zip(fields, keys)):
         v = f"v_{f.name}"
@@ -283,7 +287,7 @@ def _decoder_source(cls: type, fields: list[tuple[dataclasses.Field[Any], Wire]]
         if spec.entry:
             errors.append(f"e{i}")
             names[f"_entry{i}"] = _entry_decoder(spec, key)
-            lines.append(f"    {v} = control.get({key!r}, _MISSING)")
+            lines.append(f"    {v} = control.get({key!r}, _NOTHING)")
             test = f"{v}.__class__ is _fast{i}" if fast is not None else "False"
             if spec.check is not None and fast is not None:
                 names[f"_accepts{i}"] = spec.check.accepts
@@ -292,7 +296,7 @@ def _decoder_source(cls: type, fields: list[tuple[dataclasses.Field[Any], Wire]]
             lines.append(f"    if {test}:\n        e{i} = None\n    else:\n        {v}, e{i} = _entry{i}(control)")
         elif fast is not None and spec.check is None:
             names[f"_fast{i}"] = fast
-            lines.append(f"    {v} = control.get({key!r}, _MISSING)\n"
+            lines.append(f"    {v} = control.get({key!r}, _NOTHING)\n"
                          f"    if {v}.__class__ is not _fast{i}:\n        {v} = _decode{i}(control)")
         else:
             lines.append(f"    {v} = _decode{i}(control)")
@@ -300,7 +304,6 @@ def _decoder_source(cls: type, fields: list[tuple[dataclasses.Field[Any], Wire]]
         names["PayloadCursor"] = PayloadCursor
         lines.insert(1, "    cursor = PayloadCursor(payload)")
         lines.append("    cursor.check_all_claimed()")
-    names["cls"] = cls
     args = []
     for f in dataclasses.fields(cls):
         if "wire" in f.metadata:
@@ -394,7 +397,3 @@ class PayloadSize(Kind):
     def __init__(self, size: Callable[[Any], int]) -> None:
         self.size = size
 
-
-__all__ = ["BOOL", "BYTES", "Check", "Entries", "INT", "Kind", "MESSAGE_TYPES", "NON_NEGATIVE",
-           "PayloadCursor", "PayloadSize", "PayloadTopics", "REQUIRED", "STR", "Scalar", "Seq", "Topics", "Wire", "declared", "error_code_field", "error_message_field", "message",
-           "one_of", "wire"]

@@ -55,7 +55,8 @@ def _partition_parser(cursor: PayloadCursor) -> Callable[[dict[str, Any]], Fetch
 @message
 class FetchResponse(TopicResponses):
     api_key: ClassVar[ApiKey] = ApiKey.FETCH
-    topics: tuple[TopicResponse[FetchPartitionResponse], ...] = wire(PayloadTopics(TopicResponse, FetchPartitionResponse, _partition_parser))
+    topics: tuple[TopicResponse[FetchPartitionResponse], ...] = wire(
+        PayloadTopics(TopicResponse, FetchPartitionResponse, _partition_parser))
 
     def payload(self) -> list[Part]:
         return [p.records for t in self.topics for p in t.partitions if part_size(p.records)]

@@ -23,7 +23,19 @@ from typing import ClassVar
 
 from protocol.framing import ApiKey
 from protocol.messages.base import Message, Outcome, RequestMessage
-from protocol.schema import BOOL, INT, REQUIRED, STR, Entries, Seq, error_code_field, error_message_field, message, one_of, wire
+from protocol.schema import (
+    BOOL,
+    INT,
+    REQUIRED,
+    STR,
+    Entries,
+    Seq,
+    error_code_field,
+    error_message_field,
+    message,
+    one_of,
+    wire,
+)
 
 # How producers place keyed records (client/partitioner.py), named in a topic's metadata and its
 # `key.partitioner` config: Kafka's murmur2 placement, or murmur3, that of topics created before

@@ -40,7 +40,8 @@ class ListOffsetsPartitionResponse(PartitionResponse):
 @message
 class ListOffsetsResponse(TopicResponses):
     api_key: ClassVar[ApiKey] = ApiKey.LIST_OFFSETS
-    topics: tuple[TopicResponse[ListOffsetsPartitionResponse], ...] = wire(Topics(TopicResponse, ListOffsetsPartitionResponse))
+    topics: tuple[TopicResponse[ListOffsetsPartitionResponse], ...] = wire(
+        Topics(TopicResponse, ListOffsetsPartitionResponse))
 
 
 @message

@@ -98,7 +98,8 @@ class ProduceRequest(RequestMessage[ProduceResponse]):
     api_key: ClassVar[ApiKey] = ApiKey.PRODUCE
     response_type: ClassVar[type[ProduceResponse]] = ProduceResponse
     wire_order: ClassVar[tuple[str, ...]] = ("acks", "timeout_ms", "topics")
-    topics: tuple[TopicRequest[ProducePartition], ...] = wire(PayloadTopics(TopicRequest, ProducePartition, _partition_parser))
+    topics: tuple[TopicRequest[ProducePartition], ...] = wire(
+        PayloadTopics(TopicRequest, ProducePartition, _partition_parser))
     acks: int = wire(INT, 1, check=one_of(ACKS, "acks must be -1, 0 or 1, got {value}", InvalidRequiredAcksError))
     timeout_ms: int = wire(INT, DEFAULT_PRODUCE_TIMEOUT_MS, check=NON_NEGATIVE)
 

@@ -61,7 +61,8 @@ class OffsetForLeaderEpochRequest(RequestMessage[OffsetForLeaderEpochResponse]):
     response_type: ClassVar[type[OffsetForLeaderEpochResponse]] = OffsetForLeaderEpochResponse
     wire_order: ClassVar[tuple[str, ...]] = ("replica_id", "topics")
     topics: tuple[TopicRequest[OffsetForLeaderPartition], ...] = wire(Topics(TopicRequest, OffsetForLeaderPartition))
-    replica_id: int = wire(INT, -1, check=Check(lambda v: v >= -1, "replica_id is a broker id (>= 0) or -1, got {value}"))
+    replica_id: int = wire(INT, -1, check=Check(
+        lambda v: v >= -1, "replica_id is a broker id (>= 0) or -1, got {value}"))
 
 
 # -- BrokerHandshake (API key 1010, pymq's own) ------------------------------------------------

@@ -123,7 +123,8 @@ class ReplacedSegments(Kind):
         return f"[{{'base_offset': base, 'upload_id': upload_id}} for base, upload_id in {v}]"
 
     def decode(self, control: dict[str, Any], key: str, absent: Any) -> Any:
-        return tuple((field(entry, "base_offset", int), field(entry, "upload_id", str)) for entry in entries(control, key))
+        return tuple((field(entry, "base_offset", int), field(entry, "upload_id", str))
+                     for entry in entries(control, key))
 
 
 class RemoteSegments(Kind):
@@ -157,5 +158,6 @@ class ReplaceRemoteSegmentsRequest(RequestMessage[ReplaceRemoteSegmentsResponse]
     partition: int = wire(INT)
     topic_id: str = wire(STR, absent="")
     expected_manifest_version: int = wire(INT)
-    replaced: tuple[tuple[int, str], ...] = wire(ReplacedSegments(), check=Check(len, "field 'replaced' names no segment"))
+    replaced: tuple[tuple[int, str], ...] = wire(
+        ReplacedSegments(), check=Check(len, "field 'replaced' names no segment"))
     segments: tuple[RemoteSegment, ...] = wire(RemoteSegments())

@@ -1,7 +1,7 @@
 """Group coordination messages (protocol/messages/group.py): malformed requests are refused naming
 the field, or (OffsetCommit partitions) keep the error on their entry; opaque bytes refuse str;
-the coordinator's own errors travel in the response, apart from the whole-request error path. (The round trip of every message:
-test_message_schema.py.)"""
+the coordinator's own errors travel in the response, apart from the whole-request error path.
+(The round trip of every message: test_message_schema.py.)"""
 from __future__ import annotations
 
 from typing import Any
