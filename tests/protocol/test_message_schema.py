@@ -18,7 +18,20 @@ from protocol.messages.admin import Configs, TopicName, TopicNames, TopicRef
 from protocol.messages.base import Message, TopicRequest, TopicResponse
 from protocol.messages.group import PartitionNumbers, Protocols
 from protocol.messages.tiering import RemoteSegments, ReplacedSegments
-from protocol.schema import MESSAGE_TYPES, REQUIRED, Check, Entries, PayloadTopics, Scalar, Seq, Topics, declared
+from protocol.schema import (
+    INT,
+    MESSAGE_TYPES,
+    REQUIRED,
+    Check,
+    Entries,
+    PayloadTopics,
+    Scalar,
+    Seq,
+    Topics,
+    declared,
+    message,
+    wire,
+)
 from segment_format.manifest import RemoteSegment
 from segment_format.segment_metadata import SegmentMetadata
 
@@ -138,3 +151,20 @@ def test_required_fields_are_refused_when_missing(cls):
     else:
         with pytest.raises(InvalidRequestError, match="missing field"):
             cls.from_control({}, *args)
+
+
+def test_a_declaration_that_leaves_a_field_out_is_refused_when_the_class_is_created():
+    """A wire_order that misses a field, or a field not declared with wire(), fails at import
+    rather than dropping the field from the wire."""
+    with pytest.raises(TypeError, match="wire_order"):
+        @message
+        class Misordered:
+            wire_order = ("a",)
+            a: int = wire(INT)
+            b: int = wire(INT)
+
+    with pytest.raises(TypeError, match="not declared"):
+        @message
+        class Undeclared:
+            a: int = wire(INT)
+            b: int = 0
