@@ -1,9 +1,11 @@
 """What every typed message shares: its API key and version, the payload parts it carries, and the
 error fields of its outcomes.
 
-A message is a frozen slotted dataclass. `to_control()` gives the msgpack control map sent on the
-wire, `payload()` the raw bytes written after it (record batches, never re-encoded), and the
-classmethod `from_control(control, payload)` decodes and validates a received one in one place.
+A message is a frozen slotted dataclass declared with `protocol.schema` (`@message`, each field
+a `wire(...)`). `to_control()` gives the msgpack control map sent on the wire, `payload()` the raw
+bytes written after it (record batches, never re-encoded), and the classmethod
+`from_control(control, payload)` decodes and validates a received one in one place; both codec
+methods are generated from the declaration.
 Requests name their response type, so a caller sends a request and gets the matching response.
 
 Errors travel as today: `error_code` (0 for none) and `error_message` on each outcome; the
