@@ -14,6 +14,7 @@ from typing import Any
 from common.errors import InvalidRequestError
 
 _MISSING: Any = object()
+REQUIRED: Any = _MISSING  # as a `default`: none, the field must be present
 
 
 def field(control: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = _MISSING) -> Any:

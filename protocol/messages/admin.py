@@ -19,130 +19,127 @@ registry's call (INVALID_CONFIG).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from dataclasses import field as dataclass_field
 from typing import Any, ClassVar, Union
 
 from common.errors import InvalidConfigError, InvalidRequestError, InvalidTopicError, PymqError
-from protocol.fields import entries, entry_field, field, string_keys
+from protocol.fields import field, string_keys
 from protocol.framing import ApiKey
-from protocol.messages.base import Message, Outcome, RequestMessage, decode_error, entry_error, put_error
+from protocol.messages.base import Message, Outcome, RequestMessage, entry_error
+from protocol.schema import (
+    BOOL,
+    INT,
+    STR,
+    Entries,
+    Kind,
+    Scalar,
+    REQUIRED,
+    Seq,
+    error_code_field,
+    error_message_field,
+    message,
+    wire,
+)
 
 ConfigValue = Union[str, int, float]
 
 
-def _configs(item: dict[str, Any], name: str) -> tuple[dict[str, ConfigValue], PymqError | None]:
-    """A config map of a topic entry: a map of string keys to scalar values, else the entry's error."""
-    configs, error = entry_field(item, name, dict, {}, {})
-    error = error or string_keys(configs, name)
-    if error is not None:
-        return {}, error
-    for key, value in configs.items():
-        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
-            return {}, InvalidConfigError(f"config {key!r} must be a string or a number, got {type(value).__name__}")
-    return configs, None
+class Configs(Kind):
+    """A config map of a topic entry: string keys to strings or numbers."""
+
+    def decode(self, control: dict[str, Any], key: str, absent: Any) -> Any:
+        configs = field(control, key, dict, None)
+        if configs is None:
+            return {}  # a map of its own: callers may fill it
+        error = string_keys(configs, key)
+        if error is not None:
+            raise error
+        for name, value in configs.items():
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                raise InvalidConfigError(f"config {name!r} must be a string or a number, got {type(value).__name__}")
+        return configs
 
 
-def _names(control: dict[str, Any]) -> tuple["TopicRef", ...]:
-    """A list of topic names, each one's type checked on its own."""
-    refs = []
-    for name in field(control, "topics", list):
-        if isinstance(name, str):
-            refs.append(TopicRef(name))
-        else:
-            refs.append(TopicRef("", InvalidRequestError(f"topic names must be strings, got {type(name).__name__}")))
-    return tuple(refs)
+class TopicName(Scalar):
+    """A topic name to create: one that is no string breaks the naming rules (INVALID_TOPIC)."""
+
+    def __init__(self) -> None:
+        super().__init__(str)
+
+    def decode(self, control: dict[str, Any], key: str, absent: Any) -> Any:
+        try:
+            return field(control, key, str, absent)
+        except InvalidRequestError as err:
+            raise InvalidTopicError(f"topic name must be a string: {err}") from None
+
+
+class TopicNames(Kind):
+    """A list of bare topic names (`TopicRef`s), each one's type checked on its own."""
+
+    def encode_expr(self, v: str, names: dict[str, Any]) -> str:
+        return f"[t.name for t in {v}]"
+
+    def decode(self, control: dict[str, Any], key: str, absent: Any) -> Any:
+        return tuple(TopicRef(name) if isinstance(name, str) else
+                     TopicRef("", InvalidRequestError(f"topic names must be strings, got {type(name).__name__}"))
+                     for name in field(control, key, list))
 
 
 # -- responses ---------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class TopicResult(Outcome):
-    name: str
-    error_code: int = 0
-    error_message: str | None = None
-
-    def to_control(self) -> dict[str, Any]:
-        return put_error({"name": self.name}, self.error_code, self.error_message)
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any]) -> "TopicResult":
-        return cls(field(control, "name", str), *decode_error(control))
+    name: str = wire(STR)
+    error_code: int = error_code_field()
+    error_message: str | None = error_message_field()
 
 
-class TopicResults(Message):
-    """Responses that are one TopicResult per topic of the request."""
-
-    __slots__ = ()
-    topics: tuple[TopicResult, ...]
-
-    def to_control(self) -> dict[str, Any]:
-        return {"error_code": 0, "topics": [t.to_control() for t in self.topics]}
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> Any:
-        return cls(tuple(TopicResult.from_control(t) for t in entries(control, "topics")))  # type: ignore[call-arg]
-
-
-@dataclass(frozen=True, slots=True)
-class CreateTopicsResponse(TopicResults):
+@message
+class CreateTopicsResponse(Message):
     api_key: ClassVar[ApiKey] = ApiKey.CREATE_TOPICS
-    topics: tuple[TopicResult, ...]
+    topics: tuple[TopicResult, ...] = wire(Entries(TopicResult))
 
 
-@dataclass(frozen=True, slots=True)
-class DeleteTopicsResponse(TopicResults):
+@message
+class DeleteTopicsResponse(Message):
     api_key: ClassVar[ApiKey] = ApiKey.DELETE_TOPICS
-    topics: tuple[TopicResult, ...]
+    topics: tuple[TopicResult, ...] = wire(Entries(TopicResult))
 
 
-@dataclass(frozen=True, slots=True)
-class CreatePartitionsResponse(TopicResults):
+@message
+class CreatePartitionsResponse(Message):
     api_key: ClassVar[ApiKey] = ApiKey.CREATE_PARTITIONS
-    topics: tuple[TopicResult, ...]
+    topics: tuple[TopicResult, ...] = wire(Entries(TopicResult))
 
 
-@dataclass(frozen=True, slots=True)
-class AlterConfigsResponse(TopicResults):
+@message
+class AlterConfigsResponse(Message):
     api_key: ClassVar[ApiKey] = ApiKey.ALTER_CONFIGS
-    topics: tuple[TopicResult, ...]
+    topics: tuple[TopicResult, ...] = wire(Entries(TopicResult))
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class ConfigEntry:
     """One effective config; `source` is "topic" (an override) or "broker_default"."""
 
-    name: str
-    value: ConfigValue
-    source: str
+    name: str = wire(STR)
+    value: ConfigValue = wire(Scalar((str, int, float)))
+    source: str = wire(STR)
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class TopicConfigs(Outcome):
-    name: str
-    error_code: int = 0
-    error_message: str | None = None
-    configs: tuple[ConfigEntry, ...] = ()
+    errors_last: ClassVar[bool] = True
+    name: str = wire(STR)
+    error_code: int = error_code_field()
+    error_message: str | None = error_message_field()
+    configs: tuple[ConfigEntry, ...] = wire(Entries(ConfigEntry), (), absent=REQUIRED)
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class DescribeConfigsResponse(Message):
     api_key: ClassVar[ApiKey] = ApiKey.DESCRIBE_CONFIGS
-    topics: tuple[TopicConfigs, ...]
-
-    def to_control(self) -> dict[str, Any]:
-        return {"error_code": 0, "topics": [
-            put_error({"name": t.name, "configs": [{"name": c.name, "value": c.value, "source": c.source} for c in t.configs]},
-                      t.error_code, t.error_message)
-            for t in self.topics]}
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "DescribeConfigsResponse":
-        return cls(tuple(
-            TopicConfigs(field(t, "name", str), *decode_error(t), tuple(
-                ConfigEntry(field(c, "name", str), field(c, "value", (str, int, float)), field(c, "source", str))
-                for c in entries(t, "configs")))
-            for t in entries(control, "topics")))
+    topics: tuple[TopicConfigs, ...] = wire(Entries(TopicConfigs))
 
 
 # -- requests ----------------------------------------------------------------------------------
@@ -156,138 +153,73 @@ class TopicRef:
     error: PymqError | None = entry_error()
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class NewTopic:
-    name: str
-    num_partitions: int = -1
-    replication_factor: int = -1
-    configs: dict[str, ConfigValue] = dataclass_field(default_factory=dict)
+    """`num_partitions` / `replication_factor` -1: the broker's default."""
+
+    name: str = wire(TopicName(), entry=True, placeholder="")
+    num_partitions: int = wire(INT, -1, entry=True)
+    replication_factor: int = wire(INT, -1, entry=True)
+    configs: dict[str, ConfigValue] = wire(Configs(), default_factory=dict, entry=True)
     error: PymqError | None = entry_error()
 
-    def to_control(self) -> dict[str, Any]:
-        return {"name": self.name, "num_partitions": self.num_partitions,
-                "replication_factor": self.replication_factor, "configs": self.configs}
 
-    @classmethod
-    def from_control(cls, item: dict[str, Any]) -> "NewTopic":
-        name, name_error = entry_field(item, "name", str, "")
-        if name_error is not None:  # a topic name that is no string breaks the naming rules
-            name_error = InvalidTopicError(f"topic name must be a string: {name_error}")
-        partitions, partitions_error = entry_field(item, "num_partitions", int, -1, -1)
-        replication, replication_error = entry_field(item, "replication_factor", int, -1, -1)
-        configs, configs_error = _configs(item, "configs")
-        return cls(name, partitions, replication, configs, name_error or partitions_error or replication_error or configs_error)
-
-
-@dataclass(frozen=True, slots=True)
+@message
 class CreateTopicsRequest(RequestMessage[CreateTopicsResponse]):
     api_key: ClassVar[ApiKey] = ApiKey.CREATE_TOPICS
     response_type: ClassVar[type[CreateTopicsResponse]] = CreateTopicsResponse
-    topics: tuple[NewTopic, ...]
-    validate_only: bool = False
-
-    def to_control(self) -> dict[str, Any]:
-        return {"validate_only": self.validate_only, "topics": [t.to_control() for t in self.topics]}
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "CreateTopicsRequest":
-        validate_only = field(control, "validate_only", bool, False)
-        return cls(tuple(NewTopic.from_control(t) for t in entries(control, "topics")), validate_only)
+    wire_order: ClassVar[tuple[str, ...]] = ("validate_only", "topics")
+    topics: tuple[NewTopic, ...] = wire(Entries(NewTopic))
+    validate_only: bool = wire(BOOL, False)
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class DeleteTopicsRequest(RequestMessage[DeleteTopicsResponse]):
     api_key: ClassVar[ApiKey] = ApiKey.DELETE_TOPICS
     response_type: ClassVar[type[DeleteTopicsResponse]] = DeleteTopicsResponse
-    topics: tuple[TopicRef, ...]
-
-    def to_control(self) -> dict[str, Any]:
-        return {"topics": [t.name for t in self.topics]}
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "DeleteTopicsRequest":
-        return cls(_names(control))
+    topics: tuple[TopicRef, ...] = wire(TopicNames())
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class PartitionCount:
     """Grow topic `name` to `count` partitions."""
 
-    name: str
-    count: int
+    name: str = wire(STR, entry=True, placeholder="")
+    count: int = wire(INT, entry=True, placeholder=-1)
     error: PymqError | None = entry_error()
 
-    @classmethod
-    def from_control(cls, item: dict[str, Any]) -> "PartitionCount":
-        name, name_error = entry_field(item, "name", str, "")
-        count, count_error = entry_field(item, "count", int, -1)
-        return cls(name, count, name_error or count_error)
 
-
-@dataclass(frozen=True, slots=True)
+@message
 class CreatePartitionsRequest(RequestMessage[CreatePartitionsResponse]):
     api_key: ClassVar[ApiKey] = ApiKey.CREATE_PARTITIONS
     response_type: ClassVar[type[CreatePartitionsResponse]] = CreatePartitionsResponse
-    topics: tuple[PartitionCount, ...]
-    validate_only: bool = False
-
-    def to_control(self) -> dict[str, Any]:
-        return {"validate_only": self.validate_only, "topics": [{"name": t.name, "count": t.count} for t in self.topics]}
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "CreatePartitionsRequest":
-        validate_only = field(control, "validate_only", bool, False)
-        return cls(tuple(PartitionCount.from_control(t) for t in entries(control, "topics")), validate_only)
+    wire_order: ClassVar[tuple[str, ...]] = ("validate_only", "topics")
+    topics: tuple[PartitionCount, ...] = wire(Entries(PartitionCount))
+    validate_only: bool = wire(BOOL, False)
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class DescribeConfigsRequest(RequestMessage[DescribeConfigsResponse]):
     api_key: ClassVar[ApiKey] = ApiKey.DESCRIBE_CONFIGS
     response_type: ClassVar[type[DescribeConfigsResponse]] = DescribeConfigsResponse
-    topics: tuple[TopicRef, ...]
-
-    def to_control(self) -> dict[str, Any]:
-        return {"topics": [t.name for t in self.topics]}
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "DescribeConfigsRequest":
-        return cls(_names(control))
+    topics: tuple[TopicRef, ...] = wire(TopicNames())
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class ConfigChange:
     """Incremental, like Kafka's IncrementalAlterConfigs: set some configs of topic `name`, reset
     the `delete`d ones to the broker default."""
 
-    name: str
-    set_configs: dict[str, ConfigValue] = dataclass_field(default_factory=dict)
-    delete: tuple[str, ...] = ()
+    name: str = wire(STR, entry=True, placeholder="")
+    set_configs: dict[str, ConfigValue] = wire(Configs(), key="set", default_factory=dict, entry=True)
+    delete: tuple[str, ...] = wire(Seq(str, "config names to reset must be strings"), (), entry=True)
     error: PymqError | None = entry_error()
 
-    def to_control(self) -> dict[str, Any]:
-        return {"name": self.name, "set": self.set_configs, "delete": list(self.delete)}
 
-    @classmethod
-    def from_control(cls, item: dict[str, Any]) -> "ConfigChange":
-        name, name_error = entry_field(item, "name", str, "")
-        set_configs, set_error = _configs(item, "set")
-        delete, delete_error = entry_field(item, "delete", list, [], [])
-        if delete_error is None and not all(isinstance(key, str) for key in delete):
-            delete, delete_error = [], InvalidRequestError("config names to reset must be strings")
-        return cls(name, set_configs, tuple(delete), name_error or set_error or delete_error)
-
-
-@dataclass(frozen=True, slots=True)
+@message
 class AlterConfigsRequest(RequestMessage[AlterConfigsResponse]):
     api_key: ClassVar[ApiKey] = ApiKey.ALTER_CONFIGS
     response_type: ClassVar[type[AlterConfigsResponse]] = AlterConfigsResponse
-    topics: tuple[ConfigChange, ...]
-    validate_only: bool = False
-
-    def to_control(self) -> dict[str, Any]:
-        return {"validate_only": self.validate_only, "topics": [t.to_control() for t in self.topics]}
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "AlterConfigsRequest":
-        validate_only = field(control, "validate_only", bool, False)
-        return cls(tuple(ConfigChange.from_control(t) for t in entries(control, "topics")), validate_only)
+    wire_order: ClassVar[tuple[str, ...]] = ("validate_only", "topics")
+    topics: tuple[ConfigChange, ...] = wire(Entries(ConfigChange))
+    validate_only: bool = wire(BOOL, False)

@@ -1,9 +1,11 @@
 """What every typed message shares: its API key and version, the payload parts it carries, and the
 error fields of its outcomes.
 
-A message is a frozen slotted dataclass. `to_control()` gives the msgpack control map sent on the
-wire, `payload()` the raw bytes written after it (record batches, never re-encoded), and the
-classmethod `from_control(control, payload)` decodes and validates a received one in one place.
+A message is a frozen slotted dataclass declared with `protocol.schema` (`@message`, each field
+a `wire(...)`). `to_control()` gives the msgpack control map sent on the wire, `payload()` the raw
+bytes written after it (record batches, never re-encoded), and the classmethod
+`from_control(control, payload)` decodes and validates a received one in one place; both codec
+methods are generated from the declaration.
 Requests name their response type, so a caller sends a request and gets the matching response.
 
 Errors travel as today: `error_code` (0 for none) and `error_message` on each outcome; the
@@ -14,17 +16,16 @@ raises that error before decoding anything else.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from dataclasses import fields
-from functools import cache
 from typing import Any, ClassVar, Generic, Protocol, Self, TypeVar, Union
 
-from common.errors import NONE, InvalidRequestError, PymqError, error_for_code
+from common.errors import NONE, PymqError, error_for_code
 from protocol.fields import entries, entry_field, field
 from protocol.framing import ApiKey
 from protocol.messages.limits import RequestLimits
+from protocol.schema import INT, error_code_field, error_message_field, message, wire
 
 Buffer = Union[bytes, bytearray, memoryview]
 NO_LEADER_EPOCH = -1  # "not checked": the partition entry names no leader epoch (KIP-320)
@@ -121,91 +122,21 @@ def code_and_message(err: PymqError | None) -> tuple[int, str | None]:
     return (NONE, None) if err is None else (err.code, str(err))
 
 
-def put_error(out: dict[str, Any], code: int, message: str | None) -> dict[str, Any]:
-    """Add the error fields to an outcome's control map; the message only when there is one."""
-    out["error_code"] = code
-    if message is not None:
-        out["error_message"] = message
-    return out
-
-
-def decode_error(control: dict[str, Any]) -> tuple[int, str | None]:
-    """The error fields of an outcome's control map."""
-    return field(control, "error_code", int, NONE), field(control, "error_message", str, None)
-
-
-class PayloadCursor:
-    """Splits a received payload among the partition entries that claim it, in their order: each
-    takes its `size` bytes as a view (no copy), and together they must claim all of it."""
-
-    __slots__ = ("payload", "pos")
-
-    def __init__(self, payload: memoryview) -> None:
-        self.payload, self.pos = payload, 0
-
-    def take(self, size: int) -> memoryview:
-        """The next `size` bytes (size >= 0, checked by the caller); InvalidRequestError when the
-        payload has fewer left."""
-        pos, end = self.pos, len(self.payload)
-        if pos + size > end:
-            raise InvalidRequestError(f"partition sizes claim more than the payload's {end} bytes")
-        self.pos = pos + size
-        return self.payload[pos:pos + size]
-
-    def check_all_claimed(self) -> None:
-        """InvalidRequestError when bytes are left that no partition claimed."""
-        if self.pos != len(self.payload):
-            raise InvalidRequestError(f"payload has {len(self.payload) - self.pos} bytes not claimed by any partition")
-
-
-def own_field(default: Any, kind: type | None = None) -> Any:
-    """A field of a `PartitionResponse` subclass that travels under its own name: decoded as
-    `kind` (the default's type unless given), absent -> `default`."""
-    return dataclass_field(default=default, metadata={"kind": kind or type(default)})
-
-
-@cache
-def _own_fields(response_type: type["PartitionResponse"]) -> tuple[tuple[str, type, Any], ...]:
-    """(name, kind, default) of a partition response type's own fields, in declaration order."""
-    return tuple((f.name, f.metadata["kind"], f.default) for f in fields(response_type) if "kind" in f.metadata)
-
-
-@dataclass(frozen=True, slots=True)
+@message
 class PartitionResponse(Outcome):
     """One partition's answer in a response answered per topic and partition: its number, its
-    error fields, and the fields its API adds (`own_field`s of a subclass; none for a bare
-    outcome such as OffsetCommit's and OffsetDelete's).
+    error fields, and the fields its API adds (declared by a subclass; none for a bare outcome
+    such as OffsetCommit's and OffsetDelete's).
 
-    On the wire: {partition, <own fields>, error_code, error_message?}, or with `error_first`
-    {partition, error_code, error_message?, <own fields>}; the order is part of the known bytes.
+    On the wire: {partition, <own fields>, error_code, error_message?}, or, for a subclass that is
+    not `errors_last`, {partition, error_code, error_message?, <own fields>}; the order is part
+    of the known bytes.
     """
 
-    error_first: ClassVar[bool] = False
-    partition: int
-    error_code: int = NONE
-    error_message: str | None = None
-
-    def put_own(self, out: dict[str, Any]) -> None:
-        """Add the API's own fields to the control map, in order."""
-        for name, _, _ in _own_fields(type(self)):
-            out[name] = getattr(self, name)
-
-    def to_control(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"partition": self.partition}
-        if self.error_first:
-            put_error(out, self.error_code, self.error_message)
-            self.put_own(out)
-            return out
-        self.put_own(out)
-        return put_error(out, self.error_code, self.error_message)
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], **given: Any) -> Self:
-        """Decode one partition entry; `given` are fields that do not travel in the control map
-        (a fetched partition's records, split from the payload by the response)."""
-        for name, kind, default in _own_fields(cls):
-            given[name] = field(control, name, kind, default)
-        return cls(field(control, "partition", int), *decode_error(control), **given)
+    errors_last: ClassVar[bool] = True
+    partition: int = wire(INT)
+    error_code: int = error_code_field()
+    error_message: str | None = error_message_field()
 
 
 P = TypeVar("P", bound=PartitionResponse)
@@ -258,29 +189,10 @@ class TopicRequest(Generic[E]):
         return cls(name, tuple(parse(p) for p in entries(control, "partitions")), topic_id, name_error or id_error)
 
 
-def encode_topics(topics: Iterable[TopicResponse[Any] | TopicRequest[Any]]) -> list[dict[str, Any]]:
-    """The `topics` list of a control map: each topic entry encodes itself."""
-    return [t.to_control() for t in topics]
-
-
 class TopicResponses(Message):
     """Responses answered per topic and partition with nothing else (Produce, Fetch, ListOffsets):
-    `topics` of `partition_type` answers, and the whole-request error_code 0."""
+    `topics` (declared by each as `Topics(TopicResponse, <its partition type>)`), and the
+    whole-request error_code 0."""
 
     __slots__ = ()
-    partition_type: ClassVar[type[PartitionResponse]]
     topics: tuple[TopicResponse[Any], ...]
-
-    def to_control(self) -> dict[str, Any]:
-        return {"error_code": NONE, "topics": encode_topics(self.topics)}
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> Self:
-        return cls(decode_topics(control, TopicResponse, cls.partition_type.from_control))  # type: ignore[call-arg]
-
-
-def decode_topics(control: dict[str, Any], topic_type: type[TopicResponse[Any]] | type[TopicRequest[Any]],
-                  parse: Callable[[dict[str, Any]], T]) -> tuple[Any, ...]:
-    """The `topics` list of a control map, as `topic_type` (TopicResponse or TopicRequest)
-    entries whose partitions `parse` decodes."""
-    return tuple(topic_type.from_control(t, parse) for t in entries(control, "topics"))

@@ -19,13 +19,23 @@ per topic without a name to look up).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from common.errors import InvalidRequestError
-from protocol.fields import entries, field
 from protocol.framing import ApiKey
-from protocol.messages.base import Message, Outcome, RequestMessage, decode_error, put_error
+from protocol.messages.base import Message, Outcome, RequestMessage
+from protocol.schema import (
+    BOOL,
+    INT,
+    REQUIRED,
+    STR,
+    Entries,
+    Seq,
+    error_code_field,
+    error_message_field,
+    message,
+    one_of,
+    wire,
+)
 
 # How producers place keyed records (client/partitioner.py), named in a topic's metadata and its
 # `key.partitioner` config: Kafka's murmur2 placement, or murmur3, that of topics created before
@@ -33,148 +43,78 @@ from protocol.messages.base import Message, Outcome, RequestMessage, decode_erro
 KEY_PARTITIONERS = ("murmur2", "murmur3")
 LEGACY_KEY_PARTITIONER = "murmur3"
 
-
-def _ints(control: dict[str, Any], name: str) -> tuple[int, ...]:
-    values = field(control, name, list)
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise InvalidRequestError(f"field {name!r} must be a list of ints")
-    return tuple(values)
+_IDS = Seq(int, "field {name!r} must be a list of ints")
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class BrokerAddress:
-    node_id: int
-    host: str
-    port: int
+    node_id: int = wire(INT)
+    host: str = wire(STR)
+    port: int = wire(INT)
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class PartitionMetadata(Outcome):
-    partition: int
-    leader: int
-    leader_epoch: int
-    replicas: tuple[int, ...]
-    isr: tuple[int, ...]
-    error_code: int = 0
-    error_message: str | None = None
-    target_replicas: tuple[int, ...] = ()  # a reassignment in progress moves the replicas to these
-
-    def to_control(self) -> dict[str, Any]:
-        control = {"partition": self.partition, "leader": self.leader, "leader_epoch": self.leader_epoch,
-                   "replicas": list(self.replicas), "isr": list(self.isr)}
-        if self.target_replicas:
-            control["target_replicas"] = list(self.target_replicas)
-        return put_error(control, self.error_code, self.error_message)
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any]) -> "PartitionMetadata":
-        target = _ints(control, "target_replicas") if "target_replicas" in control else ()
-        return cls(field(control, "partition", int), field(control, "leader", int), field(control, "leader_epoch", int),
-                   _ints(control, "replicas"), _ints(control, "isr"), *decode_error(control), target)
+    errors_last: ClassVar[bool] = True
+    partition: int = wire(INT)
+    leader: int = wire(INT)
+    leader_epoch: int = wire(INT)
+    replicas: tuple[int, ...] = wire(_IDS)
+    isr: tuple[int, ...] = wire(_IDS)
+    error_code: int = error_code_field()
+    error_message: str | None = error_message_field()
+    # a reassignment in progress moves the replicas to these; on the wire only during one
+    target_replicas: tuple[int, ...] = wire(_IDS, (), omit=())
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class TopicMetadata(Outcome):
-    name: str
-    error_code: int = 0
-    error_message: str | None = None
-    topic_id: str = ""
-    partitions: tuple[PartitionMetadata, ...] = ()
-    key_partitioner: str = LEGACY_KEY_PARTITIONER  # a broker that does not send it has only murmur3
-
-    def to_control(self) -> dict[str, Any]:
-        return put_error({"name": self.name, "topic_id": self.topic_id, "key_partitioner": self.key_partitioner,
-                          "partitions": [p.to_control() for p in self.partitions]}, self.error_code, self.error_message)
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any]) -> "TopicMetadata":
-        partitioner = field(control, "key_partitioner", str, LEGACY_KEY_PARTITIONER)
-        if partitioner not in KEY_PARTITIONERS:
-            raise InvalidRequestError(f"key_partitioner {partitioner!r} is not one of {', '.join(KEY_PARTITIONERS)}")
-        return cls(field(control, "name", str), *decode_error(control), field(control, "topic_id", str, ""),
-                   tuple(PartitionMetadata.from_control(p) for p in entries(control, "partitions")), partitioner)
+    wire_order: ClassVar[tuple[str, ...]] = ("name", "topic_id", "key_partitioner", "partitions", "error_code",
+                                             "error_message")
+    name: str = wire(STR)
+    error_code: int = error_code_field()
+    error_message: str | None = error_message_field()
+    topic_id: str = wire(STR, "")
+    partitions: tuple[PartitionMetadata, ...] = wire(Entries(PartitionMetadata), (), absent=REQUIRED)
+    # a broker that does not send it has only murmur3
+    key_partitioner: str = wire(STR, LEGACY_KEY_PARTITIONER, check=one_of(
+        KEY_PARTITIONERS, f"key_partitioner {{value!r}} is not one of {', '.join(KEY_PARTITIONERS)}"))
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class MetadataResponse(Message):
     api_key: ClassVar[ApiKey] = ApiKey.METADATA
-    brokers: tuple[BrokerAddress, ...]
-    controller_id: int
-    topics: tuple[TopicMetadata, ...]
-
-    def to_control(self) -> dict[str, Any]:
-        return {"error_code": 0, "brokers": [{"node_id": b.node_id, "host": b.host, "port": b.port} for b in self.brokers],
-                "controller_id": self.controller_id, "topics": [t.to_control() for t in self.topics]}
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "MetadataResponse":
-        brokers = tuple(BrokerAddress(field(b, "node_id", int), field(b, "host", str), field(b, "port", int))
-                        for b in entries(control, "brokers"))
-        return cls(brokers, field(control, "controller_id", int),
-                   tuple(TopicMetadata.from_control(t) for t in entries(control, "topics")))
+    brokers: tuple[BrokerAddress, ...] = wire(Entries(BrokerAddress))
+    controller_id: int = wire(INT)
+    topics: tuple[TopicMetadata, ...] = wire(Entries(TopicMetadata))
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class MetadataRequest(RequestMessage[MetadataResponse]):
     """`topics` None: every topic. `allow_auto_topic_creation`: create the named topics the broker
-    does not know (a producer's lookups ask for it, as Kafka's do)."""
+    does not know (a producer's lookups ask for it, as Kafka's do); on the wire only when set."""
 
     api_key: ClassVar[ApiKey] = ApiKey.METADATA
     response_type: ClassVar[type[MetadataResponse]] = MetadataResponse
-    topics: tuple[str, ...] | None = None
-    allow_auto_topic_creation: bool = False
-
-    def to_control(self) -> dict[str, Any]:
-        control: dict[str, Any] = {"topics": None if self.topics is None else list(self.topics)}
-        if self.allow_auto_topic_creation:
-            control["allow_auto_topic_creation"] = True
-        return control
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "MetadataRequest":
-        names = field(control, "topics", list, None)
-        auto_create = field(control, "allow_auto_topic_creation", bool, False)
-        if names is None:
-            return cls(None, auto_create)
-        for name in names:
-            if not isinstance(name, str):
-                raise InvalidRequestError(f"topic names must be strings, got {type(name).__name__}")
-        return cls(tuple(names), auto_create)
+    topics: tuple[str, ...] | None = wire(Seq(str, "topic names must be strings, got {type}"), None)
+    allow_auto_topic_creation: bool = wire(BOOL, False, omit=False)
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class ApiVersionRange:
-    api_key: int
-    name: str
-    min_version: int
-    max_version: int
+    api_key: int = wire(INT)
+    name: str = wire(STR)
+    min_version: int = wire(INT)
+    max_version: int = wire(INT)
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class ApiVersionsResponse(Message):
     api_key: ClassVar[ApiKey] = ApiKey.API_VERSIONS
-    api_keys: tuple[ApiVersionRange, ...]
-
-    def to_control(self) -> dict[str, Any]:
-        return {"error_code": 0, "api_keys": [
-            {"api_key": k.api_key, "name": k.name, "min_version": k.min_version, "max_version": k.max_version}
-            for k in self.api_keys]}
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "ApiVersionsResponse":
-        return cls(tuple(ApiVersionRange(field(k, "api_key", int), field(k, "name", str), field(k, "min_version", int),
-                                         field(k, "max_version", int))
-                         for k in entries(control, "api_keys")))
+    api_keys: tuple[ApiVersionRange, ...] = wire(Entries(ApiVersionRange))
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class ApiVersionsRequest(RequestMessage[ApiVersionsResponse]):
     api_key: ClassVar[ApiKey] = ApiKey.API_VERSIONS
     response_type: ClassVar[type[ApiVersionsResponse]] = ApiVersionsResponse
-
-    def to_control(self) -> dict[str, Any]:
-        return {}
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "ApiVersionsRequest":
-        return cls()

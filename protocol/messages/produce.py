@@ -11,7 +11,6 @@ patches base offsets into before appending. A partition's `size`s must claim the
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
 from common.errors import InvalidRequiredAcksError, PymqError
@@ -22,49 +21,50 @@ from protocol.messages.base import (
     Buffer,
     Part,
     PartitionResponse,
-    PayloadCursor,
     RequestMessage,
     TopicRequest,
     TopicResponse,
     TopicResponses,
-    decode_topics,
-    encode_topics,
     entry_error,
-    own_field,
 )
+from protocol.schema import INT, NON_NEGATIVE, PayloadCursor, PayloadSize, PayloadTopics, Topics, message, one_of, wire
 
 DEFAULT_PRODUCE_TIMEOUT_MS = 30_000
 ACKS = (-1, 0, 1)  # all in-sync replicas, none (no response at all), the leader
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class ProducePartitionResponse(PartitionResponse):
-    base_offset: int = own_field(-1)
-    log_append_time: int = own_field(-1)
-    log_start_offset: int = own_field(-1)
+    base_offset: int = wire(INT, -1)
+    log_append_time: int = wire(INT, -1)
+    log_start_offset: int = wire(INT, -1)
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class ProduceResponse(TopicResponses):
     api_key: ClassVar[ApiKey] = ApiKey.PRODUCE
-    partition_type: ClassVar[type[ProducePartitionResponse]] = ProducePartitionResponse
-    topics: tuple[TopicResponse[ProducePartitionResponse], ...]
+    topics: tuple[TopicResponse[ProducePartitionResponse], ...] = wire(Topics(TopicResponse, ProducePartitionResponse))
 
 
-@dataclass(frozen=True, slots=True)
+def _records_size(records: tuple[Buffer, ...]) -> int:
+    return sum(len(r) for r in records)
+
+
+@message
 class ProducePartition:
     """One partition's record set: the buffers written back to back (one view of the request's
     payload when decoded; the producer passes each batch's header and body without joining them).
-    `error` is set when the entry itself is malformed (e.g. the partition is not an int)."""
+    `error` is set when the entry itself is malformed (e.g. the partition is not an int).
+    Decoded by `_partition_parser`, which splits the payload."""
 
-    partition: int
-    records: tuple[Buffer, ...]
-    current_leader_epoch: int = NO_LEADER_EPOCH
+    partition: int = wire(INT, entry=True, placeholder=-1)
+    records: tuple[Buffer, ...] = wire(PayloadSize(_records_size), key="size", payload=True)
+    current_leader_epoch: int = wire(INT, NO_LEADER_EPOCH)
     error: PymqError | None = entry_error()
 
     @property
     def size(self) -> int:
-        return sum(len(r) for r in self.records)
+        return _records_size(self.records)
 
     def record_set(self) -> memoryview:
         """The records as one writable buffer: the payload slice itself for a decoded request."""
@@ -72,9 +72,6 @@ class ProducePartition:
         if len(records) == 1 and records[0].__class__ is memoryview:
             return records[0]  # type: ignore[return-value]
         return memoryview(bytearray().join(records))
-
-    def to_control(self) -> dict[str, Any]:
-        return {"partition": self.partition, "size": self.size, "current_leader_epoch": self.current_leader_epoch}
 
 
 def _partition_parser(cursor: PayloadCursor) -> Callable[[dict[str, Any]], ProducePartition]:
@@ -96,27 +93,15 @@ def _partition_parser(cursor: PayloadCursor) -> Callable[[dict[str, Any]], Produ
     return parse
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class ProduceRequest(RequestMessage[ProduceResponse]):
     api_key: ClassVar[ApiKey] = ApiKey.PRODUCE
     response_type: ClassVar[type[ProduceResponse]] = ProduceResponse
-    topics: tuple[TopicRequest[ProducePartition], ...]
-    acks: int = 1
-    timeout_ms: int = DEFAULT_PRODUCE_TIMEOUT_MS
-
-    def to_control(self) -> dict[str, Any]:
-        return {"acks": self.acks, "timeout_ms": self.timeout_ms, "topics": encode_topics(self.topics)}
+    wire_order: ClassVar[tuple[str, ...]] = ("acks", "timeout_ms", "topics")
+    topics: tuple[TopicRequest[ProducePartition], ...] = wire(
+        PayloadTopics(TopicRequest, ProducePartition, _partition_parser))
+    acks: int = wire(INT, 1, check=one_of(ACKS, "acks must be -1, 0 or 1, got {value}", InvalidRequiredAcksError))
+    timeout_ms: int = wire(INT, DEFAULT_PRODUCE_TIMEOUT_MS, check=NON_NEGATIVE)
 
     def payload(self) -> list[Part]:
         return [r for t in self.topics for p in t.partitions for r in p.records]
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "ProduceRequest":
-        acks = field(control, "acks", int, 1)
-        if acks not in ACKS:
-            raise InvalidRequiredAcksError(f"acks must be -1, 0 or 1, got {acks}")
-        timeout_ms = non_negative(control, "timeout_ms", DEFAULT_PRODUCE_TIMEOUT_MS)
-        cursor = PayloadCursor(payload)
-        topics = decode_topics(control, TopicRequest, _partition_parser(cursor))
-        cursor.check_all_claimed()
-        return cls(topics, acks, timeout_ms)

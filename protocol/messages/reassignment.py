@@ -12,11 +12,9 @@ INVALID_REQUEST; the others go on.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from common.errors import InvalidRequestError, PymqError
-from protocol.fields import entry_field
+from common.errors import PymqError
 from protocol.framing import ApiKey
 from protocol.messages.base import (
     PartitionResponse,
@@ -24,48 +22,29 @@ from protocol.messages.base import (
     TopicRequest,
     TopicResponse,
     TopicResponses,
-    decode_topics,
-    encode_topics,
     entry_error,
 )
+from protocol.schema import INT, Seq, Topics, message, wire
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class AlterPartitionReassignmentsResponse(TopicResponses):
     api_key: ClassVar[ApiKey] = ApiKey.ALTER_PARTITION_REASSIGNMENTS
-    partition_type: ClassVar[type[PartitionResponse]] = PartitionResponse
-    topics: tuple[TopicResponse[PartitionResponse], ...]
+    topics: tuple[TopicResponse[PartitionResponse], ...] = wire(Topics(TopicResponse, PartitionResponse))
 
 
-@dataclass(frozen=True, slots=True)
+_REPLICAS = "replicas must be a list of broker ids or null"
+
+
+@message
 class ReassignedPartition:
-    partition: int
-    replicas: tuple[int, ...] | None  # None: cancel
+    partition: int = wire(INT, entry=True, placeholder=-1)
+    replicas: tuple[int, ...] | None = wire(Seq(int, _REPLICAS, _REPLICAS), entry=True, absent=None)  # None: cancel
     error: PymqError | None = entry_error()
 
-    def to_control(self) -> dict[str, Any]:
-        return {"partition": self.partition, "replicas": None if self.replicas is None else list(self.replicas)}
 
-    @classmethod
-    def from_control(cls, control: dict[str, Any]) -> "ReassignedPartition":
-        partition, error = entry_field(control, "partition", int, -1)
-        replicas = control.get("replicas")
-        if replicas is not None:
-            if not isinstance(replicas, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in replicas):
-                return cls(partition, None, error or InvalidRequestError("replicas must be a list of broker ids or null"))
-            replicas = tuple(replicas)
-        return cls(partition, replicas, error)
-
-
-@dataclass(frozen=True, slots=True)
+@message
 class AlterPartitionReassignmentsRequest(RequestMessage[AlterPartitionReassignmentsResponse]):
     api_key: ClassVar[ApiKey] = ApiKey.ALTER_PARTITION_REASSIGNMENTS
     response_type: ClassVar[type[AlterPartitionReassignmentsResponse]] = AlterPartitionReassignmentsResponse
-    topics: tuple[TopicRequest[ReassignedPartition], ...]
-
-    def to_control(self) -> dict[str, Any]:
-        return {"topics": encode_topics(self.topics)}
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "AlterPartitionReassignmentsRequest":
-        return cls(decode_topics(control, TopicRequest, ReassignedPartition.from_control))
+    topics: tuple[TopicRequest[ReassignedPartition], ...] = wire(Topics(TopicRequest, ReassignedPartition))

@@ -15,11 +15,9 @@ past that, so its log never diverges from the leader's (docs/cluster.md, Truncat
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
-from common.errors import InvalidRequestError, PymqError
-from protocol.fields import entry_field, field
+from common.errors import PymqError
 from protocol.framing import ApiKey
 from protocol.messages.base import (
     NO_LEADER_EPOCH,
@@ -29,63 +27,42 @@ from protocol.messages.base import (
     TopicRequest,
     TopicResponse,
     TopicResponses,
-    decode_topics,
-    encode_topics,
     entry_error,
-    own_field,
 )
+from protocol.schema import INT, STR, Check, Topics, message, wire
 
 UNDEFINED_EPOCH_OFFSET = -1
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class EpochEndOffset(PartitionResponse):
-    leader_epoch: int = own_field(UNDEFINED_EPOCH_OFFSET)
-    end_offset: int = own_field(UNDEFINED_EPOCH_OFFSET)
+    leader_epoch: int = wire(INT, UNDEFINED_EPOCH_OFFSET)
+    end_offset: int = wire(INT, UNDEFINED_EPOCH_OFFSET)
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class OffsetForLeaderEpochResponse(TopicResponses):
     api_key: ClassVar[ApiKey] = ApiKey.OFFSET_FOR_LEADER_EPOCH
-    partition_type: ClassVar[type[EpochEndOffset]] = EpochEndOffset
-    topics: tuple[TopicResponse[EpochEndOffset], ...]
+    topics: tuple[TopicResponse[EpochEndOffset], ...] = wire(Topics(TopicResponse, EpochEndOffset))
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class OffsetForLeaderPartition:
-    partition: int
-    leader_epoch: int
-    current_leader_epoch: int = NO_LEADER_EPOCH
+    wire_order: ClassVar[tuple[str, ...]] = ("partition", "current_leader_epoch", "leader_epoch")
+    partition: int = wire(INT, entry=True, placeholder=-1)
+    leader_epoch: int = wire(INT, entry=True, placeholder=NO_LEADER_EPOCH)
+    current_leader_epoch: int = wire(INT, NO_LEADER_EPOCH)
     error: PymqError | None = entry_error()
 
-    def to_control(self) -> dict[str, Any]:
-        return {"partition": self.partition, "current_leader_epoch": self.current_leader_epoch,
-                "leader_epoch": self.leader_epoch}
 
-    @classmethod
-    def from_control(cls, control: dict[str, Any]) -> "OffsetForLeaderPartition":
-        partition, partition_error = entry_field(control, "partition", int, -1)
-        epoch, epoch_error = entry_field(control, "leader_epoch", int, NO_LEADER_EPOCH)
-        return cls(partition, epoch, field(control, "current_leader_epoch", int, NO_LEADER_EPOCH),
-                   partition_error or epoch_error)
-
-
-@dataclass(frozen=True, slots=True)
+@message
 class OffsetForLeaderEpochRequest(RequestMessage[OffsetForLeaderEpochResponse]):
     api_key: ClassVar[ApiKey] = ApiKey.OFFSET_FOR_LEADER_EPOCH
     response_type: ClassVar[type[OffsetForLeaderEpochResponse]] = OffsetForLeaderEpochResponse
-    topics: tuple[TopicRequest[OffsetForLeaderPartition], ...]
-    replica_id: int = -1
-
-    def to_control(self) -> dict[str, Any]:
-        return {"replica_id": self.replica_id, "topics": encode_topics(self.topics)}
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "OffsetForLeaderEpochRequest":
-        replica_id = field(control, "replica_id", int, -1)
-        if replica_id < -1:
-            raise InvalidRequestError(f"replica_id is a broker id (>= 0) or -1, got {replica_id}")
-        return cls(decode_topics(control, TopicRequest, OffsetForLeaderPartition.from_control), replica_id)
+    wire_order: ClassVar[tuple[str, ...]] = ("replica_id", "topics")
+    topics: tuple[TopicRequest[OffsetForLeaderPartition], ...] = wire(Topics(TopicRequest, OffsetForLeaderPartition))
+    replica_id: int = wire(INT, -1, check=Check(
+        lambda v: v >= -1, "replica_id is a broker id (>= 0) or -1, got {value}"))
 
 
 # -- BrokerHandshake (API key 1010, pymq's own) ------------------------------------------------
@@ -99,34 +76,18 @@ class OffsetForLeaderEpochRequest(RequestMessage[OffsetForLeaderEpochResponse]):
 # CLUSTER_AUTHORIZATION_FAILED; accepted, the connection may send replica fetches as that broker.
 
 INCARNATION_MAX_CHARS = 128
+_HANDSHAKE_FIELDS = (f"a handshake names a broker id (>= 0) and an incarnation of at most {INCARNATION_MAX_CHARS} "
+                     f"characters")
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class BrokerHandshakeResponse(Message):
     api_key: ClassVar[ApiKey] = ApiKey.BROKER_HANDSHAKE
 
-    def to_control(self) -> dict[str, Any]:
-        return {"error_code": 0}
 
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "BrokerHandshakeResponse":
-        return cls()
-
-
-@dataclass(frozen=True, slots=True)
+@message
 class BrokerHandshakeRequest(RequestMessage[BrokerHandshakeResponse]):
     api_key: ClassVar[ApiKey] = ApiKey.BROKER_HANDSHAKE
     response_type: ClassVar[type[BrokerHandshakeResponse]] = BrokerHandshakeResponse
-    broker_id: int
-    incarnation: str
-
-    def to_control(self) -> dict[str, Any]:
-        return {"broker_id": self.broker_id, "incarnation": self.incarnation}
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "BrokerHandshakeRequest":
-        broker_id, incarnation = field(control, "broker_id", int), field(control, "incarnation", str)
-        if broker_id < 0 or len(incarnation) > INCARNATION_MAX_CHARS:
-            raise InvalidRequestError(f"a handshake names a broker id (>= 0) and an incarnation of at most "
-                                      f"{INCARNATION_MAX_CHARS} characters")
-        return cls(broker_id, incarnation)
+    broker_id: int = wire(INT, check=Check(lambda v: v >= 0, _HANDSHAKE_FIELDS))
+    incarnation: str = wire(STR, check=Check(lambda v: len(v) <= INCARNATION_MAX_CHARS, _HANDSHAKE_FIELDS))

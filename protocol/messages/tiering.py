@@ -24,42 +24,46 @@ except that its upload lag is -1 (unknown).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from common.errors import NONE, InvalidRequestError
+from common.errors import InvalidRequestError
 from protocol.fields import entries, field
 from protocol.framing import ApiKey
-from protocol.messages.base import (
-    Message,
-    Outcome,
-    PartitionResponse,
-    RequestMessage,
-    decode_error,
-    own_field,
-    put_error,
+from protocol.messages.base import Message, Outcome, PartitionResponse, RequestMessage
+from protocol.schema import (
+    BOOL,
+    INT,
+    STR,
+    Check,
+    Entries,
+    Kind,
+    Seq,
+    error_code_field,
+    error_message_field,
+    message,
+    wire,
 )
 from segment_format.manifest import CorruptManifestError, RemoteSegment
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class TieringPartition(PartitionResponse):
-    error_first: ClassVar[bool] = True
-    tiered: bool = own_field(False)
-    log_start_offset: int = own_field(-1)
-    local_log_start_offset: int = own_field(-1)
-    log_end_offset: int = own_field(-1)
-    high_watermark: int = own_field(-1)
-    local_bytes: int = own_field(0)
-    remote_log_start_offset: int = own_field(-1)
-    remote_log_end_offset: int = own_field(-1)  # one past the last offset held remotely
-    remote_bytes: int = own_field(0)
-    remote_segments: int = own_field(0)
-    manifest_version: int = own_field(-1)  # -1: no manifest read (not tiered, or not read yet); 0: nothing committed
-    upload_lag_offsets: int = own_field(0)  # -1: unknown (manifest not read yet)
-    upload_lag_bytes: int = own_field(0)
-    failures: int = own_field(0)  # tiering runs failed in a row
-    last_error: str | None = own_field(None, str)
+    errors_last: ClassVar[bool] = False
+    tiered: bool = wire(BOOL, False)
+    log_start_offset: int = wire(INT, -1)
+    local_log_start_offset: int = wire(INT, -1)
+    log_end_offset: int = wire(INT, -1)
+    high_watermark: int = wire(INT, -1)
+    local_bytes: int = wire(INT, 0)
+    remote_log_start_offset: int = wire(INT, -1)
+    remote_log_end_offset: int = wire(INT, -1)  # one past the last offset held remotely
+    remote_bytes: int = wire(INT, 0)
+    remote_segments: int = wire(INT, 0)
+    manifest_version: int = wire(INT, -1)  # -1: no manifest read (not tiered, or not read yet); 0: nothing committed
+    upload_lag_offsets: int = wire(INT, 0)  # -1: unknown (manifest not read yet)
+    upload_lag_bytes: int = wire(INT, 0)
+    failures: int = wire(INT, 0)  # tiering runs failed in a row
+    last_error: str | None = wire(STR, None)
 
     @property
     def remote_known(self) -> bool:
@@ -67,63 +71,30 @@ class TieringPartition(PartitionResponse):
         return self.tiered and self.manifest_version >= 0
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class TieringTopic(Outcome):
-    name: str
-    error_code: int = 0
-    error_message: str | None = None
-    partitions: tuple[TieringPartition, ...] = ()
-
-    def to_control(self) -> dict[str, Any]:
-        out = put_error({"name": self.name}, self.error_code, self.error_message)
-        out["partitions"] = [p.to_control() for p in self.partitions]
-        return out
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any]) -> "TieringTopic":
-        partitions = () if control.get("partitions") is None else tuple(
-            TieringPartition.from_control(p) for p in entries(control, "partitions"))
-        return cls(field(control, "name", str), *decode_error(control), partitions)
+    name: str = wire(STR)
+    error_code: int = error_code_field()
+    error_message: str | None = error_message_field()
+    partitions: tuple[TieringPartition, ...] = wire(Entries(TieringPartition), ())
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class DescribeTieringResponse(Message):
     """One entry per topic (of the request, in its order; or every topic with partitions led
     here, by name), its partitions by number."""
 
     api_key: ClassVar[ApiKey] = ApiKey.DESCRIBE_TIERING
-    topics: tuple[TieringTopic, ...]
-
-    def to_control(self) -> dict[str, Any]:
-        return {"error_code": NONE, "topics": [t.to_control() for t in self.topics]}
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "DescribeTieringResponse":
-        topics = () if control.get("topics") is None else tuple(
-            TieringTopic.from_control(t) for t in entries(control, "topics"))
-        return cls(topics)
+    topics: tuple[TieringTopic, ...] = wire(Entries(TieringTopic), absent=())
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class DescribeTieringRequest(RequestMessage[DescribeTieringResponse]):
     """`topics` None: every topic with partitions led by this broker."""
 
     api_key: ClassVar[ApiKey] = ApiKey.DESCRIBE_TIERING
     response_type: ClassVar[type[DescribeTieringResponse]] = DescribeTieringResponse
-    topics: tuple[str, ...] | None = None
-
-    def to_control(self) -> dict[str, Any]:
-        return {"topics": None if self.topics is None else list(self.topics)}
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "DescribeTieringRequest":
-        if control.get("topics") is None:
-            return cls(None)
-        names = field(control, "topics", list)
-        for name in names:
-            if not isinstance(name, str):
-                raise InvalidRequestError(f"field 'topics' must be a list of strings, got a {type(name).__name__}")
-        return cls(tuple(names))
+    topics: tuple[str, ...] | None = wire(Seq(str), None)
 
 
 # --- ReplaceRemoteSegments ---------------------------------------------------------------------
@@ -142,47 +113,51 @@ class DescribeTieringRequest(RequestMessage[DescribeTieringResponse]):
 # remote store failure (objects missing or not as described) is KAFKA_STORAGE_ERROR.
 
 
-@dataclass(frozen=True, slots=True)
+
+
+class ReplacedSegments(Kind):
+    """The segments a ReplaceRemoteSegments request replaces: (base_offset, upload_id) pairs,
+    sent as maps."""
+
+    def encode_expr(self, v: str, names: dict[str, Any]) -> str:
+        return f"[{{'base_offset': base, 'upload_id': upload_id}} for base, upload_id in {v}]"
+
+    def decode(self, control: dict[str, Any], key: str, absent: Any) -> Any:
+        return tuple((field(entry, "base_offset", int), field(entry, "upload_id", str))
+                     for entry in entries(control, key))
+
+
+class RemoteSegments(Kind):
+    """Segments as a manifest lists them (`RemoteSegment.to_dict`); a malformed one is the
+    request's INVALID_REQUEST."""
+
+    def encode_expr(self, v: str, names: dict[str, Any]) -> str:
+        return f"[segment.to_dict() for segment in {v}]"
+
+    def decode(self, control: dict[str, Any], key: str, absent: Any) -> Any:
+        try:
+            return tuple(RemoteSegment.from_dict(entry) for entry in entries(control, key))
+        except CorruptManifestError as err:
+            raise InvalidRequestError(f"field {key!r}: {err}") from None
+
+
+@message
 class ReplaceRemoteSegmentsResponse(Message):
     api_key: ClassVar[ApiKey] = ApiKey.REPLACE_REMOTE_SEGMENTS
-    error_code: int = NONE
-    error_message: str | None = None
-    manifest_version: int = -1  # the committed manifest's version; -1 on error
-
-    def to_control(self) -> dict[str, Any]:
-        return put_error({"manifest_version": self.manifest_version}, self.error_code, self.error_message)
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "ReplaceRemoteSegmentsResponse":
-        return cls(*decode_error(control), field(control, "manifest_version", int, -1))
+    errors_last: ClassVar[bool] = True
+    error_code: int = error_code_field()
+    error_message: str | None = error_message_field()
+    manifest_version: int = wire(INT, -1)  # the committed manifest's version; -1 on error
 
 
-@dataclass(frozen=True, slots=True)
+@message
 class ReplaceRemoteSegmentsRequest(RequestMessage[ReplaceRemoteSegmentsResponse]):
     api_key: ClassVar[ApiKey] = ApiKey.REPLACE_REMOTE_SEGMENTS
     response_type: ClassVar[type[ReplaceRemoteSegmentsResponse]] = ReplaceRemoteSegmentsResponse
-    topic: str
-    partition: int
-    topic_id: str
-    expected_manifest_version: int
-    replaced: tuple[tuple[int, str], ...]
-    segments: tuple[RemoteSegment, ...]
-
-    def to_control(self) -> dict[str, Any]:
-        return {"topic": self.topic, "partition": self.partition, "topic_id": self.topic_id,
-                "expected_manifest_version": self.expected_manifest_version,
-                "replaced": [{"base_offset": base, "upload_id": upload_id} for base, upload_id in self.replaced],
-                "segments": [segment.to_dict() for segment in self.segments]}
-
-    @classmethod
-    def from_control(cls, control: dict[str, Any], payload: memoryview) -> "ReplaceRemoteSegmentsRequest":
-        replaced = tuple((field(entry, "base_offset", int), field(entry, "upload_id", str))
-                         for entry in entries(control, "replaced"))
-        if not replaced:
-            raise InvalidRequestError("field 'replaced' names no segment")
-        try:
-            segments = tuple(RemoteSegment.from_dict(entry) for entry in entries(control, "segments"))
-        except CorruptManifestError as err:
-            raise InvalidRequestError(f"field 'segments': {err}") from None
-        return cls(field(control, "topic", str), field(control, "partition", int), field(control, "topic_id", str, ""),
-                   field(control, "expected_manifest_version", int), replaced, segments)
+    topic: str = wire(STR)
+    partition: int = wire(INT)
+    topic_id: str = wire(STR, absent="")
+    expected_manifest_version: int = wire(INT)
+    replaced: tuple[tuple[int, str], ...] = wire(
+        ReplacedSegments(), check=Check(len, "field 'replaced' names no segment"))
+    segments: tuple[RemoteSegment, ...] = wire(RemoteSegments())

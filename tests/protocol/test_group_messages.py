@@ -1,15 +1,13 @@
-"""Group coordination messages (protocol/messages/group.py): every request and response
-survives to_control -> msgpack -> from_control unchanged; malformed requests are refused naming
+"""Group coordination messages (protocol/messages/group.py): malformed requests are refused naming
 the field, or (OffsetCommit partitions) keep the error on their entry; opaque bytes refuse str;
-the coordinator's own errors travel in the response, apart from the whole-request error path."""
+the coordinator's own errors travel in the response, apart from the whole-request error path.
+(The round trip of every message: test_message_schema.py.)"""
 from __future__ import annotations
 
 from typing import Any
 
 import msgpack
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import protocol
 from client.connection import decode_reply
@@ -37,46 +35,36 @@ from common.errors import (
 from protocol import (
     GROUP_REQUEST_TYPES,
     REQUEST_TYPES,
-    DeletedGroupResult,
     DeleteGroupsRequest,
     DeleteGroupsResponse,
-    DescribedGroup,
-    DescribedMember,
     DescribeGroupsRequest,
     DescribeGroupsResponse,
     FindCoordinatorRequest,
     FindCoordinatorResponse,
     HeartbeatRequest,
     HeartbeatResponse,
-    JoinGroupMember,
     JoinGroupProtocol,
     JoinGroupRequest,
     JoinGroupResponse,
-    LeaveGroupMemberResponse,
     LeaveGroupRequest,
     LeaveGroupResponse,
-    ListedGroup,
     ListGroupsRequest,
     ListGroupsResponse,
-    MemberIdentity,
     Message,
     OffsetCommitPartition,
     OffsetCommitRequest,
     OffsetCommitResponse,
     OffsetDeleteRequest,
     OffsetDeleteResponse,
-    OffsetFetchPartitionResponse,
     OffsetFetchRequest,
     OffsetFetchResponse,
     PartitionResponse,
     SyncGroupAssignment,
     SyncGroupRequest,
     SyncGroupResponse,
-    TopicRequest,
     TopicResponse,
 )
 
-PROPERTY = settings(max_examples=60)
 EMPTY = memoryview(b"")
 
 
@@ -89,101 +77,19 @@ def round_trip(message: Message) -> Message:
     return type(message).from_control(wire(message), EMPTY)
 
 
-# -- strategies ---------------------------------------------------------------------------------
-
-text = st.text(max_size=12)
-optional_text = st.none() | text
-blobs = st.binary(max_size=32)
-int32 = st.integers(-(2**31), 2**31 - 1)
-partitions = st.integers(0, 2**31 - 1)
-offsets = st.integers(0, 2**62)
-epochs = st.integers(-1, 2**31 - 1)
-error_codes = st.integers(0, 1_000)
-error_text = st.none() | st.text(max_size=20)
+# The round trip of every message is tests/protocol/test_message_schema.py's, with strategies
+# derived from each message's declaration.
 
 
-def tuples(strategy: st.SearchStrategy[Any], max_size: int = 3, min_size: int = 0) -> st.SearchStrategy[tuple[Any, ...]]:
-    return st.lists(strategy, min_size=min_size, max_size=max_size).map(tuple)
-
-
-protocols = st.lists(st.builds(JoinGroupProtocol, text, blobs), min_size=1, max_size=3,
-                     unique_by=lambda p: p.name).map(tuple)
-commit_topics = tuples(st.builds(TopicRequest, text, tuples(st.builds(
-    OffsetCommitPartition, partitions, offsets, epochs, optional_text))))
-partition_results = tuples(st.builds(PartitionResponse, int32, error_codes, error_text))
-described_members = tuples(st.builds(DescribedMember, text, optional_text, text, text, blobs, blobs))
-
-MESSAGES: list[tuple[str, st.SearchStrategy[Message]]] = [
-    ("find-coordinator-request", st.builds(FindCoordinatorRequest, text, st.sampled_from([0, 1]))),
-    ("find-coordinator-response", st.builds(FindCoordinatorResponse, error_codes, error_text, int32, text,
-                                            st.integers(-1, 65535))),
-    ("join-group-request", st.builds(JoinGroupRequest, text, int32, int32, text, optional_text, text, protocols,
-                                     text, optional_text)),
-    ("join-group-response", st.builds(JoinGroupResponse, error_codes, error_text, int32, optional_text, optional_text,
-                                      text, st.booleans(), text,
-                                      tuples(st.builds(JoinGroupMember, text, optional_text, blobs)))),
-    ("sync-group-request", st.builds(SyncGroupRequest, text, int32, text, optional_text, optional_text, optional_text,
-                                     tuples(st.builds(SyncGroupAssignment, text, blobs)))),
-    ("sync-group-response", st.builds(SyncGroupResponse, error_codes, error_text, optional_text, optional_text, blobs)),
-    ("heartbeat-request", st.builds(HeartbeatRequest, text, int32, text, optional_text)),
-    ("heartbeat-response", st.builds(HeartbeatResponse, error_codes, error_text)),
-    ("leave-group-request", st.builds(LeaveGroupRequest, text,
-                                      tuples(st.builds(MemberIdentity, text, optional_text, optional_text)))),
-    ("leave-group-response", st.builds(LeaveGroupResponse, error_codes, error_text, tuples(st.builds(
-        LeaveGroupMemberResponse, text, optional_text, error_codes, error_text)))),
-    ("offset-commit-request", st.builds(OffsetCommitRequest, text, int32, text, optional_text, commit_topics)),
-    ("offset-commit-response", st.builds(OffsetCommitResponse, error_codes, error_text,
-                                         tuples(st.builds(TopicResponse, text, partition_results)))),
-    ("offset-fetch-request", st.builds(OffsetFetchRequest, text,
-                                       st.none() | tuples(st.builds(TopicRequest, text, tuples(int32))),
-                                       st.booleans())),
-    ("offset-fetch-response", st.builds(OffsetFetchResponse, error_codes, error_text, tuples(st.builds(
-        TopicResponse, text, tuples(st.builds(
-            OffsetFetchPartitionResponse, int32, error_codes, error_text, st.integers(-1, 2**62), epochs,
-            optional_text)))))),
-    ("list-groups-request", st.builds(ListGroupsRequest, tuples(text))),
-    ("list-groups-response", st.builds(ListGroupsResponse, error_codes, error_text,
-                                       tuples(st.builds(ListedGroup, text, text, text)))),
-    ("describe-groups-request", st.builds(DescribeGroupsRequest, tuples(text))),
-    ("describe-groups-response", st.builds(DescribeGroupsResponse, tuples(st.builds(
-        DescribedGroup, text, error_codes, error_text, text, text, text, described_members)))),
-    ("delete-groups-request", st.builds(DeleteGroupsRequest, tuples(text))),
-    ("delete-groups-response", st.builds(DeleteGroupsResponse,
-                                         tuples(st.builds(DeletedGroupResult, text, error_codes, error_text)))),
-    ("offset-delete-request", st.builds(OffsetDeleteRequest, text,
-                                        tuples(st.builds(TopicRequest, text, tuples(int32))))),
-    ("offset-delete-response", st.builds(OffsetDeleteResponse, error_codes, error_text, tuples(st.builds(
-        TopicResponse, text, tuples(st.builds(PartitionResponse, int32, error_codes,
-                                                          error_text)))))),
-]
-
-
-def test_group_request_types_cover_the_group_api_keys_and_strategies_cover_each_message():
+def test_group_request_types_cover_the_group_api_keys():
     """GROUP_REQUEST_TYPES holds the eleven group APIs, each naming its response type (and, once
-    its handler is registered, in REQUEST_TYPES as itself); this module round-trips a request and
-    a response for each."""
+    its handler is registered, in REQUEST_TYPES as itself)."""
     keys = {cls.api_key for cls in GROUP_REQUEST_TYPES}
     assert len(keys) == len(GROUP_REQUEST_TYPES) == 11
     assert keys | set(REQUEST_TYPES) == set(protocol.ApiKey)
     for cls in GROUP_REQUEST_TYPES:
         assert cls.response_type.api_key == cls.api_key
         assert REQUEST_TYPES.get(cls.api_key, cls) is cls
-    assert len(MESSAGES) == 2 * len(GROUP_REQUEST_TYPES)
-
-
-@pytest.mark.parametrize("strategy", [m[1] for m in MESSAGES], ids=[m[0] for m in MESSAGES])
-@PROPERTY
-@given(data=st.data())
-def test_message_round_trips_through_msgpack(strategy, data):
-    """to_control -> msgpack -> from_control gives an equal message, with no entry errors."""
-    message = data.draw(strategy)
-    decoded = round_trip(message)
-    assert decoded == message
-    if isinstance(decoded, OffsetCommitRequest):
-        assert all(p.error is None for t in decoded.topics for p in t.partitions)
-
-
-# -- the coordinator's errors travel in the response ---------------------------------------------
 
 
 def test_member_id_required_is_decoded_with_the_assigned_member_id():
