@@ -1,13 +1,13 @@
 """A class-data-sharing (CDS) archive for the driver JVM of `local_spark`: the classes a pymq
 session loads (Spark's, Scala's, Hadoop's, Delta's) mapped from one file at start instead of read,
-parsed and verified from the jars every time. On 2 cores a session's JVM took 26 CPU-s with it
-against 35 without (start, a Delta write and read, stop); the suite and its subprocess jobs start
-about ten such JVMs.
+parsed and verified from the jars every time. On 2 cores (load average 3) a session and its first
+query took 6-8 s and 9-10 JVM CPU-s with it against 11-15 s and 15-17 CPU-s without; the suite and
+the jobs it runs in subprocesses start about ten such JVMs.
 
 `make venv` builds it (spark_datasource/archive_classes.py); `local_spark` passes
-`-XX:SharedArchiveFile` whenever the file exists. An archive that no longer fits (another
-JDK, another pyspark, jars changed) is one warning line on the JVM's stderr and a start at the old
-speed; a missing one is no option at all.
+`-XX:SharedArchiveFile` whenever the file exists. An archive that no longer fits (another JDK or
+JDK base archive, another pyspark, changed jars) costs only the time: the JVM starts without it,
+at most with a warning on its stderr. A missing one is no option at all.
 
 The archive belongs to the pyspark and JDK of one venv, so it lives in the venv like the jars
 (`PYMQ_SPARK_CDS` names another file).
