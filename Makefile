@@ -11,7 +11,8 @@ venv: $(STAMP)
 
 # Python deps into the venv; then the Delta Lake and hadoop-aws jars from Maven Central into
 # $(VENV)/spark-jars (spark_datasource/jars.py), with Maven from Debian's packages if missing;
-# Debian's etcd-server (the metadata store of a cluster) if missing.
+# Debian's etcd-server (the metadata store of a cluster) if missing; the class archive that makes a
+# local Spark JVM start faster (spark_datasource/archive_classes.py).
 $(STAMP): pyproject.toml conf/spark-jars.pom.xml
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
@@ -19,6 +20,8 @@ $(STAMP): pyproject.toml conf/spark-jars.pom.xml
 	command -v mvn >/dev/null || (apt-get update -q && apt-get install -y -q maven)
 	command -v etcd >/dev/null || (apt-get update -q && apt-get install -y -q etcd-server)
 	$(BIN)/python -c 'from spark_datasource import jars; jars.main()'
+	$(BIN)/python -c 'from spark_datasource import archive_classes; archive_classes.main()' \
+		|| echo 'no Spark class archive: Spark JVMs start without it, slower'
 	touch $(STAMP)
 
 run: venv

@@ -10,7 +10,8 @@ is not installed in site-packages.
 
 Settings come in three layers, later ones winning: `conf/spark-defaults.conf` (Delta's session
 extension and catalog, s3a), the local defaults below (with `conf/log4j2.properties` for the JVM's
-log), and the caller's. The Delta Lake and
+log and, when `make venv` built it, the class archive of `spark_datasource.class_archive` for a
+faster JVM start), and the caller's. The Delta Lake and
 hadoop-aws jars are added by `spark_datasource.jars` (installed by `make venv`).
 
 Spark's Python workers (query planning and tasks) must run the interpreter that has pymq
@@ -27,7 +28,7 @@ from pathlib import Path
 
 from pyspark.sql import SparkSession
 
-from spark_datasource import jars
+from spark_datasource import class_archive, jars
 from spark_datasource.source import register
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -69,7 +70,9 @@ def local_spark(app_name: str, cores: int = 2, **conf: str) -> SparkSession:
     # pymq never converts through pandas; PySpark's warning about the pinned pandas 3 is noise here.
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
-    local = {**LOCAL_DEFAULTS, "spark.databricks.delta.snapshotPartitions": str(cores)}
+    java_options = f"{LOCAL_DEFAULTS['spark.driver.extraJavaOptions']} {class_archive.java_options()}".strip()
+    local = {**LOCAL_DEFAULTS, "spark.databricks.delta.snapshotPartitions": str(cores),
+             "spark.driver.extraJavaOptions": java_options}
     settings = {**spark_defaults(), **jars.spark_conf(), **local, **conf}
     for key, value in settings.items():
         builder = builder.config(key, value)

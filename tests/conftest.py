@@ -46,12 +46,23 @@ def _consume_all(bootstrap: str, topic: str, partitions: int, expected: int, tim
 
 SPARK_GROUP = "spark"
 
-# Tests that start Spark JVMs without the `spark` fixture (in a subprocess or a notebook kernel),
-# outside tests/spark_datasource/ (all of which needs Spark): node id prefixes.
-STARTS_SPARK_ITSELF = ("tests/spark_datasource/", "tests/jobs/test_notebooks.py",
+# Fixtures that start a Spark JVM: the suite's session, and the notebook kernel's own
+# (tests/jobs/test_notebooks.py).
+SPARK_FIXTURES = {"spark", "executed"}
+# Tests that start Spark JVMs themselves (spark-submit, a standalone cluster, a job in a
+# subprocess): node id prefixes.
+STARTS_SPARK_ITSELF = ("tests/spark_datasource/test_pipelines.py", "tests/spark_datasource/test_spark_cluster.py",
                        "tests/jobs/test_compact.py::test_sigkill_mid_write")
 # Fixtures of a multi-broker cluster and its etcd.
 CLUSTER_FIXTURES = {"cluster", "etcd"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """`--dist loadgroup` hands the groups out in collection order, not largest count first (xdist's
+    default, which left the few-test modules that start JVMs for the end of a run, one worker busy
+    with them long after the other had finished): see pytest_collection_modifyitems."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's hook (it reads the marks into the test ids) and -m's
@@ -62,16 +73,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     Spark session. Without xdist the marks do nothing.
 
     Also the marks `spark` (the test starts a Spark JVM) and `cluster` (a multi-broker cluster or
-    etcd), from the fixtures a test uses, so `make test-fast` can leave them out as tests are added."""
+    etcd), from the fixtures a test uses, so `make test-fast` can leave them out as tests are added.
+
+    The longest groups go first (modules that start Spark JVMs, then those with clusters), so
+    that the many short modules fill in beside them and both workers finish at about the same time."""
     spark_modules = {item.nodeid.split("::")[0] for item in items if "spark" in getattr(item, "fixturenames", ())}
     for item in items:
         module = item.nodeid.split("::")[0]
         item.add_marker(pytest.mark.xdist_group(SPARK_GROUP if module in spark_modules else module))
         fixtures = set(getattr(item, "fixturenames", ()))
-        if "spark" in fixtures or item.nodeid.startswith(STARTS_SPARK_ITSELF):
+        if fixtures & SPARK_FIXTURES or item.nodeid.startswith(STARTS_SPARK_ITSELF):
             item.add_marker(pytest.mark.spark)
         if fixtures & CLUSTER_FIXTURES:
             item.add_marker(pytest.mark.cluster)
+    rank: dict[str, int] = {}  # per module, so that a module's tests stay together
+    for item in items:
+        module = item.nodeid.split("::")[0]
+        rank[module] = min(rank.get(module, 2), 0 if item.get_closest_marker("spark") else
+                           1 if item.get_closest_marker("cluster") else 2)
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # stable: modules keep their order within a rank
 
 
 @pytest.fixture(scope="session")

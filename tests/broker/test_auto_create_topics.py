@@ -50,6 +50,7 @@ def test_off_by_default_unlike_kafka():
     assert BROKER_CONFIGS["auto.create.topics.enable"].default is False
 
 
+@pytest.mark.slow
 def test_producer_creates_an_unknown_topic_when_enabled(enabled):
     """A producer's first send to an unknown topic creates it with num.partitions; the records land in it."""
     with Producer(enabled.bootstrap, linger_ms=0) as producer:

@@ -66,6 +66,7 @@ def timed_request(client, api_key: int, control: dict) -> tuple[dict, float]:
     return reply, time.monotonic() - started
 
 
+@pytest.mark.slow
 def test_full_writer_queue_mutes_the_producer_and_serves_other_connections(slow_broker, raw_client):
     """Each segment write takes SLOW_S and the writer queue holds one byte, so the first queued
     produce spends it. Before the fix, the next produce blocked the event loop for a whole write
@@ -100,6 +101,7 @@ def test_full_writer_queue_mutes_the_producer_and_serves_other_connections(slow_
     assert values_of(other, "slow", 0) == [f"b{i}-{j}" for i in range(3) for j in range(64)]
 
 
+@pytest.mark.slow
 def test_queued_max_request_bytes_stops_reading_every_connection_until_answered(slow_broker, raw_client):
     """A produce waiting SLOW_S for its fsync (flush.messages=1) holds more than
     queued.max.request.bytes: it is admitted though larger than the limit (nothing else is held),

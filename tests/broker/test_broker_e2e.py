@@ -33,6 +33,7 @@ def assert_in_order_without_gaps(table: pa.Table, partitions: int) -> None:
 
 
 @pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"], ids=["uvloop", "asyncio"])
+@pytest.mark.slow
 def test_round_trip_of_100k_records_on_3_partitions_keeps_order_and_loses_nothing(broker_factory, event_loop, consume_all):
     """100,000 keyed records produced columnar and per record come back complete and in partition order."""
     broker = broker_factory(**{"event.loop": event_loop}).start()
@@ -66,6 +67,7 @@ def test_records_with_one_key_land_on_one_partition(broker, consume_all):
 
 
 @pytest.mark.parametrize("crash", [True, False], ids=["sigkill", "clean-stop"])
+@pytest.mark.slow
 def test_restart_keeps_every_acknowledged_record(broker_factory, crash, consume_all):
     """After SIGKILL or SIGTERM and a restart, topics and all acknowledged records are still there."""
     broker = broker_factory(**{"log.flush.interval.messages": 1}).start()

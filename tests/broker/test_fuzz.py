@@ -580,6 +580,7 @@ def broker_tracebacks(broker: Any) -> list[str]:
     return ["Traceback" + block[:3000] for block in text.split("Traceback")[1:]]
 
 
+@pytest.mark.slow
 def test_fuzz_storm_leaves_broker_serving_and_snapshot_topic_byte_identical(storm, raw_client, consume_all):
     """After >10,000 hostile frames the broker is alive, answers Metadata, and the snapshot topic's
     files, partition count, configs and consumed records are exactly as before."""

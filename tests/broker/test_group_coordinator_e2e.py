@@ -88,6 +88,7 @@ def server(broker_factory):
     return broker
 
 
+@pytest.mark.slow
 def test_groups_and_offsets_survive_sigkill(server, raw_client) -> None:
     with raw_client(server.port) as client:
         member, generation = form_group(client)
@@ -110,6 +111,7 @@ def test_groups_and_offsets_survive_sigkill(server, raw_client) -> None:
         assert [(g.group_id, g.group_state) for g in listed.groups] == [("g1", "Stable")]
 
 
+@pytest.mark.slow
 def test_the_offsets_topic_is_internal(server, raw_client) -> None:
     with raw_client(server.port) as client:
         send(client, FindCoordinatorRequest("any"))
@@ -133,6 +135,7 @@ def partition_bytes(server: Any, partition: int) -> int:
     return total
 
 
+@pytest.mark.slow
 def test_the_log_cleaner_keeps_the_offsets_topic_bounded(broker_factory, raw_client) -> None:
     """Thousands of commits to two keys: the cleaner compacts `__consumer_offsets` so its size stays
     bounded, and after a restart (replay of the compacted log) the offsets are the last commits."""

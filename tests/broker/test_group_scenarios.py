@@ -204,6 +204,7 @@ def produce(bootstrap: str, topic: str, records: int, partitions: int) -> None:
 # -- the scenarios ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_killed_member_partitions_move_and_only_its_uncommitted_records_repeat(broker_factory, processes):
     """3 members on 6 partitions while 200,000 records are produced; SIGKILL one: the other two
     own all 6 within the session timeout (+ a margin), every record is processed, order holds per
@@ -243,6 +244,7 @@ def test_killed_member_partitions_move_and_only_its_uncommitted_records_repeat(b
         assert offset >= last_commit.get(tp, 0), f"{tp} {offset} repeated below the victim's last commit"
 
 
+@pytest.mark.slow
 def test_group_and_commits_survive_a_broker_sigkill(broker_factory, processes):
     """SIGKILL the broker while 2 members consume, restart it on the same port and log dir: the
     committed offsets are at least what members were told was committed, the group is whole again,
@@ -286,6 +288,7 @@ def test_group_and_commits_survive_a_broker_sigkill(broker_factory, processes):
     assert_partition_order(logs)
 
 
+@pytest.mark.slow
 def test_cooperative_sticky_revokes_only_partitions_that_move(broker_factory, processes):
     """2 cooperative-sticky members own 3 of 6 partitions each; a third joins: each old member's
     on_revoke names only partitions the newcomer ends up owning, it keeps the others throughout,
@@ -316,6 +319,7 @@ def test_cooperative_sticky_revokes_only_partitions_that_move(broker_factory, pr
         assert not set().union(*(e.partitions for e in later if e.name == "assign")), "an old member gained partitions"
 
 
+@pytest.mark.slow
 def test_static_member_restarted_within_session_timeout_keeps_its_partitions(broker_factory, processes):
     """A static member (group_instance_id) closed and restarted within its session timeout gets
     the same partitions back in the same generation: no rebalance, the other member sees no
@@ -355,6 +359,7 @@ def test_static_member_restarted_within_session_timeout_keeps_its_partitions(bro
         {m.group_instance_id: sorted(m.assignment) for m in group.members}
 
 
+@pytest.mark.slow
 def test_two_groups_each_get_every_record_and_split_it_among_members(broker_factory, processes):
     """Pub-sub across groups, queue within one: two groups of 2 members on a 4-partition topic;
     each group processes every record exactly once, its members owning disjoint partitions."""
@@ -384,6 +389,7 @@ def test_two_groups_each_get_every_record_and_split_it_among_members(broker_fact
 
 
 @pytest.mark.parametrize("commit", ["before", "after"], ids=["at-most-once", "at-least-once"])
+@pytest.mark.slow
 def test_crash_at_the_worst_moment_loses_or_repeats_exactly_one_poll(broker_factory, processes, commit):
     """A member SIGKILLs itself right after committing a poll it never processes (commit before:
     at-most-once, those records are lost and nothing repeats) or right after processing a poll it

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
+import pytest
 
 from client import Admin, Consumer, Producer
 from client.partitioner import partition_for_key
@@ -30,6 +31,7 @@ def produce_keys(bootstrap: str, topic: str) -> None:
         producer.flush()
 
 
+@pytest.mark.slow
 def test_new_topics_place_keys_as_kafka_does_and_say_so(broker_factory):
     broker = broker_factory().start()
     with Admin(broker.bootstrap) as admin:
@@ -40,6 +42,7 @@ def test_new_topics_place_keys_as_kafka_does_and_say_so(broker_factory):
     assert placed(broker.bootstrap, "kafka-placed") == {k: partition_for_key(k, 5, "murmur2") for k in KEYS}
 
 
+@pytest.mark.slow
 def test_a_topic_stored_before_the_config_keeps_murmur3_and_a_broker_may_default_to_it(broker_factory):
     broker = broker_factory(**{"key.partitioner": "murmur3"}).start()
     with Admin(broker.bootstrap) as admin:

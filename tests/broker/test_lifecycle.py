@@ -21,6 +21,7 @@ TABLE_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
 STOP_BOUND_S = 60.0  # generous for a loaded 2-core machine; the drain itself is bounded by config
 
 
+@pytest.mark.slow
 def test_a_second_broker_on_the_same_log_dir_refuses_to_start(broker_factory, tmp_path: Path) -> None:
     """B on A's log.dir exits with LogDirInUseError's message; A keeps every record; after A is
     SIGKILLed (the kernel drops its flock) a new broker starts on the directory at once."""
@@ -98,6 +99,7 @@ def _fetch_forever(bootstrap: str, topic: str, stop: threading.Event) -> None:
         pass
 
 
+@pytest.mark.slow
 def test_sigterm_under_produce_fetch_cleaning_tiering_and_retention_stops_cleanly(broker_factory, tmp_path: Path) -> None:
     """SIGTERM while producers write a tiered topic and a compacted one, consumers fetch, the cleaner,
     tiering and retention run: exit 0 within the bound, no temporary files left, the restart

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from client import Admin, Consumer, Producer
 from tests.waiting import wait_until
@@ -94,6 +95,7 @@ def assert_latest_values_at_their_offsets(table: pa.Table, latest: dict[bytes, b
     assert offsets == sorted(offsets) and all(offset == int(value[:10]) for offset, value in zip(offsets, values))
 
 
+@pytest.mark.slow
 def test_a_compacted_topic_keeps_the_latest_value_of_each_key_at_its_offset(broker_factory):
     """20,000 updates of 50 keys in 16 KiB segments: the cleaner reduces the partition to each
     key's latest value, read from offset 0 at its original offset (with gaps between), and the
@@ -110,6 +112,7 @@ def test_a_compacted_topic_keeps_the_latest_value_of_each_key_at_its_offset(brok
     assert "cleaned compacted-0" in broker.log_tail(200_000)
 
 
+@pytest.mark.slow
 def test_sigkill_while_the_cleaner_works_loses_no_latest_value(broker_factory):
     """SIGKILL three times while cleaned segments are being written or swapped in (seen as
     `.cleaned` / `.swap` files), more updates after each restart: the log reopens every time,

@@ -75,6 +75,7 @@ def test_a_corrupt_queued_append_fails_alone_and_stores_nothing(broker, raw_clie
         assert values_of(client, "corrupt", 0) == [f"after-{j}" for j in range(3)] + [f"large-after-{j}" for j in range(40)]
 
 
+@pytest.mark.slow
 def test_clean_stop_with_appends_queued_loses_no_acknowledged_record(broker, raw_client):
     """SIGTERM while a burst of large produces is still queued: the broker exits 0, and after a
     restart the log holds whole batches in arrival order, including every one acknowledged."""

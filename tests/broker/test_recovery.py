@@ -114,6 +114,7 @@ def recovered_bytes(broker) -> int:
     return int(found[-1])
 
 
+@pytest.mark.slow
 def test_restart_after_sigkill_revalidates_only_the_unflushed_tail(crashed, raw_client):
     total = sum(path.stat().st_size for path in segment_files(crashed.log_dir))
     crashed.start()
@@ -122,6 +123,7 @@ def test_restart_after_sigkill_revalidates_only_the_unflushed_tail(crashed, raw_
     assert values == {i: value(i) for i in range(BATCHES)} and not bad_crc and not refused
 
 
+@pytest.mark.slow
 def test_flipped_byte_in_an_old_segment_loses_nothing_else(crashed, raw_client):
     victim = segment_files(crashed.log_dir)[2]
     first = record.read_header(victim.read_bytes(), 0)
@@ -136,6 +138,7 @@ def test_flipped_byte_in_an_old_segment_loses_nothing_else(crashed, raw_client):
     assert values == {i: value(i) for i in range(BATCHES) if i != first.base_offset}
 
 
+@pytest.mark.slow
 def test_broken_framing_in_an_old_segment_is_reported_not_truncated(crashed, raw_client):
     victim = segment_files(crashed.log_dir)[3]
     data = victim.read_bytes()
@@ -159,6 +162,7 @@ def test_broken_framing_in_an_old_segment_is_reported_not_truncated(crashed, raw
     assert reply["topics"][0]["partitions"][0]["base_offset"] == BATCHES
 
 
+@pytest.mark.slow
 def test_topic_recreated_after_a_crash_between_metadata_and_log_delete_starts_empty(broker_factory, raw_client):
     """The crash leaves the old topic's directory on disk with no metadata; the new topic of the
     same name has a new topic id, so the directory (its partition.metadata names the old id) is

@@ -28,6 +28,7 @@ def value(metrics: dict[str, float], name: str, **labels: str) -> float:
     return metrics.get(key, 0.0)
 
 
+@pytest.mark.slow
 def test_requests_traffic_and_flushes_are_counted_as_they_happened(broker: BrokerProcess) -> None:
     with Admin(broker.bootstrap) as admin:
         admin.create_topic(TOPIC, partitions=2)
@@ -68,6 +69,7 @@ def test_requests_traffic_and_flushes_are_counted_as_they_happened(broker: Broke
         after, "pymq_request_seconds_count", api="produce", phase="total")
 
 
+@pytest.mark.slow
 def test_a_groups_state_members_and_lag_per_partition(broker_factory) -> None:
     """A member that consumed 30 of 50 records and committed: Stable, one member, lag 20; once it
     left: Empty, no members, the lag still there (per partition with metrics.group.partitions.enable)."""

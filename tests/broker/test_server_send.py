@@ -163,6 +163,7 @@ def open_descriptors(pid: int) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="counts the broker's descriptors in /proc")
 @LOOPS
+@pytest.mark.slow
 def test_a_connection_lost_mid_send_releases_its_ranges_and_socket(broker_factory, raw_client, event_loop):
     """A client pipelines 8 fetches of the whole log, reads 100 KB of the first and hangs up: the
     broker closes every descriptor the sends held (queued ranges, the socket's dup) and serves on."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 
 import pyarrow as pa
+import pytest
 
 from segment_format import record
 from client import Admin, Consumer, Producer
@@ -30,6 +31,7 @@ from tests.helpers.tiering import (
 from tests.waiting import wait_until
 
 
+@pytest.mark.slow
 def test_sealed_segments_tier_and_leave_the_local_disk(broker_factory, tmp_path):
     """20,000 records (batches of 500) in 16 KiB segments with local.retention.bytes 32 KiB: the manifest lists
     every sealed segment, the local directory keeps a few recent ones, no local segment went
@@ -64,6 +66,7 @@ def check_time_lookups(bootstrap: str, store: RemoteSegmentStore) -> None:
             assert found is not None and found[0] <= segment.base_offset and found[1] >= first_ts, (segment, found)
 
 
+@pytest.mark.slow
 def test_sigkill_during_uploads_keeps_the_manifest_consistent(broker_factory, tmp_path):
     """Uploads throttled to 1 MiB/s of 256 KiB segments; SIGKILL three times while they run,
     more records after each restart: the manifest has no duplicate or overlapping segment, and
@@ -85,6 +88,7 @@ def test_sigkill_during_uploads_keeps_the_manifest_consistent(broker_factory, tm
     check_complete(broker.bootstrap, broker.log_dir, store, produced)
 
 
+@pytest.mark.slow
 def test_deleting_a_topic_deletes_its_remote_data(broker_factory, tmp_path):
     """Once some segments are tiered, DeleteTopics removes the topic's remote folder too."""
     broker = tiering_broker(broker_factory, tmp_path).start()

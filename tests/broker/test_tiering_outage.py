@@ -390,6 +390,7 @@ def recover(scenario: Scenario, down_manifest: PartitionManifest) -> None:
     assert (row.failures, row.last_error) == (0, None), row
 
 
+@pytest.mark.slow
 def test_store_down_produce_continues_tiering_backs_off_and_catches_up(scenario, proxy):
     """Connections to the store refused for as long as three failed tiering runs take: every
     batch produced meanwhile is acknowledged, the manifest stays at its pre-outage version, no
@@ -434,6 +435,7 @@ def test_store_down_produce_continues_tiering_backs_off_and_catches_up(scenario,
     recover(scenario, down_manifest)
 
 
+@pytest.mark.slow
 def test_store_hung_produce_continues_and_tiering_catches_up(scenario, proxy):
     """The store accepts connections and answers nothing: tiering's requests wait, while produce
     is acknowledged as usual (the event loop does not wait on the store), nothing unnamed by the
@@ -459,6 +461,7 @@ def test_store_hung_produce_continues_and_tiering_catches_up(scenario, proxy):
     recover(scenario, down_manifest)
 
 
+@pytest.mark.slow
 def test_store_resetting_connections_tiering_waits_its_backoff(scenario, proxy):
     """The store resets every connection (the proxy listens, so it sees when tiering tries): after
     each failed run, tiering does not touch the store again before the delay it announced (500 ms,
@@ -495,6 +498,7 @@ def test_store_resetting_connections_tiering_waits_its_backoff(scenario, proxy):
     recover(scenario, down_manifest)
 
 
+@pytest.mark.slow
 def test_a_range_read_waits_out_a_hung_store(scenario, proxy):
     """A range read (what a Spark task does) from offset 0 while the store hangs: the broker's
     remote read outlasts remote.fetch.max.wait.ms, so fetches come back empty below the high

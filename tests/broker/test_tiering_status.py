@@ -103,6 +103,7 @@ def test_help_explains_tier_commands(command: list[str], purpose: str) -> None:
 # -- against a real broker ---------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_status_matches_the_manifest_and_the_local_files(broker_factory, tmp_path) -> None:
     """20 batches of 500 records in 16 KiB segments, local retention 32 KiB: once every sealed
     segment is tiered and local retention is done, describe_tiering reports the store's manifest
@@ -196,6 +197,7 @@ def test_status_matches_the_manifest_and_the_local_files(broker_factory, tmp_pat
     assert metrics["pymq_remote_read_cache_bytes"] > 0 and metrics["pymq_remote_read_cache_hits_total"] > 0
 
 
+@pytest.mark.slow
 def test_unknown_and_non_tiered_topics(broker_factory, tmp_path) -> None:
     """An unknown topic is UNKNOWN_TOPIC_OR_PARTITION (the Admin raises it, the CLI exits 1); a
     topic without remote.storage.enable is not tiered: remote fields -1 / 0, no lag."""
@@ -223,6 +225,7 @@ def test_unknown_and_non_tiered_topics(broker_factory, tmp_path) -> None:
     assert line.split()[2:4] == ["[0,", "100)"] and line.rstrip().endswith("not tiered")
 
 
+@pytest.mark.slow
 def test_broken_store_shows_failures_and_the_error(broker_factory, tmp_path) -> None:
     """The store's root is a regular file: every tiering run fails; the status counts the
     failures in a row and names the error, the CLI says `failing: N x ...`, the metrics count them."""

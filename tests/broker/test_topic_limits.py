@@ -12,6 +12,7 @@ from segment_format.layout import TOPIC_NAME_MAX
 LONGEST = "L" * (TOPIC_NAME_MAX - 2) + "-x"  # a dash inside, as a partition directory's name has
 
 
+@pytest.mark.slow
 def test_the_longest_topic_name_is_deleted_whole_and_can_be_created_again(broker):
     """Before the fix the rename to `<name>-<p>.<uuid>-delete` exceeded the file-name limit: the
     topic left the metadata, its directories stayed and the name could not be created again."""
@@ -32,6 +33,7 @@ def test_the_longest_topic_name_is_deleted_whole_and_can_be_created_again(broker
         consumer.close()
 
 
+@pytest.mark.slow
 def test_max_partitions_refuses_creations_and_growth_beyond_it_with_policy_violation(broker_factory):
     """max.partitions=50 on one broker: topics and added partitions up to 50 are created; one
     partition more, validate-only or not, is POLICY_VIOLATION and creates nothing; the internal

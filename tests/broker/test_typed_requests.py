@@ -66,6 +66,7 @@ def end_offset(client: Any, leader_epoch: int = protocol.NO_LEADER_EPOCH) -> Any
     return reply.topics[0].partitions[0]
 
 
+@pytest.mark.slow
 def test_produce_with_a_newer_leader_epoch_is_refused_and_stores_nothing(server, raw_client, epoch):
     """A produce naming epoch+1 gets UNKNOWN_LEADER_EPOCH for its partition; the current epoch
     (and no epoch) append."""

@@ -3,10 +3,12 @@ names, after real traffic against a real broker: counts exact, times and sizes p
 from __future__ import annotations
 
 import pyarrow as pa
+import pytest
 
 from client import Consumer, Producer
 
 
+@pytest.mark.slow
 def test_producer_metrics_count_what_was_sent(shared_broker, new_topic):
     topic = new_topic(1)
     with Producer(shared_broker.bootstrap, linger_ms=0) as producer:

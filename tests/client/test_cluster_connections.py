@@ -24,6 +24,7 @@ def hung_broker() -> Iterator[str]:
         yield "%s:%d" % listener.getsockname()
 
 
+@pytest.mark.slow
 def test_after_a_request_to_a_broker_times_out_metadata_comes_from_another_one(shared_broker, hung_broker):
     async def scenario() -> dict[int, tuple[str, int]]:
         cluster = Cluster(f"{hung_broker},{shared_broker.bootstrap}", request_timeout_ms=1_000)

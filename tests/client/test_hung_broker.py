@@ -149,6 +149,7 @@ def _target(shared_broker) -> tuple[str, int]:
 
 @pytest.mark.parametrize("max_in_flight", [5, 1], ids=["unordered", "in-order"])
 @pytest.mark.parametrize("outcome", ["partition-moves", "leader-answers"])
+@pytest.mark.slow
 def test_a_produce_that_timed_out_is_resent_only_once_the_leader_answers_or_the_partition_moves(
         shared_broker, new_topic, outcome, max_in_flight):
     """The produce of a to the hung leader times out; the producer refreshes metadata (which

@@ -560,6 +560,7 @@ def consume_to_end(bootstrap: str, topic: str, partitions: int, timeout_s: float
 
 
 @pytest.mark.parametrize("crash", [False, True], ids=["stop", "kill"])
+@pytest.mark.slow
 def test_max_in_flight_one_keeps_each_partitions_order_across_broker_restarts(broker_factory, crash):
     """A thread sends numbered records to 3 partitions (max_in_flight=1, small batches) while the
     broker is stopped (or killed) and restarted twice: requests in flight fail, reconnects are

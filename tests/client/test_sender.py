@@ -19,6 +19,7 @@ from tests.helpers.client_records import consume
 
 
 @pytest.mark.parametrize("slow_path", ["_open", "refresh"], ids=["connection-opening", "leader-lookup"])
+@pytest.mark.slow
 def test_batches_drained_while_a_slow_path_waits_keep_their_order(shared_broker, new_topic, slow_path):
     """Three one-record batches drained one by one while the leader's connection opens (or its
     partition is looked up), and a fourth drained the moment that is done, land at offsets 0..3

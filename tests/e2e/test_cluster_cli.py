@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from cli import cli
@@ -33,6 +34,7 @@ def signal_masks(pid: int) -> str:
     return ", ".join(line for line in status.splitlines() if line.startswith(("SigBlk", "SigIgn", "SigCgt")))
 
 
+@pytest.mark.slow
 def test_cluster_start_runs_etcd_and_three_brokers_until_ctrl_c(tmp_path: Path):
     process = subprocess.Popen(
         [sys.executable, "-m", "cli", "cluster", "start", "--dir", str(tmp_path / "cluster"), "--port", "0",

@@ -35,6 +35,7 @@ def _peak_rss_bytes(pid: int) -> int:
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads the broker's peak RSS from /proc")
+@pytest.mark.slow
 def test_a_flood_of_decompression_bombs_and_poison_is_refused_while_others_are_served(broker_factory, raw_client):
     """FLOOD_ROUNDS rounds of a real zstd bomb (100 MiB of zeros), a forged one declaring 1 TiB
     and every kind of poison: each is refused with its named error, the broker's peak RSS grows

@@ -185,6 +185,7 @@ def sockets() -> Iterator[list[socket.socket]]:
 # -- item 7: partly received frames count against queued.max.request.bytes ----------------------
 
 
+@pytest.mark.slow
 def test_partly_received_large_frames_hold_no_more_than_queued_max_request_bytes(started, sockets):
     """8 connections each announce a 24 MiB produce and send 16 MiB of it, under a 48 MiB budget:
     the broker reads only the frames the budget has room for (2), so its memory grows by about
@@ -218,6 +219,7 @@ def test_partly_received_large_frames_hold_no_more_than_queued_max_request_bytes
     wait_until(lambda: request_bytes_used(broker) == 0, WAIT_S, "the reservations of closed connections given back")
 
 
+@pytest.mark.slow
 def test_a_large_frame_waits_for_room_in_the_budget_and_is_read_when_it_frees(started, sockets):
     """Honest large produces are not lost to the reservation: A reserves 1 MiB of a 1.5 MiB budget
     and sends half; B's whole 1 MiB produce waits at its header (nothing of it is reserved); once

@@ -78,6 +78,7 @@ def test_a_request_past_request_max_elements_is_refused_while_others_are_served(
     assert probe.worst_s < PROBE_BOUND_S, f"another client waited {probe.worst_s:.1f} s"
 
 
+@pytest.mark.slow
 def test_large_allowed_requests_are_answered_while_others_are_served(broker: BrokerProcess) -> None:
     """Large requests within request.max.elements (Metadata for 100k names, DescribeGroups for 100k
     ids, ListOffsets for 45k partitions), pipelined: each is answered in full, and another

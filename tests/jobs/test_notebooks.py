@@ -30,6 +30,9 @@ from jobs.notebooks import (
 )
 
 EVENTS = 3_000
+# The module's first test also starts the kernel, its Spark JVM and the broker, makes the sample and
+# runs every notebook: over the suite's 300 s per test at a load average of 20 on 2 cores.
+pytestmark = pytest.mark.timeout(900)
 
 
 @dataclass

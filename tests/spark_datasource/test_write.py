@@ -218,6 +218,7 @@ def test_stream_write_with_topic_column(spark, bootstrap, topic_name, tmp_path):
     ("value string", {"retries": "3"}, "unknown option 'retries' for the pymq sink"),
     ("value string", {"kafka.no.such.setting": "1"}, "no.such.setting"),
 ])
+@pytest.mark.slow
 def test_write_refuses_bad_input(spark, bootstrap, topic_name, columns, options, message):
     """A write with a missing or mistyped column, no topic, or an unknown option fails naming the problem."""
     create_topics(bootstrap, 1, topic_name)

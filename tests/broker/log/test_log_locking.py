@@ -111,6 +111,7 @@ def test_a_reader_does_not_wait_for_the_cleaners_swap_to_fsync(open_log, logs, m
     assert swapped == [True] and partition_log.segments()[0] is cleaned
 
 
+@pytest.mark.slow
 def test_a_reader_does_not_wait_for_a_flush(unified_log, monkeypatch):
     """A flush writes the active segment's queued index entry and fsyncs the segments and the
     directory, each stalling; readers go on, and the recovery point reaches the LEO."""
