@@ -310,3 +310,25 @@ def test_stop_answers_parked_requests_not_coordinator(tmp_path: Path) -> None:
             await parked
 
     run(scenario)
+
+
+def test_a_new_leader_replays_its_whole_log_not_only_to_its_high_watermark(tmp_path: Path) -> None:
+    """A follower learns the high watermark one fetch after the leader moved it, so when it takes
+    over, records the old leader had acknowledged sit past its high watermark (which moves only
+    once its own followers fetch). Those records are the partition's history from now on (as its
+    leader, this broker's log is what every replica ends up with): the load replays the whole log,
+    as Kafka's CoordinatorLoaderImpl does (to the log end offset). Replayed only to the high
+    watermark, the new coordinator lost the group's last generation: its member was told
+    UNKNOWN_MEMBER_ID ("group does not exist") and its last commits were gone."""
+    async def scenario() -> None:
+        async with harness(tmp_path, isr=(0, 1)) as h:
+            pending = h.put(0, "group", "generation 1")  # in the log, not past the high watermark
+            await eventually(lambda: h.log_end(0) == 1, "the record is in the log")
+            await h.become(0, LeaderAndIsr(1, 1, (0, 1), (0, 1)))  # a follower for a while ...
+            assert isinstance((await asyncio.wait_for(pending, 10)).error, NotCoordinatorError)
+            await h.become(0, LeaderAndIsr(0, 2, (0, 1), (0, 1)))  # ... and the leader again, follower 1 not fetched yet
+            await h.runtime.loaded()
+            assert h.replicas.partition(TOPIC, 0).log.high_watermark == 0
+            assert h.register.loaded[0] == {"group": "generation 1"}
+
+    run(scenario)
