@@ -187,14 +187,17 @@ class CoordinatorRuntime(Generic[K, V]):
 
     def on_leadership_change(self, led: list[Partition], unled: list[Partition]) -> None:
         """The replica manager's listener: load the topic's partitions this broker now leads,
-        unload those it no longer leads."""
-        for target in unled:
+        unload those it no longer leads. A partition led anew is unloaded first: this broker may
+        have led it under an older epoch (the listener hands over the latest state, so leading
+        it again under a newer one can come with no change in between), and the replay replaces
+        the state machine's state, so what was parked on the old state is answered
+        NOT_COORDINATOR rather than left waiting on state nobody holds."""
+        for target in [*unled, *led]:
             if target.topic == self.topic:
                 self._cancel_load(target.partition)
                 self.apply(self.machine.unload(target.partition))
         for target in led:
             if target.topic == self.topic:
-                self._cancel_load(target.partition)
                 self.machine.begin_load(target.partition)
                 load = self._loads[target.partition] = _Load()
                 load.task = asyncio.get_running_loop().create_task(self._load(target.partition, load))
