@@ -9,9 +9,9 @@ topic, so the runtime follows partition leadership and does all the I/O for its 
 - load: when this broker becomes the leader of a partition of the topic, `begin_load`, then
   every record up to the log end offset (not the high watermark: see `read_records`) goes to
   `replay` (on a worker pool: a big partition does not hold the loop), then `finish_load` on the
-  loop. The state machine answers
-  COORDINATOR_LOAD_IN_PROGRESS for the partition meanwhile. A partition whose records cannot be
-  read stays loading (unavailable) rather than coordinated from a guessed state.
+  loop. The state machine answers COORDINATOR_LOAD_IN_PROGRESS for the partition meanwhile. A
+  partition whose records cannot be read stays loading (unavailable) rather than coordinated
+  from a guessed state. A partition led anew is unloaded first (see `on_leadership_change`).
 - unload: when it stops leading, `unload`; its Result answers the requests parked on the
   partition (NOT_COORDINATOR: the clients find the new coordinator, which replays). A replay the
   leadership change overtakes stops before its next record, so it never feeds a later load.
