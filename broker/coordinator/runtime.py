@@ -7,10 +7,11 @@ the group coordinator over `__consumer_offsets`, the transaction coordinator ove
 topic, so the runtime follows partition leadership and does all the I/O for its state machine:
 
 - load: when this broker becomes the leader of a partition of the topic, `begin_load`, then
-  every record up to the high watermark goes to `replay` (on a worker pool: a big partition does
-  not hold the loop), then `finish_load` on the loop. The state machine answers
-  COORDINATOR_LOAD_IN_PROGRESS for the partition meanwhile. A partition whose records cannot be
-  read stays loading (unavailable) rather than coordinated from a guessed state.
+  every record up to the log end offset (not the high watermark: see `read_records`) goes to
+  `replay` (on a worker pool: a big partition does not hold the loop), then `finish_load` on the
+  loop. The state machine answers COORDINATOR_LOAD_IN_PROGRESS for the partition meanwhile. A
+  partition whose records cannot be read stays loading (unavailable) rather than coordinated
+  from a guessed state. A partition led anew is unloaded first (see `on_leadership_change`).
 - unload: when it stops leading, `unload`; its Result answers the requests parked on the
   partition (NOT_COORDINATOR: the clients find the new coordinator, which replays). A replay the
   leadership change overtakes stops before its next record, so it never feeds a later load.
@@ -75,7 +76,7 @@ class StateMachine(Protocol[K, V]):
         """One stored record of the partition, in offset order (a None value is a tombstone)."""
 
     def finish_load(self, partition: int, now_ms: int) -> None:
-        """Every record up to the high watermark was replayed: serve the partition's keys."""
+        """Every record of the partition's log was replayed: serve the partition's keys."""
 
     def unload(self, partition: int) -> Result:
         """This broker no longer leads `partition`: drop its state, answer what waits on it."""
@@ -186,14 +187,17 @@ class CoordinatorRuntime(Generic[K, V]):
 
     def on_leadership_change(self, led: list[Partition], unled: list[Partition]) -> None:
         """The replica manager's listener: load the topic's partitions this broker now leads,
-        unload those it no longer leads."""
-        for target in unled:
+        unload those it no longer leads. A partition led anew is unloaded first: this broker may
+        have led it under an older epoch (the listener hands over the latest state, so leading
+        it again under a newer one can come with no change in between), and the replay replaces
+        the state machine's state, so what was parked on the old state is answered
+        NOT_COORDINATOR rather than left waiting on state nobody holds."""
+        for target in [*unled, *led]:
             if target.topic == self.topic:
                 self._cancel_load(target.partition)
                 self.apply(self.machine.unload(target.partition))
         for target in led:
             if target.topic == self.topic:
-                self._cancel_load(target.partition)
                 self.machine.begin_load(target.partition)
                 load = self._loads[target.partition] = _Load()
                 load.task = asyncio.get_running_loop().create_task(self._load(target.partition, load))
@@ -318,10 +322,14 @@ def coordinator_error(err: PymqError, name: str) -> PymqError:
 
 
 def read_records(partition_log: UnifiedLog, serde: RecordSerde[K, V]) -> Iterator[tuple[K, V]]:
-    """Every record of a partition of an internal topic up to its high watermark, decoded."""
-    offset, end = partition_log.log_start_offset, partition_log.high_watermark
+    """Every record of a partition of an internal topic, decoded: to its log end offset, not its
+    high watermark (Kafka's CoordinatorLoaderImpl too). A new leader learned the high watermark
+    one fetch after its old leader moved it, and moves it only once its own followers fetch, so
+    records the old leader acknowledged (a group's last generation, its last commits) may sit
+    past it; as the leader's log, they are what every replica ends up with."""
+    offset, end = partition_log.log_start_offset, partition_log.log_end_offset
     while offset < end:
-        chunk = partition_log.read(offset, READ_CHUNK_BYTES)
+        chunk = partition_log.read(offset, READ_CHUNK_BYTES, end)
         try:
             data = chunk.read_bytes()
         finally:

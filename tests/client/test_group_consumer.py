@@ -8,6 +8,7 @@ loop stopped without close() (no commit, no LeaveGroup). Waits are conditions, n
 """
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from broker.coordinator.group_records import partition_for
 from client import Admin, Consumer, ConsumerRecord, Producer
 from common.errors import NoOffsetForPartitionError, PartitionNotAssignedError
 from common.topic_partition import TopicPartition
@@ -620,6 +622,36 @@ def test_member_survives_a_coordinator_restart_without_a_rebalance(broker_factor
         assert values_of(member.records) == sorted(b"v%d" % i for i in range(20))
         assert consumer.group_metadata().generation_id == generation
         assert member.kinds() == ["assign"]
+    finally:
+        consumer.close()
+
+
+def test_member_whose_coordinator_forgot_the_group_rejoins_and_goes_on_consuming(broker_factory):
+    """The coordinator comes back without the group (its __consumer_offsets partition lost, as a
+    new coordinator that replayed too little had it): the member's next commit is answered
+    UNKNOWN_MEMBER_ID ("group does not exist"), its partitions are lost, and it joins again as a
+    new member and goes on consuming, with no error and no help from the application. Heartbeats
+    are rare and auto-commits frequent, so a commit, not a heartbeat, finds it out."""
+    broker = broker_factory(**BROKER_OVERRIDES).start()
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("forgotten", partitions=2)
+    produce(broker.bootstrap, "forgotten", 10)
+    consumer = Consumer(broker.bootstrap, group_id="forgotten", **{
+        **FAST, "session_timeout_ms": 15_000, "heartbeat_interval_ms": 5000, "auto_commit_interval_ms": 100,
+        "request_timeout_ms": 5000})
+    member = Member(consumer).subscribe(["forgotten"])
+    try:
+        poll_until([member], lambda: len(member.records) == 10, what="10 records")
+        broker.kill()
+        offsets_partition = partition_for("forgotten", BROKER_OVERRIDES["offsets.topic.num.partitions"])
+        for directory in broker.log_dir.glob(f"**/__consumer_offsets-{offsets_partition}"):
+            shutil.rmtree(directory)
+        broker.start()
+        poll_until([member], lambda: "lost" in member.kinds(), timeout_s=30, what="the loss of the generation")
+        produce(broker.bootstrap, "forgotten", 10, start=10)
+        poll_until([member], lambda: set(values_of(member.records)) == {b"v%d" % i for i in range(20)},
+                   timeout_s=30, what="the records produced after the rejoin")
+        assert member.kinds() == ["assign", "lost", "assign"]
     finally:
         consumer.close()
 

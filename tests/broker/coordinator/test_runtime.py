@@ -48,11 +48,13 @@ class Answer:
 
 @dataclass
 class Register:
-    """Toy coordinator: key -> value per partition of TOPIC, and alarms that fire at a time."""
+    """Toy coordinator: key -> value per partition of TOPIC, alarms that fire at a time, and
+    requests parked on a partition until it is unloaded (as a JoinGroup waits for its rebalance)."""
 
     loaded: dict[int, dict[str, str]] = field(default_factory=dict)
     loading: dict[int, dict[str, str]] = field(default_factory=dict)
     alarms: list[tuple[int, Any]] = field(default_factory=list)
+    parked: dict[int, list[Any]] = field(default_factory=dict)
     replayed: int = 0
     deadline_checks: int = 0  # how often the runtime asked for the next deadline (its timer rounds)
 
@@ -75,7 +77,8 @@ class Register:
     def unload(self, partition: int) -> Result:
         self.loading.pop(partition, None)
         self.loaded.pop(partition, None)
-        return Result()
+        moved = NotCoordinatorError(f"partition {partition} moved")
+        return Result([(token, Answer(error=moved)) for token in self.parked.pop(partition, [])])
 
     def next_deadline(self) -> int | None:
         self.deadline_checks += 1
@@ -107,6 +110,11 @@ class Register:
             return Result.reply(token, Answer(value if err is None else None, err))
 
         return Result(appends=[Append(partition, [(key, value)], complete)])
+
+    def park(self, partition: int, token: Any) -> Result:
+        """Answered only when the partition is unloaded."""
+        self.parked.setdefault(partition, []).append(token)
+        return Result()
 
     def alarm(self, at_ms: int, token: Any) -> Result:
         self.alarms.append((at_ms, token))
@@ -308,5 +316,48 @@ def test_stop_answers_parked_requests_not_coordinator(tmp_path: Path) -> None:
             assert isinstance(parked, asyncio.Future)
         with pytest.raises(NotCoordinatorError, match="toy coordinator is shutting down"):
             await parked
+
+    run(scenario)
+
+
+def test_a_new_leader_replays_its_whole_log_not_only_to_its_high_watermark(tmp_path: Path) -> None:
+    """A follower learns the high watermark one fetch after the leader moved it, so when it takes
+    over, records the old leader had acknowledged sit past its high watermark (which moves only
+    once its own followers fetch). Those records are the partition's history from now on (as its
+    leader, this broker's log is what every replica ends up with): the load replays the whole log,
+    as Kafka's CoordinatorLoaderImpl does (to the log end offset). Replayed only to the high
+    watermark, the new coordinator lost the group's last generation: its member was told
+    UNKNOWN_MEMBER_ID ("group does not exist") and its last commits were gone."""
+    async def scenario() -> None:
+        async with harness(tmp_path, isr=(0, 1)) as h:
+            pending = h.put(0, "group", "generation 1")  # in the log, not past the high watermark
+            await eventually(lambda: h.log_end(0) == 1, "the record is in the log")
+            await h.become(0, LeaderAndIsr(1, 1, (0, 1), (0, 1)))  # a follower for a while ...
+            assert isinstance((await asyncio.wait_for(pending, 10)).error, NotCoordinatorError)
+            await h.become(0, LeaderAndIsr(0, 2, (0, 1), (0, 1)))  # ... and the leader again, follower 1 not fetched yet
+            await h.runtime.loaded()
+            assert h.replicas.partition(TOPIC, 0).log.high_watermark == 0
+            assert h.register.loaded[0] == {"group": "generation 1"}
+
+    run(scenario)
+
+
+def test_a_partition_led_again_under_a_newer_epoch_is_unloaded_before_it_is_replayed(tmp_path: Path) -> None:
+    """The metadata listener hands the broker a partition's latest state: one that led it under
+    epoch 0 may next see itself leading under epoch 2 (epoch 1, another broker's, came and went
+    in between). The load replays the log and replaces the state machine's state, so what was
+    parked on the old state (a JoinGroup waiting for its rebalance) is first answered
+    NOT_COORDINATOR by the unload (its client finds the coordinator again and rejoins), rather
+    than waiting on state nobody holds any more until its client times out (max.poll.interval.ms:
+    a group consumer reading nothing for minutes, with no error)."""
+    async def scenario() -> None:
+        async with harness(tmp_path) as h:
+            assert (await h.put(0, "k", "v")).value == "v"
+            parked = h.runtime.call(lambda token, now: h.register.park(0, token))
+            assert isinstance(parked, asyncio.Future)
+            await h.become(0, LeaderAndIsr(0, 2, (0, 1), (0,)))
+            assert isinstance((await asyncio.wait_for(parked, 10)).error, NotCoordinatorError)
+            await h.runtime.loaded()
+            assert h.register.loaded[0] == {"k": "v"}
 
     run(scenario)
