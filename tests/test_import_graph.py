@@ -270,9 +270,9 @@ def test_packages_import_each_other_one_way_only() -> None:
 
 def _test_module_imports(tests_dir: Path) -> list[str]:
     """`file: module` for each import, anywhere in a file under `tests_dir`, of a test module
-    (`test_*`) or of the root tests/conftest.py: the helpers several modules share live in
-    tests/helpers/ (or are fixtures of a conftest.py), so a test module is never imported twice
-    under two names or run for its helpers."""
+    (`test_*`), or of a conftest.py but by another conftest.py (which shares its fixtures): the
+    helpers several modules share live in tests/helpers/, and fixtures in a conftest.py, so a test
+    module is never imported twice under two names or run for its helpers."""
     found = []
     for path in sorted(tests_dir.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
@@ -283,7 +283,8 @@ def _test_module_imports(tests_dir: Path) -> list[str]:
             else:
                 continue
             found += [f"{path.relative_to(tests_dir.parent)}: {name}" for name in names
-                      if name.rpartition(".")[2].startswith("test_") or name == "tests.conftest"]
+                      if name.rpartition(".")[2].startswith("test_")
+                      or (name.rpartition(".")[2] == "conftest" and path.name != "conftest.py")]
     return found
 
 

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from cli import cli
 from client import Admin
-from tests.e2e.conftest import partitions_of, wait_for, wait_for_full_isr
+from tests.helpers.cluster_scenarios import partitions_of, wait_for, wait_for_full_isr
 
 
 def pymq(bootstrap: str, *args: str) -> str:

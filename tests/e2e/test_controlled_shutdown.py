@@ -20,7 +20,7 @@ import time
 
 from client import Admin, Producer
 from tests.e2e.checker import History
-from tests.e2e.conftest import read_all, wait_for, wait_for_full_isr
+from tests.helpers.cluster_scenarios import read_all, wait_for, wait_for_full_isr
 
 TOPIC = "stopping"
 PARTITIONS = 6

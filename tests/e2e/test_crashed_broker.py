@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 from client import Admin, Producer
-from tests.e2e.conftest import partitions_of, wait_for, wait_for_full_isr
+from tests.helpers.cluster_scenarios import partitions_of, wait_for, wait_for_full_isr
 
 TOPIC = "crashed"
 SESSION_MS = 60_000

@@ -12,7 +12,7 @@ import pytest
 from client import Admin, Producer
 from broker.cluster.etcd_process import endpoints, start_members
 from common.errors import MetadataStoreUnavailableError
-from tests.e2e.conftest import partitions_of, read_all, wait_for, wait_for_full_isr
+from tests.helpers.cluster_scenarios import partitions_of, read_all, wait_for, wait_for_full_isr
 from tests.e2e.checker import History
 
 TOPIC = "steady"

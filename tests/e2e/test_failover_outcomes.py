@@ -19,7 +19,7 @@ import threading
 import time
 
 from client import Admin, Producer
-from tests.e2e.conftest import wait_for, wait_for_full_isr
+from tests.helpers.cluster_scenarios import wait_for, wait_for_full_isr
 
 TOPIC = "outcomes"
 PARTITIONS = 6

@@ -9,7 +9,7 @@ from cli.partition import decommission_plan
 from client import Admin
 from common.errors import PolicyViolationError
 from tests.e2e.checker import History
-from tests.e2e.conftest import Load, partitions_of, read_all, wait_for, wait_for_full_isr
+from tests.helpers.cluster_scenarios import Load, partitions_of, read_all, wait_for, wait_for_full_isr
 
 TOPIC = "moving"
 

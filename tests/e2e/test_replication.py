@@ -13,7 +13,7 @@ import pytest
 from client import Admin, Consumer, Producer
 from common.errors import NotEnoughReplicasError
 from tests.e2e.checker import History
-from tests.e2e.conftest import partitions_of, read_all, wait_for, wait_for_full_isr
+from tests.helpers.cluster_scenarios import partitions_of, read_all, wait_for, wait_for_full_isr
 
 TOPIC = "replicated"
 

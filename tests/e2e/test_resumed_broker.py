@@ -20,7 +20,7 @@ from common.errors import NotLeaderError
 from broker.process import BrokerProcess
 from protocol import MetadataRequest, MetadataResponse, ProducePartition, ProduceRequest, TopicRequest
 from segment_format import batch_body, record
-from tests.e2e.conftest import partitions_of, wait_for, wait_for_full_isr
+from tests.helpers.cluster_scenarios import partitions_of, wait_for, wait_for_full_isr
 
 TOPIC = "resumed"
 QUEUED_METADATA = 5  # Metadata requests queued before the produce (and as many after it)

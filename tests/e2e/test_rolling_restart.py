@@ -11,7 +11,7 @@ import time
 
 from client import Admin, Consumer
 from tests.e2e.checker import History
-from tests.e2e.conftest import Load, read_all, wait_for, wait_for_full_isr
+from tests.helpers.cluster_scenarios import Load, read_all, wait_for, wait_for_full_isr
 
 TOPIC = "rolling"
 PARTITIONS = 3

@@ -18,7 +18,7 @@ import pytest
 from client import Admin, Producer
 from segment_format.manifest import PartitionManifest
 from tests.e2e.checker import History
-from tests.e2e.conftest import partitions_of, read_all, wait_for, wait_for_full_isr
+from tests.helpers.cluster_scenarios import partitions_of, read_all, wait_for, wait_for_full_isr
 from tests.tiered_storage.backends import MotoServer, make_bucket, s3_options, s3_tiering
 from tiered_storage import RemoteSegmentStore
 

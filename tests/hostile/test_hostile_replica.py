@@ -22,7 +22,7 @@ from protocol import (
     TopicRequest,
 )
 from tests.e2e.checker import History
-from tests.e2e.conftest import partitions_of, read_all, wait_for_full_isr
+from tests.helpers.cluster_scenarios import partitions_of, read_all, wait_for_full_isr
 
 TOPIC = "forged"
 FORGED_OFFSET = 2 ** 62

@@ -15,7 +15,7 @@ import pyarrow as pa
 from pyspark.sql import functions as F
 
 from client import Admin, Producer
-from tests.e2e.conftest import wait_for, wait_for_full_isr
+from tests.helpers.cluster_scenarios import wait_for, wait_for_full_isr
 
 TOPIC = "failover"
 RECORDS = 4_000

@@ -11,7 +11,7 @@ from segment_format import record
 from common.errors import KafkaStorageError
 from broker.log import FileCache, UnifiedLog
 
-from tests.broker.log.conftest import SMALL
+from tests.helpers.logs import SMALL
 
 R = 3  # records per test batch; three batches fill a 4 KiB segment
 

@@ -16,7 +16,7 @@ import pytest
 
 from broker.log import UnifiedLog
 from tests.broker.log.appends import append
-from tests.broker.log.conftest import build_batch
+from tests.helpers.logs import build_batch
 from tests.helpers.log_cleaning import build, write_cleaned
 
 DELAY_S = 1.0  # each injected pwrite / fsync stalls this long

@@ -24,7 +24,7 @@ from broker.cluster.topics import MAX_PARTITIONS
 from segment_format.layout import TOPIC_NAME_MAX
 from broker.log.unified_log import LEADER_EPOCH_FILE
 from tests.broker.log.appends import append
-from tests.broker.log.conftest import TOPIC_ID, crash
+from tests.helpers.logs import TOPIC_ID, crash
 
 SMALL = LogConfig(segment_bytes=4096, max_message_bytes=4096, index_interval_bytes=0, retention_ms=-1)
 

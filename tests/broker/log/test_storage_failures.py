@@ -15,7 +15,7 @@ from broker.log.checkpoint import read_offsets
 from broker.log.log_manager import RECOVERY_POINT_CHECKPOINT
 from broker.log.unified_log import LEADER_EPOCH_FILE
 
-from tests.broker.log.conftest import SMALL, TOPIC_ID
+from tests.helpers.logs import SMALL, TOPIC_ID
 
 R = 3  # records per test batch; three batches fill a 4 KiB segment
 

@@ -23,7 +23,7 @@ from broker.log.index_file import IndexFile
 from segment_format.index_file import HEADER_SIZE, OFFSET_INDEX, TIME_INDEX
 
 from tests.broker.log.appends import append
-from tests.broker.log.conftest import crash
+from tests.helpers.logs import crash
 from tests.waiting import wait_until_async
 
 R = 3  # records per test batch; three batches fill a 4 KiB segment

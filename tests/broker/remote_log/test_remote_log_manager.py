@@ -13,7 +13,7 @@ from broker.log import FileCache, UnifiedLog
 from broker.remote_log.remote_log_manager import CopyThrottle, RemoteLogManager
 from segment_format import record
 from tests.broker.log.appends import append
-from tests.broker.log.conftest import SMALL, TOPIC_ID, build_batch
+from tests.helpers.logs import SMALL, TOPIC_ID, build_batch
 from tiered_storage import ManifestFencedError, RemoteSegmentStore, RemoteStorageError
 
 TIERED = replace(SMALL, remote_storage_enable=True, local_retention_bytes=0, retention_ms=-1)

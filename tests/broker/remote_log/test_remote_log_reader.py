@@ -25,7 +25,7 @@ from segment_format.index_file import OFFSET_INDEX, SparseIndex
 from broker.remote_log.remote_log_manager import RemoteLogManager
 from broker.remote_log.remote_log_reader import ChunkCache, RemoteLogReader, RemoteReadPending
 from tests.broker.log.appends import append
-from tests.broker.log.conftest import SMALL, TOPIC_ID
+from tests.helpers.logs import SMALL, TOPIC_ID
 from tests.helpers.clocks import FakeClock
 from tiered_storage import RemoteObjectNotFoundError, RemoteSegmentStore, RemoteStorageError
 from segment_format.manifest import PartitionManifest, RemoteSegment
