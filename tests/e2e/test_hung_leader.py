@@ -7,9 +7,10 @@ instead hold the batches until the broker answers or the partition moves, then s
 new leader: one Produce request to it times out, not two.
 
 Counted per broker, from the producer's log line for each broker that lets a Produce request time
-out, and from the pause on: under load a healthy broker may also let one time out, before the
-pause (the leader slow to gather its followers' acks within the request timeout) or after it (the
-new leader), and that is not the hung leader's cost.
+out, from the pause until every record is delivered with the broker still stopped (a batch resent
+to it would have timed out by then). Under load a healthy broker may also let one time out, before
+the pause (the leader slow to gather its followers' acks within the request timeout) or after it
+(the new leader): that is not the hung leader's cost.
 """
 from __future__ import annotations
 
@@ -70,15 +71,16 @@ def test_a_hung_leader_costs_one_request_timeout_not_two(cluster, caplog: pytest
             while not acked_after_pause and time.monotonic() - paused_at < DEADLINE_S:
                 producer.send(TOPIC, b"after", partition=0, on_delivery=lambda md, err: delivered(md, err, True))
                 time.sleep(SEND_INTERVAL_S)  # pacing, not a wait: steady traffic until one is acknowledged
-            timed_out = produce_timeouts(caplog.records[logged_before:])
             with Admin(survivors, request_timeout_ms=5_000) as admin:
                 def moved():
                     state = partitions_of(admin, TOPIC)[0]
                     return state if state.leader not in (-1, victim_id) else None
                 new_leader = wait_for(moved, 60, "another broker to lead partition 0").leader
+            # Every record delivered while the victim still hangs: one resent to it would time out again.
+            producer.flush(timeout_s=DEADLINE_S)
+            timed_out = produce_timeouts(caplog.records[logged_before:])
         finally:
             victim.resume()
-        producer.flush()
 
     assert acked_after_pause, f"no record sent after the pause was acknowledged within {DEADLINE_S} s"
     print(f"first acknowledgement {acked_after_pause[0] - paused_at:.2f} s after pausing broker {victim_id} "
