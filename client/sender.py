@@ -278,6 +278,8 @@ class Sender:
             if conn.unanswered(err):
                 if isinstance(err, RequestTimedOutError):
                     self.metrics.requests_timed_out += 1
+                    log.info("broker %d let a Produce request time out: its batches wait until it answers or "
+                             "their partitions move", node)
                 if node not in self._unanswered and not self.closed:
                     self._unanswered[node] = []
                     self._spawn(self._await_answer_or_move(node))
