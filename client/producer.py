@@ -41,8 +41,9 @@ from client.config import BootstrapServers, client_settings
 from client.loop_thread import LoopThread
 from client.partitioner import StickyPartitioner, partition_for_key, partitions_for_keys
 from client.producer_batch import BatchResult, DeliveryCallback, Headers, RecordFuture
+from client.retry import Retry, retriable
 from client.sender import Sender
-from common.errors import DeliveryTimeoutError, ProducerClosedError
+from common.errors import DeliveryTimeoutError, ProducerClosedError, PymqError, UnknownTopicOrPartitionError
 from protocol.messages.metadata import LEGACY_KEY_PARTITIONER
 from segment_format import batch_body
 
@@ -112,9 +113,23 @@ class AsyncProducer:
     # -- partitioning ----------------------------------------------------------------------------
 
     async def partitions_of(self, topic: str) -> int:
+        """The topic's partition count, looked up on its first record. A lookup that fails on a
+        lost connection or a broker going away (a leader killed as a Spark task starts, a rolling
+        restart) is tried again with back-off for up to max_block_ms, as Kafka's producer waits on
+        metadata; an unknown topic, or a broker that refuses, fails at once."""
         count = self.partition_counts.get(topic)
         if count is None:
-            count = self.partition_counts[topic] = len(await self.cluster.partitions(topic))
+            retry = Retry(self.sender.retry_backoff_s, self.max_block_s)
+            while True:
+                try:
+                    partitions = await self.cluster.partitions(topic)
+                    break
+                except PymqError as err:
+                    if isinstance(err, UnknownTopicOrPartitionError) or not retriable(err):
+                        raise
+                    log.info("metadata lookup of topic %r failed (%s); trying again", topic, err)
+                    await retry.back_off(err)
+            count = self.partition_counts[topic] = len(partitions)
         return count
 
     async def _refresh_metadata(self) -> None:

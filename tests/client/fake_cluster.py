@@ -16,7 +16,7 @@ at the log's end). A partition answers per its leader (NOT_LEADER on any other n
 scripted fault matches first. Each fetched partition gets every batch from the one holding its
 offset, up to its max_bytes (the first batch whole, as KIP-74 says). `hold(api)` keeps that API's
 answers back until `release()` (in-flight limits; a fault with `error=None` is never answered: a
-hung broker).
+hung broker); `drop(api)` closes the connection a request of `api` arrives on (a killed broker).
 """
 from __future__ import annotations
 
@@ -83,6 +83,7 @@ class FakeCluster:
         self.leaders: dict[str, list[int]] = {}  # topic -> leader node of each partition
         self.logs: dict[TopicPartition, list[tuple[int, int, bytes]]] = {}  # (base, next offset, batch bytes)
         self.faults: list[Fault] = []
+        self.drops: list[Fault] = []  # requests that close their connection instead of an answer
         self.requests: list[tuple[int, Message]] = []
         self.held: list[tuple[_FakeBroker, int, Message]] = []  # answers kept back (hold), in order
         self.holding: set[ApiKey] = set()
@@ -142,6 +143,11 @@ class FakeCluster:
     def fail(self, api: ApiKey, error: type[PymqError] | None, *, partition: TopicPartition | None = None,
              node: int | None = None, times: int | None = 1) -> None:
         self.faults.append(Fault(api, error, partition, node, times))
+
+    def drop(self, api: ApiKey, *, node: int | None = None, times: int | None = 1) -> None:
+        """Close the connection when `api`'s request arrives (at `node`), `times` times, instead of
+        answering: a broker killed as the request reached it."""
+        self.drops.append(Fault(api, None, None, node, times))
 
     def sent(self, request_type: type[Message], node: int | None = None) -> list[Message]:
         """The requests of a type that arrived (at `node`), in order."""
@@ -248,6 +254,11 @@ class _FakeBroker(asyncio.Protocol):
         for frame in self.decoder.feed(data):
             assert isinstance(frame, Request), frame
             message = REQUEST_TYPES[frame.api_key].from_control(frame.control, frame.payload)
+            if any(drop.take(frame.api_key, self.node, None) for drop in self.cluster.drops):
+                self.cluster.requests.append((self.node, message))
+                assert self.transport is not None
+                self.transport.abort()
+                return
             try:
                 response = self.cluster.answer(self.node, message)
             except Exception as err:  # the fake's own defect: fail the test, not hang it

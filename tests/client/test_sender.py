@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 
 from client import AsyncProducer
-from common.errors import CorruptMessageError, DeliveryTimeoutError, NetworkError, NotLeaderError
+from common.errors import (
+    CorruptMessageError,
+    DeliveryTimeoutError,
+    NetworkError,
+    NotLeaderError,
+    UnknownTopicOrPartitionError,
+)
 from protocol import ApiKey, MetadataRequest, ProducePartitionResponse, ProduceRequest, ProduceResponse, TopicResponse
 from segment_format import record
 from tests.client.fake_cluster import FakeCluster
@@ -243,3 +249,21 @@ def test_an_error_for_ever_fails_the_batch_with_its_named_error(error, raised, s
         assert (len(fake.sent(ProduceRequest)) > 1) == error.retriable
 
     with_fake(test, **settings)
+
+
+def test_a_metadata_lookup_whose_connection_drops_is_tried_again():
+    """The first record of a topic needs its metadata; the broker drops the connection the lookup
+    went out on, twice (a leader killed as a Spark task starts): the producer looks again after a
+    back-off, and the record lands. An unknown topic still fails at once."""
+
+    async def test(fake: FakeCluster, producer: AsyncProducer) -> None:
+        fake.add_topic("u")
+        fake.drop(ApiKey.METADATA, times=2)
+        lookups_before = len(fake.sent(MetadataRequest))
+        future = await producer.send("u", b"a", partition=0)
+        assert (await future).offset == 0
+        assert len(fake.sent(MetadataRequest)) - lookups_before >= 3
+        with pytest.raises(UnknownTopicOrPartitionError):
+            await producer.send("missing", b"b")
+
+    with_fake(test, max_block_ms=30_000)
