@@ -24,7 +24,7 @@ from common.errors import (
     RequestTimedOutError,
     UnknownTopicOrPartitionError,
 )
-from protocol import ApiVersionsRequest, Message, MetadataRequest, RequestMessage, TopicMetadata
+from protocol import ApiVersionsRequest, Message, MetadataRequest, MetadataResponse, RequestMessage, TopicMetadata
 
 log = logging.getLogger("pymq.client")
 R = TypeVar("R", bound=Message)
@@ -208,7 +208,7 @@ class Cluster:
         broker creates if unknown where this cluster's `auto_create_topics` and the broker allow)."""
         request = MetadataRequest(None) if topics is None else MetadataRequest(tuple(topics), self.auto_create_topics)
         async with self._lock:
-            reply = await self.send(None, request)
+            reply = await self._ask_metadata(request)
             self.brokers = {b.node_id: (b.host, b.port) for b in reply.brokers}
             if topics is None:  # a full listing: forget topics that are gone
                 self.topics, self.topic_errors, self.topic_ids = {}, {}, {}
@@ -224,6 +224,22 @@ class Cluster:
                 self.key_partitioners[t.name] = t.key_partitioner
                 if t.topic_id:
                     self.topic_ids[t.name] = t.topic_id
+
+    async def _ask_metadata(self, request: MetadataRequest) -> MetadataResponse:
+        """`request` answered by any broker. A broker that goes away with the request unanswered
+        (killed as it arrived: the connection is lost) is one broker down, not the cluster: the
+        request, which changes nothing, goes to the next broker at once (any_connection now puts
+        the lost one last), once per broker known."""
+        brokers = len(set(self.brokers.values()) | set(self.bootstrap))
+        attempts = 1
+        while True:
+            try:
+                return await self.send(None, request)
+            except NetworkError as err:
+                if not err.retriable or attempts >= brokers:
+                    raise
+                attempts += 1
+                log.info("metadata request unanswered (%s); asking another broker", err)
 
     async def partitions(self, topic: str) -> list[PartitionInfo]:
         """The topic's partitions, refreshing metadata once if the topic is not cached."""

@@ -267,3 +267,22 @@ def test_a_metadata_lookup_whose_connection_drops_is_tried_again():
             await producer.send("missing", b"b")
 
     with_fake(test, max_block_ms=30_000)
+
+
+def test_a_metadata_request_whose_broker_goes_away_is_asked_of_another():
+    """The producer's first metadata request reaches broker 0, which goes away without answering
+    (a leader killed as a Spark task starts its producer): the request goes to broker 1 at once,
+    the producer starts, and the record lands."""
+
+    async def run() -> list[int]:
+        fake = await FakeCluster(nodes=2).start()
+        fake.add_topic("t")
+        fake.drop(ApiKey.METADATA, node=0)
+        try:
+            async with AsyncProducer(f"{fake.bootstrap},127.0.0.1:{fake.ports[1]}", linger_ms=0) as producer:
+                assert (await (await producer.send("t", b"a", partition=0))).offset == 0
+        finally:
+            await fake.close()
+        return [node for node, request in fake.requests if isinstance(request, MetadataRequest)]
+
+    assert asyncio.run(run())[:2] == [0, 1]
