@@ -78,16 +78,15 @@ class Kind:
     value `v` (names it needs go into `names`), `decode` reads it from a control map (absent ->
     `absent`, `REQUIRED` when required). `fast` is the class a well-typed value has, checked
     inline before calling `decode` at all; None for kinds that always decode. A kind that
-    `uses_payload` decodes with `decode_payload(control, key, cursor)` instead."""
+    `uses_payload` decodes with `decode_payload(control, key, cursor)` instead, and one only a
+    `payload=True` field uses (its value comes with the payload) has no `decode`: a field of a
+    kind without it is refused when its class is created."""
 
     fast: type | None = None
     uses_payload = False
 
     def encode_expr(self, v: str, names: dict[str, Any]) -> str:
         return v
-
-    def decode(self, control: dict[str, Any], key: str, absent: Any) -> Any:
-        raise NotImplementedError
 
 
 class Scalar(Kind):
@@ -318,12 +317,22 @@ def _decoder_source(cls: type, fields: list[tuple[dataclasses.Field[Any], Wire]]
     return "\n".join(lines)
 
 
+def _reader(spec: Wire, key: str) -> Callable[[dict[str, Any], str, Any], Any]:
+    """The kind's `decode`; TypeError (at class creation) for a kind that has none, whose values
+    come with the payload."""
+    read = getattr(spec.kind, "decode", None)
+    if read is None:
+        raise TypeError(f"field {key!r}: a {type(spec.kind).__name__} is not read from a control field; "
+                        "declare the field payload=True")
+    return read
+
+
 def _field_decoder(spec: Wire, key: str) -> Callable[[dict[str, Any]], Any]:
     """Decode one field of a control map, raising its errors (the type's, then the check's)."""
-    kind, absent, check = spec.kind, spec.absent, spec.check
+    read, absent, check = _reader(spec, key), spec.absent, spec.check
 
     def decode(control: dict[str, Any]) -> Any:
-        value = kind.decode(control, key, absent)
+        value = read(control, key, absent)
         if check is not None:
             error = check.failure(key, value)
             if error is not None:
@@ -336,11 +345,11 @@ def _field_decoder(spec: Wire, key: str) -> Callable[[dict[str, Any]], Any]:
 def _entry_decoder(spec: Wire, key: str) -> Callable[[dict[str, Any]], tuple[Any, PymqError | None]]:
     """(value, error) of an entry's field: an unusable value is the `placeholder` with its error;
     a well-typed value that fails the check is kept, with the check's error."""
-    kind, absent, check, placeholder = spec.kind, spec.absent, spec.check, spec.placeholder
+    read, absent, check, placeholder = _reader(spec, key), spec.absent, spec.check, spec.placeholder
 
     def decode(control: dict[str, Any]) -> tuple[Any, PymqError | None]:
         try:
-            value = kind.decode(control, key, absent)
+            value = read(control, key, absent)
         except PymqError as err:
             return placeholder, err
         return value, None if check is None else check.failure(key, value)

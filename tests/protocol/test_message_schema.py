@@ -24,6 +24,7 @@ from protocol.schema import (
     REQUIRED,
     Check,
     Entries,
+    PayloadSize,
     PayloadTopics,
     Scalar,
     Seq,
@@ -154,8 +155,8 @@ def test_required_fields_are_refused_when_missing(cls):
 
 
 def test_a_declaration_that_leaves_a_field_out_is_refused_when_the_class_is_created():
-    """A wire_order that misses a field, or a field not declared with wire(), fails at import
-    rather than dropping the field from the wire."""
+    """A wire_order that misses a field, a field not declared with wire(), or a payload-only kind
+    read from the control map fails at import rather than dropping the field from the wire."""
     with pytest.raises(TypeError, match="wire_order"):
         @message
         class Misordered:
@@ -168,3 +169,8 @@ def test_a_declaration_that_leaves_a_field_out_is_refused_when_the_class_is_crea
         class Undeclared:
             a: int = wire(INT)
             b: int = 0
+
+    with pytest.raises(TypeError, match="payload=True"):
+        @message
+        class SizeFromTheControlMap:
+            a: int = wire(PayloadSize(len))
