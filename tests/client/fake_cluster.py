@@ -56,6 +56,11 @@ from protocol import (
 from segment_format import record
 
 
+class UnansweredApi(Exception):
+    """A request of an API the fake does not answer (only those the module docstring lists): the
+    test fails with it (FakeCluster.close raises it) instead of hanging on a request never answered."""
+
+
 @dataclass
 class Fault:
     """Answer `error` for `api` (for `partition` only, on `node` only, when given), `times` times
@@ -170,7 +175,7 @@ class FakeCluster:
             return self._fetch(node, request)
         if isinstance(request, ListOffsetsRequest):
             return self._list_offsets(node, request)
-        raise NotImplementedError(f"the fake cluster does not answer {type(request).__name__}")
+        raise UnansweredApi(f"the fake cluster does not answer {type(request).__name__}")
 
     def _error(self, api: ApiKey, node: int, tp: TopicPartition) -> int:
         """The error code a scripted fault or the partition's leadership gives (0: none)."""
