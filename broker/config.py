@@ -19,7 +19,7 @@ from typing import Any
 
 from broker.connection_quotas import parse_overrides
 from common.errors import InvalidConfigError
-from protocol.messages.metadata import KEY_PARTITIONERS, LEGACY_KEY_PARTITIONER
+from protocol.messages.metadata import KEY_PARTITIONERS
 from segment_format.limits import INT32_MAX, INT64_MAX
 
 
