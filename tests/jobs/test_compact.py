@@ -213,11 +213,11 @@ def test_sigkill_mid_write_leaves_every_manifest_valid_and_the_history_unchanged
         start_new_session=True, env={**os.environ, "TMPDIR": str(work)},
         stdout=subprocess.DEVNULL, stderr=open(tmp_path / "job.err", "wb"))
     try:
-        deadline = time.monotonic() + 240
-        while not list(work.glob("pymq-compact-*/out/*.log")):  # the task is writing compacted segments
+        def writing() -> bool:  # the task is writing compacted segments
             assert job.poll() is None, (tmp_path / "job.err").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the job never wrote a segment"
-            time.sleep(0.005)
+            return bool(list(work.glob("pymq-compact-*/out/*.log")))
+
+        wait_until(writing, 240, "the job writing a compacted segment", interval_s=0.005)
         os.killpg(job.pid, signal.SIGKILL)
         job.wait(30)
     finally:

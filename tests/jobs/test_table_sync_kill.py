@@ -20,6 +20,7 @@ from client import Admin, Producer
 from broker.process import BrokerProcess
 from jobs.topic_table import SyncOptions, sync
 from spark_datasource.table_topic import TableTopic
+from tests.waiting import wait_until
 
 TOPIC = "table-kill"
 PARTITIONS = 3
@@ -50,7 +51,7 @@ def produce_slowly(bootstrap: str, killed: threading.Event, rounds: list[int], f
                 producer.send_batch(TOPIC, pa.table({"key": [None] * PER_ROUND, "value": values},
                                                     schema=pa.schema([("key", pa.binary()), ("value", pa.binary())])),
                                     partition=n % PARTITIONS)
-                time.sleep(0.05)
+                time.sleep(0.05)  # pacing, not waiting: the job must see records arrive across its batches
             producer.flush()
     except BaseException as err:  # reported by the test
         failed.append(err)
@@ -73,17 +74,16 @@ def test_sigkill_mid_batch_then_restart_holds_every_record_once(spark, broker: B
          "--trigger", "500 milliseconds", "--max-offsets-per-trigger", "1500"],
         start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(tmp_path / "sync.err", "wb"))
     try:
-        deadline = time.monotonic() + 240
-        while True:  # a batch in flight: planned (offset log) but not committed, after one that was
+        def batch_in_flight() -> bool:  # planned (offset log) but not committed, after one that was
             planned, committed = batch_files(checkpoint / "offsets"), batch_files(checkpoint / "commits")
-            if committed and planned and max(planned) > max(committed):
-                break
             assert driver.poll() is None, (tmp_path / "sync.err").read_text()[-3000:]
-            assert time.monotonic() < deadline, f"no batch in flight: planned {planned}, committed {committed}"
-            time.sleep(0.01)
+            return bool(committed and planned and max(planned) > max(committed))
+
+        wait_until(batch_in_flight, 240, "a batch planned but not committed, after a committed one", interval_s=0.01)
         os.killpg(driver.pid, signal.SIGKILL)
         driver.wait(30)
         killed.set()
+        planned = batch_files(checkpoint / "offsets")  # final: the driver is dead
     finally:
         killed.set()
         if driver.poll() is None:

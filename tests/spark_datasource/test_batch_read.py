@@ -30,6 +30,7 @@ from spark_datasource.options import SourceOptions
 from spark_datasource.ranges import OffsetRange, split_ranges
 from spark_datasource.schema import COLUMNS, spark_schema
 from spark_datasource.task import read_offset_range
+from tests.waiting import wait_until
 
 BASE_MS = 1_700_000_000_000  # 2023-11-14T22:13:20Z
 STEP_MS = 10
@@ -534,10 +535,8 @@ def retained(retention_broker: BrokerProcess) -> tuple[str, str, int, int]:
         # Retention set once every record is in: its first pass deletes every segment it ever
         # will, so the start it leaves is final (no pass mid-production, none to wait out).
         admin.alter_configs(topic, {"retention.bytes": 8192})
-        deadline = time.monotonic() + 120
-        while (start := admin.list_offsets({(topic, 0): EARLIEST})[(topic, 0)][0]) == 0:
-            assert time.monotonic() < deadline, "retention did not run"
-            time.sleep(0.05)
+        start = wait_until(lambda: admin.list_offsets({(topic, 0): EARLIEST})[(topic, 0)][0], 120,
+                           "retention moved the log start")
         end = admin.list_offsets({(topic, 0): LATEST})[(topic, 0)][0]
     assert 0 < start < end == 600
     return bootstrap, topic, start, end

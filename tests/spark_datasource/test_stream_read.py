@@ -291,7 +291,7 @@ def test_available_now_stops_at_the_offsets_present_at_start(spark, bootstrap, t
                     producer.send(topic_name, f"late-{i}".encode(), partition=i % 2)
                     producer.flush()
                     i += 1
-                    time.sleep(0.02)
+                    time.sleep(0.02)  # pacing, not waiting: records keep arriving while the query runs
         except BaseException as err:  # reported below
             failed.append(err)
 

@@ -5,7 +5,6 @@ it the broker serves both (fetches below its local log start come from the remot
 return every record exactly once, in offset order per partition, with the values produced."""
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from client import Admin, Producer
 from broker.process import BrokerProcess
 from tests.tiered_storage.backends import s3_tiering
+from tests.waiting import wait_until
 from tiered_storage import RemoteSegmentStore
 
 TOPIC = "tiered-s3"
@@ -56,14 +56,14 @@ def tiered_topic(tiering_broker: BrokerProcess, s3) -> dict[int, int]:
                                                     schema=schema), partition=p)
         producer.flush()
     store = RemoteSegmentStore.from_url(url, store_options)
-    deadline = time.monotonic() + 90
-    while True:
+
+    def caught_up() -> tuple[dict, dict] | None:  # type: ignore[type-arg]
         manifests = {p: store.load_manifest(TOPIC, p) for p in range(PARTITIONS)}
         bases = {p: local_bases(tiering_broker.log_dir, p) for p in range(PARTITIONS)}
-        if all(manifests[p].log_end_offset == bases[p][-1] and len(bases[p]) <= 3 for p in range(PARTITIONS)):
-            break
-        assert time.monotonic() < deadline, f"tiering did not catch up: {manifests} {bases}"
-        time.sleep(0.05)
+        done = all(manifests[p].log_end_offset == bases[p][-1] and len(bases[p]) <= 3 for p in range(PARTITIONS))
+        return (manifests, bases) if done else None
+
+    manifests, bases = wait_until(caught_up, 90, "tiering caught up: every sealed segment in S3, <= 3 local")
     for p in range(PARTITIONS):
         assert bases[p][0] > 0 and bases[p][0] <= manifests[p].log_end_offset  # older segments: only in S3
     return {p: manifests[p].log_end_offset for p in range(PARTITIONS)}
