@@ -49,6 +49,7 @@ from client.assignors import ASSIGNORS, PartitionAssignor, revocations
 from client.cluster import Cluster
 from client.fetcher import METADATA_BACKOFF_MAX_S, Fetcher
 from client.group_membership import GroupMembership, GroupMetadata
+from client.retry import Retry
 from client.steps import Steps
 from client.subscription_state import SubscriptionState
 from common.errors import InvalidRequestError, PymqError
@@ -148,6 +149,8 @@ class ConsumerCoordinator:
         self._leader_counts: dict[str, int] = {}  # as the leader: the partition counts it assigned from
         self._next_metadata: float | None = None  # when the background task checks metadata next
         self._missing_backoff = self.retry_backoff_s
+        self._positions_retry = Retry(self.retry_backoff_s)  # start-position lookups that failed
+        self._positions_not_before = 0.0
         self.committed_offsets: dict[TopicPartition, int] = {}  # what this member last committed or read
         self._next_auto_commit = time.monotonic() + self.auto_commit_interval_s
         self._commits: set[asyncio.Task[None]] = set()
@@ -567,14 +570,21 @@ class ConsumerCoordinator:
 
     async def _init_pending_positions(self) -> None:
         """Start positions of newly assigned partitions; a retriable failure (the coordinator
-        moved, a leader is unknown) is retried at the next poll."""
+        moved, a leader is unknown or down) is retried by a later poll, after retry_backoff_ms
+        doubling (the offset fetcher has refreshed metadata meanwhile)."""
+        if time.monotonic() < self._positions_not_before:
+            return
         try:
             await self._init_positions(self._subs.initializing_partitions())
         except PymqError as err:
             if not err.retriable:
                 raise
-            log.info("start positions of %d partitions not known yet (%s); the next poll retries",
-                     len(self._subs.initializing_partitions()), err)
+            delay_s = self._positions_retry.next_delay_s()
+            self._positions_not_before = time.monotonic() + delay_s
+            log.info("start positions of %d partitions not known yet (%s); retrying in %.2f s",
+                     len(self._subs.initializing_partitions()), err, delay_s)
+        else:
+            self._positions_retry.reset()
 
     def _uncommitted_positions(self) -> dict[TopicPartition, int]:
         """Positions that differ from what this member last committed: what auto-commit sends. Not

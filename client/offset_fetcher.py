@@ -14,13 +14,17 @@ Loop-local: call it on the loop that owns the `Cluster`.
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Awaitable, Callable, Iterable
 
 import protocol
 from client.cluster import Cluster
 from client.subscription_state import SubscriptionState, reset_timestamp
+from common.errors import PymqError
 from common.topic_partition import TopicPartition
 from protocol import ListOffsetsPartition, ListOffsetsRequest, TopicRequest
+
+log = logging.getLogger("pymq.consumer")
 
 # The group's committed offsets of some partitions (None: nothing committed).
 CommittedLookup = Callable[[list[TopicPartition]], Awaitable[dict[TopicPartition, int | None]]]
@@ -28,20 +32,41 @@ CommittedLookup = Callable[[list[TopicPartition]], Awaitable[dict[TopicPartition
 
 async def list_offsets(cluster: Cluster, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
     """ListOffsets for many partitions, one request per leader; raises the first partition error."""
+    found, failed = await list_offsets_per_leader(cluster, timestamps)
+    if failed:
+        raise next(iter(failed.values()))
+    return found
+
+
+async def list_offsets_per_leader(cluster: Cluster, timestamps: dict[TopicPartition, int]
+                                  ) -> tuple[dict[TopicPartition, tuple[int, int]], dict[TopicPartition, PymqError]]:
+    """ListOffsets, one request per leader, each answered or failed on its own (Kafka's
+    OffsetFetcher sends per node too): (offset, timestamp) of the partitions answered, and the
+    error of each of the others (a leader down fails only its own partitions)."""
     by_node: dict[int, dict[str, list[ListOffsetsPartition]]] = {}
+    failed: dict[TopicPartition, PymqError] = {}
     for (topic, partition), ts in timestamps.items():
-        node = await cluster.leader(topic, partition)
+        try:
+            node = await cluster.leader(topic, partition)
+        except PymqError as err:
+            failed[(topic, partition)] = err
+            continue
         by_node.setdefault(node, {}).setdefault(topic, []).append(ListOffsetsPartition(partition, ts))
-    out: dict[TopicPartition, tuple[int, int]] = {}
+    found: dict[TopicPartition, tuple[int, int]] = {}
     for node, topics in by_node.items():
-        reply = await cluster.send(node, ListOffsetsRequest(tuple(TopicRequest(t, tuple(ps)) for t, ps in topics.items())))
+        try:
+            reply = await cluster.send(node, ListOffsetsRequest(tuple(TopicRequest(t, tuple(ps)) for t, ps in topics.items())))
+        except PymqError as err:
+            failed.update({(t, p.partition): err for t, ps in topics.items() for p in ps})
+            continue
         for t in reply.topics:
             for p in t.partitions:
                 err = p.error()
                 if err is not None:
-                    raise err
-                out[(t.name, p.partition)] = (p.offset, p.timestamp)
-    return out
+                    failed[(t.name, p.partition)] = err
+                else:
+                    found[(t.name, p.partition)] = (p.offset, p.timestamp)
+    return found, failed
 
 
 async def reset_offsets(cluster: Cluster, tps: Iterable[TopicPartition], strategy: str) -> dict[TopicPartition, int]:
@@ -85,7 +110,8 @@ class OffsetFetcher:
     async def initialize_positions(self, tps: Iterable[TopicPartition]) -> None:
         """Start positions for assigned partitions without one: the group's committed offset,
         else a reset per auto_offset_reset. A position set meanwhile (a seek inside on_assign)
-        wins. On a failure the partitions stay as they were (still initializing if they were)."""
+        wins. On a failure the partitions left without a position stay as they were (still
+        initializing if they were)."""
         wanted = [tp for tp in tps if self._subs.is_assigned(tp) and not self._subs.has_valid_position(tp)]
         if not wanted:
             self._subs.initialization_done(tps)
@@ -103,19 +129,41 @@ class OffsetFetcher:
             await self.reset_positions_if_needed(rest)
         finally:
             self._withdraw_resets(rest, self._subs.auto_offset_reset)
+            # Those positioned (committed offset, or their leader answered) are done even if
+            # others failed: they are fetched while the rest waits for its leader.
+            self._subs.initialization_done([tp for tp in tps if self._subs.has_valid_position(tp)])
         self._subs.initialization_done(tps)
 
     async def reset_positions_if_needed(self, only: Iterable[TopicPartition] | None = None) -> None:
         """Resolve the pending reset requests (of `only`, when given) with ListOffsets, one lookup
-        per strategy; an answer applies only where that reset is still pending."""
+        per strategy; an answer applies only where that reset is still pending. Partitions whose
+        leader answered get their positions even when another leader failed; then the first
+        failure is raised, after a metadata refresh when it was retriable (a leader moved or went
+        down: the next attempt asks the new one, as Kafka's requestUpdate makes it)."""
         pending = self._subs.partitions_needing_reset()
         if only is not None:
             wanted = set(only)
             pending = {tp: strategy for tp, strategy in pending.items() if tp in wanted}
+        failures: dict[TopicPartition, PymqError] = {}
         for strategy in sorted(set(pending.values())):
-            tps = [tp for tp, s in pending.items() if s == strategy]
-            for tp, offset in (await reset_offsets(self.cluster, tps, strategy)).items():
+            target = reset_timestamp(strategy)
+            found, failed = await list_offsets_per_leader(self.cluster, {tp: target for tp, s in pending.items()
+                                                                         if s == strategy})
+            for tp, (offset, _) in found.items():
                 self._subs.maybe_seek_unvalidated(tp, offset, strategy)
+            failures.update(failed)
+        if failures:
+            fatal = [err for err in failures.values() if not err.retriable]
+            if not fatal:
+                await self._refresh_metadata(sorted({topic for topic, _ in failures}))
+            raise (fatal or list(failures.values()))[0]
+
+    async def _refresh_metadata(self, topics: list[str]) -> None:
+        """Leaders of `topics` again; a failed refresh is left to the next attempt."""
+        try:
+            await self.cluster.refresh(topics)
+        except PymqError as err:
+            log.info("metadata refresh after a failed offset lookup failed: %s", err)
 
     def _withdraw_resets(self, tps: Iterable[TopicPartition], strategy: str) -> None:
         """Requests this call made and did not resolve (its lookup failed) end with it."""

@@ -10,8 +10,10 @@ import pytest
 from client.cluster import Cluster
 from client.offset_fetcher import OffsetFetcher
 from client.subscription_state import SubscriptionState
-from common.errors import NoOffsetForPartitionError, UnknownTopicOrPartitionError
+from common.errors import NoOffsetForPartitionError, NotLeaderError, UnknownTopicOrPartitionError
 from common.topic_partition import TopicPartition
+from protocol import ListOffsetsRequest
+from tests.client.fake_cluster import FakeCluster
 from tests.helpers.client_records import produce, values
 
 Committed = Callable[[list[TopicPartition]], Awaitable[dict[TopicPartition, int | None]]]
@@ -126,3 +128,34 @@ def test_a_failed_lookup_leaves_the_partitions_as_they_were(shared_broker, new_t
         assert (subs.position(tp), subs.partitions_needing_reset()) == (0, {})
 
     run(shared_broker.bootstrap, "earliest", scenario, failing)
+
+
+def test_a_moved_leader_is_looked_up_again_and_other_partitions_start_meanwhile():
+    """Group-assigned partitions awaiting their auto_offset_reset: partition 0's leader moved
+    after the consumer's metadata was read (its old leader answers NOT_LEADER), partition 1's did
+    not. The first lookup positions partition 1 (it is fetched meanwhile) and refreshes metadata,
+    so the next one finds partition 0's new leader; with stale metadata every later attempt asked
+    the old leader again, and a group member never started reading (a rolling restart)."""
+
+    async def main() -> None:
+        fake = await FakeCluster(nodes=2).start()
+        fake.add_topic("t", 2, leader=0)
+        cluster = Cluster(fake.bootstrap)
+        subs = SubscriptionState("earliest")
+        try:
+            offsets = OffsetFetcher(cluster, subs, committed_offsets({}))
+            await cluster.refresh()
+            fake.move_leader("t", 0, 1)
+            subs.subscribe(["t"], None)
+            subs.assign_from_subscribed([("t", 0), ("t", 1)])
+            with pytest.raises(NotLeaderError):
+                await offsets.initialize_positions(subs.initializing_partitions())
+            assert subs.all_consumed() == {("t", 1): 0} and subs.initializing_partitions() == [("t", 0)]
+            await offsets.initialize_positions(subs.initializing_partitions())
+            assert subs.all_consumed() == {("t", 0): 0, ("t", 1): 0} and subs.initializing_partitions() == []
+            assert [node for node, r in fake.requests if isinstance(r, ListOffsetsRequest)] == [0, 1]
+        finally:
+            await cluster.close()
+            await fake.close()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
