@@ -4,15 +4,17 @@ is writing or swapping segments loses none of those latest values."""
 from __future__ import annotations
 
 import contextlib
-
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
+from broker.process import BrokerProcess
 from client import Admin, Consumer, Producer
+from segment_format.layout import CLEANED_SUFFIX, SWAP_SUFFIX
 from tests.waiting import wait_until
 
 TOPIC = "compacted"
@@ -112,29 +114,82 @@ def test_a_compacted_topic_keeps_the_latest_value_of_each_key_at_its_offset(brok
     assert "cleaned compacted-0" in broker.log_tail(200_000)
 
 
+@dataclass
+class Updates:
+    """Updates of `keys` keys produced so far, each record's value naming its offset: the next
+    offset, and each key's latest value."""
+
+    bootstrap: str
+    keys: int
+    value_bytes: int
+    produced: int = 0
+    latest: dict[bytes, bytes] = field(default_factory=dict)
+
+    def produce(self, count: int) -> None:
+        """`count` more updates, acknowledged before it returns (so a kill never meets one in flight)."""
+        self.latest.update(produce_updates(self.bootstrap, self.produced, count, self.keys, self.value_bytes,
+                                           seed=self.produced))
+        self.produced += count
+
+
+TOP_UP_AFTER_S = 1.0  # no cleaned segment seen for this long: the cleaner may have nothing left to clean
+TOP_UP_UPDATES = 10_000  # > segment.bytes of updates: a roll, so a new dirty segment and another pass
+KILL_ATTEMPTS = 5
+
+
+def cleaner_files(directory: Path) -> list[Path]:
+    """The `.cleaned` / `.swap` files in `directory`: a cleaned segment being written or swapped in."""
+    return [path for path in directory.iterdir() if path.suffix in (CLEANED_SUFFIX, SWAP_SUFFIX)]
+
+
+def kill_while_cleaning(broker: BrokerProcess, updates: Updates) -> None:
+    """SIGKILL `broker` while its cleaner writes or swaps a cleaned segment, as the directory
+    shows once the process is dead.
+
+    Those files live for milliseconds, and a pass may end before the first look or between two
+    looks, after which nothing is dirty and no pass makes them again: so while none is seen, more
+    updates roll a segment every TOP_UP_AFTER_S, each starting another pass. A kill that came just
+    after a pass's last rename froze no such file: the broker restarts and it is tried again."""
+    directory = partition_dir(broker.log_dir)
+    top_up_at = time.monotonic() + TOP_UP_AFTER_S
+
+    def cleaning() -> bool:
+        nonlocal top_up_at
+        if cleaner_files(directory):
+            return True
+        if time.monotonic() >= top_up_at:
+            updates.produce(TOP_UP_UPDATES)
+            top_up_at = time.monotonic() + TOP_UP_AFTER_S
+        return False
+
+    for _ in range(KILL_ATTEMPTS):
+        wait_until(cleaning, 30, "the cleaner writes a cleaned segment", 0.002)
+        broker.kill()
+        if cleaner_files(directory):
+            return
+        broker.start()
+    raise AssertionError(f"{KILL_ATTEMPTS} kills in a row came after the cleaned segment was swapped in")
+
+
 @pytest.mark.slow
 def test_sigkill_while_the_cleaner_works_loses_no_latest_value(broker_factory):
-    """SIGKILL three times while cleaned segments are being written or swapped in (seen as
-    `.cleaned` / `.swap` files), more updates after each restart: the log reopens every time,
-    and once cleaned holds exactly the latest value of every key at its offset."""
+    """SIGKILL three times while a cleaned segment is being written or swapped in (`.cleaned` /
+    `.swap` files in the directory the kill froze), more updates after each restart: the log
+    reopens every time, and once cleaned holds exactly the latest value of every key at its offset."""
     broker = broker_factory(**FAST_CLEANER).start()
     create_compacted(broker.bootstrap, 1 << 20)
-    keys, value_bytes, produced = 2000, 100, 0
-    latest: dict[bytes, bytes] = {}
-    for round_ in range(3):
-        latest.update(produce_updates(broker.bootstrap, produced, 100_000, keys, value_bytes, seed=round_))
-        produced += 100_000
-        directory = partition_dir(broker.log_dir)
-        wait_until(lambda: any(p.suffix in (".cleaned", ".swap") for p in directory.iterdir()), 30,
-                   "the cleaner writes a cleaned segment")
-        broker.kill()
+    updates = Updates(broker.bootstrap, keys=2000, value_bytes=100)
+    for _ in range(3):
+        updates.produce(100_000)
+        kill_while_cleaning(broker, updates)
         broker.start()
-    latest.update(produce_filler(broker.bootstrap, produced, 12_000, value_bytes))  # > segment.bytes: a roll
-    produced += 12_000
+    updates.latest.update(produce_filler(broker.bootstrap, updates.produced, 12_000, updates.value_bytes))  # a roll
+    produced = updates.produced + 12_000
+
     def cleaned() -> pa.Table | None:
         table = read_everything(broker.bootstrap, produced)
         return table if len(set(table["key"].to_pylist())) == table.num_rows else None
 
     table = wait_until(cleaned, 60, "the cleaner finishes (one record a key)", 0.1)
-    assert_latest_values_at_their_offsets(table, latest)
-    assert partition_bytes(broker.log_dir) < produced * value_bytes / 10
+    assert_latest_values_at_their_offsets(table, updates.latest)
+    assert partition_bytes(broker.log_dir) < produced * updates.value_bytes / 10
