@@ -127,10 +127,10 @@ def latency_consumer(bootstrap: str, topic: str, expected: int, ready: Any = Non
     absorb = Fetcher._absorb
 
     def stamped_absorb(self: Any, tp: Any, data: Any) -> None:
-        stamp, start = now_ns(), self._subs.fetch_positions[tp]
+        stamp, start = now_ns(), self._subs.fetch_position(tp)
         absorb(self, tp, data)
-        end = self._subs.fetch_positions.get(tp, start)
-        if end > start:
+        end = self._subs.fetch_position(tp)
+        if start is not None and end is not None and end > start:
             fetched.append((stamp, start, end))
 
     Fetcher._absorb = stamped_absorb  # type: ignore[method-assign]  # this process only
@@ -218,6 +218,9 @@ def run_once(rate: int, duration_s: float, warmup_s: float, linger_ms: int, reco
     finally:
         broker.stop()
         harness.remove_temp_dir(broker.data_dir)
+    if consumed["received"] == 0:
+        raise RuntimeError(f"the consumer received none of the {consumed['expected']} records "
+                           f"({consumed['fetches']} fetches stamped): see the consumer process's log")
     stages = stage_latencies(produced, consumed, int(rate * warmup_s))
     scalars = {k: v for k, v in {**produced, **consumed}.items() if not hasattr(v, "dtype")}
     return {"event_loop": event_loop, "rate": rate, "duration_s": duration_s, "linger_ms": linger_ms,

@@ -93,7 +93,7 @@ class Fetcher:
         self.data_ready = asyncio.Event()
         self._changed = asyncio.Event()
         self._waiting_for_room = False  # a fetch loop waits for poll to make room in the buffer
-        self._error: PymqError | None = None
+        self._error: Exception | None = None
         self._fetchers: dict[int, asyncio.Task[None]] = {}
         self._epoch = 0  # bumped on every assign/seek: fetched data from an older epoch is dropped
         # Bumped whenever the partitions to fetch change without an epoch (group assignment, pause,
@@ -325,14 +325,22 @@ class Fetcher:
                         await retry.back_off(err)
                         await self._refresh_quietly()
                         continue
-                    with self._subs.lock:
-                        self._error = err
-                        self._waiting_for_room = True
-                        self._signal()
+                    self._report(err)
+                    await self._changed.wait()
+                except Exception as err:  # a defect, not the broker: poll raises it, the loop is not left dead unseen
+                    log.exception("fetching from broker %d failed", node)
+                    self._report(err)
                     await self._changed.wait()
         finally:
             if ahead is not None:
                 ahead.reply.cancel()
+
+    def _report(self, err: Exception) -> None:
+        """The next poll raises `err`; the loop waits for a change (a seek, another poll) to fetch again."""
+        with self._subs.lock:
+            self._error = err
+            self._waiting_for_room = True
+            self._signal()
 
     def _leads_any(self, node: int) -> bool:
         return any(self._leader(tp) == node for tp in self._subs.assigned_partitions())

@@ -213,3 +213,31 @@ def test_a_fetch_the_leader_does_not_answer_times_out_and_is_sent_again_once_it_
         assert len(fake.sent(FetchRequest)) >= 2 and fake.sent(ApiVersionsRequest)
 
     with_fake(test, request_timeout_ms=1000)
+
+
+def test_a_defect_in_the_fetch_loop_is_raised_by_poll_not_left_as_a_silent_stall(monkeypatch):
+    """An unexpected exception while handling a fetch response (a bug, not a broker error) is
+    raised by the next poll; before, it ended the node's fetch loop unseen and every later poll
+    returned nothing. A later poll fetches again."""
+    from client.fetcher import Fetcher
+
+    absorb, failures = Fetcher._absorb, [RuntimeError("a defect in the fetcher")]
+
+    def failing_once(self: Fetcher, tp: Any, data: Any) -> None:
+        if failures:
+            raise failures.pop()
+        absorb(self, tp, data)
+
+    monkeypatch.setattr(Fetcher, "_absorb", failing_once)
+
+    async def test(fake: FakeCluster, consumer: AsyncConsumer) -> None:
+        fake.add_topic("t", 1, leader=0)
+        fake.append("t", 0, batch(0, 3))
+        await consumer.assign([("t", 0)])
+        deadline = time.monotonic() + 30
+        with pytest.raises(RuntimeError, match="a defect in the fetcher"):
+            while time.monotonic() < deadline:
+                assert await consumer.poll(timeout_ms=100) == []
+        assert await poll_async(consumer, 3) == [(0, offset) for offset in range(3)]
+
+    with_fake(test)
