@@ -41,7 +41,6 @@ BENCH_DIR = REPO / "benchmarks"
 RESULTS_DIR = BENCH_DIR / "results"
 PROFILES_DIR = RESULTS_DIR / "profiles"
 DEFAULT_BROKER_CONFIG = REPO / "conf" / "broker.toml"
-RESULTS_DATE = "2026-11-24"
 MB = 1 << 20
 GB = 1 << 30
 KB = 1 << 10
@@ -718,7 +717,7 @@ def machine_info() -> dict[str, Any]:
 def write_results(name: str, data: dict[str, Any]) -> Path:
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)
     path = RESULTS_DIR / f"{name}.json"
-    payload = {"benchmark": name, "date": RESULTS_DATE, "run_at": _dt.datetime.now().isoformat(timespec="seconds"),
+    payload = {"benchmark": name, "date": _dt.date.today().isoformat(), "run_at": _dt.datetime.now().isoformat(timespec="seconds"),
                "machine": machine_info(), **data}
     path.write_text(json.dumps(payload, indent=2, default=str))
     return path

@@ -12,6 +12,7 @@ benchmarks/results/<name>.json; this writes results/summary.json and prints the 
 from __future__ import annotations
 
 import argparse
+from datetime import date
 from typing import Any
 
 from benchmarks import (
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> list[SummaryRow]:
         if name in done:
             rows += [SummaryRow(**r) for r in done[name]["summary"]]
     table = harness.markdown_table(rows)
-    print(f"\n## Results ({harness.RESULTS_DATE}{', --quick' if args.quick else ''})\n")
+    print(f"\n## Results ({date.today().isoformat()}{', --quick' if args.quick else ''})\n")
     print(table)
     harness.write_results("summary", {"quick": args.quick, "rows": [r.as_dict() for r in rows], "markdown": table})
     return rows
@@ -117,16 +118,17 @@ def summarize_existing() -> list[SummaryRow]:
                "groups": (groups, "groups"), "cleaner": (log_cleaner, "log_cleaner"), "looplag": (loop_lag, "loop_lag"),
                "memory": (memory, "memory")}
     rows: list[SummaryRow] = []
-    commits = set()
+    commits, dates = set(), set()
     for name in ORDER:
         module, file = modules[name]
         result = harness.load_results(file)
         if result is None:
             continue
         commits.add(result.get("machine", {}).get("git", {}).get("commit", "?"))
+        dates.add(result.get("date", "?"))
         rows += module.summary(result)
     table = harness.markdown_table(rows)
-    print(f"\n## Results ({harness.RESULTS_DATE}; commit(s) {', '.join(sorted(commits))})\n")
+    print(f"\n## Results ({', '.join(sorted(dates))}; commit(s) {', '.join(sorted(commits))})\n")
     print(table)
     harness.write_results("summary", {"rebuilt_from_results": True, "commits": sorted(commits),
                                       "rows": [r.as_dict() for r in rows], "markdown": table})
