@@ -120,6 +120,8 @@ class Connection(asyncio.BufferedProtocol):
         self._writable = asyncio.Event()
         self._writable.set()
         self._read_paused = False
+        self._held_scheduled = False  # a _deliver_held is on its way (reading resumes after it)
+        self._delivering_held = False
         self._stopped_reading = False
         self._produces = 0  # produce requests in flight (waiting for the log writer or their acks)
         self.session = Session()  # who the peer is: anonymous until an inter-broker handshake
@@ -197,10 +199,17 @@ class Connection(asyncio.BufferedProtocol):
         self._update_reading()
 
     def _deliver_held(self) -> None:
-        """Reading resumed: deliver the frames the decoder held while the connection was muted,
-        and read the large frame that waited for the budget."""
-        if not self._read_paused and self.transport is not None and not self.transport.is_closing():
+        """The connection may read again: deliver the frames the decoder held while it was muted
+        and read the large frame that waited for the budget, then resume the socket (the
+        `_update_reading` at the end of `_deliver`), unless they muted it again."""
+        self._held_scheduled = False
+        if self.transport is None or self.transport.is_closing() or self._must_pause():
+            return  # still muted: the next _update_reading schedules this again
+        self._delivering_held = True
+        try:
             self._deliver(self.decoder.received(0))
+        finally:
+            self._delivering_held = False
 
     def _dispatch(self, frame: protocol.Frame, received: float) -> None:
         if isinstance(frame, protocol.OversizeRequest):
@@ -292,10 +301,18 @@ class Connection(asyncio.BufferedProtocol):
         if should_pause and not self._read_paused:
             self.transport.pause_reading()
         elif not should_pause and self._read_paused:
+            if self.decoder.buffered_bytes and not self._delivering_held:
+                # Held frames first, the socket after them: a transport may read before a
+                # call_soon callback runs (uvloop reads in its poll phase), and a decoder whose
+                # scratch buffer is full of held frames would have no room to offer get_buffer,
+                # which the transport takes as a fatal error on the connection.
+                if not self._held_scheduled:
+                    self._held_scheduled = True
+                    self.loop.call_soon(self._deliver_held)
+                return
             self.transport.resume_reading()
             if self.decoder.buffered_bytes:
                 self._frame_started = self.loop.time()  # the time reading was paused is not the client's
-                self.loop.call_soon(self._deliver_held)
         self._read_paused = should_pause
 
     def _must_pause(self) -> bool:

@@ -139,3 +139,24 @@ def test_queued_max_request_bytes_stops_reading_every_connection_until_answered(
     # Reading resumed: the same connections are served at once again.
     assert timed_request(producer, ApiKey.METADATA, {"topics": None})[1] < SLOW_S
     assert values_of(other, "synced", 0) == [f"big-{j}" for j in range(128)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
+@pytest.mark.parametrize("frames, records", [(300, 40), (24, 1000)], ids=["40KB-frames", "1MB-frames"])
+def test_a_pipelining_producer_muted_by_the_request_budget_keeps_its_connection(slow_broker, raw_client, event_loop,
+                                                                                frames, records):
+    """A producer pipelines 12 MB of produces into a 2 MiB queued.max.request.bytes while each
+    fsync takes 50 ms: frames of ~40 KB (many wait in the connection's scratch buffer) or ~1 MB
+    (each waits at its header for room in the budget, its body filling the scratch buffer). The
+    connection is muted and resumed again and again; every produce is answered and stored.
+    Before the fix the socket was resumed before the held frames were delivered; uvloop read
+    first, into a scratch buffer with no room left, and the empty buffer closed the connection
+    ("unhandled error (or an empty buffer) in get_buffer()")."""
+    broker, _ = slow_broker(0, 50, **{"queued.max.request.bytes": 2 << 20, "event.loop": event_loop})
+    producer = raw_client(broker.port, timeout_s=120)
+    create_topic(producer, "piped", configs={"flush.messages": "1"})
+    sent = [produce_frame(producer, [("piped", 0, batch(f"f{n:03d}", records, 1000))]) for n in range(frames)]
+    replies = send_pipelined(producer, sent)
+    assert all(reply["topics"][0]["partitions"][0]["error_code"] == NONE for reply in replies.values())
+    assert values_of(producer, "piped", 0) == [f"f{n:03d}-{j}" for n in range(frames) for j in range(records)]
