@@ -1,6 +1,6 @@
 """Run every benchmark with its defaults and print the summary table in the README's format.
 
-    python -m benchmarks.run_all                    # full volumes (~15-20 min on 2 cores, plus the 10 GiB memory run)
+    python -m benchmarks.run_all                    # full volumes (~30 min on 2 cores)
     python -m benchmarks.run_all --quick            # every volume ~20x smaller (~2 min)
     python -m benchmarks.run_all --memory-gb 4      # a smaller memory run
     python -m benchmarks.run_all --skip memory      # leave some out (produce, consume, latency, partitions, cluster, spark, tiered, tables, groups, cleaner, looplag, memory)
