@@ -41,10 +41,17 @@ class ChildProcess:
         """Clean stop (SIGTERM), SIGKILL after `timeout_s`; returns the exit code."""
         return stop_all([self], timeout_s)[0]
 
-    def pause(self) -> None:
-        """Hang: SIGSTOP (the process keeps its sockets but answers nothing); `resume` continues it."""
+    def pause(self, timeout_s: float = 5.0) -> None:
+        """Hang: SIGSTOP (the process keeps its sockets but answers nothing); `resume` continues it.
+        Returns once every thread has stopped: kill() returns before a thread running on another
+        core stops, and such a thread could still answer a request sent right after."""
         assert self.proc is not None, f"{self.what} not started"
         self.proc.send_signal(signal.SIGSTOP)
+        deadline = time.monotonic() + timeout_s
+        while self.proc.poll() is None and not _all_threads_stopped(self.proc.pid):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.what} (pid {self.proc.pid}) did not stop within {timeout_s} s of SIGSTOP")
+            time.sleep(0.001)
 
     def resume(self) -> None:
         assert self.proc is not None, f"{self.what} not started"
@@ -96,3 +103,13 @@ def stop_all(processes: "list[ChildProcess]", timeout_s: float | None = None) ->
     return codes
 
 
+def _all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of `pid` is in the stopped state ("T" in /proc/PID/task/TID/stat)."""
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            stat = (task / "stat").read_text()
+            if stat[stat.rindex(")") + 2] not in "tT":
+                return False
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return True
