@@ -85,7 +85,7 @@ def deployment(name: str, spec: dict[str, Any], work: Path) -> dict[str, Any]:
     script = str(Path(__file__).resolve())
     conf = {"spark.driver.memory": "2g", "spark.sql.shuffle.partitions": "4"}
     quiet = {**conf, "spark.driver.extraJavaOptions": f"-Dlog4j.configurationFile={LOG4J.as_uri()}"}
-    env = spark_env(work)
+    env = spark_env()
     if name == "local":
         return run_driver([*submit_args("local[2]", quiet), script], spec, work, env)
     if name == "standalone":

@@ -10,7 +10,13 @@ PID, SIGKILLed if its parent dies. `bin/spark-class` ends in `exec java`, so the
 What the environment gives them is what a real deployment must give its executors as well
 (docs/spark.md, "Running on a cluster"): `PYSPARK_PYTHON`, an interpreter that imports pymq;
 `PYTHONPATH` with this checkout first, so that a source checkout's code is what executors run;
-`SPARK_LOCAL_IP`, loopback; an empty `SPARK_CONF_DIR`, so no stray spark-defaults.conf applies.
+`SPARK_LOCAL_IP`, loopback; `SPARK_CONF_DIR`, pyspark's own (pip's pyspark ships none), so a
+`SPARK_CONF_DIR` set for another Spark applies no stray spark-defaults.conf.
+
+Every JVM here maps the class archive a local session maps (spark_datasource/class_archive.py,
+when `make venv` built it): the archive fits a JVM whose classpath is the one it was made with, and
+with pyspark's conf folder in front, the Master's, the Worker's, their executors' and every
+spark-submit's classpath is the local session's.
 """
 from __future__ import annotations
 
@@ -27,7 +33,7 @@ from typing import Mapping, Sequence
 import pyspark
 
 from common.child_process import ChildProcess, die_with_parent, stop_all
-from spark_datasource import jars
+from spark_datasource import class_archive, jars
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 REPO = Path(__file__).resolve().parent.parent
@@ -40,20 +46,24 @@ WORKER_READY = re.compile(r"Successfully registered with master (spark://\S+)")
 CONNECT_READY = re.compile(r"Spark Connect server started at: ([\d.]+):(\d+)")
 
 
-def spark_env(work: Path) -> dict[str, str]:
+def spark_env() -> dict[str, str]:
     """The environment of every Spark JVM started here (and of the executors their Worker starts)."""
-    conf_dir = work / "spark-conf"
-    conf_dir.mkdir(parents=True, exist_ok=True)
     path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_CONF_DIR": str(conf_dir),
+    return {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_CONF_DIR": str(SPARK_HOME / "conf"),
+            "SPARK_DAEMON_JAVA_OPTS": class_archive.java_options(),
             "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": path}
 
 
 def submit_args(master: str, conf: Mapping[str, str] | None = None) -> list[str]:
     """`spark-submit` and the options every pymq job takes: the master, the project's
-    spark-defaults.conf, the Delta Lake / hadoop-aws jars (`jars.spark_conf()`), then `conf`."""
+    spark-defaults.conf, the Delta Lake / hadoop-aws jars (`jars.spark_conf()`), then `conf`; the
+    driver's and the executors' JVMs map the class archive, after any Java options `conf` gives."""
     args = [str(SPARK_HOME / "bin" / "spark-submit"), "--master", master, "--properties-file", str(SPARK_DEFAULTS)]
-    for key, value in {**jars.spark_conf(), **(conf or {})}.items():
+    settings = {**jars.spark_conf(), **(conf or {})}
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        if options := f"{settings.get(key, '')} {class_archive.java_options()}".strip():
+            settings[key] = options
+    for key, value in settings.items():
         args += ["--conf", f"{key}={value}"]
     return args
 
@@ -97,7 +107,7 @@ class StandaloneCluster:
         self.work = Path(work)
         self.cores = cores
         self.memory = memory
-        self.env = spark_env(self.work)
+        self.env = spark_env()
         self.master: SparkDaemon | None = None
         self.worker: SparkDaemon | None = None
         self.master_url = ""
@@ -156,7 +166,7 @@ class ConnectServer(SparkDaemon):
     def __init__(self, work: Path, master: str = "local[2]", conf: Mapping[str, str] | None = None) -> None:
         settings = {"spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": "0",
                     "spark.ui.enabled": "false", **(conf or {})}
-        env = spark_env(Path(work))
+        env = spark_env()
         super().__init__("Spark Connect server", [*submit_args(master, settings), "--class", CONNECT_SERVER_CLASS],
                          Path(work) / "connect-server.log", env)
         self.url = ""

@@ -70,7 +70,7 @@ def commits(out: Path) -> int:
 def start_driver(args: list[str], work: Path) -> subprocess.Popen[bytes]:
     with open(work / "driver.log", "ab") as log:
         return subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=spark_env(work), preexec_fn=die_with_parent)
+                                env=spark_env(), preexec_fn=die_with_parent)
 
 
 def finish(driver: subprocess.Popen[bytes], work: Path) -> dict[str, Any]:
