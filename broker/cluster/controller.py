@@ -145,6 +145,9 @@ class Controller:
     async def _run(self) -> None:
         last_rebalance = asyncio.get_running_loop().time()
         while True:
+            # Cleared before deciding, not after: a poke that comes while this round decides and
+            # writes (a partition changed meanwhile) makes another round at once, not at the sweep.
+            self._wakeup.clear()
             try:
                 if not self.active:
                     await self._campaign()
@@ -158,7 +161,6 @@ class Controller:
                 log.warning("controller: %s", err)
             except PymqError:
                 log.exception("controller: deciding partitions failed")
-            self._wakeup.clear()
             await background.wait_event(self._wakeup, SWEEP_S)
 
     async def _campaign(self) -> None:
