@@ -143,7 +143,8 @@ class Controller:
         self.epoch = 0
 
     async def _run(self) -> None:
-        last_rebalance = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        last_rebalance = loop.time()
         while True:
             # Cleared before deciding, not after: a poke that comes while this round decides and
             # writes (a partition changed meanwhile) makes another round at once, not at the sweep.
@@ -152,16 +153,23 @@ class Controller:
                 if not self.active:
                     await self._campaign()
                 if self.active:
-                    now = asyncio.get_running_loop().time()
+                    now = loop.time()
                     preferred = self.auto_rebalance and now - last_rebalance >= self.rebalance_interval_s
-                    await self.reconcile(preferred=preferred)
-                    if preferred:
+                    if preferred:  # at a fixed rate, as Kafka's scheduler: a failed round waits for the next
                         last_rebalance = now
+                    await self.reconcile(preferred=preferred)
             except (MetadataStoreUnavailableError, LeaseNotFoundError) as err:
                 log.warning("controller: %s", err)
             except PymqError:
                 log.exception("controller: deciding partitions failed")
-            await background.wait_event(self._wakeup, SWEEP_S)
+            await background.wait_event(self._wakeup, self._wait_s(last_rebalance + self.rebalance_interval_s - loop.time()))
+
+    def _wait_s(self, rebalance_due_in_s: float) -> float:
+        """How long to wait for a poke: the sweep, or less when this controller's next
+        preferred-leader election (every rebalance_interval_s) is due sooner."""
+        if not (self.active and self.auto_rebalance):
+            return SWEEP_S
+        return max(0.0, min(SWEEP_S, rebalance_due_in_s))
 
     async def _campaign(self) -> None:
         """Take the controller key if it is free (under our registration lease: it goes with us)."""
