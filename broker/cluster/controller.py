@@ -254,10 +254,7 @@ class Controller:
         result = await self.store.txn(compares, puts, [Get(CONTROLLER_KEY)])
         if result.succeeded:
             for name, p, state in changes:
-                info = self.registry.topics.get(name)
-                if info is not None:
-                    info.partitions[p], info.revisions[p] = state, result.revision
-                    self.registry.changed(name, p)
+                self.registry.written(name, p, state, result.revision)
             return len(changes)
         if as_controller and not result.responses[0]:  # type: ignore[index]
             self.epoch = 0  # our controller key is gone: another broker controls now
