@@ -47,7 +47,7 @@ from broker.log import AppendInfo, FetchSlice, LogManager, TopicLogSpec, Unified
 from broker.log.unified_log import OffsetMovedToTieredStorageError
 from broker.log_writer import LogWriter
 from broker.purgatory import DelayedOperation, DelayedOperationPurgatory, ProducePurgatory
-from broker.remote_log.remote_log_reader import RemoteReadPending
+from broker.remote_log.remote_read_pending import RemoteReadPending
 from broker.remote_log.tiering_status import describe_partition
 from common.errors import (
     InconsistentTopicIdError,

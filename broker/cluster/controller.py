@@ -143,23 +143,33 @@ class Controller:
         self.epoch = 0
 
     async def _run(self) -> None:
-        last_rebalance = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        last_rebalance = loop.time()
         while True:
+            # Cleared before deciding, not after: a poke that comes while this round decides and
+            # writes (a partition changed meanwhile) makes another round at once, not at the sweep.
+            self._wakeup.clear()
             try:
                 if not self.active:
                     await self._campaign()
                 if self.active:
-                    now = asyncio.get_running_loop().time()
+                    now = loop.time()
                     preferred = self.auto_rebalance and now - last_rebalance >= self.rebalance_interval_s
-                    await self.reconcile(preferred=preferred)
-                    if preferred:
+                    if preferred:  # at a fixed rate, as Kafka's scheduler: a failed round waits for the next
                         last_rebalance = now
+                    await self.reconcile(preferred=preferred)
             except (MetadataStoreUnavailableError, LeaseNotFoundError) as err:
                 log.warning("controller: %s", err)
             except PymqError:
                 log.exception("controller: deciding partitions failed")
-            self._wakeup.clear()
-            await background.wait_event(self._wakeup, SWEEP_S)
+            await background.wait_event(self._wakeup, self._wait_s(last_rebalance + self.rebalance_interval_s - loop.time()))
+
+    def _wait_s(self, rebalance_due_in_s: float) -> float:
+        """How long to wait for a poke: the sweep, or less when this controller's next
+        preferred-leader election (every rebalance_interval_s) is due sooner."""
+        if not (self.active and self.auto_rebalance):
+            return SWEEP_S
+        return max(0.0, min(SWEEP_S, rebalance_due_in_s))
 
     async def _campaign(self) -> None:
         """Take the controller key if it is free (under our registration lease: it goes with us)."""
@@ -244,10 +254,7 @@ class Controller:
         result = await self.store.txn(compares, puts, [Get(CONTROLLER_KEY)])
         if result.succeeded:
             for name, p, state in changes:
-                info = self.registry.topics.get(name)
-                if info is not None:
-                    info.partitions[p], info.revisions[p] = state, result.revision
-                    self.registry.changed(name, p)
+                self.registry.written(name, p, state, result.revision)
             return len(changes)
         if as_controller and not result.responses[0]:  # type: ignore[index]
             self.epoch = 0  # our controller key is gone: another broker controls now

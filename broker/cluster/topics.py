@@ -226,11 +226,8 @@ class TopicRegistry:
                                       [Put(key, state.to_json())])
         if not result.succeeded:
             return False
-        current = self.topics.get(name)
-        if current is info:
-            info.partitions[partition] = state
-            info.revisions[partition] = result.revision
-            self.changed(name, partition)
+        if self.topics.get(name) is info:
+            self.written(name, partition, state, result.revision)
         return True
 
     async def reassign(self, name: str, partition: int, target: tuple[int, ...] | None,
@@ -266,6 +263,17 @@ class TopicRegistry:
             # brings that state, start again from it.
             await asyncio.sleep(REASSIGN_RETRY_S)
         raise VersionConflictError(f"{name}-{partition} kept changing while being reassigned; retry")
+
+    def written(self, name: str, partition: int, state: PartitionState, revision: int) -> None:
+        """A partition state this broker stored at `revision`: into the cache, applied like a
+        watched one; unless the watch already brought a newer state of the key (another writer's,
+        committed after this one but seen before the store's answer came back). Setting the cache
+        back would lose that change for good: the watch does not bring it again."""
+        info = self.topics.get(name)
+        if info is None or info.revisions.get(partition, 0) >= revision:
+            return
+        info.partitions[partition], info.revisions[partition] = state, revision
+        self.changed(name, partition)
 
     def changed(self, name: str, partition: int) -> None:
         """A partition state this broker wrote is in the cache: have it applied like a watched one."""

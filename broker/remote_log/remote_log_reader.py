@@ -35,6 +35,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from broker.executors import BoundedExecutor
+from broker.remote_log.remote_read_pending import RemoteReadPending
 from common.errors import PymqError, UnknownServerError, WorkQueueFullError
 from common.topic_partition import TopicPartition
 from segment_format import record
@@ -50,11 +51,6 @@ log = logging.getLogger(__name__)
 # one), at most this many and a quarter of the cache's bytes, the oldest dropped first: a retry
 # that finds none reads the cache again.
 MAX_UNCLAIMED_ANSWERS = 1024
-
-
-class RemoteReadPending(Exception):
-    """The read needs bytes the cache does not hold: a worker is loading them, and `on_ready`
-    fires for the partition once the answer waits for the retry. Not an error: the fetch waits."""
 
 
 class _CacheMiss(Exception):

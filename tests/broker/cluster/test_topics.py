@@ -179,3 +179,35 @@ def test_max_partitions_refuses_a_reassignment_onto_a_broker_at_the_limit(run):
         await registry.reassign("pair", 0, tuple(reversed(pair)))
 
     run(scenario)
+
+
+def test_a_state_written_here_does_not_overwrite_a_newer_one_the_watch_brought_meanwhile(run):
+    """A broker writes a partition state (a leader its ISR, the controller a decision); before
+    the store's answer reaches it, its watch brings another writer's newer state of the key. The
+    cache keeps the newer one: it was set back to the state written here, the newer change never
+    came again, and the controller (deciding from the cache) left a reassignment uncompleted for
+    good (the `partition reassign` of test_cluster_cli waited until the test timed out)."""
+    from dataclasses import replace
+
+    from broker.cluster.metadata_store import Put, WatchEvent
+    from broker.cluster.topics import partition_key
+
+    async def scenario(registry: TopicRegistry, store: LocalMetadataStore) -> None:
+        info = await registry.create("orders", 1, 1, {})
+        key, first = partition_key("orders", 0), info.partitions[0]
+        written, newer = replace(first, leader_epoch=first.leader_epoch + 1), replace(first, leader_epoch=first.leader_epoch + 2)
+        real_txn = store.txn
+
+        async def txn_then_a_newer_write_watched(compares, on_success, on_failure=()):  # type: ignore[no-untyped-def]
+            result = await real_txn(compares, on_success, on_failure)
+            store.txn = real_txn  # type: ignore[method-assign]
+            other = await real_txn([], [Put(key, newer.to_json())])  # another broker's write, seen by the watch
+            registry.apply_event(WatchEvent("put", key, newer.to_json(), 3, other.revision))
+            return result
+
+        store.txn = txn_then_a_newer_write_watched  # type: ignore[method-assign]
+        assert await registry.alter_partition_state("orders", 0, written)
+        assert registry.get("orders").partitions[0] == newer
+        assert registry.get("orders").revisions[0] == await store.revision()
+
+    run(scenario)
