@@ -250,6 +250,14 @@ class ReplicaFetcher:
                 and not throttle.available())
 
     async def _round(self) -> None:
+        # A state its manager no longer follows (replaced, unfollowed, or every one at a stop) is
+        # dropped, not skipped: a round of skipped states awaits nothing that yields (the connection
+        # is open), and the loop spun on them for ever, the event loop with it (a broker whose stop
+        # cleared them while this task's cancellation was lost hung until SIGKILLed).
+        for key in [key for key, state in self.partitions.items() if not self.manager.is_current(state)]:
+            del self.partitions[key]
+        if not self.partitions:
+            return
         now = asyncio.get_running_loop().time()
         waiting = [s for s in self.partitions.values() if s.retry_at <= now]
         ready = [s for s in waiting if s.truncating or not self._throttled(s)]
