@@ -27,13 +27,17 @@ $(STAMP): pyproject.toml conf/spark-jars.pom.xml
 run: venv
 	$(BIN)/python -m jobs.demo
 
+# Python may write its bytecode caches (__pycache__, ignored by git) even where the environment
+# says not to (PYTHONDONTWRITEBYTECODE): a run starts hundreds of Python processes (brokers, CLI
+# commands, Spark's Python workers), and each one compiled the project's modules again (~0.15 CPU-s
+# a process), and pytest rewrote every test module's asserts again in each worker.
 test: venv
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n 2 --dist loadgroup
 
 # The edit-run loop: no Spark JVM, no multi-broker cluster or etcd, nothing `slow` (the marks
 # tests/conftest.py sets from the fixtures a test uses).
 test-fast: venv
-	$(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not spark and not cluster and not slow"
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not spark and not cluster and not slow"
 
 bench: venv
 	$(BIN)/python -m benchmarks.run_all

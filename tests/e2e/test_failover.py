@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+import traceback
 
 import pytest
 
@@ -118,7 +119,7 @@ def test_leader_failure_under_acks_all_loses_no_acknowledged_record(cluster, fau
              "the tail to read as many records as were acknowledged")
     tail.stopping.set()
     tail.join(30)
-    assert tail.error is None, tail.error
+    assert tail.error is None, "".join(traceback.format_exception(tail.error))
     read_all(local.bootstrap, TOPIC, PARTITIONS, history, "final")
     report = history.check()
     print(f"{fault}: {report}; new leader served {failover_s:.2f} s after the failure; {len(history.failed)} sends failed")
