@@ -89,9 +89,10 @@ from client.decoder import RECORD_SCHEMA, ConsumerRecord, FetchedBatch, fetched_
 from client.fetcher import Fetcher
 from client.loop_thread import LoopThread
 from client.offset_fetcher import OffsetFetcher
+from client.retry import Retry, retriable
 from client.steps import OnLoop, OnThread, Poller, Steps, run_blocking, run_steps
 from client.subscription_state import RESET_ALIASES, RESET_STRATEGIES, SubscriptionState
-from common.errors import ConsumerStoppedError, OffsetOutOfRangeError
+from common.errors import ConsumerStoppedError, OffsetOutOfRangeError, PymqError
 from common.topic_partition import TopicPartition
 from segment_format import batch_body
 
@@ -152,6 +153,7 @@ class AsyncConsumer:
                                 max_partition_fetch_bytes=max_partition_fetch_bytes, max_buffer_bytes=max_buffer_bytes,
                                 check_crcs=check_crcs, request_timeout_s=request_timeout_ms / 1000,
                                 retry_backoff_s=retry_backoff_ms / 1000)
+        self._retry_backoff_s = retry_backoff_ms / 1000
         self._closed = False
         self._poller: Poller = OnLoop()
         self._coordinator: ConsumerCoordinator | None = None
@@ -194,7 +196,18 @@ class AsyncConsumer:
             await self.cluster.leader(topic, partition)  # raises for unknown topics/partitions
         with self._subs.lock:  # raises ValueError while subscribed
             self._fetcher.assignment_changed(self._subs.assign_from_user(wanted))
-        await self._init_positions([tp for tp in wanted if not self._subs.has_valid_position(tp)])
+        # A retriable failure (a leader that has not applied a new topic yet and answers
+        # UNKNOWN_TOPIC_OR_PARTITION, a leader moving) is retried for up to request_timeout_ms:
+        # the partitions are known, only their start positions are not yet.
+        retry = Retry(self._retry_backoff_s, self.cluster.request_timeout_s)
+        while True:
+            try:
+                await self._init_positions([tp for tp in wanted if not self._subs.has_valid_position(tp)])
+                break
+            except PymqError as err:
+                if not retriable(err):
+                    raise
+                await retry.back_off(err)  # raises `err` once the time is up
         self._fetcher.invalidate()
 
     def assignment(self) -> list[TopicPartition]:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from client import AsyncConsumer, Consumer, ConsumerRecord
-from common.errors import CorruptMessageError, NotLeaderError, PymqError
-from protocol import ApiKey, ApiVersionsRequest, FetchRequest, MetadataRequest
+from common.errors import CorruptMessageError, NotLeaderError, PymqError, UnknownTopicOrPartitionError
+from protocol import ApiKey, ApiVersionsRequest, FetchRequest, ListOffsetsRequest, MetadataRequest
 from segment_format import batch_body, record
 from tests.client.fake_cluster import FakeCluster
 from tests.helpers.client_records import poll_until, produce, values
@@ -239,5 +239,22 @@ def test_a_defect_in_the_fetch_loop_is_raised_by_poll_not_left_as_a_silent_stall
             while time.monotonic() < deadline:
                 assert await consumer.poll(timeout_ms=100) == []
         assert await poll_async(consumer, 3) == [(0, offset) for offset in range(3)]
+
+    with_fake(test)
+
+
+def test_assign_retries_a_leader_that_does_not_know_the_new_topic_yet():
+    """Right after a topic's creation its leader may not have applied it yet and answer the start
+    position's lookup UNKNOWN_TOPIC_OR_PARTITION (metadata already names it leader): assign()
+    retries, as Kafka's consumer does, instead of raising (a tail reader started right after a
+    create_topic on a loaded cluster died at assign)."""
+
+    async def test(fake: FakeCluster, consumer: AsyncConsumer) -> None:
+        fake.add_topic("t", 1, leader=0)
+        fake.append("t", 0, batch(0, 3))
+        fake.fail(ApiKey.LIST_OFFSETS, UnknownTopicOrPartitionError, partition=("t", 0), times=2)
+        await consumer.assign([("t", 0)])
+        assert await poll_async(consumer, 3) == [(0, offset) for offset in range(3)]
+        assert len(fake.sent(ListOffsetsRequest)) == 3
 
     with_fake(test)
