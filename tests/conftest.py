@@ -83,8 +83,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     Also the marks `spark` (the test starts a Spark JVM) and `cluster` (a multi-broker cluster or
     etcd), from the fixtures a test uses, so `make test-fast` can leave them out as tests are added.
 
-    The longest groups go first (modules that start Spark JVMs, then those with clusters), so
-    that the many short modules fill in beside them and both workers finish at about the same time."""
+    The longest groups go first (modules that start Spark JVMs, then those with clusters, then
+    those with a `slow` test), so that the many short modules fill in beside them and both
+    workers finish at about the same time."""
     spark_modules = {item.nodeid.split("::")[0] for item in items if "spark" in getattr(item, "fixturenames", ())}
     for item in items:
         module = item.nodeid.split("::")[0]
@@ -97,8 +98,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     rank: dict[str, int] = {}  # per module, so that a module's tests stay together
     for item in items:
         module = item.nodeid.split("::")[0]
-        rank[module] = min(rank.get(module, 2), 0 if item.get_closest_marker("spark") else
-                           1 if item.get_closest_marker("cluster") else 2)
+        rank[module] = min(rank.get(module, 3), 0 if item.get_closest_marker("spark") else
+                           1 if item.get_closest_marker("cluster") else 2 if item.get_closest_marker("slow") else 3)
     items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])  # stable: modules keep their order within a rank
 
 
