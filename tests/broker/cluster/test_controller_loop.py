@@ -13,6 +13,16 @@ from broker.cluster.brokers import BrokerInfo, LiveBrokers
 from broker.cluster.controller import Controller
 
 
+async def run_until(controller: Controller, event: asyncio.Event) -> None:
+    """Run the controller's loop until `event` is set, then stop it."""
+    controller.start()
+    try:
+        await asyncio.wait_for(event.wait(), 10)  # generous: no other task runs on this loop
+    finally:
+        controller.epoch = 0  # no controller key to resign (there is no store)
+        await controller.stop()
+
+
 def test_a_poke_while_deciding_makes_the_controller_decide_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """A reassignment's last target catches up (its leader writes the ISR, the metadata listener
     pokes the controller) while the controller writes the completion of another partition's move.
@@ -39,12 +49,7 @@ def test_a_poke_while_deciding_makes_the_controller_decide_again(monkeypatch: py
             return 0
 
         controller.reconcile = reconcile  # type: ignore[method-assign]
-        controller.start()
-        try:
-            await asyncio.wait_for(second.wait(), 10)  # generous: no other task runs on this loop
-        finally:
-            controller.epoch = 0  # no controller key to resign (there is no store)
-            await controller.stop()
+        await run_until(controller, second)
         return len(rounds)
 
     assert asyncio.run(poked_while_deciding()) >= 2
@@ -73,12 +78,7 @@ def test_the_preferred_leader_election_runs_every_rebalance_interval_shorter_tha
             return 0
 
         controller.reconcile = reconcile  # type: ignore[method-assign]
-        controller.start()
-        try:
-            await asyncio.wait_for(elected.wait(), 10)  # generous: no other task runs on this loop
-        finally:
-            controller.epoch = 0  # no controller key to resign (there is no store)
-            await controller.stop()
+        await run_until(controller, elected)
         return rounds
 
     rounds = asyncio.run(rounds_until_preferred())
