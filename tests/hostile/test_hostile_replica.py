@@ -145,5 +145,7 @@ def test_a_forged_follower_cannot_keep_stopped_followers_in_sync_or_lose_acks_al
         state = wait_for_full_isr(admin, TOPIC)[0]
     assert state.leader == first.leader  # the only in-sync replica when it stopped
     read_all(local.bootstrap, TOPIC, 1, history, "final")
-    report = history.check()
+    # The "before" sends are retried: a retry after NOT_ENOUGH_REPLICAS_AFTER_APPEND stores a record
+    # twice (at least once: the producer is not idempotent yet). What this test proves is no loss.
+    report = history.check(allow_duplicates=True)
     assert not report.lost and report.ok, str(report)
