@@ -32,3 +32,8 @@ def java_options(archive: Path | None = None) -> str:
     """The driver's JVM options that use the archive; empty when there is none."""
     archive = archive or archive_path()
     return f"{_LOG_TO_STDERR} -XX:SharedArchiveFile={archive}" if archive.is_file() else ""
+
+
+def with_archive(options: str) -> str:
+    """A JVM's Java `options` followed by those that use the archive (just `options` without one)."""
+    return f"{options} {java_options()}".strip()

@@ -70,7 +70,7 @@ def local_spark(app_name: str, cores: int = 2, **conf: str) -> SparkSession:
     # pymq never converts through pandas; PySpark's warning about the pinned pandas 3 is noise here.
     warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     builder = SparkSession.builder.master(f"local[{cores}]").appName(app_name)
-    java_options = f"{LOCAL_DEFAULTS['spark.driver.extraJavaOptions']} {class_archive.java_options()}".strip()
+    java_options = class_archive.with_archive(LOCAL_DEFAULTS["spark.driver.extraJavaOptions"])
     local = {**LOCAL_DEFAULTS, "spark.databricks.delta.snapshotPartitions": str(cores),
              "spark.driver.extraJavaOptions": java_options}
     settings = {**spark_defaults(), **jars.spark_conf(), **local, **conf}

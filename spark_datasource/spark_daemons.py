@@ -61,7 +61,7 @@ def submit_args(master: str, conf: Mapping[str, str] | None = None) -> list[str]
     args = [str(SPARK_HOME / "bin" / "spark-submit"), "--master", master, "--properties-file", str(SPARK_DEFAULTS)]
     settings = {**jars.spark_conf(), **(conf or {})}
     for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
-        if options := f"{settings.get(key, '')} {class_archive.java_options()}".strip():
+        if options := class_archive.with_archive(settings.get(key, "")):
             settings[key] = options
     for key, value in settings.items():
         args += ["--conf", f"{key}={value}"]
