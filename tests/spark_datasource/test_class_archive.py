@@ -40,3 +40,23 @@ def test_a_jvm_given_an_archive_it_cannot_use_starts_and_says_so_on_stderr(tmp_p
     assert done.returncode == 0, done.stderr
     assert done.stdout == ""  # `java -version` itself prints to stderr; nothing of CDS on stdout
     assert "version" in done.stderr
+
+
+def test_spark_daemons_and_spark_submit_map_the_archive_after_their_own_options(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The Master, the Worker (SPARK_DAEMON_JAVA_OPTS), and spark-submit's driver and executors
+    get the archive, with pyspark's own conf folder first on their classpath: the classpath the
+    archive was made with, so that it fits them."""
+    from spark_datasource.spark_daemons import SPARK_HOME, spark_env, submit_args
+
+    archive = tmp_path / "spark-classes.jsa"
+    archive.write_bytes(b"\0")
+    monkeypatch.setenv("PYMQ_SPARK_CDS", str(archive))
+    env = spark_env()
+    assert env["SPARK_CONF_DIR"] == str(SPARK_HOME / "conf")
+    assert f"-XX:SharedArchiveFile={archive}" in shlex.split(env["SPARK_DAEMON_JAVA_OPTS"])
+    settings = dict(arg.split("=", 1) for arg in submit_args("local[2]", {"spark.driver.extraJavaOptions": "-Dmine=1"})
+                    if arg.startswith("spark.") and "JavaOptions" in arg)
+    assert shlex.split(settings["spark.driver.extraJavaOptions"])[0] == "-Dmine=1"
+    for key in ("spark.driver.extraJavaOptions", "spark.executor.extraJavaOptions"):
+        assert f"-XX:SharedArchiveFile={archive}" in shlex.split(settings[key])
