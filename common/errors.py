@@ -246,6 +246,59 @@ class OutOfOrderSequenceError(PymqError, wire_name="OUT_OF_ORDER_SEQUENCE"):
     code = 45
 
 
+class InvalidProducerEpochError(PymqError, wire_name="INVALID_PRODUCER_EPOCH"):
+    """A produce carried a producer epoch older than the one the partition knows for that producer
+    id: a zombie instance of an idempotent or transactional producer. Nothing was written."""
+
+    code = 47
+
+
+class InvalidTxnStateError(PymqError, wire_name="INVALID_TXN_STATE"):
+    """The request is not valid in the transaction's current state (e.g. commit while aborting)."""
+
+    code = 48
+
+
+class InvalidProducerIdMappingError(PymqError, wire_name="INVALID_PRODUCER_ID_MAPPING"):
+    """The producer id (and epoch) a transactional request names is not the one the transaction
+    coordinator holds for that transactional id."""
+
+    code = 49
+
+
+class InvalidTransactionTimeoutError(PymqError, wire_name="INVALID_TRANSACTION_TIMEOUT"):
+    """transaction.timeout.ms is not within (0, transaction.max.timeout.ms]."""
+
+    code = 50
+
+
+class ConcurrentTransactionsError(PymqError, wire_name="CONCURRENT_TRANSACTIONS"):
+    """The transactional id's previous transaction is still being completed (its markers are being
+    written): retry shortly."""
+
+    code = 51
+    retriable = True
+
+
+class TransactionCoordinatorFencedError(PymqError, wire_name="TRANSACTION_COORDINATOR_FENCED"):
+    """Transaction markers from a coordinator whose epoch is older than one the partition has seen."""
+
+    code = 52
+
+
+class UnknownProducerIdError(PymqError, wire_name="UNKNOWN_PRODUCER_ID"):
+    """The broker holds no state for the producer id the request names."""
+
+    code = 59
+
+
+class ProducerFencedError(PymqError, wire_name="PRODUCER_FENCED"):
+    """A newer producer with the same transactional.id started (InitProducerId bumped the epoch):
+    this instance may send nothing more. Close it."""
+
+    code = 90
+
+
 class InvalidConfigError(PymqError, wire_name="INVALID_CONFIG"):
     code = 40
 

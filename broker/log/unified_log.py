@@ -146,13 +146,19 @@ class LogDirFailure:
 
 @dataclass(frozen=True, slots=True)
 class AppendInfo:
-    """Where an append landed. `log_append_time_ms` is -1 unless the topic uses LogAppendTime."""
+    """Where an append landed. `log_append_time_ms` is -1 unless the topic uses LogAppendTime.
+
+    `batch_offsets`: each batch's base offset, in the order of the record set, when they do not
+    follow from `first_offset` and the record counts: an idempotent producer's retry whose leading
+    batches were written before (duplicates answered with their original offsets) and whose
+    others were appended now. None otherwise (the usual case)."""
 
     first_offset: int
     last_offset: int
     log_append_time_ms: int
     log_start_offset: int
     record_count: int
+    batch_offsets: tuple[int, ...] | None = None
 
     @property
     def next_offset(self) -> int:
