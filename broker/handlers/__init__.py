@@ -32,6 +32,7 @@ from broker.cluster.brokers import LiveBrokers
 from broker.cluster.session_fence import SessionFence
 from broker.cluster.topics import TopicRegistry
 from broker.config import BrokerConfig
+from broker.coordinator.producer_ids import ProducerIdManager
 from broker.coordinator.runtime import CoordinatorRuntime
 from broker.handlers.admin import AdminHandler
 from broker.handlers.fetch import FetchHandler
@@ -42,6 +43,7 @@ from broker.handlers.produce import ProduceHandler
 from broker.handlers.replication import ReplicationHandler
 from broker.handlers.tiering import TieringHandler
 from broker.handlers.topic_auto_creation import TopicAutoCreation
+from broker.handlers.transactions import TransactionHandler
 from broker.log import FetchSlice
 from broker.purgatory import DelayedOperation
 from broker.replica_manager import ReplicaManager
@@ -158,6 +160,8 @@ class RequestHandlers:
             ApiKey.OFFSET_FOR_LEADER_EPOCH: replication.offset_for_leader_epoch,
             ApiKey.BROKER_HANDSHAKE: replication.broker_handshake,
         }
+        self._table[ApiKey.INIT_PRODUCER_ID] = TransactionHandler(
+            ProducerIdManager(registry.store, self.broker_id)).init_producer_id
         tiering = TieringHandler(registry, replicas)
         self._table[ApiKey.DESCRIBE_TIERING] = tiering.describe_tiering
         self._table[ApiKey.REPLACE_REMOTE_SEGMENTS] = tiering.replace_remote_segments

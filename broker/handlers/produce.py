@@ -30,7 +30,8 @@ Outcome = Union[ProducePartitionResponse, Awaitable[ProducePartitionResponse]]
 
 
 def _appended(partition: int, info: AppendInfo) -> ProducePartitionResponse:
-    return ProducePartitionResponse(partition, 0, None, info.first_offset, info.log_append_time_ms, info.log_start_offset)
+    return ProducePartitionResponse(partition, 0, None, info.first_offset, info.log_append_time_ms, info.log_start_offset,
+                                    info.batch_offsets)
 
 
 def _failed(partition: int, err: PymqError) -> ProducePartitionResponse:

@@ -118,6 +118,12 @@ from protocol.messages.replication import (
     OffsetForLeaderEpochResponse,
     OffsetForLeaderPartition,
 )
+from protocol.messages.transactions import (
+    NO_PRODUCER_EPOCH,
+    NO_PRODUCER_ID,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
+)
 from protocol.messages.tiering import (
     DescribeTieringRequest,
     DescribeTieringResponse,
@@ -139,7 +145,8 @@ REQUEST_TYPES: dict[int, type[RequestMessage]] = {
     for cls in (ProduceRequest, FetchRequest, ListOffsetsRequest, MetadataRequest, ApiVersionsRequest,
                 CreateTopicsRequest, DeleteTopicsRequest, CreatePartitionsRequest, DescribeConfigsRequest,
                 AlterConfigsRequest, OffsetForLeaderEpochRequest, AlterPartitionReassignmentsRequest,
-                DescribeTieringRequest, ReplaceRemoteSegmentsRequest, BrokerHandshakeRequest, *GROUP_REQUEST_TYPES)
+                DescribeTieringRequest, ReplaceRemoteSegmentsRequest, BrokerHandshakeRequest, InitProducerIdRequest,
+                *GROUP_REQUEST_TYPES)
 }
 
 __all__ = [name for name in dir() if not name.startswith("_")]

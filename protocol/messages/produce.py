@@ -4,7 +4,8 @@
                         current_leader_epoch}]}]}
              payload = each partition's record set, back to back in the order of the entries
     response control = {error_code, topics: [{name, partitions: [{partition, error_code,
-                        error_message?, base_offset, log_append_time, log_start_offset}]}]}
+                        error_message?, base_offset, log_append_time, log_start_offset,
+                        batch_offsets?}]}]}
 
 The payload is split here, once: each partition gets a view of its slice (no copy), which the log
 patches base offsets into before appending. A partition's `size`s must claim the payload exactly.
@@ -27,7 +28,18 @@ from protocol.messages.base import (
     TopicResponses,
     entry_error,
 )
-from protocol.schema import INT, NON_NEGATIVE, PayloadCursor, PayloadSize, PayloadTopics, Topics, message, one_of, wire
+from protocol.schema import (
+    INT,
+    NON_NEGATIVE,
+    PayloadCursor,
+    PayloadSize,
+    PayloadTopics,
+    Seq,
+    Topics,
+    message,
+    one_of,
+    wire,
+)
 
 DEFAULT_PRODUCE_TIMEOUT_MS = 30_000
 ACKS = (-1, 0, 1)  # all in-sync replicas, none (no response at all), the leader
@@ -38,6 +50,9 @@ class ProducePartitionResponse(PartitionResponse):
     base_offset: int = wire(INT, -1)
     log_append_time: int = wire(INT, -1)
     log_start_offset: int = wire(INT, -1)
+    # Each batch's base offset when they do not follow from base_offset and the record counts: an
+    # idempotent producer's retry whose leading batches were duplicates (broker.log.AppendInfo).
+    batch_offsets: tuple[int, ...] | None = wire(Seq(int), None, omit=None)
 
 
 @message
