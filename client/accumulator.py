@@ -19,6 +19,7 @@ from typing import Callable
 
 import pyarrow as pa
 
+from client.idempotence import MAX_BATCHES_PER_REQUEST, ProducerSequences
 from client.producer_batch import (
     BatchResult,
     DeliveryCallback,
@@ -37,7 +38,8 @@ _drain_index = attrgetter("drain_index")
 
 
 class PartitionMutes:
-    """Per-partition order under retries (max_in_flight=1): Kafka's muted partitions. I/O thread only.
+    """Per-partition order under retries (max_in_flight=1, or an idempotent producer): Kafka's
+    muted partitions. I/O thread only.
 
     A partition is muted while any batch of it is out: handed out by the accumulator and neither
     completed nor queued again. Meanwhile its newer batches are held back here; when the last
@@ -50,37 +52,45 @@ class PartitionMutes:
     takes through `hand_out`, and its requeue and done report batches back.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, sequences: ProducerSequences | None = None) -> None:
         self.muted: dict[TopicPartition, list[ProducerBatch]] = {}  # partition -> batches held back
         self._out: dict[TopicPartition, int] = {}  # how many batches of each muted partition are out
         self._drained = 0  # batches given a drain_index so far
+        # An idempotent producer's sequences (client/idempotence.py): each batch handed out is
+        # admitted there first, and a request carries at most MAX_BATCHES_PER_REQUEST of a partition.
+        self.sequences = sequences
+        self._cap = MAX_BATCHES_PER_REQUEST if sequences is not None else None
 
     def hand_out(self, batches: list[ProducerBatch]) -> list[ProducerBatch]:
         """Of `batches` (drained, in queue order), those that may be sent now: every one of a
-        partition that was not muted. Those go out together, in order; their partitions are muted.
-        The rest are held back."""
+        partition that was not muted (up to the cap). Those go out together, in order; their
+        partitions are muted. The rest are held back (or paused by the sequences)."""
         muted = self.muted
         ready = []
         index = self._drained
+        taken: dict[TopicPartition, int] = {}
+        over: dict[TopicPartition, list[ProducerBatch]] = {}
+        cap, sequences = self._cap, self.sequences
         for batch in batches:
             if batch.drain_index < 0:
                 batch.drain_index = index
                 index += 1
-            held = muted.get((batch.topic, batch.partition))
-            if held is None:
-                ready.append(batch)
-            else:
+            tp = (batch.topic, batch.partition)
+            held = muted.get(tp)
+            if held is not None:
                 held.append(batch)
+                continue
+            count = taken.get(tp, 0)
+            if count == cap or tp in over:
+                over.setdefault(tp, []).append(batch)
+            elif sequences is None or sequences.admit(batch):
+                taken[tp] = count + 1
+                ready.append(batch)
         self._drained = index
         out = self._out
-        for batch in ready:
-            tp = (batch.topic, batch.partition)
-            count = out.get(tp)
-            if count is None:
-                out[tp] = 1
-                muted[tp] = []
-            else:
-                out[tp] = count + 1
+        for tp, count in taken.items():
+            out[tp] = out.get(tp, 0) + count
+            muted[tp] = over.get(tp, [])
         return ready
 
     def returned(self, batches: list[ProducerBatch]) -> list[ProducerBatch]:
@@ -126,7 +136,8 @@ class RecordAccumulator:
     """
 
     def __init__(self, batch_size: int, linger_ms: int, buffer_memory: int,
-                 on_batch: Callable[[str, int, bool], None], in_order: bool = False) -> None:
+                 on_batch: Callable[[str, int, bool], None], in_order: bool = False,
+                 sequences: ProducerSequences | None = None) -> None:
         self.on_batch = on_batch
         self.batch_size = batch_size
         self.linger_s = linger_ms / 1000
@@ -141,7 +152,7 @@ class RecordAccumulator:
         self.appended_bytes = 0  # written under `lock`
         self.completed_bytes = 0  # written by the I/O thread only
         self.incomplete: set[BatchResult] = set()
-        self.mutes = PartitionMutes() if in_order else None
+        self.mutes = PartitionMutes(sequences) if in_order or sequences is not None else None
 
     @property
     def buffered_bytes(self) -> int:
@@ -258,6 +269,11 @@ class RecordAccumulator:
         """Batches drained are to go again, before anything queued since (I/O thread)."""
         if self.mutes is not None:
             batches = self.mutes.returned(batches)
+        self.sealed.extendleft(reversed(batches))
+
+    def queue_first(self, batches: list[ProducerBatch]) -> None:
+        """Batches that waited outside the queue (paused for a producer id) go before anything
+        queued since (I/O thread)."""
         self.sealed.extendleft(reversed(batches))
 
     def done(self, batch: ProducerBatch) -> bool:

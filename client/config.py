@@ -28,8 +28,6 @@ ALIASES = {
 # Kafka settings of features that come with exactly-once delivery: the value that means "off"
 # (what pymq does today) is accepted, any other is refused as not yet supported.
 NOT_YET_SUPPORTED = {
-    "enable.idempotence": (False, "idempotent producers come with exactly-once delivery; until then a "
-                                  "batch retried after a lost acknowledgement may be stored twice"),
     "transactional.id": (None, "transactions come with exactly-once delivery"),
     "isolation.level": ("read_uncommitted", "transactions come with exactly-once delivery; until then every "
                                             "acknowledged record is visible, as with read_uncommitted"),

@@ -5,12 +5,18 @@ or when it is `linger_ms` old, whichever comes first. Sealed batches are encoded
 optional lz4/zstd) and grouped per leader into Produce requests; up to `max_in_flight` requests
 per broker are outstanding. Retriable errors (NOT_LEADER, lost connection, ...) are retried with
 exponential backoff after a metadata refresh, until `delivery_timeout_ms` after the record was
-sent. As in Kafka without idempotence, retries with `max_in_flight > 1` may reorder a partition;
-use `max_in_flight=1` when order under failure matters: then, as Kafka does for
+sent.
+
+Idempotent by default (`enable_idempotence`, as Kafka 3+; off with acks=0): each batch carries
+the producer id and a sequence number, and a partition leader answers a batch sent again after a
+lost response with the offsets it got the first time: retries write nothing twice and keep each
+partition's order (client/idempotence.py). A partition then has one Produce request in flight at
+a time, of at most five batches (its records arriving meanwhile fill the next). Without
+idempotence, as in Kafka, retries with `max_in_flight > 1` may reorder a partition and a retry
+after a lost response writes a batch twice; with `max_in_flight=1`, as Kafka does for
 max.in.flight.requests.per.connection=1, a partition is muted while a batch of it is out (in
 flight, waiting for its leader's connection or lookup, or backing off before a retry), so newer
 batches of the partition wait and a retried batch goes again before them (`PartitionMutes`).
-Retries may still write a batch twice when a response was lost.
 
 `send()` is cheap: it appends to per-partition Python lists under one lock and returns a
 `RecordFuture` that shares its batch's completion (one event per batch, not per record).
@@ -37,7 +43,8 @@ import pyarrow.compute as pc
 
 from client.accumulator import RecordAccumulator
 from client.cluster import Cluster
-from client.config import BootstrapServers, client_settings
+from client.config import BootstrapServers, as_bool, client_settings
+from client.idempotence import ProducerSequences
 from client.loop_thread import LoopThread
 from client.partitioner import StickyPartitioner, partition_for_key, partitions_for_keys
 from client.producer_batch import BatchResult, DeliveryCallback, Headers, RecordFuture
@@ -55,8 +62,9 @@ COMPRESSION_STAND_INS = {"gzip": "zstd", "snappy": "lz4"}
 class AsyncProducer:
     """The producer core. Create and use it on one event loop (`Producer` wraps it for threads).
 
-    `max_in_flight` bounds the Produce requests outstanding per broker; with 1, each partition's
-    records are written in send order even when batches are retried (see the module docstring).
+    `max_in_flight` bounds the Produce requests outstanding per broker. Each partition's records
+    are written once and in send order, retries included, when the producer is idempotent (the
+    default) or `max_in_flight` is 1 (see the module docstring).
     """
 
     def __init__(self, bootstrap_servers: str | list[str], *, acks: int | str = 1, linger_ms: int = 5,
@@ -64,7 +72,8 @@ class AsyncProducer:
                  retries: int = 2**31 - 1, retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
                  delivery_timeout_ms: int = 120_000, request_timeout_ms: int = 30_000,
                  max_request_size: int = 16 << 20, buffer_memory: int = 64 << 20, max_block_ms: int = 60_000,
-                 metadata_max_age_ms: int = 300_000, client_id: str = "pymq-producer") -> None:
+                 metadata_max_age_ms: int = 300_000, client_id: str = "pymq-producer",
+                 enable_idempotence: bool | None = None) -> None:
         acks_code = {"all": -1, "-1": -1, "1": 1, "0": 0}.get(str(acks), acks)
         if acks_code not in (-1, 0, 1):
             raise ValueError(f"acks must be 0, 1 or 'all', got {acks!r}")
@@ -79,6 +88,12 @@ class AsyncProducer:
                              f"got {compression!r}")
         if batch_size <= 0 or linger_ms < 0 or max_in_flight < 1:
             raise ValueError("batch_size must be > 0, linger_ms >= 0, max_in_flight >= 1")
+        if enable_idempotence is not None:
+            enable_idempotence = as_bool("enable_idempotence", enable_idempotence)
+        if enable_idempotence and acks_code == 0:
+            raise ValueError("enable_idempotence needs acks=1 or 'all': with acks=0 the producer never learns what was written")
+        idempotent = acks_code != 0 if enable_idempotence is None else enable_idempotence
+        sequences = ProducerSequences() if idempotent else None
         self.max_block_s = max_block_ms / 1000
         # send() makes two method calls per record on this object: keep its attributes few
         # (on CPython 3.11 past 29 an instance gets a dict of its own and each call is ~15 ns
@@ -88,12 +103,13 @@ class AsyncProducer:
                                auto_create_topics=True)
         # max_in_flight=1 guarantees each partition's order (Kafka's guaranteeMessageOrder).
         self.accumulator = RecordAccumulator(batch_size, linger_ms, buffer_memory, self._on_batch,
-                                             in_order=max_in_flight == 1)
+                                             in_order=max_in_flight == 1, sequences=sequences)
         self.sender = Sender(self.cluster, self.accumulator, self._refresh_metadata, acks=acks_code,
                              compression=compression, max_in_flight=max_in_flight, retries=retries,
                              retry_backoff_s=retry_backoff_ms / 1000, retry_backoff_max_s=retry_backoff_max_ms / 1000,
                              delivery_timeout_s=delivery_timeout_ms / 1000, max_request_size=max_request_size,
-                             request_timeout_ms=request_timeout_ms, metadata_max_age_s=metadata_max_age_ms / 1000)
+                             request_timeout_ms=request_timeout_ms, metadata_max_age_s=metadata_max_age_ms / 1000,
+                             sequences=sequences)
         self.sticky = StickyPartitioner()
         self.partition_counts: dict[str, int] = {}
         self._closed = False

@@ -178,7 +178,7 @@ class ProducerBatch:
     """Records for one partition: open (lists growing) until sealed, then encoded once and sent."""
 
     __slots__ = ("topic", "partition", "keys", "values", "timestamps", "headers", "body", "size",
-                 "created", "result", "encoded", "attempts", "record_count", "drain_index")
+                 "created", "result", "encoded", "attempts", "record_count", "drain_index", "producer")
 
     def __init__(self, topic: str, partition: int, body: pa.RecordBatch | None = None) -> None:
         self.topic, self.partition = topic, partition
@@ -193,15 +193,31 @@ class ProducerBatch:
         self.result = BatchResult(topic, partition)
         self.encoded: record.EncodedBatch | None = None
         self.attempts = 0
-        self.drain_index = -1  # set by PartitionMutes when first drained (max_in_flight=1 only)
+        self.drain_index = -1  # set by PartitionMutes when first drained (in order only)
+        # (producer id, epoch, base sequence) of an idempotent producer's batch once it is first
+        # admitted to go out (client/idempotence.py), else None.
+        self.producer: tuple[int, int, int] | None = None
+
+    def set_producer(self, producer: tuple[int, int, int] | None) -> None:
+        """Give the batch its producer fields (or take them away). An encoded batch is framed
+        again with them; a batch encoded without any (None) is sent as such."""
+        self.producer = producer
+        if self.encoded is not None:
+            self.encoded = record.with_producer(self.encoded, *(producer or (-1, -1, -1)))
 
     def encode(self, compression: str) -> record.EncodedBatch:
         if self.encoded is None:
             if self.body is None:
                 self.encoded = self._encode_records(compression)
             else:
-                self.encoded = record.encode_batch_parts(self.body, compression=compression)
+                self.encoded = record.encode_batch_parts(self.body, compression=compression, **self._producer_fields())
         return self.encoded
+
+    def _producer_fields(self) -> dict[str, int]:
+        if self.producer is None:
+            return {}
+        producer_id, producer_epoch, base_sequence = self.producer
+        return {"producer_id": producer_id, "producer_epoch": producer_epoch, "base_sequence": base_sequence}
 
     def _encode_records(self, compression: str) -> record.EncodedBatch:
         """The accumulated lists as one batch. Most batches under a latency target hold a handful
@@ -230,6 +246,7 @@ class ProducerBatch:
             self.result.timestamps = timestamps
         self.keys = self.values = self.timestamps = []  # type: ignore[assignment]
         self.headers = None
-        return record.frame_parts(encoded, record_count=n, base_timestamp=min(timestamps), max_timestamp=max(timestamps))
+        return record.frame_parts(encoded, record_count=n, base_timestamp=min(timestamps), max_timestamp=max(timestamps),
+                                  **self._producer_fields())
 
 

@@ -31,12 +31,24 @@ from client.accumulator import RecordAccumulator
 from client.client_metrics import ProducerMetrics
 from client.cluster import Cluster
 from client.connection import BrokerConnection, raise_for_error
+from client.idempotence import ProducerSequences
 from client.producer_batch import ProducerBatch
-from common.errors import DeliveryTimeoutError, NetworkError, PymqError, RequestTimedOutError
+from client.retry import Retry
+from common.errors import (
+    DeliveryTimeoutError,
+    NetworkError,
+    OutOfOrderSequenceError,
+    PymqError,
+    RequestTimedOutError,
+    UnknownProducerIdError,
+)
 from common.topic_partition import TopicPartition
-from protocol import ProducePartition, ProduceRequest, ProduceResponse, TopicRequest
+from protocol import InitProducerIdRequest, ProducePartition, ProduceRequest, ProduceResponse, TopicRequest
 
 log = logging.getLogger("pymq.producer")
+
+# What the leader answers an idempotent producer's batch it did not write because of its sequence.
+SEQUENCE_REFUSED = (OutOfOrderSequenceError, UnknownProducerIdError)
 
 
 class Sender:
@@ -47,7 +59,8 @@ class Sender:
     def __init__(self, cluster: Cluster, accumulator: RecordAccumulator, refresh_metadata: Callable[[], Awaitable[None]],
                  *, acks: int, compression: str, max_in_flight: int, retries: int, retry_backoff_s: float,
                  retry_backoff_max_s: float, delivery_timeout_s: float, max_request_size: int,
-                 request_timeout_ms: int, metadata_max_age_s: float) -> None:
+                 request_timeout_ms: int, metadata_max_age_s: float,
+                 sequences: ProducerSequences | None = None) -> None:
         self.cluster = cluster
         self.accumulator = accumulator
         self._refresh = refresh_metadata
@@ -61,6 +74,7 @@ class Sender:
         self.max_request_size = max_request_size
         self.request_timeout_ms = request_timeout_ms  # how long the broker may wait for the acks
         self.metadata_max_age_s = metadata_max_age_s
+        self.sequences = sequences  # an idempotent producer's (client/idempotence.py), else None
         self._metadata_refreshed = 0.0
         self._in_flight: dict[int, int] = {}  # Produce requests outstanding per broker
         self._replies: set[asyncio.Future[Any]] = set()  # their reply futures
@@ -131,6 +145,9 @@ class Sender:
         if batches:
             self._dispatch(batches)
         self._arm_timer(next_due)
+        if self.sequences is not None and self.sequences.ready_to_reset:
+            self.sequences.resetting = True
+            self._spawn(self._new_producer_id())
 
     def _arm_timer(self, next_due: float | None) -> None:
         """Run the sender when the next open batch lingers out; `_next_wake` tells appending
@@ -231,6 +248,8 @@ class Sender:
         for batch in batches:
             groups.setdefault(batch.topic, {}).setdefault(batch.partition, []).append(batch)
             batch.attempts += 1
+            if self.sequences is not None:
+                self.sequences.sent(batch)
             if batch.attempts == 1:
                 self.metrics.batch_sent(batch.encode(self.compression).size, batch.record_count, now - batch.created)
         request = ProduceRequest(tuple(
@@ -304,10 +323,21 @@ class Sender:
                 err = NetworkError("broker response omitted the partition") if outcome is None else outcome.error()
                 if err is None:
                     assert outcome is not None
+                    if outcome.batch_offsets is not None and len(outcome.batch_offsets) == len(group):
+                        for batch, base in zip(group, outcome.batch_offsets):
+                            self._succeed(batch, base, outcome.log_append_time)
+                        continue
                     base = outcome.base_offset
                     for batch in group:
                         self._succeed(batch, base, outcome.log_append_time)
                         base += batch.record_count
+                elif isinstance(err, SEQUENCE_REFUSED) and self.sequences is not None:
+                    # Nothing of the record set was written: new sequences under a new producer id.
+                    log.info("%s-%d refused the producer's sequence (%s): a new producer id, and the "
+                             "%d batches go again", topic, partition, err.name(), len(group))
+                    for batch in group:
+                        self.sequences.refused(batch)
+                    self.accumulator.requeue(group)
                 elif err.retriable:
                     retry.extend(group)
                     retry_error = err
@@ -470,7 +500,52 @@ class Sender:
         finally:
             self._refreshing = False
 
+    async def _new_producer_id(self) -> None:
+        """An idempotent producer's next producer id (the first, or one to start its sequences
+        again: client/idempotence.py); the batches paused for it go then. Retried until it comes;
+        paused batches past the delivery timeout fail meanwhile."""
+        sequences = self.sequences
+        assert sequences is not None
+        retry = Retry(self.retry_backoff_s)
+        try:
+            while True:
+                try:
+                    response = await self.cluster.send(None, InitProducerIdRequest(
+                        producer_id=sequences.producer_id, producer_epoch=sequences.epoch))
+                    err = response.error()
+                    if err is not None:
+                        raise err
+                    break
+                except PymqError as err:
+                    log.info("no producer id yet (%s): the batches wait", err)
+                    self._fail_paused(err)
+                    await retry.back_off(err)
+            if sequences.producer_id >= 0:
+                log.info("producer id %d replaces %d: sequences start again", response.producer_id, sequences.producer_id)
+            self.accumulator.queue_first(sequences.install(response.producer_id, response.producer_epoch))
+        finally:
+            sequences.resetting = False
+            self.wake()
+
+    def _fail_paused(self, err: PymqError) -> None:
+        """Fail the batches waiting for a producer id whose delivery timeout passed, or all of
+        them if `err` says the id will not come."""
+        sequences = self.sequences
+        assert sequences is not None
+        now = time.monotonic()
+        keep = []
+        for batch in sequences.paused:
+            if not err.retriable:
+                self._fail(batch, err)
+            elif now - batch.created >= self.delivery_timeout_s:
+                self._fail_delivery_timeout(batch, err)
+            else:
+                keep.append(batch)
+        sequences.paused = keep
+
     def _succeed(self, batch: ProducerBatch, base_offset: int, log_append_time: int) -> None:
+        if self.sequences is not None:
+            self.sequences.acknowledged(batch)
         batch.result.complete(base_offset, log_append_time)
         self.metrics.records_sent += batch.record_count
         if self.accumulator.done(batch):
@@ -483,6 +558,8 @@ class Sender:
         self._fail(batch, timeout)
 
     def _fail(self, batch: ProducerBatch, err: BaseException) -> None:
+        if self.sequences is not None:
+            self.sequences.failed(batch)
         batch.result.complete(-1, error=err)
         self.metrics.records_failed += batch.record_count
         if self.accumulator.done(batch):

@@ -31,7 +31,10 @@ PRODUCER = {
     "compression": ("record batch body compression: none, lz4 or zstd (Arrow IPC buffer compression); Kafka's "
                     f"{', '.join(f'{k} is {v}' for k, v in COMPRESSION_STAND_INS.items())} (logged)", None),
     "max_in_flight": ("unacknowledged Produce requests per broker; 1 keeps each partition's order across "
-                      "retries", None),
+                      "retries (an idempotent producer keeps it whatever the value)", None),
+    "enable_idempotence": ("each batch carries the producer id and a sequence number: a retry after a lost "
+                           "response is written once, and each partition keeps its order (None: on unless acks=0)",
+                           "true"),
     "retries": ("times a retriable failure is retried, within delivery_timeout_ms", None),
     "retry_backoff_ms": ("wait before the first retry; doubles per retry up to retry_backoff_max_ms", None),
     "retry_backoff_max_ms": ("longest wait between retries", None),

@@ -201,6 +201,19 @@ def frame_parts(
     return EncodedBatch(header, body)
 
 
+_PRODUCER = struct.Struct("<qhi")  # producer_id, producer_epoch, base_sequence at byte 43
+
+
+def with_producer(batch: EncodedBatch, producer_id: int, producer_epoch: int, base_sequence: int) -> EncodedBatch:
+    """`batch` with other producer fields (an idempotent producer's batch given a new sequence
+    after it was encoded): a new header, its CRC computed again over the header and the body."""
+    header = bytearray(batch.header)
+    _PRODUCER.pack_into(header, 43, producer_id, producer_epoch, base_sequence)
+    crc = _crc32c.crc32c(batch.body, _crc32c.crc32c(memoryview(header)[CRC_START:]))
+    _CRC.pack_into(header, 17, crc)
+    return EncodedBatch(header, batch.body)
+
+
 class TimestampBounds(NamedTuple):
     """A CreateTime topic's window for producer timestamps (KIP-937): a batch's base_timestamp
     may lie at most `before_max_ms` before the broker's clock, its max_timestamp at most

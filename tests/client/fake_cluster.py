@@ -12,7 +12,7 @@ its own Cluster and connections unchanged, and a test scripts what the brokers a
     cluster.requests                                     # (node, request message) as they came
 
 APIs answered: Metadata, ApiVersions, Fetch, ListOffsets (earliest, latest), Produce (appended
-at the log's end). A partition answers per its leader (NOT_LEADER on any other node) unless a
+at the log's end: the fake keeps no producer state), InitProducerId (a new id per call, from 1000). A partition answers per its leader (NOT_LEADER on any other node) unless a
 scripted fault matches first. Each fetched partition gets every batch from the one holding its
 offset, up to its max_bytes (the first batch whole, as KIP-74 says). `hold(api)` keeps that API's
 answers back until `release()` (in-flight limits; a fault with `error=None` is never answered: a
@@ -21,10 +21,11 @@ hung broker); `drop(api)` closes the connection a request of `api` arrives on (a
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from client import AsyncProducer
 from common.errors import NotLeaderError, PymqError
 from common.topic_partition import TopicPartition
 from protocol import (
@@ -38,6 +39,8 @@ from protocol import (
     FetchRequest,
     FetchResponse,
     FrameDecoder,
+    InitProducerIdRequest,
+    InitProducerIdResponse,
     ListOffsetsPartitionResponse,
     ListOffsetsRequest,
     ListOffsetsResponse,
@@ -96,6 +99,7 @@ class FakeCluster:
         self._servers: list[asyncio.Server] = []
         self._transports: list[asyncio.BaseTransport] = []  # connections, closed by close()
         self.ports: list[int] = []
+        self.producer_ids = 999  # the last id InitProducerId gave
 
     async def start(self) -> "FakeCluster":
         for node in range(self.nodes):
@@ -175,6 +179,9 @@ class FakeCluster:
             return self._fetch(node, request)
         if isinstance(request, ListOffsetsRequest):
             return self._list_offsets(node, request)
+        if isinstance(request, InitProducerIdRequest):
+            self.producer_ids += 1
+            return InitProducerIdResponse(producer_id=self.producer_ids, producer_epoch=0)
         raise UnansweredApi(f"the fake cluster does not answer {type(request).__name__}")
 
     def _error(self, api: ApiKey, node: int, tp: TopicPartition) -> int:
@@ -293,3 +300,23 @@ class _FakeBroker(asyncio.Protocol):
 def _empty(response: Message) -> bool:
     """A fetch answer without records or errors (the broker would wait for data up to max_wait_ms)."""
     return all(not p.error_code and not len(p.records) for t in response.topics for p in t.partitions)  # type: ignore[attr-defined]
+
+
+def with_fake(test: Callable[[FakeCluster, AsyncProducer], Awaitable[None]], leaders: tuple[int, ...] = (0,),
+              **settings: Any) -> FakeCluster:
+    """Run `test` with a 2-node fake cluster holding topic t (partition i led by node leaders[i])
+    and a producer on it."""
+
+    async def run() -> FakeCluster:
+        fake = await FakeCluster(nodes=2).start()
+        fake.add_topic("t", len(leaders))
+        for partition, node in enumerate(leaders):
+            fake.move_leader("t", partition, node)
+        try:
+            async with AsyncProducer(fake.bootstrap, linger_ms=0, retry_backoff_ms=10, **settings) as producer:
+                await test(fake, producer)
+        finally:
+            await fake.close()
+        return fake
+
+    return asyncio.run(run())

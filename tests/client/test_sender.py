@@ -20,7 +20,7 @@ from common.errors import (
 )
 from protocol import ApiKey, MetadataRequest, ProducePartitionResponse, ProduceRequest, ProduceResponse, TopicResponse
 from segment_format import record
-from tests.client.fake_cluster import FakeCluster
+from tests.client.fake_cluster import FakeCluster, with_fake
 from tests.helpers.client_records import consume
 
 
@@ -141,26 +141,6 @@ async def until(condition: Callable[[], bool], what: str) -> None:
         await asyncio.sleep(0.01)
 
 
-def with_fake(test: Callable[[FakeCluster, AsyncProducer], Awaitable[None]], leaders: tuple[int, ...] = (0,),
-              **settings: Any) -> FakeCluster:
-    """Run `test` with a 2-node fake cluster holding topic t (partition i led by node leaders[i])
-    and a producer on it."""
-
-    async def run() -> FakeCluster:
-        fake = await FakeCluster(nodes=2).start()
-        fake.add_topic("t", len(leaders))
-        for partition, node in enumerate(leaders):
-            fake.move_leader("t", partition, node)
-        try:
-            async with AsyncProducer(fake.bootstrap, linger_ms=0, retry_backoff_ms=10, **settings) as producer:
-                await test(fake, producer)
-        finally:
-            await fake.close()
-        return fake
-
-    return asyncio.run(run())
-
-
 def produced(fake: FakeCluster) -> list[tuple[str, int, list[int]]]:
     """Each Produce request as (node, partitions, record count of each batch) tuples, in order."""
     rows = []
@@ -174,7 +154,8 @@ def produced(fake: FakeCluster) -> list[tuple[str, int, list[int]]]:
 
 
 def test_no_more_than_max_in_flight_produce_requests_wait_for_a_broker():
-    """max_in_flight=2, answers held back: a and b go out in a request each; c and d, sent while
+    """Without idempotence (a partition may have several requests out), max_in_flight=2, answers
+    held back: a and b go out in a request each; c and d, sent while
     both slots are taken, wait (e, sent after them to another leader, goes out meanwhile) and go
     out together in one request once an answer frees a slot. Every record lands in send order."""
 
@@ -194,7 +175,7 @@ def test_no_more_than_max_in_flight_produce_requests_wait_for_a_broker():
         assert [(await f).offset for f in futures] == [0, 1, 2, 3] and (await other).offset == 0
         assert [row for row in produced(fake) if row[1] == 0] == [(0, 0, [1]), (0, 0, [1]), (0, 0, [1, 1])]
 
-    with_fake(test, leaders=(0, 1), max_in_flight=2, batch_size=1)
+    with_fake(test, leaders=(0, 1), max_in_flight=2, batch_size=1, enable_idempotence=False)
 
 
 def test_records_that_wait_for_a_slot_go_out_batched_in_one_request_per_leader():

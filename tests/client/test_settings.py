@@ -28,8 +28,6 @@ def test_the_settings_page_is_generated_from_the_code():
     ({"value_deserializer": "x"}, "pymq returns bytes: decode record.value"),
     ({"partitioner.class": "x"}, "key.partitioner config"),
     ({"security.protocol": "SSL"}, "plaintext TCP today"),
-    ({"enable.idempotence": True}, "enable.idempotence=True is not yet supported: idempotent producers"),
-    ({"enable.idempotence": "true"}, "is not yet supported"),
     ({"transactional.id": "tx-1"}, "transactional.id='tx-1' is not yet supported: transactions"),
 ])
 def test_kafka_settings_without_a_pymq_counterpart_say_why(settings, message):
@@ -42,7 +40,7 @@ def test_the_values_that_mean_what_pymq_does_are_accepted():
                                                          "max.poll.records": 7, "client.id": "c"}, None, {})
     assert kwargs == {"max_poll_records": 7, "client_id": "c"}
     _, kwargs = client_settings(AsyncProducer.__init__, "h:1", {"enable.idempotence": "false"}, {})
-    assert kwargs == {}
+    assert kwargs == {"enable_idempotence": "false"}
     with pytest.raises(ValueError, match="isolation.level='read_committed' is not yet supported"):
         client_settings(AsyncConsumer.__init__, "h:1", {"isolation.level": "read_committed"}, {})
 
