@@ -19,7 +19,7 @@ from typing import Callable
 
 import pyarrow as pa
 
-from client.idempotence import MAX_BATCHES_PER_REQUEST, ProducerSequences
+from client.idempotence import ProducerSequences, SequenceWindows
 from client.producer_batch import (
     BatchResult,
     DeliveryCallback,
@@ -38,8 +38,7 @@ _drain_index = attrgetter("drain_index")
 
 
 class PartitionMutes:
-    """Per-partition order under retries (max_in_flight=1, or an idempotent producer): Kafka's
-    muted partitions. I/O thread only.
+    """Per-partition order under retries (max_in_flight=1): Kafka's muted partitions. I/O thread only.
 
     A partition is muted while any batch of it is out: handed out by the accumulator and neither
     completed nor queued again. Meanwhile its newer batches are held back here; when the last
@@ -52,45 +51,37 @@ class PartitionMutes:
     takes through `hand_out`, and its requeue and done report batches back.
     """
 
-    def __init__(self, sequences: ProducerSequences | None = None) -> None:
+    def __init__(self) -> None:
         self.muted: dict[TopicPartition, list[ProducerBatch]] = {}  # partition -> batches held back
         self._out: dict[TopicPartition, int] = {}  # how many batches of each muted partition are out
         self._drained = 0  # batches given a drain_index so far
-        # An idempotent producer's sequences (client/idempotence.py): each batch handed out is
-        # admitted there first, and a request carries at most MAX_BATCHES_PER_REQUEST of a partition.
-        self.sequences = sequences
-        self._cap = MAX_BATCHES_PER_REQUEST if sequences is not None else None
 
     def hand_out(self, batches: list[ProducerBatch]) -> list[ProducerBatch]:
         """Of `batches` (drained, in queue order), those that may be sent now: every one of a
-        partition that was not muted (up to the cap). Those go out together, in order; their
-        partitions are muted. The rest are held back (or paused by the sequences)."""
+        partition that was not muted. Those go out together, in order; their partitions are muted.
+        The rest are held back."""
         muted = self.muted
         ready = []
         index = self._drained
-        taken: dict[TopicPartition, int] = {}
-        over: dict[TopicPartition, list[ProducerBatch]] = {}
-        cap, sequences = self._cap, self.sequences
         for batch in batches:
             if batch.drain_index < 0:
                 batch.drain_index = index
                 index += 1
-            tp = (batch.topic, batch.partition)
-            held = muted.get(tp)
-            if held is not None:
-                held.append(batch)
-                continue
-            count = taken.get(tp, 0)
-            if count == cap or tp in over:
-                over.setdefault(tp, []).append(batch)
-            elif sequences is None or sequences.admit(batch):
-                taken[tp] = count + 1
+            held = muted.get((batch.topic, batch.partition))
+            if held is None:
                 ready.append(batch)
+            else:
+                held.append(batch)
         self._drained = index
         out = self._out
-        for tp, count in taken.items():
-            out[tp] = out.get(tp, 0) + count
-            muted[tp] = over.get(tp, [])
+        for batch in ready:
+            tp = (batch.topic, batch.partition)
+            count = out.get(tp)
+            if count is None:
+                out[tp] = 1
+                muted[tp] = []
+            else:
+                out[tp] = count + 1
         return ready
 
     def returned(self, batches: list[ProducerBatch]) -> list[ProducerBatch]:
@@ -106,6 +97,10 @@ class PartitionMutes:
     def completed(self, batch: ProducerBatch) -> list[ProducerBatch]:
         """A batch out succeeded or failed for good; like `returned`."""
         return self._one_back((batch.topic, batch.partition))
+
+    def busy(self, sending: Mapping[TopicPartition, int] | None) -> Mapping[TopicPartition, object]:
+        """The partitions whose open batch waits: the muted ones (a batch of theirs is out)."""
+        return self.muted
 
     def _one_back(self, tp: TopicPartition) -> list[ProducerBatch]:
         count = self._out[tp] - 1
@@ -132,7 +127,8 @@ class RecordAccumulator:
     sender would otherwise stall each other.
 
     With `in_order` (max_in_flight=1) it mutes partitions as Kafka's accumulator does: see
-    PartitionMutes.
+    PartitionMutes. With `sequences` (an idempotent producer) it keeps each partition's batches
+    out within the leader's window of five instead: see client/idempotence.py's SequenceWindows.
     """
 
     def __init__(self, batch_size: int, linger_ms: int, buffer_memory: int,
@@ -152,7 +148,11 @@ class RecordAccumulator:
         self.appended_bytes = 0  # written under `lock`
         self.completed_bytes = 0  # written by the I/O thread only
         self.incomplete: set[BatchResult] = set()
-        self.mutes = PartitionMutes(sequences) if in_order or sequences is not None else None
+        self.mutes: PartitionMutes | SequenceWindows | None = None
+        if sequences is not None:
+            self.mutes = SequenceWindows(sequences)
+        elif in_order:
+            self.mutes = PartitionMutes()
 
     @property
     def buffered_bytes(self) -> int:
@@ -242,7 +242,7 @@ class RecordAccumulator:
             ready = [sealed.popleft() for _ in range(len(sealed))]
             return (ready if mutes is None else mutes.hand_out(ready)), None
         if mutes is not None:
-            busy = mutes.muted  # a partition with a request in flight or a retry pending is muted
+            busy = mutes.busy(busy)  # muted partitions: a batch out (in order), a full window or a retry pending
         next_due = None
         expired = []
         with self.lock:

@@ -1,5 +1,6 @@
-"""ProducerSequences: the idempotent producer's id and per-partition sequence numbers (the
-idempotence half of Kafka's TransactionManager).
+"""The idempotent producer's client side (the idempotence half of Kafka's TransactionManager):
+`ProducerSequences`, its producer id and per-partition sequence numbers, and `SequenceWindows`, the
+order its batches go out in.
 
 Each batch carries (producer id, epoch, base sequence). The partition leader keeps every producer's
 last five batches: a batch sent again after a lost response is recognised and answered with the
@@ -7,28 +8,39 @@ offsets it got the first time, instead of being appended twice (broker/log/produ
 What the client must guarantee for that to hold:
 
 - A batch's sequence is assigned once, when it first goes out, in the partition's queue order, and
-  it keeps it through every retry. A partition has one request in flight at a time, holding at most
-  `MAX_BATCHES_PER_REQUEST` batches (the broker's window of five), and a batch out comes back and
-  goes again before any newer one (`PartitionMutes`): the leader sees each partition's sequences
-  in order, and a retry only ever repeats the batches the leader saw last.
+  it keeps it through every retry.
+- Every batch a partition has out lies within a window of five consecutive batches that starts at
+  its oldest batch not yet acknowledged (`SequenceWindows`; Kafka's max.in.flight of five with one
+  batch per partition per request). Whatever the leader wrote after that oldest batch is within
+  those five, so a retry of it always finds it among the leader's last five. Several requests of a
+  partition may be out at once, as without idempotence.
+- When a batch comes back to be retried, the leader may have refused the batches after it
+  (OUT_OF_ORDER_SEQUENCE: a gap, nothing written), so its partition stops: nothing newer goes until
+  every batch it had out is back or acknowledged, and then those come back go again first, in
+  sequence order. OUT_OF_ORDER_SEQUENCE for a batch with an older one unacknowledged is that case
+  and is retried like any retriable error.
 - A sequence is never given to a second batch. When a batch that holds one fails for good (its
-  outcome unknown: it may have been written) or the leader refuses the sequence
-  (OUT_OF_ORDER_SEQUENCE, UNKNOWN_PRODUCER_ID: it was not written), the producer needs a new id
-  and starts every partition's sequences at 0 (Kafka bumps the epoch, KIP-360). It switches only
-  once no batch sent under the old id is unresolved: meanwhile those batches may still be retried
-  under the old id, and batches that never went out wait (`paused`). A batch refused outright is
-  given a new sequence under the new id; it was not written.
+  outcome unknown: it may have been written) or the leader refuses the sequence of a partition's
+  oldest unacknowledged batch (OUT_OF_ORDER_SEQUENCE, UNKNOWN_PRODUCER_ID: it was not written),
+  the producer needs a new id and starts every partition's sequences at 0 (Kafka bumps the epoch,
+  KIP-360). It switches only once no batch sent under the old id is unresolved: meanwhile those
+  batches may still be retried under the old id, and batches that never went out wait (`paused`).
+  A batch refused outright is given a new sequence under the new id; it was not written.
 
 Until the first id arrives every batch waits as it does during a switch. I/O thread only.
 """
 from __future__ import annotations
 
+from collections import ChainMap, deque
+from collections.abc import Mapping
+from operator import attrgetter
+
 from client.producer_batch import ProducerBatch
 from common.topic_partition import TopicPartition
 
 # The leader recognises a retry among a producer's last five batches per partition (Kafka's
-# ProducerStateEntry.NUM_BATCHES_TO_RETAIN): a request never carries more of one partition.
-MAX_BATCHES_PER_REQUEST = 5
+# ProducerStateEntry.NUM_BATCHES_TO_RETAIN): the window a partition's batches out must lie in.
+WINDOW = 5
 INT32_MAX = 2**31 - 1
 
 
@@ -85,12 +97,131 @@ class ProducerSequences:
     def ready_to_reset(self) -> bool:
         return self.reset_needed and not self.resetting and not self.unresolved
 
-    def install(self, producer_id: int, epoch: int) -> list[ProducerBatch]:
-        """The new id is in use: every partition starts at sequence 0. Returns the paused batches,
-        oldest first, to queue again."""
+    def install(self, producer_id: int, epoch: int, held: list[ProducerBatch]) -> list[ProducerBatch]:
+        """The new id is in use: every partition starts at sequence 0. Returns the paused batches
+        and `held` (those the windows held back), oldest first, to queue again."""
         self.producer_id, self.epoch = producer_id, epoch
         self._next.clear()
         self.reset_needed = False
-        paused = sorted(self.paused, key=lambda b: b.drain_index)
+        waiting = sorted([*self.paused, *held], key=_drain_index)
         self.paused = []
-        return paused
+        return waiting
+
+
+_drain_index = attrgetter("drain_index")
+
+
+class SequenceWindows:
+    """Which of an idempotent producer's batches may go out, per partition (the module docstring
+    says why): the accumulator's drain passes the batches it takes through `hand_out`, and its
+    requeue (`returned`) and done (`completed`) report them back, as for PartitionMutes.
+
+    Per partition: `_window`, its batches handed out and not yet acknowledged, oldest first
+    (acknowledged ones leave from the front; one acknowledged behind an older one waits there);
+    `_out`, how many of those are out now; `muted`, its batches held back while its window is full
+    or it has batches coming back. Per-batch work only."""
+
+    def __init__(self, sequences: ProducerSequences) -> None:
+        self.sequences = sequences
+        self.muted: dict[TopicPartition, list[ProducerBatch]] = {}
+        self._window: dict[TopicPartition, deque[ProducerBatch]] = {}
+        self._out: dict[TopicPartition, int] = {}
+        self._returning: set[TopicPartition] = set()  # batches came back: hold the rest until all are
+        self._drained = 0
+
+    def busy(self, sending: Mapping[TopicPartition, int] | None) -> Mapping[TopicPartition, object]:
+        """The partitions whose open batch waits: those with a request in flight (as without
+        idempotence) and the muted ones."""
+        return self.muted if not sending else ChainMap(self.muted, sending)  # type: ignore[arg-type]
+
+    def hand_out(self, batches: list[ProducerBatch]) -> list[ProducerBatch]:
+        """Of `batches` (drained, in queue order), those that may go now: a batch already in its
+        partition's window (coming back), or a new one while the window has room and the
+        sequences admit it. The others are held back (or paused by the sequences)."""
+        ready = []
+        index = self._drained
+        muted, windows, out, sequences = self.muted, self._window, self._out, self.sequences
+        for batch in batches:
+            if batch.drain_index < 0:
+                batch.drain_index = index
+                index += 1
+            tp = (batch.topic, batch.partition)
+            held = muted.get(tp)
+            if held is not None:
+                held.append(batch)
+                continue
+            window = windows.get(tp)
+            again = window is not None and batch in window  # going again: it holds its place
+            if not again and window is not None and len(window) >= WINDOW:
+                muted[tp] = [batch]
+                continue
+            if not sequences.admit(batch):
+                continue
+            if not again:
+                if window is None:
+                    window = windows[tp] = deque()
+                window.append(batch)
+            out[tp] = out.get(tp, 0) + 1
+            ready.append(batch)
+        self._drained = index
+        return ready
+
+    def returned(self, batches: list[ProducerBatch]) -> list[ProducerBatch]:
+        """Batches out that are to go again: their partitions hold everything newer until every
+        batch they have out is back. Returns what is released, to queue at the front."""
+        released: list[ProducerBatch] = []
+        for batch in batches:
+            tp = (batch.topic, batch.partition)
+            self._returning.add(tp)
+            self.muted.setdefault(tp, []).append(batch)
+            self._out[tp] -= 1
+            released += self._maybe_release(tp)
+        return released
+
+    def completed(self, batch: ProducerBatch) -> list[ProducerBatch]:
+        """A batch out was acknowledged or failed for good: the window moves past the
+        acknowledged batches at its front. Returns what is released."""
+        tp = (batch.topic, batch.partition)
+        self._out[tp] -= 1
+        window = self._window[tp]
+        while window and window[0].result.done:
+            window.popleft()
+        return self._maybe_release(tp)
+
+    def earlier_unacknowledged(self, batch: ProducerBatch) -> bool:
+        """Whether an older batch of `batch`'s partition is not acknowledged yet (a refused
+        sequence then only means that batch was not written either)."""
+        window = self._window.get((batch.topic, batch.partition), ())
+        for other in window:
+            if other is batch:
+                return False
+            if not other.result.done:
+                return True
+        return False
+
+    def forget(self) -> list[ProducerBatch]:
+        """A new producer id (no batch is out): every batch not acknowledged gets a new sequence
+        when it goes again, in new windows. Returns the batches held back, to queue again."""
+        self._window.clear()
+        self._returning.clear()
+        held = [batch for batches in self.muted.values() for batch in batches]
+        self.muted.clear()
+        return held
+
+    def _maybe_release(self, tp: TopicPartition) -> list[ProducerBatch]:
+        out = self._out[tp]
+        if not out:
+            del self._out[tp]
+            if not self._window.get(tp, True):
+                del self._window[tp]
+        if tp in self._returning:
+            if out:
+                return []
+            self._returning.discard(tp)
+        elif len(self._window.get(tp, ())) >= WINDOW:
+            return []
+        held = self.muted.pop(tp, None)
+        if not held:
+            return []
+        held.sort(key=_drain_index)  # queue order: batches back from several requests come in any order
+        return held

@@ -31,7 +31,7 @@ from client.accumulator import RecordAccumulator
 from client.client_metrics import ProducerMetrics
 from client.cluster import Cluster
 from client.connection import BrokerConnection, raise_for_error
-from client.idempotence import ProducerSequences
+from client.idempotence import ProducerSequences, SequenceWindows
 from client.producer_batch import ProducerBatch
 from client.retry import Retry
 from common.errors import (
@@ -75,6 +75,7 @@ class Sender:
         self.request_timeout_ms = request_timeout_ms  # how long the broker may wait for the acks
         self.metadata_max_age_s = metadata_max_age_s
         self.sequences = sequences  # an idempotent producer's (client/idempotence.py), else None
+        self.windows: SequenceWindows = accumulator.mutes  # type: ignore[assignment]  # with sequences only
         self._metadata_refreshed = 0.0
         self._in_flight: dict[int, int] = {}  # Produce requests outstanding per broker
         self._replies: set[asyncio.Future[Any]] = set()  # their reply futures
@@ -331,13 +332,18 @@ class Sender:
                     for batch in group:
                         self._succeed(batch, base, outcome.log_append_time)
                         base += batch.record_count
-                elif isinstance(err, SEQUENCE_REFUSED) and self.sequences is not None:
-                    # Nothing of the record set was written: new sequences under a new producer id.
+                elif (isinstance(err, SEQUENCE_REFUSED) and self.sequences is not None
+                      and not self.windows.earlier_unacknowledged(group[0])):
+                    # Nothing of the record set was written, and nothing before it is pending: the
+                    # leader lost the producer's state (a failover under acks=1, expiry). New
+                    # sequences under a new producer id (client/idempotence.py).
                     log.info("%s-%d refused the producer's sequence (%s): a new producer id, and the "
                              "%d batches go again", topic, partition, err.name(), len(group))
                     for batch in group:
                         self.sequences.refused(batch)
                     self.accumulator.requeue(group)
+                elif isinstance(err, SEQUENCE_REFUSED):  # behind an older batch that goes again: so does it
+                    self._retry(group, err, retriable=True)
                 elif err.retriable:
                     retry.extend(group)
                     retry_error = err
@@ -348,14 +354,15 @@ class Sender:
             assert retry_error is not None
             self._retry(retry, retry_error)
 
-    def _retry(self, batches: list[ProducerBatch], err: PymqError) -> None:
+    def _retry(self, batches: list[ProducerBatch], err: PymqError, retriable: bool | None = None) -> None:
         """Fail what is out of time or retries, or not retriable; the rest go again after a
         back-off and a metadata refresh. Their partitions count as busy meanwhile, so their open
         batches keep filling instead of lingering out. Newer sealed batches of theirs may go
         first unless max_in_flight=1 (their partitions stay muted: PartitionMutes)."""
         now = time.monotonic()
         retryable = []
-        if err.retriable and not self._refreshing:
+        retriable = err.retriable if retriable is None else retriable
+        if retriable and not self._refreshing:
             # The leader may have moved (NOT_LEADER, a dead broker): the batches that will not
             # retry must not leave the next ones going to the same place (Kafka requests a
             # metadata update on such errors whether or not it retries).
@@ -364,7 +371,7 @@ class Sender:
         for batch in batches:
             if now - batch.created >= self.delivery_timeout_s:
                 self._fail_delivery_timeout(batch, err)
-            elif err.retriable and batch.attempts <= self.retries:
+            elif retriable and batch.attempts <= self.retries:
                 retryable.append(batch)
                 self.metrics.records_retried += batch.record_count
             else:
@@ -522,7 +529,8 @@ class Sender:
                     await retry.back_off(err)
             if sequences.producer_id >= 0:
                 log.info("producer id %d replaces %d: sequences start again", response.producer_id, sequences.producer_id)
-            self.accumulator.queue_first(sequences.install(response.producer_id, response.producer_epoch))
+            held = self.windows.forget()
+            self.accumulator.queue_first(sequences.install(response.producer_id, response.producer_epoch, held))
         finally:
             sequences.resetting = False
             self.wake()

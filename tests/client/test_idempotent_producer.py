@@ -4,6 +4,8 @@ good, and at most five batches of a partition per request (the leader's window).
 (duplicates answered with their original offsets) is tested against real brokers."""
 from __future__ import annotations
 
+import asyncio
+
 import pyarrow as pa
 import pytest
 
@@ -79,20 +81,23 @@ def test_a_batch_that_fails_for_good_starts_the_sequences_again_under_a_new_id()
     with_fake(test)
 
 
-def test_a_request_carries_at_most_five_batches_of_a_partition():
-    """While the first request is held, eleven more one-record batches queue: they go five, five
-    and one per request, one request of the partition at a time, sequences consecutive."""
+def test_a_partition_has_at_most_five_batches_out_and_a_retry_goes_before_newer_ones():
+    """Twelve one-record batches while no answer comes: five go out (the leader's window), the
+    rest wait. Once they are answered, the next request's connection drops: its batch goes again
+    before any newer one (with those behind it on the dropped connection), and the partition's
+    log holds sequences 0..11 in order, each record once."""
 
     async def test(fake: FakeCluster, producer: AsyncProducer) -> None:
         fake.hold(ApiKey.PRODUCE)
-        first = await producer.send("t", b"0")
-        await wait_until_async(lambda: fake.held, 30, "the first produce request")
-        later = [await producer.send("t", str(i).encode()) for i in range(1, 12)]
+        futures = [await producer.send("t", str(i).encode()) for i in range(12)]
+        await wait_until_async(lambda: sum(map(len, batches(fake))) == 5, 30, "five batches out")
+        await asyncio.sleep(0.05)  # the sender had every chance to send more: it must not
+        assert sum(map(len, batches(fake))) == 5
+        fake.drop(ApiKey.PRODUCE)
         fake.release()
-        assert [(await f).offset for f in [first, *later]] == list(range(12))
-        sent = batches(fake)
-        assert [len(r) for r in sent] == [1, 5, 5, 1]
-        assert [seq for r in sent for _, _, seq, _ in r] == list(range(12))
+        assert [(await f).offset for f in futures] == list(range(12))
+        logged = [record.read_header(data).base_sequence for _, _, data in fake.logs[("t", 0)]]
+        assert logged == list(range(12))
 
     with_fake(test, batch_size=1)
 
