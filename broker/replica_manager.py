@@ -357,6 +357,22 @@ class ReplicaManager:
                                               timeout_ms / 1000)
         return self._acknowledged(target, info, parked, acks, timeout_ms)
 
+    def append_marker(self, topic: str, partition: int, producer_id: int, producer_epoch: int, committed: bool,
+                      coordinator_epoch: int, timeout_ms: int) -> AppendInfo | Awaitable[AppendInfo]:
+        """Append a transaction's commit or abort marker (a control batch) to a partition this
+        broker leads, acknowledged as acks=all (Kafka's WriteTxnMarkers): the transaction
+        coordinator counts it written only once every in-sync replica has it. Raises PymqError
+        for what fails at once (InvalidProducerEpochError, TransactionCoordinatorFencedError from
+        the log: a marker older than what the partition has seen)."""
+        target = self.partition(topic, partition)
+        target.check_leader()
+        if self.fence is not None:
+            self.fence.check_leader(target.topic, target.partition)
+        self._check_min_isr(target, NotEnoughReplicasError, "no marker was written")
+        epoch = target.leader_epoch
+        info = target.log.append_transaction_marker(producer_id, producer_epoch, committed, coordinator_epoch, epoch)
+        return self._appended(target, epoch, info, -1, timeout_ms)
+
     @staticmethod
     def _check_min_isr(target: Partition, error: type[PymqError], what: str) -> None:
         needed = target.log.config.min_insync_replicas

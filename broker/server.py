@@ -112,7 +112,7 @@ class Broker:
             self.replicas = ReplicaManager(config["broker.id"], self.logs, self.writer, self.purgatory, self.executors,
                                            remote_logs, cluster)
             self.handlers = RequestHandlers(config, self.registry, self.replicas, self.advertised, self.live_brokers,
-                                            self.fence)
+                                            self.fence, lambda: self.incarnation, _bind_host(config["host"]))
             self.connections: set[Connection] = set()
             self.zero_copy = config["zero.copy"] and hasattr(os, "sendfile")
             self._server: asyncio.Server | None = None
@@ -314,6 +314,7 @@ class Broker:
             ("drain requests", self._drain_requests),
             ("cancel periodic duties", self._cancel_duties),
             *((f"stop the {runtime.name} coordinator", runtime.stop) for runtime in self.handlers.coordinators),
+            ("stop writing transaction markers", self.handlers.transactions.close),
             ("drain the log writer", self.writer.close),
             ("wait for flushes", self.replicas.wait_idle),
             ("close the metadata store", self.store.close),

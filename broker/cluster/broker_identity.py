@@ -73,6 +73,14 @@ class BrokerIdentity:
                 f"this connection is broker {session.broker_id}'s; it cannot fetch as broker {replica_id}")
         self._check_registered(replica_id, session.incarnation)
 
+    def authorize_broker(self, session: Session, what: str) -> None:
+        """Allow an inter-broker request (`what`, e.g. WriteTxnMarkers) only on a connection
+        identified as a registered broker."""
+        if session.broker_id is None or session.incarnation is None:
+            raise ClusterAuthorizationFailedError(
+                f"{what} needs a connection identified as a broker (inter-broker handshake); this one is anonymous")
+        self._check_registered(session.broker_id, session.incarnation)
+
     def _check_registered(self, broker_id: int, incarnation: str) -> None:
         info = self.brokers.brokers.get(broker_id)
         if info is None or not info.incarnation:

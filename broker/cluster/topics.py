@@ -28,6 +28,7 @@ from broker.cluster.assignment import assign_replicas
 from broker.cluster.metadata_store import Compare, Delete, Get, MetadataStore, Put, TxnResult, WatchEvent
 from broker.config import TOPIC_CONFIGS, LogConfig, parse_topic_configs
 from broker.coordinator.group_records import OFFSETS_TOPIC
+from broker.coordinator.transaction_records import TRANSACTION_STATE_TOPIC
 from broker.log.log_manager import NAME_MAX
 from common.errors import (
     InvalidConfigError,
@@ -52,7 +53,7 @@ REASSIGN_ATTEMPTS, REASSIGN_RETRY_S = 50, 0.1  # a reassignment racing ISR chang
 TOPICS_PREFIX = "topics/"
 PARTITIONS_PREFIX = "partitions/"
 # Topics the broker writes itself; clients may read them, never produce to, create or delete them.
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC})
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TRANSACTION_STATE_TOPIC})
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,9 @@ completes is answered by a later call's Result. An `Append` asks the runtime to 
 the coordinator's internal topic (`__consumer_offsets` for groups) and then to call
 `complete(error, now_ms)`: the coordinator changes its state only there, once it knows whether
 the records are stored, so a failed append leaves the state as it was, and the Result of
-`complete` carries the replies that waited for it.
+`complete` carries the replies that waited for it. `effects` are other work the coordinator asks
+of its I/O side, as values (the transaction coordinator's markers to write); the runtime hands
+them to the effect handler it was given.
 """
 from __future__ import annotations
 
@@ -35,10 +37,12 @@ class Append:
 class Result:
     replies: list[Reply] = field(default_factory=list)
     appends: list[Append] = field(default_factory=list)
+    effects: list[Any] = field(default_factory=list)
 
     def add(self, other: "Result") -> "Result":
         self.replies.extend(other.replies)
         self.appends.extend(other.appends)
+        self.effects.extend(other.effects)
         return self
 
     @classmethod

@@ -75,8 +75,9 @@ class StateMachine(Protocol[K, V]):
     def replay(self, partition: int, key: K, value: V) -> None:
         """One stored record of the partition, in offset order (a None value is a tombstone)."""
 
-    def finish_load(self, partition: int, now_ms: int) -> None:
-        """Every record of the partition's log was replayed: serve the partition's keys."""
+    def finish_load(self, partition: int, now_ms: int) -> Result | None:
+        """Every record of the partition's log was replayed: serve the partition's keys (and carry
+        out the Result, if any: work the replayed state left unfinished)."""
 
     def unload(self, partition: int) -> Result:
         """This broker no longer leads `partition`: drop its state, answer what waits on it."""
@@ -122,11 +123,12 @@ class CoordinatorRuntime(Generic[K, V]):
     """Runs `machine` on the partitions of `topic` this broker leads. Loop-local.
 
     `name` names the coordinator in logs and in the background error counts (`{name}-timers`,
-    `{name}-append`); `load_pool` runs the replays; `clock` gives the time in ms (injectable)."""
+    `{name}-append`); `load_pool` runs the replays; `clock` gives the time in ms (injectable);
+    `on_effect` carries out the effects of the machine's Results."""
 
     def __init__(self, name: str, topic: str, machine: StateMachine[K, V], serde: RecordSerde[K, V],
                  replicas: ReplicaManager, load_pool: BoundedExecutor, clock: Callable[[], int] = now_ms,
-                 append_timeout_ms: int = APPEND_TIMEOUT_MS) -> None:
+                 append_timeout_ms: int = APPEND_TIMEOUT_MS, on_effect: Callable[[Any], None] | None = None) -> None:
         self.name = name
         self.topic = topic
         self.machine = machine
@@ -135,6 +137,7 @@ class CoordinatorRuntime(Generic[K, V]):
         self.clock = clock
         self._load_pool = load_pool
         self._append_timeout_ms = append_timeout_ms
+        self.on_effect = on_effect  # carries out the state machine's Result.effects
         self._duties: list[tuple[str, float, Callable[[int], Result]]] = [(f"{name}-timers", TICK_S, self._due)]
         self._tasks: list[asyncio.Task[None]] = []
         self._appends: set[asyncio.Task[None]] = set()
@@ -219,7 +222,9 @@ class CoordinatorRuntime(Generic[K, V]):
             count = await self._load_pool.run(self._replay, partition, partition_log, load)
             if load.cancelled:
                 return
-            self.machine.finish_load(partition, self.clock())
+            resumed = self.machine.finish_load(partition, self.clock())
+            if resumed is not None:
+                self.apply(resumed)
             if count:
                 log.info("replayed %d records of %s-%d in %d ms", count, self.topic, partition, self.clock() - started)
         except LoadCancelled:
@@ -264,6 +269,10 @@ class CoordinatorRuntime(Generic[K, V]):
                 token.set_result(response)
         for append in result.appends:
             self._start_append(append)
+        if result.effects:
+            assert self.on_effect is not None, f"the {self.name} coordinator asked for effects and has no handler"
+            for effect in result.effects:
+                self.on_effect(effect)
 
     def _start_append(self, append: Append) -> None:
         try:

@@ -44,6 +44,7 @@ from broker.handlers.replication import ReplicationHandler
 from broker.handlers.tiering import TieringHandler
 from broker.handlers.topic_auto_creation import TopicAutoCreation
 from broker.handlers.transactions import TransactionHandler
+from broker.cluster.broker_channel import BrokerChannel
 from broker.log import FetchSlice
 from broker.purgatory import DelayedOperation
 from broker.replica_manager import ReplicaManager
@@ -110,6 +111,8 @@ class RequestHandlers:
         advertised: Callable[[], tuple[str, int]],
         brokers: LiveBrokers | None = None,
         fence: SessionFence | None = None,
+        incarnation: Callable[[], str] = lambda: "",
+        local_host: str | None = None,
     ) -> None:
         self.config = config
         self.registry = registry
@@ -160,13 +163,35 @@ class RequestHandlers:
             ApiKey.OFFSET_FOR_LEADER_EPOCH: replication.offset_for_leader_epoch,
             ApiKey.BROKER_HANDSHAKE: replication.broker_handshake,
         }
-        self._table[ApiKey.INIT_PRODUCER_ID] = TransactionHandler(
-            ProducerIdManager(registry.store, self.broker_id)).init_producer_id
+        self.transactions = TransactionHandler(
+            config, registry, replicas, ProducerIdManager(registry.store, self.broker_id), admin.create_internal_topic,
+            advertised, self.brokers.address, identity,
+            BrokerChannel(self.broker_id, incarnation, self.brokers.address, local_host=local_host),
+            groups.coordinator.partition_of, groups.offsets_topic.ensure)
+        self.transactions.marker_listeners.append(groups.on_transaction_marker)
+        self.coordinators.append(self.transactions.runtime)
+        transactions = self.transactions
+        self._table.update({
+            ApiKey.INIT_PRODUCER_ID: transactions.init_producer_id,
+            ApiKey.ADD_PARTITIONS_TO_TXN: transactions.add_partitions_to_txn,
+            ApiKey.ADD_OFFSETS_TO_TXN: transactions.add_offsets_to_txn,
+            ApiKey.END_TXN: transactions.end_txn,
+            ApiKey.DESCRIBE_TRANSACTIONS: transactions.describe_transactions,
+            ApiKey.TXN_OFFSET_COMMIT: groups.txn_offset_commit,
+            ApiKey.FIND_COORDINATOR: self._find_coordinator,
+        })
+        self._session_table[ApiKey.WRITE_TXN_MARKERS] = transactions.write_txn_markers
         tiering = TieringHandler(registry, replicas)
         self._table[ApiKey.DESCRIBE_TIERING] = tiering.describe_tiering
         self._table[ApiKey.REPLACE_REMOTE_SEGMENTS] = tiering.replace_remote_segments
         assert self._table.keys() | self._session_table.keys() == REQUEST_TYPES.keys(), \
             "every API has a handler and a request message"
+
+    def _find_coordinator(self, request: protocol.FindCoordinatorRequest) -> Answer:
+        """A group's coordinator (key_type 0) or a transactional id's (1)."""
+        if request.key_type == protocol.TRANSACTION_KEY_TYPE:
+            return self.transactions.find_coordinator(request)
+        return self.groups.find_coordinator(request)
 
     def handle(self, request: protocol.Request,
                session: Session | None = None) -> Result | Awaitable[Result] | DelayedOperation:

@@ -107,21 +107,22 @@ class AdminHandler:
 
         return CreateTopicsResponse(await _per_topic(request.topics, create, self._changes))
 
-    async def create_internal_topic(self, name: str, partitions: int, configs: dict[str, Any]) -> None:
-        """Create a topic the broker needs (`__consumer_offsets`), in turn with admin changes, with
-        offsets.topic.replication.factor replicas. A cluster with fewer live brokers refuses
-        (COORDINATOR_NOT_AVAILABLE, retriable: clients retry until the brokers are up, as Kafka's
-        do) rather than create it less replicated for good; a single broker creates it with one."""
-        wanted = self.config["offsets.topic.replication.factor"]
+    async def create_internal_topic(self, name: str, partitions: int, configs: dict[str, Any],
+                                    replication_config: str = "offsets.topic.replication.factor") -> None:
+        """Create a topic the broker needs (`__consumer_offsets`, `__transaction_state`), in turn
+        with admin changes, with `replication_config` replicas. A cluster with fewer live brokers
+        refuses (COORDINATOR_NOT_AVAILABLE, retriable: clients retry until the brokers are up, as
+        Kafka's do) rather than create it less replicated for good; a single broker creates it with one."""
+        wanted = self.config[replication_config]
         live = len(self.registry.live_brokers())
         if self.config["metadata.store"] == "local":
             wanted = min(wanted, max(live, 1))
         elif live < wanted:
             raise CoordinatorNotAvailableError(
-                f"{name} needs offsets.topic.replication.factor={wanted} live brokers; the cluster has {live}")
+                f"{name} needs {replication_config}={wanted} live brokers; the cluster has {live}")
         async with self._changes:
-            # Exempt from max.partitions (its size is offsets.topic.num.partitions): groups must
-            # work on a broker that reached the limit.
+            # Exempt from max.partitions (its size is a config of its own): coordinators must work
+            # on a broker that reached the limit.
             await self._create_topic(name, partitions, wanted, configs, limited=False)
 
     async def _create_topic(self, name: str, partitions: int, replication: int, configs: dict[str, Any],

@@ -10,7 +10,6 @@ Kafka does), each request handed to the coordinator with its token and the time,
 """
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,9 +20,10 @@ from broker.coordinator.group_coordinator import GroupConfig, GroupCoordinator
 from broker.coordinator.group_metadata import Group
 from broker.coordinator.group_records import OFFSETS_TOPIC, GroupRecordSerde, RecordKey, RecordValue, check_group_id
 from broker.coordinator.runtime import CoordinatorRuntime
+from broker.handlers.internal_topic import InternalTopic
 from broker.handlers.slices import answer_in_slices
 from broker.replica_manager import ReplicaManager
-from common.errors import CoordinatorNotAvailableError, InvalidRequestError, PymqError, TopicAlreadyExistsError
+from common.errors import CoordinatorNotAvailableError, InvalidRequestError, PymqError
 from protocol.messages.base import Message, code_and_message
 from protocol.messages.group import (
     GROUP_KEY_TYPE,
@@ -45,6 +45,7 @@ from protocol.messages.group import (
     OffsetFetchResponse,
     SyncGroupRequest,
 )
+from protocol.messages.transactions import TxnOffsetCommitRequest
 
 log = logging.getLogger("pymq.group_handler")
 
@@ -66,8 +67,10 @@ class GroupHandler:
             "group", OFFSETS_TOPIC, self.coordinator, GroupRecordSerde(), replicas, replicas.executors.group_load)
         self.runtime.every("offset-expiry", config["offsets.retention.check.interval.ms"] / 1000,
                            self.coordinator.expire_offsets)
-        self._create_topic = create_topic  # async (name, partitions, configs) -> None: the admin path
-        self._creating: asyncio.Task[None] | None = None
+        self.offsets_topic = InternalTopic(
+            OFFSETS_TOPIC, registry, create_topic, config["offsets.topic.num.partitions"],
+            {"cleanup.policy": "compact", "segment.bytes": config["offsets.topic.segment.bytes"]},
+            "offsets.topic.replication.factor", self.runtime.loaded)
         replicas.deletion_listeners.append(self.on_topic_deleted)
 
     def live_groups(self) -> list[Group]:
@@ -86,7 +89,7 @@ class GroupHandler:
             if request.key_type != GROUP_KEY_TYPE:
                 raise InvalidRequestError("transaction coordinators arrive with transactions (key_type 1)")
             check_group_id(request.key)
-            await self._ensure_offsets_topic()
+            await self.offsets_topic.ensure()
             partition = self.coordinator.partition_of(request.key)
             leader = self.registry.get(OFFSETS_TOPIC).partitions[partition].leader
             address = self.advertised() if leader == self.broker_id else self.address_of(leader)
@@ -96,26 +99,6 @@ class GroupHandler:
             return FindCoordinatorResponse(*code_and_message(err))
         host, port = address
         return FindCoordinatorResponse(node_id=leader, host=host, port=port)
-
-    async def _ensure_offsets_topic(self) -> None:
-        if OFFSETS_TOPIC in self.registry.topics:
-            return
-        if self._creating is None:
-            self._creating = asyncio.get_running_loop().create_task(self._create_offsets_topic())
-        try:
-            await asyncio.shield(self._creating)
-        finally:
-            if self._creating is not None and self._creating.done():
-                self._creating = None
-
-    async def _create_offsets_topic(self) -> None:
-        configs = {"cleanup.policy": "compact", "segment.bytes": self.config["offsets.topic.segment.bytes"]}
-        try:
-            await self._create_topic(OFFSETS_TOPIC, self.config["offsets.topic.num.partitions"], configs)
-        except TopicAlreadyExistsError:
-            pass
-        await self.runtime.loaded()
-        log.info("created %s with %d partitions", OFFSETS_TOPIC, self.config["offsets.topic.num.partitions"])
 
     def join_group(self, request: JoinGroupRequest) -> Message | Awaitable[Message]:
         return self.runtime.call(lambda token, now: self.coordinator.join_group(request, token, now))
@@ -151,6 +134,12 @@ class GroupHandler:
 
     def delete_groups(self, request: DeleteGroupsRequest) -> Message | Awaitable[Message]:
         return self.runtime.call(lambda token, now: self.coordinator.delete_groups(request, token, now))
+
+    def txn_offset_commit(self, request: TxnOffsetCommitRequest) -> Message | Awaitable[Message]:
+        raise InvalidRequestError("TxnOffsetCommit: being built")  # replaced by the group coordinator's transactional offsets
+
+    def on_transaction_marker(self, topic: str, partition: int, producer_id: int, committed: bool) -> None:
+        """A transaction's marker landed on a partition led here (replaced with the group coordinator's handling)."""
 
     def _partition_exists(self, topic: str, partition: int) -> bool:
         info = self.registry.topics.get(topic)

@@ -121,8 +121,24 @@ from protocol.messages.replication import (
 from protocol.messages.transactions import (
     NO_PRODUCER_EPOCH,
     NO_PRODUCER_ID,
+    TRANSACTION_REQUEST_TYPES,
+    AddOffsetsToTxnRequest,
+    AddOffsetsToTxnResponse,
+    AddPartitionsToTxnRequest,
+    AddPartitionsToTxnResponse,
+    DescribedTransaction,
+    DescribeTransactionsRequest,
+    DescribeTransactionsResponse,
+    EndTxnRequest,
+    EndTxnResponse,
     InitProducerIdRequest,
     InitProducerIdResponse,
+    TxnMarker,
+    TxnMarkerResult,
+    TxnOffsetCommitRequest,
+    TxnOffsetCommitResponse,
+    WriteTxnMarkersRequest,
+    WriteTxnMarkersResponse,
 )
 from protocol.messages.tiering import (
     DescribeTieringRequest,
@@ -145,8 +161,8 @@ REQUEST_TYPES: dict[int, type[RequestMessage]] = {
     for cls in (ProduceRequest, FetchRequest, ListOffsetsRequest, MetadataRequest, ApiVersionsRequest,
                 CreateTopicsRequest, DeleteTopicsRequest, CreatePartitionsRequest, DescribeConfigsRequest,
                 AlterConfigsRequest, OffsetForLeaderEpochRequest, AlterPartitionReassignmentsRequest,
-                DescribeTieringRequest, ReplaceRemoteSegmentsRequest, BrokerHandshakeRequest, InitProducerIdRequest,
-                *GROUP_REQUEST_TYPES)
+                DescribeTieringRequest, ReplaceRemoteSegmentsRequest, BrokerHandshakeRequest, *GROUP_REQUEST_TYPES,
+                *TRANSACTION_REQUEST_TYPES)
 }
 
 __all__ = [name for name in dir() if not name.startswith("_")]
