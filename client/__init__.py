@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs; at run time `__getattr__` loads
     from client.decoder import RECORD_SCHEMA, ConsumerRecord
     from client.producer import AsyncProducer, Producer
     from client.producer_batch import RecordFuture, RecordMetadata
+    from client.transactions import PreparedTransaction, PreviousTransaction
 
 # Each public name and the module that defines it.
 _MODULES = {
@@ -42,6 +43,7 @@ _MODULES = {
     **dict.fromkeys(("RECORD_SCHEMA", "ConsumerRecord"), "client.decoder"),
     **dict.fromkeys(("AsyncProducer", "Producer"), "client.producer"),
     **dict.fromkeys(("RecordFuture", "RecordMetadata"), "client.producer_batch"),
+    **dict.fromkeys(("PreparedTransaction", "PreviousTransaction"), "client.transactions"),
 }
 
 __all__ = sorted(_MODULES)

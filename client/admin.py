@@ -25,6 +25,7 @@ from client.cluster import Cluster, PartitionInfo, partition_infos
 from client.config import RETRY_BACKOFF_MAX_S, BootstrapServers, client_settings
 from client.loop_thread import LoopThread
 from client.offset_fetcher import list_offsets
+from client.transactions import CoordinatorLink, PreparedTransaction
 from common.errors import (
     BrokerNotAvailableError,
     CoordinatorLoadInProgressError,
@@ -577,6 +578,35 @@ class AsyncAdmin:
         _raise_named_errors({name: err for name, err in errors.items() if name not in known})
         return [rows[key] for key in sorted(rows)]
 
+    # -- transactions ------------------------------------------------------------------------------
+
+    async def complete_transaction(self, prepared: PreparedTransaction, commit: bool) -> None:
+        """Commit (or abort) a transaction another client prepared (two-phase commit: the Spark
+        driver deciding its executors' transactions). Answers at once for a transaction that
+        completed that way already (a retry); ProducerFencedError when a newer instance of the
+        transactional id started since (the prepared transaction was aborted then)."""
+        link = CoordinatorLink(self.cluster, prepared.transactional_id, protocol.TRANSACTION_KEY_TYPE,
+                               self.retry_backoff_s)
+        await link.send(lambda: protocol.EndTxnRequest(prepared.transactional_id, prepared.producer_id,
+                                                       prepared.producer_epoch, commit), self.request_timeout_s)
+
+    async def describe_transactions(self, transactional_ids: Iterable[str]) -> list[protocol.DescribedTransaction]:
+        """State, producer id and epoch, partitions and label of each transactional id, in order;
+        an unknown id raises (AdminError if several fail)."""
+        ids = list(dict.fromkeys(transactional_ids))
+        results = await asyncio.gather(*(self._describe_transaction(t) for t in ids), return_exceptions=True)
+        _raise_named_errors({t: r for t, r in zip(ids, results) if isinstance(r, PymqError)})
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return list(results)  # type: ignore[arg-type]
+
+    async def _describe_transaction(self, transactional_id: str) -> protocol.DescribedTransaction:
+        link = CoordinatorLink(self.cluster, transactional_id, protocol.TRANSACTION_KEY_TYPE, self.retry_backoff_s)
+        response = await link.send(lambda: protocol.DescribeTransactionsRequest((transactional_id,)),
+                                   self.request_timeout_s, lambda r: r.transactions[0].error())
+        return response.transactions[0]
+
     async def close(self) -> None:
         await self.cluster.close()
 
@@ -688,6 +718,14 @@ class Admin:
         """Local and remote ranges, bytes, upload lag and tiering failures per partition of
         `topics` (default: all), sorted; UnknownTopicOrPartitionError for an unknown topic."""
         return self._thread.run(self._core.describe_tiering(topics))
+
+    def complete_transaction(self, prepared: PreparedTransaction, commit: bool) -> None:
+        """Commit or abort a transaction another client prepared (AsyncAdmin's docstring)."""
+        self._thread.run(self._core.complete_transaction(prepared, commit))
+
+    def describe_transactions(self, transactional_ids: Iterable[str]) -> list[protocol.DescribedTransaction]:
+        """State, producer id and epoch, partitions and label of each transactional id."""
+        return self._thread.run(self._core.describe_transactions(transactional_ids))
 
     def close(self) -> None:
         """Release connections; calling it again does nothing."""

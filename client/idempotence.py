@@ -32,10 +32,11 @@ Until the first id arrives every batch waits as it does during a switch. I/O thr
 from __future__ import annotations
 
 from collections import ChainMap, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from operator import attrgetter
 
 from client.producer_batch import ProducerBatch
+from common.errors import PymqError
 from common.topic_partition import TopicPartition
 
 # The leader recognises a retry among a producer's last five batches per partition (Kafka's
@@ -45,7 +46,15 @@ INT32_MAX = 2**31 - 1
 
 
 class ProducerSequences:
-    def __init__(self) -> None:
+    """`transactional`: the id comes from the transaction coordinator (client/transactions.py) and
+    is never renewed here; a failure makes the transaction abortable instead (`on_failure`), and
+    a partition's batches wait until it joined the transaction (`added`; `to_add` are wanted)."""
+
+    def __init__(self, transactional: bool = False) -> None:
+        self.transactional = transactional
+        self.added: set[TopicPartition] = set()
+        self.to_add: set[TopicPartition] = set()
+        self.on_failure: Callable[[PymqError], None] | None = None
         self.producer_id = -1
         self.epoch = -1
         self._next: dict[TopicPartition, int] = {}
@@ -57,7 +66,7 @@ class ProducerSequences:
     def admit(self, batch: ProducerBatch) -> bool:
         """May `batch` go out now? Assigns its sequence on its first admission under this id. A
         batch that may not go is held in `paused` (it never went out under the current id)."""
-        if batch.producer is not None and batch.producer[0] == self.producer_id:
+        if batch.producer is not None and batch.producer[:2] == (self.producer_id, self.epoch):
             if not self.reset_needed or batch in self.unresolved:
                 return True
         if self.reset_needed:
@@ -66,6 +75,10 @@ class ProducerSequences:
             self.paused.append(batch)
             return False
         tp = (batch.topic, batch.partition)
+        if self.transactional and tp not in self.added:
+            self.to_add.add(tp)
+            self.paused.append(batch)
+            return False
         sequence = self._next.get(tp, 0)
         batch.set_producer((self.producer_id, self.epoch, sequence))
         following = sequence + batch.record_count
@@ -79,12 +92,17 @@ class ProducerSequences:
     def acknowledged(self, batch: ProducerBatch) -> None:
         self.unresolved.discard(batch)
 
-    def failed(self, batch: ProducerBatch) -> None:
+    def failed(self, batch: ProducerBatch, err: PymqError) -> None:
         """`batch` failed for good. If it held a sequence, that sequence may or may not be
-        written: no later batch may follow it under this id."""
+        written: no later batch may follow it under this id (a transactional producer's
+        transaction must abort instead)."""
         self.unresolved.discard(batch)
-        if batch.producer is not None and batch.producer[0] == self.producer_id:
-            self.reset_needed = True
+        if batch.producer is not None and batch.producer[:2] == (self.producer_id, self.epoch):
+            if self.transactional:
+                if self.on_failure is not None:
+                    self.on_failure(err)
+            else:
+                self.reset_needed = True
 
     def refused(self, batch: ProducerBatch) -> None:
         """The leader refused `batch`'s sequence (nothing was written): it goes again with a new
@@ -95,7 +113,17 @@ class ProducerSequences:
 
     @property
     def ready_to_reset(self) -> bool:
-        return self.reset_needed and not self.resetting and not self.unresolved
+        return self.reset_needed and not self.resetting and not self.unresolved and not self.transactional
+
+    def release_added(self) -> list[ProducerBatch]:
+        """The paused batches whose partitions joined the transaction, oldest first, to queue again."""
+        ready = [b for b in self.paused if (b.topic, b.partition) in self.added]
+        self.paused = [b for b in self.paused if (b.topic, b.partition) not in self.added]
+        return sorted(ready, key=_drain_index)
+
+    def take_paused(self) -> list[ProducerBatch]:
+        paused, self.paused = self.paused, []
+        return paused
 
     def install(self, producer_id: int, epoch: int, held: list[ProducerBatch]) -> list[ProducerBatch]:
         """The new id is in use: every partition starts at sequence 0. Returns the paused batches
@@ -182,9 +210,11 @@ class SequenceWindows:
         """A batch out was acknowledged or failed for good: the window moves past the
         acknowledged batches at its front. Returns what is released."""
         tp = (batch.topic, batch.partition)
+        window = self._window.get(tp)
+        if window is None or batch not in window:
+            return []  # never handed out (it was paused): nothing moves
         self._out[tp] -= 1
-        window = self._window[tp]
-        while window and window[0].result.done:
+        while window and window[0].result.completed:
             window.popleft()
         return self._maybe_release(tp)
 
@@ -195,7 +225,7 @@ class SequenceWindows:
         for other in window:
             if other is batch:
                 return False
-            if not other.result.done:
+            if not other.result.completed:
                 return True
         return False
 

@@ -44,13 +44,22 @@ import pyarrow.compute as pc
 from client.accumulator import RecordAccumulator
 from client.cluster import Cluster
 from client.config import BootstrapServers, as_bool, client_settings
+from client.group_membership import GroupMetadata
 from client.idempotence import ProducerSequences
+from client.transactions import PreparedTransaction, PreviousTransaction, TransactionManager
 from client.loop_thread import LoopThread
 from client.partitioner import StickyPartitioner, partition_for_key, partitions_for_keys
 from client.producer_batch import BatchResult, DeliveryCallback, Headers, RecordFuture
 from client.retry import Retry, retriable
 from client.sender import Sender
-from common.errors import DeliveryTimeoutError, ProducerClosedError, PymqError, UnknownTopicOrPartitionError
+from common.errors import (
+    DeliveryTimeoutError,
+    InvalidTxnStateError,
+    ProducerClosedError,
+    PymqError,
+    UnknownTopicOrPartitionError,
+)
+from common.topic_partition import TopicPartition
 from protocol.messages.metadata import LEGACY_KEY_PARTITIONER
 from segment_format import batch_body
 
@@ -67,13 +76,16 @@ class AsyncProducer:
     default) or `max_in_flight` is 1 (see the module docstring).
     """
 
-    def __init__(self, bootstrap_servers: str | list[str], *, acks: int | str = 1, linger_ms: int = 5,
+    def __init__(self, bootstrap_servers: str | list[str], *, acks: int | str | None = None, linger_ms: int = 5,
                  batch_size: int = 256 * 1024, compression: str = "none", max_in_flight: int = 5,
                  retries: int = 2**31 - 1, retry_backoff_ms: int = 100, retry_backoff_max_ms: int = 1000,
                  delivery_timeout_ms: int = 120_000, request_timeout_ms: int = 30_000,
                  max_request_size: int = 16 << 20, buffer_memory: int = 64 << 20, max_block_ms: int = 60_000,
                  metadata_max_age_ms: int = 300_000, client_id: str = "pymq-producer",
-                 enable_idempotence: bool | None = None) -> None:
+                 enable_idempotence: bool | None = None, transactional_id: str | None = None,
+                 transaction_timeout_ms: int = 60_000) -> None:
+        if acks is None:
+            acks = "all" if transactional_id is not None else 1
         acks_code = {"all": -1, "-1": -1, "1": 1, "0": 0}.get(str(acks), acks)
         if acks_code not in (-1, 0, 1):
             raise ValueError(f"acks must be 0, 1 or 'all', got {acks!r}")
@@ -93,7 +105,14 @@ class AsyncProducer:
         if enable_idempotence and acks_code == 0:
             raise ValueError("enable_idempotence needs acks=1 or 'all': with acks=0 the producer never learns what was written")
         idempotent = acks_code != 0 if enable_idempotence is None else enable_idempotence
-        sequences = ProducerSequences() if idempotent else None
+        if transactional_id is not None:
+            if not transactional_id:
+                raise ValueError("transactional_id must not be empty")
+            if not idempotent or acks_code != -1:
+                raise ValueError("a transactional producer is idempotent and needs acks='all'")
+            if transaction_timeout_ms <= 0:
+                raise ValueError("transaction_timeout_ms must be > 0")
+        sequences = ProducerSequences(transactional_id is not None) if idempotent else None
         self.max_block_s = max_block_ms / 1000
         # send() makes two method calls per record on this object: keep its attributes few
         # (on CPython 3.11 past 29 an instance gets a dict of its own and each call is ~15 ns
@@ -110,6 +129,14 @@ class AsyncProducer:
                              delivery_timeout_s=delivery_timeout_ms / 1000, max_request_size=max_request_size,
                              request_timeout_ms=request_timeout_ms, metadata_max_age_s=metadata_max_age_ms / 1000,
                              sequences=sequences)
+        # A transactional producer's transactions (client/transactions.py), else None.
+        self.transactions: TransactionManager | None = None
+        if transactional_id is not None:
+            assert sequences is not None
+            self.transactions = TransactionManager(self.cluster, sequences, transactional_id, transaction_timeout_ms,
+                                                   retry_backoff_ms / 1000, self.flush, self.sender.fail_all_paused)
+            sequences.on_failure = self.transactions.abortable
+            self.sender.transactions = self.transactions
         self.sticky = StickyPartitioner()
         self.partition_counts: dict[str, int] = {}
         self._closed = False
@@ -169,6 +196,8 @@ class AsyncProducer:
         """Thread-safe enqueue of one record for an already chosen partition."""
         if self._closed:
             raise ProducerClosedError("producer is closed")
+        if self.transactions is not None:
+            self.transactions.check_can_send()
         if key.__class__ is not bytes and key is not None:
             _check_bytes("key", key)
         if value.__class__ is not bytes and value is not None:
@@ -205,6 +234,8 @@ class AsyncProducer:
         """Send a pyarrow Table/RecordBatch or pandas DataFrame with a `value` column and optional
         `key`, `timestamp` and `headers` columns. Rows are partitioned by key with the topic's key
         partitioner, vectorized (null keys spread in batch_size chunks); returns one BatchResult per batch sent."""
+        if self.transactions is not None:
+            self.transactions.check_can_send()
         table = _as_table(data)
         count = await self.partitions_of(topic)
         results = []
@@ -264,6 +295,40 @@ class AsyncProducer:
         records-per-request-avg, buffer-available-bytes."""
         accumulator = self.accumulator
         return self.sender.metrics.snapshot(max(0, accumulator.buffer_memory - accumulator.buffered_bytes))
+
+    # -- transactions (a producer with a transactional_id; client/transactions.py) -----------------
+
+    def _transactional(self) -> TransactionManager:
+        if self.transactions is None:
+            raise InvalidTxnStateError("this producer has no transactional_id")
+        return self.transactions
+
+    async def init_transactions(self) -> PreviousTransaction:
+        """Register this instance of the transactional id with its coordinator: fences every older
+        instance and aborts its open transaction. Returns how the id's last transaction ended."""
+        return await self._transactional().init_transactions()
+
+    def begin_transaction(self) -> None:
+        self._transactional().begin_transaction()
+
+    async def send_offsets_to_transaction(self, offsets: Mapping[TopicPartition, int],
+                                          group: str | GroupMetadata) -> None:
+        """Commit a consumer group's offsets ((topic, partition) -> next offset to read) with the
+        transaction: `group` is the consumer's `group_metadata()` (or a group id)."""
+        await self._transactional().send_offsets(offsets, group)
+
+    async def commit_transaction(self) -> None:
+        """Wait for every record of the transaction, then commit it. Raises the error that made it
+        abortable, if any (then call abort_transaction)."""
+        await self._transactional().commit()
+
+    async def abort_transaction(self) -> None:
+        await self._transactional().abort()
+
+    async def prepare_transaction(self, label: str | None = None) -> PreparedTransaction:
+        """Two-phase commit: wait for every record, then prepare the transaction (it no longer times
+        out) and return what another client needs to commit or abort it (`Admin.complete_transaction`)."""
+        return await self._transactional().prepare(label)
 
     async def flush(self, timeout_s: float | None = None) -> None:
         """Send everything buffered now and wait until each of those records is acknowledged."""
@@ -389,6 +454,27 @@ class Producer:
         if self._core._closed:
             raise ProducerClosedError("producer is closed")
         return self._thread.run(self._core.send_batch(topic, data, partition=partition, timestamp_ms=timestamp_ms))
+
+    def init_transactions(self) -> PreviousTransaction:
+        """See AsyncProducer.init_transactions."""
+        return self._thread.run(self._core.init_transactions())
+
+    def begin_transaction(self) -> None:
+        self._core.begin_transaction()
+
+    def send_offsets_to_transaction(self, offsets: Mapping[TopicPartition, int], group: str | GroupMetadata) -> None:
+        """See AsyncProducer.send_offsets_to_transaction."""
+        self._thread.run(self._core.send_offsets_to_transaction(offsets, group))
+
+    def commit_transaction(self) -> None:
+        self._thread.run(self._core.commit_transaction())
+
+    def abort_transaction(self) -> None:
+        self._thread.run(self._core.abort_transaction())
+
+    def prepare_transaction(self, label: str | None = None) -> PreparedTransaction:
+        """See AsyncProducer.prepare_transaction."""
+        return self._thread.run(self._core.prepare_transaction(label))
 
     def metrics(self) -> dict[str, float]:
         """See AsyncProducer.metrics (read without waiting for the I/O thread)."""

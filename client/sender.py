@@ -32,6 +32,7 @@ from client.client_metrics import ProducerMetrics
 from client.cluster import Cluster
 from client.connection import BrokerConnection, raise_for_error
 from client.idempotence import ProducerSequences, SequenceWindows
+from client.transactions import TransactionManager
 from client.producer_batch import ProducerBatch
 from client.retry import Retry
 from common.errors import (
@@ -76,6 +77,8 @@ class Sender:
         self.metadata_max_age_s = metadata_max_age_s
         self.sequences = sequences  # an idempotent producer's (client/idempotence.py), else None
         self.windows: SequenceWindows = accumulator.mutes  # type: ignore[assignment]  # with sequences only
+        self.transactions: TransactionManager | None = None  # a transactional producer's (client/transactions.py)
+        self._adding = False  # an AddPartitionsToTxn is under way
         self._metadata_refreshed = 0.0
         self._in_flight: dict[int, int] = {}  # Produce requests outstanding per broker
         self._replies: set[asyncio.Future[Any]] = set()  # their reply futures
@@ -146,9 +149,14 @@ class Sender:
         if batches:
             self._dispatch(batches)
         self._arm_timer(next_due)
-        if self.sequences is not None and self.sequences.ready_to_reset:
-            self.sequences.resetting = True
-            self._spawn(self._new_producer_id())
+        sequences = self.sequences
+        if sequences is not None:
+            if sequences.ready_to_reset:
+                sequences.resetting = True
+                self._spawn(self._new_producer_id())
+            elif sequences.to_add and not self._adding and self.transactions is not None:
+                self._adding = True
+                self._spawn(self._add_partitions(self.transactions))
 
     def _arm_timer(self, next_due: float | None) -> None:
         """Run the sender when the next open batch lingers out; `_next_wake` tells appending
@@ -332,18 +340,8 @@ class Sender:
                     for batch in group:
                         self._succeed(batch, base, outcome.log_append_time)
                         base += batch.record_count
-                elif (isinstance(err, SEQUENCE_REFUSED) and self.sequences is not None
-                      and not self.windows.earlier_unacknowledged(group[0])):
-                    # Nothing of the record set was written, and nothing before it is pending: the
-                    # leader lost the producer's state (a failover under acks=1, expiry). New
-                    # sequences under a new producer id (client/idempotence.py).
-                    log.info("%s-%d refused the producer's sequence (%s): a new producer id, and the "
-                             "%d batches go again", topic, partition, err.name(), len(group))
-                    for batch in group:
-                        self.sequences.refused(batch)
-                    self.accumulator.requeue(group)
-                elif isinstance(err, SEQUENCE_REFUSED):  # behind an older batch that goes again: so does it
-                    self._retry(group, err, retriable=True)
+                elif isinstance(err, SEQUENCE_REFUSED) and self.sequences is not None:
+                    self._sequence_refused(group, err)
                 elif err.retriable:
                     retry.extend(group)
                     retry_error = err
@@ -353,6 +351,24 @@ class Sender:
         if retry:
             assert retry_error is not None
             self._retry(retry, retry_error)
+
+    def _sequence_refused(self, group: list[ProducerBatch], err: PymqError) -> None:
+        """The leader wrote nothing of `group` because of its sequence (client/idempotence.py)."""
+        sequences = self.sequences
+        assert sequences is not None
+        if self.windows.earlier_unacknowledged(group[0]):
+            self._retry(group, err, retriable=True)  # behind an older batch that goes again: so does it
+        elif sequences.transactional:
+            for batch in group:  # the transaction must abort (its epoch then starts sequences over)
+                self._fail(batch, err)
+        else:
+            # Nothing before it is pending: the leader lost the producer's state (a failover under
+            # acks=1, expiry). New sequences under a new producer id.
+            log.info("%s-%d refused the producer's sequence (%s): a new producer id, and the %d batches go again",
+                     group[0].topic, group[0].partition, err.name(), len(group))
+            for batch in group:
+                sequences.refused(batch)
+            self.accumulator.requeue(group)
 
     def _retry(self, batches: list[ProducerBatch], err: PymqError, retriable: bool | None = None) -> None:
         """Fail what is out of time or retries, or not retriable; the rest go again after a
@@ -535,6 +551,22 @@ class Sender:
             sequences.resetting = False
             self.wake()
 
+    async def _add_partitions(self, transactions: TransactionManager) -> None:
+        """The partitions a transaction's batches wait for join it; then those batches go."""
+        sequences = self.sequences
+        assert sequences is not None
+        try:
+            await transactions.add_pending_partitions(lambda: self.accumulator.queue_first(sequences.release_added()))
+        finally:
+            self._adding = False
+            self.wake()
+
+    def fail_all_paused(self, err: PymqError) -> None:
+        """Fail every batch waiting outside the queue (a transaction aborted, or its partitions refused)."""
+        if self.sequences is not None:
+            for batch in self.sequences.take_paused():
+                self._fail(batch, err)
+
     def _fail_paused(self, err: PymqError) -> None:
         """Fail the batches waiting for a producer id whose delivery timeout passed, or all of
         them if `err` says the id will not come."""
@@ -567,7 +599,7 @@ class Sender:
 
     def _fail(self, batch: ProducerBatch, err: BaseException) -> None:
         if self.sequences is not None:
-            self.sequences.failed(batch)
+            self.sequences.failed(batch, err if isinstance(err, PymqError) else PymqError(str(err)))
         batch.result.complete(-1, error=err)
         self.metrics.records_failed += batch.record_count
         if self.accumulator.done(batch):

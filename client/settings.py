@@ -23,8 +23,8 @@ from client.subscription_state import RESET_ALIASES
 
 # keyword -> (meaning, Kafka's default where it differs from pymq's, else None)
 PRODUCER = {
-    "acks": ("acknowledgements a send waits for: 0 none, 1 the partition leader, all (-1) every in-sync replica",
-             "all"),
+    "acks": ("acknowledgements a send waits for: 0 none, 1 the partition leader, all (-1) every in-sync replica "
+             "(None: 1, or all for a transactional producer)", "all"),
     "linger_ms": ("how long a batch that is not full waits for more records before it is sent (a batch also "
                   "waits while the partition has a request in flight)", None),
     "batch_size": ("bytes of records per batch, per partition: a full batch is sent at once", "16384"),
@@ -35,6 +35,10 @@ PRODUCER = {
     "enable_idempotence": ("each batch carries the producer id and a sequence number: a retry after a lost "
                            "response is written once, and each partition keeps its order (None: on unless acks=0)",
                            "true"),
+    "transactional_id": ("makes the producer transactional: init_transactions(), begin/commit/abort_transaction(), "
+                         "send_offsets_to_transaction(), prepare_transaction(); implies acks=all", "null"),
+    "transaction_timeout_ms": ("a transaction open longer is aborted by its coordinator (at most the broker's "
+                               "transaction.max.timeout.ms)", None),
     "retries": ("times a retriable failure is retried, within delivery_timeout_ms", None),
     "retry_backoff_ms": ("wait before the first retry; doubles per retry up to retry_backoff_max_ms", None),
     "retry_backoff_max_ms": ("longest wait between retries", None),

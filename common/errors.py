@@ -448,6 +448,12 @@ class DeliveryTimeoutError(PymqError, wire_name="DELIVERY_TIMEOUT"):
     code = 1001
 
 
+class TransactionAbortedError(PymqError, wire_name="TRANSACTION_ABORTED"):
+    """A record was not sent because its transaction was aborted first (abort_transaction)."""
+
+    code = 1006
+
+
 class ConsumerStoppedError(PymqError, wire_name="CONSUMER_STOPPED"):
     code = 1002
 

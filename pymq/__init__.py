@@ -24,6 +24,8 @@ from client import (
     MemberDescription,
     OffsetAndMetadata,
     PartitionLag,
+    PreparedTransaction,
+    PreviousTransaction,
     Producer,
     RecordFuture,
     RecordMetadata,
@@ -34,7 +36,7 @@ from common.errors import PymqError
 __all__ = [
     "Admin", "AdminError", "AsyncAdmin", "AsyncConsumer", "AsyncProducer", "Consumer", "ConsumerRecord",
     "EARLIEST", "GroupDescription", "GroupListing", "GroupMetadata", "LATEST", "MemberDescription",
-    "OffsetAndMetadata", "PartitionLag", "Producer", "PymqError", "RECORD_SCHEMA", "RecordFuture", "RecordMetadata",
+    "OffsetAndMetadata", "PartitionLag", "PreparedTransaction", "PreviousTransaction", "Producer", "PymqError", "RECORD_SCHEMA", "RecordFuture", "RecordMetadata",
     "TopicDescription", "history",
 ]
 

@@ -10,6 +10,8 @@ import pyarrow as pa
 import pytest
 
 from client import AsyncProducer
+from client.idempotence import ProducerSequences, SequenceWindows
+from client.producer_batch import ProducerBatch
 from common.errors import InvalidRecordError, OutOfOrderSequenceError
 from protocol import ApiKey, InitProducerIdRequest, ProduceRequest
 from segment_format import record
@@ -108,3 +110,29 @@ def test_idempotence_is_off_with_acks_zero_and_refused_if_asked_for():
     assert AsyncProducer("127.0.0.1:9", acks=0).sender.sequences is None
     assert AsyncProducer("127.0.0.1:9", enable_idempotence="false").sender.sequences is None
     assert AsyncProducer("127.0.0.1:9").sender.sequences is not None
+
+
+def test_the_window_moves_only_past_its_oldest_unacknowledged_batch():
+    """Pure SequenceWindows: seven batches, five go out; the third acknowledged first frees no
+    room (the first is still out: a retry of it must find it among the leader's last five); each
+    of the first two acknowledged lets one more go, with the next sequence."""
+    sequences = ProducerSequences()
+    sequences.install(7, 0, [])
+    windows = SequenceWindows(sequences)
+    batches = []
+    for i in range(7):
+        batch = ProducerBatch("t", 0)
+        batch.record_count = 1
+        batches.append(batch)
+    out = windows.hand_out(batches)
+    assert out == batches[:5] and windows.muted[("t", 0)] == batches[5:]
+    batches[2].result.complete(2)
+    assert windows.completed(batches[2]) == []  # the first is out: no room
+    batches[0].result.complete(0)
+    released = windows.completed(batches[0])  # the window starts at the second now: room for one
+    assert released == batches[5:]
+    assert windows.hand_out(released) == batches[5:6] and windows.muted[("t", 0)] == batches[6:]
+    batches[1].result.complete(1)
+    released = windows.completed(batches[1])
+    assert windows.hand_out(released) == batches[6:]
+    assert [b.producer for b in batches] == [(7, 0, i) for i in range(7)]

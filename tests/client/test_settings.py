@@ -28,7 +28,6 @@ def test_the_settings_page_is_generated_from_the_code():
     ({"value_deserializer": "x"}, "pymq returns bytes: decode record.value"),
     ({"partitioner.class": "x"}, "key.partitioner config"),
     ({"security.protocol": "SSL"}, "plaintext TCP today"),
-    ({"transactional.id": "tx-1"}, "transactional.id='tx-1' is not yet supported: transactions"),
 ])
 def test_kafka_settings_without_a_pymq_counterpart_say_why(settings, message):
     with pytest.raises(ValueError, match=message):
