@@ -264,6 +264,15 @@ class Segment:
             raise CorruptMessageError(f"{self.log_path.name} ends before its next offset {self._next_offset}: {self.damage}")
         return found
 
+    def headers_from(self, offset: int) -> Iterator[record.BatchHeader]:
+        """The headers of the batches from the one holding `offset` to the published end, only
+        framed (no CRC, no body): what replaying derived state (producer state) needs of bytes
+        recovery has already checked. Under the append lock (the published end must not move)."""
+        found = self._find_position(self._reader(), max(offset, self.base_offset))
+        if found is None:
+            return iter(())
+        return (header for _, header in self._batches(found[0], self._size, FRAME_ONLY))
+
     def read(self, offset: int, max_bytes: int, max_offset: int | None = None) -> FetchSlice | None:
         """Bytes from the batch holding `offset`: min(max_bytes, what the segment holds [before the
         batch holding `max_offset`]), but the whole first batch even beyond max_bytes (KIP-74).

@@ -6,6 +6,8 @@
                                                    the log cleaner, awaiting unlink
         *.cleaned, *.swap                          a segment the log cleaner writes / swaps in
         leader-epoch-checkpoint                    "epoch start_offset" lines (leader_epoch.py)
+        {offset:020d}.snapshot                     producer state below `offset` (producer_state.py),
+                                                   taken at each roll and at a clean close
         partition.metadata                         the topic id this directory belongs to
 
 Offsets, each checkpointed per log directory by the LogManager:
@@ -23,6 +25,13 @@ Appends come in two kinds: `append_as_leader` validates and assigns offsets by p
 `append_as_follower` keeps the offsets and epochs a leader assigned and rolls at the batch's base.
 Either fails whole: on an error nothing of the append stays visible (a write that failed part way
 is cut back), and if even that fails, the log directory goes offline.
+
+Producer state (producer_state.py, Kafka's ProducerStateManager): batches with a producer id are
+checked by the leader against their producer's last batches before anything is written (a retry
+of one of them is answered with its original offsets, not written again; gaps and older epochs
+are refused); followers and recovery replay them unchecked. The state is rebuilt on open from the
+newest snapshot at or below the log end plus the batch headers after it, and reloaded the same way
+whenever the log's end is cut (truncation, a failed append).
 
 Durability: `flush` (from a worker thread) fsyncs and then advances the recovery point. A failed
 fsync takes the whole log directory offline (`LogDirFailure`): the kernel may have dropped the
@@ -88,6 +97,7 @@ from broker.log.leader_epoch import LeaderEpochCache
 from broker.log.local_log import LocalLog, SegmentsRemovedError, SwapFailedError
 from broker.log.log_dir_space import LogDirSpace
 from broker.log.log_loader import LogLoader
+from broker.log.producer_state import ProducerEntry, ProducerStateManager, decode_snapshot
 from broker.log.segment import BatchInfo, FetchSlice, Segment
 from common.errors import (
     CorruptMessageError,
@@ -213,6 +223,12 @@ class UnifiedLog:
         self.last_recovery_truncated_bytes = 0
         self.recovered_bytes = 0  # what the last open re-validated after the recovery point
         self.damaged_segments = 0
+        self.producers = ProducerStateManager(directory, f"{topic}-{partition}")  # under the append lock
+        # Batches of the append being written, not yet in `producers`: (producer_id, epoch,
+        # base_sequence, last_offset_delta, base_offset, max_timestamp) in offset order; a roll
+        # applies those below the new segment's base before it snapshots there.
+        self._pending_producer_batches: list[tuple[int, int, int, int, int, int]] = []
+        local.on_roll = self._snapshot_on_roll
 
     @classmethod
     def open(
@@ -284,6 +300,11 @@ class UnifiedLog:
         unified.last_recovery_truncated_bytes = loaded.truncated_bytes
         unified.recovered_bytes = sum(segment.size for segment in loaded.recovered)
         unified.damaged_segments = len(loaded.damaged)
+        try:
+            unified._load_producer_state()
+        except (KafkaStorageError, CorruptMessageError):
+            local.close()
+            raise
         return unified
 
     def __repr__(self) -> str:
@@ -392,6 +413,12 @@ class UnifiedLog:
         InvalidTimestampError, MessageTooLargeError. KafkaStorageError if the disk fails (nothing
         of the append stays). O(batches) Python work; each body is decoded and validated by Arrow
         (O(records) in C++, zero-copy unless compressed) before the append lock is taken.
+
+        Batches with a producer id are checked against the producer state first (nothing is
+        written if one fails): InvalidProducerEpochError, OutOfOrderSequenceError. Leading
+        batches that repeat one of their producer's last five are not written again: they are
+        answered with their original offsets (`batch_offsets` lists every batch's then), and a
+        record set of duplicates only writes nothing.
         """
         with memoryview(payload).cast("B") as view:  # released on return: the caller may reuse the buffer
             if view.readonly:
@@ -400,13 +427,10 @@ class UnifiedLog:
             with self._append_lock:  # the LEO moves only under it: offsets assigned here stay unique
                 self._check_usable()
                 now = self._clock()
+                if any(header.producer_id >= 0 for _, header in headers):  # the plain path's only cost
+                    return self._append_idempotent(view, headers, leader_epoch, now)
                 batches = self._assign_offsets(view, headers, leader_epoch, now)
-                epochs_before = len(self._epochs)
-                if leader_epoch >= 0:
-                    latest = self._epochs.latest_epoch
-                    if leader_epoch != latest:  # before the data: an epoch entry never lags its records
-                        self._epochs.assign(leader_epoch, batches[0].base_offset)
-                self._write(view, batches, now, epochs_before)
+                self._write_as_leader(view, batches, leader_epoch, now)
                 return AppendInfo(
                     first_offset=batches[0].base_offset,
                     last_offset=batches[-1].next_offset - 1,
@@ -414,6 +438,43 @@ class UnifiedLog:
                     log_start_offset=self.log_start_offset,
                     record_count=batches[-1].next_offset - batches[0].base_offset,
                 )
+
+    def _append_idempotent(self, view: memoryview, headers: list[tuple[int, record.BatchHeader]], leader_epoch: int,
+                           now: int) -> AppendInfo:
+        """append_as_leader for a record set with producer ids (under the append lock)."""
+        plan = self.producers.plan_leader_append([header for _, header in headers])
+        record_count = sum(header.last_offset_delta + 1 for _, header in headers)
+        duplicate_offsets = [batch.first_offset for batch in plan.duplicates]
+        if plan.first_new == len(headers):  # a retry of what is written already
+            return AppendInfo(duplicate_offsets[0], plan.duplicates[-1].last_offset, -1, self.log_start_offset,
+                              record_count, tuple(duplicate_offsets))
+        start = headers[plan.first_new][0]
+        new = [(position - start, header) for position, header in headers[plan.first_new:]]
+        view = view[start:]
+        batches = self._assign_offsets(view, new, leader_epoch, now)
+        self._pending_producer_batches = [
+            (header.producer_id, header.producer_epoch, header.base_sequence, header.last_offset_delta,
+             batch.base_offset, batch.max_timestamp)
+            for (_, header), batch in zip(new, batches) if header.producer_id >= 0]
+        self._write_as_leader(view, batches, leader_epoch, now)
+        self._apply_pending_producer_batches(INT64_END)
+        return AppendInfo(
+            first_offset=duplicate_offsets[0] if duplicate_offsets else batches[0].base_offset,
+            last_offset=batches[-1].next_offset - 1,
+            log_append_time_ms=now if self._log_append_time else -1,
+            log_start_offset=self.log_start_offset,
+            record_count=record_count,
+            batch_offsets=tuple(duplicate_offsets + [batch.base_offset for batch in batches]) if duplicate_offsets else None,
+        )
+
+    def _write_as_leader(self, view: memoryview, batches: list[BatchInfo], leader_epoch: int, now: int) -> None:
+        """Record the leader epoch at the first offset if it is new, then write (under the append lock)."""
+        epochs_before = len(self._epochs)
+        if leader_epoch >= 0:
+            latest = self._epochs.latest_epoch
+            if leader_epoch != latest:  # before the data: an epoch entry never lags its records
+                self._epochs.assign(leader_epoch, batches[0].base_offset)
+        self._write(view, batches, now, epochs_before)
 
     def append_as_follower(self, payload: memoryview | bytes | bytearray) -> AppendInfo:
         """Append batches exactly as a leader assigned them (offsets and epochs kept), after
@@ -435,7 +496,12 @@ class UnifiedLog:
                 latest = self._epochs.latest_epoch
                 if header.partition_leader_epoch >= 0 and (latest is None or header.partition_leader_epoch > latest):
                     self._epochs.assign(header.partition_leader_epoch, header.base_offset)
+            self._pending_producer_batches = [
+                (header.producer_id, header.producer_epoch, header.base_sequence, header.last_offset_delta,
+                 header.base_offset, header.max_timestamp)
+                for _, header in headers if header.producer_id >= 0 and not header.is_control]
             self._write(view, batches, self._clock(), epochs_before)
+            self._apply_pending_producer_batches(INT64_END)
             return AppendInfo(batches[0].base_offset, batches[-1].next_offset - 1, -1, self.log_start_offset,
                               sum(h.record_count for _, h in headers))
 
@@ -452,6 +518,7 @@ class UnifiedLog:
         try:
             sealed = self._local.append(view, batches, now)
         except KafkaStorageError as err:
+            self._pending_producer_batches = []
             self._restore(first_offset, epochs_before)
             self._dir_failure.space.write_failed(err)
             raise
@@ -468,8 +535,9 @@ class UnifiedLog:
         try:
             self._local.truncate_to(offset)
             self._epochs.keep_first(epochs_before)
-        except KafkaStorageError as err:
-            self._dir_failure.fail(err)
+            self._reload_producer_state()  # a roll may have applied some of the append's batches
+        except (KafkaStorageError, CorruptMessageError) as err:
+            self._dir_failure.fail(KafkaStorageError(str(err)))
 
     @property
     def _log_append_time(self) -> bool:
@@ -508,6 +576,65 @@ class UnifiedLog:
             batches.append(BatchInfo(next_offset, next_offset + span, header.size, max_timestamp))
             next_offset += span
         return batches
+
+    # --- producer state --------------------------------------------------------------------
+
+    def _apply_pending_producer_batches(self, below: int) -> None:
+        """Move the written batches of the current append that start below `below` into the
+        producer state (under the append lock)."""
+        pending = self._pending_producer_batches
+        applied = 0
+        for producer_id, epoch, base_sequence, last_offset_delta, base_offset, timestamp in pending:
+            if base_offset >= below:
+                break
+            self.producers.apply(producer_id, epoch, base_sequence, last_offset_delta, base_offset, timestamp)
+            applied += 1
+        self._pending_producer_batches = pending[applied:]
+
+    def _snapshot_on_roll(self, base_offset: int) -> None:
+        """LocalLog is about to seal the active segment and start one at `base_offset`: snapshot
+        the producer state as of there (Kafka's takeSnapshot on roll), so a reload replays at most
+        the segments after it. Under the append lock."""
+        self._apply_pending_producer_batches(base_offset)
+        self.producers.take_snapshot(base_offset)
+
+    def _load_producer_state(self) -> None:
+        """Load the newest snapshot at or below the log end and replay the batches after it (on
+        open, and whenever the end was cut). Under the append lock, or before the log is shared."""
+        end = self.log_end_offset
+        loaded = self.producers.load(end)
+        start = max(loaded, self._local.start_offset)
+        if loaded < self._local.start_offset:
+            self.producers.clear()  # older than the local segments, or none: rebuild from the local log
+            start = self._local.start_offset
+        for segment in self._local.segments:
+            if segment.next_offset <= start or not segment.size:
+                continue
+            try:
+                self.producers.replay_all(segment.headers_from(start))
+            except CorruptMessageError as err:
+                # Damage recovery recorded (readers get CORRUPT_MESSAGE there): the batches past it
+                # cannot be framed, so their producers' state is incomplete, never invented.
+                log.error("%s: producer state replay stopped in %s: %s", self, segment.log_path.name, err)
+        self.producers.remove_below(self.log_start_offset)
+
+    def _reload_producer_state(self) -> None:
+        """The log's end was cut: snapshots past it go, and the state is rebuilt up to it."""
+        self._pending_producer_batches = []
+        self._load_producer_state()
+
+    def expire_producers(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget producers idle for `expiration_ms` (producer.id.expiration.ms) with no ongoing
+        transaction; returns how many. O(producers of this partition), from the retention pass."""
+        with self._append_lock:
+            if self._closed:
+                return 0
+            return self.producers.remove_expired(now_ms, expiration_ms)
+
+    def producer_entries(self) -> dict[int, ProducerEntry]:
+        """A copy of the producer state (tests, tooling)."""
+        with self._append_lock:
+            return {pid: entry.copy() for pid, entry in self.producers.entries.items()}
 
     # --- read ------------------------------------------------------------------------------
 
@@ -565,6 +692,7 @@ class UnifiedLog:
                 if self.recovery_point >= self.log_end_offset:
                     self._first_unflushed_ms = None
             self._epochs.truncate_from_end(self.log_end_offset)  # a checkpoint write: outside the view lock
+            self._reload_producer_state()
             return removed
 
     def truncate_fully_and_start_at(self, offset: int) -> int:
@@ -583,19 +711,28 @@ class UnifiedLog:
             self._must_flush_to = self._roll_flush_to = 0
             self._first_unflushed_ms = None
         self._epochs.clear()
+        self.producers.clear()
+        self.producers.delete_all_snapshots()
         return removed
 
-    def rebuild_from_remote(self, offset: int, remote_log_start_offset: int, leader_epochs: list[tuple[int, int]]) -> int:
+    def rebuild_from_remote(self, offset: int, remote_log_start_offset: int, leader_epochs: list[tuple[int, int]],
+                            producer_snapshot: bytes | None = None) -> int:
         """A follower whose fetch position fell below its leader's local log start (Kafka's
         ReplicaFetcherTierStateMachine): delete every record and continue at `offset`, where
         the remote tier's log ends, taking from the tier's manifest what the records below it
         would have told: the log start (`remote_log_start_offset`), that everything below
         `offset` is uploaded, and the leader epochs (`leader_epochs`, (epoch, start offset) at
         each change; the last one in effect at `offset`), which OffsetForLeaderEpoch answers
-        from once this replica leads. Returns the bytes removed. From a worker thread."""
+        from once this replica leads, and the producer state at `offset` (`producer_snapshot`,
+        the encoded snapshot the tier keeps with its last segment; None: no producers known).
+        CorruptSnapshotError if it is not a valid snapshot (nothing changed then). Returns the
+        bytes removed. From a worker thread."""
         with self._maintenance_lock, self._append_lock:
             self._check_usable()
+            producers = decode_snapshot(producer_snapshot, f"remote snapshot at {offset}") if producer_snapshot else {}
             removed = self._truncate_fully(offset)
+            self.producers.entries = producers
+            self.producers.take_snapshot(offset)
             self._epochs.reset_to([entry for entry in leader_epochs if entry[1] < offset])
             with self._lock:
                 self._remote_state_known = True
@@ -690,6 +827,13 @@ class UnifiedLog:
                     self._local.recovery_point = max(self._local.recovery_point, self.log_start_offset,
                                                      self._local.start_offset)
                     epochs_changed = self._epochs.truncate_from_start(self.log_start_offset, write=False)
+                # Kafka's onLogStartOffsetIncremented: producers whose batches all went are dropped,
+                # and snapshots below the local log start can no longer be replayed from.
+                self.producers.remove_below(self.log_start_offset)
+                try:
+                    self.producers.delete_snapshots_below(self._local.start_offset)
+                except KafkaStorageError as err:
+                    error = error or err
             if epochs_changed:
                 # Outside the append lock: appends on the event loop must not wait for these
                 # fsyncs. Under the maintenance lock, which a close or a rename of the directory
@@ -901,6 +1045,12 @@ class UnifiedLog:
             try:
                 if not self._dir_failure.failed:
                     self._local.segments.active.seal()  # its max timestamp becomes the last time-index entry
+                    # At the log end: a clean restart loads it and replays nothing. Synced with the
+                    # segments (or by the caller's filesystem sync).
+                    try:
+                        self.producers.take_snapshot(self.log_end_offset, sync=sync)
+                    except KafkaStorageError as err:  # only costs the next open a longer replay
+                        log.error("%s: no producer snapshot at close: %s", self, err)
                     if sync:
                         self._local.sync(self._local.prepare_flush(self.log_end_offset), self._local.dir_dirty)
                     self._local.recovery_point = self.log_end_offset

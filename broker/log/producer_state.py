@@ -1,0 +1,371 @@
+"""ProducerStateManager: what one partition knows of each idempotent producer (Kafka's
+ProducerStateManager and ProducerAppendInfo).
+
+Per producer id the partition keeps the producer's epoch, the last `BATCHES_KEPT` batches it
+appended (first and last sequence, first and last offset), the timestamp of its last batch (for
+expiry), and, for transactions, the coordinator epoch of its last marker and the first offset of
+its ongoing transaction. With it the leader
+
+- answers a retried batch (the same producer, epoch and sequences as one of the last five) with
+  the offsets it was first written at, instead of appending it twice;
+- refuses a gap in sequences (OUT_OF_ORDER_SEQUENCE) and a zombie's older epoch
+  (INVALID_PRODUCER_EPOCH).
+
+The state is derived from the log: a follower and recovery replay batch headers without checks
+(`replay`, Kafka's REPLICATION origin), so a new leader after a failover knows every producer's
+last batches. Snapshots bound the replay:
+
+    {offset:020d}.snapshot   the state of every batch below `offset` (ProducerSnapshot below)
+
+written when a segment rolls (state as of the new segment's base offset) and at a clean close (at
+the log end: a clean restart replays nothing). A snapshot is written to a temporary name and
+renamed, without an fsync: a torn or lost snapshot fails its CRC and the next older one is used
+(or the log is replayed from its start), so a snapshot is a shortcut, never the only copy.
+
+The leader's checks (`plan_leader_append`) read the committed state and stage every change in
+copies, so a refused append changes nothing; the caller applies the accepted batches with
+`apply` once their offsets are assigned and written. Not thread-safe: UnifiedLog calls it under
+its append lock (its reads of `entries` for a snapshot too).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import crc32c
+import msgpack
+
+from common.errors import InvalidProducerEpochError, KafkaStorageError, OutOfOrderSequenceError
+from segment_format import record
+
+log = logging.getLogger(__name__)
+
+BATCHES_KEPT = 5  # Kafka's NUM_BATCHES_TO_RETAIN: a producer has at most 5 requests in flight
+INT32_MAX = 2**31 - 1
+NO_OFFSET = -1
+
+SNAPSHOT_SUFFIX = ".snapshot"
+_SNAPSHOT_DIGITS = 20
+
+
+class BatchMetadata(NamedTuple):
+    """One appended batch of a producer: its sequences and the offsets it was written at."""
+
+    first_seq: int
+    last_seq: int
+    first_offset: int
+    last_offset: int
+
+
+def last_sequence(base_sequence: int, last_offset_delta: int) -> int:
+    """The last sequence of a batch; sequences wrap from INT32_MAX to 0 (Kafka's
+    DefaultRecordBatch.incrementSequence)."""
+    if base_sequence > INT32_MAX - last_offset_delta:
+        return last_offset_delta - (INT32_MAX - base_sequence) - 1
+    return base_sequence + last_offset_delta
+
+
+def in_sequence(last_seq: int, next_seq: int) -> bool:
+    return next_seq == last_seq + 1 or (next_seq == 0 and last_seq == INT32_MAX)
+
+
+@dataclass(slots=True)
+class ProducerEntry:
+    """One producer's state in one partition. `epoch` -1: unknown (no batch seen yet)."""
+
+    producer_id: int
+    epoch: int = -1
+    batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=BATCHES_KEPT))
+    last_timestamp: int = -1
+    coordinator_epoch: int = -1
+    txn_first_offset: int = NO_OFFSET  # first offset of the ongoing transaction (phase 2), -1: none
+
+    @property
+    def last_seq(self) -> int:
+        return self.batches[-1].last_seq if self.batches else -1
+
+    @property
+    def last_offset(self) -> int:
+        return self.batches[-1].last_offset if self.batches else NO_OFFSET
+
+    def find_duplicate(self, epoch: int, first_seq: int, last_seq: int) -> BatchMetadata | None:
+        """The kept batch this one repeats (same epoch and sequences), if any."""
+        if epoch != self.epoch:
+            return None
+        for batch in self.batches:
+            if batch.first_seq == first_seq and batch.last_seq == last_seq:
+                return batch
+        return None
+
+    def add(self, epoch: int, batch: BatchMetadata, timestamp: int) -> None:
+        """Record an appended batch; a new epoch forgets the old one's batches."""
+        if epoch != self.epoch:
+            self.batches.clear()
+            self.epoch = epoch
+        self.batches.append(batch)
+        self.last_timestamp = max(self.last_timestamp, timestamp)
+
+    def copy(self) -> ProducerEntry:
+        return ProducerEntry(self.producer_id, self.epoch, deque(self.batches, maxlen=BATCHES_KEPT),
+                             self.last_timestamp, self.coordinator_epoch, self.txn_first_offset)
+
+
+class LeaderAppendPlan(NamedTuple):
+    """What a leader's append must do: `duplicates`, the leading batches of the record set that
+    were appended before (answered with these original offsets, not written again), and
+    `first_new`, the index of the first batch to write (len(headers) when all are duplicates)."""
+
+    duplicates: list[BatchMetadata]
+    first_new: int
+
+
+class ProducerStateManager:
+    """The producer state of one partition, and its snapshots in the partition's directory."""
+
+    def __init__(self, directory: Path, name: str) -> None:
+        self.directory = directory
+        self.name = name  # topic-partition, for error messages
+        self.entries: dict[int, ProducerEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def entry(self, producer_id: int) -> ProducerEntry | None:
+        return self.entries.get(producer_id)
+
+    # --- leader appends (Kafka's ProducerAppendInfo with origin CLIENT) --------------------------
+
+    def plan_leader_append(self, headers: Sequence[record.BatchHeader]) -> LeaderAppendPlan:
+        """Check every batch of a producer's record set against the state, changing nothing.
+
+        Leading batches that repeat one of their producer's last five (same epoch, same first and
+        last sequence) are duplicates. Every later batch with a producer id must follow its
+        producer's state as staged by the batches before it: an epoch older than the known one is
+        InvalidProducerEpochError; a newer epoch must start at sequence 0; the same epoch must
+        continue the last sequence (a duplicate after a new batch is out of order too); an
+        unknown producer may start anywhere (its state may have expired). Else
+        OutOfOrderSequenceError. O(batches)."""
+        staged: dict[int, ProducerEntry] = {}
+        duplicates: list[BatchMetadata] = []
+        first_new = len(headers)
+        for i, header in enumerate(headers):
+            producer_id = header.producer_id
+            if producer_id < 0:
+                first_new = min(first_new, i)
+                continue
+            first_seq = header.base_sequence
+            last_seq = last_sequence(first_seq, header.last_offset_delta)
+            committed = self.entries.get(producer_id)
+            if first_new == len(headers) and committed is not None:
+                duplicate = committed.find_duplicate(header.producer_epoch, first_seq, last_seq)
+                if duplicate is not None:
+                    duplicates.append(duplicate)
+                    continue
+            first_new = min(first_new, i)
+            entry = staged.get(producer_id)
+            if entry is None:
+                entry = staged[producer_id] = committed.copy() if committed is not None else ProducerEntry(producer_id)
+            self._check(entry, header.producer_epoch, first_seq, last_seq)
+            entry.add(header.producer_epoch, BatchMetadata(first_seq, last_seq, NO_OFFSET, NO_OFFSET), -1)
+        return LeaderAppendPlan(duplicates, first_new)
+
+    def _check(self, entry: ProducerEntry, epoch: int, first_seq: int, last_seq: int) -> None:
+        """Kafka's ProducerAppendInfo.checkProducerEpoch and checkSequence."""
+        if epoch < entry.epoch:
+            raise InvalidProducerEpochError(
+                f"{self.name}: producer {entry.producer_id} epoch {epoch} is older than the current epoch "
+                f"{entry.epoch} (a fenced instance)")
+        if epoch > entry.epoch:
+            if first_seq != 0 and entry.epoch >= 0:
+                raise OutOfOrderSequenceError(
+                    f"{self.name}: producer {entry.producer_id} starts epoch {epoch} at sequence {first_seq}, "
+                    f"expected 0")
+            return
+        if entry.batches and not in_sequence(entry.last_seq, first_seq):
+            raise OutOfOrderSequenceError(
+                f"{self.name}: producer {entry.producer_id} epoch {epoch} sent sequences {first_seq}..{last_seq} "
+                f"after {entry.last_seq}, expected {entry.last_seq + 1 if entry.last_seq < INT32_MAX else 0}")
+
+    # --- changes without checks (appended batches, followers, recovery) --------------------------
+
+    def apply(self, producer_id: int, epoch: int, first_seq: int, last_offset_delta: int, first_offset: int,
+              timestamp: int) -> None:
+        """Record a batch written at `first_offset` (Kafka's REPLICATION origin: no checks)."""
+        entry = self.entries.get(producer_id)
+        if entry is None:
+            entry = self.entries[producer_id] = ProducerEntry(producer_id)
+        entry.add(epoch, BatchMetadata(first_seq, last_sequence(first_seq, last_offset_delta), first_offset,
+                                       first_offset + last_offset_delta), timestamp)
+
+    def replay(self, header: record.BatchHeader) -> None:
+        """A batch as it is in the log (a follower's append, recovery's replay)."""
+        if header.producer_id >= 0 and not header.is_control:
+            self.apply(header.producer_id, header.producer_epoch, header.base_sequence, header.last_offset_delta,
+                       header.base_offset, header.max_timestamp)
+
+    def replay_all(self, headers: Iterable[record.BatchHeader]) -> None:
+        for header in headers:
+            if header.producer_id >= 0:
+                self.replay(header)
+
+    def clear(self) -> None:
+        self.entries.clear()
+
+    def remove_below(self, log_start_offset: int) -> int:
+        """Forget producers whose last batch lies below the log start (retention removed every
+        batch of theirs: Kafka's onLogStartOffsetIncremented). Returns how many went."""
+        gone = [pid for pid, entry in self.entries.items()
+                if entry.last_offset < log_start_offset and entry.txn_first_offset == NO_OFFSET]
+        for pid in gone:
+            del self.entries[pid]
+        return len(gone)
+
+    def remove_expired(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget producers idle for `expiration_ms` (producer.id.expiration.ms; the timestamp of
+        their last batch) and with no ongoing transaction. O(producers). Returns how many went."""
+        gone = [pid for pid, entry in self.entries.items()
+                if now_ms - entry.last_timestamp >= expiration_ms and entry.txn_first_offset == NO_OFFSET]
+        for pid in gone:
+            del self.entries[pid]
+        return len(gone)
+
+    # --- snapshots -------------------------------------------------------------------------------
+
+    def snapshot_path(self, offset: int) -> Path:
+        return self.directory / f"{offset:0{_SNAPSHOT_DIGITS}d}{SNAPSHOT_SUFFIX}"
+
+    def snapshot_offsets(self) -> list[int]:
+        """Offsets of the snapshot files in the directory, oldest first."""
+        try:
+            names = os.listdir(self.directory)
+        except OSError as err:
+            raise KafkaStorageError(f"cannot list {self.directory}: {err}") from err
+        return sorted(offset for name in names if (offset := snapshot_offset(name)) is not None)
+
+    def take_snapshot(self, offset: int, sync: bool = False) -> Path:
+        """Write the state (that of every batch below `offset`) as `{offset}.snapshot`.
+        KafkaStorageError if it cannot be written."""
+        path = self.snapshot_path(offset)
+        write_snapshot(path, encode_snapshot(self.entries.values()), sync)
+        return path
+
+    def load(self, end_offset: int) -> int:
+        """Replace the state with the newest intact snapshot at or below `end_offset`; delete the
+        snapshots above it and the corrupt ones met on the way. Returns the snapshot's offset
+        (where a replay must start), or -1 if none was usable (empty state: replay the whole log)."""
+        self.entries = {}
+        offsets = self.snapshot_offsets()
+        for offset in offsets:
+            if offset > end_offset:
+                _unlink(self.snapshot_path(offset))
+        for offset in reversed([o for o in offsets if o <= end_offset]):
+            path = self.snapshot_path(offset)
+            try:
+                self.entries = decode_snapshot(path.read_bytes(), str(path))
+                return offset
+            except (OSError, CorruptSnapshotError) as err:
+                log.warning("%s: ignoring producer snapshot %s: %s", self.name, path.name, err)
+                _unlink(path)
+        return -1
+
+    def load_bytes(self, data: bytes, where: str) -> None:
+        """Replace the state with an encoded snapshot (the remote tier's). CorruptSnapshotError."""
+        self.entries = decode_snapshot(data, where)
+
+    def delete_snapshots_below(self, offset: int) -> None:
+        """Delete the snapshots below `offset`, but never the newest one."""
+        offsets = self.snapshot_offsets()
+        for old in offsets[:-1]:
+            if old < offset:
+                _unlink(self.snapshot_path(old))
+
+    def delete_snapshots_above(self, offset: int) -> None:
+        for old in self.snapshot_offsets():
+            if old > offset:
+                _unlink(self.snapshot_path(old))
+
+    def delete_all_snapshots(self) -> None:
+        for old in self.snapshot_offsets():
+            _unlink(self.snapshot_path(old))
+
+
+# --- the snapshot format ----------------------------------------------------------------------
+#
+#     offset size field
+#     0      4    magic b"PYPS"
+#     4      2    version (uint16) = 1
+#     6      4    crc (uint32): CRC32C of the payload
+#     10     ...  payload: msgpack array, one entry per producer:
+#                 [producer_id, epoch, last_timestamp, coordinator_epoch, txn_first_offset,
+#                  [[first_seq, last_seq, first_offset, last_offset], ...]]  (oldest batch first)
+
+SNAPSHOT_MAGIC = b"PYPS"
+SNAPSHOT_VERSION = 1
+_SNAPSHOT_HEADER = struct.Struct("<4sHI")
+
+
+class CorruptSnapshotError(ValueError):
+    """A producer snapshot that is torn, of an unknown version, or fails its CRC: not a wire error
+    (the broker falls back to an older snapshot or a replay)."""
+
+
+def encode_snapshot(entries: Iterable[ProducerEntry]) -> bytes:
+    payload = msgpack.packb([
+        [e.producer_id, e.epoch, e.last_timestamp, e.coordinator_epoch, e.txn_first_offset,
+         [list(batch) for batch in e.batches]]
+        for e in entries])
+    return _SNAPSHOT_HEADER.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, crc32c.crc32c(payload)) + payload
+
+
+def decode_snapshot(data: bytes, where: str) -> dict[int, ProducerEntry]:
+    if len(data) < _SNAPSHOT_HEADER.size:
+        raise CorruptSnapshotError(f"{where}: {len(data)} bytes, too short for a producer snapshot")
+    magic, version, crc = _SNAPSHOT_HEADER.unpack_from(data)
+    if magic != SNAPSHOT_MAGIC or version != SNAPSHOT_VERSION:
+        raise CorruptSnapshotError(f"{where}: not a version {SNAPSHOT_VERSION} producer snapshot "
+                                   f"(magic {magic!r}, version {version})")
+    payload = memoryview(data)[_SNAPSHOT_HEADER.size:]
+    if crc32c.crc32c(payload) != crc:
+        raise CorruptSnapshotError(f"{where}: CRC32C mismatch")
+    try:
+        entries = {}
+        for pid, epoch, last_timestamp, coordinator_epoch, txn_first_offset, batches in msgpack.unpackb(payload):
+            entries[pid] = ProducerEntry(pid, epoch, deque((BatchMetadata(*b) for b in batches), maxlen=BATCHES_KEPT),
+                                         last_timestamp, coordinator_epoch, txn_first_offset)
+    except (ValueError, TypeError, msgpack.UnpackException) as err:
+        raise CorruptSnapshotError(f"{where}: bad payload: {err}") from err
+    return entries
+
+
+def write_snapshot(path: Path, data: bytes, sync: bool) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as file:
+            file.write(data)
+            if sync:
+                file.flush()
+                os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        raise KafkaStorageError(f"cannot write producer snapshot {path}: {err}") from err
+
+
+def snapshot_offset(name: str) -> int | None:
+    """The offset of `{offset:020d}.snapshot`, else None."""
+    if not name.endswith(SNAPSHOT_SUFFIX):
+        return None
+    stem = name[: -len(SNAPSHOT_SUFFIX)]
+    return int(stem) if len(stem) == _SNAPSHOT_DIGITS and stem.isdigit() else None
+
+
+def _unlink(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as err:
+        raise KafkaStorageError(f"cannot delete {path}: {err}") from err
