@@ -148,7 +148,8 @@ class ReplicaManager:
         if cluster is not None:
             self.followers = ReplicaFetcherManager(
                 cluster.fetch, self.executors.replication, cluster.address, self.flush_if_needed, logs.checkpoint,
-                remote_manifest=None if remote_logs is None else remote_logs.current_manifest)
+                remote_manifest=None if remote_logs is None else remote_logs.current_manifest,
+                remote_producer_snapshot=None if remote_logs is None else remote_logs.producer_snapshot)
             self.isr_writer = cluster.isr_writer
             self.fence = cluster.fence
             self.replica_lag_time_max_ms = cluster.replica_lag_time_max_ms

@@ -311,9 +311,10 @@ class RemoteSegmentStore:
     # --- upload ----------------------------------------------------------------------------------
 
     def upload_segment(self, topic: str, partition: int, files: SegmentFiles,
-                       metadata: SegmentMetadata | None = None) -> RemoteSegment:
-        """Upload a sealed, flushed segment (its `.log`, `.index` and `.timeindex`) as a new
-        attempt, verify it, and return the entry to add to the manifest (nothing is visible until
+                       metadata: SegmentMetadata | None = None, extras: Mapping[str, bytes] | None = None) -> RemoteSegment:
+        """Upload a sealed, flushed segment (its `.log`, `.index` and `.timeindex`, and `extras`:
+        the bytes of optional kinds, e.g. "snapshot", the producer state at the segment's end) as
+        a new attempt, verify it, and return the entry to add to the manifest (nothing is visible until
         that manifest is committed). `metadata` is computed from the `.log` when not given
         (validating every batch; CorruptMessageError if one is bad).
 
@@ -331,15 +332,21 @@ class RemoteSegmentStore:
         index_bytes, time_index_bytes = _read_local(files.index), _read_local(files.time_index)
         OFFSET_INDEX.parse(index_bytes, files.index, metadata.base_offset).sanity_check(metadata.size_bytes)
         TIME_INDEX.parse(time_index_bytes, files.time_index, metadata.base_offset).sanity_check(metadata.next_offset)
+        extras = dict(extras or {})
         segment = RemoteSegment.create(metadata, secrets.token_hex(UPLOAD_ID_HEX_DIGITS // 2),
                                        (len(index_bytes), crc32c.crc32c(index_bytes)),
-                                       (len(time_index_bytes), crc32c.crc32c(time_index_bytes)))
+                                       (len(time_index_bytes), crc32c.crc32c(time_index_bytes)),
+                                       {kind: (len(data), crc32c.crc32c(data)) for kind, data in extras.items()})
         try:
             with self._remote(f"upload of {directory}/{segment.log.name}"):
                 if self._has_directories:
                     self.fs.makedirs(directory, exist_ok=True)
                 self.fs.pipe_file(self.object_path(topic, partition, segment.index), index_bytes)
                 self.fs.pipe_file(self.object_path(topic, partition, segment.time_index), time_index_bytes)
+                for kind, data in extras.items():
+                    obj = segment.object_of(kind)
+                    assert obj is not None
+                    self.fs.pipe_file(self.object_path(topic, partition, obj), data)
                 self.fs.put_file(str(files.log), self.object_path(topic, partition, segment.log))
                 if self._local:
                     _fsync_local([self.object_path(topic, partition, obj) for obj in segment.objects()], directory)
@@ -418,6 +425,13 @@ class RemoteSegmentStore:
         index = TIME_INDEX.parse(data, Path(segment.time_index.name), segment.base_offset)
         index.sanity_check(segment.next_offset)
         return index
+
+    def read_optional_object(self, topic: str, partition: int, segment: RemoteSegment, kind: str) -> bytes | None:
+        """The bytes of the segment's object of an optional kind ("snapshot", "txnindex"), or None
+        if its upload had none (an entry older than the kind). CorruptIndexError if the object's
+        size or CRC32C is not the manifest's."""
+        obj = segment.object_of(kind)
+        return None if obj is None else self._read_index_object(topic, partition, obj)
 
     def _read_index_object(self, topic: str, partition: int, obj: RemoteObject) -> bytes:
         path = self.object_path(topic, partition, obj)

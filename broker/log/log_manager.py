@@ -99,8 +99,9 @@ class LogManager:
     """The partition logs of one log directory, keyed by (topic, partition). Thread-safe."""
 
     def __init__(self, log_dir: Path, clock: Callable[[], int] = batch_body.now_ms, max_open_files: int = 1024,
-                 remote_storage: bool = False) -> None:
+                 remote_storage: bool = False, producer_id_expiration_ms: int = 86_400_000) -> None:
         self.log_dir = Path(log_dir)
+        self.producer_id_expiration_ms = producer_id_expiration_ms  # producer.id.expiration.ms
         self.remote_storage = remote_storage  # remote.log.storage.system.enable: logs of remote.storage.enable topics tier
         self._clock = clock
         self._lock = threading.Lock()
@@ -306,12 +307,13 @@ class LogManager:
     # --- retention -------------------------------------------------------------------------
 
     def run_retention(self, now_ms: int) -> int:
-        """Apply retention to every log; returns how many segments it removed. A log whose
-        retention fails is logged and skipped: the others still run. Removed segments are queued
-        for `purge_deleted`, not unlinked yet."""
+        """Apply retention to every log, and expire its idle producers (producer.id.expiration.ms);
+        returns how many segments it removed. A log whose retention fails is logged and skipped:
+        the others still run. Removed segments are queued for `purge_deleted`, not unlinked yet."""
         removed = 0
         for partition_log in self.all_logs():
             try:
+                partition_log.expire_producers(now_ms, self.producer_id_expiration_ms)
                 segments = partition_log.delete_old_segments(now_ms)
             except KafkaStorageError as err:
                 self.retention_failures += 1

@@ -255,14 +255,15 @@ class ProducerStateManager:
         write_snapshot(path, encode_snapshot(self.entries.values()), sync)
         return path
 
-    def load(self, end_offset: int) -> int:
-        """Replace the state with the newest intact snapshot at or below `end_offset`; delete the
-        snapshots above it and the corrupt ones met on the way. Returns the snapshot's offset
-        (where a replay must start), or -1 if none was usable (empty state: replay the whole log)."""
+    def load(self, end_offset: int, delete: bool = True) -> int:
+        """Replace the state with the newest intact snapshot at or below `end_offset`; with
+        `delete`, delete the snapshots above it and the corrupt ones met on the way. Returns the
+        snapshot's offset (where a replay must start), or -1 if none was usable (empty state:
+        replay the whole log)."""
         self.entries = {}
         offsets = self.snapshot_offsets()
         for offset in offsets:
-            if offset > end_offset:
+            if offset > end_offset and delete:
                 _unlink(self.snapshot_path(offset))
         for offset in reversed([o for o in offsets if o <= end_offset]):
             path = self.snapshot_path(offset)
@@ -271,7 +272,8 @@ class ProducerStateManager:
                 return offset
             except (OSError, CorruptSnapshotError) as err:
                 log.warning("%s: ignoring producer snapshot %s: %s", self.name, path.name, err)
-                _unlink(path)
+                if delete:
+                    _unlink(path)
         return -1
 
     def load_bytes(self, data: bytes, where: str) -> None:

@@ -97,7 +97,7 @@ from broker.log.leader_epoch import LeaderEpochCache
 from broker.log.local_log import LocalLog, SegmentsRemovedError, SwapFailedError
 from broker.log.log_dir_space import LogDirSpace
 from broker.log.log_loader import LogLoader
-from broker.log.producer_state import ProducerEntry, ProducerStateManager, decode_snapshot
+from broker.log.producer_state import CorruptSnapshotError, ProducerEntry, ProducerStateManager, decode_snapshot
 from broker.log.segment import BatchInfo, FetchSlice, Segment
 from common.errors import (
     CorruptMessageError,
@@ -630,6 +630,36 @@ class UnifiedLog:
             if self._closed:
                 return 0
             return self.producers.remove_expired(now_ms, expiration_ms)
+
+    def producer_snapshot_at(self, offset: int) -> bytes:
+        """The encoded producer state of every batch below `offset` (a sealed segment's next
+        offset), which tiering uploads with that segment: the `{offset}.snapshot` taken at the
+        roll, or, if there is none (a follower's segments roll at batch bases, an older log), one
+        rebuilt from the newest snapshot below plus the headers up to `offset` and written first.
+        Under the maintenance lock (no truncation, retention or swap meanwhile), so appends go on.
+        From a worker thread; KafkaStorageError if the files cannot be read or written."""
+        with self._maintenance_lock:
+            self._check_usable()
+            path = self.producers.snapshot_path(offset)
+            try:
+                data = path.read_bytes()
+                decode_snapshot(data, str(path))
+                return data
+            except (FileNotFoundError, CorruptSnapshotError):
+                pass
+            except OSError as err:
+                raise KafkaStorageError(f"cannot read {path}: {err}") from err
+            state = ProducerStateManager(self.directory, self.producers.name)
+            start = state.load(offset, delete=False)
+            if start < self._local.start_offset:
+                state.clear()
+                start = self._local.start_offset
+            for segment in self.segments():
+                if segment.next_offset <= start or segment.base_offset >= offset or not segment.size:
+                    continue
+                state.replay_all(header for header in segment.headers_from(start) if header.base_offset < offset)
+            state.take_snapshot(offset)
+            return path.read_bytes()
 
     def producer_entries(self) -> dict[int, ProducerEntry]:
         """A copy of the producer state (tests, tooling)."""

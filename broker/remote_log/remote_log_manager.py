@@ -56,11 +56,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.config import BrokerConfig
+from broker.log.producer_state import CorruptSnapshotError, decode_snapshot
 from broker.log.segment import Segment
 from broker.log.unified_log import UnifiedLog
 from broker.remote_log.remote_log_reader import RemoteLogReader
 from common.errors import InvalidRequestError, KafkaStorageError, NotLeaderError, PymqError, StaleManifestError
 from segment_format import batch_body
+from segment_format.index_file import CorruptIndexError
 from segment_format.layout import SegmentFiles
 from segment_format.limits import INT64_MAX
 from segment_format.manifest import CorruptManifestError, PartitionManifest, RemoteSegment
@@ -260,6 +262,21 @@ class RemoteLogManager:
         """The partition's manifest as the store holds it now (blocking: a worker thread)."""
         return self.store.load_manifest(partition_log.topic, partition_log.partition, partition_log.topic_id)
 
+    def producer_snapshot(self, partition_log: UnifiedLog, manifest: PartitionManifest) -> bytes | None:
+        """The producer state at `manifest`'s log end: the snapshot its last segment was uploaded
+        with (None if there is no segment, or it was uploaded before snapshots were). Blocking.
+        CorruptIndexError if the object is not the one the manifest records or not a snapshot."""
+        if not manifest.segments:
+            return None
+        last = manifest.segments[-1]
+        data = self.store.read_optional_object(partition_log.topic, partition_log.partition, last, "snapshot")
+        if data is not None:
+            try:
+                decode_snapshot(data, f"remote snapshot of segment {last.base_offset}")
+            except CorruptSnapshotError as err:
+                raise CorruptIndexError(str(err)) from err
+        return data
+
     def status(self, topic: str, partition: int) -> TieringStatus:
         """What tiering knows of the partition now (`pymq tier status`, metrics)."""
         with self._lock:
@@ -396,9 +413,9 @@ class RemoteLogManager:
                 remote_end = state.manifest.log_end_offset
                 if segment.base_offset < remote_end:  # a previous leader's upload ended inside it
                     with _tail_of(segment, remote_end, partition_log.config.index_interval_bytes) as (files, metadata):
-                        remote = self.store.upload_segment(topic, partition, files, metadata)
+                        remote = self.store.upload_segment(topic, partition, files, metadata, self._extras(partition_log, segment))
                 else:
-                    remote = self.store.upload_segment(topic, partition, segment.files)
+                    remote = self.store.upload_segment(topic, partition, segment.files, extras=self._extras(partition_log, segment))
                 self._commit(partition_log, state, leader_epoch, state.manifest.with_segment(remote))
                 self.uploaded_segments += 1
             finally:
@@ -406,6 +423,12 @@ class RemoteLogManager:
             log.debug("%s: uploaded segment %d..%d (%d bytes)", partition_log, remote.base_offset,
                       remote.last_offset, remote.size_bytes)
         self._expire(partition_log, state, leader_epoch)
+
+    @staticmethod
+    def _extras(partition_log: UnifiedLog, segment: Segment) -> dict[str, bytes]:
+        """What a segment uploads beside its `.log` and indexes: the producer state at its end
+        (KIP-405's producer snapshot), so a follower rebuilt from the tier knows the producers."""
+        return {"snapshot": partition_log.producer_snapshot_at(segment.next_offset)}
 
     @staticmethod
     def _candidates(partition_log: UnifiedLog, manifest: PartitionManifest) -> list[Segment]:

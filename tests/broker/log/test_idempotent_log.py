@@ -16,16 +16,12 @@ from common.errors import (
 )
 from segment_format import batch_body, record
 from tests.broker.log.appends import append
+from tests.helpers.logs import idempotent_batch
 
 R = 3  # records per batch: three ~1.2 KiB batches fill a 4 KiB segment
 
 
-def idem(producer_id: int, epoch: int, sequence: int, records: int = R, attributes: int = 0,
-         timestamp_ms: int = 1_000) -> bytearray:
-    """A producer's batch with a producer id, epoch and base sequence."""
-    return record.encode_batch(batch_body.make_body([b"value-0123"] * records, timestamps_ms=timestamp_ms),
-                               producer_id=producer_id, producer_epoch=epoch, base_sequence=sequence,
-                               attributes=attributes)
+idem = idempotent_batch
 
 
 def stored_sequences(partition_log) -> list[tuple[int, int, int]]:
