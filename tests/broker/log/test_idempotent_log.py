@@ -262,3 +262,14 @@ def test_idle_producers_expire(unified_log, clock):
     append(partition_log, idem(7, 0, 0, timestamp_ms=clock()))
     assert partition_log.expire_producers(clock() + 999, 1_000) == 0
     assert partition_log.expire_producers(clock() + 1_000, 1_000) == 1 and not partition_log.producer_entries()
+
+
+def test_the_retention_pass_expires_idle_producers(logs, clock):
+    """LogManager.run_retention applies producer.id.expiration.ms to every log."""
+    partition_log = logs.open()
+    append(partition_log, idem(7, 0, 0, timestamp_ms=clock()))
+    logs.manager.producer_id_expiration_ms = 1_000
+    logs.manager.run_retention(clock() + 999)
+    assert set(partition_log.producer_entries()) == {7}
+    logs.manager.run_retention(clock() + 1_000)
+    assert not partition_log.producer_entries()
