@@ -1076,11 +1076,13 @@ class UnifiedLog:
                 if not self._dir_failure.failed:
                     self._local.segments.active.seal()  # its max timestamp becomes the last time-index entry
                     # At the log end: a clean restart loads it and replays nothing. Synced with the
-                    # segments (or by the caller's filesystem sync).
-                    try:
-                        self.producers.take_snapshot(self.log_end_offset, sync=sync)
-                    except KafkaStorageError as err:  # only costs the next open a longer replay
-                        log.error("%s: no producer snapshot at close: %s", self, err)
+                    # segments (or by the caller's filesystem sync). None for a log without records
+                    # (nothing to replay): a clean stop of many new partitions creates no files.
+                    if self.producers.entries or self.log_end_offset > self._local.start_offset:
+                        try:
+                            self.producers.take_snapshot(self.log_end_offset, sync=sync)
+                        except KafkaStorageError as err:  # only costs the next open a longer replay
+                            log.error("%s: no producer snapshot at close: %s", self, err)
                     if sync:
                         self._local.sync(self._local.prepare_flush(self.log_end_offset), self._local.dir_dirty)
                     self._local.recovery_point = self.log_end_offset
