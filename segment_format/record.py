@@ -318,8 +318,8 @@ def _check_producer_batch(pos: int, header: BatchHeader, layout: BodyLayout) -> 
     that do not run contiguously over the records, whether through the header or through the
     offset_delta column only compaction writes (a forged range would consume offsets and later
     make the log cleaner give up on the partition), a producer id without an epoch and a
-    sequence (or below -1, the "none"), and the control and transactional bits,
-    which only the broker's transaction machinery may set. Raises InvalidRecordError."""
+    sequence (or below -1, the "none"), the control bit, which only the broker's transaction
+    machinery sets, and the transactional bit without a producer id. Raises InvalidRecordError."""
     where = f"batch at byte {pos}"
     if layout.compacted:
         raise InvalidRecordError(f"{where}: inconsistent batch offset range: a producer batch has the standard body "
@@ -336,9 +336,9 @@ def _check_producer_batch(pos: int, header: BatchHeader, layout: BodyLayout) -> 
     if header.attributes & CONTROL_BIT:
         raise InvalidRecordError(f"{where}: clients are not allowed to write control batches "
                                  f"(attributes {header.attributes:#x})")
-    if header.attributes & TRANSACTIONAL_BIT:
-        raise InvalidRecordError(f"{where}: transactional batch refused (attributes {header.attributes:#x}): "
-                                 f"transactions are not supported yet")
+    if header.attributes & TRANSACTIONAL_BIT and header.producer_id < 0:
+        raise InvalidRecordError(f"{where}: a transactional batch needs a producer id (attributes "
+                                 f"{header.attributes:#x})")
 
 
 def _check_header(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, max_batch_bytes: int | None) -> None:

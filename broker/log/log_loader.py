@@ -45,6 +45,7 @@ from segment_format.layout import (
     LOG_SUFFIX,
     SWAP_SUFFIX,
     TIME_INDEX_SUFFIX,
+    TXN_INDEX_SUFFIX,
 )
 from segment_format.segment_reader import FRAME_ONLY, SegmentReader
 
@@ -125,7 +126,7 @@ class LogLoader:
             path = self.directory / name
             if _segment_base(path, LOG_SUFFIX) is not None:
                 bases.append(int(path.stem))
-            elif path.suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            elif path.suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
                 indexes.append(path)
         present = set(names)
         for path in indexes:
@@ -148,7 +149,7 @@ class LogLoader:
         commit that a crash cut short (their `.log` was still `.cleaned`): garbage."""
         committed = {base for path in swaps if (base := _segment_base(path, LOG_SUFFIX + SWAP_SUFFIX)) is not None}
         for path in swaps:
-            for kind in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            for kind in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
                 base = _segment_base(path, kind + SWAP_SUFFIX)
                 if base is not None and base not in committed:
                     _unlink(path)

@@ -41,8 +41,15 @@ from typing import NamedTuple
 import crc32c
 import msgpack
 
-from common.errors import InvalidProducerEpochError, KafkaStorageError, OutOfOrderSequenceError
+from common.errors import (
+    InvalidProducerEpochError,
+    InvalidTxnStateError,
+    KafkaStorageError,
+    OutOfOrderSequenceError,
+    TransactionCoordinatorFencedError,
+)
 from segment_format import record
+from segment_format.control_batch import EndTransactionMarker
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +123,17 @@ class ProducerEntry:
                              self.last_timestamp, self.coordinator_epoch, self.txn_first_offset)
 
 
+class CompletedTxn(NamedTuple):
+    """A transaction a marker ended in this partition: its data from `first_offset`, the marker at
+    `last_offset`; `last_stable_offset` is the partition's once it ended (Kafka's CompletedTxn)."""
+
+    producer_id: int
+    first_offset: int
+    last_offset: int
+    aborted: bool
+    last_stable_offset: int
+
+
 class LeaderAppendPlan(NamedTuple):
     """What a leader's append must do: `duplicates`, the leading batches of the record set that
     were appended before (answered with these original offsets, not written again), and
@@ -131,7 +149,41 @@ class ProducerStateManager:
     def __init__(self, directory: Path, name: str) -> None:
         self.directory = directory
         self.name = name  # topic-partition, for error messages
-        self.entries: dict[int, ProducerEntry] = {}
+        self._entries: dict[int, ProducerEntry] = {}
+        self._ongoing: dict[int, int] = {}  # producer id -> first offset of its ongoing transaction
+        self._first_unstable: int | None = None  # min(_ongoing.values()), kept as they change
+
+    @property
+    def entries(self) -> dict[int, ProducerEntry]:
+        return self._entries
+
+    @entries.setter
+    def entries(self, entries: dict[int, ProducerEntry]) -> None:
+        self._entries = entries
+        self._ongoing = {pid: e.txn_first_offset for pid, e in entries.items() if e.txn_first_offset != NO_OFFSET}
+        self._first_unstable = min(self._ongoing.values(), default=None)
+
+    @property
+    def first_unstable_offset(self) -> int | None:
+        """The first offset of the oldest ongoing transaction (None: none): the last stable
+        offset's bound (Kafka's firstUnstableOffset)."""
+        return self._first_unstable
+
+    def ongoing_transactions(self) -> dict[int, int]:
+        """producer id -> first offset of its ongoing transaction (a copy)."""
+        return dict(self._ongoing)
+
+    def _begin_txn(self, entry: ProducerEntry, first_offset: int) -> None:
+        entry.txn_first_offset = first_offset
+        self._ongoing[entry.producer_id] = first_offset
+        if self._first_unstable is None or first_offset < self._first_unstable:
+            self._first_unstable = first_offset
+
+    def _end_txn(self, entry: ProducerEntry) -> None:
+        first = self._ongoing.pop(entry.producer_id, None)
+        entry.txn_first_offset = NO_OFFSET
+        if first is not None and first == self._first_unstable:
+            self._first_unstable = min(self._ongoing.values(), default=None)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -172,8 +224,21 @@ class ProducerStateManager:
             if entry is None:
                 entry = staged[producer_id] = committed.copy() if committed is not None else ProducerEntry(producer_id)
             self._check(entry, header.producer_epoch, first_seq, last_seq)
+            self._check_txn(entry, header)
             entry.add(header.producer_epoch, BatchMetadata(first_seq, last_seq, NO_OFFSET, NO_OFFSET), -1)
+            if header.is_transactional:
+                entry.txn_first_offset = 0  # staged: "ongoing" (the offset is assigned later)
         return LeaderAppendPlan(duplicates, first_new)
+
+    def _check_txn(self, entry: ProducerEntry, header: record.BatchHeader) -> None:
+        """A producer inside a transaction writes only transactional batches until its marker
+        (Kafka's InvalidTxnStateException); a new epoch ends nothing here (the coordinator's
+        marker does)."""
+        if (not header.is_transactional and entry.txn_first_offset != NO_OFFSET
+                and header.producer_epoch == entry.epoch):
+            raise InvalidTxnStateError(
+                f"{self.name}: producer {entry.producer_id} sent a non-transactional batch inside its ongoing "
+                f"transaction (from offset {entry.txn_first_offset})")
 
     def _check(self, entry: ProducerEntry, epoch: int, first_seq: int, last_seq: int) -> None:
         """Kafka's ProducerAppendInfo.checkProducerEpoch and checkSequence."""
@@ -195,27 +260,69 @@ class ProducerStateManager:
     # --- changes without checks (appended batches, followers, recovery) --------------------------
 
     def apply(self, producer_id: int, epoch: int, first_seq: int, last_offset_delta: int, first_offset: int,
-              timestamp: int) -> None:
-        """Record a batch written at `first_offset` (Kafka's REPLICATION origin: no checks)."""
+              timestamp: int, transactional: bool = False) -> None:
+        """Record a batch written at `first_offset` (Kafka's REPLICATION origin: no checks); a
+        transactional one starts its producer's transaction here unless one is ongoing."""
         entry = self.entries.get(producer_id)
         if entry is None:
             entry = self.entries[producer_id] = ProducerEntry(producer_id)
         entry.add(epoch, BatchMetadata(first_seq, last_sequence(first_seq, last_offset_delta), first_offset,
                                        first_offset + last_offset_delta), timestamp)
+        if transactional and entry.txn_first_offset == NO_OFFSET:
+            self._begin_txn(entry, first_offset)
 
-    def replay(self, header: record.BatchHeader) -> None:
-        """A batch as it is in the log (a follower's append, recovery's replay)."""
-        if header.producer_id >= 0 and not header.is_control:
-            self.apply(header.producer_id, header.producer_epoch, header.base_sequence, header.last_offset_delta,
-                       header.base_offset, header.max_timestamp)
+    def check_marker(self, producer_id: int, epoch: int, coordinator_epoch: int) -> None:
+        """A coordinator's marker for `producer_id` (Kafka's origin COORDINATOR): its producer
+        epoch must not be older than the known one (InvalidProducerEpochError), nor its
+        coordinator epoch older than the last marker's (TransactionCoordinatorFencedError)."""
+        entry = self.entries.get(producer_id)
+        if entry is None:
+            return
+        if epoch < entry.epoch:
+            raise InvalidProducerEpochError(
+                f"{self.name}: transaction marker for producer {producer_id} with epoch {epoch}, older than the "
+                f"current epoch {entry.epoch}")
+        if coordinator_epoch < entry.coordinator_epoch:
+            raise TransactionCoordinatorFencedError(
+                f"{self.name}: transaction marker for producer {producer_id} from coordinator epoch "
+                f"{coordinator_epoch}, older than {entry.coordinator_epoch}")
 
-    def replay_all(self, headers: Iterable[record.BatchHeader]) -> None:
-        for header in headers:
-            if header.producer_id >= 0:
-                self.replay(header)
+    def complete_txn(self, producer_id: int, epoch: int, marker_offset: int, marker: EndTransactionMarker,
+                     timestamp: int) -> CompletedTxn | None:
+        """A marker at `marker_offset` ends the producer's ongoing transaction (if any: a marker
+        for none is still written, as Kafka does, and returns None). Unchecked."""
+        entry = self.entries.get(producer_id)
+        if entry is None:
+            entry = self.entries[producer_id] = ProducerEntry(producer_id)
+        if epoch != entry.epoch:
+            entry.batches.clear()
+            entry.epoch = epoch
+        entry.coordinator_epoch = marker.coordinator_epoch
+        entry.last_timestamp = max(entry.last_timestamp, timestamp)
+        first = entry.txn_first_offset
+        if first == NO_OFFSET:
+            return None
+        self._end_txn(entry)
+        unstable = self._first_unstable
+        return CompletedTxn(producer_id, first, marker_offset, not marker.commit,
+                            marker_offset + 1 if unstable is None else unstable)
+
+    def replay(self, header: record.BatchHeader, marker: EndTransactionMarker | None = None) -> CompletedTxn | None:
+        """A batch as it is in the log (a follower's append, recovery's replay); a control batch
+        comes with its decoded `marker`. Returns the transaction a marker completed."""
+        if header.producer_id < 0:
+            return None
+        if header.is_control:
+            if marker is None:
+                return None
+            return self.complete_txn(header.producer_id, header.producer_epoch, header.base_offset, marker,
+                                     header.max_timestamp)
+        self.apply(header.producer_id, header.producer_epoch, header.base_sequence, header.last_offset_delta,
+                   header.base_offset, header.max_timestamp, header.is_transactional)
+        return None
 
     def clear(self) -> None:
-        self.entries.clear()
+        self.entries = {}
 
     def remove_below(self, log_start_offset: int) -> int:
         """Forget producers whose last batch lies below the log start (retention removed every

@@ -88,6 +88,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from broker.config import LogConfig
 from broker.histogram import Histogram
@@ -105,7 +106,8 @@ from common.errors import (
     KafkaStorageError,
     OffsetOutOfRangeError,
 )
-from segment_format import batch_body, record
+from segment_format import batch_body, control_batch, record
+from segment_format.txn_index import AbortedTxn, collect_aborted
 
 log = logging.getLogger(__name__)
 
@@ -224,10 +226,10 @@ class UnifiedLog:
         self.recovered_bytes = 0  # what the last open re-validated after the recovery point
         self.damaged_segments = 0
         self.producers = ProducerStateManager(directory, f"{topic}-{partition}")  # under the append lock
-        # Batches of the append being written, not yet in `producers`: (producer_id, epoch,
-        # base_sequence, last_offset_delta, base_offset, max_timestamp) in offset order; a roll
-        # applies those below the new segment's base before it snapshots there.
-        self._pending_producer_batches: list[tuple[int, int, int, int, int, int]] = []
+        # Batches of the append being written, not yet in `producers`: (header, base offset,
+        # max timestamp, marker of a control batch) in offset order; a roll applies those below
+        # the new segment's base before it snapshots there.
+        self._pending_producer_batches: list[_PendingBatch] = []
         local.on_roll = self._snapshot_on_roll
 
     @classmethod
@@ -453,8 +455,7 @@ class UnifiedLog:
         view = view[start:]
         batches = self._assign_offsets(view, new, leader_epoch, now)
         self._pending_producer_batches = [
-            (header.producer_id, header.producer_epoch, header.base_sequence, header.last_offset_delta,
-             batch.base_offset, batch.max_timestamp)
+            _PendingBatch(header, batch.base_offset, batch.max_timestamp, None)
             for (_, header), batch in zip(new, batches) if header.producer_id >= 0]
         self._write_as_leader(view, batches, leader_epoch, now)
         self._apply_pending_producer_batches(INT64_END)
@@ -466,6 +467,55 @@ class UnifiedLog:
             record_count=record_count,
             batch_offsets=tuple(duplicate_offsets + [batch.base_offset for batch in batches]) if duplicate_offsets else None,
         )
+
+    def append_transaction_marker(self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
+                                  leader_epoch: int) -> AppendInfo:
+        """Write a COMMIT or ABORT marker ending `producer_id`'s transaction in this partition
+        (the leader's side of WriteTxnMarkers; Kafka's appendAsLeader with origin COORDINATOR).
+        InvalidProducerEpochError if `producer_epoch` is older than the known one,
+        TransactionCoordinatorFencedError if `coordinator_epoch` is older than the last marker's
+        for this producer; nothing is written then. A marker for a producer with no ongoing
+        transaction here is still written (Kafka does). An ABORT adds the transaction to the
+        index of the segment holding the marker. KafkaStorageError as any append."""
+        with self._append_lock:
+            self._check_usable()
+            self.producers.check_marker(producer_id, producer_epoch, coordinator_epoch)
+            now = self._clock()
+            payload = control_batch.encode_marker(producer_id, producer_epoch, commit, coordinator_epoch, now)
+            view = memoryview(payload)
+            header = record.read_header(view)
+            batches = self._assign_offsets(view, [(0, header)], leader_epoch, now)
+            marker = control_batch.EndTransactionMarker(commit, coordinator_epoch)
+            self._pending_producer_batches = [_PendingBatch(header, batches[0].base_offset, now, marker)]
+            self._write_as_leader(view, batches, leader_epoch, now)
+            self._apply_pending_producer_batches(INT64_END)
+            return AppendInfo(batches[0].base_offset, batches[0].base_offset,
+                              now if self._log_append_time else -1, self.log_start_offset, 1)
+
+    @property
+    def last_stable_offset(self) -> int:
+        """What read_committed consumers may read below: the first offset of the oldest ongoing
+        transaction, bounded by the high watermark (Kafka's LSO). Lock-free read of the producer
+        state's cached bound (an int, replaced whole under the append lock)."""
+        unstable = self.producers.first_unstable_offset
+        high_watermark = self.high_watermark
+        return high_watermark if unstable is None else min(unstable, high_watermark)
+
+    def collect_aborted_transactions(self, start_offset: int, upper_bound: int) -> list[tuple[int, int]]:
+        """(producer_id, first_offset) of every aborted transaction whose data may lie in
+        [start_offset, upper_bound): entries with last_offset >= start_offset and first_offset <
+        upper_bound, from the transaction indexes of the local segments from the one holding
+        `start_offset` on (a transaction's marker may be in a later segment than its data;
+        Kafka's collectAbortedTxns). A read_committed reader drops those producers' batches from
+        each first offset on, up to their ABORT marker. O(segments scanned + entries); an index
+        is read from its file on first use."""
+        with self._lock:
+            self._check_usable()
+            segments = self._local.segments.holding(start_offset)
+        found: list[tuple[int, int]] = []
+        for segment in segments:
+            found += collect_aborted(segment.txn_index.entries, start_offset, upper_bound)
+        return found
 
     def _write_as_leader(self, view: memoryview, batches: list[BatchInfo], leader_epoch: int, now: int) -> None:
         """Record the leader epoch at the first offset if it is new, then write (under the append lock)."""
@@ -497,9 +547,9 @@ class UnifiedLog:
                 if header.partition_leader_epoch >= 0 and (latest is None or header.partition_leader_epoch > latest):
                     self._epochs.assign(header.partition_leader_epoch, header.base_offset)
             self._pending_producer_batches = [
-                (header.producer_id, header.producer_epoch, header.base_sequence, header.last_offset_delta,
-                 header.base_offset, header.max_timestamp)
-                for _, header in headers if header.producer_id >= 0 and not header.is_control]
+                _PendingBatch(header, header.base_offset, header.max_timestamp,
+                              control_batch.decode_marker(view, position) if header.is_control else None)
+                for position, header in headers if header.producer_id >= 0]
             self._write(view, batches, self._clock(), epochs_before)
             self._apply_pending_producer_batches(INT64_END)
             return AppendInfo(batches[0].base_offset, batches[-1].next_offset - 1, -1, self.log_start_offset,
@@ -581,15 +631,31 @@ class UnifiedLog:
 
     def _apply_pending_producer_batches(self, below: int) -> None:
         """Move the written batches of the current append that start below `below` into the
-        producer state (under the append lock)."""
+        producer state, and the transactions their markers aborted into the index of the segment
+        holding the marker (under the append lock)."""
         pending = self._pending_producer_batches
         applied = 0
-        for producer_id, epoch, base_sequence, last_offset_delta, base_offset, timestamp in pending:
+        for header, base_offset, timestamp, marker in pending:
             if base_offset >= below:
                 break
-            self.producers.apply(producer_id, epoch, base_sequence, last_offset_delta, base_offset, timestamp)
+            if marker is not None:
+                self._complete_txn(self.producers, header.producer_id, header.producer_epoch, base_offset, marker,
+                                   timestamp)
+            else:
+                self.producers.apply(header.producer_id, header.producer_epoch, header.base_sequence,
+                                     header.last_offset_delta, base_offset, timestamp, header.is_transactional)
             applied += 1
         self._pending_producer_batches = pending[applied:]
+
+    def _complete_txn(self, state: ProducerStateManager, producer_id: int, epoch: int, marker_offset: int,
+                      marker: control_batch.EndTransactionMarker, timestamp: int) -> None:
+        """A marker was written at `marker_offset`: end the producer's transaction; an aborted one
+        goes into the transaction index of the segment holding the marker (Kafka's TxnIndex)."""
+        completed = state.complete_txn(producer_id, epoch, marker_offset, marker, timestamp)
+        if completed is not None and completed.aborted and state is self.producers:
+            segments = self._local.segments
+            segments[segments.floor_index(marker_offset)].txn_index.append(AbortedTxn(
+                completed.producer_id, completed.first_offset, completed.last_offset, completed.last_stable_offset))
 
     def _snapshot_on_roll(self, base_offset: int) -> None:
         """LocalLog is about to seal the active segment and start one at `base_offset`: snapshot
@@ -600,7 +666,8 @@ class UnifiedLog:
 
     def _load_producer_state(self) -> None:
         """Load the newest snapshot at or below the log end and replay the batches after it (on
-        open, and whenever the end was cut). Under the append lock, or before the log is shared."""
+        open, and whenever the end was cut), rebuilding the aborted transaction index of the
+        replayed range from its markers. Under the append lock, or before the log is shared."""
         end = self.log_end_offset
         loaded = self.producers.load(end)
         start = max(loaded, self._local.start_offset)
@@ -608,15 +675,32 @@ class UnifiedLog:
             self.producers.clear()  # older than the local segments, or none: rebuild from the local log
             start = self._local.start_offset
         for segment in self._local.segments:
-            if segment.next_offset <= start or not segment.size:
+            if segment.next_offset <= start:
                 continue
-            try:
-                self.producers.replay_all(segment.headers_from(start))
-            except CorruptMessageError as err:
-                # Damage recovery recorded (readers get CORRUPT_MESSAGE there): the batches past it
-                # cannot be framed, so their producers' state is incomplete, never invented.
-                log.error("%s: producer state replay stopped in %s: %s", self, segment.log_path.name, err)
+            segment.txn_index.truncate_to(start) if segment.base_offset < start else segment.txn_index.reset()
+            if segment.size:
+                self._replay(self.producers, segment, start, INT64_END)
         self.producers.remove_below(self.log_start_offset)
+
+    def _replay(self, state: ProducerStateManager, segment: Segment, start: int, end: int) -> None:
+        """Replay `segment`'s batches in [start, end) into `state` (markers decoded: control
+        batches are one small record each)."""
+        try:
+            for position, header in segment.headers_from(start):
+                if header.base_offset >= end:
+                    break
+                if header.producer_id < 0:
+                    continue
+                if header.is_control:
+                    marker = control_batch.decode_marker(segment.batch_bytes(position, header.size))
+                    self._complete_txn(state, header.producer_id, header.producer_epoch, header.base_offset, marker,
+                                       header.max_timestamp)
+                else:
+                    state.replay(header)
+        except CorruptMessageError as err:
+            # Damage recovery recorded (readers get CORRUPT_MESSAGE there): the batches past it
+            # cannot be framed, so their producers' state is incomplete, never invented.
+            log.error("%s: producer state replay stopped in %s: %s", self, segment.log_path.name, err)
 
     def _reload_producer_state(self) -> None:
         """The log's end was cut: snapshots past it go, and the state is rebuilt up to it."""
@@ -657,7 +741,7 @@ class UnifiedLog:
             for segment in self.segments():
                 if segment.next_offset <= start or segment.base_offset >= offset or not segment.size:
                     continue
-                state.replay_all(header for header in segment.headers_from(start) if header.base_offset < offset)
+                self._replay(state, segment, start, offset)
             state.take_snapshot(offset)
             return path.read_bytes()
 
@@ -1107,6 +1191,15 @@ class UnifiedLog:
                 os.rename(self.directory, target)
             except OSError as err:
                 raise KafkaStorageError(f"cannot rename {self.directory}: {err}") from err
+
+
+class _PendingBatch(NamedTuple):
+    """A written batch of the current append, not yet in the producer state."""
+
+    header: record.BatchHeader
+    base_offset: int
+    max_timestamp: int
+    marker: control_batch.EndTransactionMarker | None
 
 
 def _epoch_replayer(epochs: LeaderEpochCache) -> Callable[[record.BatchHeader], None]:
