@@ -40,7 +40,7 @@ from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from common.errors import CorruptMessageError, KafkaStorageError, PymqError
-from segment_format import record
+from segment_format import record, txn_index
 from segment_format.index_file import OFFSET_INDEX, TIME_INDEX, CorruptIndexError, SparseIndex
 from segment_format.layout import SegmentFiles, validate_topic_name
 from segment_format.manifest import (
@@ -56,6 +56,7 @@ from segment_format.manifest import (
 )
 from segment_format.segment_metadata import SegmentMetadata
 from segment_format.segment_reader import FRAME_ONLY, PRead, SegmentReader
+from segment_format.txn_index import AbortedTxn
 from tiered_storage.errors import (
     ManifestConflictError,
     ManifestFencedError,
@@ -432,6 +433,27 @@ class RemoteSegmentStore:
         size or CRC32C is not the manifest's."""
         obj = segment.object_of(kind)
         return None if obj is None else self._read_index_object(topic, partition, obj)
+
+    def read_txn_index(self, topic: str, partition: int, segment: RemoteSegment) -> list[AbortedTxn]:
+        """The aborted transactions whose ABORT marker is in `segment` (none if it was uploaded
+        without a `.txnindex`). CorruptIndexError if the object is not the manifest's or bad."""
+        data = self.read_optional_object(topic, partition, segment, "txnindex")
+        if data is None:
+            return []
+        return txn_index.parse(data, f"{self.partition_path(topic, partition)}/{segment.base_offset}.txnindex",
+                               segment.base_offset)
+
+    def collect_aborted_transactions(self, topic: str, partition: int, manifest: PartitionManifest,
+                                     start_offset: int, upper_bound: int) -> list[tuple[int, int]]:
+        """(producer_id, first_offset) of the aborted transactions overlapping [start_offset,
+        upper_bound) in `manifest`'s segments from the one holding `start_offset` on (Kafka's
+        collectAbortedTxns over the remote tier). One object read per segment with a `.txnindex`."""
+        found: list[tuple[int, int]] = []
+        for segment in manifest.segments:
+            if segment.next_offset <= start_offset:
+                continue
+            found += txn_index.collect_aborted(self.read_txn_index(topic, partition, segment), start_offset, upper_bound)
+        return found
 
     def _read_index_object(self, topic: str, partition: int, obj: RemoteObject) -> bytes:
         path = self.object_path(topic, partition, obj)

@@ -61,7 +61,7 @@ from broker.log.segment import Segment
 from broker.log.unified_log import UnifiedLog
 from broker.remote_log.remote_log_reader import RemoteLogReader
 from common.errors import InvalidRequestError, KafkaStorageError, NotLeaderError, PymqError, StaleManifestError
-from segment_format import batch_body
+from segment_format import batch_body, txn_index
 from segment_format.index_file import CorruptIndexError
 from segment_format.layout import SegmentFiles
 from segment_format.limits import INT64_MAX
@@ -413,9 +413,11 @@ class RemoteLogManager:
                 remote_end = state.manifest.log_end_offset
                 if segment.base_offset < remote_end:  # a previous leader's upload ended inside it
                     with _tail_of(segment, remote_end, partition_log.config.index_interval_bytes) as (files, metadata):
-                        remote = self.store.upload_segment(topic, partition, files, metadata, self._extras(partition_log, segment))
+                        remote = self.store.upload_segment(topic, partition, files, metadata,
+                                                           self._extras(partition_log, segment, remote_end))
                 else:
-                    remote = self.store.upload_segment(topic, partition, segment.files, extras=self._extras(partition_log, segment))
+                    remote = self.store.upload_segment(topic, partition, segment.files,
+                                                       extras=self._extras(partition_log, segment, segment.base_offset))
                 self._commit(partition_log, state, leader_epoch, state.manifest.with_segment(remote))
                 self.uploaded_segments += 1
             finally:
@@ -425,10 +427,16 @@ class RemoteLogManager:
         self._expire(partition_log, state, leader_epoch)
 
     @staticmethod
-    def _extras(partition_log: UnifiedLog, segment: Segment) -> dict[str, bytes]:
-        """What a segment uploads beside its `.log` and indexes: the producer state at its end
-        (KIP-405's producer snapshot), so a follower rebuilt from the tier knows the producers."""
-        return {"snapshot": partition_log.producer_snapshot_at(segment.next_offset)}
+    def _extras(partition_log: UnifiedLog, segment: Segment, base_offset: int) -> dict[str, bytes]:
+        """What a segment uploaded from `base_offset` on carries beside its `.log` and indexes:
+        the producer state at its end (KIP-405's producer snapshot), so a follower rebuilt from
+        the tier knows the producers; and its aborted transactions (`.txnindex`) if it has any,
+        so read_committed readers of the tier drop them."""
+        extras = {"snapshot": partition_log.producer_snapshot_at(segment.next_offset)}
+        aborted = [entry for entry in segment.txn_index.entries if entry.last_offset >= base_offset]
+        if aborted:
+            extras["txnindex"] = txn_index.encode(base_offset, aborted)
+        return extras
 
     @staticmethod
     def _candidates(partition_log: UnifiedLog, manifest: PartitionManifest) -> list[Segment]:

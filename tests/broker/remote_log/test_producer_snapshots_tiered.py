@@ -117,3 +117,30 @@ def test_manifest_entries_without_a_snapshot_still_read():
                                                               "size_bytes": 4, "crc32c": 1}}})
     assert with_snapshot.object_of("snapshot").size_bytes == 4
     assert RemoteSegment.from_dict(with_snapshot.to_dict()) == with_snapshot
+
+
+def test_aborted_transactions_tier_with_their_segments_and_read_back(tmp_path, clock, store):
+    """The `.txnindex` of a segment holding an ABORT marker uploads with it; the tier answers
+    collect_aborted_transactions as the local log does."""
+    from segment_format import record
+
+    partition_log = open_log(tmp_path, clock)
+    for sequence in range(0, 3 * R, R):
+        append(partition_log, idem(7, 0, sequence, attributes=record.TRANSACTIONAL_BIT))
+    partition_log.append_transaction_marker(7, 0, False, 0, 0)
+    for sequence in range(0, 4 * R, R):
+        append(partition_log, idem(8, 0, sequence))
+    partition_log.flush()
+    rlm = manager(store, partition_log, clock)
+    try:
+        rlm.run_once()
+        manifest = store.load_manifest("topic", 0)
+        end = manifest.log_end_offset
+        assert sum(1 for s in manifest.segments if s.object_of("txnindex") is not None) == 1
+        local = partition_log.collect_aborted_transactions(0, end)
+        assert local == [(7, 0)]
+        assert store.collect_aborted_transactions("topic", 0, manifest, 0, end) == local
+        assert store.collect_aborted_transactions("topic", 0, manifest, 3 * R + 1, end) == []
+    finally:
+        rlm.close()
+        partition_log.close()
