@@ -69,6 +69,7 @@ from segment_format.manifest import CorruptManifestError, PartitionManifest, Rem
 from segment_format.segment_metadata import SegmentMetadata
 from segment_format.segment_reader import FRAME_ONLY
 from segment_format.segment_writer import SegmentWriter
+from segment_format.txn_index import AbortedTxn
 from tiered_storage import DEFAULT_ORPHAN_GRACE_MS, ManifestConflictError, ManifestFencedError, RemoteSegmentStore
 
 log = logging.getLogger(__name__)
@@ -91,6 +92,8 @@ class _PartitionTiering:
     retry_at_ms: int = 0
     orphans_cleaned_ms: int | None = None  # when clean_orphans last ran (again every grace period)
     last_error: str | None = None  # the last failed run's error, until a run succeeds
+    # (base offset, upload id) -> aborted transactions of the remote segments uploaded with a .txnindex
+    aborted: dict[tuple[int, str], list[AbortedTxn]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -472,14 +475,52 @@ class RemoteLogManager:
                 log.warning("%s: objects of expired remote segment %d not deleted: %s", partition_log,
                             segment.base_offset, err)
 
-    @staticmethod
-    def _publish(partition_log: UnifiedLog, manifest: PartitionManifest) -> None:
-        """Tell the log what the remote store holds (local retention may delete up to it)."""
+    def _publish(self, partition_log: UnifiedLog, manifest: PartitionManifest) -> None:
+        """Tell the log what the remote store holds (local retention may delete up to it), after
+        reading the transaction indexes of the remote segments not read yet."""
+        self._read_aborted(partition_log, manifest)
         highest = manifest.log_end_offset - 1 if manifest.segments else -1
         try:
             partition_log.update_remote_log_state(manifest.log_start_offset, highest)
         except KafkaStorageError:
             pass  # closed meanwhile
+
+
+    def _read_aborted(self, partition_log: UnifiedLog, manifest: PartitionManifest) -> None:
+        """Keep in memory the aborted transactions of `manifest`'s segments (read once per upload
+        attempt; only segments uploaded with a `.txnindex`), so a read_committed fetch of the
+        tier needs no object read on the event loop. A failed read is logged and retried at the
+        next publish."""
+        key = (partition_log.topic, partition_log.partition)
+        with self._lock:
+            state = self._partitions.get(key)
+            known = dict(state.aborted) if state is not None else {}
+        current: dict[tuple[int, str], list[AbortedTxn]] = {}
+        for segment in manifest.segments:
+            if segment.object_of("txnindex") is None:
+                continue
+            name = (segment.base_offset, segment.upload_id)
+            if name not in known:
+                try:
+                    known[name] = self.store.read_txn_index(*key, segment)
+                except PymqError as err:
+                    log.error("%s: transaction index of remote segment %d not read: %s", partition_log,
+                              segment.base_offset, err)
+                    continue
+            current[name] = known[name]
+        with self._lock:
+            state = self._partitions.get(key)
+            if state is not None:
+                state.aborted = current
+
+    def aborted_transactions(self, topic: str, partition: int, start_offset: int,
+                             upper_bound: int) -> list[tuple[int, int]]:
+        """(producer_id, first_offset) of the aborted transactions the remote segments index that
+        overlap [start_offset, upper_bound) (from memory: `_read_aborted`)."""
+        with self._lock:
+            state = self._partitions.get((topic, partition))
+            indexes = [] if state is None else [state.aborted[name] for name in sorted(state.aborted)]
+        return [found for entries in indexes for found in txn_index.collect_aborted(entries, start_offset, upper_bound)]
 
 
 @contextlib.contextmanager
