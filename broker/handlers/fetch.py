@@ -24,6 +24,7 @@ from broker.replica_manager import LogReadResult, ReplicaManager
 from broker.request_metrics import TopicTraffic
 from protocol import (
     CONSUMER_REPLICA_ID,
+    READ_COMMITTED,
     AbortedTransaction,
     FetchPartition,
     FetchPartitionResponse,
@@ -110,13 +111,15 @@ class FetchHandler:
                                     current_leader_epoch=p.current_leader_epoch, topic_id=topic.topic_id,
                                     replica=None if replica_id == CONSUMER_REPLICA_ID else replica_id,
                                     isolation_level=isolation_level)
+        # The last stable offset only for read_committed: every other fetch's bytes stay as they were.
+        last_stable_offset = result.last_stable_offset if isolation_level == READ_COMMITTED else -1
         if result.error is not None:
             return FetchPartitionResponse(p.partition, *code_and_message(result.error), result.high_watermark,
-                                          result.log_start_offset, result.last_stable_offset)
+                                          result.log_start_offset, last_stable_offset=last_stable_offset)
         read.add(result)
         return FetchPartitionResponse(
             p.partition, high_watermark=result.high_watermark, log_start_offset=result.log_start_offset,
-            last_stable_offset=result.last_stable_offset,
+            last_stable_offset=last_stable_offset,
             aborted_transactions=tuple(AbortedTransaction(*txn) for txn in result.aborted_transactions),
             records=result.records)
 

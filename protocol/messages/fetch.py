@@ -5,7 +5,7 @@
                         [{partition, fetch_offset, max_bytes, current_leader_epoch}]}], replica_id?,
                         isolation_level?}
     response control = {error_code, topics: [{name, partitions: [{partition, error_code,
-                        error_message?, high_watermark, log_start_offset, last_stable_offset,
+                        error_message?, high_watermark, log_start_offset, last_stable_offset?,
                         aborted_transactions?: [{producer_id, first_offset}], size}]}]}
              payload = each partition's record bytes, back to back in the order of the entries
 
@@ -15,7 +15,7 @@ its fetch offset tells the leader how far it has replicated. Consumers leave it 
 
 `isolation_level` (Kafka's): 0 read_uncommitted (the default, left out on the wire) reads up to
 the high watermark; 1 read_committed reads up to the last stable offset (no record of a transaction
-still open) and each partition answers `aborted_transactions`, the (producer id, first offset) of
+still open) and each partition answers `last_stable_offset` and `aborted_transactions`, the (producer id, first offset) of
 every aborted transaction its records may hold: the reader drops that producer's batches from the
 first offset up to its ABORT marker. Control batches (markers) come with the records; readers skip
 them. A follower's fetch ignores the isolation level.
@@ -42,11 +42,24 @@ from protocol.messages.base import (
     entry_error,
     part_size,
 )
-from protocol.schema import INT, Check, Entries, PayloadCursor, PayloadSize, PayloadTopics, Topics, message, wire
+from protocol.schema import (
+    INT,
+    Check,
+    Entries,
+    PayloadCursor,
+    PayloadSize,
+    PayloadTopics,
+    Topics,
+    message,
+    one_of,
+    wire,
+)
 
 CONSUMER_REPLICA_ID = -1  # a Fetch from a consumer, not a follower broker
 READ_UNCOMMITTED = 0
 READ_COMMITTED = 1
+ISOLATION_LEVEL = one_of((READ_UNCOMMITTED, READ_COMMITTED),
+                         "isolation_level is 0 (read_uncommitted) or 1 (read_committed), got {value}")
 
 
 @message
@@ -61,9 +74,9 @@ class FetchPartitionResponse(PartitionResponse):
 
     high_watermark: int = wire(INT, -1)
     log_start_offset: int = wire(INT, -1)
-    last_stable_offset: int = wire(INT, -1)
-    aborted_transactions: tuple[AbortedTransaction, ...] = wire(Entries(AbortedTransaction), (), omit=())
     records: Part = wire(PayloadSize(part_size), b"", key="size", payload=True)
+    last_stable_offset: int = wire(INT, -1, omit=-1)  # answered to read_committed fetches only
+    aborted_transactions: tuple[AbortedTransaction, ...] = wire(Entries(AbortedTransaction), (), omit=())
 
 
 def _partition_parser(cursor: PayloadCursor) -> Callable[[dict[str, Any]], FetchPartitionResponse]:
@@ -108,6 +121,4 @@ class FetchRequest(RequestMessage[FetchResponse]):
     max_bytes: int | None = wire(INT, None)
     replica_id: int = wire(INT, CONSUMER_REPLICA_ID, omit=CONSUMER_REPLICA_ID, check=Check(
         lambda v: v >= CONSUMER_REPLICA_ID, "replica_id is a broker id (>= 0) or -1 for a consumer, got {value}"))
-    isolation_level: int = wire(INT, READ_UNCOMMITTED, omit=READ_UNCOMMITTED, check=Check(
-        lambda v: v in (READ_UNCOMMITTED, READ_COMMITTED),
-        "isolation_level is 0 (read_uncommitted) or 1 (read_committed), got {value}"))
+    isolation_level: int = wire(INT, READ_UNCOMMITTED, omit=READ_UNCOMMITTED, check=ISOLATION_LEVEL)

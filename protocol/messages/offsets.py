@@ -27,6 +27,7 @@ from protocol.messages.base import (
     TopicResponses,
     entry_error,
 )
+from protocol.messages.fetch import ISOLATION_LEVEL, READ_UNCOMMITTED
 from protocol.schema import INT, Check, Topics, message, wire
 
 LATEST_TIMESTAMP = -1
@@ -63,5 +64,4 @@ class ListOffsetsRequest(RequestMessage[ListOffsetsResponse]):
     api_key: ClassVar[ApiKey] = ApiKey.LIST_OFFSETS
     response_type: ClassVar[type[ListOffsetsResponse]] = ListOffsetsResponse
     topics: tuple[TopicRequest[ListOffsetsPartition], ...] = wire(Topics(TopicRequest, ListOffsetsPartition))
-    isolation_level: int = wire(INT, 0, omit=0, check=Check(
-        lambda v: v in (0, 1), "isolation_level is 0 (read_uncommitted) or 1 (read_committed), got {value}"))
+    isolation_level: int = wire(INT, READ_UNCOMMITTED, omit=READ_UNCOMMITTED, check=ISOLATION_LEVEL)
