@@ -152,3 +152,45 @@ def test_the_isolation_fields_round_trip_on_the_wire():
     control = response.to_control()
     assert control["aborted_transactions"] == [{"producer_id": 7, "first_offset": 0}]
     assert FetchPartitionResponse.from_control(control) == response
+
+
+def test_an_open_transaction_holds_the_lso_over_the_wire_and_across_a_sigkill(broker_factory, raw_client):
+    """A real broker: a transactional batch between plain ones holds read_committed fetches and
+    ListOffsets at its offset, also after a SIGKILL and restart (the open transaction is rebuilt
+    from the log); read_uncommitted reads everything."""
+    from common.errors import NONE
+    from protocol import ApiKey
+
+    broker = broker_factory().start()
+    client = raw_client(broker.port)
+    reply, _ = client.request(ApiKey.CREATE_TOPICS, {"topics": [
+        {"name": "t", "num_partitions": 1, "replication_factor": 1}]})
+    assert reply["topics"][0]["error_code"] == NONE, reply
+    offsets = []
+    for producer_id, sequence, transactional in [(1, 0, False), (1, RECORDS, False), (7, 0, True), (1, 2 * RECORDS, False)]:
+        payload = bytes(_batch(producer_id, sequence, transactional))
+        reply, _ = client.request(ApiKey.PRODUCE, {"acks": -1, "topics": [
+            {"name": "t", "partitions": [{"partition": 0, "size": len(payload)}]}]}, payload)
+        answer = reply["topics"][0]["partitions"][0]
+        assert answer["error_code"] == NONE, answer
+        offsets.append(answer["base_offset"])
+    open_at, end = offsets[2], offsets[3] + RECORDS
+
+    def check(client) -> None:
+        fetch = {"max_wait_ms": 0, "min_bytes": 0, "max_bytes": 1 << 20,
+                 "topics": [{"name": "t", "partitions": [{"partition": 0, "fetch_offset": 0}]}]}
+        reply, payload = client.request(ApiKey.FETCH, {**fetch, "isolation_level": READ_COMMITTED})
+        entry = reply["topics"][0]["partitions"][0]
+        assert (entry["error_code"], entry["last_stable_offset"], entry["high_watermark"]) == (NONE, open_at, end)
+        assert [h.base_offset for _, h in record.iter_batches(payload[:entry["size"]])] == offsets[:2]
+        reply, payload = client.request(ApiKey.FETCH, fetch)
+        entry = reply["topics"][0]["partitions"][0]
+        assert "last_stable_offset" not in entry
+        reply, _ = client.request(ApiKey.LIST_OFFSETS, {"isolation_level": READ_COMMITTED, "topics": [
+            {"name": "t", "partitions": [{"partition": 0, "timestamp": LATEST_TIMESTAMP}]}]})
+        assert reply["topics"][0]["partitions"][0]["offset"] == open_at
+
+    check(client)
+    broker.kill()
+    broker.start()
+    check(raw_client(broker.port))
