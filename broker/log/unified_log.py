@@ -1077,12 +1077,16 @@ class UnifiedLog:
     def cleanable_segments(self) -> CleanableSegments:
         """The segments the log cleaner may read and replace: sealed (the active segment takes
         appends), below the high watermark (consumers may not have seen what is above; a
-        follower's may still be truncated) and below the recovery point (a record the cleaner
-        takes as superseding older ones must survive a crash)."""
+        follower's may still be truncated), below the recovery point (a record the cleaner
+        takes as superseding older ones must survive a crash), and below the first offset of an
+        ongoing transaction (its records are not decided yet: Kafka's first unstable offset)."""
         with self._lock:
             self._check_usable()
             segments = self._local.segments
             end = min(segments.active.base_offset, self.high_watermark, self.recovery_point)
+            unstable = self.producers.first_unstable_offset
+            if unstable is not None:
+                end = min(end, unstable)
             cleanable = []
             for segment in segments.snapshot()[:-1]:
                 if segment.next_offset > end:
@@ -1093,6 +1097,13 @@ class UnifiedLog:
                 cleanable.append(segment)
             return CleanableSegments(cleanable, end, self.log_start_offset, segments.active.base_offset,
                                      self._truncations)
+
+    def retained_producer_batches(self) -> frozenset[int]:
+        """Base offsets of the batches the producer state keeps (each producer's last five): the
+        cleaner leaves them whole, so a replay rebuilds the same sequences (Kafka's cleaner keeps
+        each producer's last batch)."""
+        with self._append_lock:
+            return frozenset(batch.first_offset for entry in self.producers.entries.values() for batch in entry.batches)
 
     def holds_segments(self, segments: list[Segment], generation: int) -> bool:
         """Whether the log is open and still holds `segments` as they were when `generation` was
