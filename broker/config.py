@@ -431,6 +431,10 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
                   "a partition forgets an idempotent producer this long after its last batch's timestamp (checked "
                   "on each retention pass, log.retention.check.interval.ms); a retry after that is appended again",
                   1, INT64_MAX),
+        ConfigDef("producer.state.max.producers.per.partition", int, 20_000,
+                  "idempotent producers one partition tracks; beyond it the least recently active ones without "
+                  "an open transaction are forgotten early (a client forging producer ids cannot grow the state)",
+                  100, 10_000_000),
     ]
 }
 for _d, _broker_key in TOPIC_CONFIGS.values():

@@ -39,6 +39,7 @@ from broker.config import LogConfig
 from broker.log.checkpoint import read_offsets, sync_filesystem, write_offsets
 from broker.log.file_cache import FileCache
 from broker.log.local_log import SegmentsRemovedError
+from broker.log.producer_state import DEFAULT_MAX_PRODUCERS
 from broker.log.segment import Segment
 from broker.log.unified_log import LogDirFailure, UnifiedLog
 from common.errors import InconsistentTopicIdError, InvalidTopicError, KafkaStorageError
@@ -99,9 +100,11 @@ class LogManager:
     """The partition logs of one log directory, keyed by (topic, partition). Thread-safe."""
 
     def __init__(self, log_dir: Path, clock: Callable[[], int] = batch_body.now_ms, max_open_files: int = 1024,
-                 remote_storage: bool = False, producer_id_expiration_ms: int = 86_400_000) -> None:
+                 remote_storage: bool = False, producer_id_expiration_ms: int = 86_400_000,
+                 producer_state_max_producers: int = DEFAULT_MAX_PRODUCERS) -> None:
         self.log_dir = Path(log_dir)
         self.producer_id_expiration_ms = producer_id_expiration_ms  # producer.id.expiration.ms
+        self.producer_state_max_producers = producer_state_max_producers  # ...max.producers.per.partition
         self.remote_storage = remote_storage  # remote.log.storage.system.enable: logs of remote.storage.enable topics tier
         self._clock = clock
         self._lock = threading.Lock()
@@ -233,6 +236,7 @@ class LogManager:
             leader_epoch=spec.leader_epoch,
             durable=durable,
             remote_storage=self.remote_storage,
+            max_producers=self.producer_state_max_producers,
         )
 
     # --- lookups ---------------------------------------------------------------------------

@@ -54,6 +54,8 @@ from segment_format.control_batch import EndTransactionMarker
 log = logging.getLogger(__name__)
 
 BATCHES_KEPT = 5  # Kafka's NUM_BATCHES_TO_RETAIN: a producer has at most 5 requests in flight
+DEFAULT_MAX_PRODUCERS = 20_000  # producer.state.max.producers.per.partition
+_EVICT_TO = 0.9  # an eviction makes room for a tenth of the bound: one sort per that many new producers
 INT32_MAX = 2**31 - 1
 NO_OFFSET = -1
 
@@ -146,9 +148,11 @@ class LeaderAppendPlan(NamedTuple):
 class ProducerStateManager:
     """The producer state of one partition, and its snapshots in the partition's directory."""
 
-    def __init__(self, directory: Path, name: str) -> None:
+    def __init__(self, directory: Path, name: str, max_producers: int = DEFAULT_MAX_PRODUCERS) -> None:
         self.directory = directory
         self.name = name  # topic-partition, for error messages
+        self.max_producers = max_producers
+        self.evicted = 0  # producers forgotten to keep within max_producers (a metric)
         self._entries: dict[int, ProducerEntry] = {}
         self._ongoing: dict[int, int] = {}  # producer id -> first offset of its ongoing transaction
         self._first_unstable: int | None = None  # min(_ongoing.values()), kept as they change
@@ -265,11 +269,28 @@ class ProducerStateManager:
         transactional one starts its producer's transaction here unless one is ongoing."""
         entry = self.entries.get(producer_id)
         if entry is None:
-            entry = self.entries[producer_id] = ProducerEntry(producer_id)
+            entry = self._new_entry(producer_id)
         entry.add(epoch, BatchMetadata(first_seq, last_sequence(first_seq, last_offset_delta), first_offset,
                                        first_offset + last_offset_delta), timestamp)
         if transactional and entry.txn_first_offset == NO_OFFSET:
             self._begin_txn(entry, first_offset)
+
+    def _new_entry(self, producer_id: int) -> ProducerEntry:
+        """A new producer's entry, within `max_producers`: at the bound the least recently active
+        producers without an ongoing transaction go first (as if expired early: a retry of
+        theirs would be appended again), down to 90% of it, so the sort is paid once per tenth of
+        the bound of new producers (a client forging producer ids cannot grow the state)."""
+        if len(self._entries) >= self.max_producers:
+            idle = sorted((entry.last_timestamp, pid) for pid, entry in self._entries.items()
+                          if entry.txn_first_offset == NO_OFFSET)
+            excess = len(self._entries) - int(self.max_producers * _EVICT_TO)
+            for _, pid in idle[:excess]:
+                del self._entries[pid]
+            self.evicted += min(excess, len(idle))
+            log.warning("%s: %d producers tracked, the most producer.state.max.producers.per.partition allows: "
+                        "forgot the %d least recently active", self.name, self.max_producers, min(excess, len(idle)))
+        entry = self._entries[producer_id] = ProducerEntry(producer_id)
+        return entry
 
     def check_marker(self, producer_id: int, epoch: int, coordinator_epoch: int) -> None:
         """A coordinator's marker for `producer_id` (Kafka's origin COORDINATOR): its producer
@@ -293,7 +314,7 @@ class ProducerStateManager:
         for none is still written, as Kafka does, and returns None). Unchecked."""
         entry = self.entries.get(producer_id)
         if entry is None:
-            entry = self.entries[producer_id] = ProducerEntry(producer_id)
+            entry = self._new_entry(producer_id)
         if epoch != entry.epoch:
             entry.batches.clear()
             entry.epoch = epoch

@@ -98,7 +98,13 @@ from broker.log.leader_epoch import LeaderEpochCache
 from broker.log.local_log import LocalLog, SegmentsRemovedError, SwapFailedError
 from broker.log.log_dir_space import LogDirSpace
 from broker.log.log_loader import LogLoader
-from broker.log.producer_state import CorruptSnapshotError, ProducerEntry, ProducerStateManager, decode_snapshot
+from broker.log.producer_state import (
+    DEFAULT_MAX_PRODUCERS,
+    CorruptSnapshotError,
+    ProducerEntry,
+    ProducerStateManager,
+    decode_snapshot,
+)
 from broker.log.segment import BatchInfo, FetchSlice, Segment
 from common.errors import (
     CorruptMessageError,
@@ -196,7 +202,8 @@ class UnifiedLog:
     """Build with `UnifiedLog.open` (from a worker thread: it may recover and fsync)."""
 
     def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, local: LocalLog,
-                 epochs: LeaderEpochCache, clock: Callable[[], int], dir_failure: LogDirFailure, topic_id: str | None) -> None:
+                 epochs: LeaderEpochCache, clock: Callable[[], int], dir_failure: LogDirFailure, topic_id: str | None,
+                 max_producers: int = DEFAULT_MAX_PRODUCERS) -> None:
         self.directory = directory
         self.topic = topic
         self.partition = partition
@@ -225,7 +232,7 @@ class UnifiedLog:
         self.last_recovery_truncated_bytes = 0
         self.recovered_bytes = 0  # what the last open re-validated after the recovery point
         self.damaged_segments = 0
-        self.producers = ProducerStateManager(directory, f"{topic}-{partition}")  # under the append lock
+        self.producers = ProducerStateManager(directory, f"{topic}-{partition}", max_producers)  # under the append lock
         # Batches of the append being written, not yet in `producers`: (header, base offset,
         # max timestamp, marker of a control batch) in offset order; a roll applies those below
         # the new segment's base before it snapshots there.
@@ -250,6 +257,7 @@ class UnifiedLog:
         leader_epoch: int | None = None,
         durable: bool = True,
         remote_storage: bool = False,
+        max_producers: int = DEFAULT_MAX_PRODUCERS,
     ) -> UnifiedLog:
         """Create the directory with one empty segment, or load it and recover what follows
         `recovery_point`. With `topic_id`, a directory that belongs to another incarnation of the
@@ -257,8 +265,9 @@ class UnifiedLog:
         newer than the log's, starts at the LEO. `durable=False` leaves the new files unsynced for
         a caller that creates many logs and syncs the filesystem once. `remote_storage`: the broker
         runs tiered storage (the topic's remote.storage.enable then makes the log `tiered`, and
-        the checkpointed `log_start_offset` may lie below the local segments). Raises KafkaStorageError if
-        the directory cannot be used."""
+        the checkpointed `log_start_offset` may lie below the local segments). `max_producers`:
+        producer.state.max.producers.per.partition. Raises KafkaStorageError if the directory
+        cannot be used."""
         try:
             directory.mkdir(parents=True, exist_ok=True)
             stored_id = read_partition_metadata(directory)
@@ -289,7 +298,8 @@ class UnifiedLog:
                 epochs.assign(leader_epoch, local.log_end_offset, durable=durable)
         except OSError as err:
             raise KafkaStorageError(f"cannot load {directory}: {err}") from err
-        unified = cls(directory, topic, partition, config, local, epochs, clock, dir_failure or LogDirFailure(directory.parent), topic_id)
+        unified = cls(directory, topic, partition, config, local, epochs, clock, dir_failure or LogDirFailure(directory.parent),
+                      topic_id, max_producers)
         unified.remote_storage = remote_storage
         unified.tiered = remote_storage and config.remote_storage_enable
         if unified.tiered:

@@ -174,3 +174,16 @@ def test_the_snapshot_format_is_pinned():
     magic, version, _ = struct.unpack_from("<4sHI", encoded)
     assert (magic, version) == (b"PYPS", 1)
     assert encoded[10:] == bytes.fromhex("919607" "00" "cd03e8" "ff" "ff" "9194" "00" "00" "0a" "0a")
+
+
+def test_the_state_is_bounded_and_the_least_recently_active_go_first():
+    """At max_producers a new producer evicts down to 90%: the oldest by last batch time, never
+    one with an open transaction."""
+    manager = ProducerStateManager(Path("."), "topic-0", max_producers=100)
+    manager.apply(0, 0, 0, 0, 0, timestamp=1, transactional=True)  # the oldest, but in a transaction
+    for pid in range(1, 100):
+        manager.apply(pid, 0, 0, 0, pid, timestamp=pid + 1)
+    manager.apply(1000, 0, 0, 0, 1000, timestamp=5_000)
+    assert len(manager) == 91 and manager.evicted == 10
+    assert 0 in manager.entries and 1000 in manager.entries
+    assert not any(pid in manager.entries for pid in range(1, 11)) and 11 in manager.entries
