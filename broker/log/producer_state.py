@@ -136,6 +136,15 @@ class CompletedTxn(NamedTuple):
     last_stable_offset: int
 
 
+class _Staged(NamedTuple):
+    """A producer's state as the batches of one record set checked so far leave it: its epoch
+    (-1 unknown), last sequence (None: no batch kept) and ongoing transaction's first offset."""
+
+    epoch: int
+    last_seq: int | None
+    txn_first_offset: int
+
+
 class LeaderAppendPlan(NamedTuple):
     """What a leader's append must do: `duplicates`, the leading batches of the record set that
     were appended before (answered with these original offsets, not written again), and
@@ -197,8 +206,9 @@ class ProducerStateManager:
 
     # --- leader appends (Kafka's ProducerAppendInfo with origin CLIENT) --------------------------
 
-    def plan_leader_append(self, headers: Sequence[record.BatchHeader]) -> LeaderAppendPlan:
-        """Check every batch of a producer's record set against the state, changing nothing.
+    def plan_leader_append(self, headers: Sequence[tuple[int, record.BatchHeader]]) -> LeaderAppendPlan:
+        """Check every batch of a producer's record set ((position, header) each, as the log
+        validated them) against the state, changing nothing.
 
         Leading batches that repeat one of their producer's last five (same epoch, same first and
         last sequence) are duplicates. Every later batch with a producer id must follow its
@@ -206,60 +216,62 @@ class ProducerStateManager:
         InvalidProducerEpochError; a newer epoch must start at sequence 0; the same epoch must
         continue the last sequence (a duplicate after a new batch is out of order too); an
         unknown producer may start anywhere (its state may have expired). Else
-        OutOfOrderSequenceError. O(batches)."""
-        staged: dict[int, ProducerEntry] = {}
+        OutOfOrderSequenceError. O(batches); nothing copied (what a batch stages for the next ones
+        of its producer is a small tuple)."""
+        staged: dict[int, _Staged] = {}
         duplicates: list[BatchMetadata] = []
         first_new = len(headers)
-        for i, header in enumerate(headers):
+        for i, (_, header) in enumerate(headers):
             producer_id = header.producer_id
             if producer_id < 0:
                 first_new = min(first_new, i)
                 continue
             first_seq = header.base_sequence
             last_seq = last_sequence(first_seq, header.last_offset_delta)
-            committed = self.entries.get(producer_id)
-            if first_new == len(headers) and committed is not None:
-                duplicate = committed.find_duplicate(header.producer_epoch, first_seq, last_seq)
-                if duplicate is not None:
-                    duplicates.append(duplicate)
-                    continue
+            state = staged.get(producer_id)
+            if state is None:
+                committed = self.entries.get(producer_id)
+                if committed is None:
+                    state = _Staged(-1, None, NO_OFFSET)
+                else:
+                    if first_new == len(headers):
+                        duplicate = committed.find_duplicate(header.producer_epoch, first_seq, last_seq)
+                        if duplicate is not None:
+                            duplicates.append(duplicate)
+                            continue
+                    state = _Staged(committed.epoch, committed.last_seq if committed.batches else None,
+                                    committed.txn_first_offset)
             first_new = min(first_new, i)
-            entry = staged.get(producer_id)
-            if entry is None:
-                entry = staged[producer_id] = committed.copy() if committed is not None else ProducerEntry(producer_id)
-            self._check(entry, header.producer_epoch, first_seq, last_seq)
-            self._check_txn(entry, header)
-            entry.add(header.producer_epoch, BatchMetadata(first_seq, last_seq, NO_OFFSET, NO_OFFSET), -1)
-            if header.is_transactional:
-                entry.txn_first_offset = 0  # staged: "ongoing" (the offset is assigned later)
+            self._check(producer_id, state, header, first_seq, last_seq)
+            staged[producer_id] = _Staged(header.producer_epoch, last_seq,
+                                          0 if header.is_transactional and state.txn_first_offset == NO_OFFSET
+                                          else state.txn_first_offset)  # 0: "ongoing", its offset comes later
         return LeaderAppendPlan(duplicates, first_new)
 
-    def _check_txn(self, entry: ProducerEntry, header: record.BatchHeader) -> None:
-        """A producer inside a transaction writes only transactional batches until its marker
-        (Kafka's InvalidTxnStateException); a new epoch ends nothing here (the coordinator's
-        marker does)."""
-        if (not header.is_transactional and entry.txn_first_offset != NO_OFFSET
-                and header.producer_epoch == entry.epoch):
-            raise InvalidTxnStateError(
-                f"{self.name}: producer {entry.producer_id} sent a non-transactional batch inside its ongoing "
-                f"transaction (from offset {entry.txn_first_offset})")
-
-    def _check(self, entry: ProducerEntry, epoch: int, first_seq: int, last_seq: int) -> None:
-        """Kafka's ProducerAppendInfo.checkProducerEpoch and checkSequence."""
-        if epoch < entry.epoch:
+    def _check(self, producer_id: int, state: _Staged, header: record.BatchHeader, first_seq: int,
+               last_seq: int) -> None:
+        """Kafka's ProducerAppendInfo.checkProducerEpoch and checkSequence, and its transaction
+        check: a producer inside a transaction writes only transactional batches until its
+        marker (InvalidTxnStateError; a new epoch ends nothing here, the coordinator's marker does)."""
+        epoch = header.producer_epoch
+        if epoch < state.epoch:
             raise InvalidProducerEpochError(
-                f"{self.name}: producer {entry.producer_id} epoch {epoch} is older than the current epoch "
-                f"{entry.epoch} (a fenced instance)")
-        if epoch > entry.epoch:
-            if first_seq != 0 and entry.epoch >= 0:
+                f"{self.name}: producer {producer_id} epoch {epoch} is older than the current epoch "
+                f"{state.epoch} (a fenced instance)")
+        if epoch > state.epoch:
+            if first_seq != 0 and state.epoch >= 0:
                 raise OutOfOrderSequenceError(
-                    f"{self.name}: producer {entry.producer_id} starts epoch {epoch} at sequence {first_seq}, "
-                    f"expected 0")
+                    f"{self.name}: producer {producer_id} starts epoch {epoch} at sequence {first_seq}, expected 0")
             return
-        if entry.batches and not in_sequence(entry.last_seq, first_seq):
+        last = state.last_seq
+        if last is not None and not in_sequence(last, first_seq):
             raise OutOfOrderSequenceError(
-                f"{self.name}: producer {entry.producer_id} epoch {epoch} sent sequences {first_seq}..{last_seq} "
-                f"after {entry.last_seq}, expected {entry.last_seq + 1 if entry.last_seq < INT32_MAX else 0}")
+                f"{self.name}: producer {producer_id} epoch {epoch} sent sequences {first_seq}..{last_seq} "
+                f"after {last}, expected {last + 1 if last < INT32_MAX else 0}")
+        if not header.is_transactional and state.txn_first_offset != NO_OFFSET:
+            raise InvalidTxnStateError(
+                f"{self.name}: producer {producer_id} sent a non-transactional batch inside its ongoing "
+                f"transaction (from offset {state.txn_first_offset})")
 
     # --- changes without checks (appended batches, followers, recovery) --------------------------
 

@@ -454,29 +454,29 @@ class UnifiedLog:
     def _append_idempotent(self, view: memoryview, headers: list[tuple[int, record.BatchHeader]], leader_epoch: int,
                            now: int) -> AppendInfo:
         """append_as_leader for a record set with producer ids (under the append lock)."""
-        plan = self.producers.plan_leader_append([header for _, header in headers])
-        record_count = sum(header.last_offset_delta + 1 for _, header in headers)
+        plan = self.producers.plan_leader_append(headers)
         duplicate_offsets = [batch.first_offset for batch in plan.duplicates]
         if plan.first_new == len(headers):  # a retry of what is written already
             return AppendInfo(duplicate_offsets[0], plan.duplicates[-1].last_offset, -1, self.log_start_offset,
-                              record_count, tuple(duplicate_offsets))
-        start = headers[plan.first_new][0]
-        new = [(position - start, header) for position, header in headers[plan.first_new:]]
-        view = view[start:]
+                              sum(header.last_offset_delta + 1 for _, header in headers), tuple(duplicate_offsets))
+        new = headers
+        if plan.first_new:  # leading duplicates: write from the first new batch on
+            start = headers[plan.first_new][0]
+            new = [(position - start, header) for position, header in headers[plan.first_new:]]
+            view = view[start:]
         batches = self._assign_offsets(view, new, leader_epoch, now)
         self._pending_producer_batches = [
             _PendingBatch(header, batch.base_offset, batch.max_timestamp, None)
             for (_, header), batch in zip(new, batches) if header.producer_id >= 0]
         self._write_as_leader(view, batches, leader_epoch, now)
         self._apply_pending_producer_batches(INT64_END)
-        return AppendInfo(
-            first_offset=duplicate_offsets[0] if duplicate_offsets else batches[0].base_offset,
-            last_offset=batches[-1].next_offset - 1,
-            log_append_time_ms=now if self._log_append_time else -1,
-            log_start_offset=self.log_start_offset,
-            record_count=record_count,
-            batch_offsets=tuple(duplicate_offsets + [batch.base_offset for batch in batches]) if duplicate_offsets else None,
-        )
+        log_append_time_ms = now if self._log_append_time else -1
+        if not duplicate_offsets:
+            return AppendInfo(batches[0].base_offset, batches[-1].next_offset - 1, log_append_time_ms,
+                              self.log_start_offset, batches[-1].next_offset - batches[0].base_offset)
+        return AppendInfo(duplicate_offsets[0], batches[-1].next_offset - 1, log_append_time_ms, self.log_start_offset,
+                          sum(header.last_offset_delta + 1 for _, header in headers),
+                          tuple(duplicate_offsets + [batch.base_offset for batch in batches]))
 
     def append_transaction_marker(self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
                                   leader_epoch: int) -> AppendInfo:

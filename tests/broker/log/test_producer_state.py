@@ -24,8 +24,9 @@ from segment_format.record import BatchHeader
 
 
 def header(producer_id: int, epoch: int, base_sequence: int, records: int = 1, base_offset: int = 0,
-           timestamp: int = 1_000) -> BatchHeader:
-    return BatchHeader(base_offset, 0, 0, 1, 0, 0, records - 1, timestamp, timestamp, producer_id, epoch,
+           timestamp: int = 1_000) -> tuple[int, BatchHeader]:
+    """(position, header) as the log hands a validated batch to the producer state."""
+    return 0, BatchHeader(base_offset, 0, 0, 1, 0, 0, records - 1, timestamp, timestamp, producer_id, epoch,
                        base_sequence, records)
 
 
