@@ -450,9 +450,12 @@ class RemoteSegmentStore:
         collectAbortedTxns over the remote tier). One object read per segment with a `.txnindex`."""
         found: list[tuple[int, int]] = []
         for segment in manifest.segments:
-            if segment.next_offset <= start_offset:
+            if segment.next_offset <= start_offset or segment.object_of("txnindex") is None:
                 continue
-            found += txn_index.collect_aborted(self.read_txn_index(topic, partition, segment), start_offset, upper_bound)
+            entries = self.read_txn_index(topic, partition, segment)
+            found += txn_index.collect_aborted(entries, start_offset, upper_bound)
+            if entries and entries[-1].last_stable_offset >= upper_bound:
+                break  # every transaction started below upper_bound had ended (Kafka's isComplete)
         return found
 
     def _read_index_object(self, topic: str, partition: int, obj: RemoteObject) -> bytes:

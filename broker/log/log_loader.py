@@ -76,6 +76,7 @@ class LogLoader:
         self.cache = cache
         self.recovery_point = recovery_point
         self.on_batch = on_batch
+        self._txn_index_bases: set[int] = set()  # segments with a `.txnindex` (from the one listing)
 
     def load(self, start_offset: int = 0) -> LoadedLog:
         """Open every segment, recovering what follows the recovery point. An empty directory
@@ -91,6 +92,8 @@ class LogLoader:
             if len(segments) and base < segments.active.next_offset:
                 raise KafkaStorageError(f"{self.directory}: segment {base} overlaps {segments.active}")
             segment = Segment.open(self.directory, base, self.cache)
+            if base not in self._txn_index_bases:
+                segment.txn_index.mark_absent()  # never read: most segments have no aborted transaction
             segments.add(segment)
             next_base = bases[i + 1] if i + 1 < len(bases) else None
             if i < holding and self._load_trusted(segment, next_base):
@@ -128,6 +131,8 @@ class LogLoader:
                 bases.append(int(path.stem))
             elif path.suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
                 indexes.append(path)
+                if path.suffix == TXN_INDEX_SUFFIX and (base := _segment_base(path, TXN_INDEX_SUFFIX)) is not None:
+                    self._txn_index_bases.add(base)
         present = set(names)
         for path in indexes:
             if path.with_suffix(LOG_SUFFIX).name not in present:

@@ -142,6 +142,7 @@ class Segment:
         segment = cls(files, cache)
         segment._indexes = IndexBuilder(IndexFile.create(OFFSET_INDEX, files.index, base_offset),
                                         IndexFile.create(TIME_INDEX, files.time_index, base_offset))
+        segment.txn_index.mark_absent()
         return segment
 
     @classmethod

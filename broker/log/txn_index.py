@@ -38,6 +38,11 @@ class TxnIndexFile:
             self._entries = [] if data is None else txn_index.parse(data, str(self.path), self.base_offset)
         return self._entries
 
+    def mark_absent(self) -> None:
+        """The caller knows the file does not exist (a new segment; a listing without it): no
+        read is ever tried (a fetch's collect runs on the event loop)."""
+        self._entries = []
+
     def append(self, txn: AbortedTxn) -> None:
         """Append an entry (its marker was just written to this segment)."""
         entries = self._entries_or_reset()

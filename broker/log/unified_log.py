@@ -516,15 +516,21 @@ class UnifiedLog:
         [start_offset, upper_bound): entries with last_offset >= start_offset and first_offset <
         upper_bound, from the transaction indexes of the local segments from the one holding
         `start_offset` on (a transaction's marker may be in a later segment than its data;
-        Kafka's collectAbortedTxns). A read_committed reader drops those producers' batches from
-        each first offset on, up to their ABORT marker. O(segments scanned + entries); an index
-        is read from its file on first use."""
+        Kafka's collectAbortedTxns), up to the first whose entries reach a last stable offset of
+        `upper_bound` (every transaction started below it ended by then). A read_committed
+        reader drops those producers' batches from each first offset on, up to their ABORT
+        marker. O(segments scanned + entries); an index is read from its file on first use (the
+        loader marks the segments without one)."""
         with self._lock:
             self._check_usable()
             segments = self._local.segments.holding(start_offset)
         found: list[tuple[int, int]] = []
         for segment in segments:
-            found += collect_aborted(segment.txn_index.entries, start_offset, upper_bound)
+            entries = segment.txn_index.entries
+            if entries:
+                found += collect_aborted(entries, start_offset, upper_bound)
+                if entries[-1].last_stable_offset >= upper_bound:
+                    break
         return found
 
     def _write_as_leader(self, view: memoryview, batches: list[BatchInfo], leader_epoch: int, now: int) -> None:
