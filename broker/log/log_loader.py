@@ -10,7 +10,9 @@ What recovery promises (docs/architecture.md, Recovery):
 So the cost of opening a log after a crash is the unflushed tail, not the size of the log.
 
 Every batch of a segment the loader recovers is passed to `on_batch`, so that state derived from
-the log (leader epochs now, producer state later) is rebuilt from the same scan.
+the log (leader epochs) is rebuilt from the same scan. The producer state and the aborted
+transaction indexes are rebuilt after the load, by UnifiedLog, from the newest producer snapshot
+on (which may lie before the recovery point).
 
 Leftovers of interrupted operations are removed first: `.deleted` files, checkpoint temp files,
 indexes whose `.log` is gone, and `.cleaned` segments a log cleaner was writing. A `.swap` segment

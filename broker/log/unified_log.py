@@ -6,6 +6,8 @@
                                                    the log cleaner, awaiting unlink
         *.cleaned, *.swap                          a segment the log cleaner writes / swaps in
         leader-epoch-checkpoint                    "epoch start_offset" lines (leader_epoch.py)
+        {base_offset:020d}.txnindex                aborted transactions whose ABORT marker the segment
+                                                   holds (txn_index.py); only where there is one
         {offset:020d}.snapshot                     producer state below `offset` (producer_state.py),
                                                    taken at each roll and at a clean close
         partition.metadata                         the topic id this directory belongs to
@@ -693,7 +695,10 @@ class UnifiedLog:
         for segment in self._local.segments:
             if segment.next_offset <= start:
                 continue
-            segment.txn_index.truncate_to(start) if segment.base_offset < start else segment.txn_index.reset()
+            if segment.base_offset < start:
+                segment.txn_index.truncate_to(start)  # its entries below `start` are the snapshot's past
+            else:
+                segment.txn_index.reset()
             if segment.size:
                 self._replay(self.producers, segment, start, INT64_END)
         self.producers.remove_below(self.log_start_offset)
