@@ -442,6 +442,14 @@ BROKER_CONFIGS: dict[str, ConfigDef] = {
         ConfigDef("auto.create.topics.max.per.request", int, 10,
                   "unknown topics one Metadata request may create (more are refused POLICY_VIOLATION): one "
                   "request cannot hold the admin changes for long", 1, 100_000),
+        ConfigDef("producer.id.expiration.ms", int, 86_400_000,
+                  "a partition forgets an idempotent producer this long after its last batch's timestamp (checked "
+                  "on each retention pass, log.retention.check.interval.ms); a retry after that is appended again",
+                  1, INT64_MAX),
+        ConfigDef("producer.state.max.producers.per.partition", int, 20_000,
+                  "idempotent producers one partition tracks; beyond it the least recently active ones without "
+                  "an open transaction are forgotten early (a client forging producer ids cannot grow the state)",
+                  100, 10_000_000),
     ]
 }
 for _d, _broker_key in TOPIC_CONFIGS.values():

@@ -36,7 +36,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from broker.cluster.partition import NO_EPOCH, LeaderAndIsr, Partition
@@ -61,8 +61,9 @@ from common.errors import (
     UnknownTopicOrPartitionError,
 )
 from common.topic_partition import TopicPartition
-from protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, code_and_message
+from protocol import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, READ_COMMITTED, READ_UNCOMMITTED, code_and_message
 from protocol.messages.tiering import TieringPartition
+from segment_format import record
 from segment_format.batch_body import now_ms
 from segment_format.manifest import RemoteSegment
 
@@ -105,6 +106,8 @@ class LogReadResult:
     records: FetchSlice | bytes = b""
     error: PymqError | None = None
     remote_pending: bool = False
+    last_stable_offset: int = -1
+    aborted_transactions: list[tuple[int, int]] = field(default_factory=list)  # read_committed: (producer, first offset)
 
     @property
     def size(self) -> int:
@@ -148,7 +151,8 @@ class ReplicaManager:
         if cluster is not None:
             self.followers = ReplicaFetcherManager(
                 cluster.fetch, self.executors.replication, cluster.address, self.flush_if_needed, logs.checkpoint,
-                remote_manifest=None if remote_logs is None else remote_logs.current_manifest)
+                remote_manifest=None if remote_logs is None else remote_logs.current_manifest,
+                remote_producer_snapshot=None if remote_logs is None else remote_logs.producer_snapshot)
             self.isr_writer = cluster.isr_writer
             self.fence = cluster.fence
             self.replica_lag_time_max_ms = cluster.replica_lag_time_max_ms
@@ -419,7 +423,7 @@ class ReplicaManager:
 
     def read(self, topic: Any, partition: Any, fetch_offset: int, max_bytes: int, *, min_one: bool = True,
              current_leader_epoch: int = NO_EPOCH, topic_id: str | None = None,
-             replica: int | None = None) -> LogReadResult:
+             replica: int | None = None, isolation_level: int = READ_UNCOMMITTED) -> LogReadResult:
         """One partition's read for a fetch (Kafka's `readFromLog`), never raising: a consumer's
         (`replica` None) stops at the high watermark; follower `replica`'s reads to the log end
         and records how far the follower got (`_follower_fetched`). Up to `max_bytes`, or the
@@ -427,8 +431,11 @@ class ReplicaManager:
         budget); nothing when `max_bytes` <= 0 and not `min_one`. An offset below the local log
         start is read from the remote tier for a consumer (a follower that far behind starts
         from the local log start, replica_fetcher.py). A topic id names one incarnation of the
-        topic: INCONSISTENT_TOPIC_ID when the log is another one."""
+        topic: INCONSISTENT_TOPIC_ID when the log is another one. A read_committed consumer
+        (`isolation_level`) stops at the last stable offset and gets the aborted transactions its
+        records may hold (local and remote transaction indexes)."""
         result = LogReadResult()
+        committed = isolation_level == READ_COMMITTED and replica is None
         try:
             target = self.partition(topic, partition)
             target.check_leader(current_leader_epoch)
@@ -438,16 +445,21 @@ class ReplicaManager:
             _check_topic_id(partition_log, topic_id)
             result.high_watermark = partition_log.high_watermark
             result.log_start_offset = partition_log.log_start_offset
+            result.last_stable_offset = partition_log.last_stable_offset
             if max_bytes <= 0 and not min_one:
                 return result
             max_bytes = max(max_bytes, 1)
+            upper = partition_log.log_end_offset if replica is not None else (
+                result.last_stable_offset if committed else None)
             try:
-                records: FetchSlice | bytes = partition_log.read(
-                    fetch_offset, max_bytes, partition_log.log_end_offset if replica is not None else None)
+                records: FetchSlice | bytes = partition_log.read(fetch_offset, max_bytes, upper)
             except OffsetMovedToTieredStorageError:
                 if replica is not None:
                     raise
-                records = self._read_remote(partition_log, fetch_offset, max_bytes)
+                records = self._read_remote(partition_log, fetch_offset, max_bytes, upper)
+            if committed and (len(records) if isinstance(records, bytes) else records.size):
+                result.aborted_transactions = self._aborted_transactions(partition_log, fetch_offset,
+                                                                         result.last_stable_offset)
         except RemoteReadPending:
             result.remote_pending = True
             return result
@@ -460,9 +472,11 @@ class ReplicaManager:
             records.close()
         return result
 
-    def _read_remote(self, partition_log: UnifiedLog, offset: int, max_bytes: int) -> FetchSlice | bytes:
+    def _read_remote(self, partition_log: UnifiedLog, offset: int, max_bytes: int,
+                     upper: int | None = None) -> FetchSlice | bytes:
         """`offset` (below the local log start) from the remote tier; past the remote log's end
-        (a compaction gap up to the local start), the local log from its start. RemoteReadPending
+        (a compaction gap up to the local start), the local log from its start; batches from
+        `upper` on (a read_committed consumer's last stable offset) left out. RemoteReadPending
         while a remote reader worker loads it (the fetch waits; `remote_read_ready` wakes it)."""
         remote = self.remote_logs
         if remote is None:
@@ -470,7 +484,18 @@ class ReplicaManager:
                                                   "and this broker does not run tiered storage")
         data = remote.reader.read(partition_log.topic, partition_log.partition,
                                   remote.manifest(partition_log.topic, partition_log.partition), offset, max_bytes)
-        return data if data else partition_log.read(partition_log.local_log_start_offset, max_bytes)
+        if data and upper is not None:
+            data = data[:_batches_below(data, upper)]
+        return data if data else partition_log.read(partition_log.local_log_start_offset, max_bytes, upper)
+
+    def _aborted_transactions(self, partition_log: UnifiedLog, offset: int, upper: int) -> list[tuple[int, int]]:
+        """The aborted transactions overlapping [offset, upper): the local segments' indexes and,
+        for an offset below the local log start, the remote tier's (held in memory), once each."""
+        found = partition_log.collect_aborted_transactions(offset, upper)
+        if offset < partition_log.local_log_start_offset and self.remote_logs is not None:
+            found = self.remote_logs.aborted_transactions(partition_log.topic, partition_log.partition, offset,
+                                                          upper) + found
+        return list(dict.fromkeys(found))
 
     def _follower_fetched(self, target: Partition, replica: int, fetch_offset: int) -> None:
         """Follower `replica` fetches from `fetch_offset`, so it has everything below it: the
@@ -481,8 +506,8 @@ class ReplicaManager:
         if expanded is not None:
             self._write_isr(target, expanded, f"broker {replica} caught up")
 
-    def offset_for_timestamp(self, topic: Any, partition: Any, timestamp: int,
-                             current_leader_epoch: int = NO_EPOCH) -> tuple[int, int] | Future[tuple[int, int]]:
+    def offset_for_timestamp(self, topic: Any, partition: Any, timestamp: int, current_leader_epoch: int = NO_EPOCH,
+                             isolation_level: int = READ_UNCOMMITTED) -> tuple[int, int] | Future[tuple[int, int]]:
         """ListOffsets (Kafka's `fetchOffsetForTimestamp`): (offset, timestamp) of LATEST_TIMESTAMP
         (the high watermark: what a consumer can read), EARLIEST_TIMESTAMP (the log start, the
         remote log's for a tiered log) or the first record at or after `timestamp` ((-1, -1) if
@@ -494,7 +519,7 @@ class ReplicaManager:
         partition_log = target.log
         remote = self.remote_logs
         if timestamp < 0 or remote is None or not partition_log.tiered:
-            return _local_offset_for(partition_log, timestamp)
+            return _local_offset_for(partition_log, timestamp, isolation_level)
         manifest = remote.manifest(partition_log.topic, partition_log.partition)
         if manifest is None or not manifest.prune(partition_log.log_start_offset, None, timestamp, None):
             return _local_offset_for(partition_log, timestamp)
@@ -701,9 +726,23 @@ def _check_topic_id(partition_log: UnifiedLog, topic_id: str | None) -> None:
                                    f"{partition_log.topic_id}, not {topic_id}: the topic was deleted and re-created")
 
 
-def _local_offset_for(partition_log: UnifiedLog, timestamp: int) -> tuple[int, int]:
-    """ListOffsets from the local log (the log start offset is the remote log's for a tiered log)."""
+def _batches_below(data: bytes, end: int) -> int:
+    """How many leading bytes of `data` (whole batches) hold batches based below `end`."""
+    position = 0
+    while position + record.HEADER_SIZE <= len(data):
+        header = record.read_header(data, position)
+        if header.base_offset >= end:
+            break
+        position += header.size
+    return min(position, len(data))
+
+
+def _local_offset_for(partition_log: UnifiedLog, timestamp: int, isolation_level: int = READ_UNCOMMITTED) -> tuple[int, int]:
+    """ListOffsets from the local log (the log start offset is the remote log's for a tiered log);
+    latest is the last stable offset for a read_committed consumer."""
     if timestamp == LATEST_TIMESTAMP:
+        if isolation_level == READ_COMMITTED:
+            return partition_log.last_stable_offset, -1
         return partition_log.high_watermark, -1
     if timestamp == EARLIEST_TIMESTAMP:
         return partition_log.log_start_offset, -1

@@ -84,7 +84,9 @@ class Broker:
             self.peers = PeerWatch(self.store, self.live_brokers, lambda: config["broker.id"],
                                    _bind_host(config["host"])) if self.clustered else None
             self.logs = LogManager(self.log_dir, max_open_files=config["log.max.open.files"],
-                                   remote_storage=config["remote.log.storage.system.enable"])
+                                   remote_storage=config["remote.log.storage.system.enable"],
+                                   producer_id_expiration_ms=config["producer.id.expiration.ms"],
+                                   producer_state_max_producers=config["producer.state.max.producers.per.partition"])
             self.cleaner = LogCleaner.from_config(config, self.logs)
             self.purgatory = DelayedOperationPurgatory()
             self.writer = LogWriter(config["log.writer.offload.bytes"], config["log.writer.queued.max.bytes"])

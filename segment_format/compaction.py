@@ -41,9 +41,13 @@ I/O, no event loop, no dependency on the broker's log classes, so a Spark job ca
 segments in object storage. Per-record work runs in Arrow/numpy kernels or in C-level `dict`
 operations over a batch's key list; Python runs once per batch.
 
-Not handled here (the log cleaner's part): control batches and transactional records are passed
-through unchanged and their keys do not enter the map (aborted transactions are not removed), and
-empty batches are not retained for an idempotent producer's sequence state.
+Transactions (Kafka's rules, simplified): control batches (markers) are always kept, and their
+keys never enter the map. Batches of aborted transactions (`aborted`: (producer_id, first_offset)
+of each, from the transaction indexes, as a read_committed reader gets them) are removed whole and
+their keys never enter the map, so aborted data never supersedes committed data. Batches in
+`retain` (base offsets: the last batches of every idempotent producer, whose sequences the
+producer state replays) are passed through unchanged, never emptied nor rewritten. The caller
+compacts only below the last stable offset (an open transaction's records are undecided).
 """
 from __future__ import annotations
 
@@ -102,25 +106,46 @@ class CompactionStats:
     bytes_out: int = 0
 
 
-def build_offset_map(batches: Iterable[BatchInput], max_keys: int) -> OffsetMap:
+class AbortedBatches:
+    """Tells, batch by batch in offset order, whether a batch belongs to an aborted transaction:
+    a transactional batch of a producer from its aborted transaction's first offset on, until
+    that producer's ABORT marker (Kafka's cleaner's abortedTransactions / ongoingAbortedTxns)."""
+
+    def __init__(self, aborted: Iterable[tuple[int, int]] = ()) -> None:
+        self._pending = sorted(aborted, key=lambda txn: txn[1])  # (producer_id, first_offset)
+        self._ongoing: set[int] = set()
+
+    def __call__(self, header: record.BatchHeader) -> bool:
+        while self._pending and self._pending[0][1] <= header.base_offset:
+            self._ongoing.add(self._pending.pop(0)[0])
+        if header.is_control:
+            self._ongoing.discard(header.producer_id)  # its marker ends the aborted transaction
+            return False
+        return header.is_transactional and header.producer_id in self._ongoing
+
+
+def build_offset_map(batches: Iterable[BatchInput], max_keys: int,
+                     aborted: Iterable[tuple[int, int]] = ()) -> OffsetMap:
     """One pass over `batches` (in offset order): each non-null key's highest offset.
 
     Stops before a batch whose distinct keys might not fit in `max_keys` (it counts them as all
     new: the map never exceeds the bound) and leaves the rest of the input unread; the result is
     then `full`, and `end_offset` is that batch's base offset. A first batch with more distinct
     keys than `max_keys` covers nothing (end_offset = its base offset): raise the limit.
-    Control batches are skipped (their keys are not record keys). Raises CorruptMessageError for
-    bad raw bytes, ValueError if offsets do not grow.
+    Control batches and the batches of `aborted` transactions are skipped (their keys are not
+    record keys, or never were committed). Raises CorruptMessageError for bad raw bytes,
+    ValueError if offsets do not grow.
     """
     if max_keys < 1:
         raise ValueError(f"max_keys must be positive, got {max_keys}")
     offset_map = OffsetMap(max_keys)
+    is_aborted = AbortedBatches(aborted)
     for _, header, body in _decoded(batches):
         if offset_map.start_offset is None:
             offset_map.start_offset = header.base_offset
         elif header.base_offset < offset_map.end_offset:
             raise ValueError(f"batch at offset {header.base_offset} does not follow offset {offset_map.end_offset - 1}")
-        if not header.is_control:
+        if not is_aborted(header) and not header.is_control:
             keys = body.column("key")
             if keys.null_count < len(keys):
                 keyed = keys.is_valid()
@@ -143,6 +168,8 @@ def compact_batches(
     delete_retention_ms: int,
     up_to_offset: int | None = None,
     stats: CompactionStats | None = None,
+    aborted: Iterable[tuple[int, int]] = (),
+    retain: frozenset[int] = frozenset(),
 ) -> Iterator[BatchBytes]:
     """Yield the compacted bytes of `batches` (in offset order), one buffer per surviving batch.
 
@@ -152,17 +179,25 @@ def compact_batches(
     offset, or not the key at all), a tombstone, and its timestamp is before
     `now_ms - delete_retention_ms` (ms since the epoch). An unchanged batch
     is yielded as the very buffer given (a StoredBatch's `data`); a changed one as a new bytearray.
-    `stats`, if given, is updated as batches are consumed. Raises CorruptMessageError for bad raw
-    bytes.
+    Below the limit, batches of `aborted` transactions go whole; batches based at an offset in
+    `retain` stay whole (see the module docstring). `stats`, if given, is updated as batches are
+    consumed. Raises CorruptMessageError for bad raw bytes.
     """
     limit = offset_map.end_offset if up_to_offset is None else min(up_to_offset, offset_map.end_offset)
     stats = stats if stats is not None else CompactionStats()
     horizon_ms = now_ms - delete_retention_ms
+    is_aborted = AbortedBatches(aborted)
     for data, header, body in _decoded(batches):
         stats.batches_in += 1
         stats.records_in += header.record_count
         stats.bytes_in += len(data)
-        keep, expired = _keep_mask(header, body, offset_map.latest, limit, horizon_ms)
+        dropped = is_aborted(header)
+        if header.base_offset in retain or header.base_offset >= limit:
+            keep, expired = np.ones(header.record_count, dtype=bool), 0
+        elif dropped:
+            keep, expired = np.zeros(header.record_count, dtype=bool), 0
+        else:
+            keep, expired = _keep_mask(header, body, offset_map.latest, limit, horizon_ms)
         kept = int(np.count_nonzero(keep))
         stats.records_kept += kept
         stats.records_removed += header.record_count - kept

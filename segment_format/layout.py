@@ -5,6 +5,8 @@
     {base_offset:020d}.log        concatenated record batches (record.py)
     {base_offset:020d}.index      sparse offset index (index_file.py, OFFSET_INDEX)
     {base_offset:020d}.timeindex  sparse time index (index_file.py, TIME_INDEX)
+    {base_offset:020d}.txnindex   aborted transactions whose ABORT marker is in the segment
+                                  (txn_index.py); only in segments that hold one
 
 20-digit base offsets make `ls` sort by offset (Kafka's LogFileUtils). Topic names follow
 Kafka's rules, which also keep every name a safe single path component.
@@ -20,6 +22,7 @@ from common.errors import InvalidTopicError
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
+TXN_INDEX_SUFFIX = ".txnindex"
 DELETED_SUFFIX = ".deleted"
 CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"
@@ -47,7 +50,7 @@ class SegmentFiles:
     # fresh Path costs its parsing and hashing each time.
     _paths: dict[str, Path] = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    KINDS: tuple[str, ...] = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX)
+    KINDS: tuple[str, ...] = (LOG_SUFFIX, INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX)
 
     def path(self, kind: str) -> Path:
         found = self._paths.get(kind)
@@ -66,6 +69,10 @@ class SegmentFiles:
     @property
     def time_index(self) -> Path:
         return self.path(TIME_INDEX_SUFFIX)
+
+    @property
+    def txn_index(self) -> Path:
+        return self.path(TXN_INDEX_SUFFIX)
 
     def paths(self) -> list[Path]:
         return [self.path(kind) for kind in self.KINDS]

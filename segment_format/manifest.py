@@ -24,10 +24,14 @@ One JSON object per version, `{root}/{topic}/{partition}/manifests/manifest-{ver
     base_offset, next_offset, min_timestamp, max_timestamp, size_bytes, record_count,
     leader_epochs, crc32c), plus
     upload_id         str              16 hex digits, random per upload attempt
-    objects           {kind: object}   kind "log", "index", "timeindex", each
+    objects           {kind: object}   kind "log", "index", "timeindex", and optionally
+                                       "snapshot" (the producer state at the segment's next offset,
+                                       broker/log/producer_state.py's format; KIP-405's producer
+                                       snapshot) and "txnindex"; each
                                        {"name": str, "size_bytes": int, "crc32c": int}: the object
                                        `{base_offset:020d}-{upload_id}.{kind}` beside the
-                                       manifests' folder, its length and the CRC32C of its bytes
+                                       manifests' folder, its length and the CRC32C of its bytes.
+                                       Entries written before the optional kinds existed lack them.
 
 Invariants, checked on every parse (a reader of a manifest trusts nothing it has not checked):
 segments are non-empty (next_offset > base_offset), sorted and disjoint (a segment's next_offset
@@ -70,16 +74,17 @@ NO_LEADER_EPOCH = -1
 UINT32_MAX = 2**32 - 1
 UPLOAD_ID_HEX_DIGITS = 16
 OBJECT_KINDS = ("log", "index", "timeindex")  # the JSON keys, which are also the file suffixes
+OPTIONAL_OBJECT_KINDS = ("snapshot", "txnindex")  # absent from entries uploaded before they existed
 MANIFESTS_FOLDER = "manifests"
 
 _UPLOAD_ID = re.compile(rf"[0-9a-f]{{{UPLOAD_ID_HEX_DIGITS}}}")
-SEGMENT_OBJECT_NAME = re.compile(rf"(\d{{20}})-([0-9a-f]{{{UPLOAD_ID_HEX_DIGITS}}})\.(log|index|timeindex)")
+SEGMENT_OBJECT_NAME = re.compile(rf"(\d{{20}})-([0-9a-f]{{{UPLOAD_ID_HEX_DIGITS}}})\.(log|index|timeindex|snapshot|txnindex)")
 MANIFEST_OBJECT_NAME = re.compile(r"manifest-(\d{20})\.json")
 
 
 def segment_object_name(base_offset: int, upload_id: str, kind: str) -> str:
     """`{base_offset:020d}-{upload_id}.{kind}`: 20 digits so listings sort by offset."""
-    assert kind in OBJECT_KINDS, kind
+    assert kind in OBJECT_KINDS or kind in OPTIONAL_OBJECT_KINDS, kind
     return f"{base_offset:020d}-{upload_id}.{kind}"
 
 
@@ -103,27 +108,33 @@ class RemoteObject:
 @dataclass(frozen=True, slots=True)
 class RemoteSegment:
     """A manifest entry: a sealed segment's metadata, the upload attempt that holds it, and the
-    three objects of that attempt (`.log`, `.index`, `.timeindex`)."""
+    objects of that attempt (`.log`, `.index`, `.timeindex`, and the optional kinds it has in
+    `extras`, in OPTIONAL_OBJECT_KINDS order)."""
 
     metadata: SegmentMetadata
     upload_id: str
     log: RemoteObject
     index: RemoteObject
     time_index: RemoteObject
+    extras: tuple[tuple[str, RemoteObject], ...] = ()
 
     def __post_init__(self) -> None:
-        problem = _segment_inconsistency(self.metadata, self.upload_id, self.objects())
+        problem = _segment_inconsistency(self.metadata, self.upload_id, self.kinded_objects())
         if problem is not None:
             raise CorruptManifestError(f"segment {self.metadata.base_offset}: {problem}")
 
     @classmethod
-    def create(cls, metadata: SegmentMetadata, upload_id: str, index: tuple[int, int], time_index: tuple[int, int]) -> RemoteSegment:
-        """The entry for an upload attempt: `index` and `time_index` are (size_bytes, crc32c)."""
+    def create(cls, metadata: SegmentMetadata, upload_id: str, index: tuple[int, int], time_index: tuple[int, int],
+               extras: dict[str, tuple[int, int]] | None = None) -> RemoteSegment:
+        """The entry for an upload attempt: `index`, `time_index` and each of `extras` (by
+        optional kind) are (size_bytes, crc32c)."""
         def named(kind: str, size_crc: tuple[int, int]) -> RemoteObject:
             return RemoteObject(segment_object_name(metadata.base_offset, upload_id, kind), *size_crc)
 
+        extras = extras or {}
         return cls(metadata, upload_id, named("log", (metadata.size_bytes, metadata.crc32c)),
-                   named("index", index), named("timeindex", time_index))
+                   named("index", index), named("timeindex", time_index),
+                   tuple((kind, named(kind, extras[kind])) for kind in OPTIONAL_OBJECT_KINDS if kind in extras))
 
     # --- the metadata's fields, for callers that think in segments ------------------------------
 
@@ -164,15 +175,22 @@ class RemoteSegment:
     def leader_epochs(self) -> tuple[tuple[int, int], ...]:
         return self.metadata.leader_epochs
 
-    def objects(self) -> tuple[RemoteObject, RemoteObject, RemoteObject]:
-        """The `.log`, `.index` and `.timeindex` objects, in that order."""
-        return self.log, self.index, self.time_index
+    def objects(self) -> tuple[RemoteObject, ...]:
+        """The `.log`, `.index` and `.timeindex` objects, in that order, then the optional ones."""
+        return (self.log, self.index, self.time_index) + tuple(obj for _, obj in self.extras)
+
+    def kinded_objects(self) -> tuple[tuple[str, RemoteObject], ...]:
+        return tuple(zip(OBJECT_KINDS, (self.log, self.index, self.time_index))) + self.extras
+
+    def object_of(self, kind: str) -> RemoteObject | None:
+        """The object of an optional kind ("snapshot", "txnindex"), or None if not uploaded."""
+        return next((obj for k, obj in self.extras if k == kind), None)
 
     # --- JSON ---------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
         return {**self.metadata.to_dict(), "upload_id": self.upload_id,
-                "objects": {kind: obj.to_dict() for kind, obj in zip(OBJECT_KINDS, self.objects())}}
+                "objects": {kind: obj.to_dict() for kind, obj in self.kinded_objects()}}
 
     @classmethod
     def from_dict(cls, data: object) -> RemoteSegment:
@@ -188,13 +206,18 @@ class RemoteSegment:
         where = f"segment {metadata.base_offset}"
         if not isinstance(upload_id, str) or not _UPLOAD_ID.fullmatch(upload_id):
             raise CorruptManifestError(f"{where}: upload_id must be {UPLOAD_ID_HEX_DIGITS} hex digits, got {upload_id!r}")
-        if not isinstance(objects, dict) or set(objects) != set(OBJECT_KINDS):
-            raise CorruptManifestError(f"{where}: objects must map exactly {list(OBJECT_KINDS)}, got {objects!r}")
+        if (not isinstance(objects, dict) or not set(OBJECT_KINDS) <= set(objects)
+                or not set(objects) <= set(OBJECT_KINDS) | set(OPTIONAL_OBJECT_KINDS)):
+            raise CorruptManifestError(f"{where}: objects must map {list(OBJECT_KINDS)} and optionally "
+                                       f"{list(OPTIONAL_OBJECT_KINDS)}, got {objects!r}")
         log, index, time_index = (_object_from_dict(where, kind, objects[kind]) for kind in OBJECT_KINDS)
-        problem = _segment_inconsistency(metadata, upload_id, (log, index, time_index))
+        extras = tuple((kind, _object_from_dict(where, kind, objects[kind]))
+                       for kind in OPTIONAL_OBJECT_KINDS if kind in objects)
+        problem = _segment_inconsistency(
+            metadata, upload_id, tuple(zip(OBJECT_KINDS, (log, index, time_index))) + extras)
         if problem is not None:
             raise CorruptManifestError(f"{where}: {problem}")
-        return cls(metadata, upload_id, log, index, time_index)
+        return cls(metadata, upload_id, log, index, time_index, extras)
 
 
 def _object_from_dict(where: str, kind: str, data: object) -> RemoteObject:
@@ -206,19 +229,20 @@ def _object_from_dict(where: str, kind: str, data: object) -> RemoteObject:
     return RemoteObject(name, size, crc)
 
 
-def _segment_inconsistency(metadata: SegmentMetadata, upload_id: str, objects: tuple[RemoteObject, ...]) -> str | None:
-    """What makes this entry impossible, or None."""
+def _segment_inconsistency(metadata: SegmentMetadata, upload_id: str,
+                           objects: tuple[tuple[str, RemoteObject], ...]) -> str | None:
+    """What makes this entry impossible, or None. `objects`: (kind, object), the log's first."""
     if not _UPLOAD_ID.fullmatch(upload_id):
         return f"upload id {upload_id!r} is not {UPLOAD_ID_HEX_DIGITS} hex digits"
     if metadata.next_offset <= metadata.base_offset:
         return "an empty segment is never tiered"
-    for kind, obj in zip(OBJECT_KINDS, objects):
+    for kind, obj in objects:
         expected = segment_object_name(metadata.base_offset, upload_id, kind)
         if obj.name != expected:
             return f"object {kind!r} is named {obj.name!r}, expected {expected!r}"
         if obj.size_bytes < 0 or not 0 <= obj.crc32c <= UINT32_MAX:
             return f"object {kind!r} has size {obj.size_bytes} and crc32c {obj.crc32c}"
-    log = objects[0]
+    log = objects[0][1]
     if (log.size_bytes, log.crc32c) != (metadata.size_bytes, metadata.crc32c):
         return f"the log object's size and crc32c {log.size_bytes}, {log.crc32c} are not the segment's"
     return None

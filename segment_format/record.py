@@ -330,8 +330,9 @@ def _check_producer_batch(pos: int, header: BatchHeader, layout: BodyLayout) -> 
     """What a producer may not write though the format allows it (Kafka's LogValidator): offsets
     that do not run contiguously over the records, whether through the header or through the
     offset_delta column only compaction writes (a forged range would consume offsets and later
-    make the log cleaner give up on the partition), and the control and transactional bits,
-    which only the broker's transaction machinery may set. Raises InvalidRecordError."""
+    make the log cleaner give up on the partition), a producer id without an epoch and a
+    sequence (or below -1, the "none"), the control bit, which only the broker's transaction
+    machinery sets, and the transactional bit without a producer id. Raises InvalidRecordError."""
     where = f"batch at byte {pos}"
     if layout.compacted:
         raise InvalidRecordError(f"{where}: inconsistent batch offset range: a producer batch has the standard body "
@@ -339,12 +340,18 @@ def _check_producer_batch(pos: int, header: BatchHeader, layout: BodyLayout) -> 
     if header.last_offset_delta != header.record_count - 1:
         raise InvalidRecordError(f"{where}: inconsistent batch offset range: last_offset_delta "
                                  f"{header.last_offset_delta} != record_count {header.record_count} - 1")
+    if header.producer_id >= 0:
+        if header.producer_epoch < 0 or header.base_sequence < 0:
+            raise InvalidRecordError(f"{where}: producer id {header.producer_id} needs a producer epoch and a base "
+                                     f"sequence >= 0, not {header.producer_epoch} and {header.base_sequence}")
+    elif header.producer_id != -1:
+        raise InvalidRecordError(f"{where}: invalid producer id {header.producer_id} (-1: none)")
     if header.attributes & CONTROL_BIT:
         raise InvalidRecordError(f"{where}: clients are not allowed to write control batches "
                                  f"(attributes {header.attributes:#x})")
-    if header.attributes & TRANSACTIONAL_BIT:
-        raise InvalidRecordError(f"{where}: transactional batch refused (attributes {header.attributes:#x}): "
-                                 f"transactions are not supported yet")
+    if header.attributes & TRANSACTIONAL_BIT and header.producer_id < 0:
+        raise InvalidRecordError(f"{where}: a transactional batch needs a producer id (attributes "
+                                 f"{header.attributes:#x})")
 
 
 def _check_header(buf: bytes | bytearray | memoryview, pos: int, header: BatchHeader, max_batch_bytes: int | None) -> None:

@@ -12,6 +12,9 @@ Layout under the store's root URL (e.g. `s3://bucket/pymq`, or `file:///data/pym
         {base_offset:020d}-{upload_id}.log              the segment's record batches (docs/architecture.md, Record batch)
         {base_offset:020d}-{upload_id}.index            its offset index (segment_format/index_file.py)
         {base_offset:020d}-{upload_id}.timeindex        its time index (segment_format/index_file.py)
+        {base_offset:020d}-{upload_id}.snapshot         the producer state at its next offset (optional)
+        {base_offset:020d}-{upload_id}.txnindex         its aborted transactions (segment_format/txn_index.py;
+                                                        only segments holding an ABORT marker have one)
 
 Object names carry the id of the upload attempt: `upload_id` is 16 random
 hex digits per attempt, so a crashed or failed attempt never overwrites or shadows a good one.
@@ -50,6 +53,13 @@ Reading a partition (what Spark's reader does):
    records to the range. Validate each batch (CRC32C of bytes 21..end) before using it.
 3. An object missing under a manifest you hold means retention or a topic deletion removed the
    segment since: read the manifest again.
+4. read_committed: skip control batches (attribute bit 5: transaction markers), and drop the
+   batches of aborted transactions: `RemoteSegmentStore.collect_aborted_transactions(topic,
+   partition, manifest, start, end)` (or `read_txn_index` + `segment_format.txn_index.parse` per
+   segment whose manifest entry has a `txnindex` object) gives (producer_id, first_offset) of each;
+   a transactional batch (bit 4) of that producer from that offset up to its ABORT marker is
+   aborted. Only data below the partition's last stable offset is decided: the tier holds sealed
+   segments, but an open transaction may have started in one; its outcome is in a later marker.
 
 Writing (brokers only; one writer per partition, its leader, fenced by its leader epoch): upload a segment as a new attempt
 (`RemoteSegmentStore.upload_segment`: streamed, then read back and checked by size and CRC32C),

@@ -40,7 +40,7 @@ from fsspec import AbstractFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
 from common.errors import CorruptMessageError, KafkaStorageError, PymqError
-from segment_format import record
+from segment_format import record, txn_index
 from segment_format.index_file import OFFSET_INDEX, TIME_INDEX, CorruptIndexError, SparseIndex
 from segment_format.layout import SegmentFiles, validate_topic_name
 from segment_format.manifest import (
@@ -56,6 +56,7 @@ from segment_format.manifest import (
 )
 from segment_format.segment_metadata import SegmentMetadata
 from segment_format.segment_reader import FRAME_ONLY, PRead, SegmentReader
+from segment_format.txn_index import AbortedTxn
 from tiered_storage.errors import (
     ManifestConflictError,
     ManifestFencedError,
@@ -311,9 +312,10 @@ class RemoteSegmentStore:
     # --- upload ----------------------------------------------------------------------------------
 
     def upload_segment(self, topic: str, partition: int, files: SegmentFiles,
-                       metadata: SegmentMetadata | None = None) -> RemoteSegment:
-        """Upload a sealed, flushed segment (its `.log`, `.index` and `.timeindex`) as a new
-        attempt, verify it, and return the entry to add to the manifest (nothing is visible until
+                       metadata: SegmentMetadata | None = None, extras: Mapping[str, bytes] | None = None) -> RemoteSegment:
+        """Upload a sealed, flushed segment (its `.log`, `.index` and `.timeindex`, and `extras`:
+        the bytes of optional kinds, e.g. "snapshot", the producer state at the segment's end) as
+        a new attempt, verify it, and return the entry to add to the manifest (nothing is visible until
         that manifest is committed). `metadata` is computed from the `.log` when not given
         (validating every batch; CorruptMessageError if one is bad).
 
@@ -331,15 +333,21 @@ class RemoteSegmentStore:
         index_bytes, time_index_bytes = _read_local(files.index), _read_local(files.time_index)
         OFFSET_INDEX.parse(index_bytes, files.index, metadata.base_offset).sanity_check(metadata.size_bytes)
         TIME_INDEX.parse(time_index_bytes, files.time_index, metadata.base_offset).sanity_check(metadata.next_offset)
+        extras = dict(extras or {})
         segment = RemoteSegment.create(metadata, secrets.token_hex(UPLOAD_ID_HEX_DIGITS // 2),
                                        (len(index_bytes), crc32c.crc32c(index_bytes)),
-                                       (len(time_index_bytes), crc32c.crc32c(time_index_bytes)))
+                                       (len(time_index_bytes), crc32c.crc32c(time_index_bytes)),
+                                       {kind: (len(data), crc32c.crc32c(data)) for kind, data in extras.items()})
         try:
             with self._remote(f"upload of {directory}/{segment.log.name}"):
                 if self._has_directories:
                     self.fs.makedirs(directory, exist_ok=True)
                 self.fs.pipe_file(self.object_path(topic, partition, segment.index), index_bytes)
                 self.fs.pipe_file(self.object_path(topic, partition, segment.time_index), time_index_bytes)
+                for kind, data in extras.items():
+                    obj = segment.object_of(kind)
+                    assert obj is not None
+                    self.fs.pipe_file(self.object_path(topic, partition, obj), data)
                 self.fs.put_file(str(files.log), self.object_path(topic, partition, segment.log))
                 if self._local:
                     _fsync_local([self.object_path(topic, partition, obj) for obj in segment.objects()], directory)
@@ -418,6 +426,37 @@ class RemoteSegmentStore:
         index = TIME_INDEX.parse(data, Path(segment.time_index.name), segment.base_offset)
         index.sanity_check(segment.next_offset)
         return index
+
+    def read_optional_object(self, topic: str, partition: int, segment: RemoteSegment, kind: str) -> bytes | None:
+        """The bytes of the segment's object of an optional kind ("snapshot", "txnindex"), or None
+        if its upload had none (an entry older than the kind). CorruptIndexError if the object's
+        size or CRC32C is not the manifest's."""
+        obj = segment.object_of(kind)
+        return None if obj is None else self._read_index_object(topic, partition, obj)
+
+    def read_txn_index(self, topic: str, partition: int, segment: RemoteSegment) -> list[AbortedTxn]:
+        """The aborted transactions whose ABORT marker is in `segment` (none if it was uploaded
+        without a `.txnindex`). CorruptIndexError if the object is not the manifest's or bad."""
+        data = self.read_optional_object(topic, partition, segment, "txnindex")
+        if data is None:
+            return []
+        return txn_index.parse(data, f"{self.partition_path(topic, partition)}/{segment.base_offset}.txnindex",
+                               segment.base_offset)
+
+    def collect_aborted_transactions(self, topic: str, partition: int, manifest: PartitionManifest,
+                                     start_offset: int, upper_bound: int) -> list[tuple[int, int]]:
+        """(producer_id, first_offset) of the aborted transactions overlapping [start_offset,
+        upper_bound) in `manifest`'s segments from the one holding `start_offset` on (Kafka's
+        collectAbortedTxns over the remote tier). One object read per segment with a `.txnindex`."""
+        found: list[tuple[int, int]] = []
+        for segment in manifest.segments:
+            if segment.next_offset <= start_offset or segment.object_of("txnindex") is None:
+                continue
+            entries = self.read_txn_index(topic, partition, segment)
+            found += txn_index.collect_aborted(entries, start_offset, upper_bound)
+            if entries and entries[-1].last_stable_offset >= upper_bound:
+                break  # every transaction started below upper_bound had ended (Kafka's isComplete)
+        return found
 
     def _read_index_object(self, topic: str, partition: int, obj: RemoteObject) -> bytes:
         path = self.object_path(topic, partition, obj)

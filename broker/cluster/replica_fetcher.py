@@ -67,6 +67,8 @@ log = logging.getLogger("pymq.replication")
 
 Address = Callable[[int], "tuple[str, int] | None"]  # broker id -> its host and port, if registered
 RemoteManifest = Callable[[UnifiedLog], PartitionManifest]  # blocking: the partition's current remote manifest
+# blocking: the producer snapshot the manifest's last segment was uploaded with (None: none)
+RemoteProducerSnapshot = Callable[[UnifiedLog, PartitionManifest], "bytes | None"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,13 +139,15 @@ class ReplicaFetcherManager:
 
     def __init__(self, settings: FetchSettings, executor: BoundedExecutor, address: Address,
                  flush_if_needed: Callable[[UnifiedLog], None], checkpoint: Callable[[], None],
-                 remote_manifest: RemoteManifest | None = None) -> None:
+                 remote_manifest: RemoteManifest | None = None,
+                 remote_producer_snapshot: RemoteProducerSnapshot | None = None) -> None:
         self.settings = settings
         self.executor = executor
         self.address = address
         self.flush_if_needed = flush_if_needed
         self.checkpoint = checkpoint  # writes the directory's offset checkpoints (from a worker thread)
         self.remote_manifest = remote_manifest  # None: this broker does not run tiered storage
+        self.remote_producer_snapshot = remote_producer_snapshot
         self._fetchers: dict[int, ReplicaFetcher] = {}
         self._locks: dict[TopicPartition, asyncio.Lock] = {}
         self._followed: dict[TopicPartition, _Fetching] = {}
@@ -367,6 +371,9 @@ class ReplicaFetcher:
             return
         try:
             manifest = await self.manager.executor.run(self.manager.remote_manifest, partition_log)
+            snapshot = None
+            if self.manager.remote_producer_snapshot is not None:
+                snapshot = await self.manager.executor.run(self.manager.remote_producer_snapshot, partition_log, manifest)
         except PymqError as err:
             log.warning("%s-%d: behind the leader's local log start; cannot read the remote manifest: %s", *state.key, err)
             self._back_off(state)
@@ -378,13 +385,13 @@ class ReplicaFetcher:
         async with self.manager.lock(state.key):
             if not self.manager.is_current(state):
                 return
-            removed = await self.manager.executor.run(self._rebuild, partition_log, manifest)
+            removed = await self.manager.executor.run(self._rebuild, partition_log, manifest, snapshot)
         log.warning("%s-%d: behind the leader's local log start; restarted the log at the remote log end %d "
                     "(manifest version %d, %d local bytes dropped)", *state.key, offset, manifest.version, removed)
 
-    def _rebuild(self, partition_log: UnifiedLog, manifest: PartitionManifest) -> int:
+    def _rebuild(self, partition_log: UnifiedLog, manifest: PartitionManifest, producer_snapshot: bytes | None) -> int:
         removed = partition_log.rebuild_from_remote(manifest.log_end_offset, manifest.log_start_offset,
-                                                    manifest.leader_epochs)
+                                                    manifest.leader_epochs, producer_snapshot)
         self.manager.checkpoint()
         return removed
 

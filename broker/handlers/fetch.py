@@ -24,6 +24,8 @@ from broker.replica_manager import LogReadResult, ReplicaManager
 from broker.request_metrics import TopicTraffic
 from protocol import (
     CONSUMER_REPLICA_ID,
+    READ_COMMITTED,
+    AbortedTransaction,
     FetchPartition,
     FetchPartitionResponse,
     FetchRequest,
@@ -89,29 +91,37 @@ class FetchHandler:
         for topic in request.topics:
             entries = []
             for p in topic.partitions:
-                entry = self._read_partition(topic, p, max_bytes, max_bytes - read.size, read, request.replica_id)
+                entry = self._read_partition(topic, p, max_bytes, max_bytes - read.size, read, request.replica_id,
+                                             request.isolation_level)
                 entries.append(entry)
                 read.failed = read.failed or entry.error_code != 0
             topics.append(TopicResponse(topic.name, tuple(entries)))
         return FetchResponse(tuple(topics)), read
 
     def _read_partition(self, topic: TopicRequest[FetchPartition], p: FetchPartition, max_bytes: int, budget: int,
-                        read: _Read, replica_id: int) -> FetchPartitionResponse:
+                        read: _Read, replica_id: int, isolation_level: int) -> FetchPartitionResponse:
         """One partition's entry; its bytes are added to `read`. A follower's (`replica_id` >= 0)
-        reads to the log end and records the follower's progress."""
+        reads to the log end and records the follower's progress; a read_committed consumer's to
+        the last stable offset, with the aborted transactions its records may hold."""
         malformed = topic.error or p.error
         if malformed is not None:
             return FetchPartitionResponse(p.partition, *code_and_message(malformed))
         limit = min(max(max_bytes if p.max_bytes is None else p.max_bytes, 1), budget)
         result = self.replicas.read(topic.name, p.partition, p.fetch_offset, limit, min_one=not read.size,
                                     current_leader_epoch=p.current_leader_epoch, topic_id=topic.topic_id,
-                                    replica=None if replica_id == CONSUMER_REPLICA_ID else replica_id)
+                                    replica=None if replica_id == CONSUMER_REPLICA_ID else replica_id,
+                                    isolation_level=isolation_level)
+        # The last stable offset only for read_committed: every other fetch's bytes stay as they were.
+        last_stable_offset = result.last_stable_offset if isolation_level == READ_COMMITTED else -1
         if result.error is not None:
             return FetchPartitionResponse(p.partition, *code_and_message(result.error), result.high_watermark,
-                                          result.log_start_offset)
+                                          result.log_start_offset, last_stable_offset=last_stable_offset)
         read.add(result)
-        return FetchPartitionResponse(p.partition, high_watermark=result.high_watermark,
-                                      log_start_offset=result.log_start_offset, records=result.records)
+        return FetchPartitionResponse(
+            p.partition, high_watermark=result.high_watermark, log_start_offset=result.log_start_offset,
+            last_stable_offset=last_stable_offset,
+            aborted_transactions=tuple(AbortedTransaction(*txn) for txn in result.aborted_transactions),
+            records=result.records)
 
 
 class _Read:

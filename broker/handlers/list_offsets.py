@@ -37,7 +37,7 @@ class ListOffsetsHandler:
     def list_offsets(self, request: ListOffsetsRequest) -> ListOffsetsResponse | Awaitable[ListOffsetsResponse]:
         """Every partition's answer, many of them in slices (`answer_in_slices`)."""
         entries = [(topic, p) for topic in request.topics for p in topic.partitions]
-        return answer_in_slices(entries, lambda entry: self._partition(*entry),
+        return answer_in_slices(entries, lambda entry: self._partition(*entry, request.isolation_level),
                                 lambda answers: self._respond(request, answers))
 
     def _respond(self, request: ListOffsetsRequest, answers: list[Answer]) -> ListOffsetsResponse | Awaitable[ListOffsetsResponse]:
@@ -59,13 +59,14 @@ class ListOffsetsHandler:
             start = end
         return ListOffsetsResponse(tuple(topics))
 
-    def _partition(self, topic: TopicRequest[ListOffsetsPartition],
-                   p: ListOffsetsPartition) -> ListOffsetsPartitionResponse | Future[ListOffsetsPartitionResponse]:
+    def _partition(self, topic: TopicRequest[ListOffsetsPartition], p: ListOffsetsPartition,
+                   isolation_level: int) -> ListOffsetsPartitionResponse | Future[ListOffsetsPartitionResponse]:
         malformed = topic.error or p.error
         if malformed is not None:
             return ListOffsetsPartitionResponse(p.partition, *code_and_message(malformed))
         try:
-            found = self.replicas.offset_for_timestamp(topic.name, p.partition, p.timestamp, p.current_leader_epoch)
+            found = self.replicas.offset_for_timestamp(topic.name, p.partition, p.timestamp, p.current_leader_epoch,
+                                                       isolation_level)
         except PymqError as err:
             return ListOffsetsPartitionResponse(p.partition, *code_and_message(err))
         if not isinstance(found, Future):

@@ -62,6 +62,9 @@ class LocalLog:
         self.cache = cache
         self.dir_dirty = False  # segment files were created or removed since the last directory fsync
         self.lock = threading.Lock()  # the view lock: held for in-memory changes only, never across I/O
+        # Called with the new segment's base offset once a non-empty segment was sealed: the
+        # unified log snapshots its producer state there (Kafka's takeSnapshot on roll).
+        self.on_roll: Callable[[int], None] | None = None
 
     @property
     def log_end_offset(self) -> int:
@@ -150,6 +153,8 @@ class LocalLog:
             else:
                 self.segments.remove_from(len(self.segments) - 1)
             self.segments.add(segment)
+        if old.size and self.on_roll is not None:
+            self.on_roll(base)
         if not old.size:
             try:
                 old.delete()

@@ -283,7 +283,9 @@ class LogCleaner:
     def _build_map(self, ltc: LogToClean, stats: CleanerStats) -> OffsetMap:
         started = time.monotonic()
         dirty = ltc.dirty_segments  # not empty: the log is due
-        offset_map = build_offset_map(self._tally(self._batches(dirty, ltc.first_dirty_offset), stats), self.max_keys)
+        aborted = ltc.log.collect_aborted_transactions(ltc.first_dirty_offset, dirty[-1].next_offset)
+        offset_map = build_offset_map(self._tally(self._batches(dirty, ltc.first_dirty_offset), stats), self.max_keys,
+                                      aborted)
         if offset_map.end_offset <= ltc.first_dirty_offset:
             raise CleanerError(f"the dedupe buffer ({self.max_keys} keys) cannot hold the keys of the batch at "
                                f"offset {offset_map.end_offset}: raise log.cleaner.dedupe.buffer.size")
@@ -320,10 +322,15 @@ class LogCleaner:
         cleaned = Segment.create(ltc.log.directory, group[0].base_offset, self.logs.cache, CLEANED_SUFFIX)
         try:
             writer = _CleanedWriter(cleaned, ltc.config.index_interval_bytes, self.io_buffer_bytes, now_ms)
+            aborted = ltc.log.collect_aborted_transactions(group[0].base_offset, end)
             for data in compact_batches(self._batches(group), offset_map, now_ms, ltc.config.delete_retention_ms,
-                                        up_to_offset=end, stats=stats):
+                                        up_to_offset=end, stats=stats, aborted=aborted,
+                                        retain=ltc.log.retained_producer_batches()):
                 writer.add(data)
             writer.flush()
+            for segment in group:  # markers are kept: so are the aborted transactions they index
+                for txn in segment.txn_index.entries:
+                    cleaned.txn_index.append(txn)
             cleaned.seal()
             cleaned.flush()
         except BaseException:

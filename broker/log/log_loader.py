@@ -10,7 +10,9 @@ What recovery promises (docs/architecture.md, Recovery):
 So the cost of opening a log after a crash is the unflushed tail, not the size of the log.
 
 Every batch of a segment the loader recovers is passed to `on_batch`, so that state derived from
-the log (leader epochs now, producer state later) is rebuilt from the same scan.
+the log (leader epochs) is rebuilt from the same scan. The producer state and the aborted
+transaction indexes are rebuilt after the load, by UnifiedLog, from the newest producer snapshot
+on (which may lie before the recovery point).
 
 Leftovers of interrupted operations are removed first: `.deleted` files, checkpoint temp files,
 indexes whose `.log` is gone, and `.cleaned` segments a log cleaner was writing. A `.swap` segment
@@ -45,6 +47,7 @@ from segment_format.layout import (
     LOG_SUFFIX,
     SWAP_SUFFIX,
     TIME_INDEX_SUFFIX,
+    TXN_INDEX_SUFFIX,
 )
 from segment_format.segment_reader import FRAME_ONLY, SegmentReader
 
@@ -75,6 +78,7 @@ class LogLoader:
         self.cache = cache
         self.recovery_point = recovery_point
         self.on_batch = on_batch
+        self._txn_index_bases: set[int] = set()  # segments with a `.txnindex` (from the one listing)
 
     def load(self, start_offset: int = 0) -> LoadedLog:
         """Open every segment, recovering what follows the recovery point. An empty directory
@@ -90,6 +94,8 @@ class LogLoader:
             if len(segments) and base < segments.active.next_offset:
                 raise KafkaStorageError(f"{self.directory}: segment {base} overlaps {segments.active}")
             segment = Segment.open(self.directory, base, self.cache)
+            if base not in self._txn_index_bases:
+                segment.txn_index.mark_absent()  # never read: most segments have no aborted transaction
             segments.add(segment)
             next_base = bases[i + 1] if i + 1 < len(bases) else None
             if i < holding and self._load_trusted(segment, next_base):
@@ -125,8 +131,10 @@ class LogLoader:
             path = self.directory / name
             if _segment_base(path, LOG_SUFFIX) is not None:
                 bases.append(int(path.stem))
-            elif path.suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            elif path.suffix in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
                 indexes.append(path)
+                if path.suffix == TXN_INDEX_SUFFIX and (base := _segment_base(path, TXN_INDEX_SUFFIX)) is not None:
+                    self._txn_index_bases.add(base)
         present = set(names)
         for path in indexes:
             if path.with_suffix(LOG_SUFFIX).name not in present:
@@ -148,7 +156,7 @@ class LogLoader:
         commit that a crash cut short (their `.log` was still `.cleaned`): garbage."""
         committed = {base for path in swaps if (base := _segment_base(path, LOG_SUFFIX + SWAP_SUFFIX)) is not None}
         for path in swaps:
-            for kind in (INDEX_SUFFIX, TIME_INDEX_SUFFIX):
+            for kind in (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX):
                 base = _segment_base(path, kind + SWAP_SUFFIX)
                 if base is not None and base not in committed:
                     _unlink(path)

@@ -39,6 +39,7 @@ from broker.config import LogConfig
 from broker.log.checkpoint import read_offsets, sync_filesystem, write_offsets
 from broker.log.file_cache import FileCache
 from broker.log.local_log import SegmentsRemovedError
+from broker.log.producer_state import DEFAULT_MAX_PRODUCERS
 from broker.log.segment import Segment
 from broker.log.unified_log import LogDirFailure, UnifiedLog
 from common.errors import InconsistentTopicIdError, InvalidTopicError, KafkaStorageError
@@ -99,8 +100,11 @@ class LogManager:
     """The partition logs of one log directory, keyed by (topic, partition). Thread-safe."""
 
     def __init__(self, log_dir: Path, clock: Callable[[], int] = batch_body.now_ms, max_open_files: int = 1024,
-                 remote_storage: bool = False) -> None:
+                 remote_storage: bool = False, producer_id_expiration_ms: int = 86_400_000,
+                 producer_state_max_producers: int = DEFAULT_MAX_PRODUCERS) -> None:
         self.log_dir = Path(log_dir)
+        self.producer_id_expiration_ms = producer_id_expiration_ms  # producer.id.expiration.ms
+        self.producer_state_max_producers = producer_state_max_producers  # ...max.producers.per.partition
         self.remote_storage = remote_storage  # remote.log.storage.system.enable: logs of remote.storage.enable topics tier
         self._clock = clock
         self._lock = threading.Lock()
@@ -232,6 +236,7 @@ class LogManager:
             leader_epoch=spec.leader_epoch,
             durable=durable,
             remote_storage=self.remote_storage,
+            max_producers=self.producer_state_max_producers,
         )
 
     # --- lookups ---------------------------------------------------------------------------
@@ -306,12 +311,13 @@ class LogManager:
     # --- retention -------------------------------------------------------------------------
 
     def run_retention(self, now_ms: int) -> int:
-        """Apply retention to every log; returns how many segments it removed. A log whose
-        retention fails is logged and skipped: the others still run. Removed segments are queued
-        for `purge_deleted`, not unlinked yet."""
+        """Apply retention to every log, and expire its idle producers (producer.id.expiration.ms);
+        returns how many segments it removed. A log whose retention fails is logged and skipped:
+        the others still run. Removed segments are queued for `purge_deleted`, not unlinked yet."""
         removed = 0
         for partition_log in self.all_logs():
             try:
+                partition_log.expire_producers(now_ms, self.producer_id_expiration_ms)
                 segments = partition_log.delete_old_segments(now_ms)
             except KafkaStorageError as err:
                 self.retention_failures += 1

@@ -32,6 +32,7 @@ from typing import NamedTuple
 from broker.log.checkpoint import fsync_and_close
 from broker.log.file_cache import FileCache
 from broker.log.index_file import IndexFile
+from broker.log.txn_index import TxnIndexFile
 from common.errors import CorruptMessageError, KafkaStorageError, LogInvariantError, MessageTooLargeError
 from segment_format import record
 from segment_format.index_builder import IndexBuilder
@@ -117,6 +118,7 @@ class Segment:
         self._cache = cache
         self._indexes = IndexBuilder(IndexFile(OFFSET_INDEX, files.index, self.base_offset),
                                      IndexFile(TIME_INDEX, files.time_index, self.base_offset))
+        self.txn_index = TxnIndexFile(files.txn_index, self.base_offset)
         self._size = 0
         self._next_offset = self.base_offset
         self._first_append_ms: int | None = None
@@ -140,6 +142,7 @@ class Segment:
         segment = cls(files, cache)
         segment._indexes = IndexBuilder(IndexFile.create(OFFSET_INDEX, files.index, base_offset),
                                         IndexFile.create(TIME_INDEX, files.time_index, base_offset))
+        segment.txn_index.mark_absent()
         return segment
 
     @classmethod
@@ -263,6 +266,23 @@ class Segment:
         if found is None:
             raise CorruptMessageError(f"{self.log_path.name} ends before its next offset {self._next_offset}: {self.damage}")
         return found
+
+    def headers_from(self, offset: int) -> Iterator[tuple[int, record.BatchHeader]]:
+        """(position, header) of the batches from the one holding `offset` to the published end,
+        only framed (no CRC, no body): what replaying derived state (producer state) needs of
+        bytes recovery has already checked. Under the append lock (the published end must not
+        move), or on a sealed segment."""
+        found = self._find_position(self._reader(), max(offset, self.base_offset))
+        if found is None:
+            return iter(())
+        return self._batches(found[0], self._size, FRAME_ONLY)
+
+    def batch_bytes(self, position: int, size: int) -> bytes:
+        """The bytes of the batch at `position` (a control batch's marker, during a replay)."""
+        data = self._pread(size, position)
+        if len(data) != size:
+            raise CorruptMessageError(f"{self.log_path.name}: batch at byte {position} ends early")
+        return data
 
     def read(self, offset: int, max_bytes: int, max_offset: int | None = None) -> FetchSlice | None:
         """Bytes from the batch holding `offset`: min(max_bytes, what the segment holds [before the
@@ -439,6 +459,7 @@ class Segment:
         self._truncate_file(position)
         self.offset_index.truncate_to(header.base_offset)
         self.time_index.truncate_to(header.base_offset)
+        self.txn_index.truncate_to(header.base_offset)
         self._size = position
         # Kafka's loadLargestTimestamp: the time index's last entry, then every batch after it.
         self._indexes.resume()
@@ -498,6 +519,9 @@ class Segment:
         try:
             fds.append(self.offset_index.prepare_sync())
             fds.append(self.time_index.prepare_sync())
+            txn_fd = self.txn_index.prepare_sync()
+            if txn_fd is not None:
+                fds.append(txn_fd)
         except BaseException:
             for fd in fds:
                 os.close(fd)
@@ -529,7 +553,8 @@ class Segment:
         self.time_index.write_pending()
         self._close_indexes()
         old, new = self.files, self.files.in_state(state)
-        indexes = ((self.offset_index, old.index, new.index), (self.time_index, old.time_index, new.time_index))
+        indexes = ((self.offset_index, old.index, new.index), (self.time_index, old.time_index, new.time_index),
+                   (self.txn_index, old.txn_index, new.txn_index))
         try:
             for index, _, path in indexes:
                 index.rename(path)

@@ -6,6 +6,10 @@
                                                    the log cleaner, awaiting unlink
         *.cleaned, *.swap                          a segment the log cleaner writes / swaps in
         leader-epoch-checkpoint                    "epoch start_offset" lines (leader_epoch.py)
+        {base_offset:020d}.txnindex                aborted transactions whose ABORT marker the segment
+                                                   holds (txn_index.py); only where there is one
+        {offset:020d}.snapshot                     producer state below `offset` (producer_state.py),
+                                                   taken at each roll and at a clean close
         partition.metadata                         the topic id this directory belongs to
 
 Offsets, each checkpointed per log directory by the LogManager:
@@ -23,6 +27,13 @@ Appends come in two kinds: `append_as_leader` validates and assigns offsets by p
 `append_as_follower` keeps the offsets and epochs a leader assigned and rolls at the batch's base.
 Either fails whole: on an error nothing of the append stays visible (a write that failed part way
 is cut back), and if even that fails, the log directory goes offline.
+
+Producer state (producer_state.py, Kafka's ProducerStateManager): batches with a producer id are
+checked by the leader against their producer's last batches before anything is written (a retry
+of one of them is answered with its original offsets, not written again; gaps and older epochs
+are refused); followers and recovery replay them unchecked. The state is rebuilt on open from the
+newest snapshot at or below the log end plus the batch headers after it, and reloaded the same way
+whenever the log's end is cut (truncation, a failed append).
 
 Durability: `flush` (from a worker thread) fsyncs and then advances the recovery point. A failed
 fsync takes the whole log directory offline (`LogDirFailure`): the kernel may have dropped the
@@ -79,6 +90,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from broker.config import LogConfig
 from broker.histogram import Histogram
@@ -88,6 +100,13 @@ from broker.log.leader_epoch import LeaderEpochCache
 from broker.log.local_log import LocalLog, SegmentsRemovedError, SwapFailedError
 from broker.log.log_dir_space import LogDirSpace
 from broker.log.log_loader import LogLoader
+from broker.log.producer_state import (
+    DEFAULT_MAX_PRODUCERS,
+    CorruptSnapshotError,
+    ProducerEntry,
+    ProducerStateManager,
+    decode_snapshot,
+)
 from broker.log.segment import BatchInfo, FetchSlice, Segment
 from common.errors import (
     CorruptMessageError,
@@ -95,7 +114,8 @@ from common.errors import (
     KafkaStorageError,
     OffsetOutOfRangeError,
 )
-from segment_format import batch_body, record
+from segment_format import batch_body, control_batch, record
+from segment_format.txn_index import AbortedTxn, collect_aborted
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +204,8 @@ class UnifiedLog:
     """Build with `UnifiedLog.open` (from a worker thread: it may recover and fsync)."""
 
     def __init__(self, directory: Path, topic: str, partition: int, config: LogConfig, local: LocalLog,
-                 epochs: LeaderEpochCache, clock: Callable[[], int], dir_failure: LogDirFailure, topic_id: str | None) -> None:
+                 epochs: LeaderEpochCache, clock: Callable[[], int], dir_failure: LogDirFailure, topic_id: str | None,
+                 max_producers: int = DEFAULT_MAX_PRODUCERS) -> None:
         self.directory = directory
         self.topic = topic
         self.partition = partition
@@ -213,6 +234,12 @@ class UnifiedLog:
         self.last_recovery_truncated_bytes = 0
         self.recovered_bytes = 0  # what the last open re-validated after the recovery point
         self.damaged_segments = 0
+        self.producers = ProducerStateManager(directory, f"{topic}-{partition}", max_producers)  # under the append lock
+        # Batches of the append being written, not yet in `producers`: (header, base offset,
+        # max timestamp, marker of a control batch) in offset order; a roll applies those below
+        # the new segment's base before it snapshots there.
+        self._pending_producer_batches: list[_PendingBatch] = []
+        local.on_roll = self._snapshot_on_roll
 
     @classmethod
     def open(
@@ -232,6 +259,7 @@ class UnifiedLog:
         leader_epoch: int | None = None,
         durable: bool = True,
         remote_storage: bool = False,
+        max_producers: int = DEFAULT_MAX_PRODUCERS,
     ) -> UnifiedLog:
         """Create the directory with one empty segment, or load it and recover what follows
         `recovery_point`. With `topic_id`, a directory that belongs to another incarnation of the
@@ -239,8 +267,9 @@ class UnifiedLog:
         newer than the log's, starts at the LEO. `durable=False` leaves the new files unsynced for
         a caller that creates many logs and syncs the filesystem once. `remote_storage`: the broker
         runs tiered storage (the topic's remote.storage.enable then makes the log `tiered`, and
-        the checkpointed `log_start_offset` may lie below the local segments). Raises KafkaStorageError if
-        the directory cannot be used."""
+        the checkpointed `log_start_offset` may lie below the local segments). `max_producers`:
+        producer.state.max.producers.per.partition. Raises KafkaStorageError if the directory
+        cannot be used."""
         try:
             directory.mkdir(parents=True, exist_ok=True)
             stored_id = read_partition_metadata(directory)
@@ -271,7 +300,8 @@ class UnifiedLog:
                 epochs.assign(leader_epoch, local.log_end_offset, durable=durable)
         except OSError as err:
             raise KafkaStorageError(f"cannot load {directory}: {err}") from err
-        unified = cls(directory, topic, partition, config, local, epochs, clock, dir_failure or LogDirFailure(directory.parent), topic_id)
+        unified = cls(directory, topic, partition, config, local, epochs, clock, dir_failure or LogDirFailure(directory.parent),
+                      topic_id, max_producers)
         unified.remote_storage = remote_storage
         unified.tiered = remote_storage and config.remote_storage_enable
         if unified.tiered:
@@ -284,6 +314,11 @@ class UnifiedLog:
         unified.last_recovery_truncated_bytes = loaded.truncated_bytes
         unified.recovered_bytes = sum(segment.size for segment in loaded.recovered)
         unified.damaged_segments = len(loaded.damaged)
+        try:
+            unified._load_producer_state()
+        except (KafkaStorageError, CorruptMessageError):
+            local.close()
+            raise
         return unified
 
     def __repr__(self) -> str:
@@ -392,6 +427,12 @@ class UnifiedLog:
         InvalidTimestampError, MessageTooLargeError. KafkaStorageError if the disk fails (nothing
         of the append stays). O(batches) Python work; each body is decoded and validated by Arrow
         (O(records) in C++, zero-copy unless compressed) before the append lock is taken.
+
+        Batches with a producer id are checked against the producer state first (nothing is
+        written if one fails): InvalidProducerEpochError, OutOfOrderSequenceError. Leading
+        batches that repeat one of their producer's last five are not written again: they are
+        answered with their original offsets (`batch_offsets` lists every batch's then), and a
+        record set of duplicates only writes nothing.
         """
         with memoryview(payload).cast("B") as view:  # released on return: the caller may reuse the buffer
             if view.readonly:
@@ -400,13 +441,10 @@ class UnifiedLog:
             with self._append_lock:  # the LEO moves only under it: offsets assigned here stay unique
                 self._check_usable()
                 now = self._clock()
+                if any(header.producer_id >= 0 for _, header in headers):  # the plain path's only cost
+                    return self._append_idempotent(view, headers, leader_epoch, now)
                 batches = self._assign_offsets(view, headers, leader_epoch, now)
-                epochs_before = len(self._epochs)
-                if leader_epoch >= 0:
-                    latest = self._epochs.latest_epoch
-                    if leader_epoch != latest:  # before the data: an epoch entry never lags its records
-                        self._epochs.assign(leader_epoch, batches[0].base_offset)
-                self._write(view, batches, now, epochs_before)
+                self._write_as_leader(view, batches, leader_epoch, now)
                 return AppendInfo(
                     first_offset=batches[0].base_offset,
                     last_offset=batches[-1].next_offset - 1,
@@ -414,6 +452,97 @@ class UnifiedLog:
                     log_start_offset=self.log_start_offset,
                     record_count=batches[-1].next_offset - batches[0].base_offset,
                 )
+
+    def _append_idempotent(self, view: memoryview, headers: list[tuple[int, record.BatchHeader]], leader_epoch: int,
+                           now: int) -> AppendInfo:
+        """append_as_leader for a record set with producer ids (under the append lock)."""
+        plan = self.producers.plan_leader_append(headers)
+        duplicate_offsets = [batch.first_offset for batch in plan.duplicates]
+        if plan.first_new == len(headers):  # a retry of what is written already
+            return AppendInfo(duplicate_offsets[0], plan.duplicates[-1].last_offset, -1, self.log_start_offset,
+                              sum(header.last_offset_delta + 1 for _, header in headers), tuple(duplicate_offsets))
+        new = headers
+        if plan.first_new:  # leading duplicates: write from the first new batch on
+            start = headers[plan.first_new][0]
+            new = [(position - start, header) for position, header in headers[plan.first_new:]]
+            view = view[start:]
+        batches = self._assign_offsets(view, new, leader_epoch, now)
+        self._pending_producer_batches = [
+            _PendingBatch(header, batch.base_offset, batch.max_timestamp, None)
+            for (_, header), batch in zip(new, batches) if header.producer_id >= 0]
+        self._write_as_leader(view, batches, leader_epoch, now)
+        self._apply_pending_producer_batches(INT64_END)
+        log_append_time_ms = now if self._log_append_time else -1
+        if not duplicate_offsets:
+            return AppendInfo(batches[0].base_offset, batches[-1].next_offset - 1, log_append_time_ms,
+                              self.log_start_offset, batches[-1].next_offset - batches[0].base_offset)
+        return AppendInfo(duplicate_offsets[0], batches[-1].next_offset - 1, log_append_time_ms, self.log_start_offset,
+                          sum(header.last_offset_delta + 1 for _, header in headers),
+                          tuple(duplicate_offsets + [batch.base_offset for batch in batches]))
+
+    def append_transaction_marker(self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
+                                  leader_epoch: int) -> AppendInfo:
+        """Write a COMMIT or ABORT marker ending `producer_id`'s transaction in this partition
+        (the leader's side of WriteTxnMarkers; Kafka's appendAsLeader with origin COORDINATOR).
+        InvalidProducerEpochError if `producer_epoch` is older than the known one,
+        TransactionCoordinatorFencedError if `coordinator_epoch` is older than the last marker's
+        for this producer; nothing is written then. A marker for a producer with no ongoing
+        transaction here is still written (Kafka does). An ABORT adds the transaction to the
+        index of the segment holding the marker. KafkaStorageError as any append."""
+        with self._append_lock:
+            self._check_usable()
+            self.producers.check_marker(producer_id, producer_epoch, coordinator_epoch)
+            now = self._clock()
+            payload = control_batch.encode_marker(producer_id, producer_epoch, commit, coordinator_epoch, now)
+            view = memoryview(payload)
+            header = record.read_header(view)
+            batches = self._assign_offsets(view, [(0, header)], leader_epoch, now)
+            marker = control_batch.EndTransactionMarker(commit, coordinator_epoch)
+            self._pending_producer_batches = [_PendingBatch(header, batches[0].base_offset, now, marker)]
+            self._write_as_leader(view, batches, leader_epoch, now)
+            self._apply_pending_producer_batches(INT64_END)
+            return AppendInfo(batches[0].base_offset, batches[0].base_offset,
+                              now if self._log_append_time else -1, self.log_start_offset, 1)
+
+    @property
+    def last_stable_offset(self) -> int:
+        """What read_committed consumers may read below: the first offset of the oldest ongoing
+        transaction, bounded by the high watermark (Kafka's LSO). Lock-free read of the producer
+        state's cached bound (an int, replaced whole under the append lock)."""
+        unstable = self.producers.first_unstable_offset
+        high_watermark = self.high_watermark
+        return high_watermark if unstable is None else min(unstable, high_watermark)
+
+    def collect_aborted_transactions(self, start_offset: int, upper_bound: int) -> list[tuple[int, int]]:
+        """(producer_id, first_offset) of every aborted transaction whose data may lie in
+        [start_offset, upper_bound): entries with last_offset >= start_offset and first_offset <
+        upper_bound, from the transaction indexes of the local segments from the one holding
+        `start_offset` on (a transaction's marker may be in a later segment than its data;
+        Kafka's collectAbortedTxns), up to the first whose entries reach a last stable offset of
+        `upper_bound` (every transaction started below it ended by then). A read_committed
+        reader drops those producers' batches from each first offset on, up to their ABORT
+        marker. O(segments scanned + entries); an index is read from its file on first use (the
+        loader marks the segments without one)."""
+        with self._lock:
+            self._check_usable()
+            segments = self._local.segments.holding(start_offset)
+        found: list[tuple[int, int]] = []
+        for segment in segments:
+            entries = segment.txn_index.entries
+            if entries:
+                found += collect_aborted(entries, start_offset, upper_bound)
+                if entries[-1].last_stable_offset >= upper_bound:
+                    break
+        return found
+
+    def _write_as_leader(self, view: memoryview, batches: list[BatchInfo], leader_epoch: int, now: int) -> None:
+        """Record the leader epoch at the first offset if it is new, then write (under the append lock)."""
+        epochs_before = len(self._epochs)
+        if leader_epoch >= 0:
+            latest = self._epochs.latest_epoch
+            if leader_epoch != latest:  # before the data: an epoch entry never lags its records
+                self._epochs.assign(leader_epoch, batches[0].base_offset)
+        self._write(view, batches, now, epochs_before)
 
     def append_as_follower(self, payload: memoryview | bytes | bytearray) -> AppendInfo:
         """Append batches exactly as a leader assigned them (offsets and epochs kept), after
@@ -435,7 +564,12 @@ class UnifiedLog:
                 latest = self._epochs.latest_epoch
                 if header.partition_leader_epoch >= 0 and (latest is None or header.partition_leader_epoch > latest):
                     self._epochs.assign(header.partition_leader_epoch, header.base_offset)
+            self._pending_producer_batches = [
+                _PendingBatch(header, header.base_offset, header.max_timestamp,
+                              control_batch.decode_marker(view, position) if header.is_control else None)
+                for position, header in headers if header.producer_id >= 0]
             self._write(view, batches, self._clock(), epochs_before)
+            self._apply_pending_producer_batches(INT64_END)
             return AppendInfo(batches[0].base_offset, batches[-1].next_offset - 1, -1, self.log_start_offset,
                               sum(h.record_count for _, h in headers))
 
@@ -452,6 +586,7 @@ class UnifiedLog:
         try:
             sealed = self._local.append(view, batches, now)
         except KafkaStorageError as err:
+            self._pending_producer_batches = []
             self._restore(first_offset, epochs_before)
             self._dir_failure.space.write_failed(err)
             raise
@@ -468,8 +603,9 @@ class UnifiedLog:
         try:
             self._local.truncate_to(offset)
             self._epochs.keep_first(epochs_before)
-        except KafkaStorageError as err:
-            self._dir_failure.fail(err)
+            self._reload_producer_state()  # a roll may have applied some of the append's batches
+        except (KafkaStorageError, CorruptMessageError) as err:
+            self._dir_failure.fail(KafkaStorageError(str(err)))
 
     @property
     def _log_append_time(self) -> bool:
@@ -508,6 +644,132 @@ class UnifiedLog:
             batches.append(BatchInfo(next_offset, next_offset + span, header.size, max_timestamp))
             next_offset += span
         return batches
+
+    # --- producer state --------------------------------------------------------------------
+
+    def _apply_pending_producer_batches(self, below: int) -> None:
+        """Move the written batches of the current append that start below `below` into the
+        producer state, and the transactions their markers aborted into the index of the segment
+        holding the marker (under the append lock)."""
+        pending = self._pending_producer_batches
+        applied = 0
+        for header, base_offset, timestamp, marker in pending:
+            if base_offset >= below:
+                break
+            if marker is not None:
+                self._complete_txn(self.producers, header.producer_id, header.producer_epoch, base_offset, marker,
+                                   timestamp)
+            else:
+                self.producers.apply(header.producer_id, header.producer_epoch, header.base_sequence,
+                                     header.last_offset_delta, base_offset, timestamp, header.is_transactional)
+            applied += 1
+        self._pending_producer_batches = pending[applied:]
+
+    def _complete_txn(self, state: ProducerStateManager, producer_id: int, epoch: int, marker_offset: int,
+                      marker: control_batch.EndTransactionMarker, timestamp: int) -> None:
+        """A marker was written at `marker_offset`: end the producer's transaction; an aborted one
+        goes into the transaction index of the segment holding the marker (Kafka's TxnIndex)."""
+        completed = state.complete_txn(producer_id, epoch, marker_offset, marker, timestamp)
+        if completed is not None and completed.aborted and state is self.producers:
+            segments = self._local.segments
+            segments[segments.floor_index(marker_offset)].txn_index.append(AbortedTxn(
+                completed.producer_id, completed.first_offset, completed.last_offset, completed.last_stable_offset))
+
+    def _snapshot_on_roll(self, base_offset: int) -> None:
+        """LocalLog is about to seal the active segment and start one at `base_offset`: snapshot
+        the producer state as of there (Kafka's takeSnapshot on roll), so a reload replays at most
+        the segments after it. Under the append lock."""
+        self._apply_pending_producer_batches(base_offset)
+        self.producers.take_snapshot(base_offset)
+
+    def _load_producer_state(self) -> None:
+        """Load the newest snapshot at or below the log end and replay the batches after it (on
+        open, and whenever the end was cut), rebuilding the aborted transaction index of the
+        replayed range from its markers. Under the append lock, or before the log is shared."""
+        end = self.log_end_offset
+        loaded = self.producers.load(end)
+        start = max(loaded, self._local.start_offset)
+        if loaded < self._local.start_offset:
+            self.producers.clear()  # older than the local segments, or none: rebuild from the local log
+            start = self._local.start_offset
+        for segment in self._local.segments:
+            if segment.next_offset <= start:
+                continue
+            if segment.base_offset < start:
+                segment.txn_index.truncate_to(start)  # its entries below `start` are the snapshot's past
+            else:
+                segment.txn_index.reset()
+            if segment.size:
+                self._replay(self.producers, segment, start, INT64_END)
+        self.producers.remove_below(self.log_start_offset)
+
+    def _replay(self, state: ProducerStateManager, segment: Segment, start: int, end: int) -> None:
+        """Replay `segment`'s batches in [start, end) into `state` (markers decoded: control
+        batches are one small record each)."""
+        try:
+            for position, header in segment.headers_from(start):
+                if header.base_offset >= end:
+                    break
+                if header.producer_id < 0:
+                    continue
+                if header.is_control:
+                    marker = control_batch.decode_marker(segment.batch_bytes(position, header.size))
+                    self._complete_txn(state, header.producer_id, header.producer_epoch, header.base_offset, marker,
+                                       header.max_timestamp)
+                else:
+                    state.replay(header)
+        except CorruptMessageError as err:
+            # Damage recovery recorded (readers get CORRUPT_MESSAGE there): the batches past it
+            # cannot be framed, so their producers' state is incomplete, never invented.
+            log.error("%s: producer state replay stopped in %s: %s", self, segment.log_path.name, err)
+
+    def _reload_producer_state(self) -> None:
+        """The log's end was cut: snapshots past it go, and the state is rebuilt up to it."""
+        self._pending_producer_batches = []
+        self._load_producer_state()
+
+    def expire_producers(self, now_ms: int, expiration_ms: int) -> int:
+        """Forget producers idle for `expiration_ms` (producer.id.expiration.ms) with no ongoing
+        transaction; returns how many. O(producers of this partition), from the retention pass."""
+        with self._append_lock:
+            if self._closed:
+                return 0
+            return self.producers.remove_expired(now_ms, expiration_ms)
+
+    def producer_snapshot_at(self, offset: int) -> bytes:
+        """The encoded producer state of every batch below `offset` (a sealed segment's next
+        offset), which tiering uploads with that segment: the `{offset}.snapshot` taken at the
+        roll, or, if there is none (a follower's segments roll at batch bases, an older log), one
+        rebuilt from the newest snapshot below plus the headers up to `offset` and written first.
+        Under the maintenance lock (no truncation, retention or swap meanwhile), so appends go on.
+        From a worker thread; KafkaStorageError if the files cannot be read or written."""
+        with self._maintenance_lock:
+            self._check_usable()
+            path = self.producers.snapshot_path(offset)
+            try:
+                data = path.read_bytes()
+                decode_snapshot(data, str(path))
+                return data
+            except (FileNotFoundError, CorruptSnapshotError):
+                pass
+            except OSError as err:
+                raise KafkaStorageError(f"cannot read {path}: {err}") from err
+            state = ProducerStateManager(self.directory, self.producers.name)
+            start = state.load(offset, delete=False)
+            if start < self._local.start_offset:
+                state.clear()
+                start = self._local.start_offset
+            for segment in self.segments():
+                if segment.next_offset <= start or segment.base_offset >= offset or not segment.size:
+                    continue
+                self._replay(state, segment, start, offset)
+            state.take_snapshot(offset)
+            return path.read_bytes()
+
+    def producer_entries(self) -> dict[int, ProducerEntry]:
+        """A copy of the producer state (tests, tooling)."""
+        with self._append_lock:
+            return {pid: entry.copy() for pid, entry in self.producers.entries.items()}
 
     # --- read ------------------------------------------------------------------------------
 
@@ -565,6 +827,7 @@ class UnifiedLog:
                 if self.recovery_point >= self.log_end_offset:
                     self._first_unflushed_ms = None
             self._epochs.truncate_from_end(self.log_end_offset)  # a checkpoint write: outside the view lock
+            self._reload_producer_state()
             return removed
 
     def truncate_fully_and_start_at(self, offset: int) -> int:
@@ -583,19 +846,28 @@ class UnifiedLog:
             self._must_flush_to = self._roll_flush_to = 0
             self._first_unflushed_ms = None
         self._epochs.clear()
+        self.producers.clear()
+        self.producers.delete_all_snapshots()
         return removed
 
-    def rebuild_from_remote(self, offset: int, remote_log_start_offset: int, leader_epochs: list[tuple[int, int]]) -> int:
+    def rebuild_from_remote(self, offset: int, remote_log_start_offset: int, leader_epochs: list[tuple[int, int]],
+                            producer_snapshot: bytes | None = None) -> int:
         """A follower whose fetch position fell below its leader's local log start (Kafka's
         ReplicaFetcherTierStateMachine): delete every record and continue at `offset`, where
         the remote tier's log ends, taking from the tier's manifest what the records below it
         would have told: the log start (`remote_log_start_offset`), that everything below
         `offset` is uploaded, and the leader epochs (`leader_epochs`, (epoch, start offset) at
         each change; the last one in effect at `offset`), which OffsetForLeaderEpoch answers
-        from once this replica leads. Returns the bytes removed. From a worker thread."""
+        from once this replica leads, and the producer state at `offset` (`producer_snapshot`,
+        the encoded snapshot the tier keeps with its last segment; None: no producers known).
+        CorruptSnapshotError if it is not a valid snapshot (nothing changed then). Returns the
+        bytes removed. From a worker thread."""
         with self._maintenance_lock, self._append_lock:
             self._check_usable()
+            producers = decode_snapshot(producer_snapshot, f"remote snapshot at {offset}") if producer_snapshot else {}
             removed = self._truncate_fully(offset)
+            self.producers.entries = producers
+            self.producers.take_snapshot(offset)
             self._epochs.reset_to([entry for entry in leader_epochs if entry[1] < offset])
             with self._lock:
                 self._remote_state_known = True
@@ -690,6 +962,13 @@ class UnifiedLog:
                     self._local.recovery_point = max(self._local.recovery_point, self.log_start_offset,
                                                      self._local.start_offset)
                     epochs_changed = self._epochs.truncate_from_start(self.log_start_offset, write=False)
+                # Kafka's onLogStartOffsetIncremented: producers whose batches all went are dropped,
+                # and snapshots below the local log start can no longer be replayed from.
+                self.producers.remove_below(self.log_start_offset)
+                try:
+                    self.producers.delete_snapshots_below(self._local.start_offset)
+                except KafkaStorageError as err:
+                    error = error or err
             if epochs_changed:
                 # Outside the append lock: appends on the event loop must not wait for these
                 # fsyncs. Under the maintenance lock, which a close or a rename of the directory
@@ -819,12 +1098,16 @@ class UnifiedLog:
     def cleanable_segments(self) -> CleanableSegments:
         """The segments the log cleaner may read and replace: sealed (the active segment takes
         appends), below the high watermark (consumers may not have seen what is above; a
-        follower's may still be truncated) and below the recovery point (a record the cleaner
-        takes as superseding older ones must survive a crash)."""
+        follower's may still be truncated), below the recovery point (a record the cleaner
+        takes as superseding older ones must survive a crash), and below the first offset of an
+        ongoing transaction (its records are not decided yet: Kafka's first unstable offset)."""
         with self._lock:
             self._check_usable()
             segments = self._local.segments
             end = min(segments.active.base_offset, self.high_watermark, self.recovery_point)
+            unstable = self.producers.first_unstable_offset
+            if unstable is not None:
+                end = min(end, unstable)
             cleanable = []
             for segment in segments.snapshot()[:-1]:
                 if segment.next_offset > end:
@@ -835,6 +1118,13 @@ class UnifiedLog:
                 cleanable.append(segment)
             return CleanableSegments(cleanable, end, self.log_start_offset, segments.active.base_offset,
                                      self._truncations)
+
+    def retained_producer_batches(self) -> frozenset[int]:
+        """Base offsets of the batches the producer state keeps (each producer's last five): the
+        cleaner leaves them whole, so a replay rebuilds the same sequences (Kafka's cleaner keeps
+        each producer's last batch)."""
+        with self._append_lock:
+            return frozenset(batch.first_offset for entry in self.producers.entries.values() for batch in entry.batches)
 
     def holds_segments(self, segments: list[Segment], generation: int) -> bool:
         """Whether the log is open and still holds `segments` as they were when `generation` was
@@ -901,6 +1191,14 @@ class UnifiedLog:
             try:
                 if not self._dir_failure.failed:
                     self._local.segments.active.seal()  # its max timestamp becomes the last time-index entry
+                    # At the log end: a clean restart loads it and replays nothing. Synced with the
+                    # segments (or by the caller's filesystem sync). None for a log without records
+                    # (nothing to replay): a clean stop of many new partitions creates no files.
+                    if self.producers.entries or self.log_end_offset > self._local.start_offset:
+                        try:
+                            self.producers.take_snapshot(self.log_end_offset, sync=sync)
+                        except KafkaStorageError as err:  # only costs the next open a longer replay
+                            log.error("%s: no producer snapshot at close: %s", self, err)
                     if sync:
                         self._local.sync(self._local.prepare_flush(self.log_end_offset), self._local.dir_dirty)
                     self._local.recovery_point = self.log_end_offset
@@ -925,6 +1223,15 @@ class UnifiedLog:
                 os.rename(self.directory, target)
             except OSError as err:
                 raise KafkaStorageError(f"cannot rename {self.directory}: {err}") from err
+
+
+class _PendingBatch(NamedTuple):
+    """A written batch of the current append, not yet in the producer state."""
+
+    header: record.BatchHeader
+    base_offset: int
+    max_timestamp: int
+    marker: control_batch.EndTransactionMarker | None
 
 
 def _epoch_replayer(epochs: LeaderEpochCache) -> Callable[[record.BatchHeader], None]:

@@ -56,17 +56,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.config import BrokerConfig
+from broker.log.producer_state import CorruptSnapshotError, decode_snapshot
 from broker.log.segment import Segment
 from broker.log.unified_log import UnifiedLog
 from broker.remote_log.remote_log_reader import RemoteLogReader
 from common.errors import InvalidRequestError, KafkaStorageError, NotLeaderError, PymqError, StaleManifestError
-from segment_format import batch_body
+from segment_format import batch_body, txn_index
+from segment_format.index_file import CorruptIndexError
 from segment_format.layout import SegmentFiles
 from segment_format.limits import INT64_MAX
 from segment_format.manifest import CorruptManifestError, PartitionManifest, RemoteSegment
 from segment_format.segment_metadata import SegmentMetadata
 from segment_format.segment_reader import FRAME_ONLY
 from segment_format.segment_writer import SegmentWriter
+from segment_format.txn_index import AbortedTxn
 from tiered_storage import DEFAULT_ORPHAN_GRACE_MS, ManifestConflictError, ManifestFencedError, RemoteSegmentStore
 
 log = logging.getLogger(__name__)
@@ -89,6 +92,8 @@ class _PartitionTiering:
     retry_at_ms: int = 0
     orphans_cleaned_ms: int | None = None  # when clean_orphans last ran (again every grace period)
     last_error: str | None = None  # the last failed run's error, until a run succeeds
+    # (base offset, upload id) -> aborted transactions of the remote segments uploaded with a .txnindex
+    aborted: dict[tuple[int, str], list[AbortedTxn]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -260,6 +265,21 @@ class RemoteLogManager:
         """The partition's manifest as the store holds it now (blocking: a worker thread)."""
         return self.store.load_manifest(partition_log.topic, partition_log.partition, partition_log.topic_id)
 
+    def producer_snapshot(self, partition_log: UnifiedLog, manifest: PartitionManifest) -> bytes | None:
+        """The producer state at `manifest`'s log end: the snapshot its last segment was uploaded
+        with (None if there is no segment, or it was uploaded before snapshots were). Blocking.
+        CorruptIndexError if the object is not the one the manifest records or not a snapshot."""
+        if not manifest.segments:
+            return None
+        last = manifest.segments[-1]
+        data = self.store.read_optional_object(partition_log.topic, partition_log.partition, last, "snapshot")
+        if data is not None:
+            try:
+                decode_snapshot(data, f"remote snapshot of segment {last.base_offset}")
+            except CorruptSnapshotError as err:
+                raise CorruptIndexError(str(err)) from err
+        return data
+
     def status(self, topic: str, partition: int) -> TieringStatus:
         """What tiering knows of the partition now (`pymq tier status`, metrics)."""
         with self._lock:
@@ -396,9 +416,11 @@ class RemoteLogManager:
                 remote_end = state.manifest.log_end_offset
                 if segment.base_offset < remote_end:  # a previous leader's upload ended inside it
                     with _tail_of(segment, remote_end, partition_log.config.index_interval_bytes) as (files, metadata):
-                        remote = self.store.upload_segment(topic, partition, files, metadata)
+                        remote = self.store.upload_segment(topic, partition, files, metadata,
+                                                           self._extras(partition_log, segment, remote_end))
                 else:
-                    remote = self.store.upload_segment(topic, partition, segment.files)
+                    remote = self.store.upload_segment(topic, partition, segment.files,
+                                                       extras=self._extras(partition_log, segment, segment.base_offset))
                 self._commit(partition_log, state, leader_epoch, state.manifest.with_segment(remote))
                 self.uploaded_segments += 1
             finally:
@@ -406,6 +428,18 @@ class RemoteLogManager:
             log.debug("%s: uploaded segment %d..%d (%d bytes)", partition_log, remote.base_offset,
                       remote.last_offset, remote.size_bytes)
         self._expire(partition_log, state, leader_epoch)
+
+    @staticmethod
+    def _extras(partition_log: UnifiedLog, segment: Segment, base_offset: int) -> dict[str, bytes]:
+        """What a segment uploaded from `base_offset` on carries beside its `.log` and indexes:
+        the producer state at its end (KIP-405's producer snapshot), so a follower rebuilt from
+        the tier knows the producers; and its aborted transactions (`.txnindex`) if it has any,
+        so read_committed readers of the tier drop them."""
+        extras = {"snapshot": partition_log.producer_snapshot_at(segment.next_offset)}
+        aborted = [entry for entry in segment.txn_index.entries if entry.last_offset >= base_offset]
+        if aborted:
+            extras["txnindex"] = txn_index.encode(base_offset, aborted)
+        return extras
 
     @staticmethod
     def _candidates(partition_log: UnifiedLog, manifest: PartitionManifest) -> list[Segment]:
@@ -441,14 +475,52 @@ class RemoteLogManager:
                 log.warning("%s: objects of expired remote segment %d not deleted: %s", partition_log,
                             segment.base_offset, err)
 
-    @staticmethod
-    def _publish(partition_log: UnifiedLog, manifest: PartitionManifest) -> None:
-        """Tell the log what the remote store holds (local retention may delete up to it)."""
+    def _publish(self, partition_log: UnifiedLog, manifest: PartitionManifest) -> None:
+        """Tell the log what the remote store holds (local retention may delete up to it), after
+        reading the transaction indexes of the remote segments not read yet."""
+        self._read_aborted(partition_log, manifest)
         highest = manifest.log_end_offset - 1 if manifest.segments else -1
         try:
             partition_log.update_remote_log_state(manifest.log_start_offset, highest)
         except KafkaStorageError:
             pass  # closed meanwhile
+
+
+    def _read_aborted(self, partition_log: UnifiedLog, manifest: PartitionManifest) -> None:
+        """Keep in memory the aborted transactions of `manifest`'s segments (read once per upload
+        attempt; only segments uploaded with a `.txnindex`), so a read_committed fetch of the
+        tier needs no object read on the event loop. A failed read is logged and retried at the
+        next publish."""
+        key = (partition_log.topic, partition_log.partition)
+        with self._lock:
+            state = self._partitions.get(key)
+            known = dict(state.aborted) if state is not None else {}
+        current: dict[tuple[int, str], list[AbortedTxn]] = {}
+        for segment in manifest.segments:
+            if segment.object_of("txnindex") is None:
+                continue
+            name = (segment.base_offset, segment.upload_id)
+            if name not in known:
+                try:
+                    known[name] = self.store.read_txn_index(*key, segment)
+                except PymqError as err:
+                    log.error("%s: transaction index of remote segment %d not read: %s", partition_log,
+                              segment.base_offset, err)
+                    continue
+            current[name] = known[name]
+        with self._lock:
+            state = self._partitions.get(key)
+            if state is not None:
+                state.aborted = current
+
+    def aborted_transactions(self, topic: str, partition: int, start_offset: int,
+                             upper_bound: int) -> list[tuple[int, int]]:
+        """(producer_id, first_offset) of the aborted transactions the remote segments index that
+        overlap [start_offset, upper_bound) (from memory: `_read_aborted`)."""
+        with self._lock:
+            state = self._partitions.get((topic, partition))
+            indexes = [] if state is None else [state.aborted[name] for name in sorted(state.aborted)]
+        return [found for entries in indexes for found in txn_index.collect_aborted(entries, start_offset, upper_bound)]
 
 
 @contextlib.contextmanager

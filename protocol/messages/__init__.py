@@ -36,6 +36,9 @@ from protocol.messages.base import (
 )
 from protocol.messages.fetch import (
     CONSUMER_REPLICA_ID,
+    READ_COMMITTED,
+    READ_UNCOMMITTED,
+    AbortedTransaction,
     FetchPartition,
     FetchPartitionResponse,
     FetchRequest,

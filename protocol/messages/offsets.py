@@ -1,13 +1,16 @@
 """ListOffsets (API key 2): a partition's earliest or latest offset, or the first offset at or
 after a time.
 
-    request  control = {topics: [{name, partitions: [{partition, timestamp, current_leader_epoch}]}]}
+    request  control = {topics: [{name, partitions: [{partition, timestamp, current_leader_epoch}]}],
+                        isolation_level?}
     response control = {error_code, topics: [{name, partitions: [{partition, error_code,
                         error_message?, offset, timestamp}]}]}
 
 `timestamp` is LATEST_TIMESTAMP (-1: the high watermark), EARLIEST_TIMESTAMP (-2: the log start)
 or a time in ms; anything else, or a timestamp that is not an int, is that partition's
-INVALID_REQUEST. No offset at or after the time: offset and timestamp are -1.
+INVALID_REQUEST. No offset at or after the time: offset and timestamp are -1. With
+`isolation_level` 1 (read_committed; protocol.messages.fetch) the latest offset is the last stable
+offset instead of the high watermark.
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from protocol.messages.base import (
     TopicResponses,
     entry_error,
 )
+from protocol.messages.fetch import ISOLATION_LEVEL, READ_UNCOMMITTED
 from protocol.schema import INT, Check, Topics, message, wire
 
 LATEST_TIMESTAMP = -1
@@ -60,3 +64,4 @@ class ListOffsetsRequest(RequestMessage[ListOffsetsResponse]):
     api_key: ClassVar[ApiKey] = ApiKey.LIST_OFFSETS
     response_type: ClassVar[type[ListOffsetsResponse]] = ListOffsetsResponse
     topics: tuple[TopicRequest[ListOffsetsPartition], ...] = wire(Topics(TopicRequest, ListOffsetsPartition))
+    isolation_level: int = wire(INT, READ_UNCOMMITTED, omit=READ_UNCOMMITTED, check=ISOLATION_LEVEL)

@@ -42,13 +42,19 @@ def with_attributes(bits: int, ts: int = TS) -> bytearray:
     return record.encode_batch(body, attributes=bits, producer_id=7, producer_epoch=0, base_sequence=0)
 
 
+def without_producer(bits: int, ts: int = TS) -> bytearray:
+    """A standard two-record batch with attribute `bits` set and no producer id."""
+    return record.encode_batch(batch_body.make_body([b"forged-0", b"forged-1"], timestamps_ms=ts), attributes=bits)
+
+
 FORGED_BATCHES: list[tuple[str, Callable[[], bytearray], str]] = [
     # id, the batch, words the error message must contain
     ("compacted-claiming-2^20-offsets", lambda: compacted([1 << 20, 1 << 20]), OFFSET_RANGE),
     ("compacted-with-increasing-deltas", lambda: compacted([0, 3, 7]), OFFSET_RANGE),
     ("standard-body-with-offset-gap", lambda: with_gap(1 << 20), OFFSET_RANGE),
     ("control-bit", lambda: with_attributes(record.CONTROL_BIT), "not allowed to write control batches"),
-    ("transactional-bit", lambda: with_attributes(record.TRANSACTIONAL_BIT), "transactions are not supported yet"),
+    ("transactional-bit-without-producer-id", lambda: without_producer(record.TRANSACTIONAL_BIT),
+     "a transactional batch needs a producer id"),
     ("control-and-transactional-bits", lambda: with_attributes(record.CONTROL_BIT | record.TRANSACTIONAL_BIT),
      "not allowed to write control batches"),
 ]

@@ -28,6 +28,13 @@ def build_batch(
     return encode_batch(make_body([value] * records, timestamps_ms=timestamp_ms), base_offset=base_offset)
 
 
+def idempotent_batch(producer_id: int, epoch: int, sequence: int, records: int = 3, attributes: int = 0,
+                     timestamp_ms: int = 1_000) -> bytearray:
+    """A producer's batch with a producer id, epoch and base sequence (build_batch's values)."""
+    return encode_batch(make_body([b"value-0123"] * records, timestamps_ms=timestamp_ms), producer_id=producer_id,
+                        producer_epoch=epoch, base_sequence=sequence, attributes=attributes)
+
+
 def crash(manager: LogManager) -> None:
     """Drop every log of `manager` as SIGKILL would: no final flush, no checkpoint, queued index
     entries lost; the files stay as they are for the next open to recover."""
