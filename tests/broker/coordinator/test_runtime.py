@@ -56,6 +56,7 @@ class Register:
     alarms: list[tuple[int, Any]] = field(default_factory=list)
     parked: dict[int, list[Any]] = field(default_factory=dict)
     replayed: int = 0
+    history: list[tuple[int, str, str | None, int]] = field(default_factory=list)  # replays and markers, in order
     deadline_checks: int = 0  # how often the runtime asked for the next deadline (its timer rounds)
 
     # -- StateMachine ------------------------------------------------------------------------------
@@ -63,13 +64,17 @@ class Register:
     def begin_load(self, partition: int) -> None:
         self.loading[partition] = {}
 
-    def replay(self, partition: int, key: str, value: str | None) -> None:
+    def replay(self, partition: int, key: str, value: str | None, producer_id: int) -> None:
         self.replayed += 1
+        self.history.append((partition, key, value, producer_id))
         state = self.loading[partition]
         if value is None:
             state.pop(key, None)
         else:
             state[key] = value
+
+    def replay_marker(self, partition: int, producer_id: int, committed: bool) -> None:
+        self.history.append((partition, "COMMIT" if committed else "ABORT", None, producer_id))
 
     def finish_load(self, partition: int, now_ms: int) -> None:
         self.loaded[partition] = self.loading.pop(partition)
