@@ -83,7 +83,8 @@ class Producer:
         committed = answered(self.client, TxnOffsetCommitRequest(
             TXN_ID, GROUP, self.producer_id, self.epoch, (TopicRequest(TOPIC, tuple(
                 OffsetCommitPartition(p, o, metadata=f"txn {o}") for p, o in offsets.items())),)))
-        assert all(p.error() is None for t in committed.topics for p in t.partitions), committed
+        assert [(p.partition, p.error()) for t in committed.topics for p in t.partitions] == \
+            [(p, None) for p in offsets], committed
 
     def end(self, commit: bool) -> None:
         answered(self.client, EndTxnRequest(TXN_ID, self.producer_id, self.epoch, commit))

@@ -20,7 +20,7 @@ import pytest
 from broker.cluster.partition import LeaderAndIsr
 from broker.config import LogConfig
 from broker.coordinator.results import Append, Result
-from broker.coordinator.runtime import CoordinatorRuntime
+from broker.coordinator.runtime import CoordinatorRuntime, marker_committed
 from broker.executors import BoundedExecutor
 from broker.log import LogManager, TopicLogSpec, UnifiedLog
 from broker.log_writer import LogWriter
@@ -29,6 +29,7 @@ from broker.replica_manager import ReplicaManager
 from segment_format import batch_body, record
 from common.errors import (
     CoordinatorLoadInProgressError,
+    CorruptMessageError,
     MessageTooLargeError,
     NotCoordinatorError,
     PymqError,
@@ -403,18 +404,18 @@ def test_replay_tells_transactional_records_and_markers_apart(tmp_path: Path) ->
     run(scenario)
 
 
-def test_a_control_batch_that_is_no_marker_leaves_the_partition_unloaded(tmp_path: Path) -> None:
-    """Replay does not guess: a control record with an unknown key is corrupt, and the
-    partition stays unavailable rather than coordinated from a partial state."""
-    async def scenario() -> None:
-        async with harness(tmp_path) as h:
-            log = h.replicas.partition(TOPIC, 0).log
-            stored_batch(log, b"\x00\x00\x00\x07", b"", record.CONTROL_BIT | record.TRANSACTIONAL_BIT, 5)
-            await h.become(0, LeaderAndIsr(0, 1, (0,), (0,)))
-            await h.runtime.loaded()
-            assert isinstance(h.register.get(0, "k").error, CoordinatorLoadInProgressError)
+@pytest.mark.parametrize("key, committed", [(COMMIT_KEY, True), (ABORT_KEY, False)], ids=["commit", "abort"])
+def test_a_marker_key_says_commit_or_abort(key: bytes, committed: bool) -> None:
+    """Kafka's EndTransactionMarker key: int16 version 0, int16 type (0 ABORT, 1 COMMIT)."""
+    assert marker_committed(key) is committed
 
-    run(scenario)
+
+@pytest.mark.parametrize("key", [None, b"", b"\x00\x00\x00\x07", b"\x00\x01\x00\x01", COMMIT_KEY + b"\x00"],
+                         ids=["null", "empty", "unknown-type", "unknown-version", "too-long"])
+def test_a_control_record_that_is_no_marker_is_corrupt(key: bytes | None) -> None:
+    """Replay does not guess: the partition stays unloaded rather than coordinated from a wrong state."""
+    with pytest.raises(CorruptMessageError):
+        marker_committed(key)
 
 
 @pytest.mark.skipif(not LOG_TAKES_TRANSACTIONS, reason="the leader's log refuses transactional batches until the "
