@@ -83,6 +83,7 @@ from broker.coordinator.transaction_records import check_transactional_id
 from common.errors import (
     CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
+    CorruptMessageError,
     FencedInstanceIdError,
     GroupIdNotFoundError,
     GroupMaxSizeReachedError,
@@ -224,12 +225,16 @@ class GroupCoordinator:
         if isinstance(key, GroupKey):
             replay.stored[key.group_id] = value  # type: ignore[assignment]
             return
-        group = replay.groups.get(key.group_id) or replay.groups.setdefault(key.group_id, Group(key.group_id))
+        group = replay.groups.get(key.group_id)
+        if group is None:
+            group = replay.groups[key.group_id] = Group(key.group_id)
         tp = (key.topic, key.partition)
         if value is None:
             group.drop_offsets([tp])
             return
-        assert isinstance(value, CommittedOffset)
+        if not isinstance(value, CommittedOffset):
+            raise CorruptMessageError(f"the offset record of group {key.group_id!r} {key.topic}-{key.partition} "
+                                      f"holds a group's metadata")
         offset = replace(value, log_order=next(self._log_order))
         if producer_id == NO_PRODUCER_ID:
             group.offsets[tp] = offset

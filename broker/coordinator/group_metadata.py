@@ -167,9 +167,6 @@ class Group:
         """Whether an open transaction holds an offset of `tp` (OffsetFetch answers it unstable)."""
         return any(tp in pending for pending in self.pending_offsets.values())
 
-    def pending_count(self) -> int:
-        return sum(len(pending) for pending in self.pending_offsets.values())
-
     def all_joined(self) -> bool:
         return not self.pending_members and all(m.awaiting_join is not None for m in self.members.values())
 
