@@ -507,3 +507,11 @@ def error_name(code: int) -> str:
     if code == NONE:
         return "NONE"
     return _BY_CODE.get(code, UnknownServerError).name()
+
+
+class UnstableOffsetCommitError(PymqError, wire_name="UNSTABLE_OFFSET_COMMIT"):
+    """OffsetFetch with require_stable: an open transaction holds offsets of the partition, to
+    become its committed offset (or be dropped) when the transaction ends. Retry (KIP-447)."""
+
+    code = 88
+    retriable = True

@@ -27,14 +27,43 @@ anyone: generation -1), each partition checked against the member's assignment f
 protocol (PARTITION_NOT_ASSIGNED); they apply once stored. Empty groups' offsets expire after
 offsets.retention.minutes counted from when the group became empty (standalone commits: from the
 commit), and a group left without offsets is removed (KIP-211).
+
+Transactional offsets (TxnOffsetCommit, KIP-98/KIP-447): a transactional producer commits its
+consumer group's offsets inside its transaction. The coordinator checks them as an OffsetCommit
+(group id, partitions that exist, metadata size; no assignment check, as Kafka), and, when the
+request names a generation or member (KIP-447), that they are the group's current ones; without
+them (generation -1, member "") any group takes them. They are stored as ONE transactional
+batch of the producer (its id and epoch) and are then PENDING: kept per producer id in the group
+(`Group.pending_offsets`), invisible to OffsetFetch. The transaction coordinator ends the
+transaction with a marker on the group's `__consumer_offsets` partition; when it lands
+(`end_transaction`, also replayed from the log) a commit makes the producer's pending offsets of
+every group of that partition the committed ones, an abort drops them. A plain OffsetCommit of a
+partition with pending offsets is visible at once; at the commit marker, whichever offset was
+written to the log later wins (Kafka's completePendingTxnOffsetCommit; `CommittedOffset.log_order`).
+OffsetFetch with `require_stable` answers UNSTABLE_OFFSET_COMMIT for a partition with pending
+offsets (the client retries); without it, the committed offset as before.
+
+What else does with pending offsets (Kafka's new coordinator, OffsetMetadataManager, does the same):
+- Offset expiry leaves a partition with pending offsets alone until their marker, and a group
+  with pending offsets is not removed with its expired ones.
+- DeleteGroups, OffsetDelete and a deleted topic write tombstones for the partitions' committed
+  AND pending offsets: a tombstone drops both, live and on replay, so a later commit marker
+  brings nothing back (Kafka's deleteAllOffsets deletes the pending transactional offsets too).
+- Bounds: pending offsets meet the checks committed ones do (a partition that exists, metadata
+  within offset.metadata.max.bytes), and one producer holds at most one pending offset per
+  partition per group (a later TxnOffsetCommit of its transaction replaces it). A transaction that
+  never ends is timed out and aborted by its transaction coordinator, whose abort marker drops
+  its offsets. Not verified: that the producer id is in a transaction that holds the group's
+  partition (Kafka verifies it with the transaction coordinator since KIP-890).
 """
 from __future__ import annotations
 
 import heapq
+import itertools
 import logging
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from broker.config import BrokerConfig
@@ -49,10 +78,12 @@ from broker.coordinator.group_records import (
     check_group_id,
     partition_for,
 )
-from broker.coordinator.results import Append, Result
+from broker.coordinator.results import NO_PRODUCER_ID, Append, Result
+from broker.coordinator.transaction_records import check_transactional_id
 from common.errors import (
     CoordinatorLoadInProgressError,
     CoordinatorNotAvailableError,
+    CorruptMessageError,
     FencedInstanceIdError,
     GroupIdNotFoundError,
     GroupMaxSizeReachedError,
@@ -70,9 +101,10 @@ from common.errors import (
     RebalanceInProgressError,
     UnknownMemberIdError,
     UnknownTopicOrPartitionError,
+    UnstableOffsetCommitError,
 )
 from common.topic_partition import TopicPartition
-from protocol.messages.base import PartitionResponse, TopicResponse, code_and_message
+from protocol.messages.base import PartitionResponse, TopicRequest, TopicResponse, code_and_message
 from protocol.messages.group import (
     DeletedGroupResult,
     DeleteGroupsRequest,
@@ -92,6 +124,7 @@ from protocol.messages.group import (
     ListedGroup,
     ListGroupsRequest,
     ListGroupsResponse,
+    OffsetCommitPartition,
     OffsetCommitRequest,
     OffsetCommitResponse,
     OffsetDeleteRequest,
@@ -102,10 +135,35 @@ from protocol.messages.group import (
     SyncGroupRequest,
     SyncGroupResponse,
 )
+from protocol.messages.transactions import TxnOffsetCommitRequest, TxnOffsetCommitResponse
+from segment_format.limits import INT64_MAX
 
 log = logging.getLogger("pymq.group_coordinator")
 
 PartitionExists = Callable[[str, int], bool]
+INT16_MAX = 2**15 - 1  # a record batch header's producer_epoch is an int16
+OpenTransactions = dict[int, set[str]]  # producer id -> the groups its open transaction has offsets in
+
+
+@dataclass(slots=True)
+class _Replay:
+    """What the replay of one partition built so far. `groups` hold only the offsets (committed
+    and pending) until `finish_load` makes them groups; `markers` are those stored on the
+    partition while it loaded (after every replayed record: see `end_transaction`)."""
+
+    stored: dict[str, StoredGroup | None] = field(default_factory=dict)
+    groups: dict[str, Group] = field(default_factory=dict)
+    open_transactions: OpenTransactions = field(default_factory=dict)
+    markers: list[tuple[int, bool]] = field(default_factory=list)
+
+
+def _end_transaction(groups: dict[str, Group], open_transactions: OpenTransactions, producer_id: int,
+                     committed: bool) -> None:
+    """Commit or abort `producer_id`'s pending offsets in the groups of one partition."""
+    for group_id in open_transactions.pop(producer_id, ()):
+        group = groups.get(group_id)
+        if group is not None:
+            group.end_transaction(producer_id, committed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +198,11 @@ class GroupCoordinator:
         self.groups: dict[str, Group] = {}
         self._new_member_id = new_member_id
         self._partitions: dict[int, bool] = {}  # partition -> loaded (False while its records replay)
-        self._loading: dict[int, tuple[dict[str, StoredGroup | None], dict[str, dict[TopicPartition, CommittedOffset]]]] = {}
+        self._loading: dict[int, _Replay] = {}
+        self._open_transactions: dict[int, OpenTransactions] = {}  # by partition of __consumer_offsets
+        # Numbers offset records in the order they go to the log (appended or replayed): see
+        # CommittedOffset.log_order. One counter: its next() is atomic, replays run on a pool.
+        self._log_order = itertools.count()
         self._timers: list[tuple[int, str]] = []  # heap of (deadline, group id); stale entries skipped
         self._scheduled: dict[str, int] = {}  # group id -> the deadline its live heap entry has
 
@@ -153,30 +215,55 @@ class GroupCoordinator:
         """This broker became the leader of `partition`: its groups answer
         COORDINATOR_LOAD_IN_PROGRESS until `finish_load`, after every `replay`."""
         self._partitions[partition] = False
-        self._loading[partition] = ({}, {})
+        self._loading[partition] = _Replay()
 
-    def replay(self, partition: int, key: RecordKey, value: RecordValue) -> None:
-        """One record of the partition, in offset order: the latest per key wins, a tombstone erases."""
-        stored, offsets = self._loading[partition]
+    def replay(self, partition: int, key: RecordKey, value: RecordValue, producer_id: int) -> None:
+        """One record of the partition, in offset order: the latest per key wins, a tombstone
+        erases (an offset's pending ones too); an offset of a transactional batch (`producer_id`
+        not -1) is pending until its producer's marker."""
+        replay = self._loading[partition]
         if isinstance(key, GroupKey):
-            stored[key.group_id] = value  # type: ignore[assignment]
-        elif value is None:
-            offsets.get(key.group_id, {}).pop((key.topic, key.partition), None)
+            replay.stored[key.group_id] = value  # type: ignore[assignment]
+            return
+        group = replay.groups.get(key.group_id)
+        if group is None:
+            group = replay.groups[key.group_id] = Group(key.group_id)
+        tp = (key.topic, key.partition)
+        if value is None:
+            group.drop_offsets([tp])
+            return
+        if not isinstance(value, CommittedOffset):
+            raise CorruptMessageError(f"the offset record of group {key.group_id!r} {key.topic}-{key.partition} "
+                                      f"holds a group's metadata")
+        offset = replace(value, log_order=next(self._log_order))
+        if producer_id == NO_PRODUCER_ID:
+            group.offsets[tp] = offset
         else:
-            offsets.setdefault(key.group_id, {})[(key.topic, key.partition)] = value  # type: ignore[assignment]
+            group.add_pending(producer_id, {tp: offset})
+            replay.open_transactions.setdefault(producer_id, set()).add(key.group_id)
+
+    def replay_marker(self, partition: int, producer_id: int, committed: bool) -> None:
+        """A transaction's marker, in offset order with the records: the producer's offsets
+        replayed so far are committed or dropped."""
+        replay = self._loading[partition]
+        _end_transaction(replay.groups, replay.open_transactions, producer_id, committed)
 
     def finish_load(self, partition: int, now_ms: int) -> None:
-        stored, offsets = self._loading.pop(partition)
-        for group_id in stored.keys() | offsets.keys():
-            value, group_offsets = stored.get(group_id), offsets.get(group_id, {})
+        replay = self._loading.pop(partition)
+        for producer_id, committed in replay.markers:
+            _end_transaction(replay.groups, replay.open_transactions, producer_id, committed)
+        for group_id in replay.stored.keys() | replay.groups.keys():
+            value, replayed = replay.stored.get(group_id), replay.groups.get(group_id, Group(group_id))
             if value is not None:
-                group = Group.restored(group_id, value, group_offsets, now_ms)
-            elif group_offsets:
-                group = Group(group_id, state_timestamp=now_ms, offsets=group_offsets)
+                group = Group.restored(group_id, value, replayed, now_ms)
+            elif replayed.offsets or replayed.pending_offsets:
+                group = replayed
+                group.state_timestamp = now_ms
             else:
                 continue  # deleted
             self.groups[group_id] = group
             self._schedule(group)
+        self._open_transactions[partition] = replay.open_transactions
         self._partitions[partition] = True
         log.info("loaded %d groups of %s partition %d", sum(self.partition_of(g) == partition for g in self.groups),
                  "__consumer_offsets", partition)
@@ -186,6 +273,7 @@ class GroupCoordinator:
         them), and requests parked on them are told NOT_COORDINATOR so that members find it."""
         self._partitions.pop(partition, None)
         self._loading.pop(partition, None)
+        self._open_transactions.pop(partition, None)
         result = Result()
         err = NotCoordinatorError(f"__consumer_offsets partition {partition} moved")
         for group_id in [g for g in self.groups if self.partition_of(g) == partition]:
@@ -619,13 +707,11 @@ class GroupCoordinator:
                 if err is not None:
                     errors[tp] = err
                 else:
-                    commits[tp] = CommittedOffset(p.committed_offset, p.committed_leader_epoch, p.metadata, now_ms)
+                    commits[tp] = CommittedOffset(p.committed_offset, p.committed_leader_epoch, p.metadata, now_ms,
+                                                  next(self._log_order))
 
         def respond(stored_error: PymqError | None) -> OffsetCommitResponse:
-            return OffsetCommitResponse(topics=tuple(
-                TopicResponse(t.name, tuple(PartitionResponse(
-                    p.partition, *code_and_message(errors.get((t.name, p.partition), stored_error))) for p in t.partitions))
-                for t in request.topics))
+            return OffsetCommitResponse(topics=_partition_answers(request.topics, errors, stored_error))
 
         if not commits:
             return Result.reply(token, respond(None))
@@ -659,6 +745,91 @@ class GroupCoordinator:
             raise IllegalGenerationError(f"generation {request.generation_id} is not the group's {group.generation}")
         member.heartbeat_deadline_ms = now_ms + member.session_timeout_ms  # a commit shows the member alive
         return group, member
+
+    def commit_txn_offsets(self, request: TxnOffsetCommitRequest, token: Any, now_ms: int,
+                           partition_exists: PartitionExists) -> Result:
+        """TxnOffsetCommit: the offsets are stored as one transactional batch of the producer and
+        wait, pending, for the transaction's marker (`end_transaction`)."""
+        try:
+            self._check(request.group_id)
+            self._check_producer(request)
+            group = self._txn_committer(request, now_ms)
+        except PymqError as err:
+            return Result.reply(token, TxnOffsetCommitResponse(*code_and_message(err)))
+        errors: dict[TopicPartition, PymqError] = {}
+        commits: dict[TopicPartition, CommittedOffset] = {}
+        for topic in request.topics:
+            for p in topic.partitions:
+                tp = (topic.name, p.partition)
+                err = topic.error or p.error or self._commit_error(tp, p.metadata, None, set(), partition_exists)
+                if err is not None:
+                    errors[tp] = err
+                else:
+                    commits[tp] = CommittedOffset(p.committed_offset, p.committed_leader_epoch, p.metadata, now_ms,
+                                                  next(self._log_order))
+
+        def respond(stored_error: PymqError | None) -> TxnOffsetCommitResponse:
+            return TxnOffsetCommitResponse(topics=_partition_answers(request.topics, errors, stored_error))
+
+        if not commits:
+            return Result.reply(token, respond(None))
+        partition, producer_id = self.partition_of(group.group_id), request.producer_id
+
+        def complete(err: PymqError | None, now: int) -> Result:
+            if err is None and self.owns(group.group_id):
+                live = self.groups.setdefault(group.group_id, group)
+                live.add_pending(producer_id, commits)
+                self._open_transactions.setdefault(partition, {}).setdefault(producer_id, set()).add(group.group_id)
+            return Result.reply(token, respond(err))
+
+        records: list[tuple[RecordKey, RecordValue]] = [
+            (OffsetKey(group.group_id, t, p), c) for (t, p), c in commits.items()]
+        return Result(appends=[Append(partition, records, complete, (producer_id, request.producer_epoch))])
+
+    @staticmethod
+    def _check_producer(request: TxnOffsetCommitRequest) -> None:
+        """INVALID_REQUEST for a transactional id, producer id or epoch no transaction can have
+        (the epoch goes into an int16 header field)."""
+        check_transactional_id(request.transactional_id)
+        if not 0 <= request.producer_id <= INT64_MAX:
+            raise InvalidRequestError(f"producer id {request.producer_id} is not a transactional producer's")
+        if not 0 <= request.producer_epoch <= INT16_MAX:
+            raise InvalidRequestError(f"producer epoch {request.producer_epoch} is outside [0, {INT16_MAX}]")
+
+    def _txn_committer(self, request: TxnOffsetCommitRequest, now_ms: int) -> Group:
+        """The group a TxnOffsetCommit goes to (Kafka's validateOffsetCommit, transactional): a
+        request that names a generation, member or instance (KIP-447) must be the group's current
+        member and generation; one that names none is taken by any group (a producer without the
+        consumer's group metadata); a rebalance does not refuse it."""
+        names_member = request.generation_id >= 0 or bool(request.member_id) or request.group_instance_id is not None
+        group = self.groups.get(request.group_id)
+        if group is None:
+            if names_member:
+                raise UnknownMemberIdError(f"group {request.group_id!r} does not exist; commit with generation -1")
+            return Group(request.group_id, state_timestamp=now_ms)
+        if group.is_(GroupState.DEAD):
+            raise CoordinatorNotAvailableError(f"group {request.group_id!r} is being deleted")
+        if request.generation_id < 0 and group.is_(GroupState.EMPTY):
+            return group
+        if names_member:
+            self._member(group, request.member_id, request.group_instance_id)
+            if request.generation_id != group.generation:
+                raise IllegalGenerationError(f"generation {request.generation_id} is not the group's {group.generation}")
+        return group
+
+    def end_transaction(self, partition: int, producer_id: int, committed: bool) -> None:
+        """A transaction's marker was stored on `partition` of `__consumer_offsets` (led here):
+        the producer's pending offsets in its groups are committed or dropped. While the
+        partition loads, the marker waits for the replay to end: it was written after every
+        record the replay reads (the coordinator appends nothing to a loading partition), or,
+        if the replay read it too, applying it again changes nothing (its offsets are gone)."""
+        replay = self._loading.get(partition)
+        if replay is not None:
+            replay.markers.append((producer_id, committed))
+            return
+        open_transactions = self._open_transactions.get(partition)
+        if open_transactions is not None:
+            _end_transaction(self.groups, open_transactions, producer_id, committed)
 
     @staticmethod
     def _owned_by_others(group: Group, member: Member | None) -> set[TopicPartition]:
@@ -694,9 +865,19 @@ class GroupCoordinator:
                 wanted.setdefault(topic, []).append(partition)
         else:
             wanted = {t.name: list(t.partitions) for t in request.topics}
+        unstable = group is not None and request.require_stable and group.pending_offsets
         return OffsetFetchResponse(topics=tuple(
-            TopicResponse(topic, tuple(self._fetched(offsets.get((topic, p)), p) for p in partitions))
+            TopicResponse(topic, tuple(
+                self._unstable(p) if unstable and group.has_pending((topic, p)) else self._fetched(offsets.get((topic, p)), p)
+                for p in partitions))
             for topic, partitions in wanted.items()))
+
+    @staticmethod
+    def _unstable(partition: int) -> OffsetFetchPartitionResponse:
+        """A partition whose offset an open transaction is about to change (KIP-447): the
+        client asked for stable offsets, and retries."""
+        err = UnstableOffsetCommitError(f"partition {partition} has pending transactional offsets: retry")
+        return OffsetFetchPartitionResponse(partition, *code_and_message(err))
 
     @staticmethod
     def _fetched(committed: CommittedOffset | None, partition: int) -> OffsetFetchPartitionResponse:
@@ -719,7 +900,7 @@ class GroupCoordinator:
                     errors[(topic.name, partition)] = GroupSubscribedToTopicError(
                         f"group {group.group_id!r} has members subscribed to {topic.name!r}")
         doomed = [(t.name, p) for t in request.topics for p in t.partitions
-                  if (t.name, p) not in errors and (t.name, p) in group.offsets]
+                  if (t.name, p) not in errors and ((t.name, p) in group.offsets or group.has_pending((t.name, p)))]
 
         def respond(stored_error: PymqError | None) -> OffsetDeleteResponse:
             return OffsetDeleteResponse(topics=tuple(TopicResponse(t.name, tuple(
@@ -731,8 +912,7 @@ class GroupCoordinator:
 
         def complete(err: PymqError | None, now: int) -> Result:
             if err is None:
-                for tp in doomed:
-                    group.offsets.pop(tp, None)
+                group.drop_offsets(doomed)
             return Result.reply(token, respond(err))
 
         return Result(appends=[Append(self.partition_of(group.group_id),
@@ -756,6 +936,7 @@ class GroupCoordinator:
                            if tp[0] not in subscribed and now_ms - c.commit_timestamp >= retention]
             else:
                 continue
+            expired = [tp for tp in expired if not group.has_pending(tp)]  # until their marker (Kafka)
             if expired:
                 result.add(Result(appends=[self._expire_append(group, expired)]))
         return result
@@ -769,14 +950,14 @@ class GroupCoordinator:
         for group in list(self.groups.values()):
             if not self.owns(group.group_id) or group.is_(GroupState.DEAD):
                 continue
-            doomed = [tp for tp in group.offsets if tp[0] == topic]
+            doomed = [tp for tp in group.offsets.keys() | _pending_partitions(group) if tp[0] == topic]
             if doomed:
                 result.add(Result(appends=[self._expire_append(group, doomed, f"of deleted topic {topic}")]))
         return result
 
     def _expire_append(self, group: Group, expired: list[TopicPartition], why: str = "expired") -> Append:
         records: list[tuple[RecordKey, RecordValue]] = [(OffsetKey(group.group_id, *tp), None) for tp in expired]
-        deletes_group = group.is_(GroupState.EMPTY) and len(expired) == len(group.offsets)
+        deletes_group = group.is_(GroupState.EMPTY) and len(expired) == len(group.offsets) and not group.pending_offsets
         if deletes_group:
             records.append((GroupKey(group.group_id), None))
 
@@ -784,9 +965,9 @@ class GroupCoordinator:
             if err is not None:
                 log.warning("removing %d offsets (%s) of group %s failed: %s", len(expired), why, group.group_id, err)
                 return Result()
-            for tp in expired:
-                group.offsets.pop(tp, None)
-            if deletes_group and not group.members and not group.offsets and self.groups.get(group.group_id) is group:
+            group.drop_offsets(expired)
+            if deletes_group and not group.members and not group.offsets and not group.pending_offsets \
+                    and self.groups.get(group.group_id) is group:
                 group.transition(GroupState.DEAD, now)
                 del self.groups[group.group_id]
             log.info("group %s: %d offsets removed (%s)%s", group.group_id, len(expired), why,
@@ -840,7 +1021,8 @@ class GroupCoordinator:
                 outcomes[group_id] = err
                 continue
             waiting.add(group_id)
-            records: list[tuple[RecordKey, RecordValue]] = [(OffsetKey(group_id, *tp), None) for tp in group.offsets]
+            records: list[tuple[RecordKey, RecordValue]] = [
+                (OffsetKey(group_id, *tp), None) for tp in group.offsets.keys() | _pending_partitions(group)]
             records.append((GroupKey(group_id), None))
             appends.append(Append(self.partition_of(group_id), records, self._deleted(group, outcomes, waiting, respond)))
         if not appends:
@@ -890,3 +1072,16 @@ class GroupCoordinator:
         """Store the group as it is now (a new generation, or a static member's new id)."""
         return Append(self.partition_of(group.group_id), [(GroupKey(group.group_id), self._stored_with(group, {}, now_ms))],
                       then)
+
+
+def _pending_partitions(group: Group) -> set[TopicPartition]:
+    """The partitions an open transaction holds offsets of (their tombstones drop those too)."""
+    return {tp for pending in group.pending_offsets.values() for tp in pending}
+
+
+def _partition_answers(topics: tuple[TopicRequest[OffsetCommitPartition], ...], errors: dict[TopicPartition, PymqError],
+                       stored_error: PymqError | None) -> tuple[TopicResponse[PartitionResponse], ...]:
+    """Each partition's answer to an (Txn)OffsetCommit: its own error, else the append's outcome."""
+    return tuple(TopicResponse(t.name, tuple(PartitionResponse(
+        p.partition, *code_and_message(errors.get((t.name, p.partition), stored_error))) for p in t.partitions))
+        for t in topics)

@@ -100,6 +100,9 @@ class Group:
     static_members: dict[str, str] = field(default_factory=dict)  # group instance id -> member id
     pending_members: dict[str, int] = field(default_factory=dict)  # member id -> deadline (MEMBER_ID_REQUIRED)
     offsets: dict[TopicPartition, CommittedOffset] = field(default_factory=dict)
+    # Offsets of open transactions, by producer id (Kafka's pendingTransactionalOffsetCommits):
+    # stored, invisible to OffsetFetch until the transaction's marker commits them.
+    pending_offsets: dict[int, dict[TopicPartition, CommittedOffset]] = field(default_factory=dict)
     join_deadline_ms: int | None = None
     initial_join: bool = False  # the first rebalance of an empty group waits group.initial.rebalance.delay.ms
     sync_deadline_ms: int | None = None
@@ -129,6 +132,40 @@ class Group:
         if self.leader == member_id:
             self.leader = next(iter(self.members), None)
         return member
+
+    # -- offsets ---------------------------------------------------------------------------------
+
+    def add_pending(self, producer_id: int, offsets: dict[TopicPartition, CommittedOffset]) -> None:
+        """A transaction's offsets, stored: they wait for its marker (a later one of the same
+        transaction replaces an earlier one per partition)."""
+        self.pending_offsets.setdefault(producer_id, {}).update(offsets)
+
+    def end_transaction(self, producer_id: int, committed: bool) -> None:
+        """The producer's transaction ended. A commit makes its offsets the committed ones, except
+        where an offset written to the log after the transaction's is committed already (Kafka's
+        completePendingTxnOffsetCommit: the later record wins); an abort drops them."""
+        pending = self.pending_offsets.pop(producer_id, None)
+        if not committed or not pending:
+            return
+        for tp, offset in pending.items():
+            current = self.offsets.get(tp)
+            if current is None or current.log_order < offset.log_order:
+                self.offsets[tp] = offset
+
+    def drop_offsets(self, partitions: list[TopicPartition]) -> None:
+        """Tombstones of these partitions were stored: their committed offsets and every open
+        transaction's pending ones go (Kafka's new coordinator replays a tombstone so too)."""
+        for tp in partitions:
+            self.offsets.pop(tp, None)
+        for producer_id, pending in list(self.pending_offsets.items()):
+            for tp in partitions:
+                pending.pop(tp, None)
+            if not pending:
+                del self.pending_offsets[producer_id]
+
+    def has_pending(self, tp: TopicPartition) -> bool:
+        """Whether an open transaction holds an offset of `tp` (OffsetFetch answers it unstable)."""
+        return any(tp in pending for pending in self.pending_offsets.values())
 
     def all_joined(self) -> bool:
         return not self.pending_members and all(m.awaiting_join is not None for m in self.members.values())
@@ -177,12 +214,13 @@ class Group:
                                  for m in self.members.values()))
 
     @classmethod
-    def restored(cls, group_id: str, stored: StoredGroup, offsets: dict[TopicPartition, CommittedOffset],
-                 now_ms: int) -> "Group":
+    def restored(cls, group_id: str, stored: StoredGroup, replayed: "Group", now_ms: int) -> "Group":
         """A group replayed from its last record: Empty without members, else Stable with the stored
-        assignments; its members must heartbeat within their session timeout from now."""
+        assignments; its members must heartbeat within their session timeout from now. `replayed`
+        holds the offsets (committed and pending) its offset records left."""
         group = cls(group_id, GroupState.STABLE if stored.members else GroupState.EMPTY, stored.state_timestamp,
-                    stored.generation, stored.protocol_type, stored.protocol, stored.leader, offsets=offsets)
+                    stored.generation, stored.protocol_type, stored.protocol, stored.leader,
+                    offsets=replayed.offsets, pending_offsets=replayed.pending_offsets)
         for m in stored.members:
             member = Member(m.member_id, m.group_instance_id, m.client_id, m.session_timeout_ms,
                             m.rebalance_timeout_ms, stored.protocol_type or "", ((stored.protocol or "", m.subscription),),

@@ -12,6 +12,10 @@ The topic is compacted, so every record is keyed and the latest value per key is
                     members: [{member_id, group_instance_id, client_id, session_timeout_ms,
                                rebalance_timeout_ms, subscription: bin, assignment: bin}]}
 
+A TxnOffsetCommit's offset records are the same records in a transactional batch of the
+producer (header producer id and epoch, TRANSACTIONAL bit): pending until the transaction's
+marker (a control batch in the same partition) commits or aborts them (`group_coordinator`).
+
 Keys put the group first, so one group's records hash to the same partition of the topic
 (`partition_for`, Kafka's `abs(groupId.hashCode) % offsets.topic.num.partitions`) and the
 compacted topic keeps one record per (group, partition) and per group. A value's `v` lets later
@@ -22,7 +26,7 @@ appends them, and replays them (`decode_record`) when it takes over a partition 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgpack
@@ -92,12 +96,17 @@ RecordKey = OffsetKey | GroupKey
 @dataclass(frozen=True, slots=True)
 class CommittedOffset:
     """A committed position: the next offset to consume, with the leader epoch of the record before
-    it (-1 unknown), the committer's metadata string, and when it was committed (expiry)."""
+    it (-1 unknown), the committer's metadata string, and when it was committed (expiry).
+
+    `log_order` is not stored: the coordinator numbers the offset records in the order they go to
+    (and replay from) the log, Kafka's appendedBatchOffset, so that a transaction's commit
+    marker does not set back an offset committed after the transaction's offsets were written."""
 
     offset: int
     leader_epoch: int = -1
     metadata: str | None = None
     commit_timestamp: int = 0
+    log_order: int = field(default=-1, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

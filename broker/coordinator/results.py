@@ -9,7 +9,9 @@ completes is answered by a later call's Result. An `Append` asks the runtime to 
 the coordinator's internal topic (`__consumer_offsets` for groups) and then to call
 `complete(error, now_ms)`: the coordinator changes its state only there, once it knows whether
 the records are stored, so a failed append leaves the state as it was, and the Result of
-`complete` carries the replies that waited for it. `effects` are other work the coordinator asks
+`complete` carries the replies that waited for it. An Append with a `producer` (id, epoch) is
+a transactional batch (TxnOffsetCommit: offsets that count once the transaction's commit marker
+lands). `effects` are other work the coordinator asks
 of its I/O side, as values (the transaction coordinator's markers to write); the runtime hands
 them to the effect handler it was given.
 """
@@ -24,6 +26,7 @@ from protocol.messages.base import Message
 
 Reply = tuple[Any, Message]
 Record = tuple[Any, Any]  # (key, value); a None value is a tombstone
+NO_PRODUCER_ID = -1  # the producer id a record of a plain (not transactional) batch replays with
 
 
 @dataclass(slots=True)
@@ -31,6 +34,7 @@ class Append:
     partition: int
     records: list[Record]
     complete: Callable[[PymqError | None, int], "Result"]
+    producer: tuple[int, int] | None = None  # (producer id, epoch): a transactional batch
 
 
 @dataclass(slots=True)

@@ -12,6 +12,8 @@ topic, so the runtime follows partition leadership and does all the I/O for its 
   loop. The state machine answers COORDINATOR_LOAD_IN_PROGRESS for the partition meanwhile. A
   partition whose records cannot be read stays loading (unavailable) rather than coordinated
   from a guessed state. A partition led anew is unloaded first (see `on_leadership_change`).
+  Records of transactional batches replay with their producer id, and transaction markers
+  (control batches) as `replay_marker`, in log order (`read_records`).
 - unload: when it stops leading, `unload`; its Result answers the requests parked on the
   partition (NOT_COORDINATOR: the clients find the new coordinator, which replays). A replay the
   leadership change overtakes stops before its next record, so it never feeds a later load.
@@ -19,6 +21,7 @@ topic, so the runtime follows partition leadership and does all the I/O for its 
   as durable as any committed record), and only once the high watermark passed it (or the append
   failed) is `complete(error, now_ms)` called; the state machine changes its state there, so a
   failed append leaves it as it was, and the replies that waited are sent from that Result.
+  An Append with a producer (id, epoch) is written as that producer's transactional batch.
 - timers: `tick(now_ms)` whenever `next_deadline()` has passed (checked every `TICK_S`), and
   periodic duties (`every`, e.g. offset expiry) that return Results.
 - requests: `call` hands the state machine a token (a future) that the Result answering the
@@ -31,13 +34,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
 import threading
 from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from broker import background
 from broker.cluster.partition import Partition
-from broker.coordinator.results import Append, Result
+from broker.coordinator.results import NO_PRODUCER_ID, Append, Result
 from broker.executors import BoundedExecutor
 from broker.log import UnifiedLog
 from broker.replica_manager import ReplicaManager
@@ -60,6 +65,7 @@ log = logging.getLogger("pymq.coordinator_runtime")
 APPEND_TIMEOUT_MS = 5_000  # Kafka's offsets.commit.timeout.ms
 TICK_S = 0.05  # timer resolution of the state machines' deadlines (sessions, rebalance timeouts)
 READ_CHUNK_BYTES = 4 << 20
+NO_SEQUENCE = -1  # the base_sequence of a batch the broker writes itself (Kafka's RecordBatch.NO_SEQUENCE)
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -72,8 +78,13 @@ class StateMachine(Protocol[K, V]):
     def begin_load(self, partition: int) -> None:
         """This broker now leads `partition`: its keys answer LOAD_IN_PROGRESS until `finish_load`."""
 
-    def replay(self, partition: int, key: K, value: V) -> None:
-        """One stored record of the partition, in offset order (a None value is a tombstone)."""
+    def replay(self, partition: int, key: K, value: V, producer_id: int) -> None:
+        """One stored record of the partition, in offset order (a None value is a tombstone);
+        `producer_id` is the producer of its transactional batch, -1 for a plain batch."""
+
+    def replay_marker(self, partition: int, producer_id: int, committed: bool) -> None:
+        """A transaction marker (control batch) of the partition, in offset order with the records:
+        the transactional records of `producer_id` replayed so far are committed or aborted."""
 
     def finish_load(self, partition: int, now_ms: int) -> Result | None:
         """Every record of the partition's log was replayed: serve the partition's keys (and carry
@@ -240,11 +251,14 @@ class CoordinatorRuntime(Generic[K, V]):
     def _replay(self, partition: int, partition_log: UnifiedLog, load: _Load) -> int:
         """Worker thread: feed every record of the partition to the state machine."""
         count = 0
-        for key, value in read_records(partition_log, self.serde):
+        for stored in read_records(partition_log, self.serde):
             with load.lock:
                 if load.cancelled:
                     raise LoadCancelled(f"{self.topic}-{partition}")
-                self.machine.replay(partition, key, value)
+                if isinstance(stored, Marker):
+                    self.machine.replay_marker(partition, stored.producer_id, stored.committed)
+                else:
+                    self.machine.replay(partition, stored.key, stored.value, stored.producer_id)
             count += 1
         return count
 
@@ -276,7 +290,7 @@ class CoordinatorRuntime(Generic[K, V]):
 
     def _start_append(self, append: Append) -> None:
         try:
-            pending = self.replicas.append(self.topic, append.partition, memoryview(self._encode(append.records)),
+            pending = self.replicas.append(self.topic, append.partition, memoryview(self._encode(append)),
                                            acks=-1, timeout_ms=self._append_timeout_ms)
         except Exception as err:
             self.apply(append.complete(append_error(err, self.name), self.clock()))
@@ -302,11 +316,19 @@ class CoordinatorRuntime(Generic[K, V]):
         except Exception:
             background.report(f"{self.name}-append")
 
-    def _encode(self, records: list[tuple[Any, Any]]) -> bytearray:
+    def _encode(self, append: Append) -> bytearray:
         """One record batch of the state machine's records (tombstones have a null value), stamped
-        with the wall clock: the log checks record timestamps, whatever clock the runtime runs on."""
-        keys, values = zip(*(self.serde.serialize(key, value) for key, value in records))
-        return record.encode_batch(batch_body.make_body(list(values), list(keys), timestamps_ms=now_ms()))
+        with the wall clock: the log checks record timestamps, whatever clock the runtime runs on.
+        An append with a producer is a transactional batch of that producer id and epoch, as
+        Kafka's coordinator writes a TxnOffsetCommit: base_sequence -1, for the coordinator, not
+        the producer, writes it (the producer's sequences number its own batches only)."""
+        keys, values = zip(*(self.serde.serialize(key, value) for key, value in append.records))
+        body = batch_body.make_body(list(values), list(keys), timestamps_ms=now_ms())
+        if append.producer is None:
+            return record.encode_batch(body)
+        producer_id, producer_epoch = append.producer
+        return record.encode_batch(body, attributes=record.TRANSACTIONAL_BIT, producer_id=producer_id,
+                                   producer_epoch=producer_epoch, base_sequence=NO_SEQUENCE)
 
 
 def append_error(err: Exception, name: str) -> PymqError:
@@ -330,12 +352,48 @@ def coordinator_error(err: PymqError, name: str) -> PymqError:
     return err
 
 
-def read_records(partition_log: UnifiedLog, serde: RecordSerde[K, V]) -> Iterator[tuple[K, V]]:
-    """Every record of a partition of an internal topic, decoded: to its log end offset, not its
-    high watermark (Kafka's CoordinatorLoaderImpl too). A new leader learned the high watermark
-    one fetch after its old leader moved it, and moves it only once its own followers fetch, so
-    records the old leader acknowledged (a group's last generation, its last commits) may sit
-    past it; as the leader's log, they are what every replica ends up with."""
+@dataclass(frozen=True, slots=True)
+class StoredRecord(Generic[K, V]):
+    """A coordinator record as replayed: `producer_id` of its transactional batch, else -1."""
+
+    key: K
+    value: V
+    producer_id: int = NO_PRODUCER_ID
+
+
+@dataclass(frozen=True, slots=True)
+class Marker:
+    """A transaction's commit or abort marker (a control batch) as replayed."""
+
+    producer_id: int
+    committed: bool
+
+
+_MARKER_KEY = struct.Struct(">hh")  # Kafka's EndTransactionMarker key: int16 version (0), int16 type
+_ABORT, _COMMIT = 0, 1
+
+
+def marker_committed(key: bytes | None) -> bool:
+    """Whether a control record's key is a COMMIT marker (else ABORT). CorruptMessageError for a
+    key that is neither. Stands in for `segment_format.control_batch` (the producer-state branch's
+    marker codec: decode_marker / marker_of), which replaces it once merged."""
+    if key is None or len(key) != _MARKER_KEY.size:
+        raise CorruptMessageError(f"control record key {key!r} is not a transaction marker")
+    version, kind = _MARKER_KEY.unpack(key)
+    if version != 0 or kind not in (_ABORT, _COMMIT):
+        raise CorruptMessageError(f"unknown control record (version {version}, type {kind})")
+    return kind == _COMMIT
+
+
+def read_records(partition_log: UnifiedLog, serde: RecordSerde[K, V]) -> Iterator[StoredRecord[K, V] | Marker]:
+    """Every record of a partition of an internal topic, decoded, and its transaction markers: to
+    its log end offset, not its high watermark (Kafka's CoordinatorLoaderImpl too). A new leader
+    learned the high watermark one fetch after its old leader moved it, and moves it only once its
+    own followers fetch, so records the old leader acknowledged (a group's last generation, its
+    last commits) may sit past it; as the leader's log, they are what every replica ends up with.
+
+    A record of a transactional batch carries the batch's producer id; a control batch is never
+    decoded as coordinator records: it is the `Marker` of its producer's transaction."""
     offset, end = partition_log.log_start_offset, partition_log.log_end_offset
     while offset < end:
         chunk = partition_log.read(offset, READ_CHUNK_BYTES, end)
@@ -348,8 +406,12 @@ def read_records(partition_log: UnifiedLog, serde: RecordSerde[K, V]) -> Iterato
             if header.next_offset <= offset:
                 continue
             body = record.decode_body(data, header, pos)
-            for key, value in zip(body.column("key").to_pylist(), body.column("value").to_pylist()):
-                yield serde.deserialize(key, value)
+            if header.is_control:
+                yield Marker(header.producer_id, marker_committed(body.column("key")[0].as_py()))
+            else:
+                producer_id = header.producer_id if header.is_transactional else NO_PRODUCER_ID
+                for key, value in zip(body.column("key").to_pylist(), body.column("value").to_pylist()):
+                    yield StoredRecord(*serde.deserialize(key, value), producer_id)
             offset = header.next_offset
         if offset == start:
             raise CorruptMessageError(f"{partition_log.topic}-{partition_log.partition}: no whole batch at offset {offset}")

@@ -125,8 +125,11 @@ class TransactionCoordinator:
         self._partitions[partition] = False
         self._loading[partition] = {}
 
-    def replay(self, partition: int, key: str, value: TxnMetadata | None) -> None:
+    def replay(self, partition: int, key: str, value: TxnMetadata | None, producer_id: int) -> None:
         self._loading[partition][key] = value
+
+    def replay_marker(self, partition: int, producer_id: int, committed: bool) -> None:
+        """`__transaction_state` holds no transactional batches, so no marker: nothing to do."""
 
     def finish_load(self, partition: int, now_ms: int) -> Result:
         result = Result()

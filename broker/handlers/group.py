@@ -6,7 +6,9 @@ The runtime (`broker.coordinator.runtime`) loads, replays and unloads the partit
 its timers. What is left here is the groups' own business: FindCoordinator (which creates
 `__consumer_offsets` on first use, compacted, `offsets.topic.num.partitions` partitions, as
 Kafka does), each request handed to the coordinator with its token and the time, offset expiry
-(`offsets.retention.check.interval.ms`) and the offsets of deleted topics.
+(`offsets.retention.check.interval.ms`), the offsets of deleted topics, and transactional
+offsets (TxnOffsetCommit), pending until the transaction's marker lands on the group's partition
+(`on_transaction_marker`).
 """
 from __future__ import annotations
 
@@ -136,10 +138,16 @@ class GroupHandler:
         return self.runtime.call(lambda token, now: self.coordinator.delete_groups(request, token, now))
 
     def txn_offset_commit(self, request: TxnOffsetCommitRequest) -> Message | Awaitable[Message]:
-        raise InvalidRequestError("TxnOffsetCommit: being built")  # replaced by the group coordinator's transactional offsets
+        """A transactional producer's offsets: stored now, pending until its transaction's marker."""
+        return self.runtime.call(
+            lambda token, now: self.coordinator.commit_txn_offsets(request, token, now, self._partition_exists))
 
     def on_transaction_marker(self, topic: str, partition: int, producer_id: int, committed: bool) -> None:
-        """A transaction's marker landed on a partition led here (replaced with the group coordinator's handling)."""
+        """A transaction's marker was stored on a partition led here (TransactionHandler's
+        marker listener): on `__consumer_offsets`, the producer's pending offsets there are
+        committed or dropped."""
+        if topic == OFFSETS_TOPIC:
+            self.coordinator.end_transaction(partition, producer_id, committed)
 
     def _partition_exists(self, topic: str, partition: int) -> bool:
         info = self.registry.topics.get(topic)

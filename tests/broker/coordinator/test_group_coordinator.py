@@ -343,7 +343,7 @@ def test_replay_restores_groups_members_and_offsets() -> None:
     for partition, records in h.log.items():
         fresh.begin_load(partition)
         for key, value in records:
-            fresh.replay(partition, *decode_record(key, value))
+            fresh.replay(partition, *decode_record(key, value), -1)
         fresh.finish_load(partition, h.now)
     group = fresh.groups["g"]
     assert group.state is GroupState.STABLE and group.generation == generation and set(group.members) == {member}

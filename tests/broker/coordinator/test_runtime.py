@@ -20,14 +20,16 @@ import pytest
 from broker.cluster.partition import LeaderAndIsr
 from broker.config import LogConfig
 from broker.coordinator.results import Append, Result
-from broker.coordinator.runtime import CoordinatorRuntime
+from broker.coordinator.runtime import CoordinatorRuntime, marker_committed
 from broker.executors import BoundedExecutor
-from broker.log import LogManager, TopicLogSpec
+from broker.log import LogManager, TopicLogSpec, UnifiedLog
 from broker.log_writer import LogWriter
 from broker.purgatory import DelayedOperationPurgatory
 from broker.replica_manager import ReplicaManager
+from segment_format import batch_body, record
 from common.errors import (
     CoordinatorLoadInProgressError,
+    CorruptMessageError,
     MessageTooLargeError,
     NotCoordinatorError,
     PymqError,
@@ -56,6 +58,7 @@ class Register:
     alarms: list[tuple[int, Any]] = field(default_factory=list)
     parked: dict[int, list[Any]] = field(default_factory=dict)
     replayed: int = 0
+    history: list[tuple[int, str, str | None, int]] = field(default_factory=list)  # replays and markers, in order
     deadline_checks: int = 0  # how often the runtime asked for the next deadline (its timer rounds)
 
     # -- StateMachine ------------------------------------------------------------------------------
@@ -63,13 +66,17 @@ class Register:
     def begin_load(self, partition: int) -> None:
         self.loading[partition] = {}
 
-    def replay(self, partition: int, key: str, value: str | None) -> None:
+    def replay(self, partition: int, key: str, value: str | None, producer_id: int) -> None:
         self.replayed += 1
+        self.history.append((partition, key, value, producer_id))
         state = self.loading[partition]
         if value is None:
             state.pop(key, None)
         else:
             state[key] = value
+
+    def replay_marker(self, partition: int, producer_id: int, committed: bool) -> None:
+        self.history.append((partition, "COMMIT" if committed else "ABORT", None, producer_id))
 
     def finish_load(self, partition: int, now_ms: int) -> None:
         self.loaded[partition] = self.loading.pop(partition)
@@ -97,8 +104,9 @@ class Register:
         except PymqError as err:
             return Answer(error=err)
 
-    def put(self, partition: int, key: str, value: str, token: Any) -> Result:
-        """Stored first; the register changes (and the client hears) only once it is."""
+    def put(self, partition: int, key: str, value: str, token: Any, producer: tuple[int, int] | None = None) -> Result:
+        """Stored first (as `producer`'s transactional batch if given); the register changes
+        (and the client hears) only once it is."""
         try:
             state = self._state(partition)
         except PymqError as err:
@@ -109,7 +117,7 @@ class Register:
                 state[key] = value
             return Result.reply(token, Answer(value if err is None else None, err))
 
-        return Result(appends=[Append(partition, [(key, value)], complete)])
+        return Result(appends=[Append(partition, [(key, value)], complete, producer)])
 
     def park(self, partition: int, token: Any) -> Result:
         """Answered only when the partition is unloaded."""
@@ -161,9 +169,10 @@ class Harness:
     clock: Clock
     spec: TopicLogSpec
 
-    def put(self, partition: int, key: str, value: str) -> Answer | Awaitable[Answer]:
+    def put(self, partition: int, key: str, value: str,
+            producer: tuple[int, int] | None = None) -> Answer | Awaitable[Answer]:
         return self.runtime.call(  # type: ignore[return-value]
-            lambda token, now: self.register.put(partition, key, value, token))
+            lambda token, now: self.register.put(partition, key, value, token, producer))
 
     async def become(self, partition: int, state: LeaderAndIsr) -> None:
         await self.replicas.become(TOPIC, partition, self.spec, state)
@@ -359,5 +368,74 @@ def test_a_partition_led_again_under_a_newer_epoch_is_unloaded_before_it_is_repl
             assert isinstance((await asyncio.wait_for(parked, 10)).error, NotCoordinatorError)
             await h.runtime.loaded()
             assert h.register.loaded[0] == {"k": "v"}
+
+    run(scenario)
+
+
+COMMIT_KEY, ABORT_KEY = b"\x00\x00\x00\x01", b"\x00\x00\x00\x00"  # Kafka's EndTransactionMarker keys
+# The leader's log takes a transactional batch from the broker itself, and writes markers, once
+# the producer-state branch (transactional log layer) is merged.
+LOG_TAKES_TRANSACTIONS = hasattr(UnifiedLog, "append_transaction_marker")
+
+
+def stored_batch(log: UnifiedLog, key: bytes, value: bytes | None, attributes: int = 0, producer_id: int = -1) -> None:
+    """A batch as a leader wrote it, appended at the log end (trusted, as a follower appends)."""
+    body = batch_body.make_body([value], [key], timestamps_ms=1_000)
+    log.append_as_follower(record.encode_batch(body, base_offset=log.log_end_offset, attributes=attributes,
+                                               producer_id=producer_id, producer_epoch=0 if producer_id >= 0 else -1))
+
+
+def test_replay_tells_transactional_records_and_markers_apart(tmp_path: Path) -> None:
+    """A record of a transactional batch replays with its producer id, a plain one with -1, and a
+    control batch is a marker (COMMIT or ABORT of its producer), never a record of the state machine."""
+    async def scenario() -> None:
+        async with harness(tmp_path) as h:
+            assert (await h.put(0, "plain", "1")).value == "1"
+            log = h.replicas.partition(TOPIC, 0).log
+            stored_batch(log, b"txn", b"2", record.TRANSACTIONAL_BIT, producer_id=5)
+            stored_batch(log, COMMIT_KEY, b"\x00\x00\x00\x00\x00\x00", record.CONTROL_BIT | record.TRANSACTIONAL_BIT, 5)
+            stored_batch(log, ABORT_KEY, b"\x00\x00\x00\x00\x00\x00", record.CONTROL_BIT | record.TRANSACTIONAL_BIT, 6)
+            h.register.history.clear()
+            await h.become(0, LeaderAndIsr(0, 1, (0,), (0,)))
+            await h.runtime.loaded()
+            assert h.register.history == [(0, "plain", "1", -1), (0, "txn", "2", 5), (0, "COMMIT", None, 5),
+                                          (0, "ABORT", None, 6)]
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("key, committed", [(COMMIT_KEY, True), (ABORT_KEY, False)], ids=["commit", "abort"])
+def test_a_marker_key_says_commit_or_abort(key: bytes, committed: bool) -> None:
+    """Kafka's EndTransactionMarker key: int16 version 0, int16 type (0 ABORT, 1 COMMIT)."""
+    assert marker_committed(key) is committed
+
+
+@pytest.mark.parametrize("key", [None, b"", b"\x00\x00\x00\x07", b"\x00\x01\x00\x01", COMMIT_KEY + b"\x00"],
+                         ids=["null", "empty", "unknown-type", "unknown-version", "too-long"])
+def test_a_control_record_that_is_no_marker_is_corrupt(key: bytes | None) -> None:
+    """Replay does not guess: the partition stays unloaded rather than coordinated from a wrong state."""
+    with pytest.raises(CorruptMessageError):
+        marker_committed(key)
+
+
+@pytest.mark.skipif(not LOG_TAKES_TRANSACTIONS, reason="the leader's log refuses transactional batches until the "
+                                                        "producer-state branch is merged")
+def test_an_append_with_a_producer_is_that_producer_s_transactional_batch(tmp_path: Path) -> None:
+    """The runtime writes it with the producer id and epoch, the TRANSACTIONAL bit and base
+    sequence -1; a replay gives its records that producer id."""
+    async def scenario() -> None:
+        async with harness(tmp_path) as h:
+            assert (await h.put(0, "offset", "9", producer=(5, 2))).value == "9"
+            chunk = h.replicas.partition(TOPIC, 0).log.read(0, 1 << 20, 1)
+            try:
+                header = record.read_header(chunk.read_bytes(), 0)
+            finally:
+                chunk.close()
+            assert (header.is_transactional, header.is_control) == (True, False)
+            assert (header.producer_id, header.producer_epoch, header.base_sequence) == (5, 2, -1)
+            h.register.history.clear()
+            await h.become(0, LeaderAndIsr(0, 1, (0,), (0,)))
+            await h.runtime.loaded()
+            assert h.register.history == [(0, "offset", "9", 5)]
 
     run(scenario)
