@@ -32,16 +32,17 @@ class LogWriter:
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="pymq-log-writer")
         self._queued: dict[UnifiedLog, int] = {}  # appends submitted and not yet finished, per log
 
-    def append(self, partition_log: UnifiedLog, data: memoryview,
-               leader_epoch: int) -> AppendInfo | asyncio.Future[AppendInfo]:
+    def append(self, partition_log: UnifiedLog, data: memoryview, leader_epoch: int,
+               coordinator: bool = False) -> AppendInfo | asyncio.Future[AppendInfo]:
         """Append now (small, nothing queued for this log) or on the writer thread (a future).
-        Either way UnifiedLog.append_as_leader's errors are its errors: raised, or set on the future."""
+        Either way UnifiedLog.append_as_leader's errors are its errors: raised, or set on the future.
+        `coordinator`: the broker's own coordinator writes it (UnifiedLog.append_as_leader)."""
         if len(data) < self.offload_bytes and partition_log not in self._queued:
-            return partition_log.append_as_leader(data, leader_epoch)
+            return partition_log.append_as_leader(data, leader_epoch, coordinator)
         size = len(data)
         self.queue.acquire(size)
         self._queued[partition_log] = self._queued.get(partition_log, 0) + 1
-        future = asyncio.wrap_future(self._executor.submit(partition_log.append_as_leader, data, leader_epoch))
+        future = asyncio.wrap_future(self._executor.submit(partition_log.append_as_leader, data, leader_epoch, coordinator))
         future.add_done_callback(lambda _: self._finished(partition_log, size))
         return future
 

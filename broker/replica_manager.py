@@ -310,7 +310,7 @@ class ReplicaManager:
     # --- produce ---------------------------------------------------------------------------
 
     def append(self, topic: Any, partition: Any, data: memoryview, acks: int, timeout_ms: int,
-               current_leader_epoch: int = NO_EPOCH) -> AppendInfo | Awaitable[AppendInfo]:
+               current_leader_epoch: int = NO_EPOCH, coordinator: bool = False) -> AppendInfo | Awaitable[AppendInfo]:
         """Append to a partition this broker leads. Returns the AppendInfo when the append is
         acknowledged at once, else an awaitable of it (queued on the log writer, or waiting for
         the flush or replication `acks` needs). Raises PymqError for what fails at once."""
@@ -321,7 +321,7 @@ class ReplicaManager:
         if acks == -1:
             self._check_min_isr(target, NotEnoughReplicasError, "nothing was written")
         epoch = target.leader_epoch
-        appended = self.writer.append(target.log, data, epoch)
+        appended = self.writer.append(target.log, data, epoch, coordinator)
         if isinstance(appended, AppendInfo):
             return self._appended(target, epoch, appended, acks, timeout_ms)
         return self._append_queued(target, epoch, appended, acks, timeout_ms)

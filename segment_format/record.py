@@ -232,6 +232,9 @@ class ProducerInput(NamedTuple):
     now_ms: int
     timestamp_bounds: TimestampBounds | None
     max_decompressed_bytes: int = INT64_MAX
+    # The broker's own coordinator writes it (Kafka's COORDINATOR origin): a transactional batch
+    # of a producer's offsets (TxnOffsetCommit) carries the producer's id and epoch but no sequence.
+    coordinator: bool = False
 
 
 # A body written by pymq (or pyarrow) opens with one of these two schema messages byte for byte.
@@ -315,7 +318,7 @@ def validate_batch(
     body = view[pos + HEADER_SIZE : pos + header.size]
     layout, message = _check_body(body, pos, header)
     if producer is not None:
-        _check_producer_batch(pos, header, layout)
+        _check_producer_batch(pos, header, layout, producer.coordinator)
         _check_timestamps(pos, header, producer.now_ms, producer.timestamp_bounds)
         _check_producer_body(body, pos, header, message, producer.max_decompressed_bytes)
     if not layout.compacted and header.last_offset_delta != header.record_count - 1:
@@ -326,7 +329,7 @@ def validate_batch(
     return header
 
 
-def _check_producer_batch(pos: int, header: BatchHeader, layout: BodyLayout) -> None:
+def _check_producer_batch(pos: int, header: BatchHeader, layout: BodyLayout, coordinator: bool = False) -> None:
     """What a producer may not write though the format allows it (Kafka's LogValidator): offsets
     that do not run contiguously over the records, whether through the header or through the
     offset_delta column only compaction writes (a forged range would consume offsets and later
@@ -341,7 +344,7 @@ def _check_producer_batch(pos: int, header: BatchHeader, layout: BodyLayout) -> 
         raise InvalidRecordError(f"{where}: inconsistent batch offset range: last_offset_delta "
                                  f"{header.last_offset_delta} != record_count {header.record_count} - 1")
     if header.producer_id >= 0:
-        if header.producer_epoch < 0 or header.base_sequence < 0:
+        if header.producer_epoch < 0 or (header.base_sequence < 0 and not (coordinator and header.is_transactional)):
             raise InvalidRecordError(f"{where}: producer id {header.producer_id} needs a producer epoch and a base "
                                      f"sequence >= 0, not {header.producer_epoch} and {header.base_sequence}")
     elif header.producer_id != -1:

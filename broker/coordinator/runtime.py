@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -57,7 +56,7 @@ from common.errors import (
     UnknownTopicOrPartitionError,
 )
 from protocol.messages.base import Message
-from segment_format import batch_body, record
+from segment_format import batch_body, control_batch, record
 from segment_format.batch_body import now_ms
 
 log = logging.getLogger("pymq.coordinator_runtime")
@@ -291,7 +290,7 @@ class CoordinatorRuntime(Generic[K, V]):
     def _start_append(self, append: Append) -> None:
         try:
             pending = self.replicas.append(self.topic, append.partition, memoryview(self._encode(append)),
-                                           acks=-1, timeout_ms=self._append_timeout_ms)
+                                           acks=-1, timeout_ms=self._append_timeout_ms, coordinator=True)
         except Exception as err:
             self.apply(append.complete(append_error(err, self.name), self.clock()))
             return
@@ -369,22 +368,6 @@ class Marker:
     committed: bool
 
 
-_MARKER_KEY = struct.Struct(">hh")  # Kafka's EndTransactionMarker key: int16 version (0), int16 type
-_ABORT, _COMMIT = 0, 1
-
-
-def marker_committed(key: bytes | None) -> bool:
-    """Whether a control record's key is a COMMIT marker (else ABORT). CorruptMessageError for a
-    key that is neither. Stands in for `segment_format.control_batch` (the producer-state branch's
-    marker codec: decode_marker / marker_of), which replaces it once merged."""
-    if key is None or len(key) != _MARKER_KEY.size:
-        raise CorruptMessageError(f"control record key {key!r} is not a transaction marker")
-    version, kind = _MARKER_KEY.unpack(key)
-    if version != 0 or kind not in (_ABORT, _COMMIT):
-        raise CorruptMessageError(f"unknown control record (version {version}, type {kind})")
-    return kind == _COMMIT
-
-
 def read_records(partition_log: UnifiedLog, serde: RecordSerde[K, V]) -> Iterator[StoredRecord[K, V] | Marker]:
     """Every record of a partition of an internal topic, decoded, and its transaction markers: to
     its log end offset, not its high watermark (Kafka's CoordinatorLoaderImpl too). A new leader
@@ -407,7 +390,7 @@ def read_records(partition_log: UnifiedLog, serde: RecordSerde[K, V]) -> Iterato
                 continue
             body = record.decode_body(data, header, pos)
             if header.is_control:
-                yield Marker(header.producer_id, marker_committed(body.column("key")[0].as_py()))
+                yield Marker(header.producer_id, control_batch.marker_of(body, pos).commit)
             else:
                 producer_id = header.producer_id if header.is_transactional else NO_PRODUCER_ID
                 for key, value in zip(body.column("key").to_pylist(), body.column("value").to_pylist()):

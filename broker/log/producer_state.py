@@ -120,6 +120,12 @@ class ProducerEntry:
         self.batches.append(batch)
         self.last_timestamp = max(self.last_timestamp, timestamp)
 
+    def touch(self, epoch: int, timestamp: int) -> None:
+        if epoch != self.epoch:
+            self.batches.clear()
+            self.epoch = epoch
+        self.last_timestamp = max(self.last_timestamp, timestamp)
+
     def copy(self) -> ProducerEntry:
         return ProducerEntry(self.producer_id, self.epoch, deque(self.batches, maxlen=BATCHES_KEPT),
                              self.last_timestamp, self.coordinator_epoch, self.txn_first_offset)
@@ -206,7 +212,8 @@ class ProducerStateManager:
 
     # --- leader appends (Kafka's ProducerAppendInfo with origin CLIENT) --------------------------
 
-    def plan_leader_append(self, headers: Sequence[tuple[int, record.BatchHeader]]) -> LeaderAppendPlan:
+    def plan_leader_append(self, headers: Sequence[tuple[int, record.BatchHeader]],
+                           coordinator: bool = False) -> LeaderAppendPlan:
         """Check every batch of a producer's record set ((position, header) each, as the log
         validated them) against the state, changing nothing.
 
@@ -217,7 +224,11 @@ class ProducerStateManager:
         continue the last sequence (a duplicate after a new batch is out of order too); an
         unknown producer may start anywhere (its state may have expired). Else
         OutOfOrderSequenceError. O(batches); nothing copied (what a batch stages for the next ones
-        of its producer is a small tuple)."""
+        of its producer is a small tuple).
+
+        `coordinator` (the broker's coordinator writes them): a batch without a sequence (-1) is
+        checked for its epoch only and is never a duplicate: it carries a producer's transactional
+        offsets, and two of them in one transaction are two writes."""
         staged: dict[int, _Staged] = {}
         duplicates: list[BatchMetadata] = []
         first_new = len(headers)
@@ -227,6 +238,10 @@ class ProducerStateManager:
                 first_new = min(first_new, i)
                 continue
             first_seq = header.base_sequence
+            if coordinator and first_seq < 0:
+                first_new = min(first_new, i)
+                self._check_coordinator_batch(producer_id, staged, header)
+                continue
             last_seq = last_sequence(first_seq, header.last_offset_delta)
             state = staged.get(producer_id)
             if state is None:
@@ -247,6 +262,19 @@ class ProducerStateManager:
                                           0 if header.is_transactional and state.txn_first_offset == NO_OFFSET
                                           else state.txn_first_offset)  # 0: "ongoing", its offset comes later
         return LeaderAppendPlan(duplicates, first_new)
+
+    def _check_coordinator_batch(self, producer_id: int, staged: dict[int, _Staged], header: record.BatchHeader) -> None:
+        state = staged.get(producer_id)
+        if state is None:
+            committed = self.entries.get(producer_id)
+            state = _Staged(-1, None, NO_OFFSET) if committed is None else _Staged(
+                committed.epoch, committed.last_seq if committed.batches else None, committed.txn_first_offset)
+        if header.producer_epoch < state.epoch:
+            raise InvalidProducerEpochError(
+                f"{self.name}: producer {producer_id} epoch {header.producer_epoch} is older than the current epoch "
+                f"{state.epoch} (a fenced instance)")
+        staged[producer_id] = _Staged(header.producer_epoch, state.last_seq if header.producer_epoch == state.epoch
+                                      else None, 0 if state.txn_first_offset == NO_OFFSET else state.txn_first_offset)
 
     def _check(self, producer_id: int, state: _Staged, header: record.BatchHeader, first_seq: int,
                last_seq: int) -> None:
@@ -282,8 +310,11 @@ class ProducerStateManager:
         entry = self.entries.get(producer_id)
         if entry is None:
             entry = self._new_entry(producer_id)
-        entry.add(epoch, BatchMetadata(first_seq, last_sequence(first_seq, last_offset_delta), first_offset,
-                                       first_offset + last_offset_delta), timestamp)
+        if first_seq >= 0:
+            entry.add(epoch, BatchMetadata(first_seq, last_sequence(first_seq, last_offset_delta), first_offset,
+                                           first_offset + last_offset_delta), timestamp)
+        else:  # a coordinator's batch (no sequence): its epoch counts, it is no batch a retry could repeat
+            entry.touch(epoch, timestamp)
         if transactional and entry.txn_first_offset == NO_OFFSET:
             self._begin_txn(entry, first_offset)
 

@@ -417,7 +417,7 @@ class UnifiedLog:
 
     # --- append ----------------------------------------------------------------------------
 
-    def append_as_leader(self, payload: memoryview | bytearray, leader_epoch: int) -> AppendInfo:
+    def append_as_leader(self, payload: memoryview | bytearray, leader_epoch: int, coordinator: bool = False) -> AppendInfo:
         """Validate every batch of `payload`, assign offsets from the LEO by patching headers in
         place, and write all of it (one write per segment it spans).
 
@@ -433,16 +433,20 @@ class UnifiedLog:
         batches that repeat one of their producer's last five are not written again: they are
         answered with their original offsets (`batch_offsets` lists every batch's then), and a
         record set of duplicates only writes nothing.
+
+        `coordinator`: the broker's own coordinator writes the batches (Kafka's COORDINATOR
+        origin): a transactional batch with a producer id and no sequence (a TxnOffsetCommit's
+        offsets) is checked for its epoch only, and starts the producer's transaction here.
         """
         with memoryview(payload).cast("B") as view:  # released on return: the caller may reuse the buffer
             if view.readonly:
                 raise TypeError("append needs a writable buffer: offsets are patched in place")
-            headers = self._validate(view)  # the CRCs: before any lock
+            headers = self._validate(view, coordinator=coordinator)  # the CRCs: before any lock
             with self._append_lock:  # the LEO moves only under it: offsets assigned here stay unique
                 self._check_usable()
                 now = self._clock()
                 if any(header.producer_id >= 0 for _, header in headers):  # the plain path's only cost
-                    return self._append_idempotent(view, headers, leader_epoch, now)
+                    return self._append_idempotent(view, headers, leader_epoch, now, coordinator)
                 batches = self._assign_offsets(view, headers, leader_epoch, now)
                 self._write_as_leader(view, batches, leader_epoch, now)
                 return AppendInfo(
@@ -454,9 +458,9 @@ class UnifiedLog:
                 )
 
     def _append_idempotent(self, view: memoryview, headers: list[tuple[int, record.BatchHeader]], leader_epoch: int,
-                           now: int) -> AppendInfo:
+                           now: int, coordinator: bool = False) -> AppendInfo:
         """append_as_leader for a record set with producer ids (under the append lock)."""
-        plan = self.producers.plan_leader_append(headers)
+        plan = self.producers.plan_leader_append(headers, coordinator)
         duplicate_offsets = [batch.first_offset for batch in plan.duplicates]
         if plan.first_new == len(headers):  # a retry of what is written already
             return AppendInfo(duplicate_offsets[0], plan.duplicates[-1].last_offset, -1, self.log_start_offset,
@@ -611,7 +615,8 @@ class UnifiedLog:
     def _log_append_time(self) -> bool:
         return self.config.message_timestamp_type == "LogAppendTime"
 
-    def _validate(self, view: memoryview, from_producer: bool = True) -> list[tuple[int, record.BatchHeader]]:
+    def _validate(self, view: memoryview, from_producer: bool = True,
+                  coordinator: bool = False) -> list[tuple[int, record.BatchHeader]]:
         """(position, header) of every batch; raises on the first bad one or a partial tail.
         `from_producer`: also what a producer may not write (InvalidRecordError), its
         timestamps (>= 0, the CreateTime window of KIP-937, the body's equal to the header's)
@@ -621,7 +626,7 @@ class UnifiedLog:
         batches, position, config = [], 0, self.config
         bounds = None if self._log_append_time else record.TimestampBounds(
             config.message_timestamp_before_max_ms, config.message_timestamp_after_max_ms)
-        producer = (record.ProducerInput(self._clock(), bounds, config.message_decompressed_max_bytes)
+        producer = (record.ProducerInput(self._clock(), bounds, config.message_decompressed_max_bytes, coordinator)
                     if from_producer else None)
         while position < len(view):
             header = record.validate_batch(view, position, max_batch_bytes=config.max_message_bytes, producer=producer)

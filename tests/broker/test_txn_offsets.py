@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from broker.log import UnifiedLog
 from client import Admin
 from common.errors import NONE, UnstableOffsetCommitError
 from protocol import RequestMessage
@@ -38,10 +37,6 @@ TXN_ID = "copier"
 SETTINGS = {"offsets.topic.num.partitions": 3, "transaction.state.log.num.partitions": 3,
             "group.initial.rebalance.delay.ms": 0}
 TIMEOUT_S = 60  # a loaded machine: loads, markers and restarts take their time
-# Markers need the log's append_transaction_marker, and the log must take the coordinator's own
-# transactional batch (base_sequence -1): both come with the producer-state branch.
-pytestmark = pytest.mark.skipif(not hasattr(UnifiedLog, "append_transaction_marker"),
-                                reason="the transactional log layer (producer-state branch) is not merged yet")
 
 
 def send(client: Any, request: RequestMessage[Any]) -> Any:

@@ -20,7 +20,7 @@ import pytest
 from broker.cluster.partition import LeaderAndIsr
 from broker.config import LogConfig
 from broker.coordinator.results import Append, Result
-from broker.coordinator.runtime import CoordinatorRuntime, marker_committed
+from broker.coordinator.runtime import CoordinatorRuntime
 from broker.executors import BoundedExecutor
 from broker.log import LogManager, TopicLogSpec, UnifiedLog
 from broker.log_writer import LogWriter
@@ -29,7 +29,6 @@ from broker.replica_manager import ReplicaManager
 from segment_format import batch_body, record
 from common.errors import (
     CoordinatorLoadInProgressError,
-    CorruptMessageError,
     MessageTooLargeError,
     NotCoordinatorError,
     PymqError,
@@ -375,7 +374,6 @@ def test_a_partition_led_again_under_a_newer_epoch_is_unloaded_before_it_is_repl
 COMMIT_KEY, ABORT_KEY = b"\x00\x00\x00\x01", b"\x00\x00\x00\x00"  # Kafka's EndTransactionMarker keys
 # The leader's log takes a transactional batch from the broker itself, and writes markers, once
 # the producer-state branch (transactional log layer) is merged.
-LOG_TAKES_TRANSACTIONS = hasattr(UnifiedLog, "append_transaction_marker")
 
 
 def stored_batch(log: UnifiedLog, key: bytes, value: bytes | None, attributes: int = 0, producer_id: int = -1) -> None:
@@ -404,22 +402,6 @@ def test_replay_tells_transactional_records_and_markers_apart(tmp_path: Path) ->
     run(scenario)
 
 
-@pytest.mark.parametrize("key, committed", [(COMMIT_KEY, True), (ABORT_KEY, False)], ids=["commit", "abort"])
-def test_a_marker_key_says_commit_or_abort(key: bytes, committed: bool) -> None:
-    """Kafka's EndTransactionMarker key: int16 version 0, int16 type (0 ABORT, 1 COMMIT)."""
-    assert marker_committed(key) is committed
-
-
-@pytest.mark.parametrize("key", [None, b"", b"\x00\x00\x00\x07", b"\x00\x01\x00\x01", COMMIT_KEY + b"\x00"],
-                         ids=["null", "empty", "unknown-type", "unknown-version", "too-long"])
-def test_a_control_record_that_is_no_marker_is_corrupt(key: bytes | None) -> None:
-    """Replay does not guess: the partition stays unloaded rather than coordinated from a wrong state."""
-    with pytest.raises(CorruptMessageError):
-        marker_committed(key)
-
-
-@pytest.mark.skipif(not LOG_TAKES_TRANSACTIONS, reason="the leader's log refuses transactional batches until the "
-                                                        "producer-state branch is merged")
 def test_an_append_with_a_producer_is_that_producer_s_transactional_batch(tmp_path: Path) -> None:
     """The runtime writes it with the producer id and epoch, the TRANSACTIONAL bit and base
     sequence -1; a replay gives its records that producer id."""
