@@ -28,8 +28,6 @@ ALIASES = {
 # Kafka settings of features that come with exactly-once delivery: the value that means "off"
 # (what pymq does today) is accepted, any other is refused as not yet supported.
 NOT_YET_SUPPORTED = {
-    "isolation.level": ("read_uncommitted", "transactions come with exactly-once delivery; until then every "
-                                            "acknowledged record is visible, as with read_uncommitted"),
     "security.protocol": ("PLAINTEXT", "brokers speak plaintext TCP today; TLS and SASL come with security"),
 }
 # Families of Kafka settings refused whole, and why.

@@ -94,9 +94,13 @@ from client.steps import OnLoop, OnThread, Poller, Steps, run_blocking, run_step
 from client.subscription_state import RESET_ALIASES, RESET_STRATEGIES, SubscriptionState
 from common.errors import ConsumerStoppedError, OffsetOutOfRangeError, PymqError
 from common.topic_partition import TopicPartition
+from protocol import READ_COMMITTED, READ_UNCOMMITTED
 from segment_format import batch_body
 
 log = logging.getLogger("pymq.consumer")
+
+# isolation.level as Kafka spells it -> its wire value.
+ISOLATION_LEVELS = {"read_uncommitted": READ_UNCOMMITTED, "read_committed": READ_COMMITTED}
 
 class AsyncConsumer:
     """The consumer core; use on one event loop (`Consumer` wraps it for threads).
@@ -108,8 +112,10 @@ class AsyncConsumer:
     (assignor names in preference order, or Kafka's class names), `enable_auto_commit` (default:
     True with a group), `auto_commit_interval_ms`, `metadata_max_age_ms` (how often a pattern
     subscription looks for new topics), `client_id`, `allow_auto_create_topics` (a lookup of a named
-    topic asks the broker to create it; off unlike Kafka's consumer: a reader's typo creates nothing).
-    Every setting: docs/client-settings.md."""
+    topic asks the broker to create it; off unlike Kafka's consumer: a reader's typo creates nothing),
+    `isolation_level` (read_uncommitted, Kafka's default, or read_committed: records of open
+    transactions are not returned yet, those of aborted ones never). Every setting:
+    docs/client-settings.md."""
 
     def __init__(self, bootstrap_servers: str | list[str], *, auto_offset_reset: str = "latest",
                  fetch_max_wait_ms: int = 500, fetch_min_bytes: int = 1, fetch_max_bytes: int = 50 << 20,
@@ -121,8 +127,10 @@ class AsyncConsumer:
                  partition_assignment_strategy: str | Sequence[str] = DEFAULT_ASSIGNORS,
                  enable_auto_commit: bool | str | None = None, auto_commit_interval_ms: int = 5_000,
                  metadata_max_age_ms: int = 300_000, max_poll_records: int | None = None,
-                 allow_auto_create_topics: bool = False) -> None:
+                 allow_auto_create_topics: bool = False, isolation_level: str = "read_uncommitted") -> None:
         auto_offset_reset = RESET_ALIASES.get(auto_offset_reset, auto_offset_reset)
+        if isolation_level not in ISOLATION_LEVELS:
+            raise ValueError(f"isolation_level must be 'read_uncommitted' or 'read_committed', got {isolation_level!r}")
         if auto_offset_reset not in RESET_STRATEGIES:
             raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none' (or Kafka's older "
                              f"'smallest', 'largest'), got {auto_offset_reset!r}")
@@ -152,7 +160,7 @@ class AsyncConsumer:
                                 fetch_min_bytes=fetch_min_bytes, fetch_max_bytes=fetch_max_bytes,
                                 max_partition_fetch_bytes=max_partition_fetch_bytes, max_buffer_bytes=max_buffer_bytes,
                                 check_crcs=check_crcs, request_timeout_s=request_timeout_ms / 1000,
-                                retry_backoff_s=retry_backoff_ms / 1000)
+                                retry_backoff_s=retry_backoff_ms / 1000, isolation_level=ISOLATION_LEVELS[isolation_level])
         self._retry_backoff_s = retry_backoff_ms / 1000
         self._closed = False
         self._poller: Poller = OnLoop()
@@ -166,7 +174,8 @@ class AsyncConsumer:
                 enable_auto_commit=auto_commit, auto_commit_interval_ms=auto_commit_interval_ms,
                 init_positions=self._init_positions)
         self._offsets = OffsetFetcher(self.cluster, self._subs,
-                                      self._coordinator.fetch_committed if self._coordinator is not None else None)
+                                      self._coordinator.fetch_committed if self._coordinator is not None else None,
+                                      ISOLATION_LEVELS[isolation_level])
 
     async def start(self) -> "AsyncConsumer":
         self._fetcher.start(asyncio.get_running_loop())

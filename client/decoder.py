@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from common.errors import CorruptMessageError, CorruptRecordError
 from common.topic_partition import TopicPartition
-from segment_format import batch_body, record
+from segment_format import batch_body, control_batch, record
 
 RECORD_SCHEMA = pa.schema([
     pa.field("topic", pa.string(), nullable=False),
@@ -150,6 +150,34 @@ def corrupt_batch_offsets(data: memoryview, at: int, position: int, high_waterma
     return first, last if first <= last < high_watermark else first
 
 
+class AbortedFilter:
+    """read_committed's filter over one fetch's batches (Kafka's consumer, CompletedFetch): the
+    fetch answered the (producer id, first offset) of every aborted transaction its records may
+    hold. A producer's transactional batches are dropped from its aborted transaction's first
+    offset up to that transaction's ABORT marker. Per batch, in offset order; a control batch is
+    decoded only when its producer may have an aborted transaction open."""
+
+    __slots__ = ("_pending", "_active")
+
+    def __init__(self, aborted: Iterable[tuple[int, int]]) -> None:
+        self._pending = sorted(((first, producer_id) for producer_id, first in aborted), reverse=True)
+        self._active: set[int] = set()
+
+    def drops(self, data: memoryview, pos: int, header: record.BatchHeader) -> bool:
+        """Whether the batch at `pos` is aborted data (a control batch is never data: the caller
+        drops it anyway; its ABORT ends its producer's aborted transaction here)."""
+        pending, producer_id = self._pending, header.producer_id
+        while pending and pending[-1][0] <= header.last_offset:
+            self._active.add(pending.pop()[1])
+        if producer_id not in self._active:
+            return False
+        if header.is_control:
+            if not control_batch.decode_marker(data, pos).commit:
+                self._active.discard(producer_id)
+            return True
+        return header.is_transactional
+
+
 class DecodedFetch(NamedTuple):
     batches: list[tuple[FetchedBatch, int]]  # each with its wire size (what the fetch cost)
     position: int  # the offset after the last complete batch decoded
@@ -157,12 +185,16 @@ class DecodedFetch(NamedTuple):
 
 
 def decode_fetched(tp: TopicPartition, data: memoryview | bytes, position: int, high_watermark: int,
-                   verify: bool) -> DecodedFetch:
+                   verify: bool, aborted: AbortedFilter | None = None) -> DecodedFetch:
     """The complete batches of one partition's fetched bytes from `position` on (a fetch from
     mid-batch returns the whole batch; records before `position` are dropped). Decoding stops at
     a batch that fails its checks: what came before it is kept and `corrupt` names topic,
     partition and that batch's offsets (`corrupt_batch_offsets`), never a later batch's. The
-    consumer and the range reader both read fetches through this."""
+    consumer and the range reader both read fetches through this.
+
+    Control batches (transaction markers) are never records: they are skipped, and so, with
+    `aborted` (read_committed), are the batches of aborted transactions. `position` moves past
+    what is skipped: the offsets they held are gaps every reader steps over."""
     data = memoryview(data)
     batches: list[tuple[FetchedBatch, int]] = []
     bad_at = 0  # where the batch being checked starts: the corrupt one, whichever check fails
@@ -173,6 +205,12 @@ def decode_fetched(tp: TopicPartition, data: memoryview | bytes, position: int, 
             bad_at, checked = pos, header if verify else None
             if header.next_offset <= position:
                 continue
+            if header.attributes & _SKIPPED_BITS:
+                dropped = aborted is not None and aborted.drops(data, pos, header)  # sees every marker
+                if dropped or header.is_control:
+                    position = header.next_offset
+                    bad_at, checked = pos + header.size, None
+                    continue
             batches.append((FetchedBatch.of(header, record.decode_body(data, header, pos), position), header.size))
             position = header.next_offset
             bad_at, checked = pos + header.size, None
@@ -182,6 +220,9 @@ def decode_fetched(tp: TopicPartition, data: memoryview | bytes, position: int, 
         corrupt = CorruptRecordError(f"{tp[0]}-{tp[1]} {span}: {err}", tp[0], tp[1], first, last)
         return DecodedFetch(batches, position, corrupt)
     return DecodedFetch(batches, position, None)
+
+
+_SKIPPED_BITS = record.CONTROL_BIT | record.TRANSACTIONAL_BIT  # only such batches may be skipped
 
 
 # tuple.__new__ straight from C: NamedTuple._make would add a Python call per record.

@@ -44,7 +44,7 @@ from client.client_metrics import ConsumerMetrics
 from client.config import RETRY_BACKOFF_MAX_S
 from client.cluster import Cluster
 from client.connection import BrokerConnection, Reply, decode_reply
-from client.decoder import FetchedBatch, decode_fetched
+from client.decoder import AbortedFilter, FetchedBatch, decode_fetched
 from client.fetch_buffer import Entry, FetchBuffer
 from client.offset_fetcher import reset_offsets
 from client.retry import Retry, retriable
@@ -58,7 +58,7 @@ from common.errors import (
     PymqError,
 )
 from common.topic_partition import TopicPartition
-from protocol import FetchPartition, FetchRequest, FetchResponse, TopicRequest
+from protocol import READ_UNCOMMITTED, AbortedTransaction, FetchPartition, FetchRequest, FetchResponse, TopicRequest
 from segment_format import record
 
 log = logging.getLogger("pymq.consumer")
@@ -72,8 +72,10 @@ class Fetcher:
 
     def __init__(self, cluster: Cluster, subscriptions: SubscriptionState, *, fetch_max_wait_ms: int,
                  fetch_min_bytes: int, fetch_max_bytes: int, max_partition_fetch_bytes: int, max_buffer_bytes: int,
-                 check_crcs: bool, request_timeout_s: float, retry_backoff_s: float) -> None:
+                 check_crcs: bool, request_timeout_s: float, retry_backoff_s: float,
+                 isolation_level: int = READ_UNCOMMITTED) -> None:
         self.cluster = cluster
+        self.isolation_level = isolation_level  # read_committed: up to the LSO, aborted transactions dropped
         self._subs = subscriptions
         self.fetch_max_wait_ms = fetch_max_wait_ms
         self.fetch_min_bytes = fetch_min_bytes
@@ -416,7 +418,7 @@ class Fetcher:
             return
         epoch = self._epoch
         try:
-            found = await reset_offsets(self.cluster, tps, strategy)
+            found = await reset_offsets(self.cluster, tps, strategy, self.isolation_level)
         except PymqError as err:
             log.info("resetting the positions of re-created topic %s failed: %s; retrying", topic, err)
             return
@@ -441,7 +443,8 @@ class Fetcher:
             if topic not in self.topic_ids and self.cluster.topic_ids.get(topic):
                 self.topic_ids[topic] = self.cluster.topic_ids[topic]
         request = FetchRequest(tuple(TopicRequest(t, tuple(ps), self.topic_ids.get(t)) for t, ps in by_topic.items()),
-                               self.fetch_max_wait_ms, self.fetch_min_bytes, self.fetch_max_bytes)
+                               self.fetch_max_wait_ms, self.fetch_min_bytes, self.fetch_max_bytes,
+                               isolation_level=self.isolation_level)
         reply = conn.request(request, self.request_timeout_s + self.fetch_max_wait_ms / 1000)
         return _Fetch(request, conn, reply, positions, self._epoch, self._plan, time.monotonic())
 
@@ -476,7 +479,7 @@ class Fetcher:
                         continue
                     self.high_watermarks[tp] = p.high_watermark
                     if self._subs.fetch_position(tp) == fetch.requested.get(tp) and self._subs.is_fetchable(tp):
-                        self._absorb(tp, p.records)  # type: ignore[arg-type]
+                        self._absorb(tp, p.records, p.aborted_transactions)  # type: ignore[arg-type]
             if reset:
                 await self._reset_fetch_positions({tp: fetch.requested[tp] for tp in reset}, fetch.epoch)
         except BaseException:
@@ -523,7 +526,7 @@ class Fetcher:
         position follows unless records before the jump are still buffered for poll. Nothing
         moves if the position changed meanwhile (a seek, or another answer already applied)."""
         log.warning("offsets out of range for %s; resetting to %s", list(out_of_range), self._subs.auto_offset_reset)
-        found = await reset_offsets(self.cluster, out_of_range, self._subs.auto_offset_reset)
+        found = await reset_offsets(self.cluster, out_of_range, self._subs.auto_offset_reset, self.isolation_level)
         if epoch != self._epoch:
             return
         with self._subs.lock:
@@ -541,18 +544,25 @@ class Fetcher:
             self._subs.stop_fetching(tp)
             self._signal()
 
-    def _absorb(self, tp: TopicPartition, data: memoryview) -> None:
+    def _absorb(self, tp: TopicPartition, data: memoryview, aborted: tuple[AbortedTransaction, ...] | None) -> None:
         """Decode the complete batches of one partition's fetched bytes into the buffer. At a
         corrupt batch, what came before it stays buffered, a marker for it follows, and the
         partition fetches nothing more until the marker was raised (or the caller seeks).
         Decoding happens outside `_lock`; the buffer is extended under it in one step."""
-        decoded = decode_fetched(tp, data, self._subs.fetch_position(tp), self.high_watermarks.get(tp, -1), self.check_crcs)
+        start = self._subs.fetch_position(tp)
+        skip = None if self.isolation_level == READ_UNCOMMITTED else AbortedFilter(
+            (a.producer_id, a.first_offset) for a in aborted or ())
+        decoded = decode_fetched(tp, data, start, self.high_watermarks.get(tp, -1), self.check_crcs, skip)
         fresh: list[Entry] = list(decoded.batches)
         corrupt, position = decoded.corrupt, decoded.position
         if corrupt is not None:
             log.warning("corrupt batch: %s", corrupt)
             fresh.append((corrupt, 0))
         if not fresh:
+            if position > start:  # only markers or aborted batches: step over their offsets
+                with self._subs.lock:
+                    if self._subs.fetch_position(tp) == start:
+                        self._subs.reset_fetch_position(tp, position, with_position=tp not in self._buffer.partitions())
             return
         with self._subs.lock:
             self._buffer.extend(tp, fresh)

@@ -80,7 +80,7 @@ class ProducerSequences:
             self.paused.append(batch)
             return False
         sequence = self._next.get(tp, 0)
-        batch.set_producer((self.producer_id, self.epoch, sequence))
+        batch.set_producer((self.producer_id, self.epoch, sequence), self.transactional)
         following = sequence + batch.record_count
         self._next[tp] = following if following <= INT32_MAX else following - INT32_MAX - 1  # wraps as Kafka's
         return True

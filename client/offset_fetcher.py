@@ -22,7 +22,7 @@ from client.cluster import Cluster
 from client.subscription_state import SubscriptionState, reset_timestamp
 from common.errors import PymqError
 from common.topic_partition import TopicPartition
-from protocol import ListOffsetsPartition, ListOffsetsRequest, TopicRequest
+from protocol import READ_UNCOMMITTED, ListOffsetsPartition, ListOffsetsRequest, TopicRequest
 
 log = logging.getLogger("pymq.consumer")
 
@@ -30,15 +30,18 @@ log = logging.getLogger("pymq.consumer")
 CommittedLookup = Callable[[list[TopicPartition]], Awaitable[dict[TopicPartition, int | None]]]
 
 
-async def list_offsets(cluster: Cluster, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
-    """ListOffsets for many partitions, one request per leader; raises the first partition error."""
-    found, failed = await list_offsets_per_leader(cluster, timestamps)
+async def list_offsets(cluster: Cluster, timestamps: dict[TopicPartition, int],
+                       isolation_level: int = READ_UNCOMMITTED) -> dict[TopicPartition, tuple[int, int]]:
+    """ListOffsets for many partitions, one request per leader; raises the first partition error.
+    With read_committed, the latest offset is the last stable offset."""
+    found, failed = await list_offsets_per_leader(cluster, timestamps, isolation_level)
     if failed:
         raise next(iter(failed.values()))
     return found
 
 
-async def list_offsets_per_leader(cluster: Cluster, timestamps: dict[TopicPartition, int]
+async def list_offsets_per_leader(cluster: Cluster, timestamps: dict[TopicPartition, int],
+                                  isolation_level: int = READ_UNCOMMITTED
                                   ) -> tuple[dict[TopicPartition, tuple[int, int]], dict[TopicPartition, PymqError]]:
     """ListOffsets, one request per leader, each answered or failed on its own (Kafka's
     OffsetFetcher sends per node too): (offset, timestamp) of the partitions answered, and the
@@ -55,7 +58,8 @@ async def list_offsets_per_leader(cluster: Cluster, timestamps: dict[TopicPartit
     found: dict[TopicPartition, tuple[int, int]] = {}
     for node, topics in by_node.items():
         try:
-            reply = await cluster.send(node, ListOffsetsRequest(tuple(TopicRequest(t, tuple(ps)) for t, ps in topics.items())))
+            reply = await cluster.send(node, ListOffsetsRequest(tuple(TopicRequest(t, tuple(ps)) for t, ps in topics.items()),
+                                                                isolation_level=isolation_level))
         except PymqError as err:
             failed.update({(t, p.partition): err for t, ps in topics.items() for p in ps})
             continue
@@ -69,23 +73,27 @@ async def list_offsets_per_leader(cluster: Cluster, timestamps: dict[TopicPartit
     return found, failed
 
 
-async def reset_offsets(cluster: Cluster, tps: Iterable[TopicPartition], strategy: str) -> dict[TopicPartition, int]:
+async def reset_offsets(cluster: Cluster, tps: Iterable[TopicPartition], strategy: str,
+                        isolation_level: int = READ_UNCOMMITTED) -> dict[TopicPartition, int]:
     """The offset each partition's reset `strategy` ("earliest", "latest") points at now."""
     target = reset_timestamp(strategy)
-    return {tp: offset for tp, (offset, _) in (await list_offsets(cluster, {tp: target for tp in tps})).items()}
+    found = await list_offsets(cluster, {tp: target for tp in tps}, isolation_level)
+    return {tp: offset for tp, (offset, _) in found.items()}
 
 
 class OffsetFetcher:
     """Positions for a consumer's partitions (see the module docstring). `committed` looks up
     the group's committed offsets (None: the consumer has no group)."""
 
-    def __init__(self, cluster: Cluster, subscriptions: SubscriptionState, committed: CommittedLookup | None) -> None:
+    def __init__(self, cluster: Cluster, subscriptions: SubscriptionState, committed: CommittedLookup | None,
+                 isolation_level: int = READ_UNCOMMITTED) -> None:
         self.cluster = cluster
+        self.isolation_level = isolation_level
         self._subs = subscriptions
         self._committed = committed
 
     async def list_offsets(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
-        return await list_offsets(self.cluster, timestamps)
+        return await list_offsets(self.cluster, timestamps, self.isolation_level)
 
     async def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int] | None]:
         """For each partition, (offset, timestamp) of the first record at or after the time, or None."""

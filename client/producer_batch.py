@@ -178,7 +178,8 @@ class ProducerBatch:
     """Records for one partition: open (lists growing) until sealed, then encoded once and sent."""
 
     __slots__ = ("topic", "partition", "keys", "values", "timestamps", "headers", "body", "size",
-                 "created", "result", "encoded", "attempts", "record_count", "drain_index", "producer")
+                 "created", "result", "encoded", "attempts", "record_count", "drain_index", "producer",
+                 "attributes")
 
     def __init__(self, topic: str, partition: int, body: pa.RecordBatch | None = None) -> None:
         self.topic, self.partition = topic, partition
@@ -197,13 +198,15 @@ class ProducerBatch:
         # (producer id, epoch, base sequence) of an idempotent producer's batch once it is first
         # admitted to go out (client/idempotence.py), else None.
         self.producer: tuple[int, int, int] | None = None
+        self.attributes = 0  # the header's: TRANSACTIONAL_BIT for a transactional producer's batch
 
-    def set_producer(self, producer: tuple[int, int, int] | None) -> None:
+    def set_producer(self, producer: tuple[int, int, int] | None, transactional: bool = False) -> None:
         """Give the batch its producer fields (or take them away). An encoded batch is framed
         again with them; a batch encoded without any (None) is sent as such."""
         self.producer = producer
+        self.attributes = record.TRANSACTIONAL_BIT if transactional and producer is not None else 0
         if self.encoded is not None:
-            self.encoded = record.with_producer(self.encoded, *(producer or (-1, -1, -1)))
+            self.encoded = record.with_producer(self.encoded, *(producer or (-1, -1, -1)), self.attributes)
 
     def encode(self, compression: str) -> record.EncodedBatch:
         if self.encoded is None:
@@ -217,7 +220,8 @@ class ProducerBatch:
         if self.producer is None:
             return {}
         producer_id, producer_epoch, base_sequence = self.producer
-        return {"producer_id": producer_id, "producer_epoch": producer_epoch, "base_sequence": base_sequence}
+        return {"producer_id": producer_id, "producer_epoch": producer_epoch, "base_sequence": base_sequence,
+                "attributes": self.attributes}
 
     def _encode_records(self, compression: str) -> record.EncodedBatch:
         """The accumulated lists as one batch. Most batches under a latency target hold a handful

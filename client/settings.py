@@ -81,6 +81,9 @@ CONSUMER = {
     "metadata_max_age_ms": ("metadata is refreshed at least this often (a pattern subscription finds new "
                             "topics)", None),
     "max_poll_records": ("most records one poll() returns (None: all that are fetched), taken from the buffered partitions in turn", "500"),
+    "isolation_level": ("read_uncommitted: every record up to the high watermark; read_committed: up to the last "
+                        "stable offset, without the records of aborted transactions (transaction markers are never "
+                        "returned)", None),
     "allow_auto_create_topics": ("a lookup of a named topic asks the broker to create it if unknown (the broker's "
                                  "auto.create.topics.enable decides); off: a reader's typo creates nothing", "true"),
 }

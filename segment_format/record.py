@@ -202,13 +202,18 @@ def frame_parts(
 
 
 _PRODUCER = struct.Struct("<qhi")  # producer_id, producer_epoch, base_sequence at byte 43
+_ATTRIBUTES = struct.Struct("<h")  # at byte 21
 
 
-def with_producer(batch: EncodedBatch, producer_id: int, producer_epoch: int, base_sequence: int) -> EncodedBatch:
+def with_producer(batch: EncodedBatch, producer_id: int, producer_epoch: int, base_sequence: int,
+                  attributes: int | None = None) -> EncodedBatch:
     """`batch` with other producer fields (an idempotent producer's batch given a new sequence
-    after it was encoded): a new header, its CRC computed again over the header and the body."""
+    after it was encoded), and `attributes` when given: a new header, its CRC computed again
+    over the header and the body."""
     header = bytearray(batch.header)
     _PRODUCER.pack_into(header, 43, producer_id, producer_epoch, base_sequence)
+    if attributes is not None:
+        _ATTRIBUTES.pack_into(header, 21, attributes)
     crc = _crc32c.crc32c(batch.body, _crc32c.crc32c(memoryview(header)[CRC_START:]))
     _CRC.pack_into(header, 17, crc)
     return EncodedBatch(header, batch.body)

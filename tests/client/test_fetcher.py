@@ -47,9 +47,9 @@ def test_a_tailing_consumer_sends_its_next_fetch_before_decoding_a_reply(shared_
     out_while_decoding: list[int] = []
     absorb = fetcher._absorb
 
-    def watched(tp, data):
+    def watched(tp, data, aborted):
         out_while_decoding.append(len(fetcher.cluster.open_connection(fetcher._leader(tp))._pending))
-        absorb(tp, data)
+        absorb(tp, data, aborted)
 
     fetcher._absorb = watched
     consumer.assign([(topic, 0)])
@@ -223,10 +223,10 @@ def test_a_defect_in_the_fetch_loop_is_raised_by_poll_not_left_as_a_silent_stall
 
     absorb, failures = Fetcher._absorb, [RuntimeError("a defect in the fetcher")]
 
-    def failing_once(self: Fetcher, tp: Any, data: Any) -> None:
+    def failing_once(self: Fetcher, tp: Any, data: Any, aborted: Any) -> None:
         if failures:
             raise failures.pop()
-        absorb(self, tp, data)
+        absorb(self, tp, data, aborted)
 
     monkeypatch.setattr(Fetcher, "_absorb", failing_once)
 

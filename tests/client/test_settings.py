@@ -34,14 +34,17 @@ def test_kafka_settings_without_a_pymq_counterpart_say_why(settings, message):
         client_settings(AsyncProducer.__init__, "127.0.0.1:9", settings, {})
 
 
-def test_the_values_that_mean_what_pymq_does_are_accepted():
-    _, kwargs = client_settings(AsyncConsumer.__init__, {"bootstrap.servers": "h:1", "isolation.level": "read_uncommitted",
+def test_kafka_settings_of_exactly_once_are_pymq_settings():
+    """isolation.level, enable.idempotence, transactional.id: Kafka's names map to the keywords;
+    a value pymq does not know is refused by the client that takes it."""
+    _, kwargs = client_settings(AsyncConsumer.__init__, {"bootstrap.servers": "h:1", "isolation.level": "read_committed",
                                                          "max.poll.records": 7, "client.id": "c"}, None, {})
-    assert kwargs == {"max_poll_records": 7, "client_id": "c"}
-    _, kwargs = client_settings(AsyncProducer.__init__, "h:1", {"enable.idempotence": "false"}, {})
-    assert kwargs == {"enable_idempotence": "false"}
-    with pytest.raises(ValueError, match="isolation.level='read_committed' is not yet supported"):
-        client_settings(AsyncConsumer.__init__, "h:1", {"isolation.level": "read_committed"}, {})
+    assert kwargs == {"isolation_level": "read_committed", "max_poll_records": 7, "client_id": "c"}
+    _, kwargs = client_settings(AsyncProducer.__init__, "h:1", {"enable.idempotence": "false",
+                                                                "transactional.id": "t-1"}, {})
+    assert kwargs == {"enable_idempotence": "false", "transactional_id": "t-1"}
+    with pytest.raises(ValueError, match="isolation_level must be 'read_uncommitted' or 'read_committed'"):
+        AsyncConsumer("h:1", isolation_level="serializable")
 
 
 def test_pasted_kafka_configs_work_against_a_broker(shared_broker, new_topic, caplog):

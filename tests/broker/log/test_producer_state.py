@@ -188,3 +188,18 @@ def test_the_state_is_bounded_and_the_least_recently_active_go_first():
     assert len(manager) == 91 and manager.evicted == 10
     assert 0 in manager.entries and 1000 in manager.entries
     assert not any(pid in manager.entries for pid in range(1, 11)) and 11 in manager.entries
+
+
+def test_a_coordinator_batch_without_a_sequence_is_checked_for_its_epoch_only_and_never_a_duplicate():
+    """The group coordinator writes a producer's transactional offsets with its id and epoch and
+    no sequence (Kafka's COORDINATOR origin): a second one of the same epoch is a second write,
+    not a retry of the first; an older epoch is fenced; a client's batch without one is refused
+    by the log's producer checks before it gets here."""
+    manager = ProducerStateManager(Path("."), "__consumer_offsets-0")
+    assert manager.plan_leader_append([header(7, 2, -1)], coordinator=True).first_new == 0
+    manager.apply(7, 2, -1, 0, 10, 1_000, transactional=True)
+    plan = manager.plan_leader_append([header(7, 2, -1)], coordinator=True)
+    assert plan.duplicates == [] and plan.first_new == 0
+    with pytest.raises(InvalidProducerEpochError):
+        manager.plan_leader_append([header(7, 1, -1)], coordinator=True)
+    assert manager.entry(7).batches == type(manager.entry(7).batches)()  # nothing a retry could match
