@@ -395,13 +395,14 @@ class ProducerStateManager:
         write_snapshot(path, encode_snapshot(self.entries.values()), sync)
         return path
 
-    def load(self, end_offset: int, delete: bool = True) -> int:
+    def load(self, end_offset: int, delete: bool = True, listed: list[int] | None = None) -> int:
         """Replace the state with the newest intact snapshot at or below `end_offset`; with
         `delete`, delete the snapshots above it and the corrupt ones met on the way. Returns the
         snapshot's offset (where a replay must start), or -1 if none was usable (empty state:
-        replay the whole log)."""
+        replay the whole log). `listed`: the snapshot offsets a listing just found (the log
+        loader's, on open: one listing per partition, not two)."""
         self.entries = {}
-        offsets = self.snapshot_offsets()
+        offsets = self.snapshot_offsets() if listed is None else sorted(listed)
         for offset in offsets:
             if offset > end_offset and delete:
                 _unlink(self.snapshot_path(offset))
