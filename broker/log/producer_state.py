@@ -93,7 +93,7 @@ class ProducerEntry:
     batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=BATCHES_KEPT))
     last_timestamp: int = -1
     coordinator_epoch: int = -1
-    txn_first_offset: int = NO_OFFSET  # first offset of the ongoing transaction (phase 2), -1: none
+    txn_first_offset: int = NO_OFFSET  # first offset of its ongoing transaction here, -1: none
 
     @property
     def last_seq(self) -> int:
@@ -181,10 +181,6 @@ class ProducerStateManager:
         """The first offset of the oldest ongoing transaction (None: none): the last stable
         offset's bound (Kafka's firstUnstableOffset)."""
         return self._first_unstable
-
-    def ongoing_transactions(self) -> dict[int, int]:
-        """producer id -> first offset of its ongoing transaction (a copy)."""
-        return dict(self._ongoing)
 
     def _begin_txn(self, entry: ProducerEntry, first_offset: int) -> None:
         entry.txn_first_offset = first_offset
