@@ -35,6 +35,7 @@ from pathlib import Path
 from broker.config import LogConfig
 from broker.log.checkpoint import TMP_SUFFIX
 from broker.log.file_cache import FileCache
+from broker.log.producer_state import snapshot_offset
 from broker.log.log_segments import LogSegments
 from broker.log.segment import Segment
 from common.errors import CorruptMessageError, KafkaStorageError
@@ -68,6 +69,7 @@ class LoadedLog:
     truncated_bytes: int = 0
     recovered: list[Segment] = field(default_factory=list)  # re-framed or validated: to be flushed
     damaged: list[Segment] = field(default_factory=list)
+    snapshot_offsets: list[int] = field(default_factory=list)  # the producer snapshots listed (unsorted)
 
 
 class LogLoader:
@@ -79,6 +81,7 @@ class LogLoader:
         self.recovery_point = recovery_point
         self.on_batch = on_batch
         self._txn_index_bases: set[int] = set()  # segments with a `.txnindex` (from the one listing)
+        self._snapshot_offsets: list[int] = []  # producer snapshots, for UnifiedLog (the same listing)
 
     def load(self, start_offset: int = 0) -> LoadedLog:
         """Open every segment, recovering what follows the recovery point. An empty directory
@@ -87,8 +90,8 @@ class LogLoader:
         bases = self._segment_bases()
         if not bases:
             segments.add(Segment.create(self.directory, start_offset, self.cache))
-            return LoadedLog(segments, start_offset, start_offset)
-        loaded = LoadedLog(segments, 0, self.recovery_point)
+            return LoadedLog(segments, start_offset, start_offset, snapshot_offsets=self._snapshot_offsets)
+        loaded = LoadedLog(segments, 0, self.recovery_point, snapshot_offsets=self._snapshot_offsets)
         holding = max(0, bisect_right(bases, self.recovery_point) - 1)  # the segment holding it
         for i, base in enumerate(bases):
             if len(segments) and base < segments.active.next_offset:
@@ -135,6 +138,8 @@ class LogLoader:
                 indexes.append(path)
                 if path.suffix == TXN_INDEX_SUFFIX and (base := _segment_base(path, TXN_INDEX_SUFFIX)) is not None:
                     self._txn_index_bases.add(base)
+            elif (offset := snapshot_offset(name)) is not None:
+                self._snapshot_offsets.append(offset)
         present = set(names)
         for path in indexes:
             if path.with_suffix(LOG_SUFFIX).name not in present:

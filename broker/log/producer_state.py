@@ -93,7 +93,7 @@ class ProducerEntry:
     batches: deque[BatchMetadata] = field(default_factory=lambda: deque(maxlen=BATCHES_KEPT))
     last_timestamp: int = -1
     coordinator_epoch: int = -1
-    txn_first_offset: int = NO_OFFSET  # first offset of the ongoing transaction (phase 2), -1: none
+    txn_first_offset: int = NO_OFFSET  # first offset of its ongoing transaction here, -1: none
 
     @property
     def last_seq(self) -> int:
@@ -187,10 +187,6 @@ class ProducerStateManager:
         """The first offset of the oldest ongoing transaction (None: none): the last stable
         offset's bound (Kafka's firstUnstableOffset)."""
         return self._first_unstable
-
-    def ongoing_transactions(self) -> dict[int, int]:
-        """producer id -> first offset of its ongoing transaction (a copy)."""
-        return dict(self._ongoing)
 
     def _begin_txn(self, entry: ProducerEntry, first_offset: int) -> None:
         entry.txn_first_offset = first_offset
@@ -426,13 +422,14 @@ class ProducerStateManager:
         write_snapshot(path, encode_snapshot(self.entries.values()), sync)
         return path
 
-    def load(self, end_offset: int, delete: bool = True) -> int:
+    def load(self, end_offset: int, delete: bool = True, listed: list[int] | None = None) -> int:
         """Replace the state with the newest intact snapshot at or below `end_offset`; with
         `delete`, delete the snapshots above it and the corrupt ones met on the way. Returns the
         snapshot's offset (where a replay must start), or -1 if none was usable (empty state:
-        replay the whole log)."""
+        replay the whole log). `listed`: the snapshot offsets a listing just found (the log
+        loader's, on open: one listing per partition, not two)."""
         self.entries = {}
-        offsets = self.snapshot_offsets()
+        offsets = self.snapshot_offsets() if listed is None else sorted(listed)
         for offset in offsets:
             if offset > end_offset and delete:
                 _unlink(self.snapshot_path(offset))

@@ -315,7 +315,7 @@ class UnifiedLog:
         unified.recovered_bytes = sum(segment.size for segment in loaded.recovered)
         unified.damaged_segments = len(loaded.damaged)
         try:
-            unified._load_producer_state()
+            unified._load_producer_state(loaded.snapshot_offsets)
         except (KafkaStorageError, CorruptMessageError):
             local.close()
             raise
@@ -687,12 +687,12 @@ class UnifiedLog:
         self._apply_pending_producer_batches(base_offset)
         self.producers.take_snapshot(base_offset)
 
-    def _load_producer_state(self) -> None:
+    def _load_producer_state(self, listed_snapshots: list[int] | None = None) -> None:
         """Load the newest snapshot at or below the log end and replay the batches after it (on
         open, and whenever the end was cut), rebuilding the aborted transaction index of the
         replayed range from its markers. Under the append lock, or before the log is shared."""
         end = self.log_end_offset
-        loaded = self.producers.load(end)
+        loaded = self.producers.load(end, listed=listed_snapshots)
         start = max(loaded, self._local.start_offset)
         if loaded < self._local.start_offset:
             self.producers.clear()  # older than the local segments, or none: rebuild from the local log
