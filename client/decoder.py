@@ -150,6 +150,18 @@ def corrupt_batch_offsets(data: memoryview, at: int, position: int, high_waterma
     return first, last if first <= last < high_watermark else first
 
 
+@lru_cache(maxsize=1)
+def _empty_body() -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([], schema=batch_body.BODY_SCHEMA)
+
+
+def gap(next_offset: int) -> FetchedBatch:
+    """A batch of no records that moves a reader's position to `next_offset`: where markers or
+    aborted batches were skipped, so that a consumer's position (and the range a reader covered)
+    steps over their offsets as it steps over records."""
+    return FetchedBatch(next_offset, _empty_body(), None, -1)
+
+
 class AbortedFilter:
     """read_committed's filter over one fetch's batches (Kafka's consumer, CompletedFetch): the
     fetch answered the (producer id, first offset) of every aborted transaction its records may
@@ -193,8 +205,8 @@ def decode_fetched(tp: TopicPartition, data: memoryview | bytes, position: int, 
     consumer and the range reader both read fetches through this.
 
     Control batches (transaction markers) are never records: they are skipped, and so, with
-    `aborted` (read_committed), are the batches of aborted transactions. `position` moves past
-    what is skipped: the offsets they held are gaps every reader steps over."""
+    `aborted` (read_committed), are the batches of aborted transactions. Each run of skipped
+    batches leaves a `gap` entry (no records) so that positions move past their offsets."""
     data = memoryview(data)
     batches: list[tuple[FetchedBatch, int]] = []
     bad_at = 0  # where the batch being checked starts: the corrupt one, whichever check fails
@@ -210,6 +222,10 @@ def decode_fetched(tp: TopicPartition, data: memoryview | bytes, position: int, 
                 if dropped or header.is_control:
                     position = header.next_offset
                     bad_at, checked = pos + header.size, None
+                    if batches and batches[-1][0].num_rows == 0:
+                        batches[-1] = (gap(position), 0)
+                    else:
+                        batches.append((gap(position), 0))
                     continue
             batches.append((FetchedBatch.of(header, record.decode_body(data, header, pos), position), header.size))
             position = header.next_offset

@@ -549,20 +549,16 @@ class Fetcher:
         corrupt batch, what came before it stays buffered, a marker for it follows, and the
         partition fetches nothing more until the marker was raised (or the caller seeks).
         Decoding happens outside `_lock`; the buffer is extended under it in one step."""
-        start = self._subs.fetch_position(tp)
         skip = None if self.isolation_level == READ_UNCOMMITTED else AbortedFilter(
             (a.producer_id, a.first_offset) for a in aborted or ())
-        decoded = decode_fetched(tp, data, start, self.high_watermarks.get(tp, -1), self.check_crcs, skip)
+        decoded = decode_fetched(tp, data, self._subs.fetch_position(tp), self.high_watermarks.get(tp, -1),
+                                 self.check_crcs, skip)
         fresh: list[Entry] = list(decoded.batches)
         corrupt, position = decoded.corrupt, decoded.position
         if corrupt is not None:
             log.warning("corrupt batch: %s", corrupt)
             fresh.append((corrupt, 0))
         if not fresh:
-            if position > start:  # only markers or aborted batches: step over their offsets
-                with self._subs.lock:
-                    if self._subs.fetch_position(tp) == start:
-                        self._subs.reset_fetch_position(tp, position, with_position=tp not in self._buffer.partitions())
             return
         with self._subs.lock:
             self._buffer.extend(tp, fresh)
