@@ -347,11 +347,13 @@ class AsyncAdmin:
         reply = await self.cluster.send(None, AlterConfigsRequest((change,), validate_only))
         _raise_topic_errors(reply.topics)
 
-    async def list_offsets(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
-        """(offset, timestamp) per partition; timestamps may be EARLIEST (-2), LATEST (-1) or a time in ms."""
+    async def list_offsets(self, timestamps: dict[TopicPartition, int],
+                           isolation_level: int = protocol.READ_UNCOMMITTED) -> dict[TopicPartition, tuple[int, int]]:
+        """(offset, timestamp) per partition; timestamps may be EARLIEST (-2), LATEST (-1: the last
+        stable offset with read_committed, isolation_level 1) or a time in ms."""
         async def attempt() -> dict[TopicPartition, tuple[int, int]]:
             await self.cluster.refresh()
-            return await list_offsets(self.cluster, timestamps)
+            return await list_offsets(self.cluster, timestamps, isolation_level)
 
         return await self._reading(attempt)
 
@@ -664,9 +666,11 @@ class Admin:
         """Set some configs and reset others to the broker default (incremental)."""
         self._thread.run(self._core.alter_configs(name, set_configs, delete, validate_only))
 
-    def list_offsets(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, tuple[int, int]]:
-        """(offset, timestamp) per partition for EARLIEST (-2), LATEST (-1) or a time in ms."""
-        return self._thread.run(self._core.list_offsets(timestamps))
+    def list_offsets(self, timestamps: dict[TopicPartition, int],
+                     isolation_level: int = protocol.READ_UNCOMMITTED) -> dict[TopicPartition, tuple[int, int]]:
+        """(offset, timestamp) per partition for EARLIEST (-2), LATEST (-1; the last stable offset
+        with read_committed, isolation_level 1) or a time in ms."""
+        return self._thread.run(self._core.list_offsets(timestamps, isolation_level))
 
     def api_versions(self) -> list[dict[str, Any]]:
         return self._thread.run(self._core.api_versions())

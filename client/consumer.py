@@ -94,13 +94,10 @@ from client.steps import OnLoop, OnThread, Poller, Steps, run_blocking, run_step
 from client.subscription_state import RESET_ALIASES, RESET_STRATEGIES, SubscriptionState
 from common.errors import ConsumerStoppedError, OffsetOutOfRangeError, PymqError
 from common.topic_partition import TopicPartition
-from protocol import READ_COMMITTED, READ_UNCOMMITTED
+from protocol import ISOLATION_LEVELS
 from segment_format import batch_body
 
 log = logging.getLogger("pymq.consumer")
-
-# isolation.level as Kafka spells it -> its wire value.
-ISOLATION_LEVELS = {"read_uncommitted": READ_UNCOMMITTED, "read_committed": READ_COMMITTED}
 
 class AsyncConsumer:
     """The consumer core; use on one event loop (`Consumer` wraps it for threads).

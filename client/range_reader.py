@@ -34,11 +34,11 @@ import numpy as np
 
 import protocol
 from client.cluster import Cluster
-from client.decoder import FetchedBatch, decode_fetched
+from client.decoder import AbortedFilter, FetchedBatch, decode_fetched
 from client.offset_fetcher import list_offsets
 from client.retry import Retry, retriable
 from common.errors import DataLossError, OffsetOutOfRangeError, PymqError, RequestTimedOutError
-from protocol import FetchPartition, FetchRequest, TopicRequest
+from protocol import READ_UNCOMMITTED, FetchPartition, FetchRequest, TopicRequest
 
 log = logging.getLogger("pymq.range_reader")
 
@@ -58,7 +58,8 @@ class RangeStats:
 async def read_range(cluster: Cluster, topic: str, partition: int, start: int, end: int, *,
                      max_bytes: int = 8 << 20, fail_on_data_loss: bool = True, check_crcs: bool = True,
                      retry_backoff_s: float = 0.1, retry_timeout_s: float = 120.0, topic_id: str | None = None,
-                     stats: RangeStats | None = None) -> AsyncIterator[list[FetchedBatch]]:
+                     stats: RangeStats | None = None,
+                     isolation_level: int = READ_UNCOMMITTED) -> AsyncIterator[list[FetchedBatch]]:
     """The records of `topic`-`partition` with offsets in [start, end), in order: the batches
     of one fetch at a time (a caller may join them into one Arrow batch).
 
@@ -77,7 +78,7 @@ async def read_range(cluster: Cluster, topic: str, partition: int, start: int, e
         try:
             leader = await cluster.leader(topic, partition)
             request = FetchRequest((TopicRequest(topic, (FetchPartition(partition, position, size),), topic_id),),
-                                   max_wait_ms=0, min_bytes=0, max_bytes=size)
+                                   max_wait_ms=0, min_bytes=0, max_bytes=size, isolation_level=isolation_level)
             reply = await cluster.send(leader, request)
             answer = reply.topics[0].partitions[0]
             err = answer.error()
@@ -97,7 +98,9 @@ async def read_range(cluster: Cluster, topic: str, partition: int, start: int, e
         moved = False
         fetched_from = position
         chunk = []
-        decoded = decode_fetched((topic, partition), data, position, answer.high_watermark, check_crcs)
+        aborted = None if isolation_level == READ_UNCOMMITTED else AbortedFilter(
+            (a.producer_id, a.first_offset) for a in answer.aborted_transactions or ())
+        decoded = decode_fetched((topic, partition), data, position, answer.high_watermark, check_crcs, aborted)
         for batch, _ in decoded.batches:
             if batch.first_offset >= end:
                 position = end

@@ -150,7 +150,8 @@ class OffsetReader:
             by_topic.setdefault(tp[0], {})[tp] = position
 
         def ask(topics: list[str]) -> dict[str, dict[TopicPartition, tuple[int, int]]]:
-            found = self.admin.list_offsets({tp: ts for t in topics for tp, ts in by_topic[t].items()})
+            found = self.admin.list_offsets({tp: ts for t in topics for tp, ts in by_topic[t].items()},
+                                            self.options.isolation_level)
             return {t: {tp: found[tp] for tp in by_topic[t]} for t in topics}
 
         answers = self._per_topic(ask, sorted(by_topic))

@@ -18,6 +18,7 @@ to pymq by changing the format name and the bootstrap option:
 | `failOnDataLoss` | `true`, `false` | `true` | offsets deleted by retention before they were read |
 | `includeHeaders` | `true`, `false` | `false` | adds the `headers` column |
 | `kafkaConsumer.pollTimeoutMs` | positive long (ms) | `120000` | how long a task retries a fetch that makes no progress (leader not known yet, a broker down) before it fails |
+| `kafka.isolation.level` | `read_committed`, `read_uncommitted` | `read_committed` | read_committed: up to each partition's last stable offset, without aborted transactions' records |
 | `groupIdForLag` | consumer group id | | streaming: commit each finished batch's end to it (`lag_group.py`) |
 | `kafka.<setting>` | client setting | | e.g. `kafka.request.timeout.ms`, `kafka.fetch.max.bytes` |
 | `remoteStorage.url` | fsspec URL (`file:///path`, `s3://bucket/prefix`, ...) | | batch: read tiered segments from this store directly (`remote_ranges.py`) |
@@ -26,9 +27,15 @@ to pymq by changing the format name and the bootstrap option:
 
 Options of Spark's Kafka source that pymq answers differently: `kafka.group.id` and
 `groupIdPrefix` are refused (the source joins no group; `groupIdForLag` shows its progress as a
-group's lag), `kafka.isolation.level=read_uncommitted` and `kafka.security.protocol=PLAINTEXT`
-are accepted (what pymq does) and other values are not yet supported, `kafka.ssl.*` and
+group's lag), `kafka.security.protocol=PLAINTEXT` is accepted (what pymq does) and other values
+are not yet supported, `kafka.ssl.*` and
 `kafka.sasl.*` are refused (plaintext only, for now); docs/client-settings.md has the list.
+
+`kafka.isolation.level` defaults to read_committed, unlike Spark's Kafka source (read_uncommitted):
+a query then never reads a record of a transaction that aborts, nor one still open (`latest` is
+each partition's last stable offset), and the offsets that transaction markers and aborted
+batches leave empty are simply stepped over (SPARK-23685's failure mode: a range whose last
+offsets are markers ends where its last record is, not with an error).
 
 An unknown, malformed or contradictory option raises `InvalidOptionError` naming the option and
 what it accepts, before any task runs. Spark hands options over case-insensitively (lower-cased
@@ -67,6 +74,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from client.config import check_kafka_only, is_kafka_only
+from protocol import ISOLATION_LEVELS, READ_COMMITTED
 
 EARLIEST = -2
 LATEST = -1
@@ -77,6 +85,8 @@ STRATEGY_LATEST = "latest"
 
 # The Kafka source's default for kafkaConsumer.pollTimeoutMs (Spark's spark.network.timeout).
 DEFAULT_POLL_TIMEOUT_MS = 120_000
+
+ISOLATION_OPTION = "kafka.isolation.level"
 
 # Settings a Spark task passes to the pymq client, as Kafka's consumer names (`kafka.` prefix).
 CLIENT_SETTINGS = {
@@ -189,6 +199,7 @@ class SourceOptions:
     # RemoteSegmentStore.from_url's filesystem options (may hold a secret key: kept out of repr)
     remote_storage_options: dict[str, str] = field(default_factory=dict, repr=False)
     remote_storage_only: bool = False  # batch: plan and read from the store alone, never a broker
+    isolation_level: int = READ_COMMITTED  # Fetch/ListOffsets isolation (kafka.isolation.level)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool) -> "SourceOptions":
@@ -199,6 +210,8 @@ class SourceOptions:
             if name in _SOURCE_OPTIONS or name == "path":
                 continue
             setting = name.removeprefix("kafka.")
+            if name == ISOLATION_OPTION:
+                continue
             if name.startswith("kafka.") and setting in CLIENT_SETTINGS:
                 client[CLIENT_SETTINGS[setting]] = _client_value(name, opts[name])
                 continue
@@ -286,6 +299,7 @@ class SourceOptions:
             remote_storage_url=remote_url,
             remote_storage_options=remote_options,
             remote_storage_only=remote_only,
+            isolation_level=_isolation_level(opts),
         )
 
     def topic_matches(self, topic: str) -> bool:
@@ -295,6 +309,14 @@ class SourceOptions:
         if self.subscribe_pattern is not None:
             return re.fullmatch(self.subscribe_pattern, topic) is not None
         return self.assign is not None and topic in self.assign
+
+
+def _isolation_level(opts: dict[str, str]) -> int:
+    text = opts.get(ISOLATION_OPTION, "read_committed").strip().lower()
+    if text not in ISOLATION_LEVELS:
+        raise InvalidOptionError(f"option 'kafka.isolation.level' must be 'read_committed' or 'read_uncommitted', "
+                                 f"not {opts[ISOLATION_OPTION]!r}")
+    return ISOLATION_LEVELS[text]
 
 
 def _parse_assign(text: str) -> dict[str, tuple[int, ...]]:

@@ -32,6 +32,14 @@ this segment is read. One sequential scan frames the batches (indexes used once,
 first); `DECODE_BYTES` at a time are decoded and validated (CRC included) by the consumer's
 decoder (`decode_fetched`: compacted batches keep their offsets, so gaps need nothing more) and
 turned into rows with `schema.to_rows`, as a broker fetch is. No byte goes through a broker.
+
+read_committed (`kafka.isolation.level`, the default): the tier is read only below its stable
+offset (`tier_stable_offset`: the first offset of a transaction still open at the remote log end,
+from the last segment's producer snapshot); the rest goes to the brokers, which know how those
+transactions end. Below it every transaction ended inside the tier, so the aborted ones are in
+the tier's transaction indexes (`tier_aborted`, read on the driver at planning); each task drops
+their batches with the consumer's `AbortedFilter`, as a read_committed fetch does, and markers
+are skipped either way.
 """
 from __future__ import annotations
 
@@ -44,8 +52,10 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
-from client.decoder import decode_fetched
+from client.decoder import AbortedFilter, decode_fetched
 from common.topic_partition import TopicPartition
+from protocol import READ_COMMITTED
+from segment_format import producer_snapshot
 from segment_format.segment_reader import FRAME_ONLY
 from spark_datasource.offsets import OffsetReader
 from spark_datasource.options import EARLIEST, LATEST, InvalidOptionError
@@ -54,6 +64,7 @@ from spark_datasource.schema import arrow_schema, to_rows
 
 if TYPE_CHECKING:
     from segment_format.manifest import PartitionManifest, RemoteSegment
+    from segment_format.txn_index import AbortedTxn
     from segment_format.segment_reader import SegmentReader
     from spark_datasource.options import SourceOptions
     from tiered_storage import RemoteSegmentStore
@@ -73,10 +84,19 @@ class RemoteRangePartition(InputPartition):
     partition next to each other in its manifest (none pruned between them), in offset order.
     Picklable."""
 
-    def __init__(self, offset_range: OffsetRange, segments: "tuple[RemoteSegment, ...]") -> None:
+    def __init__(self, offset_range: OffsetRange, segments: "tuple[RemoteSegment, ...]",
+                 aborted: "tuple[AbortedTxn, ...]" = ()) -> None:
         super().__init__(offset_range)
         self.range = offset_range
         self.segments = segments
+        self.aborted = aborted  # read_committed: the tier's aborted transactions that may touch the range
+
+    def aborted_filter(self) -> AbortedFilter:
+        """read_committed's filter for this range: the aborted transactions overlapping it (those
+        whose ABORT marker comes before it are over: their producers' later batches are kept)."""
+        r = self.range
+        return AbortedFilter((t.producer_id, t.first_offset) for t in self.aborted
+                             if t.last_offset >= r.start and t.first_offset < r.end)
 
 
 def remote_store(options: "SourceOptions") -> "RemoteSegmentStore":
@@ -93,13 +113,14 @@ def _store(url: str, store_options: tuple[tuple[str, str], ...]) -> "RemoteSegme
     return RemoteSegmentStore.from_url(url, dict(store_options))
 
 
-def split_at_remote_end(offset_range: OffsetRange,
-                        manifest: "PartitionManifest") -> tuple[list[RemoteRangePartition], OffsetRange]:
+def split_at_remote_end(offset_range: OffsetRange, manifest: "PartitionManifest", remote_end: int | None = None,
+                        aborted: "tuple[AbortedTxn, ...]" = ()) -> tuple[list[RemoteRangePartition], OffsetRange]:
     """`offset_range` as remote range partitions, one per run of the manifest's segments next to
-    each other that hold its offsets, and the range left for the brokers (possibly empty)."""
+    each other that hold its offsets below `remote_end` (default: the remote log end), and the
+    range left for the brokers (possibly empty)."""
     start, end = offset_range.start, offset_range.end
     remote_low = max(start, manifest.log_start_offset)
-    remote_high = min(end, manifest.log_end_offset)
+    remote_high = min(end, manifest.log_end_offset if remote_end is None else remote_end)
     if not manifest.segments or start < manifest.log_start_offset or remote_low >= remote_high:
         # Nothing remote, or the range starts below the remote log start: the brokers answer
         # (or report the loss) for the whole range rather than leave a hole in the middle.
@@ -116,7 +137,7 @@ def split_at_remote_end(offset_range: OffsetRange,
     for run in runs:
         lo, hi = max(remote_low, run[0].base_offset), min(remote_high, run[-1].next_offset)
         if lo < hi:
-            parts.append(RemoteRangePartition(offset_range.within(lo, hi), tuple(run)))
+            parts.append(RemoteRangePartition(offset_range.within(lo, hi), tuple(run), aborted))
     return parts, offset_range.within(remote_high, end)
 
 
@@ -145,7 +166,13 @@ def plan_remote(options: "SourceOptions", ranges: list[OffsetRange],
                 log.warning("%s: not read; [%d, %d) from the brokers", err, r.start, r.end)
                 rest.append(r)
                 continue
-        parts, tail = split_at_remote_end(r, manifest)
+        if options.isolation_level == READ_COMMITTED:
+            tier = store if store is not None else remote_store(options)
+            stable = tier_stable_offset(tier, r.topic, r.partition, manifest)
+            parts, tail = split_at_remote_end(r, manifest, stable, tier_aborted(tier, r.topic, r.partition, manifest,
+                                                                               r.start, stable))
+        else:
+            parts, tail = split_at_remote_end(r, manifest)
         log.info("%s-%d [%d, %d): %d of %d remote segment(s) planned, [%d, %d) from the brokers", r.topic,
                  r.partition, r.start, r.end, sum(len(p.segments) for p in parts), len(manifest.segments),
                  tail.start, tail.end)
@@ -161,7 +188,8 @@ def split_partitions(remote: list[RemoteRangePartition], rest: list[OffsetRange]
     (topic, partition, offset) order. Each piece of a remote range keeps the segments it overlaps."""
     cuts = split_each([p.range for p in remote] + rest, min_partitions, max_records)
     parts: list[InputPartition] = [
-        RemoteRangePartition(piece, tuple(s for s in p.segments if s.base_offset < piece.end and s.next_offset > piece.start))
+        RemoteRangePartition(piece, tuple(s for s in p.segments if s.base_offset < piece.end and s.next_offset > piece.start),
+                             p.aborted)
         for p, cut in zip(remote, cuts) for piece in cut]
     parts.extend(RangePartition(piece) for cut in cuts[len(remote):] for piece in cut)
     return sorted(parts, key=lambda p: (p.range.topic, p.range.partition, p.range.start))
@@ -237,11 +265,45 @@ class RemoteOffsetReader(OffsetReader):
         out = {}
         for tp, position in positions.items():
             m = self.manifest(tp)
-            if position in (EARLIEST, LATEST):
-                out[tp] = (m.log_start_offset if position == EARLIEST else m.log_end_offset, -1)
+            if position == EARLIEST:
+                out[tp] = (m.log_start_offset, -1)
+            elif position == LATEST:
+                out[tp] = (m.log_end_offset if self.options.isolation_level != READ_COMMITTED
+                           else tier_stable_offset(self.store, *tp, m), -1)
             else:
                 out[tp] = self.store.offset_for_timestamp(*tp, m, position) or (-1, -1)
         return out
+
+
+def tier_stable_offset(store: "RemoteSegmentStore", topic: str, partition: int, manifest: "PartitionManifest") -> int:
+    """Where read_committed reads of the tier stop: the first offset of the first transaction
+    still open at the remote log end (the last segment's producer snapshot says), else the
+    remote log end. Below it every transaction with records there ended before the remote log
+    end, so its ABORT marker, if any, is in the tier's transaction indexes; the rest is read from
+    the brokers, which know how it ended (remoteStorage.only: not read until it is tiered)."""
+    if not manifest.segments:
+        return manifest.log_end_offset
+    last = manifest.segments[-1]
+    data = store.read_optional_object(topic, partition, last, "snapshot")
+    if data is None:  # uploaded before producer snapshots existed: before transactions did too
+        return manifest.log_end_offset
+    opened = producer_snapshot.open_transactions(data, f"{store.partition_path(topic, partition)} snapshot at "
+                                                       f"{last.next_offset}")
+    return min([manifest.log_end_offset, *opened])
+
+
+def tier_aborted(store: "RemoteSegmentStore", topic: str, partition: int, manifest: "PartitionManifest",
+                 start: int, end: int) -> "tuple[AbortedTxn, ...]":
+    """The tier's aborted transactions that may touch [start, end): from the transaction indexes
+    of the segment holding `start` and every later one (an ABORT marker may come segments after
+    its transaction's first records)."""
+    found = []
+    for segment in manifest.segments:
+        if segment.next_offset <= start or segment.object_of("txnindex") is None:
+            continue
+        found += [t for t in store.read_txn_index(topic, partition, segment)
+                  if t.last_offset >= start and t.first_offset < end]
+    return tuple(found)
 
 
 def check_remote_start(options: "SourceOptions", offset_range: OffsetRange, log_start: int) -> OffsetRange:
@@ -272,6 +334,7 @@ def read_remote_range(options: "SourceOptions", part: RemoteRangePartition) -> I
     schema = arrow_schema(options.include_headers)
     topic, partition = part.range.topic, part.range.partition
     bounds = [(max(part.range.start, s.base_offset), min(part.range.end, s.next_offset)) for s in part.segments]
+    aborted = part.aborted_filter() if options.isolation_level == READ_COMMITTED else None
     executor = ThreadPoolExecutor(1, thread_name_prefix=f"pymq-read-ahead-{topic}-{partition}")
 
     def open_segment(i: int, indexes: bool = True) -> "tuple[SegmentReader, ReadAhead]":
@@ -293,14 +356,14 @@ def read_remote_range(options: "SourceOptions", part: RemoteRangePartition) -> I
             if i + 1 < len(bounds):  # the next segment's indexes and first window while this one is read
                 opening = executor.submit(open_segment, i + 1)
             yield from _read_segment(reader, topic, partition, low, high, schema,
-                                     reopen=lambda i=i: open_segment(i, False)[0])
+                                     reopen=lambda i=i: open_segment(i, False)[0], aborted=aborted)
             ahead.close()  # a window past the range's end (it ended mid-segment) is not fetched if still queued
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _read_segment(reader: "SegmentReader", topic: str, partition: int, low: int, high: int, schema: pa.Schema,
-                  reopen: "Callable[[], SegmentReader]") -> Iterator[pa.RecordBatch]:
+                  reopen: "Callable[[], SegmentReader]", aborted: AbortedFilter | None = None) -> Iterator[pa.RecordBatch]:
     """The rows of offsets [low, high) of one segment: its batches framed in one sequential scan
     (no index lookup after the first), decoded and validated (CRC included) `DECODE_BYTES` at a
     time by the consumer's decoder (`decode_fetched`: compacted batches keep their offsets, so
@@ -324,18 +387,18 @@ def _read_segment(reader: "SegmentReader", topic: str, partition: int, low: int,
         chunk.append(batch.data)
         size += len(batch.data)
         if size >= DECODE_BYTES:
-            position = yield from _decode(topic, partition, b"".join(chunk), position, high, schema)
+            position = yield from _decode(topic, partition, b"".join(chunk), position, high, schema, aborted)
             chunk, size = [], 0
     if chunk:
-        yield from _decode(topic, partition, b"".join(chunk), position, high, schema)
+        yield from _decode(topic, partition, b"".join(chunk), position, high, schema, aborted)
 
 
 def _decode(topic: str, partition: int, data: bytes, position: int, high: int,
-            schema: pa.Schema) -> Generator[pa.RecordBatch, None, int]:
+            schema: pa.Schema, aborted: AbortedFilter | None = None) -> Generator[pa.RecordBatch, None, int]:
     """Rows of the framed batches in `data` from offset `position` to `high`; returns the offset
     after the last batch. CorruptRecordError (after the rows before it) for a batch that fails
     its checks."""
-    decoded = decode_fetched((topic, partition), data, position, high, True)
+    decoded = decode_fetched((topic, partition), data, position, high, True, aborted)
     chunk = []
     for batch, _ in decoded.batches:
         if batch.first_offset >= high:

@@ -47,7 +47,7 @@ def read_offset_range(options: SourceOptions, offset_range: OffsetRange,
                       client.get("fetch_max_bytes", DEFAULT_FETCH_BYTES)),
         fail_on_data_loss=options.fail_on_data_loss, check_crcs=client.get("check_crcs", True),
         retry_backoff_s=client.get("retry_backoff_ms", 100) / 1000, retry_timeout_s=options.poll_timeout_ms / 1000,
-        topic_id=offset_range.topic_id, stats=stats,
+        topic_id=offset_range.topic_id, stats=stats, isolation_level=options.isolation_level,
     )
     try:
         while True:

@@ -31,15 +31,12 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-import crc32c
-import msgpack
 
 from common.errors import (
     InvalidProducerEpochError,
@@ -48,8 +45,9 @@ from common.errors import (
     OutOfOrderSequenceError,
     TransactionCoordinatorFencedError,
 )
-from segment_format import record
+from segment_format import producer_snapshot, record
 from segment_format.control_batch import EndTransactionMarker
+from segment_format.producer_snapshot import CorruptSnapshotError
 
 log = logging.getLogger(__name__)
 
@@ -465,50 +463,23 @@ class ProducerStateManager:
             _unlink(self.snapshot_path(old))
 
 
-# --- the snapshot format ----------------------------------------------------------------------
-#
-#     offset size field
-#     0      4    magic b"PYPS"
-#     4      2    version (uint16) = 1
-#     6      4    crc (uint32): CRC32C of the payload
-#     10     ...  payload: msgpack array, one entry per producer:
-#                 [producer_id, epoch, last_timestamp, coordinator_epoch, txn_first_offset,
-#                  [[first_seq, last_seq, first_offset, last_offset], ...]]  (oldest batch first)
-
-SNAPSHOT_MAGIC = b"PYPS"
-SNAPSHOT_VERSION = 1
-_SNAPSHOT_HEADER = struct.Struct("<4sHI")
-
-
-class CorruptSnapshotError(ValueError):
-    """A producer snapshot that is torn, of an unknown version, or fails its CRC: not a wire error
-    (the broker falls back to an older snapshot or a replay)."""
+# --- the snapshot format: segment_format/producer_snapshot.py ---------------------------------
 
 
 def encode_snapshot(entries: Iterable[ProducerEntry]) -> bytes:
-    payload = msgpack.packb([
+    return producer_snapshot.encode(
         [e.producer_id, e.epoch, e.last_timestamp, e.coordinator_epoch, e.txn_first_offset,
          [list(batch) for batch in e.batches]]
-        for e in entries])
-    return _SNAPSHOT_HEADER.pack(SNAPSHOT_MAGIC, SNAPSHOT_VERSION, crc32c.crc32c(payload)) + payload
+        for e in entries)
 
 
 def decode_snapshot(data: bytes, where: str) -> dict[int, ProducerEntry]:
-    if len(data) < _SNAPSHOT_HEADER.size:
-        raise CorruptSnapshotError(f"{where}: {len(data)} bytes, too short for a producer snapshot")
-    magic, version, crc = _SNAPSHOT_HEADER.unpack_from(data)
-    if magic != SNAPSHOT_MAGIC or version != SNAPSHOT_VERSION:
-        raise CorruptSnapshotError(f"{where}: not a version {SNAPSHOT_VERSION} producer snapshot "
-                                   f"(magic {magic!r}, version {version})")
-    payload = memoryview(data)[_SNAPSHOT_HEADER.size:]
-    if crc32c.crc32c(payload) != crc:
-        raise CorruptSnapshotError(f"{where}: CRC32C mismatch")
+    entries = {}
     try:
-        entries = {}
-        for pid, epoch, last_timestamp, coordinator_epoch, txn_first_offset, batches in msgpack.unpackb(payload):
+        for pid, epoch, last_timestamp, coordinator_epoch, txn_first_offset, batches in producer_snapshot.decode(data, where):
             entries[pid] = ProducerEntry(pid, epoch, deque((BatchMetadata(*b) for b in batches), maxlen=BATCHES_KEPT),
                                          last_timestamp, coordinator_epoch, txn_first_offset)
-    except (ValueError, TypeError, msgpack.UnpackException) as err:
+    except (ValueError, TypeError) as err:
         raise CorruptSnapshotError(f"{where}: bad payload: {err}") from err
     return entries
 

@@ -36,6 +36,7 @@ from protocol.messages.base import (
 )
 from protocol.messages.fetch import (
     CONSUMER_REPLICA_ID,
+    ISOLATION_LEVELS,
     READ_COMMITTED,
     READ_UNCOMMITTED,
     AbortedTransaction,

@@ -58,6 +58,7 @@ from protocol.schema import (
 CONSUMER_REPLICA_ID = -1  # a Fetch from a consumer, not a follower broker
 READ_UNCOMMITTED = 0
 READ_COMMITTED = 1
+ISOLATION_LEVELS = {"read_uncommitted": READ_UNCOMMITTED, "read_committed": READ_COMMITTED}  # Kafka's names
 ISOLATION_LEVEL = one_of((READ_UNCOMMITTED, READ_COMMITTED),
                          "isolation_level is 0 (read_uncommitted) or 1 (read_committed), got {value}")
 

@@ -77,7 +77,7 @@ def hooked(offsets: OffsetReader, method: str, around: Callable[..., Any]) -> It
 def offsets_race(bootstrap: str, topic: str, kind: str) -> Callable[..., Any]:
     """A list_offsets hook that hits `topic` whenever a call asks about it: deleted before the
     request and created again after it ("deleted"), or its leader moved ("leader moved")."""
-    def around(call: Callable[[], Any], positions: dict) -> Any:
+    def around(call: Callable[[], Any], positions: dict, *isolation: int) -> Any:
         if not any(t == topic for t, _ in positions):
             return call()
         if kind == "leader moved":

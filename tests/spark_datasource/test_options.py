@@ -8,6 +8,8 @@ import re
 
 import pytest
 
+from protocol import READ_COMMITTED, READ_UNCOMMITTED
+
 from client import Admin
 from broker.process import BrokerProcess
 from spark_datasource.options import InvalidOptionError, OffsetSpec, SourceOptions
@@ -95,7 +97,7 @@ INVALID = [
 @pytest.mark.parametrize("option, value, message", [
     ("kafka.group.id", "etl", "joins no consumer group; .* use groupIdForLag"),
     ("groupIdPrefix", "spark-kafka-source", "joins no consumer group"),
-    ("kafka.isolation.level", "read_committed", "isolation.level='read_committed' is not yet supported: transactions"),
+    ("kafka.isolation.level", "serializable", "'kafka.isolation.level' must be 'read_committed' or 'read_uncommitted'"),
     ("kafka.security.protocol", "SASL_SSL", "security.protocol='SASL_SSL' is not yet supported: .*plaintext"),
     ("kafka.sasl.mechanism", "PLAIN", "sasl.mechanism is not a pymq setting: .*plaintext"),
     ("kafka.ssl.truststore.location", "/x", "ssl.truststore.location is not a pymq setting"),
@@ -110,7 +112,15 @@ def test_kafka_source_options_pymq_answers_differently_say_why(option, value, me
 def test_kafka_source_options_meaning_what_pymq_does_are_accepted():
     parsed = SourceOptions.parse({**SUB, "kafka.isolation.level": "read_uncommitted",
                                   "kafka.security.protocol": "plaintext"}, streaming=True)
-    assert parsed.client == {}
+    assert parsed.client == {} and parsed.isolation_level == READ_UNCOMMITTED
+
+
+def test_the_source_reads_read_committed_unless_told_otherwise():
+    """Unlike Spark's Kafka source (read_uncommitted), a pymq read never sees an aborted
+    transaction's records unless it asks for read_uncommitted."""
+    assert SourceOptions.parse(SUB, streaming=True).isolation_level == READ_COMMITTED
+    assert SourceOptions.parse({**SUB, "kafka.isolation.level": "READ_COMMITTED"}, streaming=False).isolation_level \
+        == READ_COMMITTED
 
 
 @pytest.mark.parametrize("options, streaming, named", [case[1:] for case in INVALID], ids=[case[0] for case in INVALID])
