@@ -63,6 +63,10 @@ class Timestamp(click.ParamType):
               help="consume as a member of consumer group GROUP: partitions are assigned by the group, "
                    "start at its committed offsets (else the end, or the beginning with --from-beginning), "
                    "and what is printed is committed; Ctrl-C leaves the group")
+@click.option("--isolation-level", type=click.Choice(["read_uncommitted", "read_committed"]),
+              default="read_uncommitted", show_default=True,
+              help="read_committed: only records of committed transactions (and plain ones), up to each "
+                   "partition's last stable offset; read_uncommitted: every record (Kafka's console consumer's default)")
 @click.option("--print-key", is_flag=True, help="text format: print the key before the value")
 @click.option("--print-offset", is_flag=True, help="text format: print partition:offset first")
 @click.option("--key-separator", default="\t", show_default="tab", metavar="SEP",
@@ -70,7 +74,7 @@ class Timestamp(click.ParamType):
 @bootstrap_option
 def consume(topic: str, partitions: tuple[int, ...], from_beginning: bool, offset: int | None, timestamp: int | None,
             max_messages: int | None, timeout_ms: int | None, output_format: str, print_format: str | None,
-            group_id: str | None, print_key: bool, print_offset: bool, key_separator: str) -> None:
+            group_id: str | None, isolation_level: str, print_key: bool, print_offset: bool, key_separator: str) -> None:
     """Print records of TOPIC as they arrive, by default from the end of every partition.
 
     Reports the number of records printed on stderr when it stops (Ctrl-C included: a polled
@@ -93,13 +97,14 @@ def consume(topic: str, partitions: tuple[int, ...], from_beginning: bool, offse
                 tps = topic_partitions(topic, partitions)
                 # Start where assign() puts the partitions when that is what was asked: a seek right after
                 # assign waits out the long-poll fetch already in flight (up to fetch_max_wait_ms).
-                with consumer_client(auto_offset_reset=reset) as consumer:
+                with consumer_client(auto_offset_reset=reset, isolation_level=isolation_level) as consumer:
                     consumer.assign(tps)
                     _position(consumer, tps, offset, timestamp)
                     drain(consumer, writer, interrupts, max_messages, timeout_ms)
             else:
                 # Auto-commit commits positions, and a position moves only with a batch printed whole.
-                with consumer_client(group_id=group_id, auto_offset_reset=reset, client_id="pymq-console-consumer") as consumer:
+                with consumer_client(group_id=group_id, auto_offset_reset=reset, client_id="pymq-console-consumer",
+                                     isolation_level=isolation_level) as consumer:
                     consumer.subscribe([topic])
                     drain(consumer, writer, interrupts, max_messages, timeout_ms)
         except KeyboardInterrupt:

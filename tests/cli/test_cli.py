@@ -571,3 +571,24 @@ def test_reset_offsets_says_which_step_it_is_at_on_a_terminal(cli_broker: str) -
     code, shown = on_terminal("-b", cli_broker, "group", "reset-offsets", "resetting", "--all-topics", "--to-latest",
                               "--execute")
     assert code == 0 and b"committing 64 offsets" in shown, shown[-800:]
+
+
+def test_consume_isolation_level_hides_aborted_transactions(cli_broker: str) -> None:
+    """--isolation-level read_committed prints a committed transaction's records and not an
+    aborted one's; read_uncommitted (the default, as Kafka's console consumer) prints both; neither
+    prints the markers."""
+    from client import Producer
+
+    b = ["-b", cli_broker]
+    run(*b, "topic", "create", "txn-cli", "-p", "1")
+    with Producer(cli_broker, transactional_id="cli-txn") as producer:
+        producer.init_transactions()
+        for value, commit in ((b"kept", True), (b"dropped", False)):
+            producer.begin_transaction()
+            producer.send("txn-cli", value, partition=0)
+            producer.commit_transaction() if commit else producer.abort_transaction()
+    committed = run(*b, "consume", "txn-cli", "--from-beginning", "--timeout-ms", "1000",
+                    "--isolation-level", "read_committed", "--print-offset")
+    assert committed.stdout == "0:0\tkept\n"
+    everything = run(*b, "consume", "txn-cli", "--from-beginning", "--timeout-ms", "1000", "--print-offset")
+    assert everything.stdout == "0:0\tkept\n0:2\tdropped\n"
