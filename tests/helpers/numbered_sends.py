@@ -12,28 +12,36 @@ from __future__ import annotations
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
+from functools import partial
 
 from client import Admin, Consumer, Producer
-from client.producer_batch import RecordFuture
+from client.producer_batch import RecordFuture, RecordMetadata
 
 
 @dataclass
 class NumberedSends:
-    """Every send of a test, in send order: (partition asked for, future)."""
+    """Every send of a test, in send order: (partition asked for, future), and per partition the
+    numbers acknowledged so far, in the order the producer reported them (on its I/O thread)."""
 
     topic: str
     futures: list[RecordFuture] = field(default_factory=list)
     partitions: list[int] = field(default_factory=list)
+    acknowledged: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
 
     def send(self, producer: Producer, partition: int) -> None:
+        number = len(self.futures)
         self.partitions.append(partition)
-        self.futures.append(producer.send(self.topic, b"%08d" % len(self.futures), partition=partition))
+        self.futures.append(producer.send(self.topic, b"%08d" % number, partition=partition,
+                                          on_delivery=partial(self._delivered, number)))
 
-    def acknowledged(self, since: int = 0) -> dict[int, int]:
-        """Partition -> how many sends from number `since` on are acknowledged so far."""
-        done = Counter(p for p, f in zip(self.partitions[since:], self.futures[since:])
-                       if f.done() and f.exception() is None)
-        return dict(done)
+    def _delivered(self, number: int, metadata: RecordMetadata, error: BaseException | None) -> None:
+        if error is None:
+            self.acknowledged[metadata.partition].append(number)
+
+    def acknowledged_since(self, number: int, count: int, partitions: int) -> bool:
+        """Whether every partition has its last `count` acknowledgements from sends `number` on."""
+        return all(len(acked) >= count and min(acked[-count:]) >= number
+                   for acked in (self.acknowledged[p] for p in range(partitions)))
 
     def failed(self) -> list[tuple[int, BaseException]]:
         return [(n, f.exception()) for n, f in enumerate(self.futures) if f.done() and f.exception() is not None]
