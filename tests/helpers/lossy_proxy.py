@@ -22,7 +22,8 @@ _SIZE_BYTES = 4
 
 
 class LossyProxy:
-    """Listens on a free port of `host` at once; forwards to the target given to `forward_to`."""
+    """Listens on a free port of `host` at once, so the broker can be started advertising it;
+    forwards to the target given to `forward_to` (the broker, once it listens)."""
 
     def __init__(self, host: str = "127.0.0.1") -> None:
         self._server = socket.create_server((host, 0))
