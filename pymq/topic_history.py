@@ -32,6 +32,7 @@ import os
 from pyspark.sql import DataFrame, SparkSession
 
 from client import Admin
+from protocol import ISOLATION_LEVELS, READ_COMMITTED
 from spark_datasource.options import EARLIEST
 from spark_datasource.table_topic import TableTopic, TableTopicError, ValueFormat, to_table_rows, with_date
 
@@ -61,7 +62,10 @@ def history(spark: SparkSession, topic: str | None = None, *, table: str | None 
     position = mirrored.position()
     with Admin(bootstrap) as admin:
         partitions = len(admin.describe_topics([table_topic])[0].partitions)
-        ends = admin.list_offsets({(table_topic, p): -1 for p in range(partitions)})
+        # The tail's end as the tail reads (read_committed unless asked otherwise: its last stable offset).
+        isolation = ISOLATION_LEVELS.get(source_options.get("kafka.isolation.level", "read_committed").lower(),
+                                         READ_COMMITTED)
+        ends = admin.list_offsets({(table_topic, p): -1 for p in range(partitions)}, isolation)
     starting = {p: position.offsets.get(p, EARLIEST) for p in range(partitions)}
     ending = {p: ends[(table_topic, p)][0] for p in range(partitions)}
     snapshot = mirrored.snapshot(position.version, table_reader)
