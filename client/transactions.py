@@ -158,7 +158,8 @@ class TransactionManager:
         self._fail_paused = fail_paused
         self.phase = TxnPhase.UNINITIALIZED
         self.error: PymqError | None = None  # why the transaction is abortable, or the producer fatal
-        self._adding: asyncio.Task[None] | None = None
+        self._touched = False  # this transaction asked the coordinator to add a partition (it may be open there)
+        self._adding: asyncio.Future[None] | None = None  # an AddPartitionsToTxn in flight
         self._offsets_added: set[str] = set()  # groups whose offsets partition joined this transaction
 
     @property
@@ -203,6 +204,7 @@ class TransactionManager:
         self._require("begin_transaction", TxnPhase.READY)
         self.sequences.added.clear()
         self._offsets_added.clear()
+        self._touched = False
         self.phase = TxnPhase.IN_TRANSACTION
 
     def abortable(self, err: PymqError) -> None:
@@ -215,6 +217,14 @@ class TransactionManager:
     async def add_pending_partitions(self, on_added: Callable[[], None]) -> None:
         """Make the partitions batches wait for join the transaction (one AddPartitionsToTxn at a
         time); `on_added` queues their batches. A refusal makes the transaction abortable."""
+        self._adding = asyncio.get_running_loop().create_future()
+        try:
+            await self._add_pending(on_added)
+        finally:
+            self._adding.set_result(None)
+            self._adding = None
+
+    async def _add_pending(self, on_added: Callable[[], None]) -> None:
         sequences = self.sequences
         while sequences.to_add:
             wanted = sorted(sequences.to_add)
@@ -223,6 +233,7 @@ class TransactionManager:
                 topics.setdefault(topic, []).append(p)
             request = AddPartitionsToTxnRequest(self.transactional_id, sequences.producer_id, sequences.epoch,
                                                 tuple(TopicRequest(t, tuple(ps)) for t, ps in topics.items()))
+            self._touched = True
             try:
                 await self.link.send(lambda: request, self.timeout_s, _first_partition_error)
             except PymqError as err:
@@ -241,6 +252,7 @@ class TransactionManager:
         sequences = self.sequences
         try:
             if metadata.group_id not in self._offsets_added:
+                self._touched = True
                 await self.link.send(lambda: AddOffsetsToTxnRequest(
                     self.transactional_id, sequences.producer_id, sequences.epoch, metadata.group_id), self.timeout_s)
                 self._offsets_added.add(metadata.group_id)
@@ -276,12 +288,17 @@ class TransactionManager:
         # Batches waiting for their partitions to join fail; the others go out and complete (their
         # partitions are in the transaction: the abort marker covers them).
         self._fail_paused(TransactionAbortedError(f"the transaction of {self.transactional_id!r} was aborted"))
+        if self._adding is not None:  # partitions on their way into the transaction: then they are in it
+            await asyncio.shield(self._adding)
         try:
             await self._flush()
         except PymqError:
             pass
-        if self.sequences.added or self._offsets_added:
-            await self._end(committed=False)
+        if self._touched:
+            try:
+                await self._end(committed=False)
+            except InvalidTxnStateError:
+                pass  # nothing of it reached the coordinator: no transaction open there
         # A new epoch: sequences start over, so no batch of the aborted transaction can collide.
         await self._init_producer_id(self.sequences.producer_id, self.sequences.epoch)
         self.error = None

@@ -586,6 +586,7 @@ def test_consume_isolation_level_hides_aborted_transactions(cli_broker: str) -> 
         for value, commit in ((b"kept", True), (b"dropped", False)):
             producer.begin_transaction()
             producer.send("txn-cli", value, partition=0)
+            producer.flush()  # written either way
             producer.commit_transaction() if commit else producer.abort_transaction()
     committed = run(*b, "consume", "txn-cli", "--from-beginning", "--timeout-ms", "1000",
                     "--isolation-level", "read_committed", "--print-offset")

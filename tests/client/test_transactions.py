@@ -62,12 +62,32 @@ def test_a_committed_transaction_is_seen_once_an_aborted_one_never(txn_broker: A
             producer.begin_transaction()
             for i in range(6):
                 producer.send("orders", batch + b"%d" % i, partition=i % 2)
+            producer.flush()  # the aborted ones are written too: readers must skip them
             producer.commit_transaction() if commit else producer.abort_transaction()
     committed = read_all(bootstrap, "orders", 2, "read_committed")
     assert sorted(v for _, _, v in committed) == sorted(values(6, b"c") + values(6, b"d"))
     everything = read_all(bootstrap, "orders", 2, "read_uncommitted")
     assert sorted(v for _, _, v in everything) == sorted(values(6, b"c") + values(6, b"a") + values(6, b"d"))
     assert [o for p, o, _ in everything if p == 0] == [0, 1, 2, 4, 5, 6, 8, 9, 10]  # markers at 3, 7, 11
+
+
+def test_aborts_right_after_sends_leave_nothing_and_the_next_transaction_commits(txn_broker: Any) -> None:
+    """abort_transaction() while the transaction's partitions are still joining it and its
+    batches are unsent, several times: nothing of those transactions is ever visible, the
+    producer is not fenced by its own abort, and its next transaction commits."""
+    bootstrap = txn_broker.bootstrap
+    create(bootstrap, "quick-abort", partitions=3)
+    with Producer(bootstrap, transactional_id="tx-quick-abort", linger_ms=0) as producer:
+        producer.init_transactions()
+        for round_ in range(5):
+            producer.begin_transaction()
+            for i in range(30):
+                producer.send("quick-abort", b"gone-%d-%d" % (round_, i), partition=i % 3)
+            producer.abort_transaction()
+        producer.begin_transaction()
+        producer.send("quick-abort", b"kept", partition=0)
+        producer.commit_transaction()
+    assert [v for _, _, v in read_all(bootstrap, "quick-abort", 3, "read_committed")] == [b"kept"]
 
 
 def test_an_open_transaction_holds_read_committed_readers_at_its_first_offset(txn_broker: Any) -> None:

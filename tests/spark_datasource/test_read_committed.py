@@ -50,6 +50,7 @@ def _write_transactions(bootstrap: str, root: Any) -> Iterator[dict[str, Any]]:
             for value in batch:
                 producer.send(TOPIC, value, partition=0)
             if t % 3 == 1:
+                producer.flush()  # written, then aborted: readers must skip them
                 producer.abort_transaction()
                 aborted += batch
             else:
