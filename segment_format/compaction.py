@@ -44,10 +44,12 @@ operations over a batch's key list; Python runs once per batch.
 Transactions (Kafka's rules, simplified): control batches (markers) are always kept, and their
 keys never enter the map. Batches of aborted transactions (`aborted`: (producer_id, first_offset)
 of each, from the transaction indexes, as a read_committed reader gets them) are removed whole and
-their keys never enter the map, so aborted data never supersedes committed data. Batches in
-`retain` (base offsets: the last batches of every idempotent producer, whose sequences the
-producer state replays) are passed through unchanged, never emptied nor rewritten. The caller
-compacts only below the last stable offset (an open transaction's records are undecided).
+their keys never enter the map, so aborted data never supersedes committed data. Idempotent
+producers' batches are compacted as any other: their sequences live in the broker's producer state
+and its snapshots (one at every segment roll, so the snapshot a recovery starts from is never below
+a cleaned segment), not in the batches (Kafka's cleaner keeps each producer's last batch, emptied,
+for logs without such snapshots). The caller compacts only below the last stable offset (an open
+transaction's records are undecided).
 """
 from __future__ import annotations
 
@@ -169,7 +171,6 @@ def compact_batches(
     up_to_offset: int | None = None,
     stats: CompactionStats | None = None,
     aborted: Iterable[tuple[int, int]] = (),
-    retain: frozenset[int] = frozenset(),
 ) -> Iterator[BatchBytes]:
     """Yield the compacted bytes of `batches` (in offset order), one buffer per surviving batch.
 
@@ -179,8 +180,8 @@ def compact_batches(
     offset, or not the key at all), a tombstone, and its timestamp is before
     `now_ms - delete_retention_ms` (ms since the epoch). An unchanged batch
     is yielded as the very buffer given (a StoredBatch's `data`); a changed one as a new bytearray.
-    Below the limit, batches of `aborted` transactions go whole; batches based at an offset in
-    `retain` stay whole (see the module docstring). `stats`, if given, is updated as batches are
+    Below the limit, batches of `aborted` transactions go whole (see the module docstring).
+    `stats`, if given, is updated as batches are
     consumed. Raises CorruptMessageError for bad raw bytes.
     """
     limit = offset_map.end_offset if up_to_offset is None else min(up_to_offset, offset_map.end_offset)
@@ -192,7 +193,7 @@ def compact_batches(
         stats.records_in += header.record_count
         stats.bytes_in += len(data)
         dropped = is_aborted(header)
-        if header.base_offset in retain or header.base_offset >= limit:
+        if header.base_offset >= limit:
             keep, expired = np.ones(header.record_count, dtype=bool), 0
         elif dropped:
             keep, expired = np.zeros(header.record_count, dtype=bool), 0

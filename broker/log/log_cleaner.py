@@ -324,8 +324,7 @@ class LogCleaner:
             writer = _CleanedWriter(cleaned, ltc.config.index_interval_bytes, self.io_buffer_bytes, now_ms)
             aborted = ltc.log.collect_aborted_transactions(group[0].base_offset, end)
             for data in compact_batches(self._batches(group), offset_map, now_ms, ltc.config.delete_retention_ms,
-                                        up_to_offset=end, stats=stats, aborted=aborted,
-                                        retain=ltc.log.retained_producer_batches()):
+                                        up_to_offset=end, stats=stats, aborted=aborted):
                 writer.add(data)
             writer.flush()
             for segment in group:  # markers are kept: so are the aborted transactions they index

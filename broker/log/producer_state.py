@@ -453,6 +453,14 @@ class ProducerStateManager:
             if old < offset:
                 _unlink(self.snapshot_path(old))
 
+    def delete_snapshots_at(self, offsets: Iterable[int]) -> None:
+        """Delete the snapshots at `offsets` (segments the cleaner merged away), never the newest."""
+        existing = self.snapshot_offsets()
+        newest = existing[-1] if existing else None
+        for offset in set(offsets) & set(existing):
+            if offset != newest:
+                _unlink(self.snapshot_path(offset))
+
     def delete_snapshots_above(self, offset: int) -> None:
         for old in self.snapshot_offsets():
             if old > offset:

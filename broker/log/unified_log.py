@@ -1124,13 +1124,6 @@ class UnifiedLog:
             return CleanableSegments(cleanable, end, self.log_start_offset, segments.active.base_offset,
                                      self._truncations)
 
-    def retained_producer_batches(self) -> frozenset[int]:
-        """Base offsets of the batches the producer state keeps (each producer's last five): the
-        cleaner leaves them whole, so a replay rebuilds the same sequences (Kafka's cleaner keeps
-        each producer's last batch)."""
-        with self._append_lock:
-            return frozenset(batch.first_offset for entry in self.producers.entries.values() for batch in entry.batches)
-
     def holds_segments(self, segments: list[Segment], generation: int) -> bool:
         """Whether the log is open and still holds `segments` as they were when `generation` was
         read (the cleaner tells an error of its own from the log changing under it)."""
@@ -1164,6 +1157,10 @@ class UnifiedLog:
             finally:
                 with self._lock:
                     self._swapping = []
+            # The snapshots taken when the replaced segments rolled are stray now (Kafka's
+            # removeStraySnapshots): a compacted log would keep one per roll for ever.
+            self.producers.delete_snapshots_at(
+                [segment.base_offset for segment in old[1:] if segment.base_offset != cleaned.base_offset])
         return True
 
     def _swap(self, cleaned: Segment, old: list[Segment]) -> None:

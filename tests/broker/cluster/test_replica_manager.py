@@ -24,9 +24,9 @@ def hold_appends(monkeypatch) -> threading.Event:
     release = threading.Event()
     real_append = UnifiedLog.append_as_leader
 
-    def held_append(self, payload, leader_epoch):
+    def held_append(self, payload, leader_epoch, coordinator=False):
         release.wait(10)
-        return real_append(self, payload, leader_epoch)
+        return real_append(self, payload, leader_epoch, coordinator)
 
     monkeypatch.setattr(UnifiedLog, "append_as_leader", held_append)
     return release

@@ -1,7 +1,7 @@
 """The log cleaner with transactions (Kafka's rules, simplified): aborted data never supersedes
 committed data and is removed, markers stay (with the aborted transaction index of their
-segment), nothing at or above an open transaction's first offset is cleaned, and the batches the
-producer state keeps stay whole."""
+segment), nothing at or above an open transaction's first offset is cleaned, and an idempotent
+producer's batches are cleaned as any other (its sequences are in the producer state)."""
 from __future__ import annotations
 
 import pytest
@@ -79,8 +79,11 @@ def test_nothing_from_an_open_transactions_first_offset_on_is_cleaned(compacted)
     assert stats is None or stats.end_offset <= open_at
 
 
-def test_the_batches_the_producer_state_keeps_stay_whole(compacted):
-    """Producer 9's last batch is superseded by later keys but kept: its sequences replay."""
+def test_a_cleaned_away_idempotent_batch_is_still_a_duplicate_for_the_producer_state(compacted, logs):
+    """Producer 9's batch is superseded by later keys and cleaned away; its sequences live in the
+    producer state and its snapshots, not in the batch: a retry of it is still answered with its
+    original offset, before and after the log is reopened (recovery starts from the snapshot the
+    roll after it took)."""
     partition_log, cleaner = compacted()
     last = append(partition_log, keyed(9, 0, b"filler-0", b"old" + VALUE)).first_offset
     fill(partition_log, 12, b"a")
@@ -88,4 +91,12 @@ def test_the_batches_the_producer_state_keeps_stay_whole(compacted):
     partition_log.maybe_increment_high_watermark(partition_log.log_end_offset)
     partition_log.flush()
     assert cleaner.clean_once(NOW_MS) is not None
-    assert last in {offset for offset, _, _ in read_all(partition_log)}
+    assert last not in {offset for offset, _, _ in read_all(partition_log)}
+    snapshots = partition_log.producers.snapshot_offsets()  # those of merged segments went with them
+    assert set(snapshots[:-1]) <= {segment.base_offset for segment in partition_log.segments}
+    retried = partition_log.append_as_leader(keyed(9, 0, b"filler-0", b"old" + VALUE), 0)
+    assert retried.first_offset == last
+    cleaner.stop()
+    logs.crash()  # no clean close: recovery loads the newest snapshot and replays after it
+    reopened = logs.open(cleanup_policy="compact", min_cleanable_dirty_ratio=0.01)
+    assert reopened.append_as_leader(keyed(9, 0, b"filler-0", b"old" + VALUE), 0).first_offset == last
