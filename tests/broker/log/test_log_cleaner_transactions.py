@@ -93,7 +93,7 @@ def test_a_cleaned_away_idempotent_batch_is_still_a_duplicate_for_the_producer_s
     assert cleaner.clean_once(NOW_MS) is not None
     assert last not in {offset for offset, _, _ in read_all(partition_log)}
     snapshots = partition_log.producers.snapshot_offsets()  # those of merged segments went with them
-    assert set(snapshots[:-1]) <= {segment.base_offset for segment in partition_log.segments}
+    assert set(snapshots[:-1]) <= {segment.base_offset for segment in partition_log.segments()}
     retried = partition_log.append_as_leader(keyed(9, 0, b"filler-0", b"old" + VALUE), 0)
     assert retried.first_offset == last
     cleaner.stop()
