@@ -203,3 +203,14 @@ def test_a_coordinator_batch_without_a_sequence_is_checked_for_its_epoch_only_an
     with pytest.raises(InvalidProducerEpochError):
         manager.plan_leader_append([header(7, 1, -1)], coordinator=True)
     assert manager.entry(7).batches == type(manager.entry(7).batches)()  # nothing a retry could match
+
+
+def test_the_snapshots_of_merged_segments_are_deleted_but_never_the_newest(tmp_path):
+    """delete_snapshots_at (the cleaner merged the segments that rolled at those offsets) deletes
+    theirs; the newest snapshot stays even if named: recovery starts from it."""
+    manager = manager_with((7, 0, 0, 1, 0))
+    manager.directory = tmp_path
+    for offset in (3, 6, 9):
+        manager.take_snapshot(offset)
+    manager.delete_snapshots_at([3, 9, 42])
+    assert manager.snapshot_offsets() == [6, 9]
