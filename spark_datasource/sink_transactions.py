@@ -1,0 +1,177 @@
+"""The `pymq` sinks' two-phase commit: each Spark task writes inside a transaction that it
+prepares, and the driver commits (or aborts) all of them.
+
+    task (executor)     producer with transactional id `{prefix}-{partitionId}`
+                        prev = init_transactions()     fences every older instance of the id and
+                                                        aborts its open or prepared transaction
+                        prev == (label, committed)      an earlier run committed this partition's
+                                                        rows of this batch: write nothing (skipped)
+                        begin, send every row, prepare_transaction(label) -> PreparedWrite
+    driver              commit(messages[, batchId]):    Admin.complete_transaction(p, commit=True)
+                                                        for every prepared one (a failure fails the
+                                                        query or job: nothing is dropped silently)
+                        abort(messages[, batchId]):     complete_transaction(p, commit=False)
+
+Streaming (`DataSourceStreamArrowWriter`): the label is the micro-batch id (Spark's local property
+`streaming.sql.batchId`, which the Python worker's TaskContext carries) and the prefix is stable
+across restarts of one query: `transactionalIdPrefix`, or else derived from the query's
+`checkpointLocation` (a hash of it). Why a micro-batch is then written exactly once:
+- Spark records a batch in the checkpoint's commit log only after the sink's `commit` returned,
+  and a restarted query runs the last planned batch again with the same batch id and the same
+  input offsets.
+- A partition whose transaction for that batch committed before the driver died finds
+  `(batchId, True)` as its id's last transaction and writes nothing.
+- A partition whose transaction was prepared but not committed (or still open) is aborted by the
+  new task's init_transactions (fencing), and written again; so is a task retried within a run.
+This assumes a batch's partitions are deterministic for the same input offsets: partition i of
+the replayed batch holds the rows partition i held before. That holds for the pymq source (its
+ranges are planned from the offsets alone) and for stateful aggregations, whose shuffle partition
+count and state are restored from the checkpoint. A partition with no rows opens no transaction:
+by the same assumption it had none in any earlier run either.
+
+Batch (`DataSourceArrowWriter`): the prefix is unique to the job (a uuid made on the driver when
+the writer is created) and the label is that uuid; nothing is visible to read_committed readers
+until the driver's `commit`, and a failed job's `abort` aborts every prepared transaction (a
+retried task fences and aborts its failed attempt's, even one Spark never reported).
+
+Prepared transactions never time out (they wait for the driver): a query stopped for good between
+prepare and commit holds its output partitions' last stable offset until it is restarted (or an admin client
+completes them by hand: `Admin.describe_transactions` lists them, state "Prepared"). Transactions still open (not prepared) are aborted by
+the coordinator after `transaction.timeout.ms` (the sink's default: 15 minutes, the broker's
+`transaction.max.timeout.ms` default).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import WriterCommitMessage
+
+from client import Admin, Producer
+from client.transactions import PreparedTransaction
+from common.errors import PymqError
+from spark_datasource.options import InvalidOptionError
+
+log = logging.getLogger("pymq.spark.writer")
+
+# Spark's local property holding the micro-batch id of a streaming query's jobs
+# (MicroBatchExecution.BATCH_ID_KEY); Python workers receive the task's local properties.
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+# How long the driver keeps retrying a retriable failure to complete the prepared transactions.
+COMPLETE_TIMEOUT_S = 120.0
+
+# send(producer, batches) -> rows per topic, once every row is acknowledged (or raise).
+SendRows = Callable[[Producer, Iterator[pa.RecordBatch]], dict[str, int]]
+
+
+@dataclass
+class PreparedWrite(WriterCommitMessage):
+    """What one task wrote: acknowledged rows per topic and its prepared transaction (None when
+    the task had no rows, or `skipped`: an earlier run committed this batch's rows of the
+    partition)."""
+
+    rows: dict[str, int]
+    prepared: PreparedTransaction | None
+    skipped: bool = False
+
+
+@dataclass(frozen=True)
+class TransactionNaming:
+    """How a sink's tasks name their transactions: `{prefix}-{partitionId}`, labelled with the
+    micro-batch id (streaming, `label` None) or the job's `label` (batch)."""
+
+    prefix: str
+    label: str | None = None
+
+    @classmethod
+    def for_stream(cls, prefix_option: str | None, checkpoint_location: str | None) -> "TransactionNaming":
+        """Stable across restarts of one query, distinct between queries (their checkpoints are).
+        The topic is left out of the hash on purpose: a query restarted with another `topic`
+        option must still fence, and so abort, the transactions it left prepared."""
+        if prefix_option:
+            return cls(prefix_option)
+        if not checkpoint_location:
+            raise InvalidOptionError("the exactly-once pymq stream sink names its transactions after the query: give "
+                                     "writeStream a 'checkpointLocation' option or the sink a 'transactionalIdPrefix'")
+        digest = hashlib.sha256(checkpoint_location.rstrip("/").encode()).hexdigest()[:20]
+        return cls(f"pymq-sink-{digest}")
+
+    @classmethod
+    def for_job(cls, prefix_option: str | None) -> "TransactionNaming":
+        job = uuid.uuid4().hex
+        return cls(f"{prefix_option or 'pymq-batch'}-{job}", label=job)
+
+    def task_id_and_label(self) -> tuple[str, str]:
+        """The running task's transactional id and label (called on the executor)."""
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is None:
+            raise RuntimeError("pymq sink: a task's transaction is named from its TaskContext, and there is none")
+        label = self.label
+        if label is None:
+            label = context.getLocalProperty(BATCH_ID_PROPERTY)
+            if label is None:
+                raise RuntimeError(f"pymq stream sink: the task has no {BATCH_ID_PROPERTY!r} local property, so its "
+                                   "micro-batch is unknown and exactly once cannot be kept")
+        return f"{self.prefix}-{context.partitionId()}", label
+
+
+def write_prepared(bootstrap: str, producer_settings: dict[str, Any], transactional_id: str, label: str,
+                   batches: Iterator[pa.RecordBatch], send: SendRows) -> PreparedWrite:
+    """Send every row of `batches` in a transaction of `transactional_id` and prepare it labelled
+    `label`; skip the rows when the id's last transaction is `label`'s, committed."""
+    batches = _non_empty(batches)
+    first = next(batches, None)
+    if first is None:
+        return PreparedWrite({}, None)
+    with Producer(bootstrap, **producer_settings, transactional_id=transactional_id) as producer:
+        previous = producer.init_transactions()
+        if previous == (label, True):
+            log.info("pymq sink: %s committed %s in an earlier run: not written again", transactional_id, label)
+            return PreparedWrite({}, None, skipped=True)
+        producer.begin_transaction()
+        written = send(producer, _chain(first, batches))
+        prepared = producer.prepare_transaction(label=label)
+    return PreparedWrite(written, prepared)
+
+
+def _non_empty(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    return (b for b in batches if b.num_rows)
+
+
+def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    yield first
+    yield from rest
+
+
+def prepared_of(messages: Sequence[WriterCommitMessage | None]) -> list[PreparedTransaction]:
+    return [m.prepared for m in messages if isinstance(m, PreparedWrite) and m.prepared is not None]
+
+
+def complete_all(bootstrap: str, prepared: Sequence[PreparedTransaction], commit: bool,
+                 timeout_s: float = COMPLETE_TIMEOUT_S) -> None:
+    """Commit (or abort) every prepared transaction, retrying retriable failures until
+    `timeout_s`; raise the first failure that remains (the query or job fails: a batch whose
+    transactions cannot all commit is never reported written). A retry of a decision already
+    taken is answered OK by the coordinator."""
+    if not prepared:
+        return
+    deadline = time.monotonic() + timeout_s
+    with Admin(bootstrap) as admin:
+        for p in prepared:
+            while True:
+                try:
+                    admin.complete_transaction(p, commit=commit)
+                    break
+                except PymqError as err:
+                    if not err.retriable or time.monotonic() >= deadline:
+                        raise
+                    log.warning("pymq sink: completing %s: %s; retrying", p.transactional_id, err)
+                    time.sleep(0.5)
