@@ -137,9 +137,24 @@ def write_prepared(bootstrap: str, producer_settings: dict[str, Any], transactio
             log.info("pymq sink: %s committed %s in an earlier run: not written again", transactional_id, label)
             return PreparedWrite({}, None, skipped=True)
         producer.begin_transaction()
-        written = send(producer, _chain(first, batches))
-        prepared = producer.prepare_transaction(label=label)
+        try:
+            written = send(producer, _chain(first, batches))
+            prepared = producer.prepare_transaction(label=label)
+        except BaseException:
+            _abort_quietly(producer, transactional_id)
+            raise
     return PreparedWrite(written, prepared)
+
+
+def _abort_quietly(producer: Producer, transactional_id: str) -> None:
+    """Abort the failing task's open transaction now: left open, it would hold its partitions'
+    last stable offset (every read_committed reader) until `transaction.timeout.ms`. The task's
+    own error is the one raised; an abort that fails too is only logged (the timeout, or a retried
+    task's fencing, still ends the transaction)."""
+    try:
+        producer.abort_transaction()
+    except PymqError as err:
+        log.warning("pymq sink: aborting the failed task's transaction of %s: %s", transactional_id, err)
 
 
 def _non_empty(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
