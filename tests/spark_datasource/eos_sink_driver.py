@@ -5,8 +5,12 @@ own: its own local[2] JVM, which dies with it).
     python eos_sink_driver.py BOOTSTRAP SOURCE FOLDER PER_TRIGGER MODE
 
 - copy:  SOURCE -> `{SOURCE}-copy` (key, value), transactions named from its checkpointLocation;
-- count: SOURCE grouped by key, counted, -> `{SOURCE}-count` in update mode (key, the count as
-         text), transactions named by the `transactionalIdPrefix` option `{SOURCE}-count`.
+- count: SOURCE counted per key and 1-second event-time window (watermark 5 s) -> `{SOURCE}-count`
+         in append mode (key, value `{window start ms}:{count}`: each closed window's count once),
+         transactions named by the `transactionalIdPrefix` option `{SOURCE}-count`. Append, not
+         update: Spark 4.2 refuses Update mode for every Python data source sink (its
+         PythonWriteBuilder is no SupportsStreamingUpdateAsAppend: "pymq does not support Update
+         mode"), so a stateful aggregation reaches a topic in append mode, through a watermark.
 
 Checkpoints are FOLDER/copy and FOLDER/count. MODE `run` triggers every 200 ms until killed;
 `catch-up` runs each query to the source's end (Trigger.AvailableNow) and exits 0.
@@ -26,11 +30,11 @@ def main(bootstrap: str, source: str, folder: Path, per_trigger: int, mode: str)
     spark = local_spark("eos-sink-driver", **{"spark.sql.shuffle.partitions": "2"})
     rows = (spark.readStream.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("subscribe", source)
             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", per_trigger).load())
-    counts = (rows.groupBy("key").count()
-              .select("key", F.col("count").cast("string").alias("value")))
+    counts = (rows.withWatermark("timestamp", "5 seconds").groupBy(F.window("timestamp", "1 second"), "key").count()
+              .select("key", F.format_string("%d:%d", F.unix_millis(F.col("window.start")), "count").alias("value")))
     queries = [
         start(rows.select("key", "value"), bootstrap, f"{source}-copy", folder / "copy", "append", mode),
-        start(counts, bootstrap, f"{source}-count", folder / "count", "update", mode,
+        start(counts, bootstrap, f"{source}-count", folder / "count", "append", mode,
               transactionalIdPrefix=f"{source}-count"),
     ]
     for query in queries:
