@@ -12,15 +12,19 @@ prepares, and the driver commits (or aborts) all of them.
                                                         query or job: nothing is dropped silently)
                         abort(messages[, batchId]):     complete_transaction(p, commit=False)
 
-Streaming (`DataSourceStreamArrowWriter`): the label is the micro-batch id (Spark's local property
-`streaming.sql.batchId`, which the Python worker's TaskContext carries) and the prefix is stable
-across restarts of one query: `transactionalIdPrefix`, or else derived from the query's
-`checkpointLocation` (a hash of it). Why a micro-batch is then written exactly once:
+Streaming (`DataSourceStreamArrowWriter`): the label is `{queryId}:{batchId}` (Spark's local
+properties `sql.streaming.queryId` and `streaming.sql.batchId`, which the Python worker's
+TaskContext carries: the query id is kept in the checkpoint, so it is the same after a restart)
+and the prefix is stable across restarts of one query: `transactionalIdPrefix`, or else derived
+from the query's `checkpointLocation` (a hash of it). The query id in the label keeps a query
+whose checkpoint was deleted and started again at the same location (batch ids from 0 again,
+the same transactional ids) from taking the old query's committed batch N for its own.
+Why a micro-batch is then written exactly once:
 - Spark records a batch in the checkpoint's commit log only after the sink's `commit` returned,
   and a restarted query runs the last planned batch again with the same batch id and the same
   input offsets.
 - A partition whose transaction for that batch committed before the driver died finds
-  `(batchId, True)` as its id's last transaction and writes nothing.
+  `(label, True)` as its id's last transaction and writes nothing.
 - A partition whose transaction was prepared but not committed (or still open) is aborted by the
   new task's init_transactions (fencing), and written again; so is a task retried within a run.
 This assumes a batch's partitions are deterministic for the same input offsets: partition i of
@@ -35,13 +39,15 @@ until the driver's `commit`, and a failed job's `abort` aborts every prepared tr
 retried task fences and aborts its failed attempt's, even one Spark never reported).
 
 Prepared transactions never time out (they wait for the driver): a query stopped for good between
-prepare and commit holds its output partitions' last stable offset until it is restarted (or an admin client
-completes them by hand: `Admin.describe_transactions` lists them, state "Prepared"). Transactions still open (not prepared) are aborted by
-the coordinator after `transaction.timeout.ms` (the sink's default: 15 minutes, the broker's
+prepare and commit holds its output partitions' last stable offset until it is restarted (or an
+admin client completes them by hand: `Admin.describe_transactions` lists them, state "Prepared").
+Transactions still open (not prepared) are aborted by the coordinator after
+`transaction.timeout.ms` (the sink's default: 15 minutes, the broker's
 `transaction.max.timeout.ms` default).
 """
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -53,16 +59,19 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import WriterCommitMessage
 
-from client import Admin, Producer
+from client import Producer
+from client.admin import AsyncAdmin
 from client.transactions import PreparedTransaction
 from common.errors import PymqError
 from spark_datasource.options import InvalidOptionError
 
 log = logging.getLogger("pymq.spark.writer")
 
-# Spark's local property holding the micro-batch id of a streaming query's jobs
-# (MicroBatchExecution.BATCH_ID_KEY); Python workers receive the task's local properties.
+# Spark's local properties holding the micro-batch id of a streaming query's jobs
+# (MicroBatchExecution.BATCH_ID_KEY) and the query's id (StreamExecution.QUERY_ID_KEY, kept in the
+# checkpoint's metadata); Python workers receive the task's local properties.
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
 # How long the driver keeps retrying a retriable failure to complete the prepared transactions.
 COMPLETE_TIMEOUT_S = 120.0
 
@@ -84,7 +93,7 @@ class PreparedWrite(WriterCommitMessage):
 @dataclass(frozen=True)
 class TransactionNaming:
     """How a sink's tasks name their transactions: `{prefix}-{partitionId}`, labelled with the
-    micro-batch id (streaming, `label` None) or the job's `label` (batch)."""
+    query id and micro-batch id (streaming, `label` None) or the job's `label` (batch)."""
 
     prefix: str
     label: str | None = None
@@ -116,10 +125,12 @@ class TransactionNaming:
             raise RuntimeError("pymq sink: a task's transaction is named from its TaskContext, and there is none")
         label = self.label
         if label is None:
-            label = context.getLocalProperty(BATCH_ID_PROPERTY)
-            if label is None:
-                raise RuntimeError(f"pymq stream sink: the task has no {BATCH_ID_PROPERTY!r} local property, so its "
-                                   "micro-batch is unknown and exactly once cannot be kept")
+            query, batch = context.getLocalProperty(QUERY_ID_PROPERTY), context.getLocalProperty(BATCH_ID_PROPERTY)
+            if query is None or batch is None:
+                raise RuntimeError(f"pymq stream sink: the task lacks Spark's {QUERY_ID_PROPERTY!r} or "
+                                   f"{BATCH_ID_PROPERTY!r} local property, so its micro-batch is unknown and exactly "
+                                   "once cannot be kept")
+            label = f"{query}:{batch}"
         return f"{self.prefix}-{context.partitionId()}", label
 
 
@@ -172,21 +183,40 @@ def prepared_of(messages: Sequence[WriterCommitMessage | None]) -> list[Prepared
 
 def complete_all(bootstrap: str, prepared: Sequence[PreparedTransaction], commit: bool,
                  timeout_s: float = COMPLETE_TIMEOUT_S) -> None:
-    """Commit (or abort) every prepared transaction, retrying retriable failures until
-    `timeout_s`; raise the first failure that remains (the query or job fails: a batch whose
-    transactions cannot all commit is never reported written). A retry of a decision already
-    taken is answered OK by the coordinator."""
-    if not prepared:
-        return
-    deadline = time.monotonic() + timeout_s
-    with Admin(bootstrap) as admin:
-        for p in prepared:
-            while True:
-                try:
-                    admin.complete_transaction(p, commit=commit)
-                    break
-                except PymqError as err:
-                    if not err.retriable or time.monotonic() >= deadline:
-                        raise
-                    log.warning("pymq sink: completing %s: %s; retrying", p.transactional_id, err)
-                    time.sleep(0.5)
+    """Commit every prepared transaction (all at once), retrying retriable failures until
+    `timeout_s`, and raise the first failure that remains: the query or job fails, and a batch
+    whose transactions cannot all commit is never reported written. A retry of a decision already
+    taken is answered OK by the coordinator. With `commit` False (Spark is failing the write
+    anyway) each is aborted and a failure is logged, not raised: a transaction fenced since
+    (PRODUCER_FENCED) was aborted by then already."""
+    if prepared:
+        asyncio.run(_complete_all(bootstrap, prepared, commit, timeout_s))
+
+
+async def _complete_all(bootstrap: str, prepared: Sequence[PreparedTransaction], commit: bool,
+                        timeout_s: float) -> None:
+    admin = AsyncAdmin(bootstrap)
+    try:
+        outcomes = await asyncio.gather(*(_complete(admin, p, commit, time.monotonic() + timeout_s)
+                                          for p in prepared), return_exceptions=True)
+    finally:
+        await admin.close()
+    failures = [(p, o) for p, o in zip(prepared, outcomes) if isinstance(o, BaseException)]
+    if commit and failures:
+        p, first = failures[0]
+        raise RuntimeError(f"pymq sink: {len(failures)} of {len(prepared)} prepared transactions could not be "
+                           f"committed; first: {p.transactional_id}: {first!r}") from first
+    for p, err in failures:
+        log.warning("pymq sink: aborting %s: %r", p.transactional_id, err)
+
+
+async def _complete(admin: AsyncAdmin, prepared: PreparedTransaction, commit: bool, deadline: float) -> None:
+    while True:
+        try:
+            await admin.complete_transaction(prepared, commit=commit)
+            return
+        except PymqError as err:
+            if not err.retriable or time.monotonic() >= deadline:
+                raise
+            log.warning("pymq sink: completing %s: %s; retrying", prepared.transactional_id, err)
+        await asyncio.sleep(0.5)

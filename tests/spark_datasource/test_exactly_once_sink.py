@@ -5,6 +5,7 @@ crash between two commits leaves them); a batch job that fails in a task leaves 
 and holds no reader back; the options that exactly once cannot keep are refused by name."""
 from __future__ import annotations
 
+import shutil
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,6 +73,30 @@ def test_a_streaming_copy_is_seen_once_by_read_committed_readers(spark, bootstra
     with Admin(bootstrap) as admin:
         states = {t.state for t in admin.describe_transactions([f"{prefix}-{p}" for p in range(3)])}
     assert states == {"CompleteCommit"}
+
+
+def test_a_query_started_over_on_a_deleted_checkpoint_writes_its_batches(spark, bootstrap, topic_name, tmp_path):
+    """A checkpoint deleted and the query started again at the same location (to reprocess):
+    batch ids begin at 0 again under the same transactional ids, yet the new query's batch 0 is
+    not taken for the old query's committed batch 0 (the label holds the query id): the output
+    holds the input twice, as the user asked."""
+    source, sink = f"{topic_name}-in", f"{topic_name}-out"
+    create_topics(bootstrap, 1, source, sink)
+    values = [b"once-%d" % i for i in range(5)]
+    produce(bootstrap, source, values, partition=0)
+    checkpoint = tmp_path / "checkpoint"
+    for _ in range(2):
+        query = (spark.readStream.format("pymq").option("kafka.bootstrap.servers", bootstrap)
+                 .option("subscribe", source).option("startingOffsets", "earliest").load().select("value")
+                 .writeStream.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("topic", sink)
+                 .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+        try:
+            assert query.awaitTermination(180), "Trigger.AvailableNow did not stop"
+            assert query.exception() is None
+        finally:
+            query.stop()
+        shutil.rmtree(checkpoint)
+    assert committed_values(bootstrap, sink, 1) == Counter(values * 2)
 
 
 def test_a_replayed_batch_skips_committed_partitions_and_rewrites_prepared_ones(bootstrap, topic_name):
