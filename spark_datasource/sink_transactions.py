@@ -42,8 +42,7 @@ Prepared transactions never time out (they wait for the driver): a query stopped
 prepare and commit holds its output partitions' last stable offset until it is restarted (or an
 admin client completes them by hand: `Admin.describe_transactions` lists them, state "Prepared").
 Transactions still open (not prepared) are aborted by the coordinator after
-`transaction.timeout.ms` (the sink's default: 15 minutes, the broker's
-`transaction.max.timeout.ms` default).
+`transaction.timeout.ms` (the sink's default: 5 minutes).
 """
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ micro-batch id), or aborts them: both sinks are exactly once for read_committed 
 (sink_transactions.py says how and under which assumption). Options of the transactions:
 `transactionalIdPrefix` (the ids are `{prefix}-{partitionId}`; streaming: by default derived from
 the query's `checkpointLocation`, batch: a uuid per job is appended) and
-`kafka.transaction.timeout.ms` (default 15 minutes). The sink owns its transactional ids:
+`kafka.transaction.timeout.ms` (default 5 minutes). The sink owns its transactional ids:
 `kafka.transactional.id` is refused, and so are `kafka.acks` other than `all` and
 `kafka.enable.idempotence=false` (a transactional producer needs both).
 """
@@ -55,9 +55,11 @@ from spark_datasource.sink_transactions import (
 
 log = logging.getLogger("pymq.spark.writer")
 
-# A transaction stays open while its task writes: 15 minutes (the broker's default
-# transaction.max.timeout.ms) rather than the producer's 60 s, so a long task is not aborted.
-SINK_DEFAULTS = {"acks": "all", "linger_ms": 5, "batch_size": 1 << 20, "transaction_timeout_ms": 900_000}
+# A task's transaction stays open while the task computes and sends its rows: 5 minutes rather
+# than the producer's 60 s, so a slow task is not aborted under it. It is also how long the
+# producer retries reaching the transaction coordinator (init_transactions), so not the broker's
+# 15-minute maximum: a task that cannot reach one fails within minutes and Spark sees it.
+SINK_DEFAULTS = {"acks": "all", "linger_ms": 5, "batch_size": 1 << 20, "transaction_timeout_ms": 300_000}
 # Options of Spark's own writers that reach every sink with the user's (`writeStream` keeps
 # `checkpointLocation` and `queryName` there; `save(path)` sets `path`): not the sink's, so not
 # refused as unknown.
