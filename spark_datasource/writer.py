@@ -12,17 +12,21 @@ Columns, as the Spark Kafka sink takes them:
 
 Other columns are ignored (as Kafka's sink does). Options: `kafka.bootstrap.servers` (or
 `bootstrap.servers`), `topic`, `includeHeaders` (`true` by default: a `headers` column is
-written; `false`: it is not), and producer settings as `kafka.<name>` (`kafka.acks`,
-`kafka.linger.ms`, `kafka.batch.size`, `kafka.compression.type`, ...). The sink's producer
-defaults to `acks=all`. Batch writes need `.mode("append")`: Spark refuses its default mode
+written; `false`: it is not), and producer settings as `kafka.<name>` (`kafka.linger.ms`,
+`kafka.batch.size`, `kafka.compression.type`, ...). Batch writes need `.mode("append")`: Spark refuses its default mode
 (ErrorIfExists) for every Python data source before the sink is asked, and the sink refuses
 overwrite.
 
 Each task sends its Arrow batches with the producer's columnar `send_batch` (rows are grouped by
-topic and partition with Arrow kernels; no per-row Python), flushes, and checks every batch's
-outcome: a task whose rows were not all acknowledged raises, so Spark retries it or fails the
-job. Delivery is at least once (a retried task sends its rows again); the exactly-once sink is a
-later step (transactions committed by the driver per batch id).
+topic and partition with Arrow kernels; no per-row Python), inside a transaction that it prepares;
+the driver commits every task's transaction when Spark commits the write (streaming: per
+micro-batch id), or aborts them: both sinks are exactly once for read_committed readers
+(sink_transactions.py says how and under which assumption). Options of the transactions:
+`transactionalIdPrefix` (the ids are `{prefix}-{partitionId}`; streaming: by default derived from
+the query's `checkpointLocation`, batch: a uuid per job is appended) and
+`kafka.transaction.timeout.ms` (default 5 minutes). The sink owns its transactional ids:
+`kafka.transactional.id` is refused, and so are `kafka.acks` other than `all` and
+`kafka.enable.idempotence=false` (a transactional producer needs both).
 """
 from __future__ import annotations
 
@@ -41,10 +45,21 @@ from client.config import client_settings
 from client.producer import AsyncProducer
 from spark_datasource.options import InvalidOptionError, boolean_option, bootstrap_servers
 from spark_datasource.schema import HEADER_TYPE
+from spark_datasource.sink_transactions import (
+    PreparedWrite,
+    TransactionNaming,
+    complete_all,
+    prepared_of,
+    write_prepared,
+)
 
 log = logging.getLogger("pymq.spark.writer")
 
-SINK_DEFAULTS = {"acks": "all", "linger_ms": 5, "batch_size": 1 << 20}
+# A task's transaction stays open while the task computes and sends its rows: 5 minutes rather
+# than the producer's 60 s, so a slow task is not aborted under it. It is also how long the
+# producer retries reaching the transaction coordinator (init_transactions), so not the broker's
+# 15-minute maximum: a task that cannot reach one fails within minutes and Spark sees it.
+SINK_DEFAULTS = {"acks": "all", "linger_ms": 5, "batch_size": 1 << 20, "transaction_timeout_ms": 300_000}
 # Options of Spark's own writers that reach every sink with the user's (`writeStream` keeps
 # `checkpointLocation` and `queryName` there; `save(path)` sets `path`): not the sink's, so not
 # refused as unknown.
@@ -64,6 +79,8 @@ class SinkOptions:
     topic: str | None
     producer: dict[str, Any] = field(default_factory=dict)
     headers: bool = True  # write the `headers` column when there is one (includeHeaders=false: not)
+    transactional_id_prefix: str | None = None  # the `transactionalIdPrefix` option
+    checkpoint_location: str | None = None  # writeStream's, which names a query's transactions
 
     @classmethod
     def parse(cls, options: Mapping[str, str], schema: StructType) -> "SinkOptions":
@@ -75,21 +92,38 @@ class SinkOptions:
         topic = opts.pop("topic", None)
         headers = boolean_option(opts, "includeheaders", True)
         opts.pop("includeheaders", None)
+        prefix = opts.pop("transactionalidprefix", "").strip() or None
+        checkpoint = opts.get("checkpointlocation")
         for name in SPARK_WRITER_OPTIONS:
             opts.pop(name, None)
+        _check_transactional(opts)
         settings = {}
         for name, value in opts.items():
             if not name.startswith("kafka."):
                 raise InvalidOptionError(f"unknown option {name!r} for the pymq sink; accepted: kafka.bootstrap.servers, "
-                                         "topic, includeHeaders, and producer settings as kafka.<name> (e.g. "
-                                         "kafka.linger.ms)")
+                                         "topic, includeHeaders, transactionalIdPrefix, and producer settings as "
+                                         "kafka.<name> (e.g. kafka.linger.ms)")
             settings[name.removeprefix("kafka.")] = _number_or_text(value)
         try:
             _, producer = client_settings(AsyncProducer.__init__, bootstrap, settings, {})
         except ValueError as err:
             raise InvalidOptionError(f"pymq sink: {err} (give them with the 'kafka.' prefix)") from err
         _check_columns(schema, topic)
-        return cls(bootstrap, topic.strip() if topic else None, {**SINK_DEFAULTS, **producer}, headers)
+        return cls(bootstrap, topic.strip() if topic else None, {**SINK_DEFAULTS, **producer}, headers, prefix,
+                   checkpoint)
+
+
+def _check_transactional(opts: Mapping[str, str]) -> None:
+    """Producer settings that exactly once cannot keep, refused on the driver before any task."""
+    if "kafka.transactional.id" in opts:
+        raise InvalidOptionError("the pymq sink names its own transactions (one id per task): remove "
+                                 "kafka.transactional.id; 'transactionalIdPrefix' sets the ids' prefix")
+    if opts.get("kafka.acks", "all").strip().lower() not in ("all", "-1"):
+        raise InvalidOptionError(f"the pymq sink writes exactly once, in transactions, which need kafka.acks=all "
+                                 f"(given {opts['kafka.acks']!r})")
+    if opts.get("kafka.enable.idempotence", "true").strip().lower() == "false":
+        raise InvalidOptionError("the pymq sink writes exactly once, in transactions, which need the idempotent "
+                                 "producer: remove kafka.enable.idempotence=false")
 
 
 def _number_or_text(value: str) -> Any:
@@ -118,29 +152,21 @@ def _check_columns(schema: StructType, topic_option: str | None) -> None:
             raise InvalidOptionError(f"the pymq sink's column {name!r} must be {kinds}, not {f.dataType.simpleString()}")
 
 
-@dataclass
-class WrittenRows(WriterCommitMessage):
-    """What one task wrote: acknowledged rows per topic."""
-
-    rows: dict[str, int]
-
-
-def write_batches(options: SinkOptions, batches: Iterator[pa.RecordBatch]) -> WrittenRows:
-    """Send every row of `batches`; return once all are acknowledged, or raise."""
+def send_rows(options: SinkOptions, producer: Producer, batches: Iterator[pa.RecordBatch]) -> dict[str, int]:
+    """Send every row of `batches`; return the rows per topic once all are acknowledged, or raise."""
     written: dict[str, int] = {}
     results = []
-    with Producer(options.bootstrap_servers, **options.producer) as producer:
-        for batch in batches:
-            for topic, partition, rows in _split(batch, options.topic, options.headers):
-                results.extend(producer.send_batch(topic, rows, partition=partition))
-                written[topic] = written.get(topic, 0) + rows.num_rows
-        producer.flush()
+    for batch in batches:
+        for topic, partition, rows in _split(batch, options.topic, options.headers):
+            results.extend(producer.send_batch(topic, rows, partition=partition))
+            written[topic] = written.get(topic, 0) + rows.num_rows
+    producer.flush()
     failed = [r for r in results if r.error is not None or not r.completed]
     if failed:
         first = failed[0]
         raise RuntimeError(f"pymq sink: {len(failed)} of {len(results)} batches were not acknowledged; first: "
                            f"{first.topic}-{first.partition}: {first.error!r}") from first.error
-    return WrittenRows(written)
+    return written
 
 
 def _split(batch: pa.RecordBatch, topic_option: str | None, headers: bool) -> Iterator[tuple[str, int | None, pa.Table]]:
@@ -170,35 +196,54 @@ def _split(batch: pa.RecordBatch, topic_option: str | None, headers: bool) -> It
             yield topic, p, rows.filter(pc.fill_null(pc.equal(partitions, p), False)).select(body)
 
 
+def write_task(options: SinkOptions, naming: TransactionNaming, batches: Iterator[pa.RecordBatch]) -> PreparedWrite:
+    """A task's rows, in its prepared transaction (executor side)."""
+    transactional_id, label = naming.task_id_and_label()
+    return write_prepared(options.bootstrap_servers, options.producer, transactional_id, label, batches,
+                          lambda producer, rows: send_rows(options, producer, rows))
+
+
 class PymqArrowWriter(DataSourceArrowWriter):
+    """Batch writes: the job's transactions, named with a uuid made here on the driver."""
+
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
+        self.naming = TransactionNaming.for_job(options.transactional_id_prefix)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenRows:
-        return write_batches(self.options, iterator)
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> PreparedWrite:
+        return write_task(self.options, self.naming, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        log.info("pymq sink: wrote %d rows", _total(messages))
+        complete_all(self.options.bootstrap_servers, prepared_of(messages), commit=True)
+        log.info("pymq sink: job %s committed %d rows", self.naming.label, _total(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        log.warning("pymq sink: job aborted after %d acknowledged rows (at least once: they stay written)",
+        log.warning("pymq sink: job %s failed: aborting the transactions of %d rows", self.naming.label,
                     _total(messages))
+        complete_all(self.options.bootstrap_servers, prepared_of(messages), commit=False)
 
 
 class PymqStreamArrowWriter(DataSourceStreamArrowWriter):
+    """Streaming writes: each micro-batch's transactions, committed by `commit(messages, batchId)`."""
+
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
+        self.naming = TransactionNaming.for_stream(options.transactional_id_prefix, options.checkpoint_location)
 
-    def write(self, iterator: Iterator[pa.RecordBatch]) -> WrittenRows:
-        return write_batches(self.options, iterator)
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> PreparedWrite:
+        return write_task(self.options, self.naming, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        log.info("pymq sink: batch %d wrote %d rows", batchId, _total(messages))
+        complete_all(self.options.bootstrap_servers, prepared_of(messages), commit=True)
+        skipped = sum(1 for m in messages if isinstance(m, PreparedWrite) and m.skipped)
+        log.info("pymq sink: batch %d committed %d rows (%d partitions committed by an earlier run)", batchId,
+                 _total(messages), skipped)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        log.warning("pymq sink: batch %d aborted after %d acknowledged rows (at least once: Spark runs it again)",
+        log.warning("pymq sink: batch %d failed: aborting the transactions of %d rows (Spark runs it again)",
                     batchId, _total(messages))
+        complete_all(self.options.bootstrap_servers, prepared_of(messages), commit=False)
 
 
 def _total(messages: list[WriterCommitMessage | None]) -> int:
-    return sum(sum(m.rows.values()) for m in messages if isinstance(m, WrittenRows))
+    return sum(sum(m.rows.values()) for m in messages if isinstance(m, PreparedWrite))

@@ -1,0 +1,147 @@
+"""Exactly once through driver crashes: a Spark driver (its own process and local[2] JVM,
+eos_sink_driver.py) runs two streaming queries into the exactly-once `pymq` sink, a copy
+(pymq -> pymq) and a stateful aggregation (pymq -> count per key and event-time window -> pymq,
+append mode: Spark 4.2 has no Update mode for Python data source sinks). It is SIGKILLed while a
+micro-batch's transactions are prepared but not committed, restarted from its checkpoints,
+SIGKILLed so again, and restarted to catch up. A read_committed consumer then sees every input
+record once in the copy, and each closed window's true count per key once in the counts."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from broker.process import BrokerProcess
+from client import Admin, Producer
+from common.errors import PymqError
+from spark_datasource.sink_transactions import TransactionNaming
+from tests.helpers.isolated_reads import read_isolated
+from tests.waiting import wait_until
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
+
+SOURCE = "eos-in"
+SOURCE_PARTITIONS = 4  # two waves of tasks on local[2]: the first wave's transactions wait prepared
+OUTPUT_PARTITIONS = 2
+KEYS = 12
+RECORDS = 1_200
+PER_SECOND = 100  # records per second of event time: record i's timestamp is T0 + (i // 100) s
+T0_MS = 1_700_000_000_000
+PER_TRIGGER = 100
+DRIVER = Path(__file__).with_name("eos_sink_driver.py")
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[BrokerProcess]:
+    process = BrokerProcess(tmp_path / "broker", {"transaction.state.log.num.partitions": 3}).start()
+    yield process
+    process.kill()
+
+
+def batch_files(folder: Path) -> set[int]:
+    return {int(f.name) for f in folder.glob("[0-9]*")} if folder.exists() else set()
+
+
+class Driver:
+    """eos_sink_driver.py in its own session (SIGKILL reaches its JVM and Python workers too)."""
+
+    def __init__(self, bootstrap: str, folder: Path, mode: str, run: int) -> None:
+        self.log = folder / f"driver-{run}.err"
+        self.process = subprocess.Popen(
+            [sys.executable, str(DRIVER), bootstrap, SOURCE, str(folder), str(PER_TRIGGER), mode],
+            start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb"))
+
+    def alive(self) -> None:
+        assert self.process.poll() is None, self.log.read_text()[-3000:]
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(60)
+
+
+def transactional_ids(folder: Path) -> list[str]:
+    copy = TransactionNaming.for_stream(None, str(folder / "copy")).prefix
+    return ([f"{copy}-{p}" for p in range(SOURCE_PARTITIONS)] +
+            [f"{SOURCE}-count-{p}" for p in range(OUTPUT_PARTITIONS)])
+
+
+def prepared(admin: Admin, ids: list[str]) -> list[str]:
+    """The ids whose transaction is prepared (unknown ids: none yet)."""
+    found = []
+    for transactional_id in ids:
+        try:
+            state = admin.describe_transactions([transactional_id])[0].state
+        except PymqError:
+            continue
+        if state == "Prepared":
+            found.append(transactional_id)
+    return found
+
+
+def run_until_prepared(bootstrap: str, folder: Path, run: int) -> list[str]:
+    """Start the driver; once both queries committed a batch in this run and a batch's
+    transactions wait prepared, SIGKILL it. Returns the ids found prepared."""
+    commits = {name: batch_files(folder / name / "commits") for name in ("copy", "count")}
+    driver = Driver(bootstrap, folder, "run", run)
+    ids = transactional_ids(folder)
+    try:
+        with Admin(bootstrap) as admin:
+            def progressed() -> bool:
+                driver.alive()
+                return all(batch_files(folder / name / "commits") - done for name, done in commits.items())
+
+            wait_until(progressed, 300, f"run {run}: a batch committed by each query", interval_s=0.1)
+            found = wait_until(lambda: driver.alive() or prepared(admin, ids), 300,
+                               f"run {run}: a prepared transaction", interval_s=0.005)
+    finally:
+        driver.kill()
+    return found
+
+
+def test_driver_sigkilled_twice_mid_batch_then_restarted_writes_each_record_once(broker: BrokerProcess,
+                                                                                tmp_path: Path) -> None:
+    bootstrap = broker.bootstrap
+    with Admin(bootstrap) as admin:
+        admin.create_topic(SOURCE, partitions=SOURCE_PARTITIONS)
+        for name in ("copy", "count"):
+            admin.create_topic(f"{SOURCE}-{name}", partitions=OUTPUT_PARTITIONS)
+    records = [(b"k%02d" % (i % KEYS), b"v%05d" % i) for i in range(RECORDS)]
+    times = [T0_MS + (i // PER_SECOND) * 1000 for i in range(RECORDS)]
+    # After them, one record per partition far later in event time: the watermark passes every
+    # window of the records, so each window's count is emitted (its own window stays open).
+    late = T0_MS + 1000 * 1000
+    with Producer(bootstrap, linger_ms=5) as producer:
+        futures = [producer.send(SOURCE, v, key=k, partition=i % SOURCE_PARTITIONS, timestamp_ms=times[i])
+                   for i, (k, v) in enumerate(records)]
+        futures += [producer.send(SOURCE, b"end", key=b"end", partition=p, timestamp_ms=late)
+                    for p in range(SOURCE_PARTITIONS)]
+        producer.flush()
+        for future in futures:
+            future.result(30)
+
+    left_prepared = [run_until_prepared(bootstrap, tmp_path, run) for run in (1, 2)]
+    with Admin(bootstrap) as admin:  # the driver is dead: nobody commits them
+        assert set(prepared(admin, transactional_ids(tmp_path))) >= set(left_prepared[1])
+
+    final = Driver(bootstrap, tmp_path, "catch-up", 3)
+    assert final.process.wait(600) == 0, final.log.read_text()[-3000:]
+
+    copy = read_isolated(bootstrap, f"{SOURCE}-copy", OUTPUT_PARTITIONS, "read_committed")
+    assert Counter((k, v) for _, _, k, v in copy) == Counter(records + [(b"end", b"end")] * SOURCE_PARTITIONS)
+    counts = read_isolated(bootstrap, f"{SOURCE}-count", OUTPUT_PARTITIONS, "read_committed")
+    truth = Counter((k, t) for (k, _), t in zip(records, times))
+    assert Counter((k, v) for _, _, k, v in counts) == Counter(
+        (k, b"%d:%d" % (t, n)) for (k, t), n in truth.items())  # each window's count once
+    # The kills left prepared transactions with rows: the restarts aborted them, and their rows
+    # are in the log for read_uncommitted readers only.
+    written = sum(len(read_isolated(bootstrap, f"{SOURCE}-{name}", OUTPUT_PARTITIONS, "read_uncommitted"))
+                  for name in ("copy", "count"))
+    assert written > len(copy) + len(counts)
+
