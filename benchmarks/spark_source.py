@@ -11,7 +11,13 @@ loaded with `--records` 100-byte values (null keys, `send_batch`), then:
 - stream_latency: a producer process sends 100-byte records at `--rate` msg/s (linger 0) while a
                  query with a 100 ms processing-time trigger collects each micro-batch's record
                  timestamps in `foreachBatch`; latency = arrival in the micro-batch - create time.
-- batch_write:   `spark.range(n)` as 100-byte values written with `write.format("pymq")`.
+- batch_write:   `spark.range(n)` as 100-byte values written with `write.format("pymq")` (exactly
+                 once: every task's transaction prepared, then committed by the driver).
+- stream_copy:   the backlog copied pymq -> pymq by a streaming query (AvailableNow, the same
+                 maxOffsetsPerTrigger as stream_noop) into the exactly-once sink, and the same into
+                 an at-least-once sink as Spark's Kafka sink is (each task sends its rows with an
+                 idempotent producer, no transaction: `foreachBatch` + `mapInArrow`): sustained
+                 rows/s of each, the output counted back (read_committed).
 
     python -m benchmarks.spark_source [--records 10000000] [--partitions 4] [--quick] [--only batch_read ...]
 """
@@ -27,7 +33,7 @@ from benchmarks.harness import SummaryRow
 
 DEFAULT_RECORDS = 10_000_000
 RECORD_SIZE = 100
-WORKLOADS = ["batch_read", "stream_noop", "stream_latency", "batch_write"]
+WORKLOADS = ["batch_read", "stream_noop", "stream_latency", "batch_write", "stream_copy"]
 CHUNK = 1_000_000
 
 
@@ -130,10 +136,66 @@ def batch_write(spark: Any, bootstrap: str, topic: str, records: int, partitions
     started = time.perf_counter()
     df.write.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("topic", topic).mode("append").save()
     elapsed = time.perf_counter() - started
-    written = sum(harness.topic_end_offsets(bootstrap, topic, partitions).values())
+    written = read_back(spark, bootstrap, topic)
     if written != records:
         raise RuntimeError(f"batch write stored {written} of {records} rows")
     return {"records": records, "seconds": round(elapsed, 2), "rows_per_s": round(records / elapsed)}
+
+
+def read_back(spark: Any, bootstrap: str, topic: str) -> int:
+    """The rows of `topic` a read_committed reader sees (its offsets also hold transaction markers)."""
+    return spark.read.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic).load().count()
+
+
+def stream_copy(spark: Any, bootstrap: str, topic: str, partitions: int, records: int, work: Path,
+                per_trigger: int) -> dict[str, Any]:
+    """The backlog copied into two new topics, exactly once and at least once (see the module docstring)."""
+    out: dict[str, Any] = {}
+    for mode in ("exactly_once", "at_least_once"):
+        target = f"copy-{mode}"
+        harness.create_topic(bootstrap, target, partitions)
+        source = (spark.readStream.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+                  .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", per_trigger).load()
+                  .select("key", "value"))
+        checkpoint = str(work / f"{mode}-checkpoint")
+        if mode == "exactly_once":
+            writer = (source.writeStream.format("pymq").option("kafka.bootstrap.servers", bootstrap)
+                      .option("topic", target))
+        else:
+            writer = source.writeStream.foreachBatch(_at_least_once_batch(bootstrap, target))
+        query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True)
+        started = time.perf_counter()
+        running = query.start()
+        running.awaitTermination()
+        elapsed = time.perf_counter() - started
+        rows = sum(p.numInputRows for p in running.recentProgress)
+        written = read_back(spark, bootstrap, target)
+        if written < records or (mode == "exactly_once" and written != records):
+            raise RuntimeError(f"{mode} copy stored {written} of {records} rows")
+        out[mode] = {"rows": rows, "seconds": round(elapsed, 2), "rows_per_s": round(rows / elapsed),
+                     "batches": len(running.recentProgress)}
+    out["ratio"] = round(out["exactly_once"]["rows_per_s"] / out["at_least_once"]["rows_per_s"], 3)
+    return out
+
+
+def _at_least_once_batch(bootstrap: str, topic: str) -> Any:
+    """foreachBatch: each task sends its rows with an idempotent producer (acks=all), as Spark's
+    Kafka sink does (at least once: a retried task or a replayed batch sends its rows again)."""
+    import pyarrow as pa
+
+    def send(batches: Any) -> Any:
+        from client import Producer
+
+        with Producer(bootstrap, acks="all", linger_ms=5, batch_size=1 << 20) as producer:
+            for batch in batches:
+                producer.send_batch(topic, pa.Table.from_batches([batch]))
+            producer.flush()
+        yield pa.RecordBatch.from_pylist([], schema=pa.schema([("sent", pa.int64())]))
+
+    def each_batch(df: Any, batch_id: int) -> None:
+        df.mapInArrow(send, "sent long").write.format("noop").mode("overwrite").save()
+
+    return each_batch
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -169,6 +231,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if "stream_latency" in args.only:
                 results["stream_latency"] = stream_latency(spark, broker.bootstrap, "latency", args.rate, duration, work)
                 print("stream_latency", results["stream_latency"], flush=True)
+            if "stream_copy" in args.only:
+                results["stream_copy"] = stream_copy(spark, broker.bootstrap, topic, args.partitions, records, work,
+                                                     max(records // 5, 1))
+                print("stream_copy", results["stream_copy"], flush=True)
             if "batch_write" in args.only:
                 results["batch_write"] = batch_write(spark, broker.bootstrap, "written", records, args.partitions)
                 print("batch_write", results["batch_write"], flush=True)
@@ -199,6 +265,13 @@ def summary(results: dict[str, Any]) -> list[SummaryRow]:
         rows.append(SummaryRow(f"Spark streaming latency, {lat['rate']:,} msg/s, 100 ms trigger", "(report)",
                                f"p50 {lat['p50_ms']:.0f} / p99 {lat['p99_ms']:.0f} ms", None,
                                f"create time -> rows in foreachBatch; {lat['records']:,} records"))
+    copy = results.get("stream_copy")
+    if copy:
+        eos, alo = copy["exactly_once"], copy["at_least_once"]
+        rows.append(SummaryRow("Spark streaming copy pymq -> pymq, exactly-once sink", "(report: vs at least once)",
+                               f"{harness.rate(eos['rows_per_s'])} ({copy['ratio']:.2f}x at least once)", None,
+                               f"at least once (Kafka-sink style): {harness.rate(alo['rows_per_s'])}; "
+                               f"{eos['batches']} batches each"))
     write = results.get("batch_write")
     if write:
         rows.append(SummaryRow(f"Spark batch write, {write['records']:,} x 100 B", "(report)",
