@@ -3,7 +3,7 @@
     python -m benchmarks.run_all                    # full volumes (~30 min on 2 cores)
     python -m benchmarks.run_all --quick            # every volume ~20x smaller (~2 min)
     python -m benchmarks.run_all --memory-gb 4      # a smaller memory run
-    python -m benchmarks.run_all --skip memory      # leave some out (produce, consume, latency, partitions, cluster, spark, tiered, tables, groups, cleaner, looplag, memory)
+    python -m benchmarks.run_all --skip memory      # leave some out (produce, eos, consume, latency, partitions, cluster, spark, tiered, tables, groups, cleaner, looplag, memory)
     python -m benchmarks.run_all --profile          # also run the py-spy profiles (benchmarks.profile)
 
 `make bench` runs `python -m benchmarks.run_all`. Each benchmark writes
@@ -18,6 +18,7 @@ from typing import Any
 from benchmarks import (
     cluster,
     consume_throughput,
+    exactly_once,
     groups,
     harness,
     latency,
@@ -32,7 +33,7 @@ from benchmarks import (
 )
 from benchmarks.harness import SummaryRow
 
-ORDER = ["produce", "consume", "latency", "partitions", "cluster", "spark", "tiered", "tables", "groups", "cleaner", "looplag",
+ORDER = ["produce", "eos", "consume", "latency", "partitions", "cluster", "spark", "tiered", "tables", "groups", "cleaner", "looplag",
          "memory"]
 
 
@@ -54,6 +55,9 @@ def main(argv: list[str] | None = None) -> list[SummaryRow]:
     if "produce" not in args.skip:
         print("\n### produce throughput", flush=True)
         done["produce"] = produce_throughput.main(quick)
+    if "eos" not in args.skip:
+        print("\n### exactly once: the idempotent producer's cost, transactions", flush=True)
+        done["eos"] = {"summary": [r.as_dict() for r in exactly_once.summary(exactly_once.main(quick))]}
     if "consume" not in args.skip:
         print("\n### consume throughput", flush=True)
         done["consume"] = consume_throughput.main(quick)
@@ -111,7 +115,8 @@ def main(argv: list[str] | None = None) -> list[SummaryRow]:
 
 def summarize_existing() -> list[SummaryRow]:
     """Recompute every summary row from the stored results (with the current summary code)."""
-    modules = {"produce": (produce_throughput, "produce_throughput"), "consume": (consume_throughput, "consume_throughput"),
+    modules = {"produce": (produce_throughput, "produce_throughput"), "eos": (exactly_once, "exactly_once"),
+               "consume": (consume_throughput, "consume_throughput"),
                "latency": (latency, "latency"), "partitions": (partitions, "partitions"), "cluster": (cluster, "cluster"),
                "spark": (spark_source, "spark_source"),
                "tiered": (tiered_storage, "tiered_storage"), "tables": (table_topics, "table_topics"),

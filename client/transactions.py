@@ -71,6 +71,10 @@ R = TypeVar("R")
 RETRIED = (NotCoordinatorError, CoordinatorNotAvailableError, CoordinatorLoadInProgressError,
            ConcurrentTransactionsError, NetworkError, RequestTimedOutError, BrokerNotAvailableError)
 FATAL = (ProducerFencedError, InvalidProducerEpochError)
+# CONCURRENT_TRANSACTIONS means the id's last transaction is having its markers written, which
+# takes milliseconds: retried sooner than a coordinator that moved (Kafka's producer retries it
+# after 20 ms too).
+CONCURRENT_BACKOFF_S = 0.02
 
 
 class TxnPhase(enum.Enum):
@@ -123,12 +127,14 @@ class CoordinatorLink:
                     return response
                 raise err
             except RETRIED as err:
-                if not isinstance(err, ConcurrentTransactionsError):
+                concurrent = isinstance(err, ConcurrentTransactionsError)
+                if not concurrent:
                     self._node = None
-                if time.monotonic() + backoff >= deadline:
+                wait = min(backoff, CONCURRENT_BACKOFF_S) if concurrent else backoff
+                if time.monotonic() + wait >= deadline:
                     raise
                 log.debug("coordinator of %r: %s; retrying", self.key, err.name())
-            await asyncio.sleep(backoff)
+            await asyncio.sleep(wait)
             backoff = min(backoff * 2, 1.0)
 
     async def _find(self) -> int:
