@@ -10,8 +10,8 @@ sent.
 Idempotent by default (`enable_idempotence`, as Kafka 3+; off with acks=0): each batch carries
 the producer id and a sequence number, and a partition leader answers a batch sent again after a
 lost response with the offsets it got the first time: retries write nothing twice and keep each
-partition's order (client/idempotence.py). A partition then has one Produce request in flight at
-a time, of at most five batches (its records arriving meanwhile fill the next). Without
+partition's order (client/idempotence.py). A partition's batches in flight then lie within five
+batches of its oldest unacknowledged one (several requests may be out, as without idempotence). Without
 idempotence, as in Kafka, retries with `max_in_flight > 1` may reorder a partition and a retry
 after a lost response writes a batch twice; with `max_in_flight=1`, as Kafka does for
 max.in.flight.requests.per.connection=1, a partition is muted while a batch of it is out (in
