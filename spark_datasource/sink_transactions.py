@@ -37,6 +37,12 @@ Batch (`DataSourceArrowWriter`): the prefix is unique to the job (a uuid made on
 the writer is created) and the label is that uuid; nothing is visible to read_committed readers
 until the driver's `commit`, and a failed job's `abort` aborts every prepared transaction (a
 retried task fences and aborts its failed attempt's, even one Spark never reported).
+A versioned batch write (`txnAppId` and `txnVersion`, as Delta Lake's, for `foreachBatch`: the
+micro-batch id as the version) has a prefix stable for the application (`transactionalIdPrefix`,
+or a hash of the app id) and the label `{appId}:{version}`, so a micro-batch that Spark replays
+after a crash calls the function again with the same version and the write skips the partitions
+that committed it, exactly as the streaming sink does; this is how a query in Update mode, which
+Spark refuses for Python data source sinks, writes exactly once.
 
 Prepared transactions never time out (they wait for the driver): a query stopped for good between
 prepare and commit holds its output partitions' last stable offset until it is restarted (or an
@@ -90,6 +96,15 @@ class PreparedWrite(WriterCommitMessage):
 
 
 @dataclass(frozen=True)
+class WriteVersion:
+    """A batch write's `txnAppId` and `txnVersion` (Delta Lake's options for idempotent writes
+    from `foreachBatch`): the write of one version of one application is committed once."""
+
+    app_id: str
+    version: int
+
+
+@dataclass(frozen=True)
 class TransactionNaming:
     """How a sink's tasks name their transactions: `{prefix}-{partitionId}`, labelled with the
     query id and micro-batch id (streaming, `label` None) or the job's `label` (batch)."""
@@ -111,9 +126,15 @@ class TransactionNaming:
         return cls(f"pymq-sink-{digest}")
 
     @classmethod
-    def for_job(cls, prefix_option: str | None) -> "TransactionNaming":
-        job = uuid.uuid4().hex
-        return cls(f"{prefix_option or 'pymq-batch'}-{job}", label=job)
+    def for_job(cls, prefix_option: str | None, application: "WriteVersion | None" = None) -> "TransactionNaming":
+        """A batch job's naming: unique to the job (a uuid), or, for a versioned write
+        (`txnAppId`/`txnVersion`), stable for the application so that writing a version again
+        finds the partitions that committed it."""
+        if application is None:
+            job = uuid.uuid4().hex
+            return cls(f"{prefix_option or 'pymq-batch'}-{job}", label=job)
+        digest = hashlib.sha256(application.app_id.encode()).hexdigest()[:20]
+        return cls(prefix_option or f"pymq-batch-{digest}", label=f"{application.app_id}:{application.version}")
 
     def task_id_and_label(self) -> tuple[str, str]:
         """The running task's transactional id and label (called on the executor)."""

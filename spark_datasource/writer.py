@@ -24,7 +24,9 @@ micro-batch id), or aborts them: both sinks are exactly once for read_committed 
 (sink_transactions.py says how and under which assumption). Options of the transactions:
 `transactionalIdPrefix` (the ids are `{prefix}-{partitionId}`; streaming: by default derived from
 the query's `checkpointLocation`, batch: a uuid per job is appended) and
-`kafka.transaction.timeout.ms` (default 5 minutes). The sink owns its transactional ids:
+`kafka.transaction.timeout.ms` (default 5 minutes); for batch writes `txnAppId` and `txnVersion`
+(Delta Lake's names: a version of an application is written once, so `foreachBatch` can pass the
+micro-batch id and be exactly once through replays, also in Update mode). The sink owns its transactional ids:
 `kafka.transactional.id` is refused, and so are `kafka.acks` other than `all` and
 `kafka.enable.idempotence=false` (a transactional producer needs both).
 """
@@ -48,6 +50,7 @@ from spark_datasource.schema import HEADER_TYPE
 from spark_datasource.sink_transactions import (
     PreparedWrite,
     TransactionNaming,
+    WriteVersion,
     complete_all,
     prepared_of,
     write_prepared,
@@ -81,6 +84,7 @@ class SinkOptions:
     headers: bool = True  # write the `headers` column when there is one (includeHeaders=false: not)
     transactional_id_prefix: str | None = None  # the `transactionalIdPrefix` option
     checkpoint_location: str | None = None  # writeStream's, which names a query's transactions
+    version: WriteVersion | None = None  # `txnAppId` and `txnVersion`: a batch write of one version
 
     @classmethod
     def parse(cls, options: Mapping[str, str], schema: StructType) -> "SinkOptions":
@@ -93,6 +97,7 @@ class SinkOptions:
         headers = boolean_option(opts, "includeheaders", True)
         opts.pop("includeheaders", None)
         prefix = opts.pop("transactionalidprefix", "").strip() or None
+        version = _write_version(opts.pop("txnappid", None), opts.pop("txnversion", None))
         checkpoint = opts.get("checkpointlocation")
         for name in SPARK_WRITER_OPTIONS:
             opts.pop(name, None)
@@ -101,7 +106,8 @@ class SinkOptions:
         for name, value in opts.items():
             if not name.startswith("kafka."):
                 raise InvalidOptionError(f"unknown option {name!r} for the pymq sink; accepted: kafka.bootstrap.servers, "
-                                         "topic, includeHeaders, transactionalIdPrefix, and producer settings as "
+                                         "topic, includeHeaders, transactionalIdPrefix, txnAppId and txnVersion, "
+                                         "and producer settings as "
                                          "kafka.<name> (e.g. kafka.linger.ms)")
             settings[name.removeprefix("kafka.")] = _number_or_text(value)
         try:
@@ -110,7 +116,23 @@ class SinkOptions:
             raise InvalidOptionError(f"pymq sink: {err} (give them with the 'kafka.' prefix)") from err
         _check_columns(schema, topic)
         return cls(bootstrap, topic.strip() if topic else None, {**SINK_DEFAULTS, **producer}, headers, prefix,
-                   checkpoint)
+                   checkpoint, version)
+
+
+def _write_version(app_id: str | None, version: str | None) -> WriteVersion | None:
+    """`txnAppId` and `txnVersion`, both or neither (Delta Lake's rule)."""
+    if app_id is None and version is None:
+        return None
+    if app_id is None or not app_id.strip() or version is None:
+        raise InvalidOptionError("the pymq sink's 'txnAppId' and 'txnVersion' go together: give both (a versioned "
+                                 "write, e.g. in foreachBatch: the query's id and the batch id) or neither")
+    try:
+        number = int(version)
+    except ValueError:
+        number = -1
+    if number < 0:
+        raise InvalidOptionError(f"the pymq sink's 'txnVersion' must be a whole number >= 0, not {version!r}")
+    return WriteVersion(app_id.strip(), number)
 
 
 def _check_transactional(opts: Mapping[str, str]) -> None:
@@ -208,7 +230,7 @@ class PymqArrowWriter(DataSourceArrowWriter):
 
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
-        self.naming = TransactionNaming.for_job(options.transactional_id_prefix)
+        self.naming = TransactionNaming.for_job(options.transactional_id_prefix, options.version)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PreparedWrite:
         return write_task(self.options, self.naming, iterator)
@@ -227,6 +249,9 @@ class PymqStreamArrowWriter(DataSourceStreamArrowWriter):
     """Streaming writes: each micro-batch's transactions, committed by `commit(messages, batchId)`."""
 
     def __init__(self, options: SinkOptions) -> None:
+        if options.version is not None:
+            raise InvalidOptionError("'txnAppId' and 'txnVersion' are for batch writes (df.write, e.g. in "
+                                     "foreachBatch): the streaming sink labels each micro-batch itself")
         self.options = options
         self.naming = TransactionNaming.for_stream(options.transactional_id_prefix, options.checkpoint_location)
 

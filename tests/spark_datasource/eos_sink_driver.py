@@ -1,4 +1,4 @@
-"""A Spark driver with two streaming queries into the exactly-once `pymq` sink, for
+"""A Spark driver with three streaming queries writing exactly once to `pymq`, for
 test_exactly_once_sink_kill.py to SIGKILL and restart from the same checkpoints (a process of its
 own: its own local[2] JVM, which dies with it).
 
@@ -10,18 +10,23 @@ own: its own local[2] JVM, which dies with it).
          transactions named by the `transactionalIdPrefix` option `{SOURCE}-count`. Append, not
          update: Spark 4.2 refuses Update mode for every Python data source sink (its
          PythonWriteBuilder is no SupportsStreamingUpdateAsAppend: "pymq does not support Update
-         mode"), so a stateful aggregation reaches a topic in append mode, through a watermark.
+         mode"), so a stateful aggregation reaches the sink in append mode, through a watermark;
+- update: SOURCE counted per key, in Update mode, through foreachBatch: each micro-batch a batch
+         write with `txnAppId` `{SOURCE}-update` and `txnVersion` the batch id -> `{SOURCE}-update`
+         (key, value the key's count so far), transactions named `{SOURCE}-update`.
 
-Checkpoints are FOLDER/copy and FOLDER/count. MODE `run` triggers every 200 ms until killed;
+Checkpoints are FOLDER/copy, FOLDER/count and FOLDER/update. MODE `run` triggers every 200 ms until killed;
 `catch-up` runs each query to the source's end (Trigger.AvailableNow) and exits 0.
 """
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from spark_datasource import local_spark
 
@@ -32,10 +37,12 @@ def main(bootstrap: str, source: str, folder: Path, per_trigger: int, mode: str)
             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", per_trigger).load())
     counts = (rows.withWatermark("timestamp", "5 seconds").groupBy(F.window("timestamp", "1 second"), "key").count()
               .select("key", F.format_string("%d:%d", F.unix_millis(F.col("window.start")), "count").alias("value")))
+    updates = rows.groupBy("key").count().select("key", F.col("count").cast("string").alias("value"))
     queries = [
-        start(rows.select("key", "value"), bootstrap, f"{source}-copy", folder / "copy", "append", mode),
-        start(counts, bootstrap, f"{source}-count", folder / "count", "append", mode,
-              transactionalIdPrefix=f"{source}-count"),
+        start(rows.select("key", "value"), folder / "copy", "append", mode, sink(bootstrap, f"{source}-copy")),
+        start(counts, folder / "count", "append", mode,
+              sink(bootstrap, f"{source}-count", transactionalIdPrefix=f"{source}-count")),
+        start(updates, folder / "update", "update", mode, versioned_sink(bootstrap, f"{source}-update")),
     ]
     for query in queries:
         query.awaitTermination()
@@ -43,11 +50,25 @@ def main(bootstrap: str, source: str, folder: Path, per_trigger: int, mode: str)
             raise SystemExit(f"query {query.name} failed: {query.exception()}")
 
 
-def start(df: DataFrame, bootstrap: str, topic: str, checkpoint: Path, output_mode: str, mode: str, **options: str):
-    writer = (df.writeStream.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
-              .option("checkpointLocation", str(checkpoint)).outputMode(output_mode).queryName(topic.replace("-", "_")))
-    for name, value in options.items():
-        writer = writer.option(name, value)
+def sink(bootstrap: str, topic: str, **options: str) -> Callable[[DataStreamWriter], DataStreamWriter]:
+    """The exactly-once streaming `pymq` sink."""
+    return lambda writer: (writer.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
+                           .options(**options))
+
+
+def versioned_sink(bootstrap: str, topic: str) -> Callable[[DataStreamWriter], DataStreamWriter]:
+    """foreachBatch writing each micro-batch as version `batch_id` of the application `topic`."""
+    def write(batch: DataFrame, batch_id: int) -> None:
+        (batch.write.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
+         .option("transactionalIdPrefix", topic).option("txnAppId", topic).option("txnVersion", batch_id)
+         .mode("append").save())
+    return lambda writer: writer.foreachBatch(write)
+
+
+def start(df: DataFrame, checkpoint: Path, output_mode: str, mode: str,
+          into: Callable[[DataStreamWriter], DataStreamWriter]) -> StreamingQuery:
+    writer = into(df.writeStream).option("checkpointLocation", str(checkpoint)).outputMode(output_mode)
+    writer = writer.queryName(checkpoint.name)
     writer = writer.trigger(availableNow=True) if mode == "catch-up" else writer.trigger(processingTime="200 milliseconds")
     return writer.start()
 

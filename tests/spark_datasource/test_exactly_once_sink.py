@@ -2,7 +2,8 @@
 read_committed readers; a replayed micro-batch skips the partitions whose transaction committed
 and rewrites the ones only prepared (the two-phase commit's steps driven by hand, as a driver
 crash between two commits leaves them); a batch job that fails in a task leaves nothing visible
-and holds no reader back; the options that exactly once cannot keep are refused by name."""
+and holds no reader back; a versioned batch write (`txnAppId`, `txnVersion`) written again is
+skipped; the options that exactly once cannot keep are refused by name."""
 from __future__ import annotations
 
 import shutil
@@ -18,8 +19,8 @@ from pyspark.sql.types import StringType, StructField, StructType
 from broker.process import BrokerProcess
 from client import Admin
 from spark_datasource.options import InvalidOptionError
-from spark_datasource.sink_transactions import TransactionNaming, complete_all, write_prepared
-from spark_datasource.writer import SinkOptions, send_rows
+from spark_datasource.sink_transactions import TransactionNaming, WriteVersion, complete_all, write_prepared
+from spark_datasource.writer import PymqStreamArrowWriter, SinkOptions, send_rows
 from tests.helpers.client_records import produce
 from tests.helpers.isolated_reads import read_isolated
 
@@ -179,11 +180,36 @@ def test_a_task_that_fails_mid_write_aborts_its_transaction_at_once(bootstrap, t
     assert len(read_isolated(bootstrap, topic_name, 1, "read_uncommitted")) == 3
 
 
+def test_a_version_written_again_is_skipped_and_the_next_is_written(spark, bootstrap, topic_name):
+    """Versioned batch writes (`txnAppId`, `txnVersion`), as foreachBatch makes them: version 7
+    written again (a replayed micro-batch) writes nothing, version 8 is written, and another
+    application's version 7 is its own: read_committed readers see each write once."""
+    create_topics(bootstrap, 2, topic_name)
+
+    def write(app: str, version: int, tag: str) -> None:
+        df = spark.range(20, numPartitions=2).select(F.format_string(f"{tag}-%d", "id").alias("value"))
+        (df.write.format("pymq").mode("append").option("kafka.bootstrap.servers", bootstrap)
+         .option("topic", topic_name).option("txnAppId", app).option("txnVersion", version).save())
+
+    write("daily-totals", 7, "v7")
+    write("daily-totals", 7, "v7-again")
+    write("daily-totals", 8, "v8")
+    write("hourly-totals", 7, "other")
+    want = Counter(b"%s-%d" % (tag, i) for tag in (b"v7", b"v8", b"other") for i in range(20))
+    assert committed_values(bootstrap, topic_name, 2) == want
+    assert len(read_isolated(bootstrap, topic_name, 2, "read_uncommitted")) == 60
+
+
 @pytest.mark.parametrize("options, message", [
     ({"kafka.transactional.id": "mine"}, "names its own transactions.*transactionalIdPrefix"),
     ({"kafka.acks": "1"}, "need kafka.acks=all"),
     ({"kafka.enable.idempotence": "false"}, "need the idempotent producer"),
-], ids=["transactional-id", "acks-1", "no-idempotence"])
+    ({"txnAppId": "app"}, "'txnAppId' and 'txnVersion' go together"),
+    ({"txnVersion": "3"}, "'txnAppId' and 'txnVersion' go together"),
+    ({"txnAppId": "app", "txnVersion": "-1"}, "whole number >= 0, not '-1'"),
+    ({"txnAppId": "app", "txnVersion": "three"}, "whole number >= 0, not 'three'"),
+], ids=["transactional-id", "acks-1", "no-idempotence", "app-alone", "version-alone", "negative-version",
+        "text-version"])
 def test_options_exactly_once_cannot_keep_are_refused(options, message):
     """Producer settings a transactional producer cannot have are refused on the driver, by name."""
     with pytest.raises(InvalidOptionError, match=message):
@@ -203,3 +229,15 @@ def test_stream_transactions_are_named_after_the_query(tmp_path: Path):
         TransactionNaming.for_stream(None, None)
     jobs = TransactionNaming.for_job("etl"), TransactionNaming.for_job("etl")
     assert jobs[0].prefix.startswith("etl-") and jobs[0] != jobs[1]
+    versioned = TransactionNaming.for_job(None, WriteVersion("totals", 4))
+    assert versioned == TransactionNaming.for_job(None, WriteVersion("totals", 4))  # the same ids and label again
+    assert versioned.label == "totals:4" and versioned.prefix != TransactionNaming.for_job(None, WriteVersion("x", 4)).prefix
+    assert TransactionNaming.for_job("etl", WriteVersion("totals", 4)).prefix == "etl"
+
+
+def test_the_streaming_sink_refuses_a_write_version():
+    """`txnAppId`/`txnVersion` are for batch writes: the streaming sink labels its batches itself."""
+    options = SinkOptions.parse({"kafka.bootstrap.servers": "127.0.0.1:1", "topic": "t", "txnAppId": "a",
+                                 "txnVersion": "1", "checkpointLocation": "/tmp/c"}, string_columns("value"))
+    with pytest.raises(InvalidOptionError, match="for batch writes"):
+        PymqStreamArrowWriter(options)
