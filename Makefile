@@ -31,13 +31,19 @@ run: venv
 # says not to (PYTHONDONTWRITEBYTECODE): a run starts hundreds of Python processes (brokers, CLI
 # commands, Spark's Python workers), and each one compiled the project's modules again (~0.15 CPU-s
 # a process), and pytest rewrote every test module's asserts again in each worker.
+#
+# Three workers on two cores: much of the suite waits (failovers, session timeouts, backoffs,
+# Spark's triggers), and with two workers the cores were partly idle: 9 min 52 s against
+# 11 min 23 s for the same suite (2026-11-29), both cores busy throughout.
+PYTEST_WORKERS ?= 3
+
 test: venv
-	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n 2 --dist loadgroup
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
 
 # The edit-run loop: no Spark JVM, no multi-broker cluster or etcd, nothing `slow` (the marks
 # tests/conftest.py sets from the fixtures a test uses).
 test-fast: venv
-	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n 2 --dist loadgroup -m "not spark and not cluster and not slow"
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup -m "not spark and not cluster and not slow"
 
 bench: venv
 	$(BIN)/python -m benchmarks.run_all

@@ -84,7 +84,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     etcd), from the fixtures a test uses, so `make test-fast` can leave them out as tests are added.
 
     The longest groups go first (modules that start Spark JVMs, then those with clusters, then
-    those with a `slow` test), so that the many short modules fill in beside them and both
+    those with a `slow` test), so that the many short modules fill in beside them and the
     workers finish at about the same time."""
     spark_modules = {item.nodeid.split("::")[0] for item in items if "spark" in getattr(item, "fixturenames", ())}
     for item in items:

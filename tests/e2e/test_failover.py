@@ -21,7 +21,7 @@ from tests.helpers.cluster_scenarios import partitions_of, read_all, wait_for, w
 
 TOPIC = "events"
 PARTITIONS = 3
-RECORDS = 200_000
+RECORDS = 100_000
 # How soon the new leader must take produce requests: a lapsed registration (3 s) plus the
 # producer's request timeout (5 s) to give up on a hung leader, with room for a loaded machine.
 # The failover time itself is measured by benchmarks/cluster.py, not asserted here.
@@ -124,7 +124,7 @@ def test_leader_failure_under_acks_all_loses_no_acknowledged_record(cluster, fau
     report = history.check()
     print(f"{fault}: {report}; new leader served {failover_s:.2f} s after the failure; {len(history.failed)} sends failed")
     assert report.ok, str(report)
-    assert report.acknowledged > 100_000, str(report)
+    assert report.acknowledged > RECORDS // 2, str(report)
     assert tail.count > 0
 
 

@@ -1,21 +1,17 @@
-"""A Spark driver with three streaming queries writing exactly once to `pymq`, for
+"""A Spark driver with two streaming queries writing exactly once to `pymq`, for
 test_exactly_once_sink_kill.py to SIGKILL and restart from the same checkpoints (a process of its
 own: its own local[2] JVM, which dies with it).
 
     python eos_sink_driver.py BOOTSTRAP SOURCE FOLDER PER_TRIGGER MODE
 
 - copy:  SOURCE -> `{SOURCE}-copy` (key, value), transactions named from its checkpointLocation;
-- count: SOURCE counted per key and 1-second event-time window (watermark 5 s) -> `{SOURCE}-count`
-         in append mode (key, value `{window start ms}:{count}`: each closed window's count once),
-         transactions named by the `transactionalIdPrefix` option `{SOURCE}-count`. Append, not
-         update: Spark 4.2 refuses Update mode for every Python data source sink (its
-         PythonWriteBuilder is no SupportsStreamingUpdateAsAppend: "pymq does not support Update
-         mode"), so a stateful aggregation reaches the sink in append mode, through a watermark;
 - update: SOURCE counted per key, in Update mode, through foreachBatch: each micro-batch a batch
          write with `txnAppId` `{SOURCE}-update` and `txnVersion` the batch id -> `{SOURCE}-update`
-         (key, value the key's count so far), transactions named `{SOURCE}-update`.
+         (key, value the key's count so far), transactions named `{SOURCE}-update`. Not the
+         streaming sink: Spark 4.2 refuses Update mode for every Python data source sink (its
+         PythonWriteBuilder is no SupportsStreamingUpdateAsAppend).
 
-Checkpoints are FOLDER/copy, FOLDER/count and FOLDER/update. MODE `run` triggers every 200 ms until killed;
+Checkpoints are FOLDER/copy and FOLDER/update. MODE `run` triggers every 200 ms until killed;
 `catch-up` runs each query to the source's end (Trigger.AvailableNow) and exits 0.
 """
 from __future__ import annotations
@@ -35,13 +31,9 @@ def main(bootstrap: str, source: str, folder: Path, per_trigger: int, mode: str)
     spark = local_spark("eos-sink-driver", **{"spark.sql.shuffle.partitions": "2"})
     rows = (spark.readStream.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("subscribe", source)
             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", per_trigger).load())
-    counts = (rows.withWatermark("timestamp", "5 seconds").groupBy(F.window("timestamp", "1 second"), "key").count()
-              .select("key", F.format_string("%d:%d", F.unix_millis(F.col("window.start")), "count").alias("value")))
     updates = rows.groupBy("key").count().select("key", F.col("count").cast("string").alias("value"))
     queries = [
         start(rows.select("key", "value"), folder / "copy", "append", mode, sink(bootstrap, f"{source}-copy")),
-        start(counts, folder / "count", "append", mode,
-              sink(bootstrap, f"{source}-count", transactionalIdPrefix=f"{source}-count")),
         start(updates, folder / "update", "update", mode, versioned_sink(bootstrap, f"{source}-update")),
     ]
     for query in queries:
@@ -50,10 +42,9 @@ def main(bootstrap: str, source: str, folder: Path, per_trigger: int, mode: str)
             raise SystemExit(f"query {query.name} failed: {query.exception()}")
 
 
-def sink(bootstrap: str, topic: str, **options: str) -> Callable[[DataStreamWriter], DataStreamWriter]:
-    """The exactly-once streaming `pymq` sink."""
-    return lambda writer: (writer.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
-                           .options(**options))
+def sink(bootstrap: str, topic: str) -> Callable[[DataStreamWriter], DataStreamWriter]:
+    """The exactly-once streaming `pymq` sink, its transactions named from the checkpoint."""
+    return lambda writer: writer.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("topic", topic)
 
 
 def versioned_sink(bootstrap: str, topic: str) -> Callable[[DataStreamWriter], DataStreamWriter]:
