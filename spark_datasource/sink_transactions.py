@@ -126,7 +126,7 @@ class TransactionNaming:
         return cls(f"pymq-sink-{digest}")
 
     @classmethod
-    def for_job(cls, prefix_option: str | None, application: "WriteVersion | None" = None) -> "TransactionNaming":
+    def for_job(cls, prefix_option: str | None, application: WriteVersion | None = None) -> "TransactionNaming":
         """A batch job's naming: unique to the job (a uuid), or, for a versioned write
         (`txnAppId`/`txnVersion`), stable for the application so that writing a version again
         finds the partitions that committed it."""

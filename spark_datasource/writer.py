@@ -125,7 +125,7 @@ def _write_version(app_id: str | None, version: str | None) -> WriteVersion | No
         return None
     if app_id is None or not app_id.strip() or version is None:
         raise InvalidOptionError("the pymq sink's 'txnAppId' and 'txnVersion' go together: give both (a versioned "
-                                 "write, e.g. in foreachBatch: the query's id and the batch id) or neither")
+                                 "write, e.g. in foreachBatch: a name of the write and the batch id) or neither")
     try:
         number = int(version)
     except ValueError:

@@ -26,9 +26,14 @@ from pyspark.sql.streaming import DataStreamWriter, StreamingQuery
 
 from spark_datasource import local_spark
 
+# The count's tasks per micro-batch: four on local[2] run in two waves, so the first wave's
+# transactions wait prepared while the second runs (the test kills the driver then), as the
+# copy's do with the source's four partitions.
+SHUFFLE_PARTITIONS = 4
+
 
 def main(bootstrap: str, source: str, folder: Path, per_trigger: int, mode: str) -> None:
-    spark = local_spark("eos-sink-driver", **{"spark.sql.shuffle.partitions": "2"})
+    spark = local_spark("eos-sink-driver", **{"spark.sql.shuffle.partitions": str(SHUFFLE_PARTITIONS)})
     rows = (spark.readStream.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("subscribe", source)
             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", per_trigger).load())
     updates = rows.groupBy("key").count().select("key", F.col("count").cast("string").alias("value"))

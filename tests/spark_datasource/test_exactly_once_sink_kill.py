@@ -23,6 +23,7 @@ from client import Admin, Producer
 from common.errors import PymqError
 from spark_datasource.sink_transactions import TransactionNaming
 from tests.helpers.isolated_reads import read_isolated
+from tests.spark_datasource.eos_sink_driver import SHUFFLE_PARTITIONS
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -74,7 +75,7 @@ class Driver:
 def transactional_ids(folder: Path) -> list[str]:
     copy = TransactionNaming.for_stream(None, str(folder / "copy")).prefix
     return ([f"{copy}-{p}" for p in range(SOURCE_PARTITIONS)] +
-            [f"{SOURCE}-update-{p}" for p in range(OUTPUT_PARTITIONS)])
+            [f"{SOURCE}-update-{p}" for p in range(SHUFFLE_PARTITIONS)])
 
 
 def prepared(admin: Admin, ids: list[str]) -> list[str]:
