@@ -17,7 +17,8 @@ loaded with `--records` 100-byte values (null keys, `send_batch`), then:
                  maxOffsetsPerTrigger as stream_noop) into the exactly-once sink, and the same into
                  an at-least-once sink as Spark's Kafka sink is (each task sends its rows with an
                  idempotent producer, no transaction: `foreachBatch` + `mapInArrow`): sustained
-                 rows/s of each, the output counted back (read_committed).
+                 rows/s of each, the output counted back (read_committed); `--repeat` runs of
+                 each, alternating, the best reported.
 
     python -m benchmarks.spark_source [--records 10000000] [--partitions 4] [--quick] [--only batch_read ...]
 """
@@ -148,34 +149,42 @@ def read_back(spark: Any, bootstrap: str, topic: str) -> int:
 
 
 def stream_copy(spark: Any, bootstrap: str, topic: str, partitions: int, records: int, work: Path,
-                per_trigger: int) -> dict[str, Any]:
-    """The backlog copied into two new topics, exactly once and at least once (see the module docstring)."""
-    out: dict[str, Any] = {}
-    for mode in ("exactly_once", "at_least_once"):
-        target = f"copy-{mode}"
-        harness.create_topic(bootstrap, target, partitions)
-        source = (spark.readStream.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
-                  .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", per_trigger).load()
-                  .select("key", "value"))
-        checkpoint = str(work / f"{mode}-checkpoint")
-        if mode == "exactly_once":
-            writer = (source.writeStream.format("pymq").option("kafka.bootstrap.servers", bootstrap)
-                      .option("topic", target))
-        else:
-            writer = source.writeStream.foreachBatch(_at_least_once_batch(bootstrap, target))
-        query = writer.option("checkpointLocation", checkpoint).trigger(availableNow=True)
-        started = time.perf_counter()
-        running = query.start()
-        running.awaitTermination()
-        elapsed = time.perf_counter() - started
-        rows = sum(p.numInputRows for p in running.recentProgress)
-        written = read_back(spark, bootstrap, target)
-        if written < records or (mode == "exactly_once" and written != records):
-            raise RuntimeError(f"{mode} copy stored {written} of {records} rows")
-        out[mode] = {"rows": rows, "seconds": round(elapsed, 2), "rows_per_s": round(rows / elapsed),
-                     "batches": len(running.recentProgress)}
+                per_trigger: int, repeat: int) -> dict[str, Any]:
+    """The backlog copied into new topics, exactly once and at least once (see the module
+    docstring), `repeat` times each, alternating, and the best of each: a sink's first query pays
+    for its Python workers' start and first imports (4 s of the first micro-batch), which taken
+    once, on whichever ran first, made the exactly-once sink look 0.57x the other."""
+    runs: dict[str, list[dict[str, Any]]] = {"exactly_once": [], "at_least_once": []}
+    for run in range(repeat):
+        for mode, done in runs.items():
+            done.append(_copy(spark, bootstrap, topic, partitions, records, work / f"{mode}-{run}", per_trigger, mode))
+    out: dict[str, Any] = {mode: max(done, key=lambda r: r["rows_per_s"]) for mode, done in runs.items()}
     out["ratio"] = round(out["exactly_once"]["rows_per_s"] / out["at_least_once"]["rows_per_s"], 3)
     return out
+
+
+def _copy(spark: Any, bootstrap: str, topic: str, partitions: int, records: int, work: Path, per_trigger: int,
+          mode: str) -> dict[str, Any]:
+    target = f"copy-{work.name}"
+    harness.create_topic(bootstrap, target, partitions)
+    source = (spark.readStream.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
+              .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", per_trigger).load()
+              .select("key", "value"))
+    if mode == "exactly_once":
+        writer = source.writeStream.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("topic", target)
+    else:
+        writer = source.writeStream.foreachBatch(_at_least_once_batch(bootstrap, target))
+    query = writer.option("checkpointLocation", str(work / "checkpoint")).trigger(availableNow=True)
+    started = time.perf_counter()
+    running = query.start()
+    running.awaitTermination()
+    elapsed = time.perf_counter() - started
+    rows = sum(p.numInputRows for p in running.recentProgress)
+    written = read_back(spark, bootstrap, target)
+    if written < records or (mode == "exactly_once" and written != records):
+        raise RuntimeError(f"{mode} copy stored {written} of {records} rows")
+    return {"rows": rows, "seconds": round(elapsed, 2), "rows_per_s": round(rows / elapsed),
+            "batches": len(running.recentProgress)}
 
 
 def _at_least_once_batch(bootstrap: str, topic: str) -> Any:
@@ -204,7 +213,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--quick", action="store_true", help="~20x smaller volumes, 5 s of latency")
     parser.add_argument("--only", nargs="*", choices=WORKLOADS, default=WORKLOADS)
-    parser.add_argument("--repeat", type=int, default=2, help="timed batch reads per source (best is reported)")
+    parser.add_argument("--repeat", type=int, default=2,
+                        help="timed batch reads per source, and stream copies per sink (best is reported)")
     parser.add_argument("--rate", type=int, default=10_000, help="stream_latency records per second")
     parser.add_argument("--duration-s", type=float, default=20.0, help="stream_latency seconds of producing")
     args = parser.parse_args(argv)
@@ -233,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 print("stream_latency", results["stream_latency"], flush=True)
             if "stream_copy" in args.only:
                 results["stream_copy"] = stream_copy(spark, broker.bootstrap, topic, args.partitions, records, work,
-                                                     max(records // 5, 1))
+                                                     max(records // 5, 1), args.repeat)
                 print("stream_copy", results["stream_copy"], flush=True)
             if "batch_write" in args.only:
                 results["batch_write"] = batch_write(spark, broker.bootstrap, "written", records, args.partitions)
