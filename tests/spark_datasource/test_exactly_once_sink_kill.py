@@ -1,9 +1,9 @@
-"""Exactly once through driver crashes: a Spark driver (its own process and local[2] JVM,
-eos_sink_driver.py) runs two streaming queries writing exactly once to `pymq`: a copy
+"""Exactly once through driver crashes: Spark drivers (each its own process and local[2] JVM,
+eos_sink_driver.py) run two streaming queries writing exactly once to `pymq`: a copy
 (pymq -> pymq) into the streaming sink, and a stateful aggregation (pymq -> count per key ->
 pymq) in Update mode (which Spark 4.2 refuses for Python data source sinks) through foreachBatch
-and versioned batch writes (`txnAppId`, `txnVersion`). It is SIGKILLed while a micro-batch's
-transactions are prepared but not committed, restarted from its checkpoints, SIGKILLed so again,
+and versioned batch writes (`txnAppId`, `txnVersion`). They are SIGKILLed while a micro-batch's
+transactions are prepared but not committed, restarted from their checkpoints, SIGKILLed so again,
 and restarted to catch up. A read_committed consumer then sees every input record once in the
 copy, and each key's running count once per value, ending at its true count, in the updates."""
 from __future__ import annotations
@@ -33,7 +33,7 @@ SOURCE = "eos-in"
 SOURCE_PARTITIONS = 4  # two waves of tasks on local[2]: the first wave's transactions wait prepared
 OUTPUT_PARTITIONS = 2
 KEYS = 12
-RECORDS = 1_200
+RECORDS = 1_800  # six micro-batches: room for a third kill when one lands after its batch's commit
 PER_TRIGGER = 300
 DRIVER = Path(__file__).with_name("eos_sink_driver.py")
 QUERIES = ("copy", "update")  # eos_sink_driver.py's, each writing `{SOURCE}-{name}`
@@ -51,26 +51,36 @@ def batch_files(folder: Path) -> set[int]:
 
 
 class Driver:
-    """eos_sink_driver.py in its own session (SIGKILL reaches its JVM and Python workers too)."""
+    """eos_sink_driver.py once per query, each in its own session (SIGKILL reaches its JVM and
+    Python workers too)."""
 
     def __init__(self, bootstrap: str, folder: Path, mode: str, run: int) -> None:
-        self.log = folder / f"driver-{run}.err"
-        self.process = subprocess.Popen(
-            [sys.executable, str(DRIVER), bootstrap, SOURCE, str(folder), str(PER_TRIGGER), mode],
-            start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(self.log, "wb"))
+        self.logs = [folder / f"driver-{run}-{name}.err" for name in QUERIES]
+        self.processes = [
+            subprocess.Popen([sys.executable, str(DRIVER), bootstrap, SOURCE, str(folder), str(PER_TRIGGER), mode, name],
+                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=open(log, "wb"))
+            for name, log in zip(QUERIES, self.logs)]
 
     def alive(self) -> None:
-        assert self.process.poll() is None, self.errors()
+        assert all(process.poll() is None for process in self.processes), self.errors()
+
+    def wait(self, timeout_s: float) -> None:
+        """Until every driver exits; each must exit 0."""
+        for process in self.processes:
+            process.wait(timeout_s)
+        assert all(process.returncode == 0 for process in self.processes), self.errors()
 
     def errors(self) -> str:
-        """The driver's stderr without Java stack frames: what it said before it died."""
-        lines = [line for line in self.log.read_text().splitlines() if not line.lstrip().startswith("at ")]
+        """The drivers' stderr without Java stack frames: what they said before they died."""
+        lines = [line for log in self.logs for line in log.read_text().splitlines()
+                 if not line.lstrip().startswith("at ")]
         return "\n".join(lines[-80:])
 
     def kill(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-        self.process.wait(60)
+        for process in self.processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait(60)
 
 
 def transactional_ids(folder: Path) -> list[str]:
@@ -102,10 +112,12 @@ def finished(checkpoint: Path) -> bool:
     return all(end == RECORDS // SOURCE_PARTITIONS for end in ends.values())
 
 
-def run_until_prepared(bootstrap: str, folder: Path, run: int) -> list[str]:
+def run_and_kill(bootstrap: str, folder: Path, run: int) -> list[str]:
     """Start the driver; once each query committed a batch in this run (so the earlier run's
-    prepared leftovers are resolved) or has finished, and a batch's transactions wait prepared,
-    SIGKILL it. Returns the ids found prepared."""
+    prepared leftovers are resolved) or has finished, and a batch's transactions are seen
+    prepared, SIGKILL it. Returns the ids still prepared after the kill: a commit already on its
+    way when the kill lands completes (the broker has the requests), so the ones seen prepared
+    can be committed by then."""
     commits = {name: batch_files(folder / name / "commits") for name in QUERIES}
     driver = Driver(bootstrap, folder, "run", run)
     ids = transactional_ids(folder)
@@ -117,11 +129,12 @@ def run_until_prepared(bootstrap: str, folder: Path, run: int) -> list[str]:
                            for name, done in commits.items())
 
             wait_until(progressed, 300, f"run {run}: a batch committed by each query", interval_s=0.1)
-            found = wait_until(lambda: driver.alive() or prepared(admin, ids), 300,
-                               f"run {run}: a prepared transaction", interval_s=0.005)
+            wait_until(lambda: driver.alive() or prepared(admin, ids), 300, f"run {run}: a prepared transaction",
+                       interval_s=0.005)
     finally:
         driver.kill()
-    return found
+    with Admin(bootstrap) as admin:  # the driver is dead: nobody commits them
+        return prepared(admin, ids)
 
 
 def test_driver_sigkilled_twice_mid_batch_then_restarted_writes_each_record_once(broker: BrokerProcess,
@@ -138,12 +151,13 @@ def test_driver_sigkilled_twice_mid_batch_then_restarted_writes_each_record_once
         for future in futures:
             future.result(30)
 
-    left_prepared = [run_until_prepared(bootstrap, tmp_path, run) for run in (1, 2)]
-    with Admin(bootstrap) as admin:  # the driver is dead: nobody commits them
-        assert set(prepared(admin, transactional_ids(tmp_path))) >= set(left_prepared[1])
+    kills = [run_and_kill(bootstrap, tmp_path, 1)]
+    while sum(1 for left in kills if left) < 2:  # two kills that left prepared transactions behind
+        assert len(kills) < 4, f"the kills left these transactions prepared: {kills}"
+        kills.append(run_and_kill(bootstrap, tmp_path, len(kills) + 1))
 
-    final = Driver(bootstrap, tmp_path, "catch-up", 3)
-    assert final.process.wait(600) == 0, final.errors()
+    final = Driver(bootstrap, tmp_path, "catch-up", len(kills) + 1)
+    final.wait(600)
 
     copy = read_isolated(bootstrap, f"{SOURCE}-copy", OUTPUT_PARTITIONS, "read_committed")
     assert Counter((k, v) for _, _, k, v in copy) == Counter(records)
