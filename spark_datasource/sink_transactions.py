@@ -103,6 +103,11 @@ class WriteVersion:
     app_id: str
     version: int
 
+    @property
+    def label(self) -> str:
+        """The label of the write's transactions."""
+        return f"{self.app_id}:{self.version}"
+
 
 @dataclass(frozen=True)
 class TransactionNaming:
@@ -134,7 +139,7 @@ class TransactionNaming:
             job = uuid.uuid4().hex
             return cls(f"{prefix_option or 'pymq-batch'}-{job}", label=job)
         digest = hashlib.sha256(application.app_id.encode()).hexdigest()[:20]
-        return cls(prefix_option or f"pymq-batch-{digest}", label=f"{application.app_id}:{application.version}")
+        return cls(prefix_option or f"pymq-batch-{digest}", label=application.label)
 
     def task_id_and_label(self) -> tuple[str, str]:
         """The running task's transactional id and label (called on the executor)."""

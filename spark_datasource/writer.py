@@ -45,6 +45,7 @@ from pyspark.sql.types import ArrayType, BinaryType, IntegerType, StringType, St
 from client import Producer
 from client.config import client_settings
 from client.producer import AsyncProducer
+from protocol.messages.transactions import LABEL_MAX_BYTES
 from spark_datasource.options import InvalidOptionError, boolean_option, bootstrap_servers
 from spark_datasource.schema import HEADER_TYPE
 from spark_datasource.sink_transactions import (
@@ -132,7 +133,11 @@ def _write_version(app_id: str | None, version: str | None) -> WriteVersion | No
         number = -1
     if number < 0:
         raise InvalidOptionError(f"the pymq sink's 'txnVersion' must be a whole number >= 0, not {version!r}")
-    return WriteVersion(app_id.strip(), number)
+    written = WriteVersion(app_id.strip(), number)
+    if len(written.label.encode("utf-8", "surrogatepass")) > LABEL_MAX_BYTES:
+        raise InvalidOptionError(f"the pymq sink's 'txnAppId' is too long: with the version it labels the "
+                                 f"transactions, at most {LABEL_MAX_BYTES} UTF-8 bytes")
+    return written
 
 
 def _check_transactional(opts: Mapping[str, str]) -> None:

@@ -21,12 +21,12 @@ import msgpack
 
 from common.errors import CorruptMessageError, InvalidRequestError
 from common.topic_partition import TopicPartition
+from protocol.messages.transactions import LABEL_MAX_BYTES
 
 TRANSACTION_STATE_TOPIC = "__transaction_state"
 KIND = "t"
 VALUE_VERSION = 0
 TRANSACTIONAL_ID_MAX_BYTES = 32_767  # Kafka's STRING (int16 length)
-LABEL_MAX_BYTES = 1_024
 
 
 class TxnState(enum.Enum):

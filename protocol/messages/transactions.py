@@ -65,6 +65,8 @@ from protocol.schema import (
 
 NO_PRODUCER_ID = -1
 NO_PRODUCER_EPOCH = -1
+# A prepared transaction's label (EndTxn `label`), in UTF-8 bytes: longer is INVALID_REQUEST.
+LABEL_MAX_BYTES = 1_024
 
 
 # -- InitProducerId ----------------------------------------------------------------------------

@@ -208,8 +208,9 @@ def test_a_version_written_again_is_skipped_and_the_next_is_written(spark, boots
     ({"txnVersion": "3"}, "'txnAppId' and 'txnVersion' go together"),
     ({"txnAppId": "app", "txnVersion": "-1"}, "whole number >= 0, not '-1'"),
     ({"txnAppId": "app", "txnVersion": "three"}, "whole number >= 0, not 'three'"),
+    ({"txnAppId": "é" * 512, "txnVersion": "1"}, "'txnAppId' is too long.*at most 1024 UTF-8 bytes"),
 ], ids=["transactional-id", "acks-1", "no-idempotence", "app-alone", "version-alone", "negative-version",
-        "text-version"])
+        "text-version", "app-id-too-long"])
 def test_options_exactly_once_cannot_keep_are_refused(options, message):
     """Producer settings a transactional producer cannot have are refused on the driver, by name."""
     with pytest.raises(InvalidOptionError, match=message):
