@@ -23,6 +23,7 @@ from spark_datasource.sink_transactions import TransactionNaming, WriteVersion, 
 from spark_datasource.writer import PymqStreamArrowWriter, SinkOptions, send_rows
 from tests.helpers.client_records import produce
 from tests.helpers.isolated_reads import read_isolated
+from tests.helpers.streaming import batches_with_rows, run_to_end
 
 TXN_SETTINGS = {"transaction.state.log.num.partitions": 3}
 
@@ -62,12 +63,7 @@ def test_a_streaming_copy_is_seen_once_by_read_committed_readers(spark, bootstra
              .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", 40).load().select("key", "value")
              .writeStream.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("topic", sink)
              .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
-    try:
-        assert query.awaitTermination(180), "Trigger.AvailableNow did not stop"
-        assert query.exception() is None
-        assert len([p for p in query.recentProgress if p["numInputRows"]]) > 1
-    finally:
-        query.stop()
+    assert batches_with_rows(run_to_end(query, 180)) > 1
 
     assert committed_values(bootstrap, sink, 3) == Counter(values)
     prefix = TransactionNaming.for_stream(None, checkpoint).prefix
@@ -91,11 +87,7 @@ def test_a_query_started_over_on_a_deleted_checkpoint_writes_its_batches(spark, 
                  .option("subscribe", source).option("startingOffsets", "earliest").load().select("value")
                  .writeStream.format("pymq").option("kafka.bootstrap.servers", bootstrap).option("topic", sink)
                  .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
-        try:
-            assert query.awaitTermination(180), "Trigger.AvailableNow did not stop"
-            assert query.exception() is None
-        finally:
-            query.stop()
+        run_to_end(query, 180)
         shutil.rmtree(checkpoint)
     assert committed_values(bootstrap, sink, 1) == Counter(values * 2)
 

@@ -28,6 +28,7 @@ from client import Admin, Producer
 from broker.process import BrokerProcess
 from spark_datasource.lag_group import METADATA_MAX_BYTES, RETRY_AFTER_FAILURE_S, LagGroup, commit_metadata
 from spark_datasource.options import InvalidOptionError, SourceOptions
+from tests.helpers.streaming import run_to_end
 
 _groups = itertools.count()
 _queries = itertools.count()
@@ -100,13 +101,8 @@ def stream(spark, bootstrap: str, **options: object):
 
 def run_available_now(df, out: Path) -> None:
     """One Trigger.AvailableNow run into Parquet under `out` (checkpoint kept for the next run)."""
-    query = (df.writeStream.format("parquet").option("path", str(out / "data"))
-             .option("checkpointLocation", str(out / "checkpoint")).trigger(availableNow=True).start())
-    try:
-        assert query.awaitTermination(120), "Trigger.AvailableNow did not stop"
-    finally:
-        query.stop()
-    assert query.exception() is None, query.exception()
+    run_to_end(df.writeStream.format("parquet").option("path", str(out / "data"))
+               .option("checkpointLocation", str(out / "checkpoint")).trigger(availableNow=True).start())
 
 
 def rows_read(spark, out: Path) -> int:
