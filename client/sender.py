@@ -562,8 +562,12 @@ class Sender:
             self.wake()
 
     def fail_all_paused(self, err: PymqError) -> None:
-        """Fail every batch waiting outside the queue (a transaction aborted, or its partitions refused)."""
+        """Fail every batch waiting outside the queue (a transaction aborted, or its partitions
+        refused). No partition is wanted in the transaction any more: an AddPartitionsToTxn
+        spawned but not yet begun must not add one after the abort (it would open a transaction
+        at the coordinator that this producer does not know of)."""
         if self.sequences is not None:
+            self.sequences.to_add.clear()
             for batch in self.sequences.take_paused():
                 self._fail(batch, err)
 

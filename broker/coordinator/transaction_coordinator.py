@@ -1,6 +1,6 @@
 """TransactionCoordinator: transactional ids, their producer ids and epochs, and the state of their
 transactions (Kafka's TransactionCoordinator and TransactionStateManager), a pure state machine on
-the coordinator runtime over `__transaction_state` (docs/transactions.md).
+the coordinator runtime over `__transaction_state` (docs/exactly-once.md).
 
 A transactional id lives in one partition of `__transaction_state` (`partition_of`, hashed as group
 ids are); the leader of that partition coordinates it. Its record (transaction_records.py) is its
@@ -12,6 +12,8 @@ change of an id is being stored, other requests for it are answered CONCURRENT_T
     InitProducerId   a new id: a producer id, epoch 0. A known one: the next epoch (fencing the
                      older instance), after aborting its open transaction: the caller is told
                      CONCURRENT_TRANSACTIONS while the abort's markers are written, and retries.
+                     The producer's own bump (its id and epoch in the request, after an abort)
+                     is recognised when retried: answered with the epoch it got.
     AddPartitionsToTxn / AddOffsetsToTxn   EMPTY/COMPLETE_* -> ONGOING (the transaction starts,
                      its timeout runs), partitions added.
     EndTxn prepare   ONGOING/EMPTY -> PREPARED (labelled): no timeout; waits for a decision.
@@ -180,40 +182,54 @@ class TransactionCoordinator:
                     f"transaction.timeout.ms {timeout} is not within (0, {self.config.max_timeout_ms}] "
                     "(transaction.max.timeout.ms)")
             meta = self.txns.get(transactional_id)
-            if meta is not None:
-                self._check_reinit(meta, request)
+            retry = meta is not None and self._check_reinit(meta, request)
         except PymqError as err:
             return Result.reply(token, InitProducerIdResponse(*code_and_message(err)))
+        # The producer's own bump (after its abort) remembers the epoch it left, so that a retry
+        # whose answer was lost gets this epoch, not PRODUCER_FENCED; a new instance's does not.
+        last_epoch = request.producer_epoch if request.producer_id >= 0 else -1
         if meta is None:
             new = TxnMetadata(transactional_id, fresh_id, 0, timeout, update_ms=now_ms)
+        elif retry:
+            return Result.reply(token, InitProducerIdResponse(
+                producer_id=meta.producer_id, producer_epoch=meta.producer_epoch, last_label=meta.last_label,
+                last_committed=meta.last_committed))
         elif meta.state.open:
             # Fence the older instance and abort its transaction; the caller retries once the
             # markers are written (Kafka answers CONCURRENT_TRANSACTIONS too).
-            log.info("transactional id %r: a new instance fences producer %d epoch %d and aborts its %s transaction",
+            log.info("transactional id %r: InitProducerId fences producer %d epoch %d and aborts its %s transaction",
                      transactional_id, meta.producer_id, meta.producer_epoch, meta.state.value)
-            return self._decide(meta.but(producer_epoch=meta.producer_epoch + 1) if meta.producer_epoch < MAX_EPOCH
-                                else meta, False, now_ms, token,
+            return self._decide(meta.but(producer_epoch=meta.producer_epoch + 1, last_epoch=last_epoch)
+                                if meta.producer_epoch < MAX_EPOCH else meta, False, now_ms, token,
                                 InitProducerIdResponse(*code_and_message(ConcurrentTransactionsError(
                                     f"the open transaction of {transactional_id!r} is being aborted: retry"))))
         elif meta.producer_epoch >= MAX_EPOCH:
             new = meta.but(producer_id=fresh_id, producer_epoch=0, timeout_ms=timeout, state=TxnState.EMPTY,
-                           update_ms=now_ms)
+                           update_ms=now_ms, last_epoch=-1)
         else:
             new = meta.but(producer_epoch=meta.producer_epoch + 1, timeout_ms=timeout, state=TxnState.EMPTY,
-                           partitions=frozenset(), start_ms=-1, update_ms=now_ms, label=None)
+                           partitions=frozenset(), start_ms=-1, update_ms=now_ms, label=None, last_epoch=last_epoch)
         answer = InitProducerIdResponse(producer_id=new.producer_id, producer_epoch=new.producer_epoch,
                                         last_label=new.last_label, last_committed=new.last_committed)
         return self._store(new, lambda err, now: Result.reply(
             token, answer if err is None else InitProducerIdResponse(*code_and_message(err))))
 
     @staticmethod
-    def _check_reinit(meta: TxnMetadata, request: InitProducerIdRequest) -> None:
+    def _check_reinit(meta: TxnMetadata, request: InitProducerIdRequest) -> bool:
+        """May `request` change the id's epoch? True if it is a retry of the producer's own bump
+        that already happened (its epoch is the one that bump left, and no transaction began
+        since): answered with the current epoch, unchanged."""
         if meta.state.completing:
             raise ConcurrentTransactionsError(f"the last transaction of {meta.transactional_id!r} is completing: retry")
-        if request.producer_id >= 0 and (request.producer_id, request.producer_epoch) != (meta.producer_id,
-                                                                                          meta.producer_epoch):
+        if request.producer_id < 0:
+            return False  # a new instance: it fences whatever is there
+        current = (request.producer_id, request.producer_epoch) == (meta.producer_id, meta.producer_epoch)
+        retry = (request.producer_id == meta.producer_id and request.producer_epoch == meta.last_epoch >= 0
+                 and not meta.state.open)
+        if not (current or retry):
             raise ProducerFencedError(f"producer {request.producer_id} epoch {request.producer_epoch} is not the "
                                       f"current instance of {meta.transactional_id!r}")
+        return retry
 
     def add_partitions(self, request: AddPartitionsToTxnRequest, token: Any, now_ms: int,
                        exists: Callable[[str, int], bool]) -> Result:
@@ -379,7 +395,8 @@ class TransactionCoordinator:
                 continue
             log.info("transactional id %r: the transaction of producer %d epoch %d timed out after %d ms: aborting it",
                      transactional_id, meta.producer_id, meta.producer_epoch, meta.timeout_ms)
-            bumped = meta.but(producer_epoch=meta.producer_epoch + 1) if meta.producer_epoch < MAX_EPOCH else meta
+            bumped = (meta.but(producer_epoch=meta.producer_epoch + 1, last_epoch=-1) if meta.producer_epoch < MAX_EPOCH
+                      else meta)
             result.add(self._decide(bumped, False, now_ms, None, EndTxnResponse()))
         return result
 

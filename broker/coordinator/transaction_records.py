@@ -1,15 +1,19 @@
 """The records of `__transaction_state`: one per transactional id, what the transaction coordinator
-writes and replays (docs/transactions.md).
+writes and replays (docs/exactly-once.md).
 
 The topic is compacted: the latest value per key is the transactional id's state.
 
     key   = msgpack ["t", transactional_id]
     value = msgpack {v: 0, producer_id, producer_epoch, timeout_ms, state, partitions: [[topic, p], ...],
-                     start_ms, update_ms, label, last_label, last_committed}, or null (the id expired)
+                     start_ms, update_ms, label, last_label, last_committed, last_epoch}, or null
+                     (the id expired)
 
 `state` is a `TxnState` name. `label` is what the current transaction was prepared with (two-phase
 commit); `last_label` and `last_committed` say how the previous one ended (InitProducerId answers
-them). A value's `v` lets later versions add fields; a reader refuses a newer version.
+them). `last_epoch` is the epoch before the producer's own last bump (Kafka's lastProducerEpoch),
+-1 after anything else: a retried bump whose answer was lost is recognised by it. A value
+without it (written before it existed) reads as -1. A value's `v` lets later versions add
+fields; a reader refuses a newer version.
 """
 from __future__ import annotations
 
@@ -67,6 +71,7 @@ class TxnMetadata:
     label: str | None = None
     last_label: str | None = None
     last_committed: bool | None = None
+    last_epoch: int = -1  # the epoch the producer's own last bump (InitProducerId) left
 
     def but(self, **changes: Any) -> "TxnMetadata":
         return replace(self, **changes)
@@ -96,7 +101,7 @@ class TxnRecordSerde:
             "timeout_ms": value.timeout_ms, "state": value.state.value,
             "partitions": sorted([t, p] for t, p in value.partitions), "start_ms": value.start_ms,
             "update_ms": value.update_ms, "label": value.label, "last_label": value.last_label,
-            "last_committed": value.last_committed,
+            "last_committed": value.last_committed, "last_epoch": value.last_epoch,
         })
 
     def deserialize(self, key: bytes | None, value: bytes | None) -> tuple[str, TxnMetadata | None]:
@@ -112,6 +117,7 @@ class TxnRecordSerde:
             return transactional_id, TxnMetadata(
                 transactional_id, fields["producer_id"], fields["producer_epoch"], fields["timeout_ms"],
                 TxnState(fields["state"]), frozenset((t, p) for t, p in fields["partitions"]), fields["start_ms"],
-                fields["update_ms"], fields["label"], fields["last_label"], fields["last_committed"])
+                fields["update_ms"], fields["label"], fields["last_label"], fields["last_committed"],
+                fields.get("last_epoch", -1))
         except (ValueError, TypeError, KeyError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as err:
             raise CorruptMessageError(f"unreadable {TRANSACTION_STATE_TOPIC} record: {err}") from None
