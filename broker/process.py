@@ -9,15 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, ClassVar, Mapping
 
-from common.child_process import ChildProcess, die_with_parent
+from common.child_process import ChildProcess, Launcher, ProcessHandle, launch_interpreter
 
 READY = re.compile(r"listening on ([\d.]+):(\d+)")
 
@@ -26,8 +23,12 @@ class BrokerProcess(ChildProcess):
     """One broker child process. `overrides` are broker configs (`log.dir` defaults to `log_dir`).
 
     Restarting with `start()` after `stop()`/`kill()` reuses the learned port, so clients that
-    were connected can reconnect to the same address.
+    were connected can reconnect to the same address. `launcher` starts it: a new interpreter,
+    as a user's command line does, unless the test suite installs its forkserver (hundreds of
+    brokers, each spared importing the broker again).
     """
+
+    launcher: ClassVar[Launcher] = staticmethod(launch_interpreter)
 
     def __init__(self, log_dir: Path, overrides: Mapping[str, Any] | None = None, *,
                  config_file: Path | None = None, output: Path | None = None, cwd: Path | None = None,
@@ -42,7 +43,7 @@ class BrokerProcess(ChildProcess):
         self.cwd = cwd
         self.module = module  # a test may run the broker under a wrapper module (fault injection)
         self.env = dict(env or {})
-        self.proc: subprocess.Popen[str] | None = None
+        self.proc: ProcessHandle | None = None
         self.port: int | None = None
         self.host = str(self.overrides.get("host", "127.0.0.1"))
 
@@ -54,36 +55,26 @@ class BrokerProcess(ChildProcess):
         """Start the child and wait until it listens; RuntimeError with its output if it does not."""
         if self.port is not None:
             self.overrides["port"] = self.port
-        args = [sys.executable, "-m", self.module, "broker", "start"]
+        argv = ["broker", "start"]
         if self.config_file is not None:
-            args += ["--config", str(self.config_file)]
+            argv += ["--config", str(self.config_file)]
         for key, value in self.overrides.items():
-            args += ["-o", f"{key}={value}"]
+            argv += ["-o", f"{key}={value}"]
         self.output.parent.mkdir(parents=True, exist_ok=True)
-        out = open(self.output, "a")
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=out, text=True, cwd=self.cwd,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env}, preexec_fn=die_with_parent)
-        found: list[int] = []
-        proc = self.proc
-
-        def copy_stdout() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                out.write(line)
-                out.flush()
-                match = READY.search(line)
-                if match and not found:
-                    self.host = match.group(1)
-                    found.append(int(match.group(2)))
-
-        threading.Thread(target=copy_stdout, name="broker-stdout", daemon=True).start()
-        deadline = time.monotonic() + timeout_s
-        while not found:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                raise RuntimeError(f"broker did not start; output:\n{self.log_tail()}")
-            time.sleep(0.02)
-        self.port = found[0]
+        self.output.touch()
+        with open(self.output, "rb") as out:
+            out.seek(0, os.SEEK_END)  # a restart appends: only its own lines count
+            self.proc = proc = self.launcher(self.module, argv, cwd=self.cwd, output=self.output,
+                                             env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
+            deadline = time.monotonic() + timeout_s
+            said = b""
+            while not (match := READY.search(said.decode(errors="replace"))):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    self.kill()
+                    raise RuntimeError(f"broker did not start; output:\n{self.log_tail()}")
+                time.sleep(0.01)
+                said += out.read()
+        self.host, self.port = match.group(1), int(match.group(2))
         return self
 
     def metrics(self) -> dict[str, float]:

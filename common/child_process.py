@@ -11,11 +11,48 @@ import contextlib
 import ctypes
 import signal
 import subprocess
+import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 _PR_SET_PDEATHSIG = 1
+
+
+class ProcessHandle(Protocol):
+    """What a ChildProcess needs of its running process: `subprocess.Popen`'s names, so a Popen
+    is one; a process forked by a server of pre-imported interpreters (the tests' brokers,
+    tests/helpers/forkserver.py) is another."""
+
+    pid: int
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+    def kill(self) -> None: ...
+
+
+class Launcher(Protocol):
+    """Starts `python -m MODULE ARGV...` in `cwd` with exactly `env`, its stdout and stderr
+    appended to `output`, dying with its parent."""
+
+    def __call__(self, module: str, argv: list[str], *, cwd: Path | None, env: Mapping[str, str],
+                 output: Path) -> ProcessHandle: ...
+
+
+def launch_interpreter(module: str, argv: list[str], *, cwd: Path | None, env: Mapping[str, str],
+                       output: Path) -> "subprocess.Popen[bytes]":
+    """The Launcher a user's command line is: a new interpreter."""
+    with open(output, "ab") as out:
+        return subprocess.Popen([sys.executable, "-m", module, *argv], stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, cwd=cwd, env=dict(env), preexec_fn=die_with_parent)
 
 
 def die_with_parent() -> None:
@@ -29,7 +66,7 @@ class ChildProcess:
 
     what = "process"
     stop_timeout_s = 30.0
-    proc: "subprocess.Popen[Any] | None"
+    proc: ProcessHandle | None
     output: Path
 
     @property
