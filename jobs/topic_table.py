@@ -38,7 +38,8 @@ from common.cli_options import KeyValue, bootstrap, bootstrap_option
 from common.cli_options import console as cli_console
 from common.cli_options import spark_conf_option
 from spark_datasource.session import local_spark
-from spark_datasource.table_topic import OFFSETS_KEY, TableTopic, ValueFormat, sync_metadata, to_table_rows
+from spark_datasource.table_log import OFFSETS_KEY
+from spark_datasource.table_topic import TableTopic, ValueFormat, sync_metadata, to_table_rows
 
 console = cli_console(stderr=True)
 

@@ -29,6 +29,11 @@ _S3A_OPTIONS = {"endpoint": "AWS_ENDPOINT_URL", "access.key": "AWS_ACCESS_KEY_ID
                 "session.token": "AWS_SESSION_TOKEN", "endpoint.region": "AWS_REGION"}
 
 
+OFFSETS_KEY = "pymq.offsets"  # in a sync commit's userMetadata: the offsets the table holds up to
+# Commits read to find the newest sync commit: the sync makes most commits, so it is nearly always
+# among the last few; only a long run of others (deletes, vacuums, optimizes) makes the whole log be read.
+RECENT_COMMITS = 32
+
 # Reader features that change nothing in how a data file is read (the log's format, vacuum, types
 # the table's schema already names). Any other (deletionVectors, columnMapping, typeWidening, ...)
 # needs Delta's own reader.
@@ -72,6 +77,14 @@ class SnapshotFiles:
     needs_delta: str | None
 
 
+@dataclass(frozen=True)
+class TablePosition:
+    """The latest commit of the sync job: the table version and the offsets it reached."""
+
+    version: int
+    offsets: dict[int, int]  # partition -> next offset not in the table
+
+
 class TableLog:
     """The Delta log of the table at `uri` (a delta-rs URI: a local path or a store URL)."""
 
@@ -101,6 +114,17 @@ class TableLog:
             raise NoTableError(f"{self.uri} is not a Delta table (has `pymq table sync` run?)") from None
         except (DeltaError, OSError) as err:
             raise TableTopicError(f"cannot read the Delta log at {self.uri}: {err}") from None
+
+    def position(self) -> TablePosition:
+        """The table's latest version and the offsets of the newest sync commit at or below it
+        (offsets {} when nothing was synced yet)."""
+        commits = self.commits(RECENT_COMMITS)
+        if not any(OFFSETS_KEY in (c.get("userMetadata") or "") for c in commits) and min(c["version"] for c in commits) > 0:
+            commits = self.commits(None)  # a long run of other commits
+        marked = [c for c in commits if OFFSETS_KEY in (c.get("userMetadata") or "")]
+        newest = max(marked, key=lambda c: c["version"]) if marked else None
+        offsets = json.loads(newest["userMetadata"])[OFFSETS_KEY] if newest else {}
+        return TablePosition(max(c["version"] for c in commits), {int(p): int(o) for p, o in offsets.items()})
 
     def at(self, version: int) -> DeltaTable:
         """The table at `version`: the loaded one when it is there (history() reads the position,

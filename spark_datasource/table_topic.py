@@ -36,11 +36,10 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import BinaryType, DataType, StringType, StructField, StructType
 
 from spark_datasource.schema import spark_schema
-from spark_datasource.table_log import SnapshotFiles, TableLog, TableTopicError
+from spark_datasource.table_log import OFFSETS_KEY, SnapshotFiles, TableLog, TablePosition, TableTopicError
 
 VALUE_FORMATS = ("binary", "json", "arrow")
 SNAPSHOT_READERS = ("auto", "delta", "parquet")
-OFFSETS_KEY = "pymq.offsets"
 TOPIC_PROPERTY = "pymq.topic"
 FORMAT_PROPERTY = "pymq.valueFormat"
 SCHEMA_PROPERTY = "pymq.valueSchema"
@@ -48,9 +47,6 @@ HEADERS_PROPERTY = "pymq.includeHeaders"
 DATE_COLUMN = "date"
 MALFORMED_COLUMN = "malformedValue"
 _CORRUPT_FIELD = "_pymq_corrupt"
-# Commits read to find the newest sync commit: the sync makes most commits, so it is nearly always
-# among the last few; only a long run of others (deletes, vacuums, optimizes) makes the whole log be read.
-RECENT_COMMITS = 32
 
 
 @dataclass(frozen=True)
@@ -166,14 +162,6 @@ def _one_row(raw: bytes | None, value_type: pa.Schema) -> dict | None:
         return None
 
 
-@dataclass(frozen=True)
-class TablePosition:
-    """The latest commit of the sync job: the table version and the offsets it reached."""
-
-    version: int
-    offsets: dict[int, int]  # partition -> next offset not in the table
-
-
 class TableTopic:
     """One Delta table mirroring one topic, at a path or URL (`/data/t`, `s3a://bucket/t`)."""
 
@@ -248,13 +236,7 @@ class TableTopic:
     def position(self) -> TablePosition:
         """The table's latest version and the offsets of the newest sync commit at or below it
         (offsets {} when nothing was synced yet)."""
-        commits = self.log.commits(RECENT_COMMITS)
-        if not any(OFFSETS_KEY in (c.get("userMetadata") or "") for c in commits) and min(c["version"] for c in commits) > 0:
-            commits = self.log.commits(None)  # a long run of other commits
-        marked = [c for c in commits if OFFSETS_KEY in (c.get("userMetadata") or "")]
-        newest = max(marked, key=lambda c: c["version"]) if marked else None
-        offsets = json.loads(newest["userMetadata"])[OFFSETS_KEY] if newest else {}
-        return TablePosition(max(c["version"] for c in commits), {int(p): int(o) for p, o in offsets.items()})
+        return self.log.position()
 
     def snapshot(self, version: int, reader: str = "auto") -> DataFrame:
         """The table's rows at `version`, read by `reader`: `delta` (Delta Lake's reader), `parquet`

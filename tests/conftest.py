@@ -66,7 +66,7 @@ SPARK_FIXTURES = {"spark", "executed"}
 # Tests that start Spark JVMs themselves (spark-submit, a standalone cluster, a job in a
 # subprocess): node id prefixes.
 STARTS_SPARK_ITSELF = ("tests/spark_datasource/test_pipelines.py", "tests/spark_datasource/test_spark_cluster.py",
-                       "tests/jobs/test_compact.py::test_sigkill_mid_write")
+                       "tests/jobs/test_compact.py::test_sigkill_mid_write", "tests/jobs/test_table_sync_kill.py")
 # Fixtures of a multi-broker cluster and its etcd.
 CLUSTER_FIXTURES = {"cluster", "etcd"}
 
