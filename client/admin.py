@@ -255,6 +255,9 @@ def _group_description(group: DescribedGroup) -> GroupDescription:
     return GroupDescription(group.group_id, group.group_state, group.protocol_type, group.protocol_data, members)
 
 
+TRANSACTION_LINKS = 1_024  # transactional ids whose coordinator an admin client remembers
+
+
 class AsyncAdmin:
     def __init__(self, bootstrap_servers: str | list[str], *, request_timeout_ms: int = 30_000,
                  retry_backoff_ms: int = 100, default_api_timeout_ms: int = 60_000,
@@ -265,6 +268,7 @@ class AsyncAdmin:
         self.retry_backoff_s = retry_backoff_ms / 1000
         self.default_api_timeout_s = default_api_timeout_ms / 1000
         self._coordinators: dict[str, int] = {}  # group id -> node id of its coordinator
+        self._transaction_links: dict[str, CoordinatorLink] = {}  # most recently used last
 
     async def _reading(self, attempt: Callable[[], Awaitable[R]]) -> R:
         """Run a call that only reads (metadata, configs, offsets) until it succeeds, fails with
@@ -587,8 +591,7 @@ class AsyncAdmin:
         driver deciding its executors' transactions). Answers at once for a transaction that
         completed that way already (a retry); ProducerFencedError when a newer instance of the
         transactional id started since (the prepared transaction was aborted then)."""
-        link = CoordinatorLink(self.cluster, prepared.transactional_id, protocol.TRANSACTION_KEY_TYPE,
-                               self.retry_backoff_s)
+        link = self._transaction_link(prepared.transactional_id)
         await link.send(lambda: protocol.EndTxnRequest(prepared.transactional_id, prepared.producer_id,
                                                        prepared.producer_epoch, commit), self.request_timeout_s)
 
@@ -604,10 +607,22 @@ class AsyncAdmin:
         return list(results)  # type: ignore[arg-type]
 
     async def _describe_transaction(self, transactional_id: str) -> protocol.DescribedTransaction:
-        link = CoordinatorLink(self.cluster, transactional_id, protocol.TRANSACTION_KEY_TYPE, self.retry_backoff_s)
-        response = await link.send(lambda: protocol.DescribeTransactionsRequest((transactional_id,)),
+        response = await self._transaction_link(transactional_id).send(lambda: protocol.DescribeTransactionsRequest((transactional_id,)),
                                    self.request_timeout_s, lambda r: r.transactions[0].error())
         return response.transactions[0]
+
+    def _transaction_link(self, transactional_id: str) -> CoordinatorLink:
+        """The link to the coordinator of `transactional_id`, kept for the next call: a Spark
+        driver commits its tasks' transactions every micro-batch under the same ids, and each
+        call finding the coordinator again cost a FindCoordinator round trip per id per batch.
+        A link finds it again when it moves (NOT_COORDINATOR). At most TRANSACTION_LINKS kept."""
+        link = self._transaction_links.pop(transactional_id, None)
+        if link is None:
+            link = CoordinatorLink(self.cluster, transactional_id, protocol.TRANSACTION_KEY_TYPE, self.retry_backoff_s)
+        self._transaction_links[transactional_id] = link
+        if len(self._transaction_links) > TRANSACTION_LINKS:
+            del self._transaction_links[next(iter(self._transaction_links))]  # the least recently used
+        return link
 
     async def close(self) -> None:
         await self.cluster.close()

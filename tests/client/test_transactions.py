@@ -250,3 +250,21 @@ def test_a_producer_killed_mid_transaction_is_never_seen_and_its_successor_is_se
     seen = [v for _, _, v in read_all(bootstrap, "killed", 2, "read_committed")]
     assert sorted(seen) == sorted(b"kept-%d" % i for i in range(10))
     assert len([v for _, _, v in read_all(bootstrap, "killed", 2, "read_uncommitted")]) == 60
+
+
+def test_an_admin_finds_the_coordinator_of_a_transactional_id_once(txn_broker: Any) -> None:
+    """A Spark driver describes and completes its tasks' transactions every micro-batch, under the
+    same ids: its Admin finds each id's coordinator once, not once per call."""
+    with Producer(txn_broker.bootstrap, transactional_id="tx-found") as producer:
+        producer.init_transactions()
+
+    def finds() -> float:
+        return txn_broker.metrics().get('pymq_requests_total{api="find_coordinator"}', 0.0)
+
+    with Admin(txn_broker.bootstrap) as admin:
+        assert admin.describe_transactions(["tx-found"])[0].state == "Empty"
+        before = finds()
+        assert before > 0  # the first call found it
+        for _ in range(5):
+            assert admin.describe_transactions(["tx-found"])[0].state == "Empty"
+        assert finds() == before

@@ -130,7 +130,7 @@ def run_and_kill(bootstrap: str, folder: Path, run: int) -> list[str]:
 
             wait_until(progressed, 300, f"run {run}: a batch committed by each query", interval_s=0.1)
             wait_until(lambda: driver.alive() or prepared(admin, ids), 300, f"run {run}: a prepared transaction",
-                       interval_s=0.005)
+                       interval_s=0.01)
     finally:
         driver.kill()
     with Admin(bootstrap) as admin:  # the driver is dead: nobody commits them
