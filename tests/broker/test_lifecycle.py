@@ -13,8 +13,9 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from client import Admin, Consumer, Producer
 from broker.process import BrokerProcess
+from client import Admin, Consumer, Producer
+from common.child_process import launch_interpreter
 from protocol import ApiKey
 
 TABLE_SCHEMA = pa.schema([("key", pa.binary()), ("value", pa.binary())])
@@ -47,6 +48,23 @@ def test_a_second_broker_on_the_same_log_dir_refuses_to_start(broker_factory, tm
             seen += [r.value for r in consumer.poll(1000)]
     assert seen == [f"{i}".encode() for i in range(200)]
     assert again.stop() == 0
+
+
+def test_a_broker_started_as_a_user_starts_it_serves_and_stops_cleanly(tmp_path: Path) -> None:
+    """The suite forks its brokers (tests/helpers/forkserver.py); this one is a new interpreter
+    running `python -m cli broker start`, as the demo, the benchmarks and a user start one."""
+    broker = BrokerProcess(tmp_path / "user")
+    broker.launcher = launch_interpreter  # type: ignore[misc]
+    broker.start(timeout_s=60)
+    try:
+        assert broker.proc is not None
+        command = Path(f"/proc/{broker.proc.pid}/cmdline").read_bytes().split(b"\0")
+        assert command[1:5] == [b"-m", b"cli", b"broker", b"start"]
+        with Admin(broker.bootstrap) as admin:
+            admin.create_topic("t", partitions=1)
+            assert "t" in admin.list_topics()
+    finally:
+        assert broker.stop() == 0
 
 
 def test_a_parked_fetch_is_answered_when_the_broker_stops(broker_factory, raw_client) -> None:
