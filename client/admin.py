@@ -612,10 +612,11 @@ class AsyncAdmin:
         return response.transactions[0]
 
     def _transaction_link(self, transactional_id: str) -> CoordinatorLink:
-        """The link to the coordinator of `transactional_id`, kept for the next call: a Spark
-        driver commits its tasks' transactions every micro-batch under the same ids, and each
-        call finding the coordinator again cost a FindCoordinator round trip per id per batch.
-        A link finds it again when it moves (NOT_COORDINATOR). At most TRANSACTION_LINKS kept."""
+        """The link to the coordinator of `transactional_id`, kept for the next call: a client
+        that describes or completes the same ids again and again (a monitor polling their state,
+        an engine's driver deciding each batch) found the coordinator again on every call, a
+        FindCoordinator round trip per id per call. A link finds it again when it moves
+        (NOT_COORDINATOR). At most TRANSACTION_LINKS kept."""
         link = self._transaction_links.pop(transactional_id, None)
         if link is None:
             link = CoordinatorLink(self.cluster, transactional_id, protocol.TRANSACTION_KEY_TYPE, self.retry_backoff_s)

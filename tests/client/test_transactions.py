@@ -253,8 +253,8 @@ def test_a_producer_killed_mid_transaction_is_never_seen_and_its_successor_is_se
 
 
 def test_an_admin_finds_the_coordinator_of_a_transactional_id_once(txn_broker: Any) -> None:
-    """A Spark driver describes and completes its tasks' transactions every micro-batch, under the
-    same ids: its Admin finds each id's coordinator once, not once per call."""
+    """An Admin asked about the same transactional id again and again (a monitor polling its
+    state) finds its coordinator once, not once per call."""
     with Producer(txn_broker.bootstrap, transactional_id="tx-found") as producer:
         producer.init_transactions()
 
