@@ -607,8 +607,9 @@ class AsyncAdmin:
         return list(results)  # type: ignore[arg-type]
 
     async def _describe_transaction(self, transactional_id: str) -> protocol.DescribedTransaction:
-        response = await self._transaction_link(transactional_id).send(lambda: protocol.DescribeTransactionsRequest((transactional_id,)),
-                                   self.request_timeout_s, lambda r: r.transactions[0].error())
+        response = await self._transaction_link(transactional_id).send(
+            lambda: protocol.DescribeTransactionsRequest((transactional_id,)), self.request_timeout_s,
+            lambda r: r.transactions[0].error())
         return response.transactions[0]
 
     def _transaction_link(self, transactional_id: str) -> CoordinatorLink:

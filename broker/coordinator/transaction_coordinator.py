@@ -216,9 +216,11 @@ class TransactionCoordinator:
 
     @staticmethod
     def _check_reinit(meta: TxnMetadata, request: InitProducerIdRequest) -> bool:
-        """May `request` change the id's epoch? True if it is a retry of the producer's own bump
-        that already happened (its epoch is the one that bump left, and no transaction began
-        since): answered with the current epoch, unchanged."""
+        """Raise unless `request` may take the id's next epoch: CONCURRENT_TRANSACTIONS while its
+        markers are written, PRODUCER_FENCED for an id and epoch that are neither the current
+        ones nor a retry. Returns True for a retry of the producer's own bump that already
+        happened (its epoch is the one that bump left, and no transaction began since): it is
+        answered with the current epoch, unchanged."""
         if meta.state.completing:
             raise ConcurrentTransactionsError(f"the last transaction of {meta.transactional_id!r} is completing: retry")
         if request.producer_id < 0:
